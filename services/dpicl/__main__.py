@@ -1,0 +1,3 @@
+from dpicl.cli import main
+
+main()

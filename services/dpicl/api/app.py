@@ -1,0 +1,85 @@
+"""Application factory: ``build_app(settings)``. The lifespan builds the engine, the store
+and the ledger once; white-box routes are registered only when the operator opts in."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from dpicl import __version__
+from dpicl.api.deps import Services
+from dpicl.api.errors import BodyLimitMiddleware, install_error_handlers
+from dpicl.api.routes import contexts, debug, health, inference
+from dpicl.config import Settings
+from dpicl.engines.base import Engine
+from dpicl.privacy.accounting import MU2_RTOL
+from dpicl.privacy.ledger import Ledger
+from dpicl.store.repository import ContextRepository
+
+log = logging.getLogger("dpicl")
+
+DESCRIPTION = (
+    "Differentially private in-context learning. Private voting for classification; "
+    "every answer reports its privacy cost and the context's remaining budget."
+)
+
+
+def build_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
+    """Build the app. ``engine`` may be injected (tests); otherwise DPICL_ENGINE decides."""
+    settings, generated = settings.with_generated_secrets()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if generated:
+            # Printed, not logged at debug: the operator needs it to administer the server.
+            print(
+                f"dpicl: no DPICL_ADMIN_TOKEN configured; generated admin token: "
+                f"{settings.admin_token}",
+                flush=True,
+            )
+        if settings.whitebox != "off":
+            log.warning(
+                "SECURITY: white-box debug endpoints are ON (DPICL_WHITEBOX=%s). They release "
+                "noisy%s internals to admin-token holders; never enable in production.",
+                settings.whitebox,
+                " and CLEAN" if settings.whitebox == "internal" else "",
+            )
+        repo = ContextRepository(settings.database_url, rtol=MU2_RTOL)
+        repo.create_schema()
+        eng = engine
+        if eng is None:
+            from dpicl.engines.factory import build_engine
+
+            eng = build_engine(
+                settings.engine,
+                model=settings.model,
+                cache_dir=settings.cache_dir,
+                device=settings.device,
+            )
+        if eng.is_simulator:
+            log.warning("engine %r is a SIMULATOR, not a language model", eng.name)
+        app.state.services = Services(settings=settings, engine=eng, repo=repo, ledger=Ledger(repo))
+        try:
+            yield
+        finally:
+            if engine is None:
+                await eng.aclose()
+            repo.dispose()
+
+    app = FastAPI(
+        title="dpicl",
+        version=__version__,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.include_router(health.router)
+    app.include_router(contexts.router)
+    app.include_router(inference.router)
+    if settings.whitebox != "off":
+        app.include_router(debug.router)
+    return app

@@ -1,0 +1,70 @@
+"""Request dependencies: the running services and the two kinds of bearer token."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from dpicl.config import Settings
+from dpicl.engines.base import Embedder, Engine
+from dpicl.errors import NotFound, Unauthorized
+from dpicl.privacy.ledger import Ledger
+from dpicl.store.repository import ContextRepository, StoredContext
+
+
+@dataclass
+class Services:
+    """Built once in the app's lifespan; shared by every request."""
+
+    settings: Settings
+    engine: Engine
+    repo: ContextRepository
+    ledger: Ledger
+    embedder: Embedder | None = None
+
+
+def get_services(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
+_bearer = HTTPBearer(auto_error=False)
+Creds = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+Svc = Annotated[Services, Depends(get_services)]
+
+
+def _matches(token: str, candidates: list[str]) -> bool:
+    # compare_digest on every candidate: no early exit that would time the key list.
+    ok = False
+    for c in candidates:
+        ok |= secrets.compare_digest(token.encode(), c.encode())
+    return ok
+
+
+def require_admin(creds: Creds, svc: Svc) -> None:
+    token = svc.settings.admin_token
+    if creds is None or token is None or not _matches(creds.credentials, [token]):
+        raise Unauthorized("an admin bearer token is required (Authorization: Bearer <token>)")
+
+
+def require_user(creds: Creds, svc: Svc) -> None:
+    allowed = [*svc.settings.api_keys]
+    if svc.settings.admin_token:
+        allowed.append(svc.settings.admin_token)
+    if creds is None or not _matches(creds.credentials, allowed):
+        raise Unauthorized("an API key is required (Authorization: Bearer <key>)")
+
+
+async def load_context(context_id: str, svc: Services) -> StoredContext:
+    ctx = await svc.repo.get(context_id)
+    if ctx is None:
+        raise NotFound(f"no context with id {context_id!r}", param="context_id")
+    return ctx
+
+
+Admin = Depends(require_admin)
+User = Depends(require_user)

@@ -1,0 +1,113 @@
+"""Map every failure to the one error shape ``{"error": {"code", "message", "param"}}``."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from dpicl.errors import DpiclError, PayloadTooLarge
+
+log = logging.getLogger("dpicl.api")
+
+
+def error_response(
+    status: int, code: str, message: str, param: str | None = None, headers: Any = None
+) -> JSONResponse:
+    body = {"error": {"code": code, "message": message, "param": param}}
+    return JSONResponse(status_code=status, content=body, headers=headers)
+
+
+def _param(loc: tuple[Any, ...]) -> str | None:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    # Discriminated unions add the tag to the location (mechanism.voting.epsilon).
+    return ".".join(parts) or None
+
+
+def _validation(exc: RequestValidationError) -> JSONResponse:
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": ""}
+    if first.get("type") == "json_invalid":
+        ctx = first.get("ctx") or {}
+        return error_response(
+            400, "invalid_json", f"request body is not valid JSON: {ctx.get('error', '')}".strip()
+        )
+    param = _param(tuple(first.get("loc", ())))
+    msg = str(first.get("msg", "invalid value"))
+    if "input" in first and first.get("type") != "missing":
+        shown = repr(first["input"])
+        if len(shown) > 120:
+            shown = shown[:117] + "..."
+        msg = f"{msg} (got {shown})"
+    if param:
+        msg = f"{param}: {msg}"
+    return error_response(422, "invalid_request", msg, param)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(DpiclError)
+    async def _dpicl(_: Request, exc: DpiclError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+        return error_response(exc.status_code, exc.code, exc.message, exc.param, headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return _validation(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        codes = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}
+        return error_response(
+            exc.status_code, codes.get(exc.status_code, "http_error"), str(exc.detail)
+        )
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return error_response(500, "internal_error", "internal server error")
+
+
+class BodyLimitMiddleware:
+    """Refuse bodies over ``max_bytes`` with 413, by header and by counting the stream."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.max_bytes
+        for name, value in scope.get("headers", []):
+            if name == b"content-length" and value.isdigit() and int(value) > limit:
+                await self._reject(scope, receive, send, int(value))
+                return
+        seen = 0
+
+        async def counting_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise PayloadTooLarge(
+                        f"request body exceeds {limit} bytes (DPICL_MAX_BODY_BYTES)"
+                    )
+            return message
+
+        await self.app(scope, counting_receive, send)
+
+    async def _reject(self, scope: Scope, receive: Receive, send: Send, size: int) -> None:
+        response = error_response(
+            413,
+            PayloadTooLarge.code,
+            f"request body of {size} bytes exceeds the limit of {self.max_bytes} bytes "
+            "(DPICL_MAX_BODY_BYTES)",
+        )
+        await response(scope, receive, send)

@@ -1,0 +1,1 @@
+"""Route modules; each is a thin APIRouter over the pipelines."""

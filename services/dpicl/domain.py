@@ -1,0 +1,149 @@
+"""What a context is: its task, labels, exemplars, template, mechanism and budget.
+
+These models are validated on construction and double as the request schemas of
+``POST /v1/contexts``, so the OpenAPI document and the server agree by construction.
+Every error names the offending value (pydantic reports its location as ``param``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from dpicl.errors import ConfigurationError
+
+Task = Literal["classification", "generation"]
+
+DEFAULT_TEMPLATES: dict[str, str] = {
+    "classification": (
+        "Classify the input. Answer with exactly one of these labels: {labels}.\n\n"
+        "{exemplars}\n\nInput: {query}\nLabel:"
+    ),
+    "generation": "Follow the examples.\n\n{exemplars}\n\nInput: {query}\nOutput:",
+}
+
+
+def _finite_positive(name: str, value: float) -> float:
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return value
+
+
+def _open_unit(name: str, value: float) -> float:
+    if not (0.0 < value < 1.0):
+        raise ValueError(f"{name} must lie in the open interval (0, 1), got {value!r}")
+    return value
+
+
+class Exemplar(BaseModel):
+    """One private demonstration."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    input: Annotated[str, Field(min_length=1, max_length=20_000)]
+    output: Annotated[str, Field(min_length=1, max_length=20_000)]
+
+
+class VotingSettings(BaseModel):
+    """Private voting (Algorithm 2 of Wu et al., as audited in paper 000)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: Literal["voting"] = "voting"
+    epsilon: float = Field(description="Per-query epsilon (> 0).")
+    delta: float = Field(default=1e-5, description="Per-query delta, in (0, 1).")
+    partitions: int = Field(default=10, ge=1, description="Number of disjoint partitions T.")
+    partition_seed: int | None = Field(
+        default=None, ge=0, lt=2**63, description="Seed of the partition permutation."
+    )
+    partitioning: Literal["positional", "hash"] = "positional"
+    calibration: Literal["classic", "analytic"] = "classic"
+    temperature: float = Field(default=0.0, ge=0.0, le=10.0)
+
+    @field_validator("epsilon")
+    @classmethod
+    def _eps(cls, v: float) -> float:
+        return _finite_positive("epsilon", v)
+
+    @field_validator("delta")
+    @classmethod
+    def _delta(cls, v: float) -> float:
+        return _open_unit("delta", v)
+
+
+MechanismSettings = Annotated[VotingSettings, Field(discriminator="name")]
+
+
+class BudgetSpec(BaseModel):
+    """Total (epsilon, delta) a context may spend over all its answers."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    epsilon: float
+    delta: float
+
+    @field_validator("epsilon")
+    @classmethod
+    def _eps(cls, v: float) -> float:
+        return _finite_positive("epsilon", v)
+
+    @field_validator("delta")
+    @classmethod
+    def _delta(cls, v: float) -> float:
+        return _open_unit("delta", v)
+
+
+class ContextSpec(BaseModel):
+    """The body of ``POST /v1/contexts``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: Annotated[str, Field(max_length=200)] | None = None
+    task: Task = "classification"
+    labels: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(default_factory=list)
+    exemplars: list[Exemplar] = Field(min_length=1)
+    template: Annotated[str, Field(max_length=20_000)] | None = None
+    mechanism: MechanismSettings
+    budget: BudgetSpec | None = None
+
+    def check(self) -> None:
+        """Cross-field checks; raise :class:`ConfigurationError` naming the bad value."""
+        if self.mechanism.name == "voting" and self.task != "classification":
+            raise ConfigurationError(
+                f"mechanism 'voting' serves classification contexts, not task {self.task!r}",
+                param="task",
+            )
+        if self.task == "classification":
+            if len(self.labels) < 2:
+                raise ConfigurationError(
+                    f"a classification context needs at least 2 labels, got {self.labels!r}",
+                    param="labels",
+                )
+            if len(set(self.labels)) != len(self.labels):
+                raise ConfigurationError(
+                    f"labels must be distinct, got {self.labels!r}", param="labels"
+                )
+            for i, e in enumerate(self.exemplars):
+                if e.output not in self.labels:
+                    raise ConfigurationError(
+                        f"exemplar output {e.output!r} is not one of the labels {self.labels!r}",
+                        param=f"exemplars.{i}.output",
+                    )
+        if self.template is not None:
+            for slot in ("{exemplars}", "{query}"):
+                if slot not in self.template:
+                    raise ConfigurationError(
+                        f"the template must contain the slot {slot}", param="template"
+                    )
+        mech = self.mechanism
+        if mech.partitioning == "positional" and mech.partitions > len(self.exemplars):
+            raise ConfigurationError(
+                f"partitions T={mech.partitions} is larger than the number of exemplars "
+                f"({len(self.exemplars)})",
+                param="mechanism.partitions",
+            )
+
+    def resolved_template(self) -> str:
+        return self.template if self.template is not None else DEFAULT_TEMPLATES[self.task]

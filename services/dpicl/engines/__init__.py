@@ -1,0 +1,1 @@
+"""LLM engines and embedders behind one async protocol (see :mod:`dpicl.engines.base`)."""

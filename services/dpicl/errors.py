@@ -1,0 +1,64 @@
+"""The server's exception tree. Every error a client can see maps to one HTTP status and
+one stable ``code`` in the single error shape ``{"error": {"code", "message", "param"}}``.
+
+::
+
+    DpiclError                      500 internal_error
+    ├── InvalidRequest              422 invalid_request   (names the bad value in ``param``)
+    │   └── ConfigurationError      422 invalid_request   (mechanism or budget settings)
+    ├── Unauthorized                401 unauthorized
+    ├── NotFound                    404 not_found
+    ├── BudgetExhausted             403 budget_exhausted  (nothing was charged)
+    ├── PayloadTooLarge             413 payload_too_large
+    └── EngineError                 503 engine_unavailable (nothing was charged)
+
+Messages name the value that is wrong; ``param`` is its dotted path in the request body.
+"""
+
+from __future__ import annotations
+
+
+class DpiclError(Exception):
+    """Base of every error the server raises on purpose."""
+
+    status_code: int = 500
+    code: str = "internal_error"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class InvalidRequest(DpiclError):
+    status_code = 422
+    code = "invalid_request"
+
+
+class ConfigurationError(InvalidRequest):
+    """Mechanism or budget settings that cannot be honoured (epsilon <= 0, T > |D|, ...)."""
+
+
+class Unauthorized(DpiclError):
+    status_code = 401
+    code = "unauthorized"
+
+
+class NotFound(DpiclError):
+    status_code = 404
+    code = "not_found"
+
+
+class BudgetExhausted(DpiclError):
+    status_code = 403
+    code = "budget_exhausted"
+
+
+class PayloadTooLarge(DpiclError):
+    status_code = 413
+    code = "payload_too_large"
+
+
+class EngineError(DpiclError):
+    status_code = 503
+    code = "engine_unavailable"

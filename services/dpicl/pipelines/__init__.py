@@ -1,0 +1,1 @@
+"""Pipelines: context -> partitions -> engine calls -> mechanism -> ledger -> release."""

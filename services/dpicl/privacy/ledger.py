@@ -1,0 +1,75 @@
+"""The privacy budget ledger: a thin stateful class over :mod:`dpicl.privacy.accounting`.
+
+State lives in the store (``mu2_spent``, ``queries`` per context); the maths lives in
+accounting. A charge happens *before* the engine runs and is refunded if the engine fails,
+so nothing is released without being paid for and a failure costs nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dpicl.privacy.accounting import remaining_queries, spent_epsilon
+
+from dpicl.errors import BudgetExhausted
+from dpicl.store.repository import ContextRepository, StoredContext
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """What one answer costs: as configured, exactly, and in ledger units (mu^2)."""
+
+    epsilon: float
+    delta: float
+    epsilon_exact: float | None
+    mu2: float
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetStatus:
+    """Spent and remaining budget of a context, as reported to clients."""
+
+    queries: int
+    spent_epsilon: float
+    delta: float
+    remaining_epsilon: float | None
+    remaining_queries: int | None
+
+
+class Ledger:
+    def __init__(self, repository: ContextRepository) -> None:
+        self._repo = repository
+
+    async def charge(self, context: StoredContext, cost: Cost) -> None:
+        """Charge one answer, or raise :class:`BudgetExhausted` having charged nothing."""
+        if not await self._repo.try_charge(context.id, cost.mu2):
+            budget = context.budget or {}
+            raise BudgetExhausted(
+                f"context {context.id} cannot afford another answer: its budget "
+                f"(epsilon={budget.get('epsilon')}, delta={budget.get('delta')}, "
+                f"max_queries={context.max_queries}) is exhausted",
+                param="context_id",
+            )
+
+    async def refund(self, context: StoredContext, cost: Cost) -> None:
+        await self._repo.refund(context.id, cost.mu2)
+
+    @staticmethod
+    def status(context: StoredContext, cost: Cost) -> BudgetStatus:
+        delta = context.budget["delta"] if context.budget else cost.delta
+        spent = spent_epsilon(context.mu2_spent, delta)
+        remaining_eps: float | None = None
+        left: int | None = None
+        if context.mu2_max is not None and context.budget is not None:
+            remaining_eps = max(context.budget["epsilon"] - spent, 0.0)
+            left = remaining_queries(context.mu2_spent, context.mu2_max, cost.mu2)
+        if context.max_queries is not None:
+            by_count = max(context.max_queries - context.queries, 0)
+            left = by_count if left is None else min(left, by_count)
+        return BudgetStatus(
+            queries=context.queries,
+            spent_epsilon=spent,
+            delta=delta,
+            remaining_epsilon=remaining_eps,
+            remaining_queries=left,
+        )

@@ -1,0 +1,1 @@
+"""SQL storage (SQLAlchemy 2.0): contexts and their privacy ledger."""

@@ -1,0 +1,65 @@
+"""Builders for API tests: an oracle-backed app in-process and context payloads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from dpicl.api.app import build_app
+from dpicl.config import Settings
+from dpicl.engines.base import Engine
+from tests.conftest import ADMIN, USER
+
+AUDIT_TEMPLATE = (
+    "You are a highly accurate text verification system. Your sole function is to verify if "
+    "the text in the <query> tag is present in the <context> tag.\n\nYour response must be a "
+    "single word: either 'Yes' or 'No'.\n\n<context>\n{exemplars}\n</context>\n\n"
+    "<query>\n{query}\n</query>\n\n<response>"
+)
+
+TOPICS = [
+    ("The central bank raised interest rates again this quarter", "Business"),
+    ("The striker scored twice in the final minutes of the derby", "Sports"),
+    ("Researchers unveiled a faster quantum processor prototype", "Sci/Tech"),
+    ("Leaders met in Geneva to discuss the ceasefire proposal", "World"),
+]
+
+
+def exemplars(n: int, label_set: tuple[str, str] = ("Yes", "No")) -> list[dict[str, str]]:
+    return [
+        {
+            "input": f"Private record number {i}: customer paid invoice {1000 + i}",
+            "output": label_set[i % 2],
+        }
+        for i in range(n)
+    ]
+
+
+def voting_context(**overrides: Any) -> dict[str, Any]:
+    mech = {"name": "voting", "epsilon": 1.0, "delta": 1e-5, "partitions": 4, "partition_seed": 7}
+    mech.update(overrides.pop("mechanism", {}))
+    body: dict[str, Any] = {
+        "task": "classification",
+        "labels": ["Yes", "No"],
+        "exemplars": exemplars(8),
+        "template": AUDIT_TEMPLATE,
+        "mechanism": mech,
+    }
+    body.update(overrides)
+    return body
+
+
+def make_client(
+    tmp_path: Path, *, whitebox: str = "off", engine: Engine | None = None, **settings: Any
+) -> TestClient:
+    s = Settings(
+        engine="oracle",
+        database_url=f"sqlite:///{tmp_path / 'dpicl.db'}",
+        admin_token=ADMIN,
+        api_keys=[USER],
+        whitebox=whitebox,  # type: ignore[arg-type]
+        **settings,
+    )
+    return TestClient(build_app(s, engine=engine))
