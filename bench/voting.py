@@ -28,7 +28,8 @@ from dpicl.domain import ContextSpec
 from dpicl.engines.base import Engine
 from dpicl.engines.factory import build_engine
 from dpicl.pipelines.contexts import create_context
-from dpicl.pipelines.voting import partition_prompts, run_voting
+from dpicl.pipelines.partitions import partition_prompts
+from dpicl.pipelines.voting import run_voting
 from dpicl.privacy.accounting import MU2_RTOL
 from dpicl.privacy.ledger import Ledger
 from dpicl.store.repository import ContextRepository
@@ -81,7 +82,7 @@ async def overhead(engine: Engine, reps: int, partitions: int) -> None:
         rng = np.random.default_rng()
 
         async def full() -> object:
-            return await run_voting(ctx, query, engine=engine, ledger=ledger, repo=repo, rng=rng)
+            return await run_voting(ctx, query, engine=engine, ledger=ledger, rng=rng)
 
         async def raw() -> object:
             return await engine.score_labels(prompts, ctx.labels)
@@ -128,7 +129,9 @@ async def batching(engine: Engine, reps: int, partitions: int) -> None:
 
 
 async def main(quick: bool) -> None:
-    oracle = build_engine("oracle", model=None, cache_dir=Path.home() / ".cache/dpicl", device="cpu")
+    oracle = build_engine(
+        "oracle", model=None, cache_dir=Path.home() / ".cache/dpicl", device="cpu"
+    )
     await overhead(oracle, reps=200 if quick else 1000, partitions=10)
     tf = build_engine(
         "transformers", model=None, cache_dir=Path.home() / ".cache/dpicl", device="cpu"

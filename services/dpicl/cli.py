@@ -18,11 +18,18 @@ app = typer.Typer(
 
 class Mechanism(StrEnum):
     voting = "voting"
+    esa = "esa"
+    dps_mozo = "dps-mozo"
 
 
 class CalibrationName(StrEnum):
     classic = "classic"
     analytic = "analytic"
+
+
+class Sensitivity(StrEnum):
+    tight = "tight"
+    original = "original"
 
 
 @app.command()
@@ -55,12 +62,50 @@ def serve(
 @app.command()
 def calibrate(
     mechanism: Annotated[Mechanism, typer.Option(help="Mechanism to calibrate.")],
-    epsilon: Annotated[float, typer.Option(help="Per-answer epsilon.")],
-    delta: Annotated[float, typer.Option(help="Per-answer delta.")],
+    epsilon: Annotated[float, typer.Option(help="Epsilon (per answer; DPS-MOZO: in total).")],
+    delta: Annotated[float, typer.Option(help="Delta.")],
     calibration: Annotated[CalibrationName, typer.Option()] = CalibrationName.classic,
+    partitions: Annotated[int, typer.Option(help="ESA: partitions T.")] = 10,
+    sensitivity: Annotated[Sensitivity, typer.Option(help="ESA: 2/T or 1.")] = Sensitivity.tight,
+    alpha: Annotated[int | None, typer.Option(help="DPS-MOZO: Renyi order.")] = None,
+    tokens: Annotated[int | None, typer.Option(help="DPS-MOZO: n_queries x T_max.")] = None,
+    sample_rate: Annotated[float | None, typer.Option(help="DPS-MOZO: n_shots/|D|.")] = None,
 ) -> None:
     """Print the noise a mechanism needs for (epsilon, delta), as JSON."""
     from dpicl.errors import DpiclError
+
+    try:
+        out = _calibration(
+            mechanism,
+            epsilon,
+            delta,
+            calibration,
+            partitions,
+            sensitivity,
+            alpha,
+            tokens,
+            sample_rate,
+        )
+    except DpiclError as exc:
+        typer.echo(f"error: {exc.message}", err=True)
+        raise typer.Exit(2) from exc
+    json.dump(out, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+def _calibration(
+    mechanism: Mechanism,
+    epsilon: float,
+    delta: float,
+    calibration: CalibrationName,
+    partitions: int,
+    sensitivity: Sensitivity,
+    alpha: int | None,
+    tokens: int | None,
+    sample_rate: float | None,
+) -> dict[str, object]:
+    from dpicl.errors import ConfigurationError
+    from dpicl.mechanisms.esa import esa_sensitivity
     from dpicl.privacy.calibration import (
         VOTING_SENSITIVITY,
         epsilon_exact,
@@ -68,24 +113,41 @@ def calibrate(
         validate_privacy_params,
     )
 
-    try:
-        validate_privacy_params(epsilon, delta, param_prefix="")
-        sens = VOTING_SENSITIVITY
-        sigma = sigma_for(epsilon, delta, sens, calibration.value)
-        out = {
-            "mechanism": mechanism.value,
-            "epsilon": epsilon,
-            "delta": delta,
-            "calibration": calibration.value,
-            "sensitivity": sens,
-            "sigma": sigma,
-            "epsilon_exact": epsilon_exact(sigma, sens, delta),
+    validate_privacy_params(epsilon, delta, param_prefix="")
+    out: dict[str, object] = {"mechanism": mechanism.value, "epsilon": epsilon, "delta": delta}
+    if mechanism is Mechanism.dps_mozo:
+        from dpicl.privacy.mozo_calibration import calibrate_beta
+
+        if tokens is None or sample_rate is None:
+            raise ConfigurationError(
+                "dps-mozo needs --tokens (n_queries x T_max) and --sample-rate (n_shots/|D|)",
+                param="tokens" if tokens is None else "sample_rate",
+            )
+        cal = calibrate_beta(epsilon, delta, alpha, tokens, sample_rate)
+        return out | {
+            "alpha": cal.alpha,
+            "tokens": cal.tokens,
+            "sample_rate": cal.sample_rate,
+            "beta": cal.beta,
+            "rdp_epsilon": cal.rdp_epsilon,
+            "per_token_rdp": cal.per_token_rdp,
         }
-    except DpiclError as exc:
-        typer.echo(f"error: {exc.message}", err=True)
-        raise typer.Exit(2) from exc
-    json.dump(out, sys.stdout, indent=2)
-    sys.stdout.write("\n")
+    if mechanism is Mechanism.esa:
+        if partitions < 1:
+            raise ConfigurationError(
+                f"partitions must be >= 1, got {partitions}", param="partitions"
+            )
+        sens = esa_sensitivity(partitions, sensitivity.value)
+        out |= {"partitions": partitions, "sensitivity_mode": sensitivity.value}
+    else:
+        sens = VOTING_SENSITIVITY
+    sigma = sigma_for(epsilon, delta, sens, calibration.value)
+    return out | {
+        "calibration": calibration.value,
+        "sensitivity": sens,
+        "sigma": sigma,
+        "epsilon_exact": epsilon_exact(sigma, sens, delta),
+    }
 
 
 @app.command()

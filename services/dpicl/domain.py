@@ -73,7 +73,38 @@ class VotingSettings(BaseModel):
         return _open_unit("delta", v)
 
 
-MechanismSettings = Annotated[VotingSettings, Field(discriminator="name")]
+class EsaSettings(BaseModel):
+    """Embedding space aggregation (Algorithm 3 of paper 000, Algorithm 4 of paper 004)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: Literal["esa"] = "esa"
+    epsilon: float = Field(description="Per-query epsilon (> 0).")
+    delta: float = Field(default=1e-5, description="Per-query delta, in (0, 1).")
+    partitions: int = Field(default=10, ge=1, description="Number of disjoint partitions T.")
+    partition_seed: int | None = Field(default=None, ge=0, lt=2**63)
+    partitioning: Literal["positional", "hash"] = "positional"
+    calibration: Literal["classic", "analytic"] = "classic"
+    sensitivity: Literal["tight", "original"] = Field(
+        default="tight",
+        description="L2 sensitivity of the mean: 2/T (paper 000, Appendix A) or 1 (original).",
+    )
+    temperature: float = Field(default=1.0, ge=0.0, le=10.0)
+    candidates: int = Field(default=8, ge=1, le=64, description="Zero-shot candidates T_cand.")
+    max_tokens: int = Field(default=48, ge=1, le=1024)
+
+    @field_validator("epsilon")
+    @classmethod
+    def _eps(cls, v: float) -> float:
+        return _finite_positive("epsilon", v)
+
+    @field_validator("delta")
+    @classmethod
+    def _delta(cls, v: float) -> float:
+        return _open_unit("delta", v)
+
+
+MechanismSettings = Annotated[VotingSettings | EsaSettings, Field(discriminator="name")]
 
 
 class BudgetSpec(BaseModel):
@@ -110,9 +141,11 @@ class ContextSpec(BaseModel):
 
     def check(self) -> None:
         """Cross-field checks; raise :class:`ConfigurationError` naming the bad value."""
-        if self.mechanism.name == "voting" and self.task != "classification":
+        wanted = {"voting": "classification", "esa": "generation"}[self.mechanism.name]
+        if self.task != wanted:
             raise ConfigurationError(
-                f"mechanism 'voting' serves classification contexts, not task {self.task!r}",
+                f"mechanism {self.mechanism.name!r} serves {wanted} contexts, "
+                f"not task {self.task!r}",
                 param="task",
             )
         if self.task == "classification":

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 
 from dpicl.api.app import build_app
 from dpicl.config import Settings
-from dpicl.engines.base import Engine
+from dpicl.engines.base import Embedder, Engine
 from tests.conftest import ADMIN, USER
 
 AUDIT_TEMPLATE = (
@@ -52,7 +52,12 @@ def voting_context(**overrides: Any) -> dict[str, Any]:
 
 
 def make_client(
-    tmp_path: Path, *, whitebox: str = "off", engine: Engine | None = None, **settings: Any
+    tmp_path: Path,
+    *,
+    whitebox: str = "off",
+    engine: Engine | None = None,
+    embedder: Embedder | None = None,
+    **settings: Any,
 ) -> TestClient:
     s = Settings(
         engine="oracle",
@@ -62,4 +67,4 @@ def make_client(
         whitebox=whitebox,  # type: ignore[arg-type]
         **settings,
     )
-    return TestClient(build_app(s, engine=engine))
+    return TestClient(build_app(s, engine=engine, embedder=embedder))

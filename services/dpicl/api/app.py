@@ -14,7 +14,7 @@ from dpicl.api.deps import Services
 from dpicl.api.errors import BodyLimitMiddleware, install_error_handlers
 from dpicl.api.routes import contexts, debug, health, inference
 from dpicl.config import Settings
-from dpicl.engines.base import Engine
+from dpicl.engines.base import Embedder, Engine
 from dpicl.privacy.accounting import MU2_RTOL
 from dpicl.privacy.ledger import Ledger
 from dpicl.store.repository import ContextRepository
@@ -22,12 +22,15 @@ from dpicl.store.repository import ContextRepository
 log = logging.getLogger("dpicl")
 
 DESCRIPTION = (
-    "Differentially private in-context learning. Private voting for classification; "
-    "every answer reports its privacy cost and the context's remaining budget."
+    "Differentially private in-context learning: private voting for classification, "
+    "embedding space aggregation (ESA) for generation. Every answer reports its privacy "
+    "cost and the context's remaining budget."
 )
 
 
-def build_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
+def build_app(
+    settings: Settings, *, engine: Engine | None = None, embedder: Embedder | None = None
+) -> FastAPI:
     """Build the app. ``engine`` may be injected (tests); otherwise DPICL_ENGINE decides."""
     settings, generated = settings.with_generated_secrets()
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -25,6 +26,18 @@ class Services:
     repo: ContextRepository
     ledger: Ledger
     embedder: Embedder | None = None
+    _embedder_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def get_embedder(self) -> Embedder:
+        """The sentence embedder, loaded on first use (only ESA needs it)."""
+        async with self._embedder_lock:
+            if self.embedder is None:
+                from dpicl.engines.factory import build_embedder
+
+                self.embedder = await asyncio.to_thread(
+                    build_embedder, self.settings.embedder, self.settings.device
+                )
+            return self.embedder
 
 
 def get_services(request: Request) -> Services:

@@ -24,7 +24,10 @@ def error_response(
 
 
 def _param(loc: tuple[Any, ...]) -> str | None:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    # The first element is where the value came from (body, query string, path, header).
+    if loc and loc[0] in ("body", "query", "path", "header", "cookie"):
+        loc = loc[1:]
+    parts = [str(p) for p in loc]
     # Discriminated unions add the tag to the location (mechanism.voting.epsilon).
     return ".".join(parts) or None
 
@@ -46,6 +49,8 @@ def _validation(exc: RequestValidationError) -> JSONResponse:
         msg = f"{msg} (got {shown})"
     if param:
         msg = f"{param}: {msg}"
+    if first.get("type") == "missing" and param:
+        msg = f"{param}: field required"
     return error_response(422, "invalid_request", msg, param)
 
 

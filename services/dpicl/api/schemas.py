@@ -116,3 +116,31 @@ class Health(BaseModel):
     model: str
     simulator: bool
     whitebox: str
+
+
+class GenerateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    context_id: str = Field(min_length=1, max_length=64)
+    query: str
+    max_tokens: int | None = Field(default=None, ge=1, le=1024)
+
+
+class GenerateResponse(BaseModel):
+    context_id: str
+    text: str
+    engine: str
+    mechanism: str
+    cost: CostInfo
+    budget: BudgetInfo
+
+
+class DebugGenerateResponse(GenerateResponse):
+    whitebox: str
+    sigma: float
+    noisy_mean: list[float]
+    candidates: list[str]
+    distances: list[float]
+    clean_mean: list[float] | None = None
+    partition_texts: list[str] | None = None
+    partition_embeddings: list[list[float]] | None = None

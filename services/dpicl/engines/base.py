@@ -130,9 +130,7 @@ class Engine(Protocol):
         """
         ...
 
-    async def generate(
-        self, prompts: Sequence[PromptSpec], params: GenerationParams
-    ) -> list[str]:
+    async def generate(self, prompts: Sequence[PromptSpec], params: GenerationParams) -> list[str]:
         """One completion per prompt, batched."""
         ...
 

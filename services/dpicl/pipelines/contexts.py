@@ -11,6 +11,7 @@ from typing import Any
 
 from dpicl.domain import ContextSpec
 from dpicl.engines.base import Exemplar
+from dpicl.mechanisms.esa import esa_sensitivity
 from dpicl.privacy.accounting import budget_mu2, gaussian_mu2
 from dpicl.privacy.calibration import VOTING_SENSITIVITY, epsilon_exact, sigma_for
 from dpicl.privacy.ledger import Cost
@@ -23,7 +24,10 @@ def calibrate_mechanism(spec: ContextSpec) -> dict[str, Any]:
     mech = spec.mechanism
     seed = mech.partition_seed if mech.partition_seed is not None else secrets.randbits(63)
     record: dict[str, Any] = mech.model_dump() | {"partition_seed": seed}
-    sensitivity = VOTING_SENSITIVITY
+    if mech.name == "esa":
+        sensitivity = esa_sensitivity(mech.partitions, mech.sensitivity)
+    else:
+        sensitivity = VOTING_SENSITIVITY
     sigma = sigma_for(mech.epsilon, mech.delta, sensitivity, mech.calibration)
     record |= {
         "sigma": sigma,

@@ -7,11 +7,11 @@ so nothing is released without being paid for and a failure costs nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dpicl.privacy.accounting import remaining_queries, spent_epsilon
 
-from dpicl.errors import BudgetExhausted
+from dpicl.errors import BudgetExhausted, NotFound
 from dpicl.store.repository import ContextRepository, StoredContext
 
 
@@ -40,9 +40,16 @@ class Ledger:
     def __init__(self, repository: ContextRepository) -> None:
         self._repo = repository
 
-    async def charge(self, context: StoredContext, cost: Cost) -> None:
-        """Charge one answer, or raise :class:`BudgetExhausted` having charged nothing."""
-        if not await self._repo.try_charge(context.id, cost.mu2):
+    async def charge(self, context: StoredContext, cost: Cost) -> StoredContext:
+        """Charge one answer and return the context with its ledger after the charge.
+
+        Raises :class:`BudgetExhausted` (or :class:`NotFound` if the context was deleted
+        meanwhile) having charged nothing.
+        """
+        after = await self._repo.try_charge(context.id, cost.mu2)
+        if after is None:
+            if await self._repo.get(context.id) is None:
+                raise NotFound(f"no context with id {context.id!r}", param="context_id")
             budget = context.budget or {}
             raise BudgetExhausted(
                 f"context {context.id} cannot afford another answer: its budget "
@@ -50,6 +57,7 @@ class Ledger:
                 f"max_queries={context.max_queries}) is exhausted",
                 param="context_id",
             )
+        return replace(context, mu2_spent=after[0], queries=after[1])
 
     async def refund(self, context: StoredContext, cost: Cost) -> None:
         await self._repo.refund(context.id, cost.mu2)

@@ -13,9 +13,10 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, case, create_engine, delete, select, update
+from sqlalchemy import Engine, case, create_engine, delete, make_url, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from dpicl.store.models import Base, ContextRow
@@ -61,7 +62,10 @@ class StoredContext:
 
 
 def make_engine(url: str) -> Engine:
-    if url.startswith("sqlite"):
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
         # A generous busy timeout: several processes may share one SQLite file.
         return create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
@@ -118,8 +122,12 @@ class ContextRepository:
 
         return await self._run(fn)
 
-    async def try_charge(self, context_id: str, mu2: float) -> bool:
-        """Charge one query of cost ``mu2`` if it fits the budget; True when charged."""
+    async def try_charge(self, context_id: str, mu2: float) -> tuple[float, int] | None:
+        """Charge one query of cost ``mu2`` if it fits the budget.
+
+        Returns the ledger after the charge, ``(mu2_spent, queries)``, or None when nothing
+        was charged (the budget is exhausted or the context is gone).
+        """
         c = ContextRow
         fits_mu2 = (c.mu2_max.is_(None)) | (c.mu2_spent + mu2 <= c.mu2_max * (1.0 + self._rtol))
         fits_queries = (c.max_queries.is_(None)) | (c.queries < c.max_queries)
@@ -127,11 +135,13 @@ class ContextRepository:
             update(c)
             .where(c.id == context_id, fits_mu2, fits_queries)
             .values(mu2_spent=c.mu2_spent + mu2, queries=c.queries + 1)
+            .returning(c.mu2_spent, c.queries)
             .execution_options(synchronize_session=False)
         )
 
-        def fn(s: Session) -> bool:
-            return bool(getattr(s.execute(stmt), "rowcount", 0) == 1)
+        def fn(s: Session) -> tuple[float, int] | None:
+            row = s.execute(stmt).first()
+            return (float(row[0]), int(row[1])) if row is not None else None
 
         return await self._run(fn)
 

@@ -9,9 +9,14 @@ from dpicl.api.schemas import (
     ClassifyResponse,
     CostInfo,
     ErrorResponse,
+    GenerateRequest,
+    GenerateResponse,
 )
 from dpicl.errors import InvalidRequest
-from dpicl.pipelines.voting import VotingOutcome, check_query, run_voting
+from dpicl.pipelines.esa import EsaOutcome, run_esa
+from dpicl.pipelines.partitions import check_query
+from dpicl.store.repository import StoredContext
+from dpicl.pipelines.voting import VotingOutcome, run_voting
 from dpicl.privacy.randomness import secure_rng
 
 ERRORS: dict[int | str, dict[str, object]] = {
@@ -21,19 +26,26 @@ ERRORS: dict[int | str, dict[str, object]] = {
 router = APIRouter(prefix="/v1", tags=["inference"], responses=ERRORS)
 
 
+async def context_for(
+    context_id: str, svc: Services, mechanisms: tuple[str, ...], path: str
+) -> StoredContext:
+    ctx = await load_context(context_id, svc)
+    name = ctx.mechanism.get("name")
+    if name not in mechanisms:
+        raise InvalidRequest(
+            f"context {ctx.id} uses mechanism {name!r}; {path} serves "
+            + " or ".join(repr(m) for m in mechanisms)
+            + " contexts",
+            param="context_id",
+        )
+    return ctx
+
+
 async def classify_outcome(req: ClassifyRequest, svc: Services) -> VotingOutcome:
     """Shared by the public and the debug route: one private-voting answer."""
     query = check_query(req.query, svc.settings.max_query_chars)
-    ctx = await load_context(req.context_id, svc)
-    if ctx.mechanism.get("name") != "voting":
-        raise InvalidRequest(
-            f"context {ctx.id} uses mechanism {ctx.mechanism.get('name')!r}; "
-            "/v1/classify serves 'voting' contexts",
-            param="context_id",
-        )
-    return await run_voting(
-        ctx, query, engine=svc.engine, ledger=svc.ledger, repo=svc.repo, rng=secure_rng()
-    )
+    ctx = await context_for(req.context_id, svc, ("voting",), "/v1/classify")
+    return await run_voting(ctx, query, engine=svc.engine, ledger=svc.ledger, rng=secure_rng())
 
 
 def classify_body(out: VotingOutcome, engine: str) -> dict[str, object]:
@@ -51,3 +63,36 @@ async def classify(req: ClassifyRequest, svc: Svc) -> ClassifyResponse:
     """Classify a query with private voting; returns the label, its cost and the budget left."""
     out = await classify_outcome(req, svc)
     return ClassifyResponse.model_validate(classify_body(out, svc.engine.name))
+
+
+async def generate_outcome(req: GenerateRequest, svc: Services) -> EsaOutcome:
+    """Shared by the public and the debug route: one private generation."""
+    query = check_query(req.query, svc.settings.max_query_chars)
+    ctx = await context_for(req.context_id, svc, ("esa",), "/v1/generate")
+    return await run_esa(
+        ctx,
+        query,
+        engine=svc.engine,
+        embedder=await svc.get_embedder(),
+        ledger=svc.ledger,
+        rng=secure_rng(),
+        max_tokens=req.max_tokens,
+    )
+
+
+def generate_body(out: EsaOutcome, engine: str) -> dict[str, object]:
+    return {
+        "context_id": out.context.id,
+        "text": out.text,
+        "engine": engine,
+        "mechanism": str(out.context.mechanism["name"]),
+        "cost": CostInfo.of(out.cost),
+        "budget": BudgetInfo.of(out.budget),
+    }
+
+
+@router.post("/generate", response_model=GenerateResponse, dependencies=[User])
+async def generate(req: GenerateRequest, svc: Svc) -> GenerateResponse:
+    """Generate text privately (ESA); returns the text, its cost and the budget left."""
+    out = await generate_outcome(req, svc)
+    return GenerateResponse.model_validate(generate_body(out, svc.engine.name))

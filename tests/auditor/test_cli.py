@@ -1,0 +1,268 @@
+"""The dpicl-audit command line: estimate, list, show, report wiring, errors, and full runs
+against a real oracle server on a socket."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import threading
+import time
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from scipy import stats
+from typer.testing import CliRunner
+
+from dpicl_audit.cli import app
+from dpicl_audit.store import TrialStore
+from tests.conftest import ADMIN, USER, free_port
+
+runner = CliRunner()
+
+
+def invoke(*args: str, env: dict[str, str] | None = None) -> Any:
+    return runner.invoke(app, list(args), env=env, catch_exceptions=False)
+
+
+# ------------------------------------------------------------------ estimate
+
+
+def _reference(tp: int, fn: int, fp: int, tn: int, delta: float, conf: float) -> dict[str, float]:
+    """Closed forms, computed here with scipy only (not the auditor's estimators)."""
+    c = 1 - (1 - conf) / 2  # Bonferroni over the two one-sided intervals
+    fpr_u = 1.0 if fp == fp + tn else float(stats.beta.ppf(c, fp + 1, tn))
+    fnr_u = 1.0 if fn == tp + fn else float(stats.beta.ppf(c, fn + 1, tp))
+    mu = max(0.0, float(stats.norm.ppf(1 - fnr_u) - stats.norm.ppf(fpr_u)))
+    classic = max(
+        0.0,
+        math.log((1 - delta - fnr_u) / fpr_u),
+        math.log((1 - delta - fpr_u) / fnr_u),
+    )
+    return {"mu_lower": mu, "epsilon_lower_classic": classic}
+
+
+def _gdp_delta(eps: float, mu: float) -> float:
+    return float(
+        stats.norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * stats.norm.cdf(-eps / mu - mu / 2)
+    )
+
+
+@pytest.mark.parametrize(
+    ("tp", "fn", "fp", "tn", "delta", "conf"),
+    [
+        (900, 100, 100, 900, 1e-5, 0.95),
+        (4000, 1000, 300, 4700, 1e-6, 0.9),
+        (60, 40, 40, 60, 1e-5, 0.95),
+    ],
+)
+def test_estimate_matches_closed_forms(
+    tp: int, fn: int, fp: int, tn: int, delta: float, conf: float
+) -> None:
+    result = invoke(
+        "estimate",
+        *("--tp", str(tp), "--fn", str(fn), "--fp", str(fp), "--tn", str(tn)),
+        *("--delta", str(delta), "--confidence", str(conf)),
+    )
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    ref = _reference(tp, fn, fp, tn, delta, conf)
+    assert out["mu_lower"] == pytest.approx(ref["mu_lower"], rel=1e-7)
+    assert out["epsilon_lower_classic"] == pytest.approx(ref["epsilon_lower_classic"], rel=1e-7)
+    # epsilon_lower is the epsilon at which mu_lower-GDP has exactly the target delta
+    if out["mu_lower"] > 0.3:
+        assert _gdp_delta(out["epsilon_lower"], out["mu_lower"]) == pytest.approx(delta, rel=1e-4)
+    assert {"tp", "fn", "fp", "tn", "confidence", "delta"} <= set(out)
+
+
+def test_estimate_rejects_bad_counts() -> None:
+    result = invoke("estimate", "--tp", "1", "--fn", "0", "--fp", "0", "--tn", "0")
+    assert result.exit_code == 1
+    assert "at least one trial" in result.stderr
+
+
+# ------------------------------------------------------------------ offline commands
+
+
+def test_list_and_show_on_empty_log(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path}/audit.db"
+    result = invoke("list", "--db", db, "--json")
+    assert result.exit_code == 0 and json.loads(result.stdout) == []
+    result = invoke("show", "nope", "--db", db)
+    assert result.exit_code == 1 and "no run 'nope'" in result.stderr
+    result = invoke("resume", "nope", "--db", db, "--admin-token", "x")
+    assert result.exit_code == 1 and "no run 'nope'" in result.stderr
+
+
+def test_bad_plans_exit_1_naming_the_field(tmp_path: Path) -> None:
+    result = invoke("run", "--db", str(tmp_path / "a.db"), "--trials", "2", "--admin-token", "x")
+    assert result.exit_code == 1 and "trials" in result.stderr
+    plan = tmp_path / "p.toml"
+    plan.write_text("[mechanism]\nepsilons = [0]\n")
+    result = invoke("run", "--plan", str(plan), "--db", str(tmp_path / "a.db"))
+    assert result.exit_code == 1 and "mechanism.epsilons" in result.stderr
+    result = invoke("run", "--epsilons", "1,x")
+    assert result.exit_code == 2
+
+
+def test_run_needs_admin_token(tmp_path: Path) -> None:
+    result = invoke("run", "--db", str(tmp_path / "a.db"), "--url", "http://127.0.0.1:9", env={})
+    assert result.exit_code == 1 and "admin token" in result.stderr
+
+
+def test_unreachable_server_fails_cleanly(tmp_path: Path) -> None:
+    port = free_port()  # nothing listens there
+    result = invoke(
+        "run",
+        *("--db", str(tmp_path / "a.db"), "--url", f"http://127.0.0.1:{port}"),
+        *("--admin-token", "x", "--timeout", "2", "--retries", "1", "--no-progress"),
+        *("--out", str(tmp_path / "runs")),
+    )
+    assert result.exit_code == 1
+    assert "failed after" in result.stderr
+
+
+def test_report_is_wired_lazily(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, str, Path]] = []
+    fake = types.ModuleType("dpicl_audit.report")
+
+    def write_report(run_id: str, db_url: str, out_dir: Path) -> Path:
+        calls.append((run_id, db_url, out_dir))
+        return out_dir / run_id / "report.html"
+
+    fake.write_report = write_report  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "dpicl_audit.report", fake)
+    result = invoke("report", "r1", "--db", str(tmp_path / "x.db"), "--out", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert calls == [("r1", f"sqlite:///{tmp_path}/x.db", tmp_path)]
+    assert "report.html" in result.stdout
+
+
+# ------------------------------------------------------------------ against a real server
+
+
+def _server_available() -> str | None:
+    try:
+        from dpicl.api.app import build_app  # noqa: F401
+        from dpicl.config import Settings  # noqa: F401
+    except Exception as exc:
+        return f"the dpicl server app is not importable yet: {exc}"
+    return None
+
+
+class ThreadServer:
+    """The real server app under uvicorn on a free port, in a thread of this process."""
+
+    def __init__(self, db_path: Path, whitebox: str = "internal") -> None:
+        import uvicorn
+
+        from dpicl.api.app import build_app
+        from dpicl.config import Settings
+
+        settings = Settings(
+            engine="oracle",
+            whitebox=whitebox,  # type: ignore[arg-type]
+            database_url=f"sqlite:///{db_path}",
+            admin_token=ADMIN,
+            api_keys=[USER],
+            log_level="warning",
+        )
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(
+            build_app(settings), host="127.0.0.1", port=self.port, log_level="warning"
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> ThreadServer:
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        raise TimeoutError("server did not start")
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def oracle_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadServer]:
+    reason = _server_available()
+    if reason:
+        pytest.skip(reason)
+    with ThreadServer(tmp_path_factory.mktemp("srv") / "server.db") as srv:
+        yield srv
+
+
+def test_run_show_list_resume_bootstrap(oracle_server: ThreadServer, tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path}/audit.db"
+    out = tmp_path / "runs"
+    env = {"DPICL_AUDIT_ADMIN_TOKEN": ADMIN, "DPICL_AUDIT_API_KEY": USER}
+    common = ("--db", db, "--out", str(out), "--url", oracle_server.url, "--no-progress")
+    plan = tmp_path / "plan.toml"
+    plan.write_text(
+        "trials = 60\nthreat_model = 'white-box'\nseed = 3\n"
+        "[mechanism]\nepsilons = [2, 8]\npartitions = 4\nshots = 2\n"
+    )
+    result = invoke(
+        "run", "--plan", str(plan), *common, "--run-id", "cli-run", "--trials", "80", env=env
+    )
+    assert result.exit_code == 0, result.output
+    assert "eps=8" in result.stdout and "white-box" in result.stdout
+    saved = json.loads((out / "cli-run" / "results.json").read_text())
+    assert [s["setting"] for s in saved["settings"]] == ["eps=2", "eps=8"]
+    assert all(s["trials"] == 80 for s in saved["settings"])  # the flag beat the file's 60
+    assert saved["plan"]["target"]["admin_token"] == "**********"
+    assert ADMIN not in (out / "cli-run" / "results.json").read_text()
+
+    result = invoke("list", "--db", db, "--json")
+    rows = json.loads(result.stdout)
+    assert rows[0]["id"] == "cli-run" and rows[0]["status"] == "completed"
+    assert rows[0]["trials_logged"] == rows[0]["trials_planned"] == 160
+
+    result = invoke("show", "cli-run", "--db", db, "--json")
+    assert json.loads(result.stdout)["run_id"] == "cli-run"
+
+    # resuming a finished run runs nothing and keeps the log as it was
+    result = invoke("resume", "cli-run", *common, env=env)
+    assert result.exit_code == 0, result.output
+    store = TrialStore(db)
+    assert store.trial_counts("cli-run") == {"eps=2": 80, "eps=8": 80}
+    store.dispose()
+
+    result = invoke(
+        "bootstrap",
+        *common,
+        *("--run-id", "cli-boot", "--epsilons", "1,4", "--n-llm", "10", "--n-sample", "20000"),
+        "--json",
+        env=env,
+    )
+    assert result.exit_code == 0, result.output
+    boot = json.loads(result.stdout)
+    assert boot["kind"] == "bootstrap"
+    assert [s["n_sample"] for s in boot["settings"]] == [20000, 20000]
+    assert all(s["white_box"]["epsilon_lower"] > 0 for s in boot["settings"])
+
+
+def test_resume_without_token_is_refused(oracle_server: ThreadServer, tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path}/audit.db"
+    env = {"DPICL_AUDIT_ADMIN_TOKEN": ADMIN}
+    result = invoke(
+        "run",
+        *("--db", db, "--out", str(tmp_path), "--url", oracle_server.url, "--no-progress"),
+        *("--trials", "10", "--epsilons", "8", "--run-id", "r"),
+        env=env,
+    )
+    assert result.exit_code == 0, result.output
+    result = invoke("resume", "r", "--db", db, env={})
+    assert result.exit_code == 1 and "admin token" in result.stderr
