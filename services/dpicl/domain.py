@@ -104,7 +104,66 @@ class EsaSettings(BaseModel):
         return _open_unit("delta", v)
 
 
-MechanismSettings = Annotated[VotingSettings | EsaSettings, Field(discriminator="name")]
+class MozoSettings(BaseModel):
+    """DPS-MOZO (paper 004, Algorithm 1): per-token private decoding, budgeted in queries.
+
+    ``epsilon`` and ``delta`` are the guarantee for the whole context: ``queries`` answers of
+    at most ``max_tokens`` tokens each. beta is calibrated from them once, at creation.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: Literal["dps-mozo"] = "dps-mozo"
+    epsilon: float = Field(description="Total epsilon over all `queries` answers (> 0).")
+    delta: float | None = Field(
+        default=None, description="Total delta, in (0, 1); default 1/|D| (|D| exemplars)."
+    )
+    alpha: int | None = Field(
+        default=None,
+        ge=2,
+        le=1024,
+        description="Renyi order; default: the smallest whose RDP-to-DP conversion costs "
+        "at most epsilon/2 (paper 004, Section 5.1).",
+    )
+    n_shots: int = Field(default=4, ge=1, description="Exemplars sampled per token.")
+    top_k: int = Field(default=100, ge=1, le=1000, description="Zero-shot top-k support.")
+    max_tokens: int = Field(default=48, ge=1, le=1024, description="T_max per answer.")
+    queries: int = Field(ge=1, le=1_000_000, description="Answers the context will give.")
+    lambda_max: float = Field(default=1.5, ge=0.0, le=10.0, description="Upper end of lambda.")
+
+    @field_validator("epsilon")
+    @classmethod
+    def _eps(cls, v: float) -> float:
+        return _finite_positive("epsilon", v)
+
+    @field_validator("delta")
+    @classmethod
+    def _delta(cls, v: float | None) -> float | None:
+        return None if v is None else _open_unit("delta", v)
+
+    def resolved_delta(self, n_exemplars: int) -> float:
+        return self.delta if self.delta is not None else 1.0 / n_exemplars
+
+
+class PublicSettings(BaseModel):
+    """Ordinary few-shot ICL over public (e.g. DP-synthesised) exemplars: no privacy cost.
+
+    Not accepted by ``POST /v1/contexts``: such contexts are only derived by
+    ``POST /v1/contexts/{id}/synthesize`` (DPS-MOZO offline mode), so private exemplars can
+    never be served without a DP mechanism by mistake.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: Literal["public"] = "public"
+    max_tokens: int = Field(default=48, ge=1, le=1024)
+    temperature: float = Field(default=0.0, ge=0.0, le=10.0)
+    derived_from: str | None = None
+
+
+MechanismSettings = Annotated[
+    VotingSettings | EsaSettings | MozoSettings, Field(discriminator="name")
+]
 
 
 class BudgetSpec(BaseModel):
@@ -141,7 +200,9 @@ class ContextSpec(BaseModel):
 
     def check(self) -> None:
         """Cross-field checks; raise :class:`ConfigurationError` naming the bad value."""
-        wanted = {"voting": "classification", "esa": "generation"}[self.mechanism.name]
+        wanted = {"voting": "classification", "esa": "generation", "dps-mozo": "generation"}[
+            self.mechanism.name
+        ]
         if self.task != wanted:
             raise ConfigurationError(
                 f"mechanism {self.mechanism.name!r} serves {wanted} contexts, "
@@ -171,11 +232,33 @@ class ContextSpec(BaseModel):
                         f"the template must contain the slot {slot}", param="template"
                     )
         mech = self.mechanism
+        if isinstance(mech, MozoSettings):
+            self._check_mozo(mech)
+            return
         if mech.partitioning == "positional" and mech.partitions > len(self.exemplars):
             raise ConfigurationError(
                 f"partitions T={mech.partitions} is larger than the number of exemplars "
                 f"({len(self.exemplars)})",
                 param="mechanism.partitions",
+            )
+
+    def _check_mozo(self, mech: MozoSettings) -> None:
+        n = len(self.exemplars)
+        if mech.n_shots > n:
+            raise ConfigurationError(
+                f"n_shots={mech.n_shots} is larger than the number of exemplars ({n})",
+                param="mechanism.n_shots",
+            )
+        if mech.delta is None and n < 2:
+            raise ConfigurationError(
+                f"the default delta 1/|D| needs at least 2 exemplars, got {n}; give delta",
+                param="mechanism.delta",
+            )
+        if self.budget is not None:
+            raise ConfigurationError(
+                "a dps-mozo context is budgeted by mechanism.epsilon over mechanism.queries "
+                f"answers; omit budget (got {self.budget.model_dump()!r})",
+                param="budget",
             )
 
     def resolved_template(self) -> str:

@@ -142,7 +142,7 @@ async def test_black_box_run(tmp_path: Path) -> None:
 
 
 async def test_white_box_run_uses_split_thresholds(tmp_path: Path) -> None:
-    plan = _plan(threat_model="white-box", trials=300, **{"mechanism.epsilons": [8.0]})
+    plan = _plan(threat_model="white-box", trials=200, **{"mechanism.epsilons": [8.0]})
     async with oracle_server(tmp_path, whitebox="noisy") as client:
         results = await run_audit(
             plan, db=tmp_path / "a.db", target=client, out_dir=tmp_path, progress=False
@@ -205,12 +205,14 @@ async def test_bootstrap_is_tight_on_the_oracle(tmp_path: Path) -> None:
         assert s["n_sample"] == 400_000 and s["n_llm"] == 20
         assert wb["epsilon_lower"] >= 0.9 * s["epsilon_exact"], s
         assert wb["verdict"]["status"] == "ok" and bb["verdict"]["status"] == "ok"
-        assert bb["epsilon_lower"] <= wb["epsilon_lower"] + 1e-9
+        assert bb["epsilon_lower"] <= s["epsilon_exact"]
         assert s["llm_calls"] == 40 * plan.mechanism.partitions
 
 
 async def test_brainwash_baseline_runs(tmp_path: Path) -> None:
-    plan = _plan(attack="brainwash", canary="mislabeled", **{"mechanism.epsilons": [8.0]})
+    plan = _plan(
+        attack="brainwash", canary="mislabeled", trials=60, **{"mechanism.epsilons": [8.0]}
+    )
     async with oracle_server(tmp_path) as client:
         results = await run_audit(
             plan, db=tmp_path / "a.db", target=client, out_dir=tmp_path, progress=False
@@ -231,11 +233,18 @@ class FlakyAfter:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    async def classify(self, context_id: str, query: str) -> dict[str, Any]:
+    def _spend(self) -> None:
         if self.left <= 0:
             raise TargetUnavailable("injected outage")
         self.left -= 1
+
+    async def classify(self, context_id: str, query: str) -> dict[str, Any]:
+        self._spend()
         return await self.inner.classify(context_id, query)
+
+    async def debug_classify(self, context_id: str, query: str) -> dict[str, Any]:
+        self._spend()
+        return await self.inner.debug_classify(context_id, query)
 
 
 async def test_failed_run_resumes_without_loss_or_duplicates(tmp_path: Path) -> None:
@@ -316,7 +325,7 @@ async def test_white_box_needs_the_debug_endpoint(tmp_path: Path) -> None:
 
 
 async def test_many_concurrent_trials(tmp_path: Path) -> None:
-    plan = _plan(trials=400, concurrency=32, batch_size=7, **{"mechanism.epsilons": [1.0]})
+    plan = _plan(trials=200, concurrency=32, batch_size=7, **{"mechanism.epsilons": [1.0]})
     async with oracle_server(tmp_path, concurrency=32) as client:
         results = await run_audit(
             plan, db=tmp_path / "a.db", target=client, out_dir=tmp_path, progress=False
@@ -358,7 +367,7 @@ def test_schedule_is_deterministic() -> None:
 
 
 async def test_cancellation_keeps_completed_trials(tmp_path: Path) -> None:
-    plan = _plan(trials=2000, batch_size=10, **{"mechanism.epsilons": [1.0]})
+    plan = _plan(trials=250, batch_size=10, **{"mechanism.epsilons": [1.0]})
     db = tmp_path / "a.db"
     async with oracle_server(tmp_path) as client:
         task = asyncio.create_task(
@@ -368,7 +377,7 @@ async def test_cancellation_keeps_completed_trials(tmp_path: Path) -> None:
         for _ in range(400):
             await asyncio.sleep(0.02)
             try:
-                if sum(store.trial_counts("c").values()) >= 50:
+                if sum(store.trial_counts("c").values()) >= 30:
                     break
             except Exception:
                 continue
@@ -377,7 +386,7 @@ async def test_cancellation_keeps_completed_trials(tmp_path: Path) -> None:
             await task
         assert store.get_run("c").status == "interrupted"
         done = store.trial_indices("c", "eps=1")
-        assert len(done) >= 50
+        assert 30 <= len(done) < 250
         await resume_audit("c", store=store, target=client, out_dir=tmp_path, progress=False)
     _check_log(store, "c", plan)
     store.dispose()

@@ -33,15 +33,24 @@ def embedder() -> SentenceTransformerEmbedder:
 
 
 def esa_context(**mech: Any) -> dict[str, Any]:
-    exemplars = [{"input": f"Dialogue {i}: hello there number {i}", "output": f"Summary {i}"}
-                 for i in range(7)]
+    exemplars = [
+        {"input": f"Dialogue {i}: hello there number {i}", "output": f"Summary {i}"}
+        for i in range(7)
+    ]
     exemplars.insert(3, {"input": CANARY, "output": "Bob will send the invoice."})
     return {
         "task": "generation",
         "exemplars": exemplars,
         "template": "{query}\n\nCONTEXTUAL EXEMPLAR: {exemplars}\n\nRESPONSE:",
-        "mechanism": {"name": "esa", "epsilon": 4.0, "delta": 1e-5, "partitions": 4,
-                      "partition_seed": 3, "candidates": 6} | mech,
+        "mechanism": {
+            "name": "esa",
+            "epsilon": 4.0,
+            "delta": 1e-5,
+            "partitions": 4,
+            "partition_seed": 3,
+            "candidates": 6,
+        }
+        | mech,
     }
 
 
@@ -54,14 +63,16 @@ def _create(c: TestClient, body: dict[str, Any]) -> str:
 def test_generate_releases_a_zero_shot_candidate(tmp_path: Path, embedder: Any) -> None:
     with make_client(tmp_path, whitebox="internal", embedder=embedder) as c:
         cid = _create(c, esa_context())
-        r = c.post("/v1/generate", json={"context_id": cid, "query": QUERY},
-                   headers=user_headers())
+        r = c.post("/v1/generate", json={"context_id": cid, "query": QUERY}, headers=user_headers())
         assert r.status_code == 200, r.text
         assert r.json()["text"] in (Y1, Y0)
         assert r.json()["mechanism"] == "esa"
         for _ in range(10):
-            b = c.post("/v1/debug/generate", json={"context_id": cid, "query": QUERY},
-                       headers=admin_headers()).json()
+            b = c.post(
+                "/v1/debug/generate",
+                json={"context_id": cid, "query": QUERY},
+                headers=admin_headers(),
+            ).json()
             assert b["text"] in b["candidates"]
             assert len(b["candidates"]) == 6
             assert b["text"] == b["candidates"][int(np.argmin(b["distances"]))]
@@ -78,8 +89,11 @@ def test_esa_noise_matches_sigma(tmp_path: Path, embedder: Any) -> None:
         cid = _create(c, esa_context(epsilon=2.0))
         diffs, sigma = [], 0.0
         for _ in range(20):
-            b = c.post("/v1/debug/generate", json={"context_id": cid, "query": QUERY},
-                       headers=admin_headers()).json()
+            b = c.post(
+                "/v1/debug/generate",
+                json={"context_id": cid, "query": QUERY},
+                headers=admin_headers(),
+            ).json()
             sigma = b["sigma"]
             diffs.append(np.asarray(b["noisy_mean"]) - np.asarray(b["clean_mean"]))
     d = np.concatenate(diffs)
@@ -93,8 +107,9 @@ def test_esa_noise_matches_sigma(tmp_path: Path, embedder: Any) -> None:
 def test_noisy_whitebox_hides_partition_outputs(tmp_path: Path, embedder: Any) -> None:
     with make_client(tmp_path, whitebox="noisy", embedder=embedder) as c:
         cid = _create(c, esa_context())
-        b = c.post("/v1/debug/generate", json={"context_id": cid, "query": QUERY},
-                   headers=admin_headers()).json()
+        b = c.post(
+            "/v1/debug/generate", json={"context_id": cid, "query": QUERY}, headers=admin_headers()
+        ).json()
         assert b["partition_texts"] is None
         assert b["partition_embeddings"] is None
         assert b["clean_mean"] is None
@@ -104,8 +119,7 @@ def test_noisy_whitebox_hides_partition_outputs(tmp_path: Path, embedder: Any) -
 def test_mechanism_endpoint_mismatch(tmp_path: Path, embedder: Any) -> None:
     with make_client(tmp_path, embedder=embedder) as c:
         cid = _create(c, esa_context())
-        r = c.post("/v1/classify", json={"context_id": cid, "query": "x"},
-                   headers=user_headers())
+        r = c.post("/v1/classify", json={"context_id": cid, "query": "x"}, headers=user_headers())
         assert r.status_code == 422
         assert "esa" in r.json()["error"]["message"]
         bad = esa_context()

@@ -7,6 +7,7 @@ PLD accountant. Nothing here is random except hypothesis, which runs derandomize
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import dp_accounting
@@ -43,7 +44,7 @@ CASES = [
 @pytest.mark.parametrize(("epsilon", "delta"), CASES)
 def test_classic_sigma_is_algorithm_2_line_7(epsilon: float, delta: float) -> None:
     paper = 2.0 * math.sqrt(math.log(1.25 / delta)) / epsilon
-    assert VOTING_SENSITIVITY == pytest.approx(math.sqrt(2.0), rel=1e-15)
+    assert math.sqrt(2.0) == VOTING_SENSITIVITY
     assert classic_sigma(epsilon, delta, VOTING_SENSITIVITY) == pytest.approx(paper, rel=1e-12)
     # In this range the formula delivers its promise, so sigma_for keeps it unchanged.
     assert sigma_for(epsilon, delta, VOTING_SENSITIVITY, "classic") == pytest.approx(
@@ -104,7 +105,7 @@ def test_gaussian_delta_matches_hockey_stick_quadrature(mu: float, epsilon: floa
     # delta(eps) = int max(0, p1(x) - e^eps p0(x)) dx for p1 = N(mu, 1), p0 = N(0, 1): an
     # independent definition of the same quantity.
     def gap(x: float) -> float:
-        return max(0.0, norm.pdf(x, loc=mu) - math.exp(epsilon) * norm.pdf(x))
+        return max(0.0, float(norm.pdf(x, loc=mu)) - math.exp(epsilon) * float(norm.pdf(x)))
 
     cut = epsilon / mu + mu / 2  # the privacy loss exceeds epsilon exactly for x > cut
     reference, _ = integrate.quad(gap, cut, cut + 40, epsabs=1e-15, epsrel=1e-12, limit=200)
@@ -115,9 +116,9 @@ def test_gaussian_delta_edges_and_monotonicity() -> None:
     assert gaussian_delta(1.0, 0.0) == 0.0
     assert gaussian_delta(0.0, 1.0) == pytest.approx(2 * norm.cdf(0.5) - 1, rel=1e-12)
     values = [gaussian_delta(e, 1.0) for e in (0.0, 0.5, 1.0, 2.0, 4.0, 8.0)]
-    assert all(a > b for a, b in zip(values, values[1:], strict=False))
+    assert all(a > b for a, b in itertools.pairwise(values))
     values = [gaussian_delta(1.0, m) for m in (0.1, 0.5, 1.0, 2.0, 4.0)]
-    assert all(a < b for a, b in zip(values, values[1:], strict=False))
+    assert all(a < b for a, b in itertools.pairwise(values))
     # Deep tails keep relative accuracy (no cancellation to 0 or negatives).
     tiny = gaussian_delta(10.0, 0.5)
     assert 0.0 < tiny < 1e-50

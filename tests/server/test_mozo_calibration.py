@@ -232,7 +232,7 @@ def test_subsampled_rdp_monotone(alpha: int, q: float, eps: float, bump: float) 
 # --------------------------------------------------------------------------- calibration
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(
     eps=st.floats(0.2, 8.0),
     size=st.integers(1_000, 1_000_000),
@@ -252,7 +252,7 @@ def test_calibrated_beta_is_largest_feasible(
     assert tokens * subsampled_rdp(alpha, q, cal.per_token_rdp) <= target
     above = cal.beta * (1 + 1e-9) + 1e-11
     assert tokens * subsampled_rdp(alpha, q, 4 * above * alpha) > target
-    assert cal.per_token_subsampled_rdp <= cal.rdp_epsilon / tokens
+    assert cal.per_token_subsampled_rdp <= cal.rdp_epsilon / tokens * (1 + 1e-12)
     assert cal.radius == pytest.approx(cal.beta * alpha)
 
 

@@ -111,14 +111,14 @@ def _dense_scan(
     return float(grid[bad[0] - 1])
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize(("beta", "alpha"), [(0.081, 14), (0.179, 8), (0.445, 6), (0.01, 2.5)])
 def test_lambdas_match_dense_scan(seed: int, beta: float, alpha: float) -> None:
     one, zero = _instance(seed, n_shots=5, k=40, scale=2.0 + seed)
     lambdas = solve_lambdas(one, zero, beta, alpha)
     assert lambdas.shape == (5,)
     for i in range(5):
-        scan = _dense_scan(one[i], zero, beta, alpha, 1.5, 1e-4)
+        scan = _dense_scan(one[i], zero, beta, alpha, 1.5, 2e-4)
         assert lambdas[i] == pytest.approx(scan, abs=1e-3)
         assert scan <= lambdas[i] + 1e-12  # the scan is never beyond the bisection point
 
@@ -219,7 +219,7 @@ def test_sample_token_chi_square() -> None:
     keep = probs > 1e-3
     probs = np.where(keep, probs, 0.0)  # also checks zero-mass entries are never drawn
     probs /= probs.sum()
-    n = 60_000
+    n = 30_000
     counts = np.bincount([sample_token(probs, rng) for _ in range(n)], minlength=probs.size)
     assert np.all(counts[~keep] == 0)
     expected = probs[keep] * n
@@ -240,7 +240,7 @@ def test_sample_token_edges() -> None:
 def test_sample_shots_without_replacement_and_uniform() -> None:
     """Every 3-subset of 6 exemplars equally likely (20 cells, chi-square)."""
     rng = np.random.default_rng(99)
-    n, m, draws = 6, 3, 40_000
+    n, m, draws = 6, 3, 20_000
     subsets = {s: i for i, s in enumerate(itertools.combinations(range(n), m))}
     counts = np.zeros(len(subsets), dtype=np.int64)
     for _ in range(draws):
@@ -290,15 +290,14 @@ def test_mozo_step() -> None:
 
 
 def test_mozo_step_samples_product() -> None:
-    """The token frequencies over many steps follow product_probs (chi-square)."""
+    """The token is drawn by sample_token from product_probs with the rng passed in (whose
+    distribution test_sample_token_chi_square checks), and nothing else consumes randomness."""
     one, zero = _instance(8, n_shots=2, k=6, scale=1.0)
     top_ids = np.array([10, 11, 12, 13, 14, 15])
-    rng = np.random.default_rng(5)
-    n = 20_000
-    tokens = [mozo_step(one, zero, top_ids, 0.2, 4.0, rng).token_id for _ in range(n)]
-    probs = mozo_step(one, zero, top_ids, 0.2, 4.0, rng).product_probs
-    counts = np.bincount(np.array(tokens) - 10, minlength=6)
-    assert stats.chisquare(counts, probs * n).pvalue >= P_REJECT
+    for seed in range(50):
+        step = mozo_step(one, zero, top_ids, 0.2, 4.0, np.random.default_rng(seed))
+        position = sample_token(step.product_probs, np.random.default_rng(seed))
+        assert step.token_id == top_ids[position]
 
 
 # --------------------------------------------------------------------------- diagnostics
@@ -361,4 +360,4 @@ def test_product_divergence_shapes() -> None:
     mixed = mixed_logits(one, zero, solve_lambdas(one, zero, 0.1, 4.0))
     out = product_divergence(mixed, mixed, 4.0)
     assert out.shape == (2,)
-    assert np.all(out == 0.0)
+    np.testing.assert_allclose(out, 0.0, atol=1e-15)

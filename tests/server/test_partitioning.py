@@ -18,19 +18,22 @@ from dpicl.mechanisms.partitioning import (
     partition_sizes,
 )
 
-SETTINGS = settings(max_examples=150, deadline=None, derandomize=True, database=None)
+SETTINGS = settings(max_examples=60, deadline=None, derandomize=True, database=None)
 
-texts = st.text(max_size=12)
+texts = st.text(max_size=8)
 exemplar = st.tuples(texts, st.sampled_from(["Yes", "No", "Maybe"]))
 
 
-def contents(exemplars: list[tuple[str, str]], partitions: int, seed: int, scheme: str) -> list:
+Contents = list[list[tuple[str, str]]]
+
+
+def contents(exemplars: list[tuple[str, str]], partitions: int, seed: int, scheme: str) -> Contents:
     """Each partition's exemplars as a sorted list (what the engine gets, up to order)."""
     ids = assign_partitions(exemplars, partitions, seed, scheme)  # type: ignore[arg-type]
     return [sorted(exemplars[i] for i in g) for g in group_by_partition(ids, partitions)]
 
 
-def n_differing(a: list, b: list) -> int:
+def n_differing(a: Contents, b: Contents) -> int:
     return sum(x != y for x, y in zip(a, b, strict=True))
 
 

@@ -33,8 +33,10 @@ def _param(loc: tuple[Any, ...]) -> str | None:
 
 
 def _validation(exc: RequestValidationError) -> JSONResponse:
-    errors = exc.errors()
-    first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": ""}
+    errors = list(exc.errors())
+    first: dict[str, Any] = (
+        dict(errors[0]) if errors else {"loc": (), "msg": "invalid request", "type": ""}
+    )
     if first.get("type") == "json_invalid":
         ctx = first.get("ctx") or {}
         return error_response(

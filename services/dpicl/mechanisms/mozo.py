@@ -25,6 +25,16 @@ where the bound holds (the feasible end of the final bracket), and where the bou
 ``lam_max`` it returns ``lam_max``. If rounding ever made the divergence non-monotone, the
 result would be a feasible crossing point, the largest one within the final bracket; the tests
 compare it with a dense scan (the largest feasible lambda before the first violation).
+
+Caveat (a finding, see ``test_theorem_b3_counterexample``): the per-token guarantee
+``(alpha, 4 beta alpha)``-RDP that Theorem B.3 derives from this constraint does not hold in
+general. Its triangle step (Theorem B.1, Steinke's Lemma 33.7) needs ``D_g <= eps * g`` at
+every order ``g``, but Line 13 bounds one order only: with one shot, alpha = 2, beta = 0.05,
+zero-shot logits (0, -20) and neighbouring one-shot logits (0, -10) and (0, -40), both mixed
+distributions satisfy the constraint while ``D_2`` between them is about 15.5 > 0.4. And its
+additivity step (Theorem B.2) is about product measures, whereas Line 16 samples from a
+normalised pointwise product. :func:`exact_shot_divergence` and :func:`product_divergence`
+measure the actual divergences.
 """
 
 from __future__ import annotations
@@ -34,7 +44,6 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 from scipy.optimize import elementwise
-from scipy.special import logsumexp
 
 from dpicl.errors import ConfigurationError
 
@@ -79,10 +88,20 @@ def _check_beta(beta: float) -> float:
     return float(beta)
 
 
+def _logsumexp(x: FloatArray, *, keepdims: bool = False) -> FloatArray:
+    """``log(sum(exp(x)))`` over the last axis (scipy's version is ~50x slower on small arrays,
+    and the lambda search calls this in a loop). All ``-inf`` rows give ``-inf``."""
+    top = np.max(x, axis=-1, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)
+    with np.errstate(divide="ignore"):
+        out = np.log(np.sum(np.exp(x - top), axis=-1, keepdims=True)) + top
+    return np.asarray(out if keepdims else out[..., 0], dtype=np.float64)
+
+
 def log_softmax(logits: npt.ArrayLike) -> FloatArray:
     """Normalised log-probabilities along the last axis (``-inf`` logits stay ``-inf``)."""
     x = np.asarray(logits, dtype=np.float64)
-    return np.asarray(x - logsumexp(x, axis=-1, keepdims=True), dtype=np.float64)
+    return np.asarray(x - _logsumexp(x, keepdims=True), dtype=np.float64)
 
 
 def renyi_divergence(p_logits: npt.ArrayLike, q_logits: npt.ArrayLike, alpha: float) -> FloatArray:
@@ -101,7 +120,7 @@ def renyi_divergence(p_logits: npt.ArrayLike, q_logits: npt.ArrayLike, alpha: fl
     with np.errstate(invalid="ignore"):
         terms = a * log_p + (1.0 - a) * log_q
     terms = np.where(np.isneginf(log_p), -np.inf, terms)
-    value = logsumexp(terms, axis=-1) / (a - 1.0)
+    value = _logsumexp(terms) / (a - 1.0)
     return np.asarray(np.maximum(value, 0.0), dtype=np.float64)
 
 
@@ -197,10 +216,15 @@ def _excess(
     lam: FloatArray, one: FloatArray, zero: FloatArray, alpha: float, radius: float
 ) -> FloatArray:
     """``max(D(mixed || zero), D(zero || mixed)) - radius`` for each row; ``lam`` has the
-    leading shape of ``one`` minus the last axis."""
+    leading shape of ``one`` minus the last axis. Finite logits only (checked by callers), so
+    no support masking is needed; this is the hot loop of the lambda search."""
+    log_q = zero - _logsumexp(zero, keepdims=True)
     mixed = zero + lam[..., None] * (one - zero)
-    div = symmetric_divergence(mixed, zero, alpha)
-    return np.asarray(div.max(axis=-1) - radius, dtype=np.float64)
+    log_p = mixed - _logsumexp(mixed, keepdims=True)
+    forward = _logsumexp(alpha * log_p + (1.0 - alpha) * log_q)
+    backward = _logsumexp(alpha * log_q + (1.0 - alpha) * log_p)
+    worst = np.maximum(np.maximum(forward, backward) / (alpha - 1.0), 0.0)
+    return np.asarray(worst - radius, dtype=np.float64)
 
 
 def solve_lambdas(

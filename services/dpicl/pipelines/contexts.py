@@ -9,12 +9,13 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from dpicl.domain import ContextSpec
+from dpicl.domain import ContextSpec, MozoSettings
 from dpicl.engines.base import Exemplar
 from dpicl.mechanisms.esa import esa_sensitivity
 from dpicl.privacy.accounting import budget_mu2, gaussian_mu2
 from dpicl.privacy.calibration import VOTING_SENSITIVITY, epsilon_exact, sigma_for
-from dpicl.privacy.ledger import Cost
+from dpicl.privacy.ledger import Cost, mozo_spent_epsilon
+from dpicl.privacy.mozo_calibration import calibrate_beta
 from dpicl.store.models import ContextRow
 from dpicl.store.repository import ContextRepository, StoredContext, new_context_id
 
@@ -22,6 +23,8 @@ from dpicl.store.repository import ContextRepository, StoredContext, new_context
 def calibrate_mechanism(spec: ContextSpec) -> dict[str, Any]:
     """The stored mechanism record: the user's settings plus what calibration derived."""
     mech = spec.mechanism
+    if isinstance(mech, MozoSettings):
+        return calibrate_mozo(mech, len(spec.exemplars))
     seed = mech.partition_seed if mech.partition_seed is not None else secrets.randbits(63)
     record: dict[str, Any] = mech.model_dump() | {"partition_seed": seed}
     if mech.name == "esa":
@@ -37,10 +40,37 @@ def calibrate_mechanism(spec: ContextSpec) -> dict[str, Any]:
     return record
 
 
+def calibrate_mozo(mech: MozoSettings, n_exemplars: int) -> dict[str, Any]:
+    """beta for ``queries * max_tokens`` tokens at q = n_shots/|D| (paper 004, Eq. 8)."""
+    delta = mech.resolved_delta(n_exemplars)
+    cal = calibrate_beta(
+        mech.epsilon,
+        delta,
+        mech.alpha,
+        tokens=mech.queries * mech.max_tokens,
+        sample_rate=mech.n_shots / n_exemplars,
+    )
+    return mech.model_dump() | {
+        "delta": delta,
+        "alpha": cal.alpha,
+        "beta": cal.beta,
+        "radius": cal.radius,
+        "rdp_epsilon": cal.rdp_epsilon,
+        "per_token_rdp": cal.per_token_rdp,
+        "sample_rate": cal.sample_rate,
+        "tokens": cal.tokens,
+    }
+
+
 async def create_context(spec: ContextSpec, repo: ContextRepository) -> StoredContext:
     spec.check()
     mechanism = calibrate_mechanism(spec)
     budget = spec.budget.model_dump() if spec.budget is not None else None
+    max_queries: int | None = None
+    if isinstance(spec.mechanism, MozoSettings):
+        # The mechanism's own (epsilon, delta) is the context's budget, spent in queries.
+        budget = {"epsilon": float(mechanism["epsilon"]), "delta": float(mechanism["delta"])}
+        max_queries = spec.mechanism.queries
     mu2_max = budget_mu2(spec.budget.epsilon, spec.budget.delta) if spec.budget else None
     row = ContextRow(
         id=new_context_id(),
@@ -54,7 +84,7 @@ async def create_context(spec: ContextSpec, repo: ContextRepository) -> StoredCo
         mu2_spent=0.0,
         mu2_max=mu2_max,
         queries=0,
-        max_queries=None,
+        max_queries=max_queries,
     )
     return await repo.add(row)
 
@@ -62,6 +92,17 @@ async def create_context(spec: ContextSpec, repo: ContextRepository) -> StoredCo
 def cost_of(context: StoredContext) -> Cost:
     """The cost of one answer of ``context``'s mechanism."""
     m = context.mechanism
+    if m["name"] == "public":
+        return Cost(epsilon=0.0, delta=0.0, epsilon_exact=0.0, mu2=0.0)
+    if m["name"] == "dps-mozo":
+        # Budgeted in queries (max_queries), not mu^2. One answer alone is worth T_max tokens.
+        return Cost(
+            epsilon=mozo_spent_epsilon(m, 1),
+            delta=float(m["delta"]),
+            epsilon_exact=None,
+            mu2=0.0,
+            epsilon_total=float(m["epsilon"]),
+        )
     return Cost(
         epsilon=float(m["epsilon"]),
         delta=float(m["delta"]),

@@ -8,6 +8,7 @@ refunded if the engine fails, so a failure costs nothing and no answer escapes u
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import numpy as np
 
 from dpicl.engines.base import Engine

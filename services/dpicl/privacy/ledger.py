@@ -8,10 +8,11 @@ so nothing is released without being paid for and a failure costs nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-
-from dpicl.privacy.accounting import remaining_queries, spent_epsilon
+from typing import Any
 
 from dpicl.errors import BudgetExhausted, NotFound
+from dpicl.privacy.accounting import remaining_queries, spent_epsilon
+from dpicl.privacy.mozo_calibration import mozo_epsilon
 from dpicl.store.repository import ContextRepository, StoredContext
 
 
@@ -23,6 +24,24 @@ class Cost:
     delta: float
     epsilon_exact: float | None
     mu2: float
+    epsilon_total: float | None = None  # the mechanism's whole-context epsilon (DPS-MOZO)
+
+
+def mozo_spent_epsilon(mechanism: dict[str, Any], queries: int) -> float:
+    """(epsilon, delta)-DP epsilon of ``queries`` DPS-MOZO answers of T_max tokens each.
+
+    Every answer is charged its full T_max tokens whatever it generated, and the conversion
+    takes the best order up to alpha (sound: the per-token bound at alpha holds below it), so
+    after all ``mechanism["queries"]`` answers this is at most the configured epsilon.
+    """
+    return mozo_epsilon(
+        float(mechanism["beta"]),
+        int(mechanism["alpha"]),
+        queries * int(mechanism["max_tokens"]),
+        float(mechanism["sample_rate"]),
+        float(mechanism["delta"]),
+        optimize_order=True,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,12 +84,20 @@ class Ledger:
     @staticmethod
     def status(context: StoredContext, cost: Cost) -> BudgetStatus:
         delta = context.budget["delta"] if context.budget else cost.delta
-        spent = spent_epsilon(context.mu2_spent, delta)
+        name = context.mechanism.get("name")
+        if name == "dps-mozo":
+            spent = mozo_spent_epsilon(context.mechanism, context.queries)
+        elif name == "public":
+            spent = 0.0
+        else:
+            spent = spent_epsilon(context.mu2_spent, delta)
         remaining_eps: float | None = None
         left: int | None = None
         if context.mu2_max is not None and context.budget is not None:
             remaining_eps = max(context.budget["epsilon"] - spent, 0.0)
             left = remaining_queries(context.mu2_spent, context.mu2_max, cost.mu2)
+        elif name == "dps-mozo" and context.budget is not None:
+            remaining_eps = max(context.budget["epsilon"] - spent, 0.0)
         if context.max_queries is not None:
             by_count = max(context.max_queries - context.queries, 0)
             left = by_count if left is None else min(left, by_count)

@@ -26,6 +26,10 @@ Read this way, the calibration reproduces every beta of Table 5 of paper 004 (se
 ``tests/server/test_mozo_calibration.py``): ``delta = 1/|D|`` and ``q = 4/|D|`` with ``|D|`` the
 training-set size of Table 3, and ``tokens`` the column ``T_max n_test``. :func:`choose_alpha`
 reproduces every alpha of that table.
+
+This module implements the paper's accounting faithfully. Step 1 (Theorem B.3) is the paper's
+claim and is not generally true (see :mod:`dpicl.mechanisms.mozo`, "Caveat"); the numbers
+here are therefore the paper's nominal epsilon, not a proven bound for Algorithm 1.
 """
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ from dpicl.api.schemas import (
 from dpicl.errors import InvalidRequest
 from dpicl.pipelines.esa import EsaOutcome, run_esa
 from dpicl.pipelines.partitions import check_query
-from dpicl.store.repository import StoredContext
 from dpicl.pipelines.voting import VotingOutcome, run_voting
 from dpicl.privacy.randomness import secure_rng
+from dpicl.store.repository import StoredContext
 
 ERRORS: dict[int | str, dict[str, object]] = {
     code: {"model": ErrorResponse} for code in (401, 403, 404, 413, 422, 503)
