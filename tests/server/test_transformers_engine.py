@@ -198,7 +198,9 @@ async def test_batched_scores_equal_one_prompt_at_a_time(engine: TransformersEng
     assert np.all(batched < 0)
     one_by_one = np.vstack([await engine.score_labels([p], labels) for p in MIXED])
     np.testing.assert_allclose(batched, one_by_one, atol=1e-4, rtol=0)
-    np.testing.assert_allclose(batched, _reference_scores(engine, MIXED, labels), atol=1e-4)
+    # The reference runs each (prompt, label) alone; two prompts (shortest, longest) suffice.
+    ref = _reference_scores(engine, [MIXED[2], MIXED[1]], labels)
+    np.testing.assert_allclose(batched[[2, 1]], ref, atol=1e-4)
 
 
 @pytest.mark.slow
@@ -206,9 +208,8 @@ async def test_small_batches_give_the_same_scores(engine: TransformersEngine) ->
     labels = ["positive", "negative"]
     full = await engine.score_labels(MIXED, labels)
     small = TransformersEngine(
-        engine.model_obj, engine.tokenizer, model_name="s", max_batch_tokens=64
+        engine.model_obj, engine.tokenizer, model_name="s", max_batch_tokens=64, share_prefix=False
     )
-    small.share_prefix = False
     np.testing.assert_allclose(await small.score_labels(MIXED, labels), full, atol=1e-4)
 
 
@@ -252,18 +253,18 @@ async def test_event_loop_stays_free_while_the_model_runs(engine: TransformersEn
 
 @pytest.mark.slow
 async def test_generate(engine: TransformersEngine) -> None:
-    prompts = [plain("Say hello."), plain("Name a colour."), sentiment("Great.")]
-    greedy = GenerationParams(max_tokens=12, temperature=0.0)
+    prompts = [plain("Say hello."), sentiment("Great.")]
+    greedy = GenerationParams(max_tokens=10, temperature=0.0)
     a = await engine.generate(prompts, greedy)
     b = await engine.generate(prompts, greedy)
     assert a == b
     assert all(isinstance(t, str) and t == t.strip() and t for t in a)
     for text in a:
-        assert len(engine.tokenizer(text, add_special_tokens=False)["input_ids"]) <= 13
+        assert len(engine.tokenizer(text, add_special_tokens=False)["input_ids"]) <= 11
     hot = GenerationParams(max_tokens=8, temperature=1.0, seed=1234)
     assert await engine.generate(prompts, hot) == await engine.generate(prompts, hot)
     # Stop strings cut the text before the stop string.
-    stop = GenerationParams(max_tokens=12, temperature=0.0, stop=(" ",))
+    stop = GenerationParams(max_tokens=10, temperature=0.0, stop=(" ",))
     for text in await engine.generate(prompts, stop):
         assert " " not in text
     assert await engine.generate([], greedy) == []

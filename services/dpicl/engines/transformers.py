@@ -5,6 +5,14 @@ event loop stays free and the model sees one batch at a time. Batches are left p
 explicit ``position_ids`` (``attention_mask.cumsum(-1) - 1``, clamped at 0), so a prompt's
 logits do not depend on what it was batched with (up to float rounding, tested to 1e-4).
 
+Shared prefixes. The prompts of one call usually share a long token prefix (the chat
+template's system turn and the template's instructions). When it is at least
+``MIN_SHARED_PREFIX`` tokens, it is encoded once and its KV cache copied to every row; each
+row's remainder follows it left padded (``[prefix][pads][rest]``, pads masked, positions
+continuing from the prefix). On realistic voting prompts this cuts about a quarter of the
+work, more for audit prompts with long instructions. Batches are also cut so that rows x
+width stays within ``max_batch_tokens`` (longest prompts first, to limit padding).
+
 Prompts. With ``use_chat_template`` (the default) and a tokenizer that has a chat template,
 ``PromptSpec.text`` becomes the single user message and the template's generation prompt
 is appended (for SmolLM2: ``...<|im_start|>assistant\\n``); otherwise the text is used as
@@ -121,6 +129,7 @@ class TransformersEngine:
         device: str = "cpu",
         max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
         use_chat_template: bool = True,
+        share_prefix: bool = True,
     ) -> None:
         if max_batch_tokens < 1:
             raise EngineError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
@@ -144,7 +153,7 @@ class TransformersEngine:
         self.vocab_size: int = int(model.get_output_embeddings().weight.shape[0])
         max_pos = getattr(model.config, "max_position_embeddings", None)
         self.max_positions: int | None = int(max_pos) if max_pos else None
-        self.share_prefix = True
+        self.share_prefix = share_prefix
         self._lock = threading.Lock()
         self._label_cache: dict[tuple[str, str], list[int]] = {}
         self._closed = False
@@ -162,6 +171,7 @@ class TransformersEngine:
         dtype: torch.dtype | str = "float32",
         model_name: str | None = None,
         num_threads: int | None = None,
+        share_prefix: bool = True,
     ) -> TransformersEngine:
         """Load a model directory (or a hub name available offline). Blocking: call it
         before the event loop starts serving, or through :func:`asyncio.to_thread`.
@@ -192,6 +202,7 @@ class TransformersEngine:
             device=str(dev),
             max_batch_tokens=max_batch_tokens,
             use_chat_template=use_chat_template,
+            share_prefix=share_prefix,
         )
 
     @staticmethod
