@@ -37,9 +37,15 @@ def user_headers() -> dict[str, str]:
 
 
 class ServerProcess:
-    """A real ``dpicl serve`` process on a free port."""
+    """A real ``dpicl serve`` process on a free port.
 
-    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+    ``command`` runs something else instead (e.g. a patched server script); ``{port}`` in its
+    arguments is replaced by the chosen port.
+    """
+
+    def __init__(
+        self, env: dict[str, str], log_path: Path, command: list[str] | None = None
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
@@ -53,8 +59,13 @@ class ServerProcess:
             | env
         )
         self._log = log_path.open("w")
+        argv = (
+            [a.replace("{port}", str(self.port)) for a in command]
+            if command is not None
+            else [sys.executable, "-m", "dpicl", "serve", "--port", str(self.port)]
+        )
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dpicl", "serve", "--port", str(self.port)],
+            argv,
             env=full_env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
@@ -86,8 +97,10 @@ class ServerProcess:
 def start_server(tmp_path: Path) -> Iterator[object]:
     servers: list[ServerProcess] = []
 
-    def start(env: dict[str, str], *, wait: bool = True) -> ServerProcess:
-        srv = ServerProcess(env, tmp_path / f"server-{len(servers)}.log")
+    def start(
+        env: dict[str, str], *, wait: bool = True, command: list[str] | None = None
+    ) -> ServerProcess:
+        srv = ServerProcess(env, tmp_path / f"server-{len(servers)}.log", command)
         servers.append(srv)
         if wait:
             srv.wait_ready()

@@ -218,7 +218,7 @@ def test_run_show_list_resume_bootstrap(oracle_server: ThreadServer, tmp_path: P
         "run", "--plan", str(plan), *common, "--run-id", "cli-run", "--trials", "80", env=env
     )
     assert result.exit_code == 0, result.output
-    assert "eps=8" in result.stdout and "white-box" in result.stdout
+    assert "white" in result.stdout and "black" in result.stdout and "ok" in result.stdout
     saved = json.loads((out / "cli-run" / "results.json").read_text())
     assert [s["setting"] for s in saved["settings"]] == ["eps=2", "eps=8"]
     assert all(s["trials"] == 80 for s in saved["settings"])  # the flag beat the file's 60

@@ -159,3 +159,20 @@ def test_with_credentials() -> None:
     assert plan.target.admin_token.get_secret_value() == "a"
     assert plan.target.api_key.get_secret_value() == "k"
     assert AuditPlan().with_credentials() == AuditPlan()
+
+
+def test_auditor_never_imports_the_server() -> None:
+    """The auditor is an independent implementation: importing all of it loads no dpicl."""
+    import subprocess
+    import sys
+
+    code = (
+        "import importlib, pkgutil, sys, dpicl_audit\n"
+        "for m in pkgutil.walk_packages(dpicl_audit.__path__, 'dpicl_audit.'):\n"
+        "    importlib.import_module(m.name)\n"
+        "bad = sorted(n for n in sys.modules if n == 'dpicl' or n.startswith('dpicl.'))\n"
+        "print(bad)\n"
+        "sys.exit(1 if bad else 0)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

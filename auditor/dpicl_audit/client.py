@@ -1,0 +1,269 @@
+"""The auditor's HTTP client for a dpicl server (HTTP API v1, docs/architecture.md).
+
+:class:`DpiclClient` is an async httpx client with bounded concurrency (a semaphore around
+every request), per-request timeouts, and retries with exponential backoff and jitter on
+connection errors, timeouts and 5xx answers. 4xx answers are never retried: they raise a
+:class:`~dpicl_audit.errors.TargetRejected` subclass carrying the server's ``code``,
+``message`` and ``param``.
+
+The runner depends only on the :class:`AuditTarget` protocol, so tests can hand it a client
+over ``httpx.MockTransport`` or ``httpx.ASGITransport`` (``transport=``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any, Protocol, Self, runtime_checkable
+
+import httpx
+
+from dpicl_audit.errors import (
+    TargetBudgetExhausted,
+    TargetNotFound,
+    TargetProtocolError,
+    TargetRejected,
+    TargetUnauthorized,
+    TargetUnavailable,
+)
+
+__all__ = ["AuditTarget", "DpiclClient", "GenerationTarget", "error_from_response"]
+
+JSON = dict[str, Any]
+
+
+@runtime_checkable
+class AuditTarget(Protocol):
+    """What the runner needs from a server under audit."""
+
+    async def health(self) -> JSON: ...
+
+    async def create_context(self, body: JSON) -> JSON: ...
+
+    async def get_context(self, context_id: str) -> JSON: ...
+
+    async def list_contexts(self) -> list[JSON]: ...
+
+    async def delete_context(self, context_id: str) -> None: ...
+
+    async def classify(self, context_id: str, query: str) -> JSON: ...
+
+    async def debug_classify(self, context_id: str, query: str) -> JSON: ...
+
+
+@runtime_checkable
+class GenerationTarget(AuditTarget, Protocol):
+    """What an ESA (generation) audit needs besides :class:`AuditTarget`."""
+
+    async def generate(
+        self, context_id: str, query: str, max_tokens: int | None = None
+    ) -> JSON: ...
+
+    async def debug_generate(
+        self, context_id: str, query: str, max_tokens: int | None = None
+    ) -> JSON: ...
+
+
+_REJECTIONS: dict[int, type[TargetRejected]] = {
+    401: TargetUnauthorized,
+    403: TargetBudgetExhausted,
+    404: TargetNotFound,
+}
+
+
+def error_from_response(response: httpx.Response, path: str = "") -> TargetRejected:
+    """The exception for a 4xx answer, from the API's single error shape when present."""
+    code, message, param = "http_error", response.reason_phrase or "error", None
+    try:
+        payload = response.json()
+    except ValueError:
+        payload = None
+    if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
+        err = payload["error"]
+        code = str(err.get("code") or code)
+        message = str(err.get("message") or message)
+        param = err.get("param")
+        param = None if param is None else str(param)
+    elif isinstance(payload, dict) and "detail" in payload:  # a framework default shape
+        message = str(payload["detail"])
+    elif response.text:
+        message = response.text[:500]
+    cls = _REJECTIONS.get(response.status_code, TargetRejected)
+    if response.status_code == 403 and code != "budget_exhausted":
+        cls = TargetRejected
+    return cls(response.status_code, code, message, param, path=path)
+
+
+class DpiclClient:
+    """An async client for one dpicl server.
+
+    ``admin_token`` authorises context management and ``/v1/debug/*``; ``api_key`` is used
+    for ``/v1/classify`` (the admin token when it is None). Use as an async context manager
+    or call :meth:`aclose`.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        admin_token: str | None = None,
+        api_key: str | None = None,
+        concurrency: int = 8,
+        timeout: float = 60.0,
+        retries: int = 5,
+        backoff: float = 0.25,
+        max_backoff: float = 8.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+        if retries < 0:
+            raise ValueError(f"retries must be >= 0, got {retries}")
+        self.base_url = base_url.rstrip("/")
+        self._admin = admin_token
+        self._key = api_key or admin_token
+        self._retries = retries
+        self._backoff = backoff
+        self._max_backoff = max_backoff
+        self._sleep = sleep
+        self._sem = asyncio.Semaphore(concurrency)
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(timeout),
+            limits=limits,
+            transport=transport,
+            headers={"User-Agent": "dpicl-audit"},
+        )
+        self.requests_sent = 0
+        self.retried = 0
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    # ----------------------------------------------------------------- transport
+
+    def _delay(self, attempt: int) -> float:
+        base: float = min(self._max_backoff, self._backoff * (2.0**attempt))
+        return base * (0.5 + random.random() / 2.0)  # jitter: spread retries of many workers
+
+    async def request(
+        self, method: str, path: str, *, token: str | None, json: JSON | None = None
+    ) -> httpx.Response:
+        """One request with retries; returns a 2xx response or raises a TargetError."""
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        last_status: int | None = None
+        last_error = ""
+        for attempt in range(self._retries + 1):
+            if attempt:
+                self.retried += 1
+                await self._sleep(self._delay(attempt - 1))
+            try:
+                async with self._sem:
+                    self.requests_sent += 1
+                    response = await self._http.request(method, path, json=json, headers=headers)
+            except httpx.TransportError as exc:  # connect errors, timeouts, broken streams
+                last_status, last_error = None, f"{type(exc).__name__}: {exc}"
+                continue
+            if response.status_code >= 500:
+                last_status = response.status_code
+                last_error = f"HTTP {response.status_code}: {response.text[:300]}"
+                continue
+            if response.status_code >= 400:
+                raise error_from_response(response, path)
+            return response
+        raise TargetUnavailable(
+            f"{method} {self.base_url}{path} failed after {self._retries + 1} attempts: "
+            f"{last_error}",
+            status=last_status,
+            attempts=self._retries + 1,
+        )
+
+    async def _json(
+        self, method: str, path: str, *, token: str | None, json: JSON | None = None
+    ) -> JSON:
+        response = await self.request(method, path, token=token, json=json)
+        try:
+            payload = response.json()
+        except ValueError as exc:
+            raise TargetProtocolError(
+                f"{method} {path} answered {response.status_code} with a body that is not JSON"
+            ) from exc
+        if not isinstance(payload, dict):
+            raise TargetProtocolError(f"{method} {path} answered JSON that is not an object")
+        return payload
+
+    # ----------------------------------------------------------------- API v1
+
+    async def health(self) -> JSON:
+        return await self._json("GET", "/healthz", token=None)
+
+    async def create_context(self, body: JSON) -> JSON:
+        info = await self._json("POST", "/v1/contexts", token=self._admin, json=body)
+        _require(info, ("id", "mechanism"), "POST /v1/contexts")
+        return info
+
+    async def get_context(self, context_id: str) -> JSON:
+        info = await self._json("GET", f"/v1/contexts/{context_id}", token=self._admin)
+        _require(info, ("id", "mechanism"), "GET /v1/contexts/{id}")
+        return info
+
+    async def list_contexts(self) -> list[JSON]:
+        payload = await self._json("GET", "/v1/contexts", token=self._admin)
+        data = payload.get("data")
+        if not isinstance(data, list):
+            raise TargetProtocolError("GET /v1/contexts answered without a 'data' list")
+        return [d for d in data if isinstance(d, dict)]
+
+    async def delete_context(self, context_id: str) -> None:
+        await self.request("DELETE", f"/v1/contexts/{context_id}", token=self._admin)
+
+    async def classify(self, context_id: str, query: str) -> JSON:
+        body = {"context_id": context_id, "query": query}
+        out = await self._json("POST", "/v1/classify", token=self._key, json=body)
+        _require(out, ("label",), "POST /v1/classify")
+        return out
+
+    async def debug_classify(self, context_id: str, query: str) -> JSON:
+        body = {"context_id": context_id, "query": query}
+        out = await self._json("POST", "/v1/debug/classify", token=self._admin, json=body)
+        _require(out, ("label", "noisy_votes", "sigma"), "POST /v1/debug/classify")
+        return out
+
+    async def generate(self, context_id: str, query: str, max_tokens: int | None = None) -> JSON:
+        body: JSON = {"context_id": context_id, "query": query}
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
+        out = await self._json("POST", "/v1/generate", token=self._key, json=body)
+        _require(out, ("text",), "POST /v1/generate")
+        return out
+
+    async def debug_generate(
+        self, context_id: str, query: str, max_tokens: int | None = None
+    ) -> JSON:
+        body: JSON = {"context_id": context_id, "query": query}
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
+        out = await self._json("POST", "/v1/debug/generate", token=self._admin, json=body)
+        _require(out, ("text", "noisy_mean", "sigma"), "POST /v1/debug/generate")
+        return out
+
+
+def _require(payload: JSON, keys: tuple[str, ...], what: str) -> None:
+    missing = [k for k in keys if k not in payload]
+    if missing:
+        raise TargetProtocolError(f"{what} answered without {', '.join(missing)}")

@@ -1,0 +1,194 @@
+"""Labelled text for canaries and contexts.
+
+Three sources, one shape (:class:`LabelledDataset`: examples with ``input`` and ``output``):
+
+* a bundled corpus by name: ``news-mini`` is 200 short news-style sentences over the four
+  labels World, Sports, Business and Sci/Tech, written for this project (no download; the
+  label set of AG News, none of its text);
+* a JSONL or CSV file with fields ``input``/``output`` (or ``text``/``label``);
+* ``hf:<name>[:<split>]``, a Hugging Face dataset through the optional ``datasets`` package
+  (``pip install dpicl-audit[hf]``) where the network allows. A ``ClassLabel`` column is
+  mapped to its names.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dpicl_audit.errors import DatasetError
+
+__all__ = ["BUNDLED", "Example", "LabelledDataset", "load_dataset"]
+
+BUNDLED: dict[str, str] = {
+    "news-mini": "news_mini.jsonl",
+    "dialogsum-mini": "dialogsum_mini.jsonl",
+}
+
+_INPUT_KEYS = ("input", "text", "sentence", "content")
+_OUTPUT_KEYS = ("output", "label", "label_text", "category")
+
+
+@dataclass(frozen=True, slots=True)
+class Example:
+    """One labelled text."""
+
+    input: str
+    output: str
+
+
+@dataclass(frozen=True, slots=True)
+class LabelledDataset:
+    """Examples with their label set (in order of first appearance)."""
+
+    name: str
+    examples: tuple[Example, ...]
+    labels: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    @classmethod
+    def of(cls, name: str, examples: Iterable[Example]) -> LabelledDataset:
+        seen: dict[str, None] = {}
+        kept: list[Example] = []
+        texts: set[str] = set()
+        for ex in examples:
+            text = ex.input.strip()
+            label = ex.output.strip()
+            if not text or not label or text in texts:
+                continue  # empty rows and duplicate texts would break replace-one pairs
+            texts.add(text)
+            seen.setdefault(label, None)
+            kept.append(Example(text, label))
+        if not kept:
+            raise DatasetError(f"dataset {name!r} has no usable examples")
+        return cls(name=name, examples=tuple(kept), labels=tuple(seen))
+
+
+def load_dataset(spec: str) -> LabelledDataset:
+    """Load a dataset from its plan spec: bundled name, file path, or ``hf:<name>``."""
+    spec = spec.strip()
+    if spec in BUNDLED:
+        return _load_bundled(spec)
+    if spec.startswith("hf:"):
+        return _load_hf(spec[3:])
+    path = Path(spec).expanduser()
+    if not path.exists():
+        names = ", ".join(sorted(BUNDLED))
+        raise DatasetError(
+            f"dataset {spec!r} is neither a bundled corpus ({names}), an existing file, "
+            "nor hf:<name>"
+        )
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".json", ".ndjson"):
+        return LabelledDataset.of(str(path), _read_jsonl(path))
+    if suffix in (".csv", ".tsv"):
+        return LabelledDataset.of(str(path), _read_csv(path, "\t" if suffix == ".tsv" else ","))
+    raise DatasetError(f"dataset file {str(path)!r} must end in .jsonl, .json, .csv or .tsv")
+
+
+DATA_DIR = Path(__file__).resolve().with_name("data")
+
+
+def _load_bundled(name: str) -> LabelledDataset:
+    return LabelledDataset.of(name, _read_jsonl(DATA_DIR / BUNDLED[name]))
+
+
+def _pick(row: Mapping[str, Any], keys: Sequence[str], what: str, where: str) -> str:
+    for key in keys:
+        if key in row and row[key] is not None:
+            return str(row[key])
+    raise DatasetError(f"{where}: no {what} field (expected one of {', '.join(keys)})")
+
+
+def _read_jsonl(path: Path) -> list[Example]:
+    out: list[Example] = []
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise DatasetError(f"cannot read dataset {str(path)!r}: {exc}") from exc
+    stripped = text.lstrip()
+    if stripped.startswith("["):  # a JSON array is accepted too
+        try:
+            rows = json.loads(stripped)
+        except json.JSONDecodeError as exc:
+            raise DatasetError(f"{path}: not valid JSON: {exc}") from exc
+        items = list(enumerate(rows, start=1))
+    else:
+        items = []
+        for lineno, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                items.append((lineno, json.loads(line)))
+            except json.JSONDecodeError as exc:
+                raise DatasetError(f"{path}:{lineno}: not valid JSON: {exc.msg}") from exc
+    for lineno, row in items:
+        where = f"{path}:{lineno}"
+        if not isinstance(row, Mapping):
+            raise DatasetError(f"{where}: each record must be a JSON object")
+        out.append(
+            Example(
+                _pick(row, _INPUT_KEYS, "input", where), _pick(row, _OUTPUT_KEYS, "label", where)
+            )
+        )
+    return out
+
+
+def _read_csv(path: Path, delimiter: str) -> list[Example]:
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh, delimiter=delimiter)
+            if reader.fieldnames is None:
+                raise DatasetError(f"{path}: empty file, expected a header row")
+            rows = list(reader)
+    except OSError as exc:
+        raise DatasetError(f"cannot read dataset {str(path)!r}: {exc}") from exc
+    return [
+        Example(
+            _pick(row, _INPUT_KEYS, "input", f"{path}:{i}"),
+            _pick(row, _OUTPUT_KEYS, "label", f"{path}:{i}"),
+        )
+        for i, row in enumerate(rows, start=2)
+    ]
+
+
+def _load_hf(spec: str) -> LabelledDataset:
+    name, _, split = spec.partition(":")
+    name = name.strip()
+    split = split.strip() or "train"
+    try:
+        import datasets as hf
+    except ImportError as exc:
+        raise DatasetError(
+            f"hf:{spec} needs the optional 'datasets' package: pip install 'dpicl-audit[hf]'"
+        ) from exc
+    try:
+        ds = hf.load_dataset(name, split=split)
+    except Exception as exc:  # network, unknown name, missing split: all the same to a user
+        raise DatasetError(
+            f"could not load Hugging Face dataset {name!r} (split {split!r}); it needs network "
+            f"access to the hub or a local cache: {type(exc).__name__}: {exc}"
+        ) from exc
+    columns = list(ds.column_names)
+    text_col = next((c for c in _INPUT_KEYS if c in columns), None)
+    label_col = next((c for c in _OUTPUT_KEYS if c in columns), None)
+    if text_col is None or label_col is None:
+        raise DatasetError(
+            f"Hugging Face dataset {name!r} has columns {columns}; expected a text column "
+            f"({', '.join(_INPUT_KEYS)}) and a label column ({', '.join(_OUTPUT_KEYS)})"
+        )
+    feature = ds.features.get(label_col)
+    names: list[str] | None = getattr(feature, "names", None)
+    examples = []
+    for row in ds:
+        label = row[label_col]
+        if names is not None and isinstance(label, int):
+            label = names[label]
+        examples.append(Example(str(row[text_col]), str(label)))
+    return LabelledDataset.of(f"hf:{name}:{split}", examples)

@@ -1,0 +1,124 @@
+"""The mechanisms' own privacy curves, computed independently of the server.
+
+* ``epsilon_exact``: the true (epsilon, delta) of a (composed) Gaussian mechanism, from
+  dp-accounting's privacy-loss-distribution (PLD) accountant. The server has its own
+  accounting code; this one deliberately shares none of it, so that an error in either shows
+  up as a disagreement in the report.
+* ``epsilon_theory`` helpers: the noise the classical formula (Dwork and Roth, Theorem A.1;
+  paper 000, Algorithm 2) and the analytic Gaussian mechanism (Balle and Wang 2018) give for a
+  target (epsilon, delta).
+
+Sensitivities (replace-one neighbours, DESIGN.md section 4): private voting changes two vote
+counts by one each, so ``Delta2 = sqrt(2)``; ESA's mean of ``T`` unit vectors moves by at most
+``2 / T`` (or the configured shift).
+"""
+
+from __future__ import annotations
+
+import math
+
+import dp_accounting
+import numpy as np
+import numpy.typing as npt
+from dp_accounting.pld import PLDAccountant
+
+from dpicl_audit.errors import InvalidAuditInput
+from dpicl_audit.estimators.gdp import gdp_mu
+from dpicl_audit.estimators.stats import check_delta
+
+__all__ = [
+    "VOTING_SENSITIVITY",
+    "analytic_sigma",
+    "classic_sigma",
+    "esa_epsilon_exact",
+    "esa_mean_sensitivity",
+    "gaussian_epsilon_exact",
+    "voting_epsilon_exact",
+]
+
+VOTING_SENSITIVITY = math.sqrt(2.0)
+
+
+def _positive(value: float, name: str) -> float:
+    v = float(value)
+    if not v > 0.0:
+        raise InvalidAuditInput(f"{name} must be positive, got {value!r}")
+    return v
+
+
+def gaussian_epsilon_exact(
+    sigma: float,
+    sensitivity: float,
+    delta: float,
+    count: int = 1,
+    *,
+    value_discretization_interval: float = 1e-4,
+) -> float:
+    """epsilon at ``delta`` of ``count`` compositions of the Gaussian mechanism.
+
+    Each release adds ``N(0, sigma^2)`` per coordinate to a function of L2 sensitivity
+    ``sensitivity``. Computed by dp-accounting's PLD accountant (a pessimistic discretisation:
+    the value is an upper bound on the true epsilon, within about
+    ``value_discretization_interval`` per composition). ``sensitivity == 0`` gives 0.
+    """
+    s = _positive(sigma, "sigma")
+    d = check_delta(delta)
+    sens = float(sensitivity)
+    if not sens >= 0.0:
+        raise InvalidAuditInput(f"sensitivity must be non-negative, got {sensitivity!r}")
+    if count < 1:
+        raise InvalidAuditInput(f"count must be at least 1, got {count}")
+    if sens == 0.0:
+        return 0.0
+    accountant = PLDAccountant(value_discretization_interval=value_discretization_interval)
+    accountant.compose(dp_accounting.GaussianDpEvent(noise_multiplier=s / sens), count)
+    return max(0.0, float(accountant.get_epsilon(d)))
+
+
+def voting_epsilon_exact(sigma: float, delta: float, count: int = 1) -> float:
+    """epsilon at ``delta`` of private voting with Gaussian noise ``sigma`` on every count.
+
+    Replacing one exemplar changes one partition's vote: one count -1 and one +1, an L2
+    change of ``sqrt(2)``. The noisy histogram is then exactly the Gaussian mechanism with
+    that sensitivity (the released argmax can only leak less).
+    """
+    return gaussian_epsilon_exact(sigma, VOTING_SENSITIVITY, delta, count)
+
+
+def esa_epsilon_exact(
+    sigma: float, shift: float | npt.NDArray[np.float64], delta: float, count: int = 1
+) -> float:
+    """epsilon at ``delta`` of ESA's noisy mean when the neighbours' clean means differ by
+    ``shift`` (its L2 norm, or the difference vector itself)."""
+    norm = float(np.linalg.norm(np.asarray(shift, dtype=np.float64)))
+    return gaussian_epsilon_exact(sigma, norm, delta, count)
+
+
+def esa_mean_sensitivity(partitions: int, *, original: bool = False) -> float:
+    """L2 sensitivity of the mean of ``partitions`` unit-norm embeddings: ``2 / T``, or 1 for
+    the original paper's setting (``sensitivity: "original"``)."""
+    if partitions < 1:
+        raise InvalidAuditInput(f"partitions must be at least 1, got {partitions}")
+    return 1.0 if original else 2.0 / partitions
+
+
+def classic_sigma(epsilon: float, delta: float, sensitivity: float = VOTING_SENSITIVITY) -> float:
+    """The classical Gaussian-mechanism noise ``Delta2 sqrt(2 ln(1.25 / delta)) / epsilon``.
+
+    With ``Delta2 = sqrt(2)`` this is ``2 sqrt(ln(1.25 / delta)) / epsilon`` (paper 000,
+    Algorithm 2). The formula is only proven for epsilon < 1; above that it is what a server
+    configured with it uses, and the exact epsilon of the result differs from the target.
+    """
+    e = _positive(epsilon, "epsilon")
+    d = check_delta(delta)
+    return float(sensitivity) * math.sqrt(2.0 * math.log(1.25 / d)) / e
+
+
+def analytic_sigma(epsilon: float, delta: float, sensitivity: float = VOTING_SENSITIVITY) -> float:
+    """The smallest noise with exactly (epsilon, delta)-DP: the analytic Gaussian mechanism.
+
+    Balle and Wang (2018): ``sigma = Delta2 / mu`` for the largest mu with
+    ``Phi(mu/2 - epsilon/mu) - e^epsilon Phi(-mu/2 - epsilon/mu) <= delta``.
+    """
+    e = _positive(epsilon, "epsilon")
+    return float(sensitivity) / gdp_mu(e, delta)

@@ -1,0 +1,465 @@
+"""Audit plans: everything one audit of a private-voting endpoint needs, validated once.
+
+A plan is a frozen pydantic model. It comes from a TOML file (:meth:`AuditPlan.from_toml`),
+from CLI flags (:meth:`AuditPlan.from_sources`, flags override the file), or from the JSON
+stored with a run (:meth:`AuditPlan.model_validate`). Tokens are :class:`~pydantic.SecretStr`
+and are never written to the trial log: :meth:`AuditPlan.public_dump` masks them, and a
+resumed run takes them from flags or the environment again.
+
+A TOML plan looks like::
+
+    dataset = "news-mini"          # bundled | path.jsonl | path.csv | "hf:<name>"
+    canary = "natural"             # natural | mislabeled | random
+    setting = "audit-template"     # audit-template | deployment
+    threat_model = "white-box"     # black-box | white-box
+    attack = "inquery"             # inquery | brainwash
+    trials = 2000                  # per epsilon (both worlds together)
+    confidence = 0.95
+    seed = 7
+
+    [target]
+    base_url = "http://127.0.0.1:8000"
+    admin_token = "..."            # or DPICL_AUDIT_ADMIN_TOKEN / --admin-token
+    api_key = "..."                # optional; the admin token is accepted for /v1/classify
+
+    [mechanism]
+    epsilons = [1, 2, 4, 8]
+    delta = 1e-5
+    partitions = 4
+    shots = 2
+    temperature = 0.0
+    calibration = "classic"
+
+    [neighbour]                    # replace-one at one position, shared partition_seed
+    position = 3                   # optional; drawn from the seed when absent
+    partition_seed = 1234          # optional; drawn from the seed when absent
+
+    [deployment]                   # only for setting = "deployment"
+    labels = ["World", "Sports", "Business", "Sci/Tech"]   # default: the dataset's labels
+    template = "..."               # default: the server's default template
+    positive = "World"             # default: the first label
+    negative = "Sports"            # default: the second label
+
+    [bootstrap]
+    n_llm = 200
+    n_sample = 400000
+
+Generation (ESA) audits set ``mechanism.name = "esa"`` (the dataset then defaults to the
+bundled ``dialogsum-mini``) and may add::
+
+    [generation]
+    signal = "clock-foxborough"    # a Table 3 pair by name (dpicl_audit.generation.SIGNAL_PAIRS)
+    y1 = "..."                     # or a pair of one's own (both y1 and y0)
+    y0 = "..."
+    embeddings = "auto"            # where e(y1), e(y0) come from: auto | server | local
+    embedder = "/path/to/model"    # local sentence-transformers model; None: bundled MiniLM
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from dpicl_audit.errors import InvalidPlan
+
+__all__ = [
+    "Attack",
+    "AuditPlan",
+    "BootstrapSpec",
+    "CanaryKind",
+    "DeploymentSpec",
+    "GenerationSpec",
+    "MechanismSpec",
+    "NeighbourSpec",
+    "Setting",
+    "TargetSpec",
+    "ThreatModel",
+]
+
+CanaryKind = Literal["natural", "mislabeled", "random"]
+Setting = Literal["audit-template", "deployment"]
+ThreatModel = Literal["black-box", "white-box"]
+Attack = Literal["inquery", "brainwash", "repeat", "reference-vector"]
+Calibration = Literal["classic", "analytic"]
+MechanismName = Literal["voting", "esa"]
+EmbeddingSource = Literal["auto", "server", "local"]
+VOTING_ATTACKS = ("inquery", "brainwash")
+ESA_ATTACKS = ("inquery", "repeat", "reference-vector")
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class TargetSpec(BaseModel):
+    """The server under audit and the credentials the audit uses."""
+
+    model_config = _FROZEN
+
+    base_url: str = "http://127.0.0.1:8000"
+    admin_token: SecretStr | None = Field(
+        default=None, description="Admin token: creates contexts, calls /v1/debug/*."
+    )
+    api_key: SecretStr | None = Field(
+        default=None, description="User key for /v1/classify; the admin token when absent."
+    )
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        v = v.strip().rstrip("/")
+        if not v.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must start with http:// or https://, got {v!r}")
+        return v
+
+
+class MechanismSpec(BaseModel):
+    """The mechanism settings (private voting or ESA) the audit creates its contexts with."""
+
+    model_config = _FROZEN
+
+    name: MechanismName = "voting"
+    epsilons: tuple[float, ...] = Field(default=(1.0, 2.0, 4.0, 8.0), min_length=1)
+    delta: float = 1e-5
+    partitions: int = Field(default=4, ge=1, le=1000, description="T, disjoint partitions.")
+    shots: int = Field(default=2, ge=1, le=100, description="Exemplars per partition.")
+    temperature: float = Field(default=0.0, ge=0.0, le=10.0)
+    calibration: Calibration = "classic"
+    sensitivity: Literal["tight", "original"] = Field(
+        default="tight", description="ESA: L2 sensitivity 2/T (tight) or 1 (original)."
+    )
+    candidates: int = Field(default=8, ge=1, le=64, description="ESA: zero-shot candidates.")
+    max_tokens: int = Field(default=64, ge=1, le=1024, description="ESA: tokens per answer.")
+
+    @field_validator("epsilons")
+    @classmethod
+    def _eps(cls, v: tuple[float, ...]) -> tuple[float, ...]:
+        for e in v:
+            if not math.isfinite(e) or e <= 0:
+                raise ValueError(f"every epsilon must be a finite number > 0, got {e!r}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"epsilons must be distinct, got {list(v)!r}")
+        return tuple(float(e) for e in v)
+
+    @field_validator("delta")
+    @classmethod
+    def _delta(cls, v: float) -> float:
+        if not 0.0 < v < 1.0:
+            raise ValueError(f"delta must lie in the open interval (0, 1), got {v!r}")
+        return v
+
+    @property
+    def n_exemplars(self) -> int:
+        """Context size: T partitions of ``shots`` exemplars each."""
+        return self.partitions * self.shots
+
+
+class NeighbourSpec(BaseModel):
+    """The neighbour relation: replace-one at a fixed position with a shared partition seed.
+
+    C1 holds the canary at ``position``; C0 holds a replacement exemplar there; every other
+    exemplar, the order, the size and ``partition_seed`` are the same, so the two contexts
+    differ in exactly one partition (DESIGN.md section 4). No other relation is offered: under
+    add/remove adjacency the server's positional partitioning is not a valid neighbour pair.
+    """
+
+    model_config = _FROZEN
+
+    relation: Literal["replace-one"] = "replace-one"
+    position: int | None = Field(default=None, ge=0, description="Drawn from the seed if None.")
+    partition_seed: int | None = Field(
+        default=None, ge=0, lt=2**63, description="Drawn from the seed if None."
+    )
+
+
+class DeploymentSpec(BaseModel):
+    """A deployment's label set and template (setting = "deployment")."""
+
+    model_config = _FROZEN
+
+    labels: tuple[str, ...] | None = Field(
+        default=None, description="The deployment's labels; default: the dataset's labels."
+    )
+    template: str | None = Field(
+        default=None, description="The deployed template; default: the server's default."
+    )
+    positive: str | None = Field(default=None, description="Answer meaning 'canary present'.")
+    negative: str | None = Field(default=None, description="Answer meaning 'canary absent'.")
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if v is None:
+            return v
+        if len(v) < 2:
+            raise ValueError(f"a deployment needs at least 2 labels, got {list(v)!r}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"deployment labels must be distinct, got {list(v)!r}")
+        if any(not lab.strip() for lab in v):
+            raise ValueError("deployment labels must not be empty")
+        return v
+
+    @field_validator("template")
+    @classmethod
+    def _template(cls, v: str | None) -> str | None:
+        if v is not None:
+            for slot in ("{exemplars}", "{query}"):
+                if slot not in v:
+                    raise ValueError(f"the deployment template must contain the slot {slot}")
+        return v
+
+    @model_validator(mode="after")
+    def _options(self) -> Self:
+        if self.positive is not None and self.positive == self.negative:
+            raise ValueError(f"positive and negative must differ, both are {self.positive!r}")
+        if self.labels is not None:
+            for name, lab in (("positive", self.positive), ("negative", self.negative)):
+                if lab is not None and lab not in self.labels:
+                    raise ValueError(f"{name} label {lab!r} is not one of {list(self.labels)!r}")
+        return self
+
+
+class BootstrapSpec(BaseModel):
+    """Algorithm 1 of paper 000: n_llm clean vote vectors per world, n_sample simulated trials."""
+
+    model_config = _FROZEN
+
+    n_llm: int = Field(default=200, ge=2, le=1_000_000)
+    n_sample: int = Field(default=400_000, ge=10, le=100_000_000)
+
+
+class GenerationSpec(BaseModel):
+    """ESA audits: the signal pair (y1 means "canary present") and where e(y) comes from."""
+
+    model_config = _FROZEN
+
+    signal: str = Field(default="clock-foxborough", description="A Table 3 pair by name.")
+    y1: str | None = Field(default=None, description="Own pair: the 'present' answer.")
+    y0: str | None = Field(default=None, description="Own pair: the 'absent' answer.")
+    embeddings: EmbeddingSource = "auto"
+    embedder: str | None = Field(
+        default=None, description="Local sentence-transformers model; None: bundled MiniLM."
+    )
+
+    @model_validator(mode="after")
+    def _pair(self) -> Self:
+        if (self.y1 is None) != (self.y0 is None):
+            raise ValueError("give both generation.y1 and generation.y0, or neither")
+        if self.y1 is not None and self.y0 is not None:
+            if not self.y1.strip() or not self.y0.strip():
+                raise ValueError("generation.y1 and generation.y0 must not be empty")
+            if self.y1.strip() == self.y0.strip():
+                raise ValueError(f"generation.y1 and y0 must differ, both are {self.y1!r}")
+        else:
+            from dpicl_audit.generation import SIGNAL_PAIRS
+
+            if self.signal not in SIGNAL_PAIRS:
+                raise ValueError(
+                    f"unknown signal pair {self.signal!r}; built in: {sorted(SIGNAL_PAIRS)}"
+                )
+        return self
+
+
+class AuditPlan(BaseModel):
+    """One audit: target, data, canary, neighbour relation, mechanism, attack and statistics."""
+
+    model_config = _FROZEN
+
+    name: str | None = Field(default=None, max_length=200)
+    target: TargetSpec = Field(default_factory=TargetSpec)
+    dataset: str = "news-mini"
+    canary: CanaryKind = "natural"
+    neighbour: NeighbourSpec = Field(default_factory=NeighbourSpec)
+    mechanism: MechanismSpec = Field(default_factory=MechanismSpec)
+    setting: Setting = "audit-template"
+    deployment: DeploymentSpec = Field(default_factory=DeploymentSpec)
+    threat_model: ThreatModel = "black-box"
+    attack: Attack = "inquery"
+    trials: int = Field(default=1000, ge=10, le=10_000_000, description="Per epsilon.")
+    confidence: float = 0.95
+    split: float = Field(
+        default=0.5,
+        gt=0.0,
+        lt=1.0,
+        description="White-box: share of trials used to choose the threshold.",
+    )
+    seed: int = Field(default=0, ge=0, lt=2**63, description="Seeds the auditor's own choices.")
+    concurrency: int = Field(default=8, ge=1, le=1024)
+    timeout: float = Field(default=60.0, gt=0.0, le=3600.0, description="Seconds per request.")
+    retries: int = Field(default=5, ge=0, le=20)
+    batch_size: Annotated[int, Field(ge=1, le=100_000)] = 200
+    bootstrap: BootstrapSpec = Field(default_factory=BootstrapSpec)
+    generation: GenerationSpec = Field(default_factory=GenerationSpec)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _esa_dataset(cls, data: Any) -> Any:
+        # ESA audits default to the bundled dialogue-summarisation set.
+        if isinstance(data, Mapping) and "dataset" not in data:
+            mech = data.get("mechanism")
+            name = mech.get("name") if isinstance(mech, Mapping) else getattr(mech, "name", None)
+            if name == "esa":
+                return {**data, "dataset": "dialogsum-mini"}
+        return data
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset(cls, v: str) -> str:
+        v = v.strip()
+        if not v:
+            raise ValueError("dataset must name a bundled corpus, a file or hf:<name>")
+        if v.startswith("hf:") and not v[3:].strip():
+            raise ValueError(f"hf: datasets need a name after the prefix, got {v!r}")
+        return v
+
+    @field_validator("confidence")
+    @classmethod
+    def _confidence(cls, v: float) -> float:
+        if not 0.5 <= v < 1.0:
+            raise ValueError(f"confidence must lie in [0.5, 1), got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _cross(self) -> Self:
+        pos = self.neighbour.position
+        if pos is not None and pos >= self.mechanism.n_exemplars:
+            raise ValueError(
+                f"neighbour.position {pos} is outside the context of "
+                f"{self.mechanism.n_exemplars} exemplars (partitions x shots)"
+            )
+        if self.mechanism.name == "esa":
+            if self.attack not in ESA_ATTACKS:
+                raise ValueError(f"attack {self.attack!r} is for voting; ESA takes {ESA_ATTACKS}")
+            if self.setting != "audit-template":
+                raise ValueError("ESA audits support only setting = 'audit-template'")
+            if self.attack == "repeat" and self.threat_model != "black-box":
+                raise ValueError("the repeat baseline (Prompt 5) is a black-box attack")
+            if self.attack == "reference-vector" and self.threat_model != "white-box":
+                raise ValueError("the reference-vector baseline (Prompt 6) is a white-box attack")
+        elif self.attack not in VOTING_ATTACKS:
+            raise ValueError(f"attack {self.attack!r} needs mechanism.name = 'esa'")
+        return self
+
+    # ----------------------------------------------------------------- construction
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> AuditPlan:
+        """Validate a nested mapping; raise :class:`InvalidPlan` naming every bad field."""
+        try:
+            return cls.model_validate(dict(data))
+        except ValidationError as exc:
+            raise InvalidPlan(_describe(exc)) from exc
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> AuditPlan:
+        """Read a plan from a TOML file (see the module docstring for the layout)."""
+        return cls.from_sources(path, {})
+
+    @classmethod
+    def from_sources(
+        cls, path: str | Path | None, overrides: Mapping[str, Any] | None = None
+    ) -> AuditPlan:
+        """A TOML file (optional) with dotted-key ``overrides`` (CLI flags) applied on top.
+
+        ``overrides`` maps dotted paths (``"mechanism.epsilons"``, ``"target.base_url"``) to
+        values; ``None`` values are ignored so unset flags keep the file's values.
+        """
+        data: dict[str, Any] = {}
+        if path is not None:
+            p = Path(path)
+            try:
+                with p.open("rb") as fh:
+                    data = tomllib.load(fh)
+            except FileNotFoundError as exc:
+                raise InvalidPlan(f"plan file {str(p)!r} does not exist") from exc
+            except tomllib.TOMLDecodeError as exc:
+                raise InvalidPlan(f"plan file {str(p)!r} is not valid TOML: {exc}") from exc
+        for key, value in (overrides or {}).items():
+            if value is None:
+                continue
+            _set_dotted(data, key, value)
+        return cls.from_mapping(data)
+
+    # ----------------------------------------------------------------- views
+
+    def public_dump(self) -> dict[str, Any]:
+        """The plan as JSON-ready data with the tokens masked (what the trial log stores)."""
+        data = self.model_dump(mode="json")
+        target = data["target"]
+        for key in ("admin_token", "api_key"):
+            if target.get(key) is not None:
+                target[key] = "**********"
+        return data
+
+    @classmethod
+    def from_public(
+        cls,
+        data: Mapping[str, Any],
+        *,
+        admin_token: str | None = None,
+        api_key: str | None = None,
+        base_url: str | None = None,
+    ) -> AuditPlan:
+        """Rebuild a plan stored by :meth:`public_dump`, with fresh credentials."""
+        payload = dict(data)
+        target = dict(payload.get("target") or {})
+        for key, value in (("admin_token", admin_token), ("api_key", api_key)):
+            if value is not None:
+                target[key] = value
+            elif target.get(key) == "**********":
+                target[key] = None
+        if base_url is not None:
+            target["base_url"] = base_url
+        payload["target"] = target
+        return cls.from_mapping(payload)
+
+    def with_credentials(
+        self, *, admin_token: str | None = None, api_key: str | None = None
+    ) -> AuditPlan:
+        """A copy with credentials filled in where given."""
+        update: dict[str, Any] = {}
+        if admin_token is not None:
+            update["admin_token"] = SecretStr(admin_token)
+        if api_key is not None:
+            update["api_key"] = SecretStr(api_key)
+        if not update:
+            return self
+        return self.model_copy(update={"target": self.target.model_copy(update=update)})
+
+    def setting_key(self, epsilon: float) -> str:
+        """The trial log's name for the trials of one epsilon (``"eps=1"``)."""
+        return f"eps={epsilon:g}"
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[parts[-1]] = value
+
+
+def _describe(exc: ValidationError) -> str:
+    msgs = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "plan"
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown setting"
+        msgs.append(f"{loc}: {msg}")
+    return "invalid audit plan: " + "; ".join(msgs)
