@@ -109,7 +109,7 @@ def test_confidence_split_rules() -> None:
 
 
 def _pld_epsilon(noise_multiplier: float, delta: float) -> float:
-    accountant = PLDAccountant(value_discretization_interval=1e-5)
+    accountant = PLDAccountant(value_discretization_interval=1e-4)
     accountant.compose(dp_accounting.GaussianDpEvent(noise_multiplier))
     return float(accountant.get_epsilon(delta))
 
@@ -148,7 +148,7 @@ def test_gdp_delta_edges_and_vectorisation() -> None:
     assert gdp_delta(0.0, math.inf) == 1.0
     # tiny deltas keep full relative precision (log-space difference)
     tiny = gdp_delta(40.0, 2.0)
-    assert 0.0 < tiny < 1e-100
+    assert 0.0 < tiny < 1e-80
     assert tiny == pytest.approx(_delta_by_quadrature(40.0, 2.0), rel=1e-6)
     grid = gdp_delta(np.array([0.5, 1.0, 2.0]), 1.0)
     assert isinstance(grid, np.ndarray)

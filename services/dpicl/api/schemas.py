@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -28,10 +28,20 @@ class CostInfo(BaseModel):
     epsilon_exact: float | None = Field(
         description="Exact epsilon of the mechanism's privacy curve at delta (dp-accounting PLD)."
     )
+    epsilon_total: float | None = Field(
+        default=None,
+        description="DPS-MOZO: the epsilon of the whole context (all its queries answered); "
+        "`epsilon` is then what one answer of T_max tokens alone is worth.",
+    )
 
     @classmethod
     def of(cls, cost: Cost) -> CostInfo:
-        return cls(epsilon=cost.epsilon, delta=cost.delta, epsilon_exact=cost.epsilon_exact)
+        return cls(
+            epsilon=cost.epsilon,
+            delta=cost.delta,
+            epsilon_exact=cost.epsilon_exact,
+            epsilon_total=cost.epsilon_total,
+        )
 
 
 class BudgetInfo(BaseModel):
@@ -135,12 +145,65 @@ class GenerateResponse(BaseModel):
     budget: BudgetInfo
 
 
+class MozoTokenInfo(BaseModel):
+    """One DPS-MOZO token's internals (``/v1/debug/generate``)."""
+
+    token_id: int = Field(description="The released token id.")
+    top_ids: list[int] = Field(description="The zero-shot top-k token ids (public).")
+    lambdas: list[float] = Field(description="Each sampled shot's mixing weight.")
+    divergences: list[list[float]] = Field(
+        description="Per shot [D_alpha(mixed||zero), D_alpha(zero||mixed)] reached (<= beta*alpha)."
+    )
+    shots: list[int] | None = Field(default=None, description="internal: sampled exemplars.")
+    mixed_probs: list[list[float]] | None = Field(
+        default=None, description="internal: each shot's mixed distribution over top_ids."
+    )
+    product_probs: list[float] | None = Field(
+        default=None, description="internal: the released distribution over top_ids."
+    )
+    exact_divergences: list[list[float]] | None = Field(
+        default=None,
+        description="internal: per shot [D(P||P_i), D(P_i||P)] at alpha, P the released "
+        "product and P_i the product with that shot replaced by the zero-shot distribution.",
+    )
+
+
 class DebugGenerateResponse(GenerateResponse):
     whitebox: str
-    sigma: float
-    noisy_mean: list[float]
-    candidates: list[str]
-    distances: list[float]
+    sigma: float | None = Field(default=None, description="ESA")
+    noisy_mean: list[float] | None = Field(default=None, description="ESA")
+    candidates: list[str] | None = Field(default=None, description="ESA")
+    distances: list[float] | None = Field(default=None, description="ESA")
     clean_mean: list[float] | None = None
     partition_texts: list[str] | None = None
     partition_embeddings: list[list[float]] | None = None
+    alpha: int | None = Field(default=None, description="DPS-MOZO Renyi order.")
+    beta: float | None = Field(default=None, description="DPS-MOZO target leakage.")
+    radius: float | None = Field(default=None, description="DPS-MOZO bound beta*alpha per shot.")
+    per_token_bound: float | None = Field(
+        default=None, description="DPS-MOZO per-token RDP 4*beta*alpha (Theorem B.3)."
+    )
+    tokens: list[MozoTokenInfo] | None = Field(default=None, description="DPS-MOZO, per token.")
+    max_exact_divergence: float | None = Field(
+        default=None, description="internal: the largest exact per-shot divergence seen."
+    )
+
+
+class SynthesizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    inputs: list[Annotated[str, Field(min_length=1, max_length=20_000)]] = Field(
+        min_length=1, max_length=10_000, description="Public inputs; one query each."
+    )
+    name: Annotated[str, Field(max_length=200)] | None = None
+
+
+class SynthesizeResponse(BaseModel):
+    """The derived context; serving it costs no further privacy."""
+
+    context: ContextInfo = Field(description="The new context (mechanism 'public').")
+    derived_from: str
+    privacy_cost: float = Field(description="Privacy cost of each answer of the new context: 0.")
+    note: str
+    source_cost: CostInfo = Field(description="What each synthesised output cost the source.")
+    source_budget: BudgetInfo = Field(description="The source context's budget after synthesis.")

@@ -19,6 +19,9 @@ from dpicl.api.schemas import (
     DebugGenerateResponse,
     GenerateRequest,
 )
+from dpicl.errors import InvalidRequest
+from dpicl.pipelines.esa import EsaOutcome
+from dpicl.pipelines.mozo import MozoOutcome
 
 router = APIRouter(prefix="/v1/debug", tags=["debug"], dependencies=[Admin], responses=ERRORS)
 
@@ -42,8 +45,17 @@ async def debug_classify(req: ClassifyRequest, svc: Svc) -> DebugClassifyRespons
 
 @router.post("/generate", response_model=DebugGenerateResponse)
 async def debug_generate(req: GenerateRequest, svc: Svc) -> DebugGenerateResponse:
-    """ESA generation with its noisy mean and candidates (at internal, partition outputs)."""
-    out = await generate_outcome(req, svc)
+    """ESA or DPS-MOZO generation with its noisy internals (more at internal); charged as usual."""
+    internal = svc.settings.whitebox == "internal"
+    out = await generate_outcome(req, svc, exact=internal)
+    if isinstance(out, MozoOutcome):
+        return DebugGenerateResponse.model_validate(_mozo_body(out, svc.engine.name, internal))
+    if not isinstance(out, EsaOutcome):
+        raise InvalidRequest(
+            f"context {out.context.id} uses mechanism {out.context.mechanism['name']!r}, "
+            "which has no private internals",
+            param="context_id",
+        )
     rel = out.release
     body = generate_body(out, svc.engine.name) | {
         "whitebox": svc.settings.whitebox,
@@ -57,3 +69,36 @@ async def debug_generate(req: GenerateRequest, svc: Svc) -> DebugGenerateRespons
         body["partition_texts"] = out.partition_texts
         body["partition_embeddings"] = out.partition_embeddings.tolist()
     return DebugGenerateResponse.model_validate(body)
+
+
+def _mozo_body(out: MozoOutcome, engine: str, internal: bool) -> dict[str, object]:
+    m = out.context.mechanism
+    tokens: list[dict[str, object]] = []
+    worst = 0.0
+    for t in out.tokens:
+        tok: dict[str, object] = {
+            "token_id": t.token_id,
+            "top_ids": t.top_ids.tolist(),
+            "lambdas": t.lambdas.tolist(),
+            "divergences": t.divergences.tolist(),
+        }
+        if internal:
+            tok["shots"] = t.shots.tolist()
+            tok["mixed_probs"] = t.mixed_probs.tolist()
+            tok["product_probs"] = t.product_probs.tolist()
+            if t.exact is not None:
+                tok["exact_divergences"] = t.exact.tolist()
+                worst = max(worst, float(t.exact.max(initial=0.0)))
+        tokens.append(tok)
+    alpha, beta = int(m["alpha"]), float(m["beta"])
+    body = generate_body(out, engine) | {
+        "whitebox": "internal" if internal else "noisy",
+        "alpha": alpha,
+        "beta": beta,
+        "radius": beta * alpha,
+        "per_token_bound": 4.0 * beta * alpha,
+        "tokens": tokens,
+    }
+    if internal:
+        body["max_exact_divergence"] = worst
+    return body
