@@ -8,7 +8,7 @@ runs on the simulated releases; the estimators turn its counts into bounds.
 
 Everything is array code: one ``integers`` draw for the resampled rows and one ``normal``
 draw for the noise per chunk of trials (chunks keep memory bounded for wide histograms);
-400,000 trials per world take a few hundredths of a second.
+400,000 trials in each of the two worlds take about a tenth of a second.
 
 ESA needs no ``d``-dimensional noise at all. The white-box score of a trial,
 ``||m - e_pos|| - ||m - e_neg||`` with ``m = c_i + z`` and ``z ~ N(0, sigma^2 I_d)``, depends
@@ -223,7 +223,12 @@ def bootstrap_voting_audit(
 
     Black-box: :func:`~dpicl_audit.estimators.estimate_from_counts` on the argmax decisions.
     White-box: :func:`~dpicl_audit.estimators.split_threshold_estimate` on the vote-gap
-    scores (threshold chosen on ``fraction`` of the trials, bound on the rest).
+    scores (threshold chosen on ``fraction`` of the trials, bound on the rest). ``fraction``
+    defaults to 0.1, not 0.5: simulated trials are plentiful, the threshold needs few of them
+    and the held-out part sets the width of the bound. On [1, 9] vs [0, 10] at epsilon 1 and
+    400,000 trials per world the held-out epsilon bound averaged 0.956 of epsilon_exact with
+    0.1 against 0.941 with 0.5. ``calls_per_row``: LLM calls behind one clean row (the
+    partition count T for voting).
     """
     rows = np.shape(clean_with)[0] + np.shape(clean_without)[0]
     calls = _calls(int(rows), calls_per_row)
@@ -347,6 +352,8 @@ def bootstrap_esa_audit(
     of the trials, bound on the rest). Black-box: the released option is the one nearer the
     noisy mean (score < 0), i.e. the zero-shot candidate pool is assumed to contain both audit
     options; with a pool holding only one of them the real black-box attack is weaker.
+    ``fraction`` defaults to 0.1 as for voting; ``calls_per_row``: LLM calls behind one clean
+    mean (T partitions, plus the zero-shot candidates if they were generated per row).
     """
     rows = np.shape(emb_with)[0] + np.shape(emb_without)[0]
     calls = _calls(int(rows), calls_per_row)

@@ -150,7 +150,25 @@ def _audit_command(kind: str) -> Callable[..., None]:
         calibration: Annotated[str | None, typer.Option(help="classic | analytic")] = None,
         setting: Annotated[str | None, typer.Option(help="audit-template | deployment")] = None,
         threat_model: Annotated[str | None, typer.Option(help="black-box | white-box")] = None,
-        attack: Annotated[str | None, typer.Option(help="inquery | brainwash")] = None,
+        attack: Annotated[
+            str | None,
+            typer.Option(help="inquery | brainwash (voting) | repeat | reference-vector (ESA)"),
+        ] = None,
+        mechanism: Annotated[str | None, typer.Option(help="voting | esa")] = None,
+        sensitivity: Annotated[str | None, typer.Option(help="ESA: tight | original")] = None,
+        candidates: Annotated[int | None, typer.Option(help="ESA: zero-shot candidates.")] = None,
+        max_tokens: Annotated[int | None, typer.Option(help="ESA: tokens per answer.")] = None,
+        signal: Annotated[
+            str | None, typer.Option(help="ESA: a Table 3 signal pair, e.g. clock-foxborough.")
+        ] = None,
+        y1: Annotated[str | None, typer.Option(help="ESA: own 'present' signal text.")] = None,
+        y0: Annotated[str | None, typer.Option(help="ESA: own 'absent' signal text.")] = None,
+        embeddings: Annotated[
+            str | None, typer.Option(help="ESA: where e(y) comes from: auto | server | local")
+        ] = None,
+        embedder: Annotated[
+            str | None, typer.Option(help="ESA: local sentence-transformers model directory.")
+        ] = None,
         trials: Annotated[int | None, typer.Option(help="Trials per epsilon.")] = None,
         confidence: Annotated[float | None, typer.Option(help="e.g. 0.95")] = None,
         seed: Annotated[int | None, typer.Option(help="Seed of the auditor's choices.")] = None,
@@ -194,6 +212,15 @@ def _audit_command(kind: str) -> Callable[..., None]:
             "mechanism.shots": shots,
             "mechanism.temperature": temperature,
             "mechanism.calibration": calibration,
+            "mechanism.name": mechanism,
+            "mechanism.sensitivity": sensitivity,
+            "mechanism.candidates": candidates,
+            "mechanism.max_tokens": max_tokens,
+            "generation.signal": signal,
+            "generation.y1": y1,
+            "generation.y0": y0,
+            "generation.embeddings": embeddings,
+            "generation.embedder": embedder,
             "setting": setting,
             "threat_model": threat_model,
             "attack": attack,

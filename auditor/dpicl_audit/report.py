@@ -126,7 +126,7 @@ def _engine_of(results: Mapping[str, Any]) -> str:
         return f"{engine} (simulator)"
     model = server.get("model")
     if model:
-        short = str(model).rstrip("/").split("/")[-1]
+        short = str(model).rstrip("/").split("/")[-1].split()[0]
         return f"{engine}: {short}"
     return engine
 

@@ -80,6 +80,16 @@ from dpicl_audit.errors import (
     TargetProtocolError,
     TargetUnavailable,
 )
+from dpicl_audit.generation import (
+    GenerationDesign,
+    build_generation_design,
+    estimate_generation_bootstrap,
+    estimate_generation_trials,
+    generation_context_body,
+    generation_meta,
+    generation_trial,
+    resolve_signal_embeddings,
+)
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.store import ContextRecord, TrialRecord, TrialStore
 
@@ -106,6 +116,21 @@ STREAM_SPLIT = 0x5B_1170
 STREAM_BOOTSTRAP = 0xB0_0757
 
 _TOL = 1e-9
+
+Design = AuditDesign | GenerationDesign
+
+
+def load_design(data: Mapping[str, Any]) -> Design:
+    """A stored design: private voting's, or ESA's (``design_kind == "generation"``)."""
+    if data.get("design_kind") == "generation":
+        return GenerationDesign.from_json(data)
+    return AuditDesign.from_json(data)
+
+
+def _calls_per_query(plan: AuditPlan) -> int:
+    """LLM calls behind one query: T partitions (+ T_cand zero-shot candidates for ESA)."""
+    m = plan.mechanism
+    return m.partitions + (m.candidates if m.name == "esa" else 0)
 
 
 def new_run_id() -> str:
@@ -175,7 +200,7 @@ class AuditRunner:
         *,
         run_id: str,
         plan: AuditPlan,
-        design: AuditDesign,
+        design: Design,
         kind: RunKind,
         progress: bool = True,
         console: Console | None = None,
@@ -223,7 +248,12 @@ class AuditRunner:
                     listing = []
             info = next((c for c in listing if c.get("name") == name), None)
             if info is None:
-                body = context_body(self.design, self.plan, epsilon, world, name=name)
+                if isinstance(self.design, GenerationDesign):
+                    body = generation_context_body(
+                        self.design, self.plan, epsilon, world, name=name
+                    )
+                else:
+                    body = context_body(self.design, self.plan, epsilon, world, name=name)
                 info = await self.target.create_context(body)
             self._check_context(info, epsilon)
             self.store.save_context(
@@ -276,7 +306,7 @@ class AuditRunner:
                 self.run_id,
                 batch,
                 wall_time_s=wall,
-                llm_calls_per_trial=self.plan.mechanism.partitions,
+                llm_calls_per_trial=_calls_per_query(self.plan),
             )
 
     async def _one_trial(
@@ -290,6 +320,19 @@ class AuditRunner:
         white: bool,
         need_clean: bool,
     ) -> TrialRecord:
+        if isinstance(self.design, GenerationDesign):
+            return await generation_trial(
+                self.target,
+                self.design,
+                self.plan,
+                setting=setting,
+                epsilon=epsilon,
+                index=index,
+                world=world,
+                context=context,
+                white=white,
+                need_clean=need_clean,
+            )
         query = self.design.query
         t0 = time.perf_counter()
         if white:
@@ -420,11 +463,22 @@ class AuditRunner:
             raise
         return results
 
+    async def _signal_embeddings(self, contexts: Mapping[int, ContextRecord]) -> None:
+        """ESA: learn e(y1), e(y0) once (see dpicl_audit.generation) and record them."""
+        if not isinstance(self.design, GenerationDesign):
+            return
+        if self.design.signal_embeddings() is not None:
+            return
+        self.design = await resolve_signal_embeddings(self.target, self.design, self.plan, contexts)
+        self.store.update_run(self.run_id, design=self.design.to_json())
+
     async def _execute_trials(self, progress: Progress) -> None:
         white = self.plan.threat_model == "white-box"
         for k, eps in enumerate(self.plan.mechanism.epsilons):
             setting = self.plan.setting_key(eps)
             contexts = await self.ensure_contexts(setting, eps)
+            if white or self.plan.generation.embeddings != "server":
+                await self._signal_embeddings(contexts)
             await self.run_trials(
                 setting,
                 eps,
@@ -439,6 +493,7 @@ class AuditRunner:
         per_eps: list[dict[int, ContextRecord]] = []
         for eps in self.plan.mechanism.epsilons:
             per_eps.append(await self.ensure_contexts(self.plan.setting_key(eps), eps))
+        await self._signal_embeddings(per_eps[0])
 
         def pick(index: int, world: int) -> ContextRecord:
             # Clean votes do not depend on epsilon, so pair j (indices 2j, 2j+1) goes to the
@@ -454,7 +509,9 @@ class AuditRunner:
             white=True,
             need_clean=True,
             progress=progress,
-            description="clean votes",
+            description=(
+                "clean means" if isinstance(self.design, GenerationDesign) else "clean votes"
+            ),
             pick=pick,
         )
 
@@ -662,13 +719,34 @@ def estimate_run(store: TrialStore, run_id: str) -> dict[str, Any]:
     plan = AuditPlan.from_public(run.plan)
     if run.design is None:
         raise InvalidAuditInput(f"run {run_id} has no design recorded")
-    design = AuditDesign.from_json(run.design)
+    design = load_design(run.design)
     contexts = store.contexts(run_id)
     settings = []
     clean = store.trials(run_id, CLEAN_SETTING) if run.kind == "bootstrap" else []
     for k, eps in enumerate(plan.mechanism.epsilons):
         meta = _setting_meta(plan, eps, contexts)
-        if run.kind == "bootstrap":
+        if isinstance(design, GenerationDesign):
+            meta = generation_meta(plan, design, meta, meta["sigma"])
+            if run.kind == "bootstrap":
+                settings.append(
+                    estimate_generation_bootstrap(
+                        plan,
+                        design,
+                        k,
+                        clean,
+                        meta,
+                        with_verdict=_with_verdict,
+                        stream=STREAM_BOOTSTRAP,
+                    )
+                )
+            else:
+                rows = store.trials(run_id, meta["setting"])
+                settings.append(
+                    estimate_generation_trials(
+                        plan, k, rows, meta, with_verdict=_with_verdict, split_stream=STREAM_SPLIT
+                    )
+                )
+        elif run.kind == "bootstrap":
             settings.append(_estimate_bootstrap(plan, design, k, clean, meta))
         else:
             rows = store.trials(run_id, meta["setting"])
@@ -682,18 +760,8 @@ def estimate_run(store: TrialStore, run_id: str) -> dict[str, Any]:
         "created_at": run.created_at.isoformat(),
         "plan": run.plan,
         "versions": run.versions,
-        "design": {
-            "attack": design.attack,
-            "canary_kind": design.canary_kind,
-            "canary": design.canary.input,
-            "canary_label": design.canary.output,
-            "position": design.position,
-            "partition_seed": design.partition_seed,
-            "labels": list(design.labels),
-            "positive": design.positive,
-            "negative": design.negative,
-            "query": design.query,
-        },
+        "mechanism": plan.mechanism.name,
+        "design": _design_summary(design),
         "confidence": plan.confidence,
         "delta": plan.mechanism.delta,
         "threat_models": (
@@ -705,6 +773,37 @@ def estimate_run(store: TrialStore, run_id: str) -> dict[str, Any]:
         "queries": run.queries,
         "llm_calls": run.llm_calls,
         "wall_time_s": run.wall_time_s,
+    }
+
+
+def _design_summary(design: Design) -> dict[str, Any]:
+    if isinstance(design, GenerationDesign):
+        return {
+            "attack": design.attack,
+            "canary_kind": design.canary_kind,
+            "canary": design.canary.input,
+            "canary_label": design.canary.output,
+            "position": design.position,
+            "partition_seed": design.partition_seed,
+            "labels": [design.y1, design.y0],
+            "positive": design.y1,
+            "negative": design.y0,
+            "signal": design.signal,
+            "signal_distance": design.signal_distance(),
+            "embeddings_source": design.embeddings_source,
+            "query": design.query,
+        }
+    return {
+        "attack": design.attack,
+        "canary_kind": design.canary_kind,
+        "canary": design.canary.input,
+        "canary_label": design.canary.output,
+        "position": design.position,
+        "partition_seed": design.partition_seed,
+        "labels": list(design.labels),
+        "positive": design.positive,
+        "negative": design.negative,
+        "query": design.query,
     }
 
 
@@ -915,7 +1014,11 @@ async def _start(
             "the audit needs the server's admin token (target.admin_token, --admin-token or "
             "DPICL_AUDIT_ADMIN_TOKEN) to create its canary contexts"
         )
-    design = build_design(plan, load_dataset(plan.dataset))
+    design: Design = (
+        build_generation_design(plan, load_dataset(plan.dataset))
+        if plan.mechanism.name == "esa"
+        else build_design(plan, load_dataset(plan.dataset))
+    )
     own_client = target is None
     client: AuditTarget = target if target is not None else _client_for(plan)
     try:
@@ -1028,7 +1131,7 @@ async def resume_audit(
         )
         if run.design is None:
             raise InvalidAuditInput(f"run {run_id} has no recorded design; it cannot resume")
-        design = AuditDesign.from_json(run.design)
+        design = load_design(run.design)
         if target is None and plan.target.admin_token is None:
             raise InvalidPlan(
                 f"resuming {run_id} needs the server's admin token (--admin-token or "

@@ -69,7 +69,7 @@ Stricter than the reported bound's on purpose. Over many candidate thresholds th
 maximised by noise, mostly in the tails where the rate estimates vary most, and the held-out
 bound at such a threshold is low and erratic. A stricter bound charges that variance and
 lands on steadier thresholds: on Gaussian scores (mu = 0.2 to 6, 1,000 to 400,000 trials) the
-held-out mu bound came out higher on average and with a standard deviation up to 3 times
+held-out mu bound came out higher on average and with a standard deviation up to 4 times
 smaller than with selection at 95%.
 """
 

