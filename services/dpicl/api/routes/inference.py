@@ -2,26 +2,21 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from dpicl.api.deps import Admin, Services, Svc, User, load_context
+from dpicl.api.deps import Services, Svc, User, load_context
 from dpicl.api.schemas import (
     BudgetInfo,
     ClassifyRequest,
     ClassifyResponse,
-    ContextInfo,
     CostInfo,
     ErrorResponse,
     GenerateRequest,
     GenerateResponse,
-    SynthesizeRequest,
-    SynthesizeResponse,
 )
 from dpicl.errors import InvalidRequest
-from dpicl.pipelines.contexts import cost_of
 from dpicl.pipelines.esa import EsaOutcome, run_esa
-from dpicl.pipelines.mozo import MozoOutcome, PublicOutcome, run_mozo, run_public, synthesize
+from dpicl.pipelines.mozo import MozoOutcome, PublicOutcome, run_mozo, run_public
 from dpicl.pipelines.partitions import check_query
 from dpicl.pipelines.voting import VotingOutcome, run_voting
-from dpicl.privacy.ledger import Ledger
 from dpicl.privacy.randomness import secure_rng
 from dpicl.store.repository import StoredContext
 
@@ -122,45 +117,3 @@ async def generate(req: GenerateRequest, svc: Svc) -> GenerateResponse:
     """Generate text (ESA, DPS-MOZO or public few-shot); returns it, its cost and budget left."""
     out = await generate_outcome(req, svc)
     return GenerateResponse.model_validate(generate_body(out, svc.engine.name))
-
-
-@router.post(
-    "/contexts/{context_id}/synthesize",
-    response_model=SynthesizeResponse,
-    status_code=201,
-    tags=["contexts"],
-    dependencies=[Admin],
-)
-async def synthesize_context(
-    context_id: str, req: SynthesizeRequest, svc: Svc
-) -> SynthesizeResponse:
-    """DPS-MOZO offline mode: DP outputs for public inputs, stored as a free-to-serve context."""
-    limit = svc.settings.max_query_chars
-    for i, text in enumerate(req.inputs):
-        if not text.strip() or len(text) > limit:
-            raise InvalidRequest(
-                f"input {i} must be non-blank and at most {limit} characters (it has {len(text)})",
-                param=f"inputs.{i}",
-            )
-    ctx = await load_context(context_id, svc)
-    out = await synthesize(
-        ctx,
-        req.inputs,
-        engine=svc.engine,
-        ledger=svc.ledger,
-        repo=svc.repo,
-        rng=secure_rng(),
-        name=req.name,
-    )
-    derived = out.derived
-    return SynthesizeResponse(
-        context=ContextInfo.of(derived, Ledger.status(derived, cost_of(derived))),
-        derived_from=out.source.id,
-        privacy_cost=0.0,
-        note=(
-            f"{len(out.outputs)} outputs were generated with DPS-MOZO, each charged one query "
-            f"of {out.source.id}; serving {derived.id} by few-shot ICL costs no further privacy"
-        ),
-        source_cost=CostInfo.of(out.cost),
-        source_budget=BudgetInfo.of(out.budget),
-    )
