@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from dpicl.errors import ConfigurationError
 
@@ -25,16 +25,21 @@ DEFAULT_TEMPLATES: dict[str, str] = {
 }
 
 
-def _finite_positive(name: str, value: float) -> float:
+def _finite_positive(value: float) -> float:
     if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        raise ValueError(f"must be a finite number > 0, got {value!r}")
     return value
 
 
-def _open_unit(name: str, value: float) -> float:
+def _open_unit(value: float) -> float:
     if not (0.0 < value < 1.0):
-        raise ValueError(f"{name} must lie in the open interval (0, 1), got {value!r}")
+        raise ValueError(f"must lie in the open interval (0, 1), got {value!r}")
     return value
+
+
+# Privacy parameters, validated wherever they appear (mechanisms and budgets alike).
+Epsilon = Annotated[float, AfterValidator(_finite_positive)]
+Delta = Annotated[float, AfterValidator(_open_unit)]
 
 
 class Exemplar(BaseModel):
@@ -46,45 +51,32 @@ class Exemplar(BaseModel):
     output: Annotated[str, Field(min_length=1, max_length=20_000)]
 
 
-class VotingSettings(BaseModel):
-    """Private voting (Algorithm 2 of Wu et al., as audited in paper 000)."""
+class _PartitionedGaussian(BaseModel):
+    """Settings shared by the partition-and-aggregate Gaussian mechanisms (voting, ESA)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: Literal["voting"] = "voting"
-    epsilon: float = Field(description="Per-query epsilon (> 0).")
-    delta: float = Field(default=1e-5, description="Per-query delta, in (0, 1).")
+    epsilon: Epsilon = Field(description="Per-query epsilon (> 0).")
+    delta: Delta = Field(default=1e-5, description="Per-query delta, in (0, 1).")
     partitions: int = Field(default=10, ge=1, description="Number of disjoint partitions T.")
     partition_seed: int | None = Field(
         default=None, ge=0, lt=2**63, description="Seed of the partition permutation."
     )
     partitioning: Literal["positional", "hash"] = "positional"
     calibration: Literal["classic", "analytic"] = "classic"
+
+
+class VotingSettings(_PartitionedGaussian):
+    """Private voting (Algorithm 2 of Wu et al., as audited in paper 000)."""
+
+    name: Literal["voting"] = "voting"
     temperature: float = Field(default=0.0, ge=0.0, le=10.0)
 
-    @field_validator("epsilon")
-    @classmethod
-    def _eps(cls, v: float) -> float:
-        return _finite_positive("epsilon", v)
 
-    @field_validator("delta")
-    @classmethod
-    def _delta(cls, v: float) -> float:
-        return _open_unit("delta", v)
-
-
-class EsaSettings(BaseModel):
+class EsaSettings(_PartitionedGaussian):
     """Embedding space aggregation (Algorithm 3 of paper 000, Algorithm 4 of paper 004)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
     name: Literal["esa"] = "esa"
-    epsilon: float = Field(description="Per-query epsilon (> 0).")
-    delta: float = Field(default=1e-5, description="Per-query delta, in (0, 1).")
-    partitions: int = Field(default=10, ge=1, description="Number of disjoint partitions T.")
-    partition_seed: int | None = Field(default=None, ge=0, lt=2**63)
-    partitioning: Literal["positional", "hash"] = "positional"
-    calibration: Literal["classic", "analytic"] = "classic"
     sensitivity: Literal["tight", "original"] = Field(
         default="tight",
         description="L2 sensitivity of the mean: 2/T (paper 000, Appendix A) or 1 (original).",
@@ -92,16 +84,6 @@ class EsaSettings(BaseModel):
     temperature: float = Field(default=1.0, ge=0.0, le=10.0)
     candidates: int = Field(default=8, ge=1, le=64, description="Zero-shot candidates T_cand.")
     max_tokens: int = Field(default=48, ge=1, le=1024)
-
-    @field_validator("epsilon")
-    @classmethod
-    def _eps(cls, v: float) -> float:
-        return _finite_positive("epsilon", v)
-
-    @field_validator("delta")
-    @classmethod
-    def _delta(cls, v: float) -> float:
-        return _open_unit("delta", v)
 
 
 class MozoSettings(BaseModel):
@@ -114,8 +96,8 @@ class MozoSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: Literal["dps-mozo"] = "dps-mozo"
-    epsilon: float = Field(description="Total epsilon over all `queries` answers (> 0).")
-    delta: float | None = Field(
+    epsilon: Epsilon = Field(description="Total epsilon over all `queries` answers (> 0).")
+    delta: Delta | None = Field(
         default=None, description="Total delta, in (0, 1); default 1/|D| (|D| exemplars)."
     )
     alpha: int | None = Field(
@@ -130,16 +112,6 @@ class MozoSettings(BaseModel):
     max_tokens: int = Field(default=48, ge=1, le=1024, description="T_max per answer.")
     queries: int = Field(ge=1, le=1_000_000, description="Answers the context will give.")
     lambda_max: float = Field(default=1.5, ge=0.0, le=10.0, description="Upper end of lambda.")
-
-    @field_validator("epsilon")
-    @classmethod
-    def _eps(cls, v: float) -> float:
-        return _finite_positive("epsilon", v)
-
-    @field_validator("delta")
-    @classmethod
-    def _delta(cls, v: float | None) -> float | None:
-        return None if v is None else _open_unit("delta", v)
 
     def resolved_delta(self, n_exemplars: int) -> float:
         return self.delta if self.delta is not None else 1.0 / n_exemplars
@@ -171,18 +143,8 @@ class BudgetSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    epsilon: float
-    delta: float
-
-    @field_validator("epsilon")
-    @classmethod
-    def _eps(cls, v: float) -> float:
-        return _finite_positive("epsilon", v)
-
-    @field_validator("delta")
-    @classmethod
-    def _delta(cls, v: float) -> float:
-        return _open_unit("delta", v)
+    epsilon: Epsilon
+    delta: Delta
 
 
 class ContextSpec(BaseModel):
