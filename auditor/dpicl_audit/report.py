@@ -42,20 +42,21 @@ from rich.table import Table
 from rich.text import Text
 from scipy import stats
 
-from dpicl_audit.canaries import AuditDesign
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.estimators import (
     VOTING_SENSITIVITY,
     clopper_pearson_upper,
     per_interval_confidence,
 )
+from dpicl_audit.generation import GenerationDesign
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.runner import (
     CLEAN_SETTING,
-    _estimate_bootstrap,
-    _estimate_trials,
+    Design,
     _jsonable,
     estimate_run,
+    estimate_setting,
+    load_design,
     write_results,
 )
 from dpicl_audit.store import TrialRecord, TrialStore
@@ -85,7 +86,7 @@ class RunData:
     kind: str
     results: dict[str, Any]
     plan: AuditPlan
-    design: AuditDesign
+    design: Design
     engine: str
     label: str
     trials: dict[str, list[TrialRecord]]
@@ -172,7 +173,7 @@ def _load(store: TrialStore, run_ids: Sequence[str]) -> list[RunData]:
                 run.kind,
                 results,
                 plan,
-                AuditDesign.from_json(run.design),
+                load_design(run.design),
                 engine,
                 label,
                 trials,
@@ -602,6 +603,9 @@ def trials_curve(rd: RunData) -> dict[str, dict[str, list[tuple[int, float]]]]:
     out: dict[str, dict[str, list[tuple[int, float]]]] = {}
     for k, s in enumerate(rd.results.get("settings", [])):
         meta = {key: s.get(key) for key in _META_KEYS}
+        if isinstance(design, GenerationDesign):
+            # ESA settings carry their signal geometry too (shift, exact for the shift).
+            meta = {key: v for key, v in s.items() if key not in ("black_box", "white_box")}
         meta["sigma"] = _num(s.get("sigma"))
         meta["epsilon_exact"] = _num(s.get("epsilon_exact"))
         curves: dict[str, list[tuple[int, float]]] = {"black-box": [], "white-box": []}
@@ -615,7 +619,7 @@ def trials_curve(rd: RunData) -> dict[str, dict[str, list[tuple[int, float]]]]:
                     p = plan.model_copy(
                         update={"bootstrap": plan.bootstrap.model_copy(update={"n_sample": n})}
                     )
-                    res = _estimate_bootstrap(p, design, k, clean, dict(meta))
+                    res = estimate_setting(p, design, k, clean, dict(meta), bootstrap=True)
                 for threat, key in THREATS:
                     est = res.get(key) or {}
                     v = _num(est.get("epsilon_lower"))
@@ -624,7 +628,7 @@ def trials_curve(rd: RunData) -> dict[str, dict[str, list[tuple[int, float]]]]:
         else:
             rows = sorted(rd.trials.get(str(s["setting"]), []), key=lambda r: r.trial_index)
             for n in _prefix_sizes(len(rows), min(40, len(rows)), 8):
-                res = _estimate_trials(plan, k, rows[:n], dict(meta))
+                res = estimate_setting(plan, design, k, rows[:n], dict(meta), bootstrap=False)
                 for threat, key in THREATS:
                     est = res.get(key) or {}
                     v = _num(est.get("epsilon_lower"))
@@ -779,8 +783,9 @@ def _run_details(rd: RunData, rows: Sequence[ReportRow]) -> str:
         ("neighbours", f"replace-one at position {d.position}, partition_seed {d.partition_seed}"),
         (
             "mechanism",
-            f"voting, T={m.partitions}, {m.shots} shots/partition, temperature {m.temperature}, "
-            f"delta={m.delta:g}, calibration {m.calibration}",
+            f"{m.name}, T={m.partitions}, {m.shots} shots/partition, temperature {m.temperature}, "
+            f"delta={m.delta:g}, calibration {m.calibration}"
+            + (f", T_cand={m.candidates}, max_tokens={m.max_tokens}" if m.name == "esa" else ""),
         ),
         ("confidence", f"{p.confidence:.0%}"),
     ]

@@ -713,6 +713,30 @@ def _estimate_bootstrap(
     return out
 
 
+def estimate_setting(
+    plan: AuditPlan,
+    design: Design,
+    k: int,
+    rows: Sequence[TrialRecord],
+    meta: dict[str, Any],
+    *,
+    bootstrap: bool,
+) -> dict[str, Any]:
+    """One epsilon setting's estimates from its logged rows (clean vectors for bootstrap
+    runs, trials otherwise), for either mechanism family."""
+    if isinstance(design, GenerationDesign):
+        if bootstrap:
+            return estimate_generation_bootstrap(
+                plan, design, k, rows, meta, with_verdict=_with_verdict, stream=STREAM_BOOTSTRAP
+            )
+        return estimate_generation_trials(
+            plan, k, rows, meta, with_verdict=_with_verdict, split_stream=STREAM_SPLIT
+        )
+    if bootstrap:
+        return _estimate_bootstrap(plan, design, k, rows, meta)
+    return _estimate_trials(plan, k, rows, meta)
+
+
 def estimate_run(store: TrialStore, run_id: str) -> dict[str, Any]:
     """Results of a run from its log: per-epsilon estimates next to theory and exact."""
     run = store.get_run(run_id)
@@ -727,30 +751,10 @@ def estimate_run(store: TrialStore, run_id: str) -> dict[str, Any]:
         meta = _setting_meta(plan, eps, contexts)
         if isinstance(design, GenerationDesign):
             meta = generation_meta(plan, design, meta, meta["sigma"])
-            if run.kind == "bootstrap":
-                settings.append(
-                    estimate_generation_bootstrap(
-                        plan,
-                        design,
-                        k,
-                        clean,
-                        meta,
-                        with_verdict=_with_verdict,
-                        stream=STREAM_BOOTSTRAP,
-                    )
-                )
-            else:
-                rows = store.trials(run_id, meta["setting"])
-                settings.append(
-                    estimate_generation_trials(
-                        plan, k, rows, meta, with_verdict=_with_verdict, split_stream=STREAM_SPLIT
-                    )
-                )
-        elif run.kind == "bootstrap":
-            settings.append(_estimate_bootstrap(plan, design, k, clean, meta))
-        else:
-            rows = store.trials(run_id, meta["setting"])
-            settings.append(_estimate_trials(plan, k, rows, meta))
+        rows = clean if run.kind == "bootstrap" else store.trials(run_id, meta["setting"])
+        settings.append(
+            estimate_setting(plan, design, k, rows, meta, bootstrap=run.kind == "bootstrap")
+        )
     run = store.get_run(run_id)
     return {
         "run_id": run_id,
