@@ -425,6 +425,21 @@ def report(
         out_console.print(f"report: {where}")
 
 
+@app.command(
+    context_settings={
+        "allow_extra_args": True,
+        "ignore_unknown_options": True,
+        "help_option_names": [],
+    },
+    add_help_option=False,
+)
+def mozo(ctx: typer.Context) -> None:
+    """Black-box DPS-MOZO audit over HTTP (flags: `dpicl-audit mozo --help`)."""
+    from dpicl_audit.mozo_audit import main as mozo_main
+
+    raise typer.Exit(mozo_main(list(ctx.args)))
+
+
 def main() -> None:
     app()
 

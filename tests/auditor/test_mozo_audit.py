@@ -83,3 +83,17 @@ async def test_audit_mozo_shares_contexts_across_queries(tmp_path: Path) -> None
 def test_cli_rejects_missing_token(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["--trials", "4"])
+
+
+def test_dpicl_audit_cli_forwards_to_the_mozo_audit() -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "dpicl_audit.cli", "mozo", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "--admin-token" in out
+    assert "--signals" in out
