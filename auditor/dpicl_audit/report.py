@@ -160,7 +160,7 @@ def _load(store: TrialStore, run_ids: Sequence[str]) -> list[RunData]:
         engine = _engine_of(results)
         method = "bootstrap" if run.kind == "bootstrap" else "real trials"
         plan = AuditPlan.from_public(run.plan)
-        label = f"{engine} · {method}"
+        label = f"{engine} · {plan.mechanism.name} {method}"
         if run.kind != "bootstrap":
             label += f" ({plan.threat_model} run)"
         labels[label] = labels.get(label, 0) + 1
