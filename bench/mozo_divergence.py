@@ -27,10 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -39,62 +35,12 @@ from typing import Any
 import httpx
 import numpy as np
 
+from dpicl_audit.demo import DemoServer  # a `dpicl serve` subprocess, white-box internal
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "auditor" / "dpicl_audit" / "data" / "dialogsum_mini.jsonl"
 ADMIN = "bench-admin-token"
 TEMPLATE = "Summarise the dialogue in one sentence.\n\n{exemplars}\n\nInput: {query}\nOutput:"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Server:
-    """``dpicl serve`` on a free port (as tests/conftest.py ServerProcess does)."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = workdir / "server.log"
-        env = os.environ | {
-            "DPICL_ADMIN_TOKEN": ADMIN,
-            "DPICL_ENGINE": "transformers",
-            "DPICL_WHITEBOX": "internal",
-            "DPICL_DATABASE_URL": f"sqlite:///{workdir}/bench.db",
-            "DPICL_LOG_LEVEL": "warning",
-            "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1",
-        }
-        self._log = self.log_path.open("w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dpicl", "serve", "--port", str(self.port)],
-            env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
-
-    def wait_ready(self, timeout: float = 300.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited early:\n{self.log_path.read_text()}")
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise TimeoutError(f"server not ready in {timeout}s:\n{self.log_path.read_text()}")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self._log.close()
 
 
 def load_dialogues() -> list[dict[str, str]]:
@@ -191,10 +137,10 @@ def main() -> None:
         )
         return
     with tempfile.TemporaryDirectory() as tmp:
-        srv = Server(Path(tmp))
+        srv = DemoServer("transformers", Path(tmp), ADMIN, ADMIN).start()
         try:
             t0 = time.perf_counter()
-            srv.wait_ready()
+            srv.wait_ready(300.0)
             print(f"server ready in {time.perf_counter() - t0:.1f} s")
             study(
                 srv.url,
