@@ -115,6 +115,9 @@ class ReportRow:
     message: str
     noise_check: dict[str, Any] | None
     error: str | None = None
+    # ESA: the exact epsilon for the canary's actual embedding shift ||e(y1)-e(y0)||/T
+    # instead of the worst case 2/T (looseness of the analysis vs weakness of the attack).
+    epsilon_exact_shift: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -237,6 +240,7 @@ def report_rows(runs: Sequence[RunData]) -> list[ReportRow]:
                         message=str(est.get("error") or verdict.get("message", "")),
                         noise_check=s.get("noise_check"),
                         error=est.get("error"),
+                        epsilon_exact_shift=_num(s.get("epsilon_exact_signal")),
                     )
                 )
     return rows
@@ -329,6 +333,7 @@ def rich_table(rows: Sequence[ReportRow], title: str) -> Table:
         "threat",
         "ε theory",
         "ε exact",
+        "ε exact (shift)",
         "ε emp (conf)",
         "trials",
         "LLM calls",
@@ -353,6 +358,7 @@ def rich_table(rows: Sequence[ReportRow], title: str) -> Table:
             r.threat,
             _fmt(r.epsilon_theory, 2),
             _fmt(r.epsilon_exact),
+            _fmt(r.epsilon_exact_shift),
             f"{_fmt(r.epsilon_emp)} ({r.confidence:.0%})",
             trials,
             "-" if r.llm_calls is None else f"{r.llm_calls:,}",
@@ -739,7 +745,9 @@ def _e(text: Any) -> str:
 def _html_table(rows: Sequence[ReportRow]) -> str:
     head = (
         "<tr><th class=l>engine</th><th class=l>method</th><th class=l>ε</th>"
-        "<th class=l>threat</th><th>ε theory</th><th>ε exact</th><th>ε emp</th>"
+        "<th class=l>threat</th><th>ε theory</th><th>ε exact</th>"
+        "<th title='ESA: exact ε for the canary&#39;s actual embedding shift'>ε exact (shift)</th>"
+        "<th>ε emp</th>"
         "<th>confidence</th><th>μ lower</th><th>trials</th><th>LLM calls</th><th>wall s</th>"
         "<th class=l>verdict</th></tr>"
     )
@@ -755,6 +763,7 @@ def _html_table(rows: Sequence[ReportRow]) -> str:
             f"<tr><td class=l>{_e(r.engine)}</td><td class=l>{_e(r.method)}</td>"
             f"<td class=l>{_e(_eps_label(r.setting))}</td><td class=l>{_e(r.threat)}</td>"
             f"<td>{_fmt(r.epsilon_theory, 2)}</td><td>{_fmt(r.epsilon_exact)}</td>"
+            f"<td>{_fmt(r.epsilon_exact_shift)}</td>"
             f"<td><b>{_fmt(r.epsilon_emp)}</b></td><td>{r.confidence:.0%}</td>"
             f"<td>{_fmt(r.mu_lower)}</td><td>{trials}</td>"
             f"<td>{'-' if r.llm_calls is None else f'{r.llm_calls:,}'}</td>"

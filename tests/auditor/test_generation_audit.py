@@ -16,6 +16,7 @@ from dpicl_audit.datasets import load_dataset
 from dpicl_audit.errors import InvalidPlan
 from dpicl_audit.generation import SIGNAL_PAIRS, build_generation_design, esa_score
 from dpicl_audit.plan import AuditPlan
+from dpicl_audit.report import write_report
 from dpicl_audit.runner import bootstrap_audit, run_audit
 from tests.auditor.test_runner import _server_missing, oracle_server
 from tests.conftest import ADMIN, USER
@@ -92,6 +93,11 @@ async def test_white_box_bootstrap_is_tight(tmp_path: Path) -> None:
         assert not wb["exceeds_exact_signal"]
         assert wb["ratio_to_exact_signal"] >= 0.9, (s["epsilon_theory"], wb)
         assert s["black_box"]["verdict"]["status"] == "ok"
+    # The report shows the exact epsilon for the actual shift beside the worst-case one.
+    html = write_report(res["run_id"], f"sqlite:///{tmp_path}/a.db", tmp_path / "rep").read_text()
+    assert "ε exact (shift)" in html
+    for s in res["settings"]:
+        assert f"{s['epsilon_exact_signal']:.3f}" in html
 
 
 @pytest.mark.slow
