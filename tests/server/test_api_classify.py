@@ -8,13 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from dpicl.engines.oracle import OracleEngine
-from dpicl.privacy.accounting import gaussian_mu2
-from dpicl.privacy.calibration import gaussian_epsilon
 from scipy import stats
 
 from dpicl.engines.base import DecodingSession, GenerationParams, PromptSpec
+from dpicl.engines.oracle import OracleEngine
 from dpicl.errors import EngineError
+from dpicl.privacy.accounting import gaussian_mu2
+from dpicl.privacy.calibration import gaussian_epsilon
 from tests.conftest import admin_headers, user_headers
 from tests.server.api_helpers import make_client, voting_context
 

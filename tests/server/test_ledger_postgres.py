@@ -10,9 +10,9 @@ from typing import Any
 
 import httpx
 import pytest
+
 from dpicl.privacy.accounting import gaussian_mu2
 from dpicl.privacy.calibration import gaussian_epsilon
-
 from tests.conftest import admin_headers, user_headers
 from tests.server.api_helpers import voting_context
 
