@@ -140,6 +140,47 @@ def _other_label(rng: np.random.Generator, labels: Sequence[str], label: str) ->
     return others[int(rng.integers(len(others)))]
 
 
+def pick_exemplars(
+    pool: Sequence[Example],
+    *,
+    canary_text: str,
+    query: str,
+    k: int,
+    dataset: LabelledDataset,
+    exclude: Sequence[str] = (),
+) -> list[Example]:
+    """The first ``k`` examples of ``pool`` usable beside the canary: never one containing
+    the canary's text (or any of ``exclude``), never one whose text the query contains (the
+    oracle, and a literal-minded model, would take it for the canary)."""
+    needle = canary_text.strip()
+    usable = [
+        ex
+        for ex in pool
+        if needle not in ex.input
+        and ex.input.strip() not in query
+        and not any(x in ex.input for x in exclude)
+    ]
+    if len(usable) < k:
+        raise DatasetError(
+            f"dataset {dataset.name!r} has {len(usable)} usable examples besides the canary; "
+            f"the contexts need {k} (partitions x shots)"
+        )
+    return usable[:k]
+
+
+def neighbour_slot(plan: AuditPlan, rng: np.random.Generator, k: int) -> tuple[int, int]:
+    """The replaced position and the shared partition seed: the plan's, or drawn."""
+    position = (
+        plan.neighbour.position if plan.neighbour.position is not None else int(rng.integers(k))
+    )
+    partition_seed = (
+        plan.neighbour.partition_seed
+        if plan.neighbour.partition_seed is not None
+        else int(rng.integers(0, 2**63 - 1))
+    )
+    return position, partition_seed
+
+
 def build_design(plan: AuditPlan, dataset: LabelledDataset) -> AuditDesign:
     """Draw the canary, the replacement, the other exemplars, the position and the seed."""
     rng = np.random.default_rng([plan.seed, STREAM_DESIGN])
@@ -203,29 +244,11 @@ def build_design(plan: AuditPlan, dataset: LabelledDataset) -> AuditDesign:
         query = audit_query(canary_text)
 
     # --- the other exemplars: never the canary's text, never text the query contains
-    needle = canary_text.strip()
-    usable = [
-        ex
-        for ex in pool
-        if ex.input != needle and needle not in ex.input and ex.input.strip() not in query
-    ]
-    if len(usable) < k:
-        raise DatasetError(
-            f"dataset {dataset.name!r} has {len(usable)} usable examples besides the canary; "
-            f"the contexts need {k} (partitions x shots)"
-        )
-    chosen = usable[:k]
+    chosen = pick_exemplars(pool, canary_text=canary_text, query=query, k=k, dataset=dataset)
     if yes_no:
         coins = rng.integers(0, 2, size=k)
         chosen = [Example(ex.input, labels[int(c)]) for ex, c in zip(chosen, coins, strict=True)]
-    position = (
-        plan.neighbour.position if plan.neighbour.position is not None else int(rng.integers(k))
-    )
-    partition_seed = (
-        plan.neighbour.partition_seed
-        if plan.neighbour.partition_seed is not None
-        else int(rng.integers(0, 2**63 - 1))
-    )
+    position, partition_seed = neighbour_slot(plan, rng, k)
     replacement = chosen[position]
     if yes_no:
         if plan.canary == "natural":

@@ -53,7 +53,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from dpicl_audit.canaries import MIN_ORACLE_CHARS, STREAM_DESIGN, random_canary_text
+from dpicl_audit.canaries import (
+    MIN_ORACLE_CHARS,
+    STREAM_DESIGN,
+    neighbour_slot,
+    pick_exemplars,
+    random_canary_text,
+)
 from dpicl_audit.client import AuditTarget, GenerationTarget
 from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import DatasetError, InvalidAuditInput, TargetError, TargetProtocolError
@@ -77,12 +83,12 @@ __all__ = [
     "embed_locally",
     "esa_score",
     "estimate_generation_bootstrap",
-    "estimate_generation_trials",
     "generation_context_body",
     "generation_meta",
     "generation_trial",
     "resolve_signal_embeddings",
     "signal_pair",
+    "signal_tightness",
 ]
 
 FloatArray = npt.NDArray[np.float64]
@@ -260,26 +266,10 @@ def build_generation_design(plan: AuditPlan, dataset: LabelledDataset) -> Genera
     else:
         template, query = GENERATION_AUDIT_TEMPLATE, generation_blackbox_query(canary_text, y1, y0)
 
-    needle = canary_text.strip()
-    usable = [
-        ex
-        for ex in pool
-        if needle not in ex.input and ex.input.strip() not in query and y1 not in ex.input
-    ]
-    if len(usable) < k:
-        raise DatasetError(
-            f"dataset {dataset.name!r} has {len(usable)} usable examples besides the canary; "
-            f"the contexts need {k} (partitions x shots)"
-        )
-    chosen = usable[:k]
-    position = (
-        plan.neighbour.position if plan.neighbour.position is not None else int(rng.integers(k))
+    chosen = pick_exemplars(
+        pool, canary_text=canary_text, query=query, k=k, dataset=dataset, exclude=(y1,)
     )
-    partition_seed = (
-        plan.neighbour.partition_seed
-        if plan.neighbour.partition_seed is not None
-        else int(rng.integers(0, 2**63 - 1))
-    )
+    position, partition_seed = neighbour_slot(plan, rng, k)
     replacement = chosen[position]
     if canary_out is None or plan.canary == "mislabeled":
         canary_out = replacement.output  # a summary of another dialogue
@@ -513,59 +503,14 @@ def generation_meta(
     return meta
 
 
-def _tightness(est: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
+def signal_tightness(est: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
+    """Add how the bound compares with the exact epsilon of the canary's actual shift."""
     sig = meta.get("epsilon_exact_signal")
     low = float(est["epsilon_lower"])
     if sig is not None:
         est["ratio_to_exact_signal"] = low / sig if sig > 0 else None
         est["exceeds_exact_signal"] = low > float(sig) + 1e-3
     return est
-
-
-def estimate_generation_trials(
-    plan: AuditPlan,
-    k: int,
-    rows: Sequence[TrialRecord],
-    meta: dict[str, Any],
-    *,
-    with_verdict: Any,
-    split_stream: int,
-) -> dict[str, Any]:
-    """Per-epsilon estimates of a real-query ESA run (black-box always, white-box scores)."""
-    from dpicl_audit.estimators import estimate_from_counts, split_threshold_estimate
-
-    out = dict(meta)
-    worlds = np.array([r.world for r in rows], dtype=np.int64)
-    decisions = np.array([r.decision or 0 for r in rows], dtype=np.int64)
-    n1, n0 = int(np.sum(worlds == 1)), int(np.sum(worlds == 0))
-    calls = plan.mechanism.partitions + plan.mechanism.candidates
-    out |= {"trials": len(rows), "n_with": n1, "n_without": n0, "llm_calls": len(rows) * calls}
-    tp, fp = int(np.sum(decisions[worlds == 1])), int(np.sum(decisions[worlds == 0]))
-    try:
-        bb = estimate_from_counts(
-            tp, n1 - tp, fp, n0 - fp, delta=plan.mechanism.delta, confidence=plan.confidence
-        ).to_dict()
-        out["black_box"] = _tightness(with_verdict(bb, meta), meta)
-    except InvalidAuditInput as exc:
-        out["black_box"] = {"error": str(exc)}
-    out["white_box"] = None
-    scores = [r.score for r in rows]
-    if plan.threat_model == "white-box" and rows and all(s is not None for s in scores):
-        arr = np.array(scores, dtype=np.float64)
-        try:
-            wb = split_threshold_estimate(
-                arr[worlds == 1],
-                arr[worlds == 0],
-                rng=np.random.default_rng([plan.seed, split_stream, k]),
-                fraction=plan.split,
-                confidence=plan.confidence,
-                delta=plan.mechanism.delta,
-                positive_when="below",
-            ).to_dict()
-            out["white_box"] = _tightness(with_verdict(wb, meta), meta)
-        except InvalidAuditInput as exc:
-            out["white_box"] = {"error": str(exc)}
-    return out
 
 
 def _measured_sigma(
@@ -647,6 +592,6 @@ def estimate_generation_bootstrap(
         fraction=plan.split,
         calls_per_row=calls,
     ).to_dict()
-    out["black_box"] = _tightness(with_verdict(res["black_box"], meta), meta)
-    out["white_box"] = _tightness(with_verdict(res["white_box"], meta), meta)
+    out["black_box"] = signal_tightness(with_verdict(res["black_box"], meta), meta)
+    out["white_box"] = signal_tightness(with_verdict(res["white_box"], meta), meta)
     return out

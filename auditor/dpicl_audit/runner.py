@@ -84,11 +84,11 @@ from dpicl_audit.generation import (
     GenerationDesign,
     build_generation_design,
     estimate_generation_bootstrap,
-    estimate_generation_trials,
     generation_context_body,
     generation_meta,
     generation_trial,
     resolve_signal_embeddings,
+    signal_tightness,
 )
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.store import ContextRecord, TrialRecord, TrialStore
@@ -606,8 +606,17 @@ def _with_verdict(est: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any
 
 
 def _estimate_trials(
-    plan: AuditPlan, k: int, rows: Sequence[TrialRecord], meta: dict[str, Any]
+    plan: AuditPlan,
+    k: int,
+    rows: Sequence[TrialRecord],
+    meta: dict[str, Any],
+    *,
+    positive_when: Literal["above", "below"] = "above",
+    finish: Callable[[dict[str, Any], Mapping[str, Any]], dict[str, Any]] = _with_verdict,
 ) -> dict[str, Any]:
+    """Per-epsilon estimates of a real-query run: black-box from the logged decisions,
+    white-box from the logged scores (voting: noisy vote gap, positive above the threshold;
+    ESA: distance difference, positive below it)."""
     from dpicl_audit.estimators import estimate_from_counts, split_threshold_estimate
 
     out = dict(meta)
@@ -618,7 +627,7 @@ def _estimate_trials(
         "trials": len(rows),
         "n_with": n1,
         "n_without": n0,
-        "llm_calls": len(rows) * plan.mechanism.partitions,
+        "llm_calls": len(rows) * _calls_per_query(plan),
     }
     tp = int(np.sum(decisions[worlds == 1]))
     fp = int(np.sum(decisions[worlds == 0]))
@@ -626,7 +635,7 @@ def _estimate_trials(
         bb = estimate_from_counts(
             tp, n1 - tp, fp, n0 - fp, delta=plan.mechanism.delta, confidence=plan.confidence
         ).to_dict()
-        out["black_box"] = _with_verdict(bb, meta)
+        out["black_box"] = finish(bb, meta)
     except InvalidAuditInput as exc:
         out["black_box"] = {"error": str(exc)}
     out["white_box"] = None
@@ -641,8 +650,9 @@ def _estimate_trials(
                 fraction=plan.split,
                 confidence=plan.confidence,
                 delta=plan.mechanism.delta,
+                positive_when=positive_when,
             ).to_dict()
-            out["white_box"] = _with_verdict(wb, meta)
+            out["white_box"] = finish(wb, meta)
         except InvalidAuditInput as exc:
             out["white_box"] = {"error": str(exc)}
     return out
@@ -729,8 +739,13 @@ def estimate_setting(
             return estimate_generation_bootstrap(
                 plan, design, k, rows, meta, with_verdict=_with_verdict, stream=STREAM_BOOTSTRAP
             )
-        return estimate_generation_trials(
-            plan, k, rows, meta, with_verdict=_with_verdict, split_stream=STREAM_SPLIT
+        return _estimate_trials(
+            plan,
+            k,
+            rows,
+            meta,
+            positive_when="below",
+            finish=lambda est, m: signal_tightness(_with_verdict(est, m), m),
         )
     if bootstrap:
         return _estimate_bootstrap(plan, design, k, rows, meta)

@@ -41,7 +41,6 @@ def test_classify_with_real_model_over_http(start_server: Any, tmp_path: Any) ->
     r = httpx.post(f"{srv.url}/v1/contexts", json=body, headers=admin_headers(), timeout=30)
     assert r.status_code == 201, r.text
     cid = r.json()["id"]
-    labels = []
     for query in ("What a lovely, happy day, I enjoyed every minute.", "Awful and broken."):
         r = httpx.post(
             f"{srv.url}/v1/classify",
@@ -55,6 +54,5 @@ def test_classify_with_real_model_over_http(start_server: Any, tmp_path: Any) ->
         assert out["engine"] == "transformers"
         assert out["cost"]["epsilon"] == 4.0
         assert out["budget"]["remaining_epsilon"] < 40.0
-        labels.append(out["label"])
     info = httpx.get(f"{srv.url}/v1/contexts/{cid}", headers=admin_headers()).json()
     assert info["spent"]["queries"] == 2
