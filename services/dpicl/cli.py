@@ -16,6 +16,10 @@ app = typer.Typer(
 )
 
 
+#: queries (<= 1e6) x max_tokens (<= 1024): the most tokens a DPS-MOZO context can ask for.
+MAX_MOZO_TOKENS = 1_000_000 * 1024
+
+
 class Mechanism(StrEnum):
     voting = "voting"
     esa = "esa"
@@ -114,6 +118,7 @@ def _calibration(
     )
 
     validate_privacy_params(epsilon, delta, param_prefix="")
+    _check_bounds(epsilon, delta, partitions, alpha)
     out: dict[str, object] = {"mechanism": mechanism.value, "epsilon": epsilon, "delta": delta}
     if mechanism is Mechanism.dps_mozo:
         from dpicl.privacy.mozo_calibration import calibrate_beta
@@ -123,6 +128,7 @@ def _calibration(
                 "dps-mozo needs --tokens (n_queries x T_max) and --sample-rate (n_shots/|D|)",
                 param="tokens" if tokens is None else "sample_rate",
             )
+        _check_mozo_bounds(tokens, sample_rate)
         cal = calibrate_beta(epsilon, delta, alpha, tokens, sample_rate)
         return out | {
             "alpha": cal.alpha,
@@ -133,10 +139,6 @@ def _calibration(
             "per_token_rdp": cal.per_token_rdp,
         }
     if mechanism is Mechanism.esa:
-        if partitions < 1:
-            raise ConfigurationError(
-                f"partitions must be >= 1, got {partitions}", param="partitions"
-            )
         sens = esa_sensitivity(partitions, sensitivity.value)
         out |= {"partitions": partitions, "sensitivity_mode": sensitivity.value}
     else:
@@ -148,6 +150,41 @@ def _calibration(
         "sigma": sigma,
         "epsilon_exact": epsilon_exact(sigma, sens, delta),
     }
+
+
+def _check_bounds(epsilon: float, delta: float, partitions: int, alpha: int | None) -> None:
+    """The request schema's bounds (dpicl.domain): the server would refuse the same values."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from dpicl.domain import MAX_PARTITIONS, Delta, Epsilon
+    from dpicl.errors import ConfigurationError
+
+    for name, kind, value in (("epsilon", Epsilon, epsilon), ("delta", Delta, delta)):
+        try:
+            TypeAdapter(kind).validate_python(value)
+        except ValidationError as exc:
+            msg = exc.errors()[0]["msg"]
+            raise ConfigurationError(f"--{name}: {msg} (got {value!r})", param=name) from None
+    if not 1 <= partitions <= MAX_PARTITIONS:
+        raise ConfigurationError(
+            f"--partitions must lie in [1, {MAX_PARTITIONS}], got {partitions!r}",
+            param="partitions",
+        )
+    if alpha is not None and not 2 <= alpha <= 1024:
+        raise ConfigurationError(f"--alpha must lie in [2, 1024], got {alpha!r}", param="alpha")
+
+
+def _check_mozo_bounds(tokens: int, sample_rate: float) -> None:
+    from dpicl.errors import ConfigurationError
+
+    if not 1 <= tokens <= MAX_MOZO_TOKENS:
+        raise ConfigurationError(
+            f"--tokens must lie in [1, {MAX_MOZO_TOKENS}], got {tokens!r}", param="tokens"
+        )
+    if not 0.0 < sample_rate <= 1.0:  # also false for NaN
+        raise ConfigurationError(
+            f"--sample-rate must lie in (0, 1], got {sample_rate!r}", param="sample_rate"
+        )
 
 
 @app.command()

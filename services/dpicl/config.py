@@ -39,8 +39,23 @@ class Settings(BaseSettings):
     api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
     whitebox: WhiteBox = "off"
     max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
-    max_exemplars: int = Field(default=10_000, gt=0)
-    max_query_chars: int = Field(default=8_000, gt=0)
+    # Limits on what a request may ask for. The request schema holds hard bounds (see
+    # dpicl.domain) inside which every computation has bounded cost; these only tighten them.
+    max_exemplars: int = Field(default=10_000, gt=0, le=100_000)
+    max_labels: int = Field(default=100, gt=1, le=1000)
+    max_partitions: int = Field(default=1000, gt=0, le=10_000)
+    max_epsilon: float = Field(default=100.0, gt=0, le=100.0)
+    max_budget_epsilon: float = Field(default=1000.0, gt=0, le=1000.0)
+    max_query_chars: int = Field(default=8_000, gt=0, le=20_000)
+    allow_unbudgeted: bool = Field(
+        default=False,
+        description='Accept contexts created with "budget": null, which answer forever.',
+    )
+    # Storage: how long a statement may wait for a lock (SQLite busy timeout, PostgreSQL
+    # lock_timeout and statement_timeout) and how many threads run database work, apart
+    # from the engine's, so a stuck database cannot starve other requests.
+    db_timeout_s: float = Field(default=5.0, gt=0, le=300)
+    db_threads: int = Field(default=8, ge=1, le=64)
     log_level: str = "info"
 
     @field_validator("api_keys", mode="before")

@@ -7,8 +7,8 @@ Every error names the offending value (pydantic reports its location as ``param`
 
 from __future__ import annotations
 
-import math
-from typing import Annotated, Literal
+import re
+from typing import Annotated, Literal, Protocol
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
@@ -25,21 +25,42 @@ DEFAULT_TEMPLATES: dict[str, str] = {
 }
 
 
-def _finite_positive(value: float) -> float:
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"must be a finite number > 0, got {value!r}")
+# Hard bounds of the privacy parameters. Every accounting computation (the PLD grid, the
+# brentq conversions, the DPS-MOZO calibration) has bounded cost inside them; a deployment
+# never needs values outside (an epsilon of 100 per answer is already no privacy at all).
+# The settings (DPICL_MAX_EPSILON, ...) may only tighten them.
+EPSILON_MIN = 1e-3
+EPSILON_MAX = 100.0
+BUDGET_EPSILON_MAX = 1000.0
+DELTA_MIN = 1e-30
+DELTA_MAX = 0.5
+MAX_TEXT_CHARS = 20_000
+MAX_LABEL_CHARS = 200
+MAX_LABELS = 1000
+MAX_PARTITIONS = 10_000
+MAX_EXEMPLARS = 100_000
+
+# Characters no store can hold: PostgreSQL refuses NUL in text, and a lone UTF-16 surrogate
+# (JSON's "\ud800") cannot be encoded as UTF-8 by any driver.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def storable(value: str) -> str:
+    """Reject strings that no store (or tokenizer) can take, naming the first bad character."""
+    bad = _UNSTORABLE.search(value)
+    if bad is not None:
+        raise ValueError(
+            f"must not contain the character {bad.group()!r} (at position {bad.start()})"
+        )
     return value
 
 
-def _open_unit(value: float) -> float:
-    if not (0.0 < value < 1.0):
-        raise ValueError(f"must lie in the open interval (0, 1), got {value!r}")
-    return value
+#: Every free text the server accepts: no NUL, no lone surrogate.
+Text = Annotated[str, AfterValidator(storable)]
 
-
-# Privacy parameters, validated wherever they appear (mechanisms and budgets alike).
-Epsilon = Annotated[float, AfterValidator(_finite_positive)]
-Delta = Annotated[float, AfterValidator(_open_unit)]
+Epsilon = Annotated[float, Field(ge=EPSILON_MIN, le=EPSILON_MAX, allow_inf_nan=False)]
+BudgetEpsilon = Annotated[float, Field(ge=EPSILON_MIN, le=BUDGET_EPSILON_MAX, allow_inf_nan=False)]
+Delta = Annotated[float, Field(ge=DELTA_MIN, le=DELTA_MAX, allow_inf_nan=False)]
 
 
 class Exemplar(BaseModel):
@@ -47,8 +68,8 @@ class Exemplar(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    input: Annotated[str, Field(min_length=1, max_length=20_000)]
-    output: Annotated[str, Field(min_length=1, max_length=20_000)]
+    input: Annotated[Text, Field(min_length=1, max_length=MAX_TEXT_CHARS)]
+    output: Annotated[Text, Field(min_length=1, max_length=MAX_TEXT_CHARS)]
 
 
 class _PartitionedGaussian(BaseModel):
@@ -56,9 +77,11 @@ class _PartitionedGaussian(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    epsilon: Epsilon = Field(description="Per-query epsilon (> 0).")
-    delta: Delta = Field(default=1e-5, description="Per-query delta, in (0, 1).")
-    partitions: int = Field(default=10, ge=1, description="Number of disjoint partitions T.")
+    epsilon: Epsilon = Field(description="Per-query epsilon.")
+    delta: Delta = Field(default=1e-5, description="Per-query delta.")
+    partitions: int = Field(
+        default=10, ge=1, le=MAX_PARTITIONS, description="Number of disjoint partitions T <= |D|."
+    )
     partition_seed: int | None = Field(
         default=None, ge=0, lt=2**63, description="Seed of the partition permutation."
     )
@@ -96,9 +119,9 @@ class MozoSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: Literal["dps-mozo"] = "dps-mozo"
-    epsilon: Epsilon = Field(description="Total epsilon over all `queries` answers (> 0).")
+    epsilon: Epsilon = Field(description="Total epsilon over all `queries` answers.")
     delta: Delta | None = Field(
-        default=None, description="Total delta, in (0, 1); default 1/|D| (|D| exemplars)."
+        default=None, description="Total delta; default 1/|D| (|D| exemplars)."
     )
     alpha: int | None = Field(
         default=None,
@@ -107,7 +130,9 @@ class MozoSettings(BaseModel):
         description="Renyi order; default: the smallest whose RDP-to-DP conversion costs "
         "at most epsilon/2 (paper 004, Section 5.1).",
     )
-    n_shots: int = Field(default=4, ge=1, description="Exemplars sampled per token.")
+    n_shots: int = Field(
+        default=4, ge=1, le=MAX_PARTITIONS, description="Exemplars sampled per token (<= |D|)."
+    )
     top_k: int = Field(default=100, ge=1, le=1000, description="Zero-shot top-k support.")
     max_tokens: int = Field(default=48, ge=1, le=1024, description="T_max per answer.")
     queries: int = Field(ge=1, le=1_000_000, description="Answers the context will give.")
@@ -138,12 +163,23 @@ MechanismSettings = Annotated[
 ]
 
 
+class ContextLimits(Protocol):
+    """The server's limits on a context (:class:`dpicl.config.Settings` satisfies it)."""
+
+    max_exemplars: int
+    max_labels: int
+    max_partitions: int
+    max_epsilon: float
+    max_budget_epsilon: float
+    allow_unbudgeted: bool
+
+
 class BudgetSpec(BaseModel):
     """Total (epsilon, delta) a context may spend over all its answers."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    epsilon: Epsilon
+    epsilon: BudgetEpsilon
     delta: Delta
 
 
@@ -152,16 +188,26 @@ class ContextSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: Annotated[str, Field(max_length=200)] | None = None
+    name: Annotated[Text, Field(max_length=200)] | None = None
     task: Task = "classification"
-    labels: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(default_factory=list)
-    exemplars: list[Exemplar] = Field(min_length=1)
-    template: Annotated[str, Field(max_length=20_000)] | None = None
+    labels: list[Annotated[Text, Field(min_length=1, max_length=MAX_LABEL_CHARS)]] = Field(
+        default_factory=list, max_length=MAX_LABELS
+    )
+    exemplars: list[Exemplar] = Field(min_length=1, max_length=MAX_EXEMPLARS)
+    template: Annotated[Text, Field(max_length=MAX_TEXT_CHARS)] | None = None
     mechanism: MechanismSettings
-    budget: BudgetSpec | None = None
+    budget: BudgetSpec | None = Field(
+        default=None,
+        description="Required for voting and ESA: give {epsilon, delta}, or an explicit null "
+        "where the server allows unbudgeted contexts (DPICL_ALLOW_UNBUDGETED). DPS-MOZO "
+        "contexts are budgeted by the mechanism itself: omit it.",
+    )
 
-    def check(self) -> None:
-        """Cross-field checks; raise :class:`ConfigurationError` naming the bad value."""
+    def check(self, limits: ContextLimits | None = None) -> None:
+        """Cross-field checks and the server's limits; raise :class:`ConfigurationError`
+        naming the bad value."""
+        if limits is not None:
+            self._check_limits(limits)
         wanted = {"voting": "classification", "esa": "generation", "dps-mozo": "generation"}[
             self.mechanism.name
         ]
@@ -197,12 +243,59 @@ class ContextSpec(BaseModel):
         if isinstance(mech, MozoSettings):
             self._check_mozo(mech)
             return
-        if mech.partitioning == "positional" and mech.partitions > len(self.exemplars):
+        # Both schemes: hash partitioning leaves some partitions empty beyond |D|, and T is
+        # the size of every answer's engine batch.
+        if mech.partitions > len(self.exemplars):
             raise ConfigurationError(
                 f"partitions T={mech.partitions} is larger than the number of exemplars "
                 f"({len(self.exemplars)})",
                 param="mechanism.partitions",
             )
+        if limits is None:  # a library caller is its own operator
+            return
+        if "budget" not in self.model_fields_set:
+            raise ConfigurationError(
+                "budget is required: give budget {epsilon, delta}, or an explicit "
+                '"budget": null where the server allows unbudgeted contexts',
+                param="budget",
+            )
+        if self.budget is None and not limits.allow_unbudgeted:
+            raise ConfigurationError(
+                '"budget": null (a context that answers forever) is refused by this server; '
+                "give budget {epsilon, delta} or set DPICL_ALLOW_UNBUDGETED=true",
+                param="budget",
+            )
+
+    def _check_limits(self, limits: ContextLimits) -> None:
+        checks: list[tuple[str, float, float, str]] = [
+            ("exemplars", len(self.exemplars), limits.max_exemplars, "DPICL_MAX_EXEMPLARS"),
+            ("labels", len(self.labels), limits.max_labels, "DPICL_MAX_LABELS"),
+            ("mechanism.epsilon", self.mechanism.epsilon, limits.max_epsilon, "DPICL_MAX_EPSILON"),
+        ]
+        if isinstance(self.mechanism, _PartitionedGaussian):
+            checks.append(
+                (
+                    "mechanism.partitions",
+                    self.mechanism.partitions,
+                    limits.max_partitions,
+                    "DPICL_MAX_PARTITIONS",
+                )
+            )
+        if self.budget is not None:
+            checks.append(
+                (
+                    "budget.epsilon",
+                    self.budget.epsilon,
+                    limits.max_budget_epsilon,
+                    "DPICL_MAX_BUDGET_EPSILON",
+                )
+            )
+        for param, value, limit, setting in checks:
+            if value > limit:
+                raise ConfigurationError(
+                    f"{param}={value!r} exceeds this server's limit of {limit!r} ({setting})",
+                    param=param,
+                )
 
     def _check_mozo(self, mech: MozoSettings) -> None:
         n = len(self.exemplars)
@@ -219,7 +312,7 @@ class ContextSpec(BaseModel):
         if self.budget is not None:
             raise ConfigurationError(
                 "a dps-mozo context is budgeted by mechanism.epsilon over mechanism.queries "
-                f"answers; omit budget (got {self.budget.model_dump()!r})",
+                f"answers; omit budget (got {self.budget!r})",
                 param="budget",
             )
 

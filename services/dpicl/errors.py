@@ -10,7 +10,9 @@ one stable ``code`` in the single error shape ``{"error": {"code", "message", "p
     ├── NotFound                    404 not_found
     ├── BudgetExhausted             403 budget_exhausted  (nothing was charged)
     ├── PayloadTooLarge             413 payload_too_large
-    └── EngineError                 503 engine_unavailable (nothing was charged)
+    ├── EngineError                 503 engine_unavailable (nothing was charged)
+    └── StorageUnavailable          503 storage_unavailable (the database failed or timed
+                                        out; nothing was charged)
 
 Messages name the value that is wrong; ``param`` is its dotted path in the request body.
 """
@@ -62,3 +64,8 @@ class PayloadTooLarge(DpiclError):
 class EngineError(DpiclError):
     status_code = 503
     code = "engine_unavailable"
+
+
+class StorageUnavailable(DpiclError):
+    status_code = 503
+    code = "storage_unavailable"

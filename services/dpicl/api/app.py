@@ -13,6 +13,7 @@ from dpicl import __version__
 from dpicl.api.deps import Services
 from dpicl.api.errors import BodyLimitMiddleware, install_error_handlers
 from dpicl.api.routes import contexts, debug, health, inference
+from dpicl.api.schemas import ErrorResponse
 from dpicl.config import Settings
 from dpicl.engines.base import Embedder, Engine
 from dpicl.privacy.accounting import MU2_RTOL
@@ -26,6 +27,19 @@ DESCRIPTION = (
     "embedding space aggregation (ESA) for generation. Every answer reports its privacy "
     "cost and the context's remaining budget."
 )
+
+#: What any route may answer besides its own errors: an unreadable body (400 invalid_json),
+#: one over DPICL_MAX_BODY_BYTES (413), a bad value (422), a database that fails or times out
+#: (503 storage_unavailable; nothing is charged).
+COMMON_ERRORS: dict[int | str, dict[str, object]] = {
+    400: {"model": ErrorResponse, "description": "The body is not valid JSON (invalid_json)."},
+    413: {"model": ErrorResponse, "description": "The body exceeds DPICL_MAX_BODY_BYTES."},
+    422: {"model": ErrorResponse, "description": "A value is invalid; `param` names it."},
+    503: {
+        "model": ErrorResponse,
+        "description": "storage_unavailable or engine_unavailable; nothing was charged.",
+    },
+}
 
 
 def build_app(
@@ -50,8 +64,13 @@ def build_app(
                 settings.whitebox,
                 " and CLEAN" if settings.whitebox == "internal" else "",
             )
-        repo = ContextRepository(settings.database_url, rtol=MU2_RTOL)
-        repo.create_schema()
+        repo = ContextRepository(
+            settings.database_url,
+            rtol=MU2_RTOL,
+            timeout_s=settings.db_timeout_s,
+            threads=settings.db_threads,
+        )
+        repo.migrate()
         eng = engine
         if eng is None:
             from dpicl.engines.factory import build_engine
@@ -77,6 +96,7 @@ def build_app(
         version=__version__,
         description=DESCRIPTION,
         lifespan=lifespan,
+        responses=COMMON_ERRORS,
     )
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)

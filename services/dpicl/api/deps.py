@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 from dataclasses import dataclass, field
 from typing import Annotated
@@ -12,9 +13,11 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from dpicl.config import Settings
 from dpicl.engines.base import Embedder, Engine
-from dpicl.errors import NotFound, Unauthorized
+from dpicl.errors import EngineError, NotFound, Unauthorized
 from dpicl.privacy.ledger import Ledger
-from dpicl.store.repository import ContextRepository, StoredContext
+from dpicl.store.repository import ContextRepository, StoredContext, is_context_id
+
+log = logging.getLogger("dpicl.api")
 
 
 @dataclass
@@ -34,9 +37,17 @@ class Services:
             if self.embedder is None:
                 from dpicl.engines.factory import build_embedder
 
-                self.embedder = await asyncio.to_thread(
-                    build_embedder, self.settings.embedder, self.settings.device
-                )
+                try:
+                    self.embedder = await asyncio.to_thread(
+                        build_embedder, self.settings.embedder, self.settings.device
+                    )
+                except EngineError as exc:
+                    # Its message names files on this machine: for the operator's log only.
+                    log.error("cannot load the embedder: %s", exc.message)
+                    raise EngineError(
+                        "the sentence embedder (DPICL_EMBEDDER) cannot be loaded on this "
+                        "server; see its log"
+                    ) from None
             return self.embedder
 
 
@@ -73,9 +84,10 @@ def require_user(creds: Creds, svc: Svc) -> None:
 
 
 async def load_context(context_id: str, svc: Services) -> StoredContext:
-    ctx = await svc.repo.get(context_id)
+    # An id that no context can have is not looked up (nor sent to the database).
+    ctx = await svc.repo.get(context_id) if is_context_id(context_id) else None
     if ctx is None:
-        raise NotFound(f"no context with id {context_id!r}", param="context_id")
+        raise NotFound(f"no context with id {context_id[:80]!r}", param="context_id")
     return ctx
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import traceback
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -49,8 +50,7 @@ def _validation(exc: RequestValidationError) -> JSONResponse:
         if len(shown) > 120:
             shown = shown[:117] + "..."
         msg = f"{msg} (got {shown})"
-    if param:
-        msg = f"{param}: {msg}"
+    msg = f"{param}: {msg}" if param else f"request body: {msg}"
     if first.get("type") == "missing" and param:
         msg = f"{param}: field required"
     return error_response(422, "invalid_request", msg, param)
@@ -68,14 +68,30 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400:
+            # FastAPI's answer to a body json.loads could not read at all: bad UTF-8, or
+            # nesting deeper than the parser's recursion limit.
+            return error_response(
+                400,
+                "invalid_json",
+                "request body is not valid JSON (it must be UTF-8 and nested at most a few "
+                "hundred levels deep)",
+            )
         codes = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}
+        # Starlette puts Allow on its 405s; keep every header it sets.
         return error_response(
-            exc.status_code, codes.get(exc.status_code, "http_error"), str(exc.detail)
+            exc.status_code,
+            codes.get(exc.status_code, "http_error"),
+            str(exc.detail),
+            headers=exc.headers,
         )
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error")
+        # The type only: an exception's text may quote private data (exemplars, queries).
+        # Where it happened (file, line, code) is safe to log; the message is not.
+        where = "".join(traceback.format_tb(exc.__traceback__))
+        log.error("unhandled error %s at\n%s", type(exc).__name__, where)
         return error_response(500, "internal_error", "internal server error")
 
 

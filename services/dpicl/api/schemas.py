@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from dpicl.domain import MAX_TEXT_CHARS, Text
 from dpicl.privacy.ledger import BudgetStatus, Cost
 from dpicl.store.repository import StoredContext
 
@@ -100,7 +101,15 @@ class ClassifyRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     context_id: str = Field(min_length=1, max_length=64)
-    query: str
+    query: Annotated[
+        Text,
+        Field(
+            min_length=1,
+            max_length=MAX_TEXT_CHARS,
+            pattern=r"\S",
+            description="Not blank; at most DPICL_MAX_QUERY_CHARS characters.",
+        ),
+    ]
 
 
 class ClassifyResponse(BaseModel):
@@ -128,11 +137,23 @@ class Health(BaseModel):
     whitebox: str
 
 
+class Readiness(Health):
+    database: str = Field(description="ok: the database answered a query.")
+
+
 class GenerateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     context_id: str = Field(min_length=1, max_length=64)
-    query: str
+    query: Annotated[
+        Text,
+        Field(
+            min_length=1,
+            max_length=MAX_TEXT_CHARS,
+            pattern=r"\S",
+            description="Not blank; at most DPICL_MAX_QUERY_CHARS characters.",
+        ),
+    ]
     max_tokens: int | None = Field(default=None, ge=1, le=1024)
 
 
@@ -192,10 +213,10 @@ class DebugGenerateResponse(GenerateResponse):
 class SynthesizeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    inputs: list[Annotated[str, Field(min_length=1, max_length=20_000)]] = Field(
-        min_length=1, max_length=10_000, description="Public inputs; one query each."
-    )
-    name: Annotated[str, Field(max_length=200)] | None = None
+    inputs: list[
+        Annotated[Text, Field(min_length=1, max_length=MAX_TEXT_CHARS, pattern=r"\S")]
+    ] = Field(min_length=1, max_length=10_000, description="Public inputs; one query each.")
+    name: Annotated[Text, Field(max_length=200)] | None = None
 
 
 class SynthesizeResponse(BaseModel):

@@ -8,6 +8,7 @@ exactly zero stays zero (norm 0 <= 1 keeps the bound); a non-finite row is an en
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -18,6 +19,8 @@ import numpy.typing as npt
 from dpicl.engines.base import FloatArray
 from dpicl.engines.models import resolve_embedder
 from dpicl.errors import EngineError
+
+log = logging.getLogger("dpicl.engines")
 
 __all__ = ["SentenceTransformerEmbedder", "normalise_rows"]
 
@@ -66,7 +69,11 @@ class SentenceTransformerEmbedder:
         try:
             model = SentenceTransformer(src, device=device)
         except (OSError, ValueError) as exc:
-            raise EngineError(f"cannot load the embedder {src!r}: {exc}") from exc
+            # The path and the loader's message go to the operator's log, not to clients.
+            log.error("cannot load the embedder from %s: %s", src, exc)
+            raise EngineError(
+                "the configured embedder (DPICL_EMBEDDER) cannot be loaded; see the server log"
+            ) from None
         model.eval()
         label = name if name is not None else "all-MiniLM-L6-v2 (bundled)"
         return cls(model, name=label, batch_size=batch_size)

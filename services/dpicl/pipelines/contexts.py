@@ -9,7 +9,7 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from dpicl.domain import ContextSpec, MozoSettings
+from dpicl.domain import ContextLimits, ContextSpec, MozoSettings
 from dpicl.engines.base import Exemplar
 from dpicl.mechanisms.esa import esa_sensitivity
 from dpicl.privacy.accounting import budget_mu2, gaussian_mu2
@@ -62,8 +62,10 @@ def calibrate_mozo(mech: MozoSettings, n_exemplars: int) -> dict[str, Any]:
     }
 
 
-async def create_context(spec: ContextSpec, repo: ContextRepository) -> StoredContext:
-    spec.check()
+async def create_context(
+    spec: ContextSpec, repo: ContextRepository, limits: ContextLimits | None = None
+) -> StoredContext:
+    spec.check(limits)
     mechanism = calibrate_mechanism(spec)
     budget = spec.budget.model_dump() if spec.budget is not None else None
     max_queries: int | None = None

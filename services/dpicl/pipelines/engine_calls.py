@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -10,6 +12,7 @@ from dpicl.privacy.ledger import Cost, Ledger
 from dpicl.store.repository import StoredContext
 
 T = TypeVar("T")
+log = logging.getLogger("dpicl.pipelines")
 
 
 async def paid_engine_call(
@@ -34,7 +37,17 @@ async def paid_engine_call(
         result = await work
     except Exception as exc:
         await ledger.refund(context, cost)
-        if isinstance(exc, DpiclError) and not isinstance(exc, EngineError):
+        if isinstance(exc, DpiclError):
             raise
-        raise EngineError(f"the {engine_name} engine failed: {exc}") from exc
+        # The exception's text may quote a prompt (private exemplars) or a file path: the
+        # client and the log get its type only.
+        log.warning("the %s engine failed: %s", engine_name, type(exc).__name__)
+        raise EngineError(
+            f"the {engine_name} engine failed ({type(exc).__name__}); nothing was charged"
+        ) from None
+    except BaseException:
+        # Cancelled (client gone, shutdown): the output may exist, so the charge stands.
+        await asyncio.shield(ledger.settle(context))
+        raise
+    await ledger.settle(context)
     return charged, result

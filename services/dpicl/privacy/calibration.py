@@ -68,6 +68,12 @@ Calibration = Literal["classic", "analytic"]
 #: mu is (about 0.05 s) and an epsilon error measured below 1e-6 relative (tests assert 1e-3).
 PLD_RELATIVE_INTERVAL = 1e-3
 
+#: Upper bound on the PLD grid, whatever mu: the privacy loss of a mu-Gaussian spans about
+#: mu^2 + 20 mu, and a coarser grid only makes dp-accounting's pessimistic estimate more
+#: pessimistic. Inside the request schema's bounds the relative interval above decides; this
+#: only keeps an absurd mu (epsilon = 1e11 once asked for 21 GB) from allocating memory.
+PLD_MAX_POINTS = 200_000
+
 # brentq's smallest allowed relative tolerance: roots to machine precision.
 _RTOL = 4.0 * 2.220446049250313e-16
 _XTOL = 1e-300
@@ -268,7 +274,8 @@ def _pld_epsilon(noise_multiplier: float, count: int, delta: float) -> float:
     mu = math.sqrt(count) / noise_multiplier
     # ADD_OR_REMOVE_ONE with sensitivity 1 is the pair N(0, s^2) vs N(1, s^2), i.e. exactly
     # the mu-Gaussian curve; our sensitivity already is that of the adjacency in use.
-    accountant = PLDAccountant(value_discretization_interval=PLD_RELATIVE_INTERVAL * mu)
+    interval = max(PLD_RELATIVE_INTERVAL * mu, (mu * mu + 20.0 * mu) / PLD_MAX_POINTS)
+    accountant = PLDAccountant(value_discretization_interval=interval)
     accountant.compose(dp_accounting.GaussianDpEvent(noise_multiplier=noise_multiplier), count)
     return float(accountant.get_epsilon(delta))
 

@@ -3,10 +3,20 @@
 State lives in the store (``mu2_spent``, ``queries`` per context); the maths lives in
 accounting. A charge happens *before* the engine runs and is refunded if the engine fails,
 so nothing is released without being paid for and a failure costs nothing.
+
+A charge that is later refunded must not make a concurrent query fail: when a charge is
+refused while other charges of the same context are still *pending* in this process (their
+engine call has not finished), the refused query waits until one of them settles, then
+tries again. It is refused only when nothing it waits for could still be refunded. The
+charge itself stays the one conditional UPDATE, so the no-overspend guarantee across
+processes is untouched: waiting only changes *when* a query asks, never what it may take.
+(Pending charges of other processes are not seen: there a query refused while another
+process's failing call holds the last unit is refused, as before.)
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -58,28 +68,67 @@ class BudgetStatus:
 class Ledger:
     def __init__(self, repository: ContextRepository) -> None:
         self._repo = repository
+        # context id -> charges made here whose engine call has not settled yet.
+        self._pending: dict[str, int] = {}
+        self._settled = asyncio.Condition()
+        self._settlements = 0  # bumped on every settlement; waiters watch it change
+
+    def pending(self, context_id: str) -> int:
+        """Charges of ``context_id`` made by this process and not yet settled."""
+        return self._pending.get(context_id, 0)
 
     async def charge(self, context: StoredContext, cost: Cost) -> StoredContext:
         """Charge one answer and return the context with its ledger after the charge.
 
+        The charge stays *pending* until :meth:`settle` (released) or :meth:`refund`.
         Raises :class:`BudgetExhausted` (or :class:`NotFound` if the context was deleted
         meanwhile) having charged nothing.
         """
-        after = await self._repo.try_charge(context.id, cost.mu2)
-        if after is None:
-            if await self._repo.get(context.id) is None:
-                raise NotFound(f"no context with id {context.id!r}", param="context_id")
-            budget = context.budget or {}
-            raise BudgetExhausted(
-                f"context {context.id} cannot afford another answer: its budget "
-                f"(epsilon={budget.get('epsilon')}, delta={budget.get('delta')}, "
-                f"max_queries={context.max_queries}) is exhausted",
-                param="context_id",
-            )
-        return replace(context, mu2_spent=after[0], queries=after[1])
+        while True:
+            seen = self._settlements
+            after = await self._repo.try_charge(context.id, cost.mu2)
+            if after is not None:
+                self._pending[context.id] = self.pending(context.id) + 1
+                return replace(context, mu2_spent=after[0], queries=after[1])
+            if self.pending(context.id) == 0:
+                break
+            # Another answer of this context is in flight and may yet be refunded: ask
+            # again once something settled (at once if it settled while we asked).
+            await self._wait_settlement_after(seen)
+        if await self._repo.get(context.id) is None:
+            raise NotFound(f"no context with id {context.id!r}", param="context_id")
+        budget = context.budget or {}
+        raise BudgetExhausted(
+            f"context {context.id} cannot afford another answer: its budget "
+            f"(epsilon={budget.get('epsilon')}, delta={budget.get('delta')}, "
+            f"max_queries={context.max_queries}) is exhausted",
+            param="context_id",
+        )
+
+    async def _wait_settlement_after(self, seen: int) -> None:
+        async with self._settled:
+            await self._settled.wait_for(lambda: self._settlements != seen)
+
+    async def settle(self, context: StoredContext) -> None:
+        """A pending charge's answer was released (or may have been): it stays paid."""
+        await self._done(context.id)
 
     async def refund(self, context: StoredContext, cost: Cost) -> None:
-        await self._repo.refund(context.id, cost.mu2)
+        """Undo a pending charge whose answer was never released (the engine failed)."""
+        try:
+            await self._repo.refund(context.id, cost.mu2)
+        finally:
+            await self._done(context.id)
+
+    async def _done(self, context_id: str) -> None:
+        left = self.pending(context_id) - 1
+        if left > 0:
+            self._pending[context_id] = left
+        else:
+            self._pending.pop(context_id, None)
+        async with self._settled:
+            self._settlements += 1
+            self._settled.notify_all()
 
     @staticmethod
     def status(context: StoredContext, cost: Cost) -> BudgetStatus:

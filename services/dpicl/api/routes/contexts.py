@@ -18,13 +18,13 @@ from dpicl.pipelines.contexts import cost_of, create_context
 from dpicl.pipelines.mozo import synthesize
 from dpicl.privacy.ledger import Ledger
 from dpicl.privacy.randomness import secure_rng
-from dpicl.store.repository import StoredContext
+from dpicl.store.repository import StoredContext, is_context_id
 
 router = APIRouter(
     prefix="/v1/contexts",
     tags=["contexts"],
     dependencies=[Admin],
-    responses={401: {"model": ErrorResponse}, 422: {"model": ErrorResponse}},
+    responses={401: {"model": ErrorResponse}},
 )
 
 
@@ -35,7 +35,7 @@ def _info(ctx: StoredContext) -> ContextInfo:
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=ContextInfo)
 async def create(spec: ContextSpec, svc: Svc) -> ContextInfo:
     """Create a context: private exemplars guarded by a DP mechanism and an optional budget."""
-    return _info(await create_context(spec, svc.repo))
+    return _info(await create_context(spec, svc.repo, svc.settings))
 
 
 @router.get("", response_model=ContextList)
@@ -57,8 +57,8 @@ async def get(context_id: str, svc: Svc) -> ContextInfo:
 )
 async def delete(context_id: str, svc: Svc) -> Response:
     """Delete a context and its ledger."""
-    if not await svc.repo.delete(context_id):
-        raise NotFound(f"no context with id {context_id!r}", param="context_id")
+    if not is_context_id(context_id) or not await svc.repo.delete(context_id):
+        raise NotFound(f"no context with id {context_id[:80]!r}", param="context_id")
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 

@@ -1,0 +1,91 @@
+"""Schema migrations (Alembic), run by every server process on start.
+
+Many processes may start at once on one database, so the upgrade runs under a lock that only
+one of them holds at a time: a PostgreSQL advisory lock, a lock file beside a SQLite file.
+The others wait, then find the schema at head and do nothing. A database created before the
+migrations existed (by ``create_all``, same schema as revision 0001) is adopted by stamping
+it at 0001, without touching its rows.
+
+Add a revision: write ``versions/NNNN_<what>.py`` with ``down_revision`` the current head.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from filelock import FileLock
+from sqlalchemy import Connection, Engine, inspect, text
+
+__all__ = ["BASELINE", "head", "upgrade"]
+
+#: The revision whose schema ``create_all`` used to build.
+BASELINE = "0001"
+#: Arbitrary constant key of the PostgreSQL advisory lock ("dpicl" in ASCII).
+_PG_LOCK_KEY = 0x647069636C
+_TABLE = "dpicl_contexts"
+
+
+def _config(connection: Connection) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(Path(__file__).parent))
+    cfg.attributes["connection"] = connection
+    return cfg
+
+
+def head() -> str:
+    """The newest revision."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(Path(__file__).parent))
+    rev = ScriptDirectory.from_config(cfg).get_current_head()
+    assert rev is not None
+    return rev
+
+
+@contextlib.contextmanager
+def _migration_lock(engine: Engine) -> Iterator[Connection]:
+    backend = engine.url.get_backend_name()
+    if backend == "sqlite":
+        path = engine.url.database
+        lock: contextlib.AbstractContextManager[object] = (
+            FileLock(str(Path(path).expanduser()) + ".migrate.lock")
+            if path and path != ":memory:"
+            else contextlib.nullcontext()
+        )
+        with lock, engine.connect() as conn:
+            yield conn
+        return
+    with engine.connect() as conn:
+        if backend == "postgresql":
+            # Session-level: held across the migration's own commits, released below.
+            conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _PG_LOCK_KEY})
+            conn.commit()
+        try:
+            yield conn
+        finally:
+            if backend == "postgresql":
+                conn.rollback()
+                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _PG_LOCK_KEY})
+                conn.commit()
+
+
+def current(connection: Connection) -> str | None:
+    return MigrationContext.configure(connection).get_current_revision()
+
+
+def upgrade(engine: Engine) -> None:
+    """Migrate ``engine``'s database to head, adopting a pre-migration database first."""
+    with _migration_lock(engine) as conn:
+        cfg = _config(conn)
+        tables = set(inspect(conn).get_table_names())
+        if _TABLE in tables and "alembic_version" not in tables:
+            command.stamp(cfg, BASELINE)
+            conn.commit()
+        if current(conn) != head():
+            command.upgrade(cfg, "head")
+        conn.commit()
