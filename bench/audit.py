@@ -133,6 +133,7 @@ def _start_oracle(workdir: Path, admin: str) -> tuple[subprocess.Popen[bytes], s
         "DPICL_DATABASE_URL": f"sqlite:///{workdir / 'server.db'}",
         "DPICL_ADMIN_TOKEN": admin,
         "DPICL_LOG_LEVEL": "warning",
+        "DPICL_ALLOW_UNBUDGETED": "true",  # audit contexts are explicitly unbudgeted
     }
     log = (workdir / "server.log").open("w")
     proc = subprocess.Popen(

@@ -55,6 +55,8 @@ class ServerProcess:
                 "DPICL_ADMIN_TOKEN": ADMIN,
                 "DPICL_API_KEYS": USER,
                 "DPICL_LOG_LEVEL": "warning",
+                # The auditor's canary contexts are explicitly unbudgeted ("budget": null).
+                "DPICL_ALLOW_UNBUDGETED": "true",
             }
             | env
         )

@@ -292,6 +292,9 @@ def context_body(
             "calibration": mech.calibration,
             "temperature": mech.temperature,
         },
+        # An audit asks as many queries as it needs: the server must allow unbudgeted
+        # contexts (DPICL_ALLOW_UNBUDGETED), an explicit operator choice.
+        "budget": None,
     }
     if design.template is not None:
         body["template"] = design.template

@@ -96,6 +96,7 @@ class DemoServer:
             "DPICL_ADMIN_TOKEN": self.admin_token,
             "DPICL_API_KEYS": self.api_key,
             "DPICL_LOG_LEVEL": "warning",
+            "DPICL_ALLOW_UNBUDGETED": "true",  # audit contexts are explicitly unbudgeted
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
             "TOKENIZERS_PARALLELISM": "false",

@@ -313,6 +313,7 @@ def generation_context_body(
             "candidates": mech.candidates,
             "max_tokens": mech.max_tokens,
         },
+        "budget": None,  # as in canaries.context_body: audits need DPICL_ALLOW_UNBUDGETED
     }
 
 

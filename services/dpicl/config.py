@@ -41,7 +41,7 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
     # Limits on what a request may ask for. The request schema holds hard bounds (see
     # dpicl.domain) inside which every computation has bounded cost; these only tighten them.
-    max_exemplars: int = Field(default=10_000, gt=0, le=100_000)
+    max_exemplars: int = Field(default=10_000, gt=0, le=10_000)
     max_labels: int = Field(default=100, gt=1, le=1000)
     max_partitions: int = Field(default=1000, gt=0, le=10_000)
     max_epsilon: float = Field(default=100.0, gt=0, le=100.0)

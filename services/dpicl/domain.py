@@ -7,10 +7,9 @@ Every error names the offending value (pydantic reports its location as ``param`
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Literal, Protocol
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from dpicl.errors import ConfigurationError
 
@@ -38,25 +37,17 @@ MAX_TEXT_CHARS = 20_000
 MAX_LABEL_CHARS = 200
 MAX_LABELS = 1000
 MAX_PARTITIONS = 10_000
-MAX_EXEMPLARS = 100_000
+MAX_EXEMPLARS = 10_000
 
-# Characters no store can hold: PostgreSQL refuses NUL in text, and a lone UTF-16 surrogate
-# (JSON's "\ud800") cannot be encoded as UTF-8 by any driver.
-_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+# PostgreSQL refuses NUL in text; checked by the schema (pydantic-core, no Python per
+# string), which also refuses lone UTF-16 surrogates (JSON's "\ud800") that no driver can
+# encode as UTF-8.
+NO_NUL = r"^[^\x00]*$"
+#: Not blank either (queries, public inputs).
+NONBLANK_NO_NUL = r"^[^\x00]*[^\x00\s][^\x00]*$"
 
-
-def storable(value: str) -> str:
-    """Reject strings that no store (or tokenizer) can take, naming the first bad character."""
-    bad = _UNSTORABLE.search(value)
-    if bad is not None:
-        raise ValueError(
-            f"must not contain the character {bad.group()!r} (at position {bad.start()})"
-        )
-    return value
-
-
-#: Every free text the server accepts: no NUL, no lone surrogate.
-Text = Annotated[str, AfterValidator(storable)]
+#: Every free text the server accepts.
+Text = Annotated[str, Field(pattern=NO_NUL)]
 
 Epsilon = Annotated[float, Field(ge=EPSILON_MIN, le=EPSILON_MAX, allow_inf_nan=False)]
 BudgetEpsilon = Annotated[float, Field(ge=EPSILON_MIN, le=BUDGET_EPSILON_MAX, allow_inf_nan=False)]

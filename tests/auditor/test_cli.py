@@ -170,6 +170,7 @@ class ThreadServer:
             admin_token=ADMIN,
             api_keys=[USER],
             log_level="warning",
+            allow_unbudgeted=True,
         )
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"

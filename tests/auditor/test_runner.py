@@ -58,6 +58,7 @@ async def oracle_server(
         database_url=f"sqlite:///{tmp_path}/server-{whitebox}.db",
         admin_token=ADMIN,
         api_keys=[USER],
+        allow_unbudgeted=True,
     )
     app = build_app(settings)
     async with app.router.lifespan_context(app):

@@ -40,6 +40,7 @@ def test_esa_generate_with_real_model_and_embedder(start_server: Any, tmp_path: 
             "candidates": 3,
             "max_tokens": 12,
         },
+        "budget": None,
     }
     r = httpx.post(f"{srv.url}/v1/contexts", json=body, headers=admin_headers(), timeout=30)
     assert r.status_code == 201, r.text

@@ -46,6 +46,8 @@ def voting_context(**overrides: Any) -> dict[str, Any]:
         "exemplars": exemplars(8),
         "template": AUDIT_TEMPLATE,
         "mechanism": mech,
+        # Explicitly unbudgeted (make_client allows it); tests of budgets pass their own.
+        "budget": None,
     }
     body.update(overrides)
     return body
@@ -59,6 +61,7 @@ def make_client(
     embedder: Embedder | None = None,
     **settings: Any,
 ) -> TestClient:
+    settings.setdefault("allow_unbudgeted", True)
     s = Settings(
         engine="oracle",
         database_url=f"sqlite:///{tmp_path / 'dpicl.db'}",

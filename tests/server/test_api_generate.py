@@ -51,6 +51,7 @@ def esa_context(**mech: Any) -> dict[str, Any]:
             "candidates": 6,
         }
         | mech,
+        "budget": None,
     }
 
 

@@ -116,3 +116,52 @@ def test_hostile_inputs_against_real_server_on_postgres(
     log = srv.log_path.read_text()
     assert "database error" in log  # the failure was logged ...
     assert SECRET not in log  # ... without the exemplars
+
+
+def test_server_limits_are_settings(tmp_path: Path) -> None:
+    with make_client(
+        tmp_path, max_exemplars=5, max_partitions=2, max_epsilon=2.0, max_budget_epsilon=3.0
+    ) as c:
+        cases = [
+            (voting_context(), "exemplars", "DPICL_MAX_EXEMPLARS"),
+            (
+                voting_context(exemplars=voting_context()["exemplars"][:4]),
+                "mechanism.partitions",
+                "DPICL_MAX_PARTITIONS",
+            ),
+            (
+                voting_context(
+                    exemplars=voting_context()["exemplars"][:4],
+                    mechanism={"partitions": 2, "epsilon": 2.5},
+                ),
+                "mechanism.epsilon",
+                "DPICL_MAX_EPSILON",
+            ),
+            (
+                voting_context(
+                    exemplars=voting_context()["exemplars"][:4],
+                    mechanism={"partitions": 2},
+                    budget={"epsilon": 4.0, "delta": 1e-5},
+                ),
+                "budget.epsilon",
+                "DPICL_MAX_BUDGET_EPSILON",
+            ),
+        ]
+        for body, param, setting in cases:
+            r = c.post("/v1/contexts", json=body, headers=admin_headers())
+            assert r.status_code == 422, r.text
+            assert r.json()["error"]["param"] == param
+            assert setting in r.json()["error"]["message"]
+
+
+def test_unbudgeted_context_needs_the_setting(tmp_path: Path) -> None:
+    with make_client(tmp_path, allow_unbudgeted=False) as c:
+        r = c.post("/v1/contexts", json=voting_context(), headers=admin_headers())
+        assert r.status_code == 422 and "DPICL_ALLOW_UNBUDGETED" in r.json()["error"]["message"]
+    with make_client(tmp_path, allow_unbudgeted=True) as c:
+        r = c.post("/v1/contexts", json=voting_context(), headers=admin_headers())
+        assert r.status_code == 201, r.text
+        body = voting_context()
+        del body["budget"]  # omitted is not the same as an explicit null
+        r = c.post("/v1/contexts", json=body, headers=admin_headers())
+        assert r.status_code == 422 and r.json()["error"]["param"] == "budget"

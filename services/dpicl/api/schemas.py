@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dpicl.domain import MAX_TEXT_CHARS, Text
+from dpicl.domain import MAX_TEXT_CHARS, NONBLANK_NO_NUL, Text
 from dpicl.privacy.ledger import BudgetStatus, Cost
 from dpicl.store.repository import StoredContext
 
@@ -102,11 +102,11 @@ class ClassifyRequest(BaseModel):
 
     context_id: str = Field(min_length=1, max_length=64)
     query: Annotated[
-        Text,
+        str,
         Field(
             min_length=1,
             max_length=MAX_TEXT_CHARS,
-            pattern=r"\S",
+            pattern=NONBLANK_NO_NUL,
             description="Not blank; at most DPICL_MAX_QUERY_CHARS characters.",
         ),
     ]
@@ -146,11 +146,11 @@ class GenerateRequest(BaseModel):
 
     context_id: str = Field(min_length=1, max_length=64)
     query: Annotated[
-        Text,
+        str,
         Field(
             min_length=1,
             max_length=MAX_TEXT_CHARS,
-            pattern=r"\S",
+            pattern=NONBLANK_NO_NUL,
             description="Not blank; at most DPICL_MAX_QUERY_CHARS characters.",
         ),
     ]
@@ -214,7 +214,7 @@ class SynthesizeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     inputs: list[
-        Annotated[Text, Field(min_length=1, max_length=MAX_TEXT_CHARS, pattern=r"\S")]
+        Annotated[str, Field(min_length=1, max_length=MAX_TEXT_CHARS, pattern=NONBLANK_NO_NUL)]
     ] = Field(min_length=1, max_length=10_000, description="Public inputs; one query each.")
     name: Annotated[Text, Field(max_length=200)] | None = None
 

@@ -7,7 +7,8 @@ failure becomes :class:`~dpicl.errors.StorageUnavailable` (503), logged without 
 parameters (``hide_parameters=True``): they hold private exemplars.
 
 Charging is a single conditional UPDATE, which both SQLite (a database-wide write lock)
-and PostgreSQL (a row lock, re-evaluating the WHERE clause after it) execute atomically: concurrent charges from any number of processes can never overspend.
+and PostgreSQL (a row lock, re-evaluating the WHERE clause after it) execute atomically:
+concurrent charges from any number of processes can never overspend.
 """
 
 from __future__ import annotations
@@ -198,8 +199,7 @@ class ContextRepository:
         except SQLAlchemyError as exc:
             log.warning("database error: %s", describe_db_error(exc))
             raise StorageUnavailable(
-                "the database is unavailable or busy; nothing was changed or charged, retry "
-                "later"
+                "the database is unavailable or busy; nothing was changed or charged, retry later"
             ) from None
 
     async def _run(self, fn: Callable[[Session], T], *, write: bool = False) -> T:
