@@ -10,6 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dpicl.errors import DpiclError, PayloadTooLarge
@@ -56,6 +57,17 @@ def _validation(exc: RequestValidationError) -> JSONResponse:
     return error_response(422, "invalid_request", msg, param)
 
 
+def _allowed_methods(request: Request) -> list[str]:
+    # Ask the router which methods would fully match this path (routers nest, so asking
+    # each route for its own methods misses those of included routers).
+    allowed = []
+    for method in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"):
+        scope = dict(request.scope) | {"method": method}
+        if any(r.matches(scope)[0] == Match.FULL for r in request.app.router.routes):
+            allowed.append(method)
+    return allowed
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(DpiclError)
     async def _dpicl(_: Request, exc: DpiclError) -> JSONResponse:
@@ -67,7 +79,7 @@ def install_error_handlers(app: FastAPI) -> None:
         return _validation(exc)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 400:
             # FastAPI's answer to a body json.loads could not read at all: bad UTF-8, or
             # nesting deeper than the parser's recursion limit.
@@ -78,12 +90,16 @@ def install_error_handlers(app: FastAPI) -> None:
                 "hundred levels deep)",
             )
         codes = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}
-        # Starlette puts Allow on its 405s; keep every header it sets.
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            # Starlette's Allow lists one route's methods; a path served by several routes
+            # (GET and POST /v1/contexts) allows them all.
+            headers["Allow"] = ", ".join(_allowed_methods(request))
         return error_response(
             exc.status_code,
             codes.get(exc.status_code, "http_error"),
             str(exc.detail),
-            headers=exc.headers,
+            headers=headers or None,
         )
 
     @app.exception_handler(Exception)
