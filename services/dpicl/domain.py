@@ -25,13 +25,15 @@ DEFAULT_TEMPLATES: dict[str, str] = {
 
 
 # Hard bounds of the privacy parameters. Every accounting computation (the PLD grid, the
-# brentq conversions, the DPS-MOZO calibration) has bounded cost inside them; a deployment
-# never needs values outside (an epsilon of 100 per answer is already no privacy at all).
-# The settings (DPICL_MAX_EPSILON, ...) may only tighten them.
+# brentq conversions, the DPS-MOZO calibration) has bounded cost inside them, measured at
+# the corners at 0.2 s or less; a deployment never needs values outside (an epsilon of 100
+# per answer is no privacy at all). Below delta = 1e-12 dp-accounting's PLD, whose tail
+# truncation is about 1e-15, no longer gives a finite epsilon_exact. The settings
+# (DPICL_MAX_EPSILON, ...) may only tighten these.
 EPSILON_MIN = 1e-3
 EPSILON_MAX = 100.0
 BUDGET_EPSILON_MAX = 1000.0
-DELTA_MIN = 1e-30
+DELTA_MIN = 1e-12
 DELTA_MAX = 0.5
 MAX_TEXT_CHARS = 20_000
 MAX_LABEL_CHARS = 200
