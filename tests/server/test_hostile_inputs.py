@@ -168,3 +168,15 @@ def test_unbudgeted_context_needs_the_setting(tmp_path: Path) -> None:
         del body["budget"]  # omitted is not the same as an explicit null
         r = c.post("/v1/contexts", json=body, headers=admin_headers())
         assert r.status_code == 422 and r.json()["error"]["param"] == "budget"
+
+
+def test_exact_epsilon_has_bounded_cost_whatever_mu() -> None:
+    """Below the schema, too: an absurd mu (issue 12's epsilon of 1.97e11 asked for 21.6 GB
+    of PLD grid) is answered by the closed form, quickly and never optimistically."""
+    from dpicl.privacy.calibration import epsilon_exact, gaussian_epsilon
+
+    for sigma in (1e-3, 1e-5):
+        t0 = time.monotonic()
+        eps = epsilon_exact(sigma, 1.0, 1e-5)
+        assert time.monotonic() - t0 < 10.0
+        assert eps >= gaussian_epsilon(1e-5, 1.0 / sigma) * (1 - 1e-9)

@@ -68,11 +68,12 @@ Calibration = Literal["classic", "analytic"]
 #: mu is (about 0.05 s) and an epsilon error measured below 1e-6 relative (tests assert 1e-3).
 PLD_RELATIVE_INTERVAL = 1e-3
 
-#: Upper bound on the PLD grid, whatever mu: the privacy loss of a mu-Gaussian spans about
-#: mu^2 + 20 mu, and a coarser grid only makes dp-accounting's pessimistic estimate more
-#: pessimistic. Inside the request schema's bounds the relative interval above decides; this
-#: only keeps an absurd mu (epsilon = 1e11 once asked for 21 GB) from allocating memory.
-PLD_MAX_POINTS = 200_000
+#: Largest composed mu given to the PLD accountant. Its grid spans the privacy loss, about
+#: mu^2 + 20 mu, in steps of PLD_RELATIVE_INTERVAL * mu: ~1e5 points (seconds) at mu = 50,
+#: and an absurd mu (issue 12: epsilon = 1.97e11 asked for 21.6 GB) would exhaust memory.
+#: Beyond it the exact closed form (:func:`gaussian_epsilon`) answers instead. The request
+#: schema keeps one answer's mu below 15.
+PLD_MAX_MU = 50.0
 
 # brentq's smallest allowed relative tolerance: roots to machine precision.
 _RTOL = 4.0 * 2.220446049250313e-16
@@ -274,8 +275,7 @@ def _pld_epsilon(noise_multiplier: float, count: int, delta: float) -> float:
     mu = math.sqrt(count) / noise_multiplier
     # ADD_OR_REMOVE_ONE with sensitivity 1 is the pair N(0, s^2) vs N(1, s^2), i.e. exactly
     # the mu-Gaussian curve; our sensitivity already is that of the adjacency in use.
-    interval = max(PLD_RELATIVE_INTERVAL * mu, (mu * mu + 20.0 * mu) / PLD_MAX_POINTS)
-    accountant = PLDAccountant(value_discretization_interval=interval)
+    accountant = PLDAccountant(value_discretization_interval=PLD_RELATIVE_INTERVAL * mu)
     accountant.compose(dp_accounting.GaussianDpEvent(noise_multiplier=noise_multiplier), count)
     return float(accountant.get_epsilon(delta))
 
@@ -285,11 +285,15 @@ def epsilon_exact(sigma: float, sensitivity: float, delta: float, count: int = 1
     ``sigma`` and L2 sensitivity ``sensitivity``, from dp-accounting's PLD accountant
     (a pessimistic numerical estimate: never below the true value, above it by less than
     ~1e-6 relative with :data:`PLD_RELATIVE_INTERVAL`). Cached: contexts ask for the same
-    values again and again."""
+    values again and again. Above :data:`PLD_MAX_MU` (far outside any request's range) the
+    exact closed form answers, so the cost is bounded whatever the inputs."""
     s = _check_finite_positive("sigma", sigma)
     sens = _check_finite_positive("sensitivity", sensitivity)
     d = _check_delta(delta)
     k = _index(count)
     if k < 1:
         raise ValueError(f"count must be >= 1, got {count!r}")
+    mu = math.sqrt(k) * sens / s
+    if mu > PLD_MAX_MU:
+        return gaussian_epsilon(d, mu)
     return _pld_epsilon(s / sens, k, d)
