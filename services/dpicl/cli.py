@@ -64,6 +64,26 @@ def serve(
 
 
 @app.command()
+def migrate() -> None:
+    """Migrate the database at DPICL_DATABASE_URL to the newest schema (servers do it too)."""
+    from dpicl.errors import DpiclError
+    from dpicl.store.repository import ContextRepository
+
+    settings = Settings()
+    repo = ContextRepository(settings.database_url, timeout_s=settings.db_timeout_s)
+    try:
+        repo.migrate()
+    except DpiclError as exc:
+        typer.echo(f"error: {exc.message}", err=True)
+        raise typer.Exit(2) from exc
+    finally:
+        repo.dispose()
+    from dpicl.store.migrations import head
+
+    typer.echo(f"database schema at revision {head()}")
+
+
+@app.command()
 def calibrate(
     mechanism: Annotated[Mechanism, typer.Option(help="Mechanism to calibrate.")],
     epsilon: Annotated[float, typer.Option(help="Epsilon (per answer; DPS-MOZO: in total).")],
