@@ -50,6 +50,7 @@ def test_two_processes_never_overspend(pg_url: str, start_server: Any) -> None:
         f"{a.url}/v1/contexts",
         json=voting_context(budget={"epsilon": budget_eps, "delta": delta}),
         headers=admin_headers(),
+        timeout=30,  # the first context imports dp-accounting; CI machines are loaded
     )
     assert r.status_code == 201, r.text
     cid = r.json()["id"]

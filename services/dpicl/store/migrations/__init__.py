@@ -29,6 +29,8 @@ BASELINE = "0001"
 #: Arbitrary constant key of the PostgreSQL advisory lock ("dpicl" in ASCII).
 _PG_LOCK_KEY = 0x647069636C
 _TABLE = "dpicl_contexts"
+#: How long a starting process waits for another's migration (and a migration may run).
+_MIGRATION_WAIT_S = 300
 
 
 def _config(connection: Connection) -> Config:
@@ -53,7 +55,7 @@ def _migration_lock(engine: Engine) -> Iterator[Connection]:
     if backend == "sqlite":
         path = engine.url.database
         lock: contextlib.AbstractContextManager[object] = (
-            FileLock(str(Path(path).expanduser()) + ".migrate.lock")
+            FileLock(str(Path(path).expanduser()) + ".migrate.lock", timeout=_MIGRATION_WAIT_S)
             if path and path != ":memory:"
             else contextlib.nullcontext()
         )
@@ -62,6 +64,10 @@ def _migration_lock(engine: Engine) -> Iterator[Connection]:
         return
     with engine.connect() as conn:
         if backend == "postgresql":
+            # The request path's short lock and statement timeouts would make a process that
+            # waits for another's migration give up; waiting (boundedly) is right here.
+            conn.execute(text(f"SET lock_timeout = '{_MIGRATION_WAIT_S}s'"))
+            conn.execute(text(f"SET statement_timeout = '{_MIGRATION_WAIT_S}s'"))
             # Session-level: held across the migration's own commits, released below.
             conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _PG_LOCK_KEY})
             conn.commit()
@@ -71,6 +77,8 @@ def _migration_lock(engine: Engine) -> Iterator[Connection]:
             if backend == "postgresql":
                 conn.rollback()
                 conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _PG_LOCK_KEY})
+                conn.execute(text("RESET lock_timeout"))
+                conn.execute(text("RESET statement_timeout"))
                 conn.commit()
 
 
