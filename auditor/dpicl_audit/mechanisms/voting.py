@@ -1,0 +1,419 @@
+"""Auditing private voting (paper 000, Algorithm 2; audits of Section 3.2 and Appendix B).
+
+* **Neighbours.** C1 and C0 hold ``partitions x shots`` exemplars in the same order with the
+  same ``partition_seed`` and differ at one position (:mod:`.neighbours`). Canary kinds:
+  ``natural`` (an example with its own label), ``mislabeled`` (another label, drawn),
+  ``random`` (made-up words, a random label). Exemplar outputs must be labels of the context
+  (the server checks this): in the ``audit-template`` setting the labels are Prompt 1's
+  ``Yes``/``No`` and each exemplar's output is a seeded coin (the verification prompt asks
+  about the text, not the topic); the canary takes the replacement's output when
+  ``natural``, the other one when ``mislabeled``. Brainwash and the ``deployment`` setting
+  keep the dataset's own labels.
+* **Query.** ``inquery``: Prompt 1 (or, in a deployment, one of two of its labels);
+  ``brainwash``: the canary repeated with a wrong label.
+* **Observation.** Black-box: the released label; decision 1 when it is the positive answer.
+  White-box (``/v1/debug/classify``): the noisy votes; score ``noisy[pos] - noisy[neg]``
+  (Brainwash: the margin over the best other label), "present" above a threshold.
+* **Exact epsilon.** The Gaussian mechanism with Delta2 = sqrt(2) at the sigma the server
+  reports (dp-accounting PLD).
+* **Bootstrap.** Clean vote vectors from ``/v1/debug/classify`` at ``internal``, resampled
+  with the server's sigma (:func:`dpicl_audit.bootstrap.bootstrap_voting_audit`), after the
+  noise check (:mod:`dpicl_audit.noise_check`).
+
+The design is stored with the run, so a resumed run needs neither the dataset nor the seed
+logic of the version that started it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from dpicl_audit.client import AuditTarget
+from dpicl_audit.datasets import Example, LabelledDataset
+from dpicl_audit.errors import DatasetError, InvalidPlan, TargetProtocolError
+from dpicl_audit.mechanisms.base import (
+    GaussianMechanismAudit,
+    estimate_trials,
+    gaussian_setting_meta,
+    with_verdict,
+)
+from dpicl_audit.mechanisms.neighbours import (
+    MIN_ORACLE_CHARS,
+    STREAM_DESIGN,
+    neighbour_slot,
+    other_label,
+    pick_exemplars,
+    random_canary_text,
+    replace_at,
+)
+from dpicl_audit.plan import Attack, AuditPlan, CanaryKind
+from dpicl_audit.prompts import (
+    AUDIT_NEGATIVE,
+    AUDIT_POSITIVE,
+    AUDIT_TEMPLATE,
+    CLASSIFY_TEMPLATE,
+    audit_query,
+    brainwash_query,
+    deployment_query,
+)
+from dpicl_audit.schedule import STREAM_BOOTSTRAP
+from dpicl_audit.store import ContextRecord, TrialRecord
+
+__all__ = ["AuditDesign", "VotingAudit", "build_design", "context_body"]
+
+
+@dataclass(frozen=True, slots=True)
+class AuditDesign:
+    """The neighbour pair and the audit query; JSON round-trips via to_json / from_json."""
+
+    attack: Attack
+    canary_kind: CanaryKind
+    labels: tuple[str, ...]
+    template: str | None  # None: the server's default template (deployment setting)
+    position: int
+    partition_seed: int
+    canary: Example  # as placed in C1 at ``position``
+    replacement: Example  # as placed in C0 at ``position``
+    exemplars_c0: tuple[Example, ...]
+    query: str
+    positive: str  # the answer that means "canary present"
+    negative: str | None  # the other answer (inquery); None: every other label (brainwash)
+    wrong_label: str | None = None  # brainwash: the label injected with the canary
+
+    @property
+    def exemplars_c1(self) -> tuple[Example, ...]:
+        return replace_at(self.exemplars_c0, self.position, self.canary)
+
+    def exemplars(self, world: int) -> tuple[Example, ...]:
+        """C1's exemplars for ``world == 1``, C0's for ``world == 0``."""
+        return self.exemplars_c1 if world == 1 else self.exemplars_c0
+
+    def decide_label(self, label: str) -> int:
+        """Black-box rule: 1 ("present") when the released label is the positive answer."""
+        return int(label == self.positive)
+
+    def score(self, noisy_votes: Mapping[str, float]) -> float:
+        """White-box statistic: noisy[pos] - noisy[neg] (Section 3.2 of paper 000).
+
+        For Brainwash (no single negative answer) the margin over the best other label.
+        """
+        try:
+            pos = float(noisy_votes[self.positive])
+            if self.negative is not None:
+                return pos - float(noisy_votes[self.negative])
+            others = [float(v) for k, v in noisy_votes.items() if k != self.positive]
+        except KeyError as exc:
+            raise KeyError(f"noisy votes lack the label {exc.args[0]!r}") from exc
+        return pos - max(others) if others else pos
+
+    def clean_vector(self, votes: Mapping[str, float]) -> list[float]:
+        """A vote histogram in the order of :attr:`labels`."""
+        return [float(votes.get(lab, 0.0)) for lab in self.labels]
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["labels"] = list(self.labels)
+        data["exemplars_c0"] = [asdict(e) for e in self.exemplars_c0]
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> AuditDesign:
+        d = dict(data)
+        d["labels"] = tuple(d["labels"])
+        d["canary"] = Example(**d["canary"])
+        d["replacement"] = Example(**d["replacement"])
+        d["exemplars_c0"] = tuple(Example(**e) for e in d["exemplars_c0"])
+        return cls(**d)
+
+
+def build_design(plan: AuditPlan, dataset: LabelledDataset) -> AuditDesign:
+    """Draw the canary, the replacement, the other exemplars, the position and the seed."""
+    rng = np.random.default_rng([plan.seed, STREAM_DESIGN])
+    k = plan.mechanism.n_exemplars
+    data_labels = dataset.labels
+
+    # Which labels the contexts use, and whether exemplars keep their dataset labels.
+    template: str | None
+    if plan.setting == "deployment":
+        labels = tuple(plan.deployment.labels or data_labels)
+        missing = sorted(set(data_labels) - set(labels))
+        if missing:
+            raise DatasetError(
+                f"dataset {dataset.name!r} has labels {missing} that are not in the "
+                f"deployment's label set {list(labels)}"
+            )
+        template = plan.deployment.template
+        yes_no = False
+    elif plan.attack == "brainwash":
+        labels, template, yes_no = tuple(data_labels), CLASSIFY_TEMPLATE, False
+    else:
+        labels, template, yes_no = (AUDIT_POSITIVE, AUDIT_NEGATIVE), AUDIT_TEMPLATE, True
+    if len(labels) < 2:
+        raise DatasetError(f"the audit needs at least 2 labels, dataset has {list(labels)}")
+
+    order = rng.permutation(len(dataset))
+    # --- the canary (text and label as placed in C1)
+    if plan.canary == "random":
+        canary_text = random_canary_text(rng)
+        canary_label = labels[int(rng.integers(len(labels)))]
+        pool = [dataset.examples[int(i)] for i in order]
+    else:
+        first = dataset.examples[int(order[0])]
+        canary_text, canary_label = first.input, first.output
+        pool = [dataset.examples[int(i)] for i in order[1:]]
+        if plan.canary == "mislabeled" and not yes_no:
+            canary_label = other_label(rng, labels, canary_label)
+    if len(canary_text.strip()) < MIN_ORACLE_CHARS:
+        raise DatasetError(
+            f"canary text {canary_text!r} is shorter than {MIN_ORACLE_CHARS} characters; "
+            "a membership query cannot name it unambiguously"
+        )
+
+    # --- the query and the answers
+    wrong: str | None = None
+    negative: str | None
+    if plan.attack == "brainwash":
+        wrong = other_label(rng, labels, canary_label)
+        lead = "Query Text: " if plan.setting == "audit-template" else "Input: "
+        query = brainwash_query(canary_text, wrong, lead=lead)
+        positive, negative = canary_label, None
+    elif plan.setting == "deployment":
+        positive = plan.deployment.positive or labels[0]
+        negative = plan.deployment.negative or next(lab for lab in labels if lab != positive)
+        for name, lab in (("positive", positive), ("negative", negative)):
+            if lab not in labels:
+                raise InvalidPlan(f"deployment.{name} {lab!r} is not one of {list(labels)}")
+        query = deployment_query(canary_text, positive, negative)
+    else:
+        positive, negative = AUDIT_POSITIVE, AUDIT_NEGATIVE
+        query = audit_query(canary_text)
+
+    # --- the other exemplars: never the canary's text, never text the query contains
+    chosen = pick_exemplars(pool, canary_text=canary_text, query=query, k=k, dataset=dataset)
+    if yes_no:
+        coins = rng.integers(0, 2, size=k)
+        chosen = [Example(ex.input, labels[int(c)]) for ex, c in zip(chosen, coins, strict=True)]
+    position, partition_seed = neighbour_slot(plan, rng, k)
+    replacement = chosen[position]
+    if yes_no:
+        if plan.canary == "natural":
+            canary_label = replacement.output
+        elif plan.canary == "mislabeled":
+            canary_label = other_label(rng, labels, replacement.output)
+    return AuditDesign(
+        attack=plan.attack,
+        canary_kind=plan.canary,
+        labels=labels,
+        template=template,
+        position=position,
+        partition_seed=partition_seed,
+        canary=Example(canary_text, canary_label),
+        replacement=replacement,
+        exemplars_c0=tuple(chosen),
+        query=query,
+        positive=positive,
+        negative=negative,
+        wrong_label=wrong,
+    )
+
+
+def context_body(
+    design: AuditDesign, plan: AuditPlan, epsilon: float, world: int, *, name: str
+) -> dict[str, Any]:
+    """The ``POST /v1/contexts`` body of C1 (``world == 1``) or C0 at one epsilon."""
+    return VOTING.context_body(design, plan, epsilon, world, name=name)
+
+
+def _votes(value: Any, name: str) -> dict[str, float]:
+    if not isinstance(value, Mapping):
+        raise TargetProtocolError(f"/v1/debug/classify returned no {name} mapping")
+    try:
+        return {str(k): float(v) for k, v in value.items()}
+    except (TypeError, ValueError) as exc:
+        raise TargetProtocolError(f"/v1/debug/classify: {name} holds non-numbers") from exc
+
+
+class VotingAudit(GaussianMechanismAudit):
+    """Private voting: labels released by a noisy argmax over T partition votes."""
+
+    name = "voting"
+    task = "classification"
+    clean_name = "clean votes"
+
+    def build_design(self, plan: AuditPlan, dataset: LabelledDataset) -> AuditDesign:
+        return build_design(plan, dataset)
+
+    def load_design(self, data: Mapping[str, Any]) -> AuditDesign:
+        return AuditDesign.from_json(data)
+
+    def summary(self, design: AuditDesign) -> dict[str, Any]:
+        return self.neighbour_summary(design) | {
+            "labels": list(design.labels),
+            "positive": design.positive,
+            "negative": design.negative,
+            "query": design.query,
+        }
+
+    def context_body(
+        self, design: AuditDesign, plan: AuditPlan, epsilon: float, world: int, *, name: str
+    ) -> dict[str, Any]:
+        body = self.base_body(design, plan, epsilon, world, name=name)
+        body["labels"] = list(design.labels)
+        if design.template is not None:
+            body["template"] = design.template
+        return body
+
+    async def trial(
+        self,
+        target: AuditTarget,
+        design: AuditDesign,
+        plan: AuditPlan,
+        *,
+        setting: str,
+        epsilon: float | None,
+        index: int,
+        world: int,
+        context: ContextRecord,
+        white: bool,
+        need_clean: bool,
+    ) -> TrialRecord:
+        import time
+
+        query = design.query
+        t0 = time.perf_counter()
+        if white:
+            out = await target.debug_classify(context.context_id, query)
+        else:
+            out = await target.classify(context.context_id, query)
+        latency = time.perf_counter() - t0
+        label = str(out["label"])
+        observation: dict[str, Any] = {"label": label}
+        score: float | None = None
+        if white:
+            noisy = _votes(out.get("noisy_votes"), "noisy_votes")
+            observation["noisy_votes"] = noisy
+            observation["sigma"] = out.get("sigma")
+            try:
+                score = design.score(noisy)
+            except KeyError as exc:
+                raise TargetProtocolError(f"/v1/debug/classify: {exc.args[0]}") from exc
+            clean = out.get("clean_votes")
+            if clean is not None:
+                observation["clean_votes"] = _votes(clean, "clean_votes")
+            elif need_clean:
+                raise TargetProtocolError(
+                    "/v1/debug/classify returned no clean_votes: bootstrap auditing needs a "
+                    "server started with DPICL_WHITEBOX=internal"
+                )
+        return TrialRecord(
+            setting=setting,
+            trial_index=index,
+            world=world,
+            context_id=context.context_id,
+            query=query,
+            observation=observation,
+            decision=design.decide_label(label),
+            latency_s=latency,
+            epsilon=epsilon,
+            score=score,
+        )
+
+    def setting_meta(
+        self,
+        plan: AuditPlan,
+        design: AuditDesign,
+        epsilon: float,
+        contexts: Mapping[tuple[str, int], ContextRecord],
+    ) -> dict[str, Any]:
+        meta, mech = gaussian_setting_meta(plan, epsilon, contexts)
+        if mech is not None:
+            from dpicl_audit.estimators import voting_epsilon_exact  # dp-accounting: slow
+
+            meta["epsilon_exact"] = voting_epsilon_exact(meta["sigma"], plan.mechanism.delta)
+        return meta
+
+    def estimate(
+        self,
+        plan: AuditPlan,
+        design: AuditDesign,
+        k: int,
+        rows: Sequence[TrialRecord],
+        meta: dict[str, Any],
+        *,
+        bootstrap: bool,
+    ) -> dict[str, Any]:
+        if bootstrap:
+            return _estimate_bootstrap(plan, design, k, rows, meta)
+        return estimate_trials(plan, k, rows, meta, calls_per_query=self.calls_per_query(plan))
+
+
+def _estimate_bootstrap(
+    plan: AuditPlan,
+    design: AuditDesign,
+    k: int,
+    clean: Sequence[TrialRecord],
+    meta: dict[str, Any],
+) -> dict[str, Any]:
+    from dpicl_audit.bootstrap import bootstrap_voting_audit  # slow imports: only when needed
+    from dpicl_audit.noise_check import check_noise, residuals_from_observations
+
+    out = dict(meta)
+    with_rows = [design.clean_vector(r.observation["clean_votes"]) for r in clean if r.world == 1]
+    without_rows = [
+        design.clean_vector(r.observation["clean_votes"]) for r in clean if r.world == 0
+    ]
+    pos = design.labels.index(design.positive)
+    if design.negative is not None:
+        neg = design.labels.index(design.negative)
+    else:  # Brainwash: the strongest competitor in the clean votes
+        totals = np.sum(np.array(with_rows + without_rows, dtype=np.float64), axis=0)
+        totals[pos] = -np.inf
+        neg = int(np.argmax(totals))
+    n_sample = plan.bootstrap.n_sample
+    ids = {cid for cid in meta["context_ids"].values() if cid is not None}
+    sigma_sim = meta["sigma"]
+    if meta["sigma"] is not None:
+        # The simulation trusts the reported sigma only if the real noise agrees with it.
+        check = check_noise(
+            residuals_from_observations(
+                (r.observation for r in clean if r.context_id in ids), design.labels
+            ),
+            float(meta["sigma"]),
+        )
+        out["noise_check"] = check.to_dict()
+        sigma_sim = check.simulation_sigma
+    out["sigma_simulated"] = sigma_sim
+    out |= {
+        "n_llm": len(with_rows),
+        "n_sample": n_sample,
+        "trials": 2 * n_sample,
+        "llm_calls": len(clean) * plan.mechanism.partitions,
+        "positive": design.positive,
+        "negative": design.labels[neg],
+    }
+    if not with_rows or not without_rows or meta["sigma"] is None:
+        out["black_box"] = out["white_box"] = {"error": "no clean votes collected"}
+        return out
+    res = bootstrap_voting_audit(
+        np.array(with_rows),
+        np.array(without_rows),
+        float(sigma_sim),
+        n_sample,
+        positive_index=pos,
+        negative_index=neg,
+        delta=plan.mechanism.delta,
+        confidence=plan.confidence,
+        rng=np.random.default_rng([plan.seed, STREAM_BOOTSTRAP, k]),
+        fraction=plan.split,
+        calls_per_row=plan.mechanism.partitions,
+    ).to_dict()
+    out["black_box"] = with_verdict(res["black_box"], meta)
+    out["white_box"] = with_verdict(res["white_box"], meta)
+    return out
+
+
+VOTING = VotingAudit()
