@@ -48,13 +48,13 @@ _PER_MECHANISM = {
 def _h(path: str, text: str) -> str:
     """Help text with the plan's default for the dotted ``path``."""
     if path in _PER_MECHANISM:
-        return f"{text} [default: {_PER_MECHANISM[path]}]"
+        return f"{text} (default: {_PER_MECHANISM[path]})"
     node: Any = _DEFAULTS
     for part in path.split("."):
         node = node[part]
     if isinstance(node, list):
         node = ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in node)
-    return f"{text} [default: {node}]"
+    return f"{text} (default: {node})"
 
 
 def _floats(text: str | None, name: str) -> list[float] | None:
@@ -76,7 +76,7 @@ def audit_command(kind: str) -> Callable[..., None]:
     def command(
         plan: Annotated[
             Path | None,
-            typer.Option("--plan", help="TOML plan; flags override it. [default: none]"),
+            typer.Option("--plan", help="TOML plan; flags override it. (default: none)"),
         ] = None,
         url: UrlOpt = None,
         admin_token: AdminOpt = None,
@@ -163,10 +163,10 @@ def audit_command(kind: str) -> Callable[..., None]:
             ),
         ] = None,
         y1: Annotated[
-            str | None, typer.Option(help="ESA: own 'present' signal text. [default: none]")
+            str | None, typer.Option(help="ESA: own 'present' signal text. (default: none)")
         ] = None,
         y0: Annotated[
-            str | None, typer.Option(help="ESA: own 'absent' signal text. [default: none]")
+            str | None, typer.Option(help="ESA: own 'absent' signal text. (default: none)")
         ] = None,
         embeddings: Annotated[
             str | None,
@@ -178,7 +178,7 @@ def audit_command(kind: str) -> Callable[..., None]:
         ] = None,
         embedder: Annotated[
             str | None,
-            typer.Option(help="ESA: local sentence-transformers model directory. [default: none]"),
+            typer.Option(help="ESA: local sentence-transformers model directory. (default: none)"),
         ] = None,
         trials: Annotated[
             int | None, typer.Option(help=_h("trials", "Trials per epsilon."))
@@ -208,17 +208,17 @@ def audit_command(kind: str) -> Callable[..., None]:
             int | None, typer.Option(help=_h("neighbour.partition_seed", "Shared partition seed."))
         ] = None,
         deploy_labels: Annotated[
-            str | None, typer.Option(help="Deployment labels, comma-separated. [default: none]")
+            str | None, typer.Option(help="Deployment labels, comma-separated. (default: none)")
         ] = None,
         deploy_template: Annotated[
             str | None,
-            typer.Option(help="Deployment template with {exemplars}, {query}. [default: none]"),
+            typer.Option(help="Deployment template with {exemplars}, {query}. (default: none)"),
         ] = None,
         positive: Annotated[
-            str | None, typer.Option(help="Deployment 'present' label. [default: none]")
+            str | None, typer.Option(help="Deployment 'present' label. (default: none)")
         ] = None,
         negative: Annotated[
-            str | None, typer.Option(help="Deployment 'absent' label. [default: none]")
+            str | None, typer.Option(help="Deployment 'absent' label. (default: none)")
         ] = None,
         n_llm: Annotated[
             int | None,
@@ -229,7 +229,7 @@ def audit_command(kind: str) -> Callable[..., None]:
             typer.Option(help=_h("bootstrap.n_sample", "Bootstrap: simulated trials per world.")),
         ] = None,
         name: Annotated[
-            str | None, typer.Option(help="A name for the run. [default: none]")
+            str | None, typer.Option(help="A name for the run. (default: none)")
         ] = None,
         run_id: Annotated[str | None, typer.Option(help="Run id (default: generated).")] = None,
         db: DbOpt = DEFAULT_DB,

@@ -54,7 +54,9 @@ DbOpt = Annotated[
 ]
 OutOpt = Annotated[
     Path,
-    typer.Option("--out", help="Directory for results (<out>/<run>/results.json)."),
+    typer.Option(
+        "--out", help="Directory for results (<out>/<run>/results.json).", show_default=True
+    ),
 ]
 DEFAULT_OUT = Path("runs")
 AdminOpt = Annotated[
@@ -75,7 +77,14 @@ KeyOpt = Annotated[
         show_default=False,
     ),
 ]
-UrlOpt = Annotated[str | None, typer.Option("--url", help="Server base URL.")]
+UrlOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--url",
+        help="Server base URL. (default: the plan's, or the run's for resume; "
+        "http://127.0.0.1:8000 when neither names one)",
+    ),
+]
 ProgressOpt = Annotated[
     bool,
     typer.Option(
@@ -84,7 +93,9 @@ ProgressOpt = Annotated[
         show_default=True,
     ),
 ]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print the results as JSON.")]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print the results as JSON. (default: off, a table)")
+]
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:

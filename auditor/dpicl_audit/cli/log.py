@@ -128,18 +128,16 @@ def list_runs(db: DbOpt = DEFAULT_DB, as_json: JsonOpt = False) -> None:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return
     table = Table(title=f"runs in {db}")
-    cols = ("id", "mechanism", "kind", "status", "threat", "attack", "epsilons", "trials", "calls")
-    for col in cols:
-        table.add_column(col, overflow="fold")
+    table.add_column("run", overflow="fold", ratio=1)
+    for col in ("what", "status", "trials", "calls"):  # short columns: never wrapped
+        table.add_column(col, no_wrap=True, justify="right" if col != "what" else "left")
     for r in rows:
+        eps = ",".join(f"{e:g}" for e in r["epsilons"] or [])
+        threat = "both threat models" if r["kind"] == "bootstrap" else r["threat_model"]
         table.add_row(
-            r["id"],
-            r["mechanism"],
-            r["kind"],
+            r["id"] + (f"\n{r['name']}" if r["name"] else ""),
+            f"{r['mechanism']} · {r['attack']}\n{r['kind']} · {threat}\nε {eps}",
             r["status"],
-            str(r["threat_model"]),
-            str(r["attack"]),
-            ",".join(f"{e:g}" for e in r["epsilons"] or []),
             f"{r['trials_logged']}/{r['trials_planned']}",
             str(r["llm_calls"]),
         )
