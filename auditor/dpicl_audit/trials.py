@@ -24,6 +24,7 @@ import numpy.typing as npt
 from dpicl_audit.client import AuditTarget
 from dpicl_audit.errors import TargetBudgetExhausted
 from dpicl_audit.mechanisms import MechanismAudit
+from dpicl_audit.mechanisms.base import TrialAt
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.progress import ProgressSink
 from dpicl_audit.store import ContextRecord, TrialRecord, TrialStore
@@ -89,19 +90,9 @@ class TrialExecutor:
     ) -> TrialRecord:
         context = await pick(index, world, None)
         for attempt in (0, 1):
+            at = TrialAt(setting, epsilon, index, world, context, white, need_clean)
             try:
-                return await self.mechanism.trial(
-                    self.target,
-                    self.design,
-                    self.plan,
-                    setting=setting,
-                    epsilon=epsilon,
-                    index=index,
-                    world=world,
-                    context=context,
-                    white=white,
-                    need_clean=need_clean,
-                )
+                return await self.mechanism.trial(self.target, self.design, self.plan, at)
             except TargetBudgetExhausted:
                 if attempt or self.mechanism.queries_per_context(self.plan) is None:
                     raise

@@ -20,12 +20,14 @@ this class. A new mechanism is one module with a subclass, registered in
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
 
-from dpicl_audit.client import AuditTarget
+from dpicl_audit.client import AuditTarget, GenerationTarget
 from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import InvalidAuditInput, TargetProtocolError
 from dpicl_audit.plan import AuditPlan
@@ -36,6 +38,8 @@ from dpicl_audit.verdicts import verdict
 __all__ = [
     "Design",
     "MechanismAudit",
+    "TrialAt",
+    "ask",
     "estimate_trials",
     "exemplar_dicts",
     "sigma_of",
@@ -59,6 +63,60 @@ class Design(Protocol):
 
 
 Finish = Callable[[dict[str, Any], Mapping[str, Any]], dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class TrialAt:
+    """Where one trial goes: its setting, epsilon, index, world, context and access."""
+
+    setting: str
+    epsilon: float | None
+    index: int
+    world: int
+    context: ContextRecord
+    white: bool
+    need_clean: bool = False
+
+    def record(
+        self,
+        query: str,
+        observation: dict[str, Any],
+        decision: int,
+        latency: float,
+        score: float | None = None,
+    ) -> TrialRecord:
+        """The trial log's record of this trial."""
+        return TrialRecord(
+            setting=self.setting,
+            trial_index=self.index,
+            world=self.world,
+            context_id=self.context.context_id,
+            query=query,
+            observation=observation,
+            decision=decision,
+            latency_s=latency,
+            epsilon=self.epsilon,
+            score=score,
+        )
+
+
+async def ask(
+    target: AuditTarget, at: TrialAt, query: str, *, max_tokens: int | None = None
+) -> tuple[Mapping[str, Any], float]:
+    """Send the audit query (the debug endpoint for white-box trials): (answer, latency).
+
+    ``max_tokens`` given: a generation context (``/v1/generate``), else classification.
+    """
+    cid = at.context.context_id
+    t0 = time.perf_counter()
+    if max_tokens is None:
+        out = await (target.debug_classify if at.white else target.classify)(cid, query)
+    else:
+        if not isinstance(target, GenerationTarget):
+            raise TargetProtocolError("the target has no generate/debug_generate endpoints")
+        send = target.debug_generate if at.white else target.generate
+        out = await send(cid, query, max_tokens=max_tokens)
+    return out, time.perf_counter() - t0
 
 
 class MechanismAudit:
@@ -129,18 +187,7 @@ class MechanismAudit:
         return design
 
     async def trial(
-        self,
-        target: AuditTarget,
-        design: Any,
-        plan: AuditPlan,
-        *,
-        setting: str,
-        epsilon: float | None,
-        index: int,
-        world: int,
-        context: ContextRecord,
-        white: bool,
-        need_clean: bool,
+        self, target: AuditTarget, design: Any, plan: AuditPlan, at: TrialAt
     ) -> TrialRecord:
         """One audit query and what it observed: decision (black-box), score (white-box)."""
         raise NotImplementedError

@@ -37,17 +37,19 @@ epsilon_exact_signal and epsilon_emp is weakness of the attack.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from dpicl_audit.client import AuditTarget, GenerationTarget
+from dpicl_audit.client import AuditTarget
 from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import DatasetError, InvalidAuditInput, TargetProtocolError
 from dpicl_audit.mechanisms.base import (
     GaussianMechanismAudit,
+    TrialAt,
+    ask,
     estimate_trials,
     gaussian_setting_meta,
     with_verdict,
@@ -61,10 +63,12 @@ from dpicl_audit.mechanisms.esa_signals import resolve_signal_embeddings
 from dpicl_audit.mechanisms.neighbours import (
     MIN_ORACLE_CHARS,
     STREAM_DESIGN,
+    NeighbourPair,
     neighbour_slot,
+    pair_from_json,
+    pair_to_json,
     pick_exemplars,
     random_canary_text,
-    replace_at,
 )
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.prompts import (
@@ -118,7 +122,7 @@ def esa_score(noisy_mean: npt.ArrayLike, e1: npt.ArrayLike, e0: npt.ArrayLike) -
 
 
 @dataclass(frozen=True, slots=True)
-class GenerationDesign:
+class GenerationDesign(NeighbourPair):
     """The ESA neighbour pair, the audit query and the signal texts (JSON round-trip)."""
 
     attack: str
@@ -137,13 +141,6 @@ class GenerationDesign:
     e1: tuple[float, ...] | None = None
     e0: tuple[float, ...] | None = None
     embeddings_source: str | None = None
-
-    @property
-    def exemplars_c1(self) -> tuple[Example, ...]:
-        return replace_at(self.exemplars_c0, self.position, self.canary)
-
-    def exemplars(self, world: int) -> tuple[Example, ...]:
-        return self.exemplars_c1 if world == 1 else self.exemplars_c0
 
     @property
     def positive(self) -> str:
@@ -186,21 +183,11 @@ class GenerationDesign:
         )
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["design_kind"] = "generation"
-        data["exemplars_c0"] = [asdict(e) for e in self.exemplars_c0]
-        for key in ("e1", "e0"):
-            if data[key] is not None:
-                data[key] = list(data[key])
-        return data
+        return pair_to_json(self) | {"design_kind": "generation"}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> GenerationDesign:
-        d = dict(data)
-        d.pop("design_kind", None)
-        d["canary"] = Example(**d["canary"])
-        d["replacement"] = Example(**d["replacement"])
-        d["exemplars_c0"] = tuple(Example(**e) for e in d["exemplars_c0"])
+        d = pair_from_json(data)
         for key in ("e1", "e0"):
             if d.get(key) is not None:
                 d[key] = tuple(float(x) for x in d[key])
@@ -319,41 +306,20 @@ class EsaAudit(GaussianMechanismAudit):
         return await resolve_signal_embeddings(target, design, plan, contexts)
 
     async def trial(
-        self,
-        target: AuditTarget,
-        design: GenerationDesign,
-        plan: AuditPlan,
-        *,
-        setting: str,
-        epsilon: float | None,
-        index: int,
-        world: int,
-        context: ContextRecord,
-        white: bool,
-        need_clean: bool,
+        self, target: AuditTarget, design: GenerationDesign, plan: AuditPlan, at: TrialAt
     ) -> TrialRecord:
         """One ESA audit query and what it observed."""
-        import time
-
-        if not isinstance(target, GenerationTarget):
-            raise TargetProtocolError("the target has no generate/debug_generate endpoints")
-        t0 = time.perf_counter()
-        mt = plan.mechanism.max_tokens
-        if white:
-            out = await target.debug_generate(context.context_id, design.query, max_tokens=mt)
-        else:
-            out = await target.generate(context.context_id, design.query, max_tokens=mt)
-        latency = time.perf_counter() - t0
+        out, latency = await ask(target, at, design.query, max_tokens=plan.mechanism.max_tokens)
         text = str(out["text"])
         observation: dict[str, Any] = {"text": text}
         score: float | None = None
-        if white:
+        if at.white:
             noisy = _floats(out.get("noisy_mean"), "noisy_mean")
             observation["sigma"] = out.get("sigma")
             if design.signal_embeddings() is not None:
                 score = design.score(noisy)
             clean = out.get("clean_mean")
-            if clean is not None and need_clean:
+            if clean is not None and at.need_clean:
                 c = _floats(clean, "clean_mean")
                 observation["clean_mean"] = c.tolist()
                 observation["residual_ss"] = float(np.sum((noisy - c) ** 2))
@@ -361,23 +327,12 @@ class EsaAudit(GaussianMechanismAudit):
                 texts = out.get("partition_texts")
                 if isinstance(texts, list):
                     observation["partition_texts"] = [str(t) for t in texts]
-            elif need_clean:
+            elif at.need_clean:
                 raise TargetProtocolError(
                     "/v1/debug/generate returned no clean_mean: bootstrap auditing needs a "
                     "server started with DPICL_WHITEBOX=internal"
                 )
-        return TrialRecord(
-            setting=setting,
-            trial_index=index,
-            world=world,
-            context_id=context.context_id,
-            query=design.query,
-            observation=observation,
-            decision=design.decide_text(text),
-            latency_s=latency,
-            epsilon=epsilon,
-            score=score,
-        )
+        return at.record(design.query, observation, design.decide_text(text), latency, score)
 
     def setting_meta(
         self,

@@ -33,16 +33,22 @@ so the audit measures about nothing there (it checks the plumbing); the results 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from dpicl_audit.client import AuditTarget, GenerationTarget
+from dpicl_audit.client import AuditTarget
 from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import DatasetError, InvalidAuditInput, TargetProtocolError
-from dpicl_audit.mechanisms.base import MechanismAudit, estimate_trials, exemplar_dicts
-from dpicl_audit.mechanisms.neighbours import replace_at
+from dpicl_audit.mechanisms.base import (
+    MechanismAudit,
+    TrialAt,
+    ask,
+    estimate_trials,
+    exemplar_dicts,
+)
+from dpicl_audit.mechanisms.neighbours import NeighbourPair, pair_from_json, pair_to_json
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.prompts import MOZO_TEMPLATE, mozo_question
 from dpicl_audit.store import ContextRecord, TrialRecord
@@ -62,7 +68,7 @@ def decide(text: str, signal1: str) -> int:
 
 
 @dataclass(frozen=True, slots=True)
-class MozoDesign:
+class MozoDesign(NeighbourPair):
     """The DPS-MOZO neighbour pair and audit query (JSON round-trip)."""
 
     attack: str
@@ -74,31 +80,16 @@ class MozoDesign:
     replacement: Example
     exemplars_c0: tuple[Example, ...]
 
-    @property
-    def exemplars_c1(self) -> tuple[Example, ...]:
-        return replace_at(self.exemplars_c0, self.position, self.canary)
-
-    def exemplars(self, world: int) -> tuple[Example, ...]:
-        return self.exemplars_c1 if world == 1 else self.exemplars_c0
-
     def decide_text(self, text: str) -> int:
         return decide(text, self.signals[0])
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["design_kind"] = "dps-mozo"
-        data["signals"] = list(self.signals)
-        data["exemplars_c0"] = [asdict(e) for e in self.exemplars_c0]
-        return data
+        return pair_to_json(self) | {"design_kind": "dps-mozo"}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> MozoDesign:
-        d = dict(data)
-        d.pop("design_kind", None)
+        d = pair_from_json(data)
         d["signals"] = tuple(d["signals"])
-        d["canary"] = Example(**d["canary"])
-        d["replacement"] = Example(**d["replacement"])
-        d["exemplars_c0"] = tuple(Example(**e) for e in d["exemplars_c0"])
         return cls(**d)
 
 
@@ -234,30 +225,9 @@ class MozoAudit(MechanismAudit):
         return plan.mechanism.queries_per_context
 
     async def trial(
-        self,
-        target: AuditTarget,
-        design: MozoDesign,
-        plan: AuditPlan,
-        *,
-        setting: str,
-        epsilon: float | None,
-        index: int,
-        world: int,
-        context: ContextRecord,
-        white: bool,
-        need_clean: bool,
+        self, target: AuditTarget, design: MozoDesign, plan: AuditPlan, at: TrialAt
     ) -> TrialRecord:
-        import time
-
-        if not isinstance(target, GenerationTarget):
-            raise TargetProtocolError("the target has no generate/debug_generate endpoints")
-        t0 = time.perf_counter()
-        mt = plan.mechanism.max_tokens
-        if white:
-            out = await target.debug_generate(context.context_id, design.query, max_tokens=mt)
-        else:
-            out = await target.generate(context.context_id, design.query, max_tokens=mt)
-        latency = time.perf_counter() - t0
+        out, latency = await ask(target, at, design.query, max_tokens=plan.mechanism.max_tokens)
         text = str(out["text"])
         cost = out.get("cost") if isinstance(out.get("cost"), Mapping) else {}
         observation: dict[str, Any] = {
@@ -265,19 +235,9 @@ class MozoAudit(MechanismAudit):
             "starts_with": _starts_with(text, design.signals),
             "cost_epsilon": (cost or {}).get("epsilon"),
         }
-        if white:
+        if at.white:
             observation |= _token_internals(out)
-        return TrialRecord(
-            setting=setting,
-            trial_index=index,
-            world=world,
-            context_id=context.context_id,
-            query=design.query,
-            observation=observation,
-            decision=design.decide_text(text),
-            latency_s=latency,
-            epsilon=epsilon,
-        )
+        return at.record(design.query, observation, design.decide_text(text), latency)
 
     def setting_meta(
         self,

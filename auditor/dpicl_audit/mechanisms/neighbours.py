@@ -8,7 +8,9 @@ C1 holds the canary at one position, C0 a replacement there; size, order and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from typing import Any
 
 import numpy as np
 
@@ -19,8 +21,11 @@ from dpicl_audit.plan import AuditPlan
 __all__ = [
     "MIN_ORACLE_CHARS",
     "STREAM_DESIGN",
+    "NeighbourPair",
     "neighbour_slot",
     "other_label",
+    "pair_from_json",
+    "pair_to_json",
     "pick_exemplars",
     "random_canary_text",
     "replace_at",
@@ -100,3 +105,43 @@ def replace_at(exemplars: Sequence[Example], position: int, canary: Example) -> 
     ex = list(exemplars)
     ex[position] = canary
     return tuple(ex)
+
+
+class NeighbourPair:
+    """What every design is: C0's exemplars, and C1's made by putting the canary at
+    ``position`` (a mixin of the mechanisms' frozen design dataclasses)."""
+
+    __slots__ = ()
+    position: int
+    canary: Example
+    replacement: Example
+    exemplars_c0: tuple[Example, ...]
+
+    @property
+    def exemplars_c1(self) -> tuple[Example, ...]:
+        return replace_at(self.exemplars_c0, self.position, self.canary)
+
+    def exemplars(self, world: int) -> tuple[Example, ...]:
+        """C1's exemplars for ``world == 1``, C0's for ``world == 0``."""
+        return self.exemplars_c1 if world == 1 else self.exemplars_c0
+
+
+def pair_to_json(design: Any) -> dict[str, Any]:
+    """A design dataclass as JSON-ready data (tuples as lists)."""
+    data: dict[str, Any] = asdict(design)
+    data["exemplars_c0"] = [asdict(e) for e in design.exemplars_c0]
+    for key, value in data.items():
+        if isinstance(value, tuple):
+            data[key] = list(value)
+    return data
+
+
+def pair_from_json(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The constructor arguments of a stored design: examples rebuilt, ``design_kind``
+    dropped (lists stay lists; each design turns its own tuples back)."""
+    d = dict(data)
+    d.pop("design_kind", None)
+    d["canary"] = Example(**d["canary"])
+    d["replacement"] = Example(**d["replacement"])
+    d["exemplars_c0"] = tuple(Example(**e) for e in d["exemplars_c0"])
+    return d

@@ -27,7 +27,7 @@ logic of the version that started it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -37,17 +37,21 @@ from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import DatasetError, InvalidPlan, TargetProtocolError
 from dpicl_audit.mechanisms.base import (
     GaussianMechanismAudit,
+    TrialAt,
+    ask,
     estimate_trials,
     gaussian_setting_meta,
 )
 from dpicl_audit.mechanisms.neighbours import (
     MIN_ORACLE_CHARS,
     STREAM_DESIGN,
+    NeighbourPair,
     neighbour_slot,
     other_label,
+    pair_from_json,
+    pair_to_json,
     pick_exemplars,
     random_canary_text,
-    replace_at,
 )
 from dpicl_audit.mechanisms.voting_bootstrap import estimate_voting_bootstrap
 from dpicl_audit.plan import Attack, AuditPlan, CanaryKind
@@ -66,7 +70,7 @@ __all__ = ["AuditDesign", "VotingAudit", "build_design", "context_body"]
 
 
 @dataclass(frozen=True, slots=True)
-class AuditDesign:
+class AuditDesign(NeighbourPair):
     """The neighbour pair and the audit query; JSON round-trips via to_json / from_json."""
 
     attack: Attack
@@ -82,14 +86,6 @@ class AuditDesign:
     positive: str  # the answer that means "canary present"
     negative: str | None  # the other answer (inquery); None: every other label (brainwash)
     wrong_label: str | None = None  # brainwash: the label injected with the canary
-
-    @property
-    def exemplars_c1(self) -> tuple[Example, ...]:
-        return replace_at(self.exemplars_c0, self.position, self.canary)
-
-    def exemplars(self, world: int) -> tuple[Example, ...]:
-        """C1's exemplars for ``world == 1``, C0's for ``world == 0``."""
-        return self.exemplars_c1 if world == 1 else self.exemplars_c0
 
     def decide_label(self, label: str) -> int:
         """Black-box rule: 1 ("present") when the released label is the positive answer."""
@@ -114,18 +110,12 @@ class AuditDesign:
         return [float(votes.get(lab, 0.0)) for lab in self.labels]
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["labels"] = list(self.labels)
-        data["exemplars_c0"] = [asdict(e) for e in self.exemplars_c0]
-        return data
+        return pair_to_json(self)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> AuditDesign:
-        d = dict(data)
+        d = pair_from_json(data)
         d["labels"] = tuple(d["labels"])
-        d["canary"] = Example(**d["canary"])
-        d["replacement"] = Example(**d["replacement"])
-        d["exemplars_c0"] = tuple(Example(**e) for e in d["exemplars_c0"])
         return cls(**d)
 
 
@@ -267,32 +257,13 @@ class VotingAudit(GaussianMechanismAudit):
         return body
 
     async def trial(
-        self,
-        target: AuditTarget,
-        design: AuditDesign,
-        plan: AuditPlan,
-        *,
-        setting: str,
-        epsilon: float | None,
-        index: int,
-        world: int,
-        context: ContextRecord,
-        white: bool,
-        need_clean: bool,
+        self, target: AuditTarget, design: AuditDesign, plan: AuditPlan, at: TrialAt
     ) -> TrialRecord:
-        import time
-
-        query = design.query
-        t0 = time.perf_counter()
-        if white:
-            out = await target.debug_classify(context.context_id, query)
-        else:
-            out = await target.classify(context.context_id, query)
-        latency = time.perf_counter() - t0
+        out, latency = await ask(target, at, design.query)
         label = str(out["label"])
         observation: dict[str, Any] = {"label": label}
         score: float | None = None
-        if white:
+        if at.white:
             noisy = _votes(out.get("noisy_votes"), "noisy_votes")
             observation["noisy_votes"] = noisy
             observation["sigma"] = out.get("sigma")
@@ -303,23 +274,12 @@ class VotingAudit(GaussianMechanismAudit):
             clean = out.get("clean_votes")
             if clean is not None:
                 observation["clean_votes"] = _votes(clean, "clean_votes")
-            elif need_clean:
+            elif at.need_clean:
                 raise TargetProtocolError(
                     "/v1/debug/classify returned no clean_votes: bootstrap auditing needs a "
                     "server started with DPICL_WHITEBOX=internal"
                 )
-        return TrialRecord(
-            setting=setting,
-            trial_index=index,
-            world=world,
-            context_id=context.context_id,
-            query=query,
-            observation=observation,
-            decision=design.decide_label(label),
-            latency_s=latency,
-            epsilon=epsilon,
-            score=score,
-        )
+        return at.record(design.query, observation, design.decide_label(label), latency, score)
 
     def setting_meta(
         self,
