@@ -130,6 +130,8 @@ class MechanismAudit:
     has_bootstrap: ClassVar[bool] = True
     #: what the clean collection of a bootstrap run is called in progress lines.
     clean_name: ClassVar[str] = "clean rows"
+    #: the design dataclass (stored with the run through ``to_json``/``from_json``).
+    design_type: ClassVar[Any]
 
     # ---------------------------------------------------------------- design
 
@@ -137,7 +139,9 @@ class MechanismAudit:
         raise NotImplementedError
 
     def load_design(self, data: Mapping[str, Any]) -> Design:
-        raise NotImplementedError
+        """A design stored with a run."""
+        design: Design = self.design_type.from_json(data)
+        return design
 
     def summary(self, design: Any) -> dict[str, Any]:
         """What the results and the report say about the design."""

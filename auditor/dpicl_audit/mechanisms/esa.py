@@ -253,13 +253,11 @@ class EsaAudit(GaussianMechanismAudit):
 
     name = "esa"
     task = "generation"
+    design_type = GenerationDesign
     clean_name = "clean means"
 
     def build_design(self, plan: AuditPlan, dataset: LabelledDataset) -> GenerationDesign:
         return build_generation_design(plan, dataset)
-
-    def load_design(self, data: Mapping[str, Any]) -> GenerationDesign:
-        return GenerationDesign.from_json(data)
 
     def summary(self, design: GenerationDesign) -> dict[str, Any]:
         return self.neighbour_summary(design) | {

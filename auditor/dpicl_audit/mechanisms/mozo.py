@@ -174,13 +174,11 @@ class MozoAudit(MechanismAudit):
 
     name = "dps-mozo"
     task = "generation"
+    design_type = MozoDesign
     has_bootstrap = False
 
     def build_design(self, plan: AuditPlan, dataset: LabelledDataset) -> MozoDesign:
         return mozo_design(plan, dataset)
-
-    def load_design(self, data: Mapping[str, Any]) -> MozoDesign:
-        return MozoDesign.from_json(data)
 
     def summary(self, design: MozoDesign) -> dict[str, Any]:
         return {

@@ -231,13 +231,11 @@ class VotingAudit(GaussianMechanismAudit):
 
     name = "voting"
     task = "classification"
+    design_type = AuditDesign
     clean_name = "clean votes"
 
     def build_design(self, plan: AuditPlan, dataset: LabelledDataset) -> AuditDesign:
         return build_design(plan, dataset)
-
-    def load_design(self, data: Mapping[str, Any]) -> AuditDesign:
-        return AuditDesign.from_json(data)
 
     def summary(self, design: AuditDesign) -> dict[str, Any]:
         return self.neighbour_summary(design) | {
