@@ -42,6 +42,7 @@ __all__ = [
     "ask",
     "estimate_trials",
     "exemplar_dicts",
+    "needs_internal",
     "sigma_of",
     "with_verdict",
 ]
@@ -223,6 +224,14 @@ class MechanismAudit:
 
 
 # ==================================================================== shared helpers
+
+
+def needs_internal(endpoint: str, field: str) -> TargetProtocolError:
+    """The error of a bootstrap whose debug answer lacks the clean internals."""
+    return TargetProtocolError(
+        f"{endpoint} returned no {field}: bootstrap auditing needs a server started with "
+        "DPICL_WHITEBOX=internal"
+    )
 
 
 def exemplar_dicts(exemplars: Sequence[Example]) -> list[dict[str, str]]:

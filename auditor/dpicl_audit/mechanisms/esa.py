@@ -52,6 +52,7 @@ from dpicl_audit.mechanisms.base import (
     ask,
     estimate_trials,
     gaussian_setting_meta,
+    needs_internal,
     with_verdict,
 )
 from dpicl_audit.mechanisms.esa_estimates import (
@@ -326,10 +327,7 @@ class EsaAudit(GaussianMechanismAudit):
                 if isinstance(texts, list):
                     observation["partition_texts"] = [str(t) for t in texts]
             elif at.need_clean:
-                raise TargetProtocolError(
-                    "/v1/debug/generate returned no clean_mean: bootstrap auditing needs a "
-                    "server started with DPICL_WHITEBOX=internal"
-                )
+                raise needs_internal("/v1/debug/generate", "clean_mean")
         return at.record(design.query, observation, design.decide_text(text), latency, score)
 
     def setting_meta(

@@ -41,6 +41,7 @@ from dpicl_audit.mechanisms.base import (
     ask,
     estimate_trials,
     gaussian_setting_meta,
+    needs_internal,
 )
 from dpicl_audit.mechanisms.neighbours import (
     MIN_ORACLE_CHARS,
@@ -273,10 +274,7 @@ class VotingAudit(GaussianMechanismAudit):
             if clean is not None:
                 observation["clean_votes"] = _votes(clean, "clean_votes")
             elif at.need_clean:
-                raise TargetProtocolError(
-                    "/v1/debug/classify returned no clean_votes: bootstrap auditing needs a "
-                    "server started with DPICL_WHITEBOX=internal"
-                )
+                raise needs_internal("/v1/debug/classify", "clean_votes")
         return at.record(design.query, observation, design.decide_label(label), latency, score)
 
     def setting_meta(
