@@ -48,7 +48,7 @@ Generation (ESA) audits set ``mechanism.name = "esa"`` (the dataset then default
 bundled ``dialogsum-mini``) and may add::
 
     [generation]
-    signal = "clock-foxborough"    # a Table 3 pair by name (dpicl_audit.generation.SIGNAL_PAIRS)
+    signal = "clock-foxborough"    # a Table 3 pair by name (dpicl_audit.prompts.SIGNAL_PAIRS)
     y1 = "..."                     # or a pair of one's own (both y1 and y0)
     y0 = "..."
     embeddings = "auto"            # where e(y1), e(y0) come from: auto | server | local
