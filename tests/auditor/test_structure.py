@@ -21,7 +21,6 @@ ONE_IDEA = {
     "plan.py": "the plan model and its validation",
     "store.py": "the SQL trial log",
     "demo.py": "the demo script",
-    "mechanisms/esa.py": "the ESA audit (its docstring is the design)",
 }
 MAX_LINES = 400
 
