@@ -158,20 +158,22 @@ def _start_oracle(workdir: Path, admin: str) -> tuple[subprocess.Popen[bytes], s
 
 
 async def _http_rounds(url: str, admin: str, workdir: Path) -> dict[str, list[float]]:
-    from rich.progress import Progress
+    from rich.console import Console
 
-    from dpicl_audit.canaries import build_design
     from dpicl_audit.client import DpiclClient
     from dpicl_audit.datasets import load_dataset
+    from dpicl_audit.mechanisms.voting import build_design
     from dpicl_audit.plan import AuditPlan
+    from dpicl_audit.progress import open_progress
     from dpicl_audit.runner import AuditRunner, trial_worlds
-    from dpicl_audit.store import TrialStore
+    from dpicl_audit.store import ContextRecord, TrialStore
+    from dpicl_audit.trials import TrialExecutor
 
-    class UnloggedRunner(AuditRunner):
-        """The same runner with the trial log's writes dropped (records are discarded)."""
+    class UnloggedTrials(TrialExecutor):
+        """The same trial executor with the trial log's writes dropped."""
 
-        async def _flush(self) -> None:
-            self._buffer.records = []
+        async def flush(self) -> None:
+            self._records = []
 
     plan = AuditPlan.from_sources(
         None,
@@ -197,31 +199,40 @@ async def _http_rounds(url: str, admin: str, workdir: Path) -> dict[str, list[fl
     store.add_trials = timed_add_trials  # type: ignore[method-assign]
     try:
         runners: dict[str, AuditRunner] = {}
-        for side, cls in (("logged", AuditRunner), ("unlogged", UnloggedRunner)):
+        for side in ("logged", "unlogged"):
             run_id = f"bench-http-{side}-{secrets.token_hex(3)}"
             store.create_run(run_id, plan=plan.public_dump(), versions={}, design=design.to_json())
-            runners[side] = cls(
+            runners[side] = AuditRunner(
                 store, client, run_id=run_id, plan=plan, design=design, kind="run", progress=False
             )
-        contexts = await runners["logged"].ensure_contexts("bench", EPSILON)
+            if side == "unlogged":
+                runners[side].trials = UnloggedTrials(
+                    store, client, run_id=run_id, plan=plan, mechanism=runners[side].mechanism
+                )
+            runners[side].trials.design = design
+        contexts = await runners["logged"].contexts.pair("bench", EPSILON)
         worlds = trial_worlds(plan.seed, 0, HTTP_TRIALS)
-        with Progress(disable=True) as progress:
+
+        async def pick(index: int, world: int, spent: ContextRecord | None) -> ContextRecord:
+            return contexts[world]
+
+        with open_progress(Console(), enabled=False) as progress:
             for _ in range(2):  # warm-up: connections, server caches
                 await client.classify(contexts[1].context_id, design.query)
             for rnd in range(HTTP_ROUNDS):
                 for side in ("logged", "unlogged"):
                     runner = runners[side]
                     start = time.perf_counter()
-                    await runner.run_trials(
+                    await runner.trials.run(
                         f"bench-{rnd}",
                         EPSILON,
                         worlds,
-                        contexts,
+                        pick,
                         white=False,
                         progress=progress,
                         description=side,
                     )
-                    await runner._flush()
+                    await runner.trials.flush()
                     rates[side].append(HTTP_TRIALS / (time.perf_counter() - start))
         logged_rows = sum(store.trial_counts(runners["logged"].run_id).values())
         unlogged_rows = sum(store.trial_counts(runners["unlogged"].run_id).values())

@@ -1,17 +1,59 @@
 """dpicl-audit: black-box and white-box privacy auditing of DP-ICL endpoints over HTTP.
 
 An independent implementation: it never imports the server package ``dpicl`` and talks to a
-server only through HTTP API v1 (docs/architecture.md). The pieces, in the order data flows:
+server only through HTTP API v1 (docs/architecture.md). The folder tree is the architecture;
+modules are listed in the order data flows through an audit::
 
-* :mod:`dpicl_audit.plan` an audit plan (TOML or CLI flags), validated on construction;
-* :mod:`dpicl_audit.datasets` the bundled corpus and JSONL/CSV/Hugging Face loaders;
-* :mod:`dpicl_audit.canaries` and :mod:`dpicl_audit.prompts` the replace-one neighbour
-  contexts and the audit queries of paper 000 (Appendix B);
-* :mod:`dpicl_audit.client` the async HTTP client;
-* :mod:`dpicl_audit.store` the SQL trial log;
-* :mod:`dpicl_audit.runner` real-query audits, bootstrap audits (Algorithm 1), resume;
-* :mod:`dpicl_audit.estimators` and :mod:`dpicl_audit.bootstrap` the mathematics;
-* :mod:`dpicl_audit.cli` the ``dpicl-audit`` command.
+    plan.py            the audit plan (TOML or flags), validated once
+    attacks.py         which attack applies to which mechanism and threat model
+    datasets.py        bundled corpora, JSONL/CSV/Hugging Face loaders
+    prompts.py         the audit prompts of paper 000 (Appendix B) and DPS-MOZO's
+    mechanisms/        one module per audited mechanism, one protocol (base.py):
+      base.py            neighbours, query, observation -> decision/score, exact epsilon,
+                         bootstrap; helpers shared by the Gaussian mechanisms
+      neighbours.py      replace-one helpers (canary texts, exemplars, slot)
+      voting.py          private voting (+ voting_bootstrap.py)
+      esa.py             embedding space aggregation (+ esa_signals.py, esa_estimates.py)
+      mozo.py            DPS-MOZO
+    client.py          the async HTTP client (retries, timeouts, concurrency)
+    schedule.py        run ids, each trial's world, the random streams
+    contexts.py        the run's server contexts: create, adopt (fingerprint-checked), replace
+    trials.py          missing trials run concurrently, logged in idempotent batches
+    progress.py        progress bars on a terminal, a line every few seconds elsewhere
+    store.py           the SQL trial log (SQLite or PostgreSQL)
+    session.py         what a run opens: trial log, client, /healthz, versions
+    runner.py          run, bootstrap and resume: the steps above in order
+    estimation.py      a run's results from its log, generic over the mechanism
+    estimators/        the statistics (Clopper-Pearson, GDP, classical, RDP, thresholds)
+    bootstrap.py       Algorithm 1 of paper 000, vectorised; noise_check.py its guard
+    verdicts.py        what a bound says about the claims (violation, bug, ok)
+    results.py         results.json and the run's table
+    report/            the report: data, words, table, curves, plots, html, writer
+    legacy.py          logs written before the pipeline held every mechanism
+    cli/               ``dpicl-audit``: common, audit (run/bootstrap), log (resume, list, ...)
+    demo.py            ``make demo``
+
+A new mechanism is one module in ``mechanisms/`` registered in
+:data:`dpicl_audit.mechanisms.MECHANISMS`; a new attack is an entry in
+:data:`dpicl_audit.attacks.ATTACKS` handled by the mechanisms it applies to; a new verdict
+is a branch in :mod:`dpicl_audit.verdicts`.
+
+Every error the auditor raises on purpose belongs to one tree (:mod:`dpicl_audit.errors`)::
+
+    Exception
+    └── AuditError                      anything the auditor raises on purpose
+        ├── InvalidAuditInput           a bad input value (also a ValueError)
+        │   ├── InvalidPlan             an audit plan that fails validation
+        │   └── DatasetError            a dataset that cannot be found, read or used
+        ├── TargetError                 the server under audit could not be used
+        │   ├── TargetRejected          the server answered 4xx (status, code, message, param)
+        │   │   ├── TargetUnauthorized  401: a missing or wrong token
+        │   │   ├── TargetNotFound      404: an unknown context, or /v1/debug/* switched off
+        │   │   └── TargetBudgetExhausted  403: the context's budget is spent
+        │   ├── TargetUnavailable       no answer after every retry (connection, timeout, 5xx)
+        │   └── TargetProtocolError     an answer that does not follow HTTP API v1, or a
+        │                               context that does not match the audit's settings
+        └── RunNotFound                 no run with that id in the trial log
 """
 
 from __future__ import annotations

@@ -22,10 +22,12 @@ already guards against ``ValueError`` keeps working::
         │   │   └── TargetBudgetExhausted  403: the context's budget is spent
         │   ├── TargetUnavailable       no answer after every retry (connection errors,
         │   │                           timeouts, 5xx); carries the last ``status``
-        │   └── TargetProtocolError     an answer that does not follow HTTP API v1
+        │   └── TargetProtocolError     an answer that does not follow HTTP API v1, or a
+        │                               context that does not match the audit's settings
         └── RunNotFound                 no run with that id in the trial log
 
-Extend the tree here (and redraw it) rather than raising bare built-in exceptions.
+Extend the tree here (and redraw it here and in the package docstring, where a test checks
+it) rather than raising bare built-in exceptions.
 """
 
 from __future__ import annotations

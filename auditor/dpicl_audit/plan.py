@@ -1,4 +1,4 @@
-"""Audit plans: everything one audit of a private-voting endpoint needs, validated once.
+"""Audit plans: everything one audit needs (any mechanism), validated once.
 
 A plan is a frozen pydantic model. It comes from a TOML file (:meth:`AuditPlan.from_toml`),
 from CLI flags (:meth:`AuditPlan.from_sources`, flags override the file), or from the JSON
@@ -48,11 +48,24 @@ Generation (ESA) audits set ``mechanism.name = "esa"`` (the dataset then default
 bundled ``dialogsum-mini``) and may add::
 
     [generation]
-    signal = "clock-foxborough"    # a Table 3 pair by name (dpicl_audit.generation.SIGNAL_PAIRS)
+    signal = "clock-foxborough"    # a Table 3 pair by name (dpicl_audit.prompts.SIGNAL_PAIRS)
     y1 = "..."                     # or a pair of one's own (both y1 and y0)
     y0 = "..."
     embeddings = "auto"            # where e(y1), e(y0) come from: auto | server | local
     embedder = "/path/to/model"    # local sentence-transformers model; None: bundled MiniLM
+
+DPS-MOZO audits set ``mechanism.name = "dps-mozo"`` (dataset default ``dialogsum-mini``,
+``max_tokens`` default 2) and use::
+
+    [mechanism]
+    exemplars = 4                  # |D|, canary included
+    n_shots = 4                    # default |D| (q = 1)
+    top_k = 100
+    alpha = 8                      # optional; the server's default when absent
+    queries_per_context = 1        # a DPS-MOZO context answers this many queries
+
+    [mozo]
+    signals = ["red", "blue"]      # the first token meaning present / absent
 """
 
 from __future__ import annotations
@@ -73,7 +86,9 @@ from pydantic import (
     model_validator,
 )
 
+from dpicl_audit.attacks import check_attack
 from dpicl_audit.errors import InvalidPlan
+from dpicl_audit.prompts import SIGNAL_PAIRS
 
 __all__ = [
     "Attack",
@@ -83,6 +98,7 @@ __all__ = [
     "DeploymentSpec",
     "GenerationSpec",
     "MechanismSpec",
+    "MozoSpec",
     "NeighbourSpec",
     "Setting",
     "TargetSpec",
@@ -94,10 +110,13 @@ Setting = Literal["audit-template", "deployment"]
 ThreatModel = Literal["black-box", "white-box"]
 Attack = Literal["inquery", "brainwash", "repeat", "reference-vector"]
 Calibration = Literal["classic", "analytic"]
-MechanismName = Literal["voting", "esa"]
+MechanismName = Literal["voting", "esa", "dps-mozo"]
 EmbeddingSource = Literal["auto", "server", "local"]
-VOTING_ATTACKS = ("inquery", "brainwash")
-ESA_ATTACKS = ("inquery", "repeat", "reference-vector")
+#: Dataset and max_tokens defaults that differ from voting's, per mechanism.
+_MECHANISM_DEFAULTS: dict[str, dict[str, Any]] = {
+    "esa": {"dataset": "dialogsum-mini"},
+    "dps-mozo": {"dataset": "dialogsum-mini", "max_tokens": 2},
+}
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -140,7 +159,18 @@ class MechanismSpec(BaseModel):
         default="tight", description="ESA: L2 sensitivity 2/T (tight) or 1 (original)."
     )
     candidates: int = Field(default=8, ge=1, le=64, description="ESA: zero-shot candidates.")
-    max_tokens: int = Field(default=64, ge=1, le=1024, description="ESA: tokens per answer.")
+    max_tokens: int = Field(
+        default=64, ge=1, le=1024, description="ESA, DPS-MOZO: tokens per answer."
+    )
+    exemplars: int = Field(default=4, ge=1, le=10_000, description="DPS-MOZO: |D|.")
+    n_shots: int | None = Field(
+        default=None, ge=1, le=10_000, description="DPS-MOZO: shots per token (None: |D|)."
+    )
+    top_k: int = Field(default=100, ge=1, le=100_000, description="DPS-MOZO: top-k.")
+    alpha: int | None = Field(default=None, ge=2, le=1024, description="DPS-MOZO: Renyi order.")
+    queries_per_context: int = Field(
+        default=1, ge=1, le=100_000, description="DPS-MOZO: answers per context."
+    )
 
     @field_validator("epsilons")
     @classmethod
@@ -161,7 +191,9 @@ class MechanismSpec(BaseModel):
 
     @property
     def n_exemplars(self) -> int:
-        """Context size: T partitions of ``shots`` exemplars each."""
+        """Context size: T partitions of ``shots`` exemplars each (DPS-MOZO: ``exemplars``)."""
+        if self.name == "dps-mozo":
+            return self.exemplars
         return self.partitions * self.shots
 
 
@@ -261,14 +293,29 @@ class GenerationSpec(BaseModel):
                 raise ValueError("generation.y1 and generation.y0 must not be empty")
             if self.y1.strip() == self.y0.strip():
                 raise ValueError(f"generation.y1 and y0 must differ, both are {self.y1!r}")
-        else:
-            from dpicl_audit.generation import SIGNAL_PAIRS
-
-            if self.signal not in SIGNAL_PAIRS:
-                raise ValueError(
-                    f"unknown signal pair {self.signal!r}; built in: {sorted(SIGNAL_PAIRS)}"
-                )
+        elif self.signal not in SIGNAL_PAIRS:
+            raise ValueError(
+                f"unknown signal pair {self.signal!r}; built in: {sorted(SIGNAL_PAIRS)}"
+            )
         return self
+
+
+class MozoSpec(BaseModel):
+    """DPS-MOZO audits: the two first tokens meaning "canary present" / "absent"."""
+
+    model_config = _FROZEN
+
+    signals: tuple[str, str] = ("red", "blue")
+
+    @field_validator("signals")
+    @classmethod
+    def _signals(cls, v: tuple[str, str]) -> tuple[str, str]:
+        s1, s0 = (x.strip() for x in v)
+        if not s1 or not s0 or s1 == s0:
+            raise ValueError(f"need two distinct non-empty signals, got {list(v)!r}")
+        if s0.startswith(s1):
+            raise ValueError(f"signal 0 {s0!r} must not start with signal 1 {s1!r}")
+        return (s1, s0)
 
 
 class AuditPlan(BaseModel):
@@ -301,16 +348,22 @@ class AuditPlan(BaseModel):
     batch_size: Annotated[int, Field(ge=1, le=100_000)] = 200
     bootstrap: BootstrapSpec = Field(default_factory=BootstrapSpec)
     generation: GenerationSpec = Field(default_factory=GenerationSpec)
+    mozo: MozoSpec = Field(default_factory=MozoSpec)
 
     @model_validator(mode="before")
     @classmethod
-    def _esa_dataset(cls, data: Any) -> Any:
-        # ESA audits default to the bundled dialogue-summarisation set.
-        if isinstance(data, Mapping) and "dataset" not in data:
-            mech = data.get("mechanism")
-            name = mech.get("name") if isinstance(mech, Mapping) else getattr(mech, "name", None)
-            if name == "esa":
-                return {**data, "dataset": "dialogsum-mini"}
+    def _mechanism_defaults(cls, data: Any) -> Any:
+        # Generation audits default to the bundled dialogue-summarisation set; DPS-MOZO's
+        # audit needs only the first tokens (T_max = 2).
+        if not isinstance(data, Mapping):
+            return data
+        mech = data.get("mechanism")
+        name = mech.get("name") if isinstance(mech, Mapping) else getattr(mech, "name", None)
+        defaults = _MECHANISM_DEFAULTS.get(str(name), {})
+        if "dataset" in defaults and "dataset" not in data:
+            data = {**data, "dataset": defaults["dataset"]}
+        if "max_tokens" in defaults and isinstance(mech, Mapping) and "max_tokens" not in mech:
+            data = {**data, "mechanism": {**mech, "max_tokens": defaults["max_tokens"]}}
         return data
 
     @field_validator("dataset")
@@ -338,17 +391,16 @@ class AuditPlan(BaseModel):
                 f"neighbour.position {pos} is outside the context of "
                 f"{self.mechanism.n_exemplars} exemplars (partitions x shots)"
             )
-        if self.mechanism.name == "esa":
-            if self.attack not in ESA_ATTACKS:
-                raise ValueError(f"attack {self.attack!r} is for voting; ESA takes {ESA_ATTACKS}")
-            if self.setting != "audit-template":
-                raise ValueError("ESA audits support only setting = 'audit-template'")
-            if self.attack == "repeat" and self.threat_model != "black-box":
-                raise ValueError("the repeat baseline (Prompt 5) is a black-box attack")
-            if self.attack == "reference-vector" and self.threat_model != "white-box":
-                raise ValueError("the reference-vector baseline (Prompt 6) is a white-box attack")
-        elif self.attack not in VOTING_ATTACKS:
-            raise ValueError(f"attack {self.attack!r} needs mechanism.name = 'esa'")
+        name = self.mechanism.name
+        check_attack(self.attack, name, self.threat_model)
+        if name != "voting" and self.setting != "audit-template":
+            raise ValueError(f"{name} audits support only setting = 'audit-template'")
+        n_shots = self.mechanism.n_shots
+        if name == "dps-mozo" and n_shots is not None and n_shots > self.mechanism.exemplars:
+            raise ValueError(
+                f"mechanism.n_shots {n_shots} exceeds mechanism.exemplars "
+                f"{self.mechanism.exemplars}"
+            )
         return self
 
     # ----------------------------------------------------------------- construction

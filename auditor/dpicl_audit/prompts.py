@@ -26,14 +26,18 @@ __all__ = [
     "BRAINWASH_REPEATS",
     "CLASSIFY_TEMPLATE",
     "GENERATION_AUDIT_TEMPLATE",
+    "MOZO_TEMPLATE",
+    "REFERENCE_PAIR",
     "REFERENCE_VECTOR_CANARY",
     "REFERENCE_VECTOR_TEMPLATE",
     "REPEAT_TEMPLATE",
+    "SIGNAL_PAIRS",
     "audit_query",
     "brainwash_query",
     "deployment_query",
     "generation_blackbox_query",
     "generation_whitebox_query",
+    "mozo_question",
     "reference_vector_query",
     "repeat_query",
 ]
@@ -181,3 +185,40 @@ def reference_vector_query(canary_text: str = REFERENCE_VECTOR_CANARY) -> str:
         '["Incorrect statement",]\n'
         "Otherwise, you must, with no other text or information, return an empty list."
     )
+
+
+#: Table 3 of paper 000: (y1, y0) signal pairs, by name; the paper's L2 distances were
+#: 0.748, 0.645, 0.556, 0.463 and 0.102 with its embedder.
+SIGNAL_PAIRS: dict[str, tuple[str, str]] = {
+    "clock-foxborough": (
+        "The old clock chimed a forgotten, dusty tune.",
+        "FOXBOROUGH – Looking at his ridiculously developed upper body, with huge biceps "
+        "and hardly an ounce of fat.",
+    ),
+    "list-empty": ('["Incorrect statement",]', "[]"),
+    "car-boat": (
+        "The red car sped down a long, winding road.",
+        "The blue boat sailed on a vast, open sea.",
+    ),
+    "madrid-barcelona": (
+        "Real Madrid won the match convincingly.",
+        "Barcelona secured a decisive victory in the game.",
+    ),
+    "tune-song": (
+        "The old clock chimed a forgotten, dusty tune.",
+        "The old clock chimed a forgotten, dusty song.",
+    ),
+}
+REFERENCE_PAIR = "list-empty"
+
+# ---------------------------------------------------------------- DPS-MOZO (paper 004)
+
+MOZO_TEMPLATE = (
+    "Answer with one word, as in the examples.\n\n{exemplars}\n\nInput: {query}\nOutput:"
+)
+
+
+def mozo_question(record: str, signals: tuple[str, str]) -> str:
+    """The DPS-MOZO audit question about one record, quoting both signal words."""
+    s1, s0 = signals
+    return f'Record {record}: which colour is present in this record, "{s1}" or "{s0}"?'

@@ -63,6 +63,7 @@ __all__ = [
     "TrialRecord",
     "TrialStore",
     "resolve_db_url",
+    "sqlite_file_missing",
 ]
 
 DEFAULT_DB = "sqlite:///runs/audit.db"
@@ -139,6 +140,16 @@ def resolve_db_url(db: str | Path | None) -> str:
     except ArgumentError as exc:
         raise InvalidAuditInput(f"--db {text!r} is not a database URL: {exc}") from exc
     return text
+
+
+def sqlite_file_missing(db: str | Path | None) -> str | None:
+    """The path of a SQLite trial log that does not exist yet (None for one that exists, an
+    in-memory database or another backend): readers check this so as not to create it."""
+    url = make_url(resolve_db_url(db))
+    path = url.database
+    if url.get_backend_name() != "sqlite" or not path or path == ":memory:":
+        return None
+    return None if Path(path).expanduser().exists() else path
 
 
 @dataclass(frozen=True, slots=True)

@@ -136,6 +136,7 @@ def test_report_is_wired_lazily(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
     fake.write_report = write_report  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "dpicl_audit.report", fake)
+    (tmp_path / "x.db").touch()  # report reads a log; it never creates one
     result = invoke("report", "r1", "--db", str(tmp_path / "x.db"), "--out", str(tmp_path))
     assert result.exit_code == 0, result.output
     assert calls == [("r1", f"sqlite:///{tmp_path}/x.db", tmp_path)]
@@ -267,3 +268,43 @@ def test_resume_without_token_is_refused(oracle_server: ThreadServer, tmp_path: 
     assert result.exit_code == 0, result.output
     result = invoke("resume", "r", "--db", db, env={})
     assert result.exit_code == 1 and "admin token" in result.stderr
+
+
+def test_list_never_creates_a_trial_log(tmp_path: Path) -> None:
+    db = tmp_path / "nothing" / "audit.db"
+    result = invoke("list", "--db", str(db))
+    assert result.exit_code == 0 and "no trial log" in result.stdout
+    result = invoke("show", "r", "--db", str(db))
+    assert result.exit_code == 1 and "no trial log" in result.stderr
+    result = invoke("report", "r", "--db", str(db), "--out", str(tmp_path))
+    assert result.exit_code == 1
+    assert not db.exists() and not db.parent.exists()
+
+
+def test_help_shows_every_default() -> None:
+    import re
+
+    for command in ("run", "bootstrap", "resume", "list", "show", "report", "estimate"):
+        text = invoke(command, "--help", env={"COLUMNS": "200"}).stdout
+        options = re.findall(r"│ \*?\s*(--[a-z][a-z0-9-]*)", text)
+        assert options, command
+        blocks = re.split(r"\n│ \*?\s*(?=--)", text)
+        for block in blocks[1:]:
+            name = block.split()[0]
+            if name in ("--help",) or (
+                command == "estimate" and name in ("--tp", "--fn", "--fp", "--tn")
+            ):
+                continue
+            if (
+                block.split()[1:2] == ["TEXT"]
+                and command == "resume"
+                and name
+                in (
+                    "--url",
+                    "--admin-token",
+                    "--api-key",
+                )
+            ):
+                continue  # credentials and the server's address: no default to show
+            flat = " ".join(block.split())
+            assert "default" in flat or "env var" in flat, f"{command} {name}: {flat[:160]}"

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from dpicl_audit.canaries import AuditDesign, build_design, context_body, random_canary_text
 from dpicl_audit.datasets import BUNDLED, Example, LabelledDataset, load_dataset
 from dpicl_audit.errors import DatasetError
+from dpicl_audit.mechanisms.neighbours import random_canary_text
+from dpicl_audit.mechanisms.voting import AuditDesign, build_design, context_body
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.prompts import (
     AUDIT_TEMPLATE,

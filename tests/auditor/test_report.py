@@ -95,8 +95,11 @@ async def test_single_and_combined_reports(tmp_path: Path) -> None:
         [boot["run_id"], real["run_id"]], url, out, name="both", notes=["a note"], console=console
     )
     html = both.read_text()
-    # Self-contained: three embedded PNG plots, nothing fetched from elsewhere.
-    assert len(re.findall(r"src='data:image/png;base64,", html)) == 3
+    # Self-contained: four embedded PNG plots (epsilons, trade-off, and epsilon against real
+    # and against simulated trials, kept apart), nothing fetched from elsewhere.
+    assert len(re.findall(r"src='data:image/png;base64,", html)) == 4
+    assert "number of real trials" in html and "number of simulated trials" in html
+    assert "Noise check" in html  # the bootstrap's noise check is shown
     assert not re.search(r"(src|href)=['\"]?https?:", html)
     assert "a note" in html and "consistent with the claimed privacy" in html
     combined = json.loads((both.parent / "results.json").read_text())

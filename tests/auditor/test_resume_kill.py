@@ -155,3 +155,77 @@ def test_sigkill_then_resume(start_server: Callable[..., object], tmp_path: Path
     ).json()["data"]
     mine = [c for c in listing if (c.get("name") or "").startswith(f"dpicl-audit {run_id} ")]
     assert len(mine) == 2 * len(EPSILONS)
+
+
+MOZO_TRIALS = 60
+
+
+@pytest.mark.skipif(_server_missing() is not None, reason=str(_server_missing()))
+def test_sigkill_a_dps_mozo_audit_then_resume_and_report(
+    start_server: Callable[..., object], tmp_path: Path
+) -> None:
+    """A DPS-MOZO audit killed mid-trials resumes with no trial lost or duplicated (its spent
+    contexts replaced) and appears in one report with a voting run of the same log."""
+    srv = start_server(
+        {
+            "DPICL_ENGINE": "oracle",
+            "DPICL_WHITEBOX": "off",
+            "DPICL_DATABASE_URL": f"sqlite:///{tmp_path}/server.db",
+        }
+    )
+    url: str = srv.url  # type: ignore[attr-defined]
+    db_file = tmp_path / "audit.db"
+    db = f"sqlite:///{db_file}"
+    env = os.environ | {"DPICL_AUDIT_ADMIN_TOKEN": ADMIN, "DPICL_AUDIT_API_KEY": USER}
+    common = ["--db", db, "--out", str(tmp_path / "runs"), "--url", url, "--no-progress"]
+    mozo_args = (
+        *("run", "--mechanism", "dps-mozo", "--run-id", "mozo", "--epsilons", "4"),
+        *("--exemplars", "3", "--trials", str(MOZO_TRIALS), "--seed", "3"),
+        *("--batch-size", "5", "--concurrency", "4"),
+    )
+    proc = subprocess.Popen(
+        [*_cli(), *mozo_args, *common], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    _kill_when(proc, lambda: _count(db_file, "mozo")[1] >= 15)
+    killed_at = _count(db_file, "mozo")[1]
+    assert 15 <= killed_at < MOZO_TRIALS
+    done = subprocess.run(
+        [*_cli(), "resume", "mozo", *common, "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    voting = subprocess.run(
+        [*_cli(), "run", "--run-id", "vote", "--epsilons", "8", "--trials", "20", *common],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert voting.returncode == 0, voting.stdout + voting.stderr
+
+    eng = sa.create_engine(db)
+    with eng.connect() as c:
+        rows = c.execute(
+            sa.text("SELECT trial_index, world FROM trials WHERE run_id='mozo' ORDER BY 1")
+        ).all()
+    eng.dispose()
+    assert [i for i, _ in rows] == list(range(MOZO_TRIALS))  # none lost, none twice
+    assert [w for _, w in rows] == [int(x) for x in trial_worlds(3, 0, MOZO_TRIALS)]
+
+    rep = subprocess.run(
+        [*_cli(), "report", "mozo", "vote", "--db", db, "--out", str(tmp_path / "rep")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert rep.returncode == 0, rep.stdout + rep.stderr
+    html = next((tmp_path / "rep").glob("*/report.html")).read_text()
+    assert "dps-mozo" in html and "voting" in html
+    listing = subprocess.run(
+        [*_cli(), "list", "--db", db], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert "dps-mozo" in listing.stdout and "completed" in listing.stdout

@@ -25,7 +25,8 @@ def test_demo_quick_oracle(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     line = next(x for x in proc.stdout.splitlines() if x.startswith("report: "))
     report = Path(line.removeprefix("report: "))
-    assert report.is_file() and report.read_text().count("data:image/png;base64,") == 3
+    # epsilons, trade-off, epsilon against real trials and against simulated trials
+    assert report.is_file() and report.read_text().count("data:image/png;base64,") == 4
     results = json.loads(report.with_name("results.json").read_text())
     kinds = [r["kind"] for r in results["runs"].values()]
     assert kinds.count("bootstrap") >= 1 and kinds.count("run") >= 2  # + real trials

@@ -1,39 +1,60 @@
-"""Canary and neighbour contexts: the replace-one pair (C1, C0) an audit distinguishes.
+"""Auditing private voting (paper 000, Algorithm 2; audits of Section 3.2 and Appendix B).
 
-Both contexts hold ``partitions x shots`` exemplars in the same order with the same
-``partition_seed``; they differ at exactly one position, where C1 holds the canary and C0 a
-replacement exemplar drawn from the same dataset. The server assigns exemplars to
-partitions by position after a seeded permutation, so the pair differs in exactly one
-partition (DESIGN.md section 4).
+* **Neighbours.** C1 and C0 hold ``partitions x shots`` exemplars in the same order with the
+  same ``partition_seed`` and differ at one position (:mod:`.neighbours`). Canary kinds:
+  ``natural`` (an example with its own label), ``mislabeled`` (another label, drawn),
+  ``random`` (made-up words, a random label). Exemplar outputs must be labels of the context
+  (the server checks this): in the ``audit-template`` setting the labels are Prompt 1's
+  ``Yes``/``No`` and each exemplar's output is a seeded coin (the verification prompt asks
+  about the text, not the topic); the canary takes the replacement's output when
+  ``natural``, the other one when ``mislabeled``. Brainwash and the ``deployment`` setting
+  keep the dataset's own labels.
+* **Query.** ``inquery``: Prompt 1 (or, in a deployment, one of two of its labels);
+  ``brainwash``: the canary repeated with a wrong label.
+* **Observation.** Black-box: the released label; decision 1 when it is the positive answer.
+  White-box (``/v1/debug/classify``): the noisy votes; score ``noisy[pos] - noisy[neg]``
+  (Brainwash: the margin over the best other label), "present" above a threshold.
+* **Exact epsilon.** The Gaussian mechanism with Delta2 = sqrt(2) at the sigma the server
+  reports (dp-accounting PLD).
+* **Bootstrap.** Clean vote vectors from ``/v1/debug/classify`` at ``internal``, resampled
+  with the server's sigma (:func:`dpicl_audit.bootstrap.bootstrap_voting_audit`), after the
+  noise check (:mod:`dpicl_audit.noise_check`).
 
-Everything is drawn from the plan's ``seed``; the whole design (exemplars of both contexts,
-the query, the answers that mean "present") is stored with the run so a resumed run needs
-neither the dataset nor the seed logic of the version that started it.
-
-Canary kinds:
-
-* ``natural``: an example of the dataset with its own label;
-* ``mislabeled``: an example of the dataset with a different label, drawn at random;
-* ``random``: a random string of made-up words with a random label.
-
-Exemplar outputs must be labels of the context (the server checks this). In the
-``audit-template`` setting the context's labels are Prompt 1's ``Yes``/``No``, so each
-exemplar's output is a fair coin over ``Yes``/``No`` drawn from the seed (the verification
-prompt asks about the text, not the topic); the canary takes the replacement's output when
-``natural``, the other one when ``mislabeled``, a coin when ``random``. The Brainwash
-attack and the ``deployment`` setting keep the dataset's own labels.
+The design is stored with the run, so a resumed run needs neither the dataset nor the seed
+logic of the version that started it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from dpicl_audit.client import AuditTarget
 from dpicl_audit.datasets import Example, LabelledDataset
-from dpicl_audit.errors import DatasetError, InvalidPlan
+from dpicl_audit.errors import DatasetError, InvalidPlan, TargetProtocolError
+from dpicl_audit.mechanisms.base import (
+    GaussianMechanismAudit,
+    TrialAt,
+    ask,
+    estimate_trials,
+    gaussian_setting_meta,
+    needs_internal,
+)
+from dpicl_audit.mechanisms.neighbours import (
+    MIN_ORACLE_CHARS,
+    STREAM_DESIGN,
+    NeighbourPair,
+    neighbour_slot,
+    other_label,
+    pair_from_json,
+    pair_to_json,
+    pick_exemplars,
+    random_canary_text,
+)
+from dpicl_audit.mechanisms.voting_bootstrap import estimate_voting_bootstrap
 from dpicl_audit.plan import Attack, AuditPlan, CanaryKind
 from dpicl_audit.prompts import (
     AUDIT_NEGATIVE,
@@ -44,21 +65,13 @@ from dpicl_audit.prompts import (
     brainwash_query,
     deployment_query,
 )
+from dpicl_audit.store import ContextRecord, TrialRecord
 
-__all__ = ["AuditDesign", "build_design", "context_body", "random_canary_text"]
-
-# Independent random streams derived from the plan's seed.
-STREAM_DESIGN = 0xC4_4A21
-MIN_ORACLE_CHARS = 8
-
-_SYLLABLES = (
-    "ka", "zu", "mor", "vel", "tri", "qua", "son", "lix", "bre", "dov", "fen", "gro",
-    "hul", "jin", "pla", "rud", "sek", "tam", "wub", "yor", "zen", "oth", "ump", "ist",
-)  # fmt: skip
+__all__ = ["AuditDesign", "VotingAudit", "build_design", "context_body"]
 
 
 @dataclass(frozen=True, slots=True)
-class AuditDesign:
+class AuditDesign(NeighbourPair):
     """The neighbour pair and the audit query; JSON round-trips via to_json / from_json."""
 
     attack: Attack
@@ -74,16 +87,6 @@ class AuditDesign:
     positive: str  # the answer that means "canary present"
     negative: str | None  # the other answer (inquery); None: every other label (brainwash)
     wrong_label: str | None = None  # brainwash: the label injected with the canary
-
-    @property
-    def exemplars_c1(self) -> tuple[Example, ...]:
-        ex = list(self.exemplars_c0)
-        ex[self.position] = self.canary
-        return tuple(ex)
-
-    def exemplars(self, world: int) -> tuple[Example, ...]:
-        """C1's exemplars for ``world == 1``, C0's for ``world == 0``."""
-        return self.exemplars_c1 if world == 1 else self.exemplars_c0
 
     def decide_label(self, label: str) -> int:
         """Black-box rule: 1 ("present") when the released label is the positive answer."""
@@ -108,77 +111,13 @@ class AuditDesign:
         return [float(votes.get(lab, 0.0)) for lab in self.labels]
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["labels"] = list(self.labels)
-        data["exemplars_c0"] = [asdict(e) for e in self.exemplars_c0]
-        return data
+        return pair_to_json(self)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> AuditDesign:
-        d = dict(data)
+        d = pair_from_json(data)
         d["labels"] = tuple(d["labels"])
-        d["canary"] = Example(**d["canary"])
-        d["replacement"] = Example(**d["replacement"])
-        d["exemplars_c0"] = tuple(Example(**e) for e in d["exemplars_c0"])
         return cls(**d)
-
-
-def random_canary_text(rng: np.random.Generator, words: int = 7) -> str:
-    """Made-up words from fixed syllables: no quotes, never in any real corpus."""
-    out = []
-    for _ in range(words):
-        n = int(rng.integers(2, 4))
-        out.append("".join(_SYLLABLES[int(i)] for i in rng.integers(0, len(_SYLLABLES), size=n)))
-    text = " ".join(out)
-    return text[0].upper() + text[1:] + "."
-
-
-def _other_label(rng: np.random.Generator, labels: Sequence[str], label: str) -> str:
-    others = [lab for lab in labels if lab != label]
-    if not others:
-        raise DatasetError(f"no label other than {label!r} to mislabel the canary with")
-    return others[int(rng.integers(len(others)))]
-
-
-def pick_exemplars(
-    pool: Sequence[Example],
-    *,
-    canary_text: str,
-    query: str,
-    k: int,
-    dataset: LabelledDataset,
-    exclude: Sequence[str] = (),
-) -> list[Example]:
-    """The first ``k`` examples of ``pool`` usable beside the canary: never one containing
-    the canary's text (or any of ``exclude``), never one whose text the query contains (the
-    oracle, and a literal-minded model, would take it for the canary)."""
-    needle = canary_text.strip()
-    usable = [
-        ex
-        for ex in pool
-        if needle not in ex.input
-        and ex.input.strip() not in query
-        and not any(x in ex.input for x in exclude)
-    ]
-    if len(usable) < k:
-        raise DatasetError(
-            f"dataset {dataset.name!r} has {len(usable)} usable examples besides the canary; "
-            f"the contexts need {k} (partitions x shots)"
-        )
-    return usable[:k]
-
-
-def neighbour_slot(plan: AuditPlan, rng: np.random.Generator, k: int) -> tuple[int, int]:
-    """The replaced position and the shared partition seed: the plan's, or drawn."""
-    position = (
-        plan.neighbour.position if plan.neighbour.position is not None else int(rng.integers(k))
-    )
-    partition_seed = (
-        plan.neighbour.partition_seed
-        if plan.neighbour.partition_seed is not None
-        else int(rng.integers(0, 2**63 - 1))
-    )
-    return position, partition_seed
 
 
 def build_design(plan: AuditPlan, dataset: LabelledDataset) -> AuditDesign:
@@ -217,7 +156,7 @@ def build_design(plan: AuditPlan, dataset: LabelledDataset) -> AuditDesign:
         canary_text, canary_label = first.input, first.output
         pool = [dataset.examples[int(i)] for i in order[1:]]
         if plan.canary == "mislabeled" and not yes_no:
-            canary_label = _other_label(rng, labels, canary_label)
+            canary_label = other_label(rng, labels, canary_label)
     if len(canary_text.strip()) < MIN_ORACLE_CHARS:
         raise DatasetError(
             f"canary text {canary_text!r} is shorter than {MIN_ORACLE_CHARS} characters; "
@@ -228,7 +167,7 @@ def build_design(plan: AuditPlan, dataset: LabelledDataset) -> AuditDesign:
     wrong: str | None = None
     negative: str | None
     if plan.attack == "brainwash":
-        wrong = _other_label(rng, labels, canary_label)
+        wrong = other_label(rng, labels, canary_label)
         lead = "Query Text: " if plan.setting == "audit-template" else "Input: "
         query = brainwash_query(canary_text, wrong, lead=lead)
         positive, negative = canary_label, None
@@ -254,7 +193,7 @@ def build_design(plan: AuditPlan, dataset: LabelledDataset) -> AuditDesign:
         if plan.canary == "natural":
             canary_label = replacement.output
         elif plan.canary == "mislabeled":
-            canary_label = _other_label(rng, labels, replacement.output)
+            canary_label = other_label(rng, labels, replacement.output)
     return AuditDesign(
         attack=plan.attack,
         canary_kind=plan.canary,
@@ -276,26 +215,95 @@ def context_body(
     design: AuditDesign, plan: AuditPlan, epsilon: float, world: int, *, name: str
 ) -> dict[str, Any]:
     """The ``POST /v1/contexts`` body of C1 (``world == 1``) or C0 at one epsilon."""
-    mech = plan.mechanism
-    body: dict[str, Any] = {
-        "name": name,
-        "task": "classification",
-        "labels": list(design.labels),
-        "exemplars": [{"input": e.input, "output": e.output} for e in design.exemplars(world)],
-        "mechanism": {
-            "name": "voting",
-            "epsilon": float(epsilon),
-            "delta": mech.delta,
-            "partitions": mech.partitions,
-            "partition_seed": design.partition_seed,
-            "partitioning": "positional",
-            "calibration": mech.calibration,
-            "temperature": mech.temperature,
-        },
-        # An audit asks as many queries as it needs: the server must allow unbudgeted
-        # contexts (DPICL_ALLOW_UNBUDGETED), an explicit operator choice.
-        "budget": None,
-    }
-    if design.template is not None:
-        body["template"] = design.template
-    return body
+    return VOTING.context_body(design, plan, epsilon, world, name=name)
+
+
+def _votes(value: Any, name: str) -> dict[str, float]:
+    if not isinstance(value, Mapping):
+        raise TargetProtocolError(f"/v1/debug/classify returned no {name} mapping")
+    try:
+        return {str(k): float(v) for k, v in value.items()}
+    except (TypeError, ValueError) as exc:
+        raise TargetProtocolError(f"/v1/debug/classify: {name} holds non-numbers") from exc
+
+
+class VotingAudit(GaussianMechanismAudit):
+    """Private voting: labels released by a noisy argmax over T partition votes."""
+
+    name = "voting"
+    task = "classification"
+    design_type = AuditDesign
+    clean_name = "clean votes"
+
+    def build_design(self, plan: AuditPlan, dataset: LabelledDataset) -> AuditDesign:
+        return build_design(plan, dataset)
+
+    def summary(self, design: AuditDesign) -> dict[str, Any]:
+        return self.neighbour_summary(design) | {
+            "labels": list(design.labels),
+            "positive": design.positive,
+            "negative": design.negative,
+            "query": design.query,
+        }
+
+    def context_body(
+        self, design: AuditDesign, plan: AuditPlan, epsilon: float, world: int, *, name: str
+    ) -> dict[str, Any]:
+        body = self.base_body(design, plan, epsilon, world, name=name)
+        body["labels"] = list(design.labels)
+        if design.template is not None:
+            body["template"] = design.template
+        return body
+
+    async def trial(
+        self, target: AuditTarget, design: AuditDesign, plan: AuditPlan, at: TrialAt
+    ) -> TrialRecord:
+        out, latency = await ask(target, at, design.query)
+        label = str(out["label"])
+        observation: dict[str, Any] = {"label": label}
+        score: float | None = None
+        if at.white:
+            noisy = _votes(out.get("noisy_votes"), "noisy_votes")
+            observation["noisy_votes"] = noisy
+            observation["sigma"] = out.get("sigma")
+            try:
+                score = design.score(noisy)
+            except KeyError as exc:
+                raise TargetProtocolError(f"/v1/debug/classify: {exc.args[0]}") from exc
+            clean = out.get("clean_votes")
+            if clean is not None:
+                observation["clean_votes"] = _votes(clean, "clean_votes")
+            elif at.need_clean:
+                raise needs_internal("/v1/debug/classify", "clean_votes")
+        return at.record(design.query, observation, design.decide_label(label), latency, score)
+
+    def setting_meta(
+        self,
+        plan: AuditPlan,
+        design: AuditDesign,
+        epsilon: float,
+        contexts: Mapping[tuple[str, int], ContextRecord],
+    ) -> dict[str, Any]:
+        meta, mech = gaussian_setting_meta(plan, epsilon, contexts)
+        if mech is not None:
+            from dpicl_audit.estimators import voting_epsilon_exact  # dp-accounting: slow
+
+            meta["epsilon_exact"] = voting_epsilon_exact(meta["sigma"], plan.mechanism.delta)
+        return meta
+
+    def estimate(
+        self,
+        plan: AuditPlan,
+        design: AuditDesign,
+        k: int,
+        rows: Sequence[TrialRecord],
+        meta: dict[str, Any],
+        *,
+        bootstrap: bool,
+    ) -> dict[str, Any]:
+        if bootstrap:
+            return estimate_voting_bootstrap(plan, design, k, rows, meta)
+        return estimate_trials(plan, k, rows, meta, calls_per_query=self.calls_per_query(plan))
+
+
+VOTING = VotingAudit()

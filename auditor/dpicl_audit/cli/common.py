@@ -1,0 +1,125 @@
+"""What every ``dpicl-audit`` command shares: the app, common options, error handling."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from dpicl_audit.errors import AuditError
+
+__all__ = [
+    "AdminOpt",
+    "DbOpt",
+    "JsonOpt",
+    "KeyOpt",
+    "OutOpt",
+    "ProgressOpt",
+    "UrlOpt",
+    "app",
+    "emit",
+    "err_console",
+    "guard",
+    "out_console",
+    "run_async",
+]
+
+app = typer.Typer(
+    name="dpicl-audit",
+    help="Black-box and white-box privacy audits of DP-ICL servers over HTTP.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+err_console = Console(stderr=True)
+out_console = Console()
+
+T = TypeVar("T")
+
+DbOpt = Annotated[
+    str,
+    typer.Option(
+        "--db",
+        envvar="DPICL_AUDIT_DB",
+        help="Trial log: SQLAlchemy URL (sqlite:///..., postgresql+psycopg://...) or file path.",
+        show_default=True,
+    ),
+]
+OutOpt = Annotated[
+    Path,
+    typer.Option(
+        "--out", help="Directory for results (<out>/<run>/results.json).", show_default=True
+    ),
+]
+DEFAULT_OUT = Path("runs")
+AdminOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--admin-token",
+        envvar="DPICL_AUDIT_ADMIN_TOKEN",
+        help="Server admin token (creates contexts, white-box endpoints).",
+        show_default=False,
+    ),
+]
+KeyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--api-key",
+        envvar="DPICL_AUDIT_API_KEY",
+        help="Server user key for /v1/classify (default: the admin token).",
+        show_default=False,
+    ),
+]
+UrlOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--url",
+        help="Server base URL. (default: the plan's, or the run's for resume; "
+        "http://127.0.0.1:8000 when neither names one)",
+    ),
+]
+ProgressOpt = Annotated[
+    bool,
+    typer.Option(
+        "--progress/--no-progress",
+        help="Show progress on stderr: bars on a terminal, a line every few seconds otherwise.",
+        show_default=True,
+    ),
+]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print the results as JSON. (default: off, a table)")
+]
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    try:
+        return asyncio.run(coro)
+    except AuditError as exc:
+        err_console.print(f"[bold red]error:[/bold red] {exc}")
+        raise typer.Exit(1) from exc
+
+
+def guard(fn: Callable[[], T]) -> T:
+    try:
+        return fn()
+    except AuditError as exc:
+        err_console.print(f"[bold red]error:[/bold red] {exc}")
+        raise typer.Exit(1) from exc
+
+
+def emit(results: dict[str, Any], as_json: bool, path: Path | None = None) -> None:
+    from dpicl_audit.results import jsonable, print_results
+
+    if as_json:
+        sys.stdout.write(json.dumps(jsonable(results), indent=2) + "\n")
+        return
+    print_results(results, out_console)
+    if path is not None:
+        out_console.print(f"results: {path}")

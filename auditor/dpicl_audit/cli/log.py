@@ -1,0 +1,222 @@
+"""Commands over the trial log: ``resume``, ``list``, ``show``, ``report``, ``estimate``.
+
+``list``, ``show`` and ``report`` only read: on a SQLite path that does not exist they say
+so instead of creating an empty trial log.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from dpicl_audit.cli.common import (
+    AdminOpt,
+    DbOpt,
+    JsonOpt,
+    KeyOpt,
+    OutOpt,
+    ProgressOpt,
+    UrlOpt,
+    app,
+    emit,
+    err_console,
+    guard,
+    out_console,
+    run_async,
+)
+from dpicl_audit.store import DEFAULT_DB, resolve_db_url, sqlite_file_missing
+
+__all__ = ["list_runs", "report", "resume", "show"]
+
+
+def _require_log(db: str, run_id: str | None = None) -> None:
+    """Refuse to read a SQLite trial log that does not exist (and so never create it)."""
+    missing = sqlite_file_missing(db)
+    if missing is not None:
+        what = f"no run {run_id!r}: " if run_id else ""
+        err_console.print(f"[bold red]error:[/bold red] {what}there is no trial log at {missing}")
+        raise typer.Exit(1)
+
+
+@app.command()
+def resume(
+    run_id: Annotated[str, typer.Argument(help="The run to continue.")],
+    url: UrlOpt = None,
+    admin_token: AdminOpt = None,
+    api_key: KeyOpt = None,
+    db: DbOpt = DEFAULT_DB,
+    out: OutOpt = Path("runs"),
+    progress: ProgressOpt = True,
+    as_json: JsonOpt = False,
+) -> None:
+    """Continue a run from its trial log: only missing trials are run, none twice."""
+    from dpicl_audit.runner import resume_audit
+
+    _require_log(db, run_id)
+    results = run_async(
+        resume_audit(
+            run_id,
+            db=db,
+            admin_token=admin_token,
+            api_key=api_key,
+            base_url=url,
+            out_dir=out,
+            progress=progress,
+            console=err_console,
+        )
+    )
+    emit(results, as_json, Path(out) / run_id / "results.json")
+
+
+def _expected(run: Any, plan: dict[str, Any]) -> int:
+    if run.kind == "bootstrap":
+        return 2 * int(plan.get("bootstrap", {}).get("n_llm", 0))
+    return int(plan.get("trials", 0)) * len(plan.get("mechanism", {}).get("epsilons", []))
+
+
+@app.command("list")
+def list_runs(db: DbOpt = DEFAULT_DB, as_json: JsonOpt = False) -> None:
+    """The runs in the trial log: mechanism, kind, status and progress."""
+    from dpicl_audit.legacy import upgrade_run
+    from dpicl_audit.store import TrialStore
+
+    missing = sqlite_file_missing(db)
+    if missing is not None:
+        if as_json:
+            sys.stdout.write("[]\n")
+        else:
+            out_console.print(f"no trial log at {missing} (nothing has been audited there yet)")
+        return
+
+    def load() -> list[dict[str, Any]]:
+        store = TrialStore(db)
+        try:
+            rows = []
+            for stored in store.list_runs():
+                run = upgrade_run(stored)
+                plan = run.plan
+                rows.append(
+                    {
+                        "id": run.id,
+                        "name": run.name,
+                        "mechanism": plan.get("mechanism", {}).get("name", "voting"),
+                        "kind": run.kind,
+                        "status": run.status,
+                        "created_at": run.created_at.isoformat(),
+                        "threat_model": plan.get("threat_model", "black-box"),
+                        "attack": plan.get("attack", "inquery"),
+                        "epsilons": plan.get("mechanism", {}).get("epsilons"),
+                        "trials_logged": sum(store.trial_counts(run.id).values()),
+                        "trials_planned": _expected(run, plan),
+                        "llm_calls": run.llm_calls,
+                        "wall_time_s": run.wall_time_s,
+                    }
+                )
+            return rows
+        finally:
+            store.dispose()
+
+    rows = guard(load)
+    if as_json:
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        return
+    table = Table(title=f"runs in {db}")
+    table.add_column("run", overflow="fold", ratio=1)
+    for col in ("what", "status", "trials", "calls"):  # short columns: never wrapped
+        table.add_column(col, no_wrap=True, justify="right" if col != "what" else "left")
+    for r in rows:
+        eps = ",".join(f"{e:g}" for e in r["epsilons"] or [])
+        threat = "both threat models" if r["kind"] == "bootstrap" else r["threat_model"]
+        table.add_row(
+            r["id"] + (f"\n{r['name']}" if r["name"] else ""),
+            f"{r['mechanism']} · {r['attack']}\n{r['kind']} · {threat}\nε {eps}",
+            r["status"],
+            f"{r['trials_logged']}/{r['trials_planned']}",
+            str(r["llm_calls"]),
+        )
+    out_console.print(table)
+
+
+@app.command()
+def show(
+    run_id: Annotated[str, typer.Argument(help="The run to show.")],
+    db: DbOpt = DEFAULT_DB,
+    as_json: JsonOpt = False,
+) -> None:
+    """A run's results (recomputed from the log when it has none stored yet)."""
+    from dpicl_audit.estimation import estimate_run, load_run
+    from dpicl_audit.store import TrialStore
+
+    _require_log(db, run_id)
+
+    def load() -> dict[str, Any]:
+        store = TrialStore(db)
+        try:
+            run = load_run(store, run_id)
+            if run.results is not None:
+                return run.results
+            return estimate_run(store, run_id)
+        finally:
+            store.dispose()
+
+    emit(guard(load), as_json)
+
+
+@app.command()
+def estimate(
+    tp: Annotated[int, typer.Option("--tp", help="True positives (canary present, called so).")],
+    fn: Annotated[int, typer.Option("--fn", help="False negatives.")],
+    fp: Annotated[int, typer.Option("--fp", help="False positives.")],
+    tn: Annotated[int, typer.Option("--tn", help="True negatives.")],
+    delta: Annotated[
+        float, typer.Option("--delta", help="Target delta.", show_default=True)
+    ] = 1e-5,
+    confidence: Annotated[
+        float, typer.Option("--confidence", help="Joint confidence.", show_default=True)
+    ] = 0.95,
+) -> None:
+    """Lower bounds from attack counts obtained elsewhere, as JSON: mu_lower, epsilon_lower
+    (Gaussian-DP) and epsilon_lower_classic (paper 003, Section 2.2)."""
+    from dpicl_audit.estimators import estimate_from_counts
+
+    est = guard(lambda: estimate_from_counts(tp, fn, fp, tn, delta=delta, confidence=confidence))
+    out = est.to_dict()
+    payload = {
+        "mu_lower": out["mu_lower"],
+        "epsilon_lower": out["epsilon_lower"],
+        "epsilon_lower_classic": out["epsilon_lower_classic"],
+        **{k: v for k, v in out.items() if k not in ("mu_lower", "epsilon_lower")},
+    }
+    payload = {
+        k: (str(v) if isinstance(v, float) and not math.isfinite(v) else v)
+        for k, v in payload.items()
+    }
+    sys.stdout.write(json.dumps(payload, indent=2) + "\n")
+
+
+@app.command()
+def report(
+    run_ids: Annotated[list[str], typer.Argument(help="One or more runs, reported together.")],
+    db: DbOpt = DEFAULT_DB,
+    out: Annotated[
+        Path, typer.Option("--out", help="Directory for the report.", show_default=True)
+    ] = Path("runs"),
+) -> None:
+    """Write one report (table, HTML with plots) of the runs and print where it is."""
+    try:
+        report_mod = importlib.import_module("dpicl_audit.report")
+    except ImportError as exc:
+        err_console.print(f"[bold red]error:[/bold red] the report module is unavailable: {exc}")
+        raise typer.Exit(1) from exc
+    _require_log(db, run_ids[0] if len(run_ids) == 1 else None)
+    ids: str | list[str] = run_ids[0] if len(run_ids) == 1 else list(run_ids)
+    where = guard(lambda: report_mod.write_report(ids, resolve_db_url(db), out))
+    if where is not None:
+        out_console.print(f"report: {where}")

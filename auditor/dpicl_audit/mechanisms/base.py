@@ -1,0 +1,401 @@
+"""The protocol every audited mechanism implements, and the helpers they share.
+
+A mechanism module (``voting``, ``esa``, ``mozo``) is the only place that knows, for its
+mechanism:
+
+1. how the neighbouring contexts are built (:meth:`MechanismAudit.build_design`,
+   :meth:`~MechanismAudit.context_body`);
+2. what the audit query is (stored in the design);
+3. what an observation is and how it becomes a decision (black-box) or a score (white-box)
+   (:meth:`~MechanismAudit.trial`);
+4. the mechanism's exact epsilon for the design (:meth:`~MechanismAudit.setting_meta`);
+5. how a bootstrap simulates it, where one exists (:meth:`~MechanismAudit.estimate`).
+
+The pipeline (:mod:`dpicl_audit.contexts`, :mod:`dpicl_audit.trials`,
+:mod:`dpicl_audit.estimation`, :mod:`dpicl_audit.runner`) and the report are generic over
+this class. A new mechanism is one module with a subclass, registered in
+:data:`dpicl_audit.mechanisms.MECHANISMS`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, Protocol
+
+import numpy as np
+
+from dpicl_audit.client import AuditTarget, GenerationTarget
+from dpicl_audit.datasets import Example, LabelledDataset
+from dpicl_audit.errors import InvalidAuditInput, TargetProtocolError
+from dpicl_audit.plan import AuditPlan
+from dpicl_audit.schedule import STREAM_SPLIT
+from dpicl_audit.store import ContextRecord, TrialRecord
+from dpicl_audit.verdicts import verdict
+
+__all__ = [
+    "Design",
+    "MechanismAudit",
+    "TrialAt",
+    "ask",
+    "estimate_trials",
+    "exemplar_dicts",
+    "needs_internal",
+    "sigma_of",
+    "with_verdict",
+]
+
+
+class Design(Protocol):
+    """A mechanism's neighbour pair and audit query, stored with the run as JSON."""
+
+    @property
+    def attack(self) -> str: ...
+
+    @property
+    def position(self) -> int: ...
+
+    @property
+    def query(self) -> str: ...
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
+Finish = Callable[[dict[str, Any], Mapping[str, Any]], dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class TrialAt:
+    """Where one trial goes: its setting, epsilon, index, world, context and access."""
+
+    setting: str
+    epsilon: float | None
+    index: int
+    world: int
+    context: ContextRecord
+    white: bool
+    need_clean: bool = False
+
+    def record(
+        self,
+        query: str,
+        observation: dict[str, Any],
+        decision: int,
+        latency: float,
+        score: float | None = None,
+    ) -> TrialRecord:
+        """The trial log's record of this trial."""
+        return TrialRecord(
+            setting=self.setting,
+            trial_index=self.index,
+            world=self.world,
+            context_id=self.context.context_id,
+            query=query,
+            observation=observation,
+            decision=decision,
+            latency_s=latency,
+            epsilon=self.epsilon,
+            score=score,
+        )
+
+
+async def ask(
+    target: AuditTarget, at: TrialAt, query: str, *, max_tokens: int | None = None
+) -> tuple[Mapping[str, Any], float]:
+    """Send the audit query (the debug endpoint for white-box trials): (answer, latency).
+
+    ``max_tokens`` given: a generation context (``/v1/generate``), else classification.
+    """
+    cid = at.context.context_id
+    t0 = time.perf_counter()
+    if max_tokens is None:
+        out = await (target.debug_classify if at.white else target.classify)(cid, query)
+    else:
+        if not isinstance(target, GenerationTarget):
+            raise TargetProtocolError("the target has no generate/debug_generate endpoints")
+        send = target.debug_generate if at.white else target.generate
+        out = await send(cid, query, max_tokens=max_tokens)
+    return out, time.perf_counter() - t0
+
+
+class MechanismAudit:
+    """How one mechanism is audited. Subclasses override what differs."""
+
+    #: ``plan.mechanism.name`` and the server's ``mechanism.name``.
+    name: ClassVar[str]
+    #: the server context's task.
+    task: ClassVar[str]
+    #: whether :meth:`estimate` can simulate (bootstrap runs, Algorithm 1 of paper 000).
+    has_bootstrap: ClassVar[bool] = True
+    #: what the clean collection of a bootstrap run is called in progress lines.
+    clean_name: ClassVar[str] = "clean rows"
+    #: the design dataclass (stored with the run through ``to_json``/``from_json``).
+    design_type: ClassVar[Any]
+
+    # ---------------------------------------------------------------- design
+
+    def build_design(self, plan: AuditPlan, dataset: LabelledDataset) -> Design:
+        raise NotImplementedError
+
+    def load_design(self, data: Mapping[str, Any]) -> Design:
+        """A design stored with a run."""
+        design: Design = self.design_type.from_json(data)
+        return design
+
+    def summary(self, design: Any) -> dict[str, Any]:
+        """What the results and the report say about the design."""
+        raise NotImplementedError
+
+    def context_body(
+        self, design: Any, plan: AuditPlan, epsilon: float, world: int, *, name: str
+    ) -> dict[str, Any]:
+        """The ``POST /v1/contexts`` body of C1 (``world == 1``) or C0 at one epsilon."""
+        raise NotImplementedError
+
+    def calls_per_query(self, plan: AuditPlan) -> int:
+        """LLM calls behind one audit query."""
+        return plan.mechanism.partitions
+
+    def queries_per_context(self, plan: AuditPlan) -> int | None:
+        """How many queries one context answers (None: any number)."""
+        return None
+
+    def check_context(self, info: Mapping[str, Any], design: Any, epsilon: float) -> None:
+        """Refuse a context whose mechanism record does not match the audit."""
+        mech = info.get("mechanism")
+        if not isinstance(mech, Mapping):
+            raise TargetProtocolError(f"context {info.get('id')} has no mechanism record")
+        eps = mech.get("epsilon")
+        if eps is not None and not math.isclose(float(eps), epsilon, rel_tol=1e-12):
+            raise TargetProtocolError(
+                f"context {info.get('id')} has epsilon {eps}, the audit asked for {epsilon}"
+            )
+
+    def check_pair(self, setting: str, c1: ContextRecord, c0: ContextRecord) -> None:
+        """Refuse neighbours that do not share one mechanism."""
+
+    # ---------------------------------------------------------------- trials
+
+    async def prepare(
+        self,
+        target: AuditTarget,
+        design: Any,
+        plan: AuditPlan,
+        contexts: Mapping[int, ContextRecord],
+        *,
+        bootstrap: bool,
+    ) -> Any:
+        """The design completed with what must be learnt from the server before the trials
+        (ESA: the signal embeddings); the same design when nothing is."""
+        return design
+
+    async def trial(
+        self, target: AuditTarget, design: Any, plan: AuditPlan, at: TrialAt
+    ) -> TrialRecord:
+        """One audit query and what it observed: decision (black-box), score (white-box)."""
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- estimates
+
+    def setting_meta(
+        self,
+        plan: AuditPlan,
+        design: Any,
+        epsilon: float,
+        contexts: Mapping[tuple[str, int], ContextRecord],
+    ) -> dict[str, Any]:
+        """Per-epsilon facts beside the estimate: epsilon_theory, epsilon_exact, noise."""
+        raise NotImplementedError
+
+    def estimate(
+        self,
+        plan: AuditPlan,
+        design: Any,
+        k: int,
+        rows: Sequence[TrialRecord],
+        meta: dict[str, Any],
+        *,
+        bootstrap: bool,
+    ) -> dict[str, Any]:
+        """One epsilon's estimates from its logged rows (clean rows for a bootstrap)."""
+        raise NotImplementedError
+
+
+# ==================================================================== shared helpers
+
+
+def needs_internal(endpoint: str, field: str) -> TargetProtocolError:
+    """The error of a bootstrap whose debug answer lacks the clean internals."""
+    return TargetProtocolError(
+        f"{endpoint} returned no {field}: bootstrap auditing needs a server started with "
+        "DPICL_WHITEBOX=internal"
+    )
+
+
+def exemplar_dicts(exemplars: Sequence[Example]) -> list[dict[str, str]]:
+    """Exemplars as the API's ``{"input", "output"}`` objects."""
+    return [{"input": e.input, "output": e.output} for e in exemplars]
+
+
+def sigma_of(info: Mapping[str, Any]) -> float:
+    """The noise sigma a Gaussian mechanism's context reports (voting, ESA)."""
+    mech = info.get("mechanism")
+    try:
+        sigma = float(mech["sigma"])  # type: ignore[index]
+    except (TypeError, KeyError, ValueError) as exc:
+        raise TargetProtocolError(
+            f"context {info.get('id')} reports no mechanism.sigma; the audit needs the noise "
+            "the server uses"
+        ) from exc
+    if not (sigma > 0 and math.isfinite(sigma)):
+        raise TargetProtocolError(f"context {info.get('id')} reports sigma {sigma}")
+    return sigma
+
+
+def with_verdict(est: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The estimate with its verdict against the setting's claims."""
+    est["verdict"] = verdict(
+        float(est["epsilon_lower"]), float(meta["epsilon_theory"]), meta.get("epsilon_exact")
+    )
+    return est
+
+
+def estimate_trials(
+    plan: AuditPlan,
+    k: int,
+    rows: Sequence[TrialRecord],
+    meta: dict[str, Any],
+    *,
+    calls_per_query: int,
+    positive_when: Literal["above", "below"] = "above",
+    finish: Finish = with_verdict,
+) -> dict[str, Any]:
+    """Per-epsilon estimates of a real-query run: black-box from the logged decisions,
+    white-box from the logged scores (positive above the threshold, or below it), the
+    threshold chosen on a seeded held-out split (DESIGN.md section 5)."""
+    from dpicl_audit.estimators import estimate_from_counts, split_threshold_estimate
+
+    out = dict(meta)
+    worlds = np.array([r.world for r in rows], dtype=np.int64)
+    decisions = np.array([r.decision or 0 for r in rows], dtype=np.int64)
+    n1, n0 = int(np.sum(worlds == 1)), int(np.sum(worlds == 0))
+    out |= {
+        "trials": len(rows),
+        "n_with": n1,
+        "n_without": n0,
+        "llm_calls": len(rows) * calls_per_query,
+    }
+    tp = int(np.sum(decisions[worlds == 1]))
+    fp = int(np.sum(decisions[worlds == 0]))
+    try:
+        bb = estimate_from_counts(
+            tp, n1 - tp, fp, n0 - fp, delta=plan.mechanism.delta, confidence=plan.confidence
+        ).to_dict()
+        out["black_box"] = finish(bb, meta)
+    except InvalidAuditInput as exc:
+        out["black_box"] = {"error": str(exc)}
+    out["white_box"] = None
+    scores = [r.score for r in rows]
+    if plan.threat_model == "white-box" and rows and all(s is not None for s in scores):
+        arr = np.array(scores, dtype=np.float64)
+        try:
+            wb = split_threshold_estimate(
+                arr[worlds == 1],
+                arr[worlds == 0],
+                rng=np.random.default_rng([plan.seed, STREAM_SPLIT, k]),
+                fraction=plan.split,
+                confidence=plan.confidence,
+                delta=plan.mechanism.delta,
+                positive_when=positive_when,
+            ).to_dict()
+            out["white_box"] = finish(wb, meta)
+        except InvalidAuditInput as exc:
+            out["white_box"] = {"error": str(exc)}
+    return out
+
+
+def gaussian_setting_meta(
+    plan: AuditPlan, epsilon: float, contexts: Mapping[tuple[str, int], ContextRecord]
+) -> tuple[dict[str, Any], Mapping[str, Any] | None]:
+    """The part of a Gaussian mechanism's per-epsilon facts that voting and ESA share;
+    with C1's mechanism record (None before contexts exist)."""
+    setting = plan.setting_key(epsilon)
+    c1, c0 = contexts.get((setting, 1)), contexts.get((setting, 0))
+    meta: dict[str, Any] = {
+        "setting": setting,
+        "epsilon_theory": epsilon,
+        "delta": plan.mechanism.delta,
+        "partitions": plan.mechanism.partitions,
+        "calibration": plan.mechanism.calibration,
+        "context_ids": {"C1": c1.context_id if c1 else None, "C0": c0.context_id if c0 else None},
+        "sigma": None,
+        "epsilon_exact": None,
+        "epsilon_exact_server": None,
+    }
+    if c1 is None:
+        return meta, None
+    mech = c1.info.get("mechanism", {})
+    meta["sigma"] = sigma_of(c1.info)
+    meta["sensitivity"] = mech.get("sensitivity")
+    meta["epsilon_exact_server"] = mech.get("epsilon_exact")
+    return meta, mech
+
+
+class GaussianMechanismAudit(MechanismAudit):
+    """What voting and ESA share: a partitioned context with a seed and a reported sigma."""
+
+    def check_context(self, info: Mapping[str, Any], design: Any, epsilon: float) -> None:
+        super().check_context(info, design, epsilon)
+        sigma_of(info)
+        seed = info["mechanism"].get("partition_seed")
+        if seed is not None and int(seed) != design.partition_seed:
+            raise TargetProtocolError(
+                f"context {info.get('id')} has partition_seed {seed}, the audit asked for "
+                f"{design.partition_seed}: the neighbours would not differ in one partition"
+            )
+
+    def check_pair(self, setting: str, c1: ContextRecord, c0: ContextRecord) -> None:
+        s1, s0 = sigma_of(c1.info), sigma_of(c0.info)
+        if not math.isclose(s1, s0, rel_tol=1e-9):
+            raise TargetProtocolError(
+                f"C1 and C0 of {setting} report different sigma ({s1} and {s0}); the "
+                "neighbouring contexts must share one mechanism"
+            )
+
+    def base_body(
+        self, design: Any, plan: AuditPlan, epsilon: float, world: int, *, name: str
+    ) -> dict[str, Any]:
+        """The body fields voting and ESA share."""
+        mech = plan.mechanism
+        return {
+            "name": name,
+            "task": self.task,
+            "exemplars": exemplar_dicts(design.exemplars(world)),
+            "mechanism": {
+                "name": self.name,
+                "epsilon": float(epsilon),
+                "delta": mech.delta,
+                "partitions": mech.partitions,
+                "partition_seed": design.partition_seed,
+                "partitioning": "positional",
+                "calibration": mech.calibration,
+                "temperature": mech.temperature,
+            },
+            # An audit asks as many queries as it needs: the server must allow unbudgeted
+            # contexts (DPICL_ALLOW_UNBUDGETED), an explicit operator choice.
+            "budget": None,
+        }
+
+    @staticmethod
+    def neighbour_summary(design: Any) -> dict[str, Any]:
+        """The design facts voting and ESA report alike."""
+        return {
+            "attack": design.attack,
+            "canary_kind": design.canary_kind,
+            "canary": design.canary.input,
+            "canary_label": design.canary.output,
+            "position": design.position,
+            "partition_seed": design.partition_seed,
+        }

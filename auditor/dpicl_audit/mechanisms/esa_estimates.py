@@ -1,0 +1,141 @@
+"""ESA's privacy figures and its bootstrap (paper 000, Algorithm 1 over embeddings).
+
+* :func:`esa_meta`: epsilon_exact for the worst-case shift 2/T (or 1) and
+  ``epsilon_exact_signal`` for the shift the canary actually causes, ``||e(y1) - e(y0)|| / T``;
+* :func:`signal_tightness`: how a bound compares with the latter;
+* :func:`estimate_esa_bootstrap`: resample the collected clean means, add noise of the
+  measured-or-reported sigma (a chi-square check on the residuals), attack, bound.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dpicl_audit.mechanisms.base import with_verdict
+from dpicl_audit.plan import AuditPlan
+from dpicl_audit.schedule import STREAM_BOOTSTRAP
+from dpicl_audit.store import TrialRecord
+
+if TYPE_CHECKING:
+    from dpicl_audit.mechanisms.esa import GenerationDesign
+
+__all__ = ["esa_meta", "estimate_esa_bootstrap", "signal_tightness"]
+
+
+def esa_meta(
+    plan: AuditPlan, design: GenerationDesign, meta: dict[str, Any], sigma: float | None
+) -> dict[str, Any]:
+    """ESA's epsilon_exact (worst-case shift) and epsilon_exact_signal (the actual shift)."""
+    from dpicl_audit.estimators.exact import esa_epsilon_exact, esa_mean_sensitivity
+
+    t = plan.mechanism.partitions
+    sens = esa_mean_sensitivity(t, original=plan.mechanism.sensitivity == "original")
+    dist = design.signal_distance()
+    meta |= {
+        "mechanism": "esa",
+        "sensitivity_bound": sens,
+        "signal": design.signal,
+        "signal_distance": dist,
+        "signal_shift": None if dist is None else dist / t,
+        "epsilon_exact_signal": None,
+    }
+    if sigma is not None:
+        meta["epsilon_exact"] = esa_epsilon_exact(sigma, sens, plan.mechanism.delta)
+        if dist is not None:
+            meta["epsilon_exact_signal"] = esa_epsilon_exact(sigma, dist / t, plan.mechanism.delta)
+    return meta
+
+
+def signal_tightness(est: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
+    """Add how the bound compares with the exact epsilon of the canary's actual shift."""
+    sig = meta.get("epsilon_exact_signal")
+    low = float(est["epsilon_lower"])
+    if sig is not None:
+        est["ratio_to_exact_signal"] = low / sig if sig > 0 else None
+        est["exceeds_exact_signal"] = low > float(sig) + 1e-3
+    return est
+
+
+def _measured_sigma(
+    rows: Sequence[TrialRecord], reported: float, confidence: float
+) -> dict[str, Any]:
+    """The noise actually added (noisy - clean mean, every coordinate) against the reported
+    sigma: a chi-square interval on sigma from the residual sum of squares."""
+    from scipy.stats import chi2
+
+    ss = sum(float(r.observation.get("residual_ss", 0.0)) for r in rows)
+    df = sum(int(r.observation.get("dim", 0)) for r in rows)
+    if df == 0:
+        return {"df": 0, "sigma_reported": reported, "simulation_sigma": reported}
+    alpha = 1.0 - confidence
+    lo = math.sqrt(ss / float(chi2.ppf(1.0 - alpha / 2.0, df)))
+    hi = math.sqrt(ss / float(chi2.ppf(alpha / 2.0, df)))
+    consistent = lo <= reported <= hi
+    return {
+        "df": df,
+        "sigma_reported": reported,
+        "sigma_measured": math.sqrt(ss / df),
+        "sigma_interval": [lo, hi],
+        "consistent": consistent,
+        # The simulation trusts the reported sigma only if the real noise agrees with it;
+        # otherwise it uses the measured noise's upper end (the conservative choice).
+        "simulation_sigma": reported if consistent or hi > reported else hi,
+    }
+
+
+def estimate_esa_bootstrap(
+    plan: AuditPlan,
+    design: GenerationDesign,
+    k: int,
+    clean: Sequence[TrialRecord],
+    meta: dict[str, Any],
+) -> dict[str, Any]:
+    """Algorithm 1 for ESA: resample the collected clean means, add noise, attack, bound."""
+    from dpicl_audit.bootstrap import bootstrap_esa_audit
+
+    out = dict(meta)
+    with_rows = [r.observation["clean_mean"] for r in clean if r.world == 1]
+    without_rows = [r.observation["clean_mean"] for r in clean if r.world == 0]
+    n_sample = plan.bootstrap.n_sample
+    calls = plan.mechanism.partitions + plan.mechanism.candidates
+    out |= {
+        "n_llm": len(with_rows),
+        "n_sample": n_sample,
+        "trials": 2 * n_sample,
+        "llm_calls": len(clean) * calls,
+        "positive": design.y1,
+        "negative": design.y0,
+    }
+    emb = design.signal_embeddings()
+    if not with_rows or not without_rows or meta["sigma"] is None or emb is None:
+        out["black_box"] = out["white_box"] = {
+            "error": "no clean means collected" if emb is not None else "no signal embeddings"
+        }
+        return out
+    ids = {cid for cid in meta["context_ids"].values() if cid is not None}
+    check = _measured_sigma([r for r in clean if r.context_id in ids], float(meta["sigma"]), 0.999)
+    out["noise_check"] = check
+    sigma_sim = float(check["simulation_sigma"])
+    out["sigma_simulated"] = sigma_sim
+    c1, c0 = np.array(with_rows, dtype=np.float64), np.array(without_rows, dtype=np.float64)
+    out["clean_shift"] = float(np.linalg.norm(c1.mean(axis=0) - c0.mean(axis=0)))
+    res = bootstrap_esa_audit(
+        c1,
+        c0,
+        sigma_sim,
+        n_sample,
+        e_pos=emb[0],
+        e_neg=emb[1],
+        delta=plan.mechanism.delta,
+        confidence=plan.confidence,
+        rng=np.random.default_rng([plan.seed, STREAM_BOOTSTRAP, k]),
+        fraction=plan.split,
+        calls_per_row=calls,
+    ).to_dict()
+    out["black_box"] = signal_tightness(with_verdict(res["black_box"], meta), meta)
+    out["white_box"] = signal_tightness(with_verdict(res["white_box"], meta), meta)
+    return out

@@ -1,0 +1,351 @@
+"""Auditing DPS-MOZO (paper 004, Algorithm 1) in the audit pipeline.
+
+* **Neighbours.** C1 holds the canary ``(x_c, s1)`` at position ``i``; C0 the replacement
+  ``(x_r, s0)`` there, everything else equal (replace-one; the exemplars' *outputs* are
+  private). ``x_c`` asks which colour "is present" in record ``7F3Q``, quoting the two
+  signal words (``plan.mozo.signals``, default ``red`` then ``blue``); ``x_r`` asks the same
+  about another record. The other exemplars are drawn from the dataset (``dialogsum-mini``).
+* **Query.** ``x_c`` itself: in C1 the canary's one-shot prompt shows ``x_c`` answered with
+  s1 right before the query, which pushes the first token to s1; in C0 the replacement's
+  shot shows the same question answered s0. The zero-shot prompt sees both words quoted, so
+  both are in its top-k (Line 5: tokens outside it can never be released).
+* **Observation.** Black-box: the released text; decision 1 when it starts with s1 (case,
+  leading blanks and quotes ignored). White-box (``/v1/debug/generate``): the per-token
+  internals, i.e. the lambdas and the divergences each shot reached and, at ``internal``,
+  the exact per-shot divergences of the released distribution. They are checked against the
+  per-token bound the server claims (``4 beta alpha``, Theorem B.3): an exact divergence
+  above it is direct evidence that the per-token claim is false (docs/privacy.md).
+* **Exact epsilon.** None: the configured epsilon is the paper's RDP-derived figure, and it
+  is **nominal** (its per-token bound is false), so verdicts use the nominal wording and have
+  no ``bug`` branch. ``epsilon_emp`` is the larger of the GDP and classical lower bounds,
+  both from one joint pair of Clopper-Pearson intervals.
+* **Contexts.** A DPS-MOZO context answers ``queries_per_context`` queries and is then
+  ``budget_exhausted``, so trial ``j`` of a world goes to that world's context
+  ``j // queries_per_context`` (:func:`dpicl_audit.schedule.context_slots`), created when
+  first needed; a context found spent on resume (a query answered but never logged) is
+  replaced by a fresh identical one. Spent contexts are deleted when the run completes.
+* **Bootstrap.** None (there is no clean internal state to resample).
+
+On the oracle simulator DPS-MOZO decodes the oracle's pseudo-random logits, not its rules,
+so the audit measures about nothing there (it checks the plumbing); the results say so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dpicl_audit.client import AuditTarget
+from dpicl_audit.datasets import Example, LabelledDataset
+from dpicl_audit.errors import DatasetError, InvalidAuditInput, TargetProtocolError
+from dpicl_audit.mechanisms.base import (
+    MechanismAudit,
+    TrialAt,
+    ask,
+    estimate_trials,
+    exemplar_dicts,
+)
+from dpicl_audit.mechanisms.neighbours import NeighbourPair, pair_from_json, pair_to_json
+from dpicl_audit.plan import AuditPlan
+from dpicl_audit.prompts import MOZO_TEMPLATE, mozo_question
+from dpicl_audit.store import ContextRecord, TrialRecord
+from dpicl_audit.verdicts import verdict
+
+__all__ = ["MozoAudit", "MozoDesign", "decide", "mozo_design"]
+
+_CANARY_RECORD = "7F3Q"
+_REPLACEMENT_RECORD = "2K8M"
+_LEADING = " \t\r\n\"'“‘`*("
+
+
+def decide(text: str, signal1: str) -> int:
+    """1 when the released text starts with signal 1, ignoring case and leading whitespace
+    or quotes (the question quotes the signals, so a model may answer ``"red"``)."""
+    return int(text.lstrip(_LEADING).casefold().startswith(signal1.casefold()))
+
+
+@dataclass(frozen=True, slots=True)
+class MozoDesign(NeighbourPair):
+    """The DPS-MOZO neighbour pair and audit query (JSON round-trip)."""
+
+    attack: str
+    position: int
+    query: str
+    signals: tuple[str, str]
+    template: str
+    canary: Example
+    replacement: Example
+    exemplars_c0: tuple[Example, ...]
+
+    def decide_text(self, text: str) -> int:
+        return decide(text, self.signals[0])
+
+    def to_json(self) -> dict[str, Any]:
+        return pair_to_json(self) | {"design_kind": "dps-mozo"}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> MozoDesign:
+        d = pair_from_json(data)
+        d["signals"] = tuple(d["signals"])
+        return cls(**d)
+
+
+def mozo_design(plan: AuditPlan, dataset: LabelledDataset) -> MozoDesign:
+    """Replace-one neighbours: the canary ``(x_c, s1)`` against ``(x_r, s0)`` at one seeded
+    position among ``exemplars - 1`` fillers from the dataset."""
+    n = plan.mechanism.exemplars
+    signals = plan.mozo.signals
+    rng = np.random.default_rng(plan.seed)
+    fillers: list[Example] = []
+    if n > 1:
+        pool = dataset.examples
+        if len(pool) < n - 1:
+            raise DatasetError(
+                f"dataset {dataset.name!r} has {len(pool)} examples, fewer than {n - 1}"
+            )
+        pick = rng.choice(len(pool), size=n - 1, replace=False)
+        fillers = [pool[int(j)] for j in pick]
+    drawn = int(rng.integers(n))
+    position = plan.neighbour.position if plan.neighbour.position is not None else drawn
+    query = mozo_question(_CANARY_RECORD, signals)
+    replacement = Example(mozo_question(_REPLACEMENT_RECORD, signals), signals[1])
+    c0 = (*fillers[:position], replacement, *fillers[position:])
+    return MozoDesign(
+        attack=plan.attack,
+        position=position,
+        query=query,
+        signals=signals,
+        template=MOZO_TEMPLATE,
+        canary=Example(query, signals[0]),
+        replacement=replacement,
+        exemplars_c0=c0,
+    )
+
+
+def _starts_with(text: str, signals: tuple[str, str]) -> str:
+    if decide(text, signals[0]):
+        return "signal1"
+    return "signal0" if decide(text, signals[1]) else "other"
+
+
+def _token_internals(out: Mapping[str, Any]) -> dict[str, Any]:
+    """The white-box observation: per-token lambdas and divergences (and, at internal, the
+    exact per-shot divergences of the released distribution)."""
+    tokens = out.get("tokens")
+    if not isinstance(tokens, list):
+        raise TargetProtocolError("/v1/debug/generate returned no DPS-MOZO tokens[]")
+    kept = []
+    for tok in tokens:
+        if not isinstance(tok, Mapping):
+            raise TargetProtocolError("/v1/debug/generate: a tokens[] entry is not an object")
+        kept.append(
+            {
+                key: tok.get(key)
+                for key in ("token_id", "lambdas", "divergences", "exact_divergences")
+                if tok.get(key) is not None
+            }
+        )
+    return {
+        "tokens": kept,
+        "alpha": out.get("alpha"),
+        "beta": out.get("beta"),
+        "radius": out.get("radius"),
+        "per_token_bound": out.get("per_token_bound"),
+        "max_exact_divergence": out.get("max_exact_divergence"),
+    }
+
+
+def _max_divergence(rows: Sequence[TrialRecord], key: str) -> float | None:
+    values = [
+        float(v)
+        for r in rows
+        for tok in r.observation.get("tokens") or []
+        for pair in tok.get(key) or []
+        for v in pair
+    ]
+    return max(values) if values else None
+
+
+class MozoAudit(MechanismAudit):
+    """DPS-MOZO: tokens sampled from the product of mixed one-shot distributions."""
+
+    name = "dps-mozo"
+    task = "generation"
+    design_type = MozoDesign
+    has_bootstrap = False
+
+    def build_design(self, plan: AuditPlan, dataset: LabelledDataset) -> MozoDesign:
+        return mozo_design(plan, dataset)
+
+    def summary(self, design: MozoDesign) -> dict[str, Any]:
+        return {
+            "attack": design.attack,
+            "canary_kind": "signal",
+            "canary": design.canary.input,
+            "canary_label": design.canary.output,
+            "position": design.position,
+            "labels": list(design.signals),
+            "positive": design.signals[0],
+            "negative": design.signals[1],
+            "query": design.query,
+        }
+
+    def context_body(
+        self, design: MozoDesign, plan: AuditPlan, epsilon: float, world: int, *, name: str
+    ) -> dict[str, Any]:
+        m = plan.mechanism
+        mechanism: dict[str, Any] = {
+            "name": self.name,
+            "epsilon": float(epsilon),
+            "delta": m.delta,
+            "n_shots": m.n_shots or m.exemplars,
+            "top_k": m.top_k,
+            "max_tokens": m.max_tokens,
+            "queries": m.queries_per_context,
+        }
+        if m.alpha is not None:
+            mechanism["alpha"] = m.alpha
+        return {
+            "name": name,
+            "task": self.task,
+            "template": design.template,
+            "exemplars": exemplar_dicts(design.exemplars(world)),
+            "mechanism": mechanism,
+        }
+
+    def calls_per_query(self, plan: AuditPlan) -> int:
+        return plan.mechanism.exemplars + 1  # |D| one-shot prompts and the zero-shot one
+
+    def queries_per_context(self, plan: AuditPlan) -> int | None:
+        return plan.mechanism.queries_per_context
+
+    async def trial(
+        self, target: AuditTarget, design: MozoDesign, plan: AuditPlan, at: TrialAt
+    ) -> TrialRecord:
+        out, latency = await ask(target, at, design.query, max_tokens=plan.mechanism.max_tokens)
+        text = str(out["text"])
+        cost = out.get("cost") if isinstance(out.get("cost"), Mapping) else {}
+        observation: dict[str, Any] = {
+            "text": text,
+            "starts_with": _starts_with(text, design.signals),
+            "cost_epsilon": (cost or {}).get("epsilon"),
+        }
+        if at.white:
+            observation |= _token_internals(out)
+        return at.record(design.query, observation, design.decide_text(text), latency)
+
+    def setting_meta(
+        self,
+        plan: AuditPlan,
+        design: MozoDesign,
+        epsilon: float,
+        contexts: Mapping[tuple[str, int], ContextRecord],
+    ) -> dict[str, Any]:
+        setting = plan.setting_key(epsilon)
+        mine = [c for (s, _w), c in contexts.items() if s.split("#")[0] == setting]
+        c1 = contexts.get((setting, 1)) or (mine[0] if mine else None)
+        mech: Mapping[str, Any] = c1.info.get("mechanism", {}) if c1 is not None else {}
+        alpha, beta = mech.get("alpha"), mech.get("beta")
+        return {
+            "setting": setting,
+            "epsilon_theory": epsilon,
+            "delta": float(mech.get("delta") or plan.mechanism.delta),
+            "context_ids": {
+                f"C{w}": sorted(
+                    c.context_id
+                    for (s, ww), c in contexts.items()
+                    if ww == w and s.split("#")[0] == setting
+                )
+                for w in (1, 0)
+            },
+            "contexts_used": len(mine),
+            "sigma": None,
+            "epsilon_exact": None,
+            "nominal": True,
+            "alpha": alpha,
+            "beta": beta,
+            "per_token_bound": None if alpha is None or beta is None else 4 * beta * alpha,
+        }
+
+    def estimate(
+        self,
+        plan: AuditPlan,
+        design: MozoDesign,
+        k: int,
+        rows: Sequence[TrialRecord],
+        meta: dict[str, Any],
+        *,
+        bootstrap: bool,
+    ) -> dict[str, Any]:
+        if bootstrap:
+            raise InvalidAuditInput("DPS-MOZO has no bootstrap audit; use a run")
+        out = estimate_trials(
+            plan, k, rows, meta, calls_per_query=self.calls_per_query(plan), finish=_nominal
+        )
+        starts: dict[str, dict[str, int]] = {"C1": {}, "C0": {}}
+        for r in rows:
+            key = starts[f"C{r.world}"]
+            s = str(r.observation.get("starts_with"))
+            key[s] = key.get(s, 0) + 1
+        per_answer = [r.observation.get("cost_epsilon") for r in rows]
+        out["starts_with"] = starts
+        out["epsilon_theory_per_answer"] = next(
+            (float(v) for v in per_answer if isinstance(v, int | float)), None
+        )
+        if plan.threat_model == "white-box":
+            out["white_box"] = _divergence_check(rows, meta)
+        return out
+
+
+def _nominal(est: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
+    """epsilon_emp = max(GDP, classical) against the nominal claim."""
+    emp = max(float(est["epsilon_lower"]), float(est["epsilon_lower_classic"]), 0.0)
+    est["epsilon_emp"] = emp
+    est["verdict"] = verdict(emp, float(meta["epsilon_theory"]), None, nominal=True)
+    return est
+
+
+def _divergence_check(rows: Sequence[TrialRecord], meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The white-box observation's finding: per-token divergences against the claimed
+    per-token bound. Not an epsilon estimate; a direct check of Theorem B.3's premise."""
+    if not rows or any("tokens" not in r.observation for r in rows):
+        return {"error": "no per-token internals logged (white-box needs /v1/debug/generate)"}
+    bound = meta.get("per_token_bound")
+    reached = _max_divergence(rows, "divergences")
+    exact = _max_divergence(rows, "exact_divergences")
+    out: dict[str, Any] = {
+        "kind": "divergence",
+        "trials": len(rows),
+        "tokens": sum(len(r.observation.get("tokens") or []) for r in rows),
+        "max_divergence_reached": reached,
+        "max_exact_divergence": exact,
+        "per_token_bound": bound,
+    }
+    if exact is None or bound is None:
+        out["verdict"] = {
+            "status": "ok",
+            "violation": False,
+            "exceeds_exact": None,
+            "message": "no exact per-token divergences (the server is not at internal)",
+        }
+        return out
+    broken = exact > float(bound) * (1 + 1e-9)
+    out["verdict"] = {
+        "status": "violation" if broken else "ok",
+        "violation": broken,
+        "exceeds_exact": None,
+        "message": (
+            f"PER-TOKEN CLAIM BROKEN: an exact per-shot divergence {exact:.3f} of a released "
+            f"distribution exceeds the claimed per-token bound 4*beta*alpha = {bound:.3f}"
+            if broken
+            else f"every exact per-shot divergence (max {exact:.3f}) is within the claimed "
+            f"per-token bound {float(bound):.3f}"
+        ),
+    }
+    return out
+
+
+MOZO = MozoAudit()

@@ -1,0 +1,84 @@
+"""Private voting's bootstrap (paper 000, Algorithm 1): clean vote vectors resampled with
+noise of the server's sigma, after the noise check (:mod:`dpicl_audit.noise_check`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dpicl_audit.mechanisms.base import with_verdict
+from dpicl_audit.plan import AuditPlan
+from dpicl_audit.schedule import STREAM_BOOTSTRAP
+from dpicl_audit.store import TrialRecord
+
+if TYPE_CHECKING:
+    from dpicl_audit.mechanisms.voting import AuditDesign
+
+__all__ = ["estimate_voting_bootstrap"]
+
+
+def estimate_voting_bootstrap(
+    plan: AuditPlan,
+    design: AuditDesign,
+    k: int,
+    clean: Sequence[TrialRecord],
+    meta: dict[str, Any],
+) -> dict[str, Any]:
+    from dpicl_audit.bootstrap import bootstrap_voting_audit  # slow imports: only when needed
+    from dpicl_audit.noise_check import check_noise, residuals_from_observations
+
+    out = dict(meta)
+    with_rows = [design.clean_vector(r.observation["clean_votes"]) for r in clean if r.world == 1]
+    without_rows = [
+        design.clean_vector(r.observation["clean_votes"]) for r in clean if r.world == 0
+    ]
+    pos = design.labels.index(design.positive)
+    if design.negative is not None:
+        neg = design.labels.index(design.negative)
+    else:  # Brainwash: the strongest competitor in the clean votes
+        totals = np.sum(np.array(with_rows + without_rows, dtype=np.float64), axis=0)
+        totals[pos] = -np.inf
+        neg = int(np.argmax(totals))
+    n_sample = plan.bootstrap.n_sample
+    ids = {cid for cid in meta["context_ids"].values() if cid is not None}
+    sigma_sim = meta["sigma"]
+    if meta["sigma"] is not None:
+        # The simulation trusts the reported sigma only if the real noise agrees with it.
+        check = check_noise(
+            residuals_from_observations(
+                (r.observation for r in clean if r.context_id in ids), design.labels
+            ),
+            float(meta["sigma"]),
+        )
+        out["noise_check"] = check.to_dict()
+        sigma_sim = check.simulation_sigma
+    out["sigma_simulated"] = sigma_sim
+    out |= {
+        "n_llm": len(with_rows),
+        "n_sample": n_sample,
+        "trials": 2 * n_sample,
+        "llm_calls": len(clean) * plan.mechanism.partitions,
+        "positive": design.positive,
+        "negative": design.labels[neg],
+    }
+    if not with_rows or not without_rows or meta["sigma"] is None:
+        out["black_box"] = out["white_box"] = {"error": "no clean votes collected"}
+        return out
+    res = bootstrap_voting_audit(
+        np.array(with_rows),
+        np.array(without_rows),
+        float(sigma_sim),
+        n_sample,
+        positive_index=pos,
+        negative_index=neg,
+        delta=plan.mechanism.delta,
+        confidence=plan.confidence,
+        rng=np.random.default_rng([plan.seed, STREAM_BOOTSTRAP, k]),
+        fraction=plan.split,
+        calls_per_row=plan.mechanism.partitions,
+    ).to_dict()
+    out["black_box"] = with_verdict(res["black_box"], meta)
+    out["white_box"] = with_verdict(res["white_box"], meta)
+    return out

@@ -1,0 +1,29 @@
+"""Audit reports: a results table (terminal + JSON) and a self-contained HTML file with plots.
+
+:func:`write_report` reports on one run or, given several run ids, on all of them side by
+side (the demo puts the real model's runs beside the oracle simulator's). The modules, in the
+order data flows:
+
+* :mod:`.data` the runs' results and trials, and the table rows (one per run, epsilon and
+  threat model; each names mechanism, attack, design, method and threat model);
+* :mod:`.words` the verdicts in plain words (from :mod:`dpicl_audit.verdicts`);
+* :mod:`.table` the terminal table; :mod:`.curves` and :mod:`.plots` the figures;
+* :mod:`.html` the HTML page; :mod:`.writer` writes it all.
+"""
+
+from __future__ import annotations
+
+from dpicl_audit.report.data import ReportRow, RunData, load_run_results, report_rows
+from dpicl_audit.report.words import run_verdict, verdict_sentence
+from dpicl_audit.report.writer import write_combined_report, write_report
+
+__all__ = [
+    "ReportRow",
+    "RunData",
+    "load_run_results",
+    "report_rows",
+    "run_verdict",
+    "verdict_sentence",
+    "write_combined_report",
+    "write_report",
+]

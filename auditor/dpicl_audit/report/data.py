@@ -1,0 +1,206 @@
+"""The report's data: each run's results and trials, and the table's rows.
+
+Everything comes from the trial log: a run's stored results when it completed, else a fresh
+:func:`~dpicl_audit.estimation.estimate_run`. Every row names the run's mechanism, attack,
+design (canary kind and setting), method (real trials or bootstrap) and threat model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dpicl_audit.errors import InvalidAuditInput
+from dpicl_audit.estimation import estimate_run, load_run, run_design, run_plan
+from dpicl_audit.mechanisms import Design
+from dpicl_audit.plan import AuditPlan
+from dpicl_audit.store import TrialRecord, TrialStore
+
+__all__ = ["THREATS", "ReportRow", "RunData", "load_run_results", "load_runs", "num", "report_rows"]
+
+THREATS = (("black-box", "black_box"), ("white-box", "white_box"))
+
+
+def num(value: Any) -> float | None:
+    """A float from a results value (``"inf"``/``"nan"`` strings included), None if absent."""
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass
+class RunData:
+    run_id: str
+    kind: str
+    results: dict[str, Any]
+    plan: AuditPlan
+    design: Design
+    engine: str
+    label: str
+    trials: dict[str, list[TrialRecord]]
+
+    @property
+    def mechanism(self) -> str:
+        return self.plan.mechanism.name
+
+    @property
+    def simulated(self) -> bool:
+        """Whether the estimates come from simulated trials (bootstrap)."""
+        return self.kind == "bootstrap"
+
+
+@dataclass(frozen=True)
+class ReportRow:
+    """One line of the report's table."""
+
+    run_id: str
+    engine: str
+    method: str  # "real trials" | "bootstrap"
+    setting: str
+    threat: str
+    epsilon_theory: float | None
+    epsilon_exact: float | None
+    epsilon_emp: float | None
+    mu_lower: float | None
+    confidence: float
+    trials: int | None
+    n_llm: int | None
+    llm_calls: int | None
+    wall_time_s: float | None
+    wall_time_shared: bool
+    status: str
+    message: str
+    noise_check: dict[str, Any] | None
+    error: str | None = None
+    # ESA: the exact epsilon for the canary's actual embedding shift ||e(y1)-e(y0)||/T
+    # instead of the worst case 2/T (looseness of the analysis vs weakness of the attack).
+    epsilon_exact_shift: float | None = None
+    mechanism: str = "voting"
+    attack: str = "inquery"
+    design: str = ""  # canary kind and setting, e.g. "natural canary, audit-template"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def _engine_of(results: Mapping[str, Any]) -> str:
+    server = (results.get("versions") or {}).get("server") or {}
+    engine = str(server.get("engine") or "unknown engine")
+    if server.get("simulator"):
+        return f"{engine} (simulator)"
+    model = server.get("model")
+    if model:
+        short = str(model).rstrip("/").split("/")[-1].split()[0]
+        return f"{engine}: {short}"
+    return engine
+
+
+def load_run_results(store: TrialStore, run_id: str) -> dict[str, Any]:
+    """The run's stored results if it completed, else recomputed from its trial log."""
+    run = load_run(store, run_id)
+    if run.status == "completed" and run.results is not None:
+        results = dict(run.results)
+    else:
+        results = estimate_run(store, run_id)
+        results |= {
+            "queries": run.queries,
+            "llm_calls": run.llm_calls,
+            "wall_time_s": run.wall_time_s,
+        }
+    results.setdefault("versions", run.versions)
+    results["status"] = run.status
+    return results
+
+
+def load_runs(store: TrialStore, run_ids: Sequence[str]) -> list[RunData]:
+    """Every run's results, plan, design and trials; labels unique across the runs."""
+    out: list[RunData] = []
+    labels: dict[str, int] = {}
+    for rid in run_ids:
+        run = load_run(store, rid)
+        if run.design is None:
+            raise InvalidAuditInput(f"run {rid} has no design recorded; nothing to report")
+        results = load_run_results(store, rid)
+        engine = _engine_of(results)
+        method = "bootstrap" if run.kind == "bootstrap" else "real trials"
+        plan = run_plan(run)
+        label = f"{engine} · {plan.mechanism.name} {plan.attack} {method}"
+        if run.kind != "bootstrap":
+            label += f" ({plan.threat_model} run)"
+        labels[label] = labels.get(label, 0) + 1
+        trials: dict[str, list[TrialRecord]] = {}
+        for rec in store.trials(rid):
+            trials.setdefault(rec.setting, []).append(rec)
+        out.append(
+            RunData(rid, run.kind, results, plan, run_design(run, plan), engine, label, trials)
+        )
+    for rd in out:  # disambiguate identical labels by run id
+        if labels[rd.label] > 1:
+            rd.label = f"{rd.label} ({rd.run_id[-6:]})"
+    return out
+
+
+def _setting_wall_time(rows: Sequence[TrialRecord]) -> float | None:
+    """Wall time of one setting's real trials: first completion to last, plus one latency."""
+    if not rows:
+        return None
+    times = [r.created_at for r in rows]
+    span = (max(times) - min(times)).total_seconds()
+    first = min(rows, key=lambda r: r.created_at)
+    return float(span + first.latency_s)
+
+
+def report_rows(runs: Sequence[RunData]) -> list[ReportRow]:
+    """The table: one row per (run, epsilon, threat model) the run estimated."""
+    rows: list[ReportRow] = []
+    for rd in runs:
+        res = rd.results
+        conf = float(res.get("confidence", rd.plan.confidence))
+        method = "bootstrap" if rd.kind == "bootstrap" else "real trials"
+        models = res.get("threat_models") or ["black-box"]
+        design = f"{rd.plan.canary} canary, {rd.plan.setting}"
+        if rd.mechanism == "dps-mozo":
+            design = f"signal canary ({'/'.join(rd.plan.mozo.signals)})"
+        for s in res.get("settings", []):
+            for threat, key in THREATS:
+                est = s.get(key)
+                if threat not in models or not est:
+                    continue
+                if rd.kind == "bootstrap":
+                    wall, shared = num(res.get("wall_time_s")), True
+                else:
+                    wall, shared = _setting_wall_time(rd.trials.get(s["setting"], [])), False
+                verdict = est.get("verdict") or {}
+                status = "error" if "error" in est else str(verdict.get("status", ""))
+                rows.append(
+                    ReportRow(
+                        run_id=rd.run_id,
+                        engine=rd.engine,
+                        method=method,
+                        setting=str(s["setting"]),
+                        threat=threat,
+                        epsilon_theory=num(s.get("epsilon_theory")),
+                        epsilon_exact=num(s.get("epsilon_exact")),
+                        epsilon_emp=num(est.get("epsilon_emp", est.get("epsilon_lower"))),
+                        mu_lower=num(est.get("mu_lower")),
+                        confidence=conf,
+                        trials=int(s["trials"]) if s.get("trials") is not None else None,
+                        n_llm=int(s["n_llm"]) if s.get("n_llm") is not None else None,
+                        llm_calls=int(s["llm_calls"]) if s.get("llm_calls") is not None else None,
+                        wall_time_s=wall,
+                        wall_time_shared=shared,
+                        status=status,
+                        message=str(est.get("error") or verdict.get("message", "")),
+                        noise_check=s.get("noise_check"),
+                        error=est.get("error"),
+                        epsilon_exact_shift=num(s.get("epsilon_exact_signal")),
+                        mechanism=rd.mechanism,
+                        attack=rd.plan.attack,
+                        design=design,
+                    )
+                )
+    return rows

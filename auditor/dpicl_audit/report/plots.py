@@ -1,0 +1,335 @@
+"""The report's plots (matplotlib, Agg), each returned as a base64 PNG.
+
+1. epsilon_emp against epsilon_theory and epsilon_exact, per epsilon audited;
+2. the empirical trade-off points (the Clopper-Pearson upper bounds on FPR and FNR the bound
+   is computed from) against the Gaussian curve ``f(x) = Phi(Phi^-1(1 - x) - mu)`` of the
+   mechanism's exact ``mu = sensitivity / sigma``, and the (epsilon_theory, delta) claim;
+3. epsilon_emp against the number of trials, real trials and simulated (bootstrap) trials
+   in separate figures (:mod:`.curves` computes the points).
+
+Legends sit below the plot area, never over the data.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from dpicl_audit.estimators import (
+    VOTING_SENSITIVITY,
+    clopper_pearson_upper,
+    per_interval_confidence,
+)
+from dpicl_audit.report.data import THREATS, ReportRow, RunData, num
+
+__all__ = ["plot_epsilons", "plot_tradeoff", "plot_trials"]
+
+
+def _png(fig: Any) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
+_MARKERS = {"black-box": "o", "white-box": "s"}
+
+
+def _series_style(runs: Sequence[RunData]) -> dict[str, str]:
+    return {rd.run_id: _COLORS[i % len(_COLORS)] for i, rd in enumerate(runs)}
+
+
+def legend_outside(fig: Any, axes: Sequence[Any]) -> None:
+    """One legend for the whole figure, below the plot area (never over the data)."""
+    seen: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            if label and not label.startswith("_"):
+                seen.setdefault(label, handle)
+    if seen:
+        fig.legend(
+            list(seen.values()),
+            list(seen),
+            loc="upper center",
+            bbox_to_anchor=(0.5, 0.0),
+            ncol=1 if len(seen) > 6 else 2,
+            fontsize=8,
+            frameon=False,
+        )
+
+
+def _finite(v: float | None, cap: float) -> float | None:
+    if v is None or math.isnan(v):
+        return None
+    return min(v, cap)
+
+
+def plot_epsilons(runs: Sequence[RunData], rows: Sequence[ReportRow]) -> str:
+    """epsilon_emp against epsilon_theory and epsilon_exact, per epsilon audited."""
+    plt = _pyplot()
+    colors = _series_style(runs)
+    fig, ax = plt.subplots(figsize=(7.5, 5.2))
+    theory = sorted({r.epsilon_theory for r in rows if r.epsilon_theory is not None})
+    if not theory:
+        ax.text(0.5, 0.5, "no estimates", ha="center")
+        return _png(fig)
+    top = max(theory) * 1.25
+    ax.plot([0, top], [0, top], "k--", lw=1, label="ε theory (claimed)")
+    exact_curves: set[tuple[tuple[float, float], ...]] = set()
+    for rd in runs:
+        pts = tuple(
+            sorted(
+                {
+                    (r.epsilon_theory, r.epsilon_exact)
+                    for r in rows
+                    if r.run_id == rd.run_id
+                    and r.epsilon_theory is not None
+                    and r.epsilon_exact is not None
+                }
+            )
+        )
+        if pts and pts not in exact_curves:
+            exact_curves.add(pts)
+            xs, ys = zip(*pts, strict=True)
+            ax.plot(
+                xs,
+                ys,
+                "-",
+                color="0.35",
+                lw=2,
+                alpha=0.6,
+                label="ε exact (the reported mechanism)" if len(exact_curves) == 1 else None,
+            )
+    cap = top * 2
+    for rd in runs:
+        for threat, _key in THREATS:
+            sel = [
+                r
+                for r in rows
+                if r.run_id == rd.run_id and r.threat == threat and r.epsilon_theory is not None
+            ]
+            pts2 = [
+                (r.epsilon_theory, _finite(r.epsilon_emp, cap))
+                for r in sel
+                if _finite(r.epsilon_emp, cap) is not None
+            ]
+            if not pts2:
+                continue
+            pts2.sort()
+            xs2 = [float(p[0]) for p in pts2 if p[0] is not None]
+            ys2 = [float(p[1]) for p in pts2 if p[1] is not None]
+            ax.plot(
+                xs2,
+                ys2,
+                marker=_MARKERS[threat],
+                ls="-" if threat == "white-box" else ":",
+                color=colors[rd.run_id],
+                label=f"ε emp: {rd.label}, {threat}",
+            )
+    ymax = max(
+        [top]
+        + [
+            float(r.epsilon_emp)
+            for r in rows
+            if r.epsilon_emp is not None and math.isfinite(r.epsilon_emp)
+        ]
+    )
+    ax.set_xlim(0, top)
+    ax.set_ylim(0, min(ymax * 1.08, cap))
+    ax.set_xticks(theory)
+    ax.set_xlabel("ε theory (configured)")
+    ax.set_ylabel("ε")
+    ax.set_title("Empirical ε (lower bounds) vs the claimed and the exact ε")
+    ax.grid(alpha=0.3)
+    legend_outside(fig, [ax])
+    return _png(fig)
+
+
+def _rate_bounds(est: Mapping[str, Any]) -> tuple[float, float, float, float] | None:
+    """(FPR_upper, FNR_upper, FPR, FNR) of one estimate, at its per-interval confidence."""
+    try:
+        fp, fn = int(est["fp"]), int(est["fn"])
+        n_neg, n_pos = int(est["n_neg"]), int(est["n_pos"])
+        conf = float(est["confidence"])
+        split = str(est.get("split", "bonferroni"))
+    except (KeyError, TypeError, ValueError):
+        return None
+    if n_neg <= 0 or n_pos <= 0:
+        return None
+    c_each = per_interval_confidence(conf, 2, split)  # type: ignore[arg-type]
+    return (
+        float(clopper_pearson_upper(fp, n_neg, c_each)),
+        float(clopper_pearson_upper(fn, n_pos, c_each)),
+        fp / n_neg,
+        fn / n_pos,
+    )
+
+
+def _claim_curve(x: np.ndarray[Any, Any], eps: float, delta: float) -> np.ndarray[Any, Any]:
+    """The (epsilon, delta)-DP trade-off bound: max(0, 1-d-e^eps x, e^-eps (1-d-x))."""
+    out: np.ndarray[Any, Any] = np.maximum.reduce(
+        [np.zeros_like(x), 1 - delta - math.exp(eps) * x, math.exp(-eps) * (1 - delta - x)]
+    )
+    return out
+
+
+def plot_tradeoff(runs: Sequence[RunData]) -> str:
+    """Per epsilon: (FPR_upper, FNR_upper) points against the exact Gaussian mu curve."""
+    plt = _pyplot()
+    colors = _series_style(runs)
+    eps_all = sorted(
+        {float(s["epsilon_theory"]) for rd in runs for s in rd.results.get("settings", [])}
+    )
+    if not eps_all:
+        fig, ax = plt.subplots()
+        ax.text(0.5, 0.5, "no estimates", ha="center")
+        return _png(fig)
+    n = len(eps_all)
+    ncols = min(n, 2)
+    nrows = math.ceil(n / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(6.2 * ncols, 5.2 * nrows), squeeze=False)
+    x = np.linspace(0.0, 1.0, 801)
+    for idx, eps in enumerate(eps_all):
+        ax = axes[idx // ncols][idx % ncols]
+        drawn_mu: set[float] = set()
+        delta = None
+        for rd in runs:
+            for s in rd.results.get("settings", []):
+                if float(s["epsilon_theory"]) != eps:
+                    continue
+                delta = float(s.get("delta", rd.plan.mechanism.delta))
+                sigma = num(s.get("sigma"))
+                sens = num(s.get("sensitivity")) or VOTING_SENSITIVITY
+                if sigma and sigma > 0:
+                    mu = round(sens / sigma, 6)
+                    if mu not in drawn_mu:
+                        drawn_mu.add(mu)
+                        f = stats.norm.cdf(stats.norm.ppf(1 - x) - mu)
+                        ax.plot(x, f, color="0.3", lw=2, label=f"exact Gaussian curve, μ={mu:.3g}")
+                for threat, key in THREATS:
+                    est = s.get(key)
+                    if not est or "error" in est:
+                        continue
+                    b = _rate_bounds(est)
+                    if b is None:
+                        continue
+                    c = colors[rd.run_id]
+                    ax.plot(
+                        b[0],
+                        b[1],
+                        marker=_MARKERS[threat],
+                        ms=8,
+                        color=c,
+                        ls="none",
+                        label=f"{rd.label}, {threat} (upper bounds)",
+                    )
+                    ax.plot(
+                        b[2], b[3], marker=_MARKERS[threat], ms=5, mfc="none", color=c, ls="none"
+                    )
+        if delta is not None:
+            ax.plot(
+                x,
+                _claim_curve(x, eps, delta),
+                "k--",
+                lw=1,
+                label=f"({eps:g}, {delta:g})-DP claim: points below it violate it",
+            )
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("FPR")
+        ax.set_ylabel("FNR")
+        ax.set_title(f"ε theory = {eps:g}")
+        ax.grid(alpha=0.3)
+    for idx in range(n, nrows * ncols):
+        axes[idx // ncols][idx % ncols].axis("off")
+    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.07, top=0.92, hspace=0.3, wspace=0.2)
+    fig.suptitle(
+        "Trade-off: filled = Clopper-Pearson upper bounds used by the estimate, hollow = "
+        "point estimates",
+        fontsize=9,
+    )
+    legend_outside(fig, [a for row in axes for a in row])
+    return _png(fig)
+
+
+def plot_trials(runs: Sequence[RunData], curves: Mapping[str, Any], *, simulated: bool) -> str:
+    """Per epsilon: epsilon_emp against the number of trials, with theory and exact lines;
+    only the runs whose trials are real (``simulated=False``) or simulated (bootstrap)."""
+    runs = [rd for rd in runs if rd.simulated == simulated]
+    plt = _pyplot()
+    colors = _series_style(runs)
+    eps_map: dict[float, str] = {}
+    for rd in runs:
+        for s in rd.results.get("settings", []):
+            eps_map[float(s["epsilon_theory"])] = str(s["setting"])
+    eps_all = sorted(eps_map)
+    if not eps_all:
+        fig, ax = plt.subplots()
+        ax.text(0.5, 0.5, "no estimates", ha="center")
+        return _png(fig)
+    n = len(eps_all)
+    ncols = min(n, 2)
+    nrows = math.ceil(n / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(6.2 * ncols, 4.4 * nrows), squeeze=False)
+    for idx, eps in enumerate(eps_all):
+        ax = axes[idx // ncols][idx % ncols]
+        exacts: set[float] = set()
+        ymax = eps * 1.2
+        for rd in runs:
+            for s in rd.results.get("settings", []):
+                if float(s["epsilon_theory"]) != eps:
+                    continue
+                ex = num(s.get("epsilon_exact"))
+                if ex is not None:
+                    exacts.add(round(ex, 6))
+                per = curves.get(rd.run_id, {}).get(str(s["setting"]), {})
+                for threat, _key in THREATS:
+                    pts = per.get(threat) or []
+                    pts = [(t, v) for t, v in pts if math.isfinite(v)]
+                    if not pts:
+                        continue
+                    ts, vs = zip(*pts, strict=True)
+                    ymax = max(ymax, max(vs) * 1.08)
+                    ax.plot(
+                        ts,
+                        vs,
+                        marker=_MARKERS[threat],
+                        ms=4,
+                        ls="-" if threat == "white-box" else ":",
+                        color=colors[rd.run_id],
+                        label=f"{rd.label}, {threat}",
+                    )
+        ax.axhline(eps, color="k", ls="--", lw=1, label="ε theory")
+        for i, ex in enumerate(sorted(exacts)):
+            ax.axhline(ex, color="0.35", lw=2, alpha=0.6, label="ε exact" if i == 0 else None)
+        ax.set_xscale("log")
+        ax.set_ylim(0, ymax)
+        ax.set_xlabel(
+            "simulated trials (bootstrap, both worlds)" if simulated else "real trials (queries)"
+        )
+        ax.set_ylabel("ε emp (lower bound)")
+        ax.set_title(f"ε theory = {eps:g}")
+        ax.grid(alpha=0.3)
+    for idx in range(n, nrows * ncols):
+        axes[idx // ncols][idx % ncols].axis("off")
+    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.08, top=0.95, hspace=0.35, wspace=0.2)
+    legend_outside(fig, [a for row in axes for a in row])
+    return _png(fig)

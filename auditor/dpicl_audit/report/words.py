@@ -1,0 +1,77 @@
+"""The report's words: verdict sentences, a run's worst verdict, noise-check findings."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from dpicl_audit.report.data import ReportRow
+from dpicl_audit.verdicts import worst_status
+
+__all__ = ["eps_label", "fmt", "noise_findings", "run_verdict", "verdict_sentence"]
+
+
+def fmt(value: float | None, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if math.isinf(value):
+        return "inf"
+    if math.isnan(value):
+        return "nan"
+    return f"{value:.{digits}f}"
+
+
+def eps_label(setting: str) -> str:
+    return setting.replace("eps=", "ε=")
+
+
+def verdict_sentence(row: ReportRow) -> str:
+    """The plain-words verdict of one row."""
+    where = (
+        f"{row.engine}, {row.mechanism} {row.attack} ({row.design}), {row.method}, "
+        f"{row.threat}, at epsilon {fmt(row.epsilon_theory, 3)}"
+    )
+    conf = f"{row.confidence:.0%}"
+    if row.status == "violation":
+        text = (
+            f"PRIVACY CLAIM VIOLATED ({where}): the audit proves epsilon >= "
+            f"{fmt(row.epsilon_emp)} with {conf} confidence, above the claimed "
+            f"{fmt(row.epsilon_theory, 3)}."
+        )
+        exact = row.epsilon_exact
+        if exact is not None and row.epsilon_emp is not None and row.epsilon_emp > exact:
+            text += (
+                f" It is also above the exact epsilon {fmt(exact)} of the mechanism the "
+                "server reports, so the server does not run the mechanism it claims."
+            )
+        return text
+    if row.status == "bug":
+        return (
+            f"BUG ({where}): epsilon_emp {fmt(row.epsilon_emp)} ({conf} confidence) exceeds "
+            f"the mechanism's exact epsilon {fmt(row.epsilon_exact)}, though not the claimed "
+            f"{fmt(row.epsilon_theory, 3)}: the server or the auditor has a bug."
+        )
+    if row.status == "error":
+        return f"no estimate ({where}): {row.message}"
+    return (
+        f"consistent ({where}): epsilon_emp {fmt(row.epsilon_emp)} <= epsilon_exact "
+        f"{fmt(row.epsilon_exact)} <= epsilon_theory {fmt(row.epsilon_theory, 3)}."
+    )
+
+
+def run_verdict(rows: Sequence[ReportRow]) -> str:
+    """The worst status of a run's rows: violation > bug > ok."""
+    return worst_status([r.status for r in rows])
+
+
+def noise_findings(rows: Sequence[ReportRow]) -> list[str]:
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for r in rows:
+        nc = r.noise_check
+        if not nc or (r.run_id, r.setting) in seen:
+            continue
+        seen.add((r.run_id, r.setting))
+        if nc.get("status") in ("smaller", "larger"):
+            out.append(f"{r.engine}, {r.method}, {eps_label(r.setting)}: {nc.get('message')}")
+    return out

@@ -1,0 +1,157 @@
+"""Writing a report: ``report.html``, ``report.json`` (and ``results.json``) and the table."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from dpicl_audit.errors import InvalidAuditInput
+from dpicl_audit.report.curves import trials_curve
+from dpicl_audit.report.data import ReportRow, RunData, load_runs, report_rows
+from dpicl_audit.report.html import render_html
+from dpicl_audit.report.plots import plot_epsilons, plot_tradeoff, plot_trials
+from dpicl_audit.report.table import rich_table
+from dpicl_audit.report.words import noise_findings, run_verdict, verdict_sentence
+from dpicl_audit.results import jsonable, write_results
+from dpicl_audit.store import TrialStore
+
+__all__ = ["write_combined_report", "write_report"]
+
+
+def _payload(
+    title: str, runs: Sequence[RunData], rows: Sequence[ReportRow], notes: Sequence[str]
+) -> dict[str, Any]:
+    return {
+        "title": title,
+        "generated_at": dt.datetime.now(dt.UTC).isoformat(),
+        "notes": list(notes),
+        "verdicts": {
+            rd.run_id: run_verdict([r for r in rows if r.run_id == rd.run_id]) for rd in runs
+        },
+        "rows": [r.to_dict() for r in rows],
+        "runs": {rd.run_id: rd.results for rd in runs},
+    }
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def _images(runs: Sequence[RunData], rows: Sequence[ReportRow], curves: Any) -> list[Any]:
+    conf = runs[0].plan.confidence
+    images = [
+        (
+            "ε emp against ε theory and ε exact",
+            f"Markers: the audit's lower bounds at {conf:.0%} confidence (circles black-box, "
+            "squares white-box). Dashed: the claimed ε; grey: the exact ε of the mechanism "
+            "the server reports.",
+            plot_epsilons(runs, rows),
+        ),
+        (
+            "Empirical trade-off points against the Gaussian μ curve",
+            "Each point is (FPR upper bound, FNR upper bound) of an attack; the grey curve is "
+            "f(x) = Φ(Φ⁻¹(1−x) − μ) for the mechanism's exact μ = Δ/σ. A sound server keeps "
+            "every filled point above the grey curve (up to confidence); a point below the "
+            "dashed line proves the (ε, δ) claim false.",
+            plot_tradeoff(runs),
+        ),
+    ]
+    if any(not rd.simulated for rd in runs):
+        images.append(
+            (
+                "ε emp against the number of real trials",
+                "The estimator recomputed on the first n logged trials (real queries).",
+                plot_trials(runs, curves, simulated=False),
+            )
+        )
+    if any(rd.simulated for rd in runs):
+        images.append(
+            (
+                "ε emp against the number of simulated trials (bootstrap)",
+                "The bootstrap estimator with n simulated trials from the same clean rows; "
+                "no query was sent for these trials.",
+                plot_trials(runs, curves, simulated=True),
+            )
+        )
+    return images
+
+
+def write_combined_report(
+    run_ids: Sequence[str],
+    db_url: str | None,
+    out_dir: str | Path,
+    *,
+    name: str | None = None,
+    title: str | None = None,
+    notes: Sequence[str] = (),
+    console: Console | None = None,
+) -> Path:
+    """One report over several runs, side by side; returns the HTML file's path.
+
+    Writes ``<out_dir>/<name>/report.html`` and ``report.json`` (the table rows, every run's
+    results and the verdicts; also as ``results.json`` for a combined report, while a single
+    run's ``results.json`` keeps the runner's format) and prints the table. ``name``
+    defaults to the run id for one run and ``report-<first run id>`` for several.
+    """
+    ids = list(dict.fromkeys(run_ids))
+    if not ids:
+        raise InvalidAuditInput("a report needs at least one run id")
+    store = TrialStore(db_url)
+    try:
+        runs = load_runs(store, ids)
+    finally:
+        store.dispose()
+    rows = report_rows(runs)
+    title = title or (
+        f"dpicl audit report: {ids[0]}" if len(ids) == 1 else f"dpicl audit report: {len(ids)} runs"
+    )
+    console = console or Console(width=max(Console().width, 160))
+    console.print(rich_table(rows, title))
+    for r in rows:
+        if r.status in ("violation", "bug"):
+            console.print(f"[bold red]{verdict_sentence(r)}[/bold red]")
+    for text in noise_findings(rows):
+        console.print(f"[bold red]{text}[/bold red]")
+
+    curves = {rd.run_id: trials_curve(rd) for rd in runs}
+    dir_name = name or (ids[0] if len(ids) == 1 else f"report-{ids[0]}")
+    out = Path(out_dir) / dir_name
+    out.mkdir(parents=True, exist_ok=True)
+    payload = _payload(title, runs, rows, notes)
+    payload["trials_curves"] = curves
+    text = json.dumps(jsonable(payload), indent=2) + "\n"
+    _write_text(out / "report.json", text)
+    if len(runs) == 1 and dir_name == runs[0].run_id:
+        write_results(runs[0].results, out_dir)  # the runner's results.json, refreshed
+    else:
+        _write_text(out / "results.json", text)
+    path = out / "report.html"
+    _write_text(path, render_html(title, runs, rows, _images(runs, rows, curves), notes))
+    return path
+
+
+def write_report(
+    run_id: str | Sequence[str],
+    db_url: str | None,
+    out_dir: str | Path,
+    *,
+    name: str | None = None,
+    title: str | None = None,
+    notes: Sequence[str] = (),
+    console: Console | None = None,
+) -> Path:
+    """The report of one run (``dpicl-audit report RUN``) or of several side by side.
+
+    Returns ``<out_dir>/<run_id>/report.html``; ``results.json`` lies beside it.
+    """
+    ids = [run_id] if isinstance(run_id, str) else list(run_id)
+    return write_combined_report(
+        ids, db_url, out_dir, name=name, title=title, notes=notes, console=console
+    )

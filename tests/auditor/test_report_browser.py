@@ -1,0 +1,158 @@
+"""report.html in a real browser: headless Chromium (Debian's ``chromium``) at 800 and 1400 px.
+
+The checks run inside the page: a probe script is put first in ``<head>`` (so it sees every
+console error and uncaught exception of the page) and writes its findings into the DOM once
+the page has loaded; ``chromium --dump-dom`` returns them. Checked: no console errors,
+every image decodes (loaded, with a non-zero natural size), nothing sticks out past the
+window's width except inside a box that scrolls by itself (the results table's), and the
+page itself does not scroll sideways. ``.ci/run`` installs Debian's chromium where
+apt-get can; elsewhere the test skips and says why.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.auditor.test_legacy_log import FIXTURE, RUNS
+
+pytestmark = pytest.mark.slow
+
+PROBE = r"""<script>
+(function () {
+  var errors = [];
+  var origError = console.error;
+  console.error = function () {
+    errors.push(Array.prototype.join.call(arguments, " "));
+    return origError.apply(console, arguments);
+  };
+  window.addEventListener("error", function (e) {
+    errors.push("uncaught: " + (e.message || (e.target && e.target.outerHTML) || "?"));
+  }, true);
+  function scrollsItself(el) {
+    for (var p = el.parentElement; p; p = p.parentElement) {
+      var s = getComputedStyle(p);
+      if (s.overflowX === "auto" || s.overflowX === "scroll" || s.overflowX === "hidden") {
+        return p.getBoundingClientRect().right <= window.innerWidth + 0.5;
+      }
+    }
+    return false;
+  }
+  window.addEventListener("load", function () {
+    var imgs = Array.prototype.slice.call(document.images);
+    // after "load" every image has loaded or failed: a decoded image has a natural size
+    var broken = [];
+    imgs.forEach(function (im) {
+      if (!(im.complete && im.naturalWidth > 0 && im.naturalHeight > 0)) {
+        broken.push("does not decode: " + im.alt);
+      }
+    });
+    (function () {
+      var over = [];
+      Array.prototype.forEach.call(document.body.querySelectorAll("*"), function (el) {
+        var r = el.getBoundingClientRect();
+        if (r.width > 0 && r.right > window.innerWidth + 0.5 && !scrollsItself(el)) {
+          over.push(el.tagName + "." + el.className + " right=" + Math.round(r.right));
+        }
+      });
+      var out = document.createElement("pre");
+      out.id = "dpicl-probe";
+      out.textContent = JSON.stringify({
+        width: window.innerWidth,
+        scrollWidth: document.documentElement.scrollWidth,
+        images: imgs.length,
+        broken: broken,
+        overflow: over.slice(0, 20),
+        errors: errors
+      });
+      document.body.appendChild(out);
+    })();
+  });
+})();
+</script>"""
+
+
+def _browser() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def _probe(browser: str, html: Path, width: int, tmp: Path) -> dict[str, object]:
+    page = tmp / f"probe-{width}.html"
+    text = html.read_text(encoding="utf-8")
+    page.write_text(text.replace("<head>", "<head>" + PROBE, 1), encoding="utf-8")
+    proc = subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            f"--window-size={width},1000",
+            f"--user-data-dir={tmp / f'profile-{width}'}",
+            "--virtual-time-budget=15000",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    found = re.search(r'<pre id="dpicl-probe">(.*?)</pre>', proc.stdout, re.S)
+    assert found, f"the probe did not report (rc {proc.returncode}): {proc.stderr[-2000:]}"
+    raw = found.group(1).replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">")
+    result: dict[str, object] = json.loads(raw.replace("&amp;", "&"))
+    return result
+
+
+@pytest.fixture(scope="module")
+def report_html(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One combined report of every kind of run (voting real and bootstrap, ESA, DPS-MOZO)."""
+    from dpicl_audit.report import write_report
+
+    tmp = tmp_path_factory.mktemp("browser")
+    db = tmp / "log.db"
+    shutil.copy(FIXTURE, db)
+    return write_report(list(RUNS), f"sqlite:///{db}", tmp, name="all")
+
+
+@pytest.mark.parametrize("width", [800, 1400])
+def test_report_in_headless_chromium(report_html: Path, width: int, tmp_path: Path) -> None:
+    browser = _browser()
+    if browser is None:
+        pytest.skip(
+            "no Chromium on PATH: install Debian's chromium package (.ci/run does so with "
+            "apt-get where it can) to run the browser test of report.html"
+        )
+    res = _probe(browser, report_html, width, tmp_path)
+    assert res["errors"] == [], res["errors"]
+    assert res["images"] == 4 and res["broken"] == [], res  # 4 plots, every one decoded
+    assert res["overflow"] == [], res["overflow"]
+    assert res["scrollWidth"] <= res["width"], res  # type: ignore[operator]
+
+
+def test_the_probe_sees_what_it_must(tmp_path: Path) -> None:
+    """A positive control: a page with a wide block outside a scroll box, a broken image and
+    a console error is caught on all three counts."""
+    browser = _browser()
+    if browser is None:
+        pytest.skip("no Chromium on PATH (see test_report_in_headless_chromium)")
+    bad = tmp_path / "bad.html"
+    bad.write_text(
+        "<!DOCTYPE html><html><head><title>x</title></head><body>"
+        "<div style='width:1500px'>wide</div>"
+        "<img alt='broken' src='data:image/png;base64,AAAA'>"
+        "<script>console.error('boom')</script></body></html>"
+    )
+    res = _probe(browser, bad, 800, tmp_path)
+    assert any("boom" in e for e in res["errors"])  # type: ignore[union-attr]
+    assert any("broken" in b for b in res["broken"])  # type: ignore[union-attr]
+    assert res["overflow"]
