@@ -16,6 +16,9 @@ Designs (texts from the bundled news-mini corpus; epsilon is irrelevant to clean
   the canary is pivotal (T = 4: A, A, B); minimal template ``{exemplars}\\n\\nInput: {query}
   \\nLabel:``; labels A/B; the query is x.
 * ``identical-random``: the same with x a random string of made-up words.
+* ``identical-wordlabels``: ``identical-random`` with two made-up words as the labels (no
+  prior of the model favours either); ``identical-natural-wordlabels``: the same with a news
+  text as x.
 * ``identical-deployment``: the same with the server's default (deployment) template and the
   corpus's own labels (World/Sports) in place of A/B.
 * ``inquery-natural``: the current default (paper 000, Prompt 1: text verification, Yes/No,
@@ -114,6 +117,21 @@ class Designs:
     def identical_random(self) -> Pair:
         return _identical(_random_text(self.rng), ["A", "B"], MINIMAL_TEMPLATE)
 
+    def _word_labels(self) -> list[str]:
+        # Made-up single-word labels: no prior of the model favours either answer.
+        a, b = (_random_text(self.rng, 1).rstrip(".") for _ in range(2))
+        while b == a:
+            b = _random_text(self.rng, 1).rstrip(".")
+        return [a, b]
+
+    def identical_wordlabels(self) -> Pair:
+        labels = self._word_labels()
+        return _identical(_random_text(self.rng), labels, MINIMAL_TEMPLATE)
+
+    def identical_natural_wordlabels(self) -> Pair:
+        labels = self._word_labels()
+        return _identical(self._texts(1)[0], labels, MINIMAL_TEMPLATE)
+
     def identical_deployment(self) -> Pair:
         return _identical(self._texts(1)[0], list(self.two_labels), None)
 
@@ -164,6 +182,8 @@ class Designs:
 DESIGNS: dict[str, Callable[[Designs], Pair]] = {
     "identical-natural": Designs.identical_natural,
     "identical-random": Designs.identical_random,
+    "identical-wordlabels": Designs.identical_wordlabels,
+    "identical-natural-wordlabels": Designs.identical_natural_wordlabels,
     "identical-deployment": Designs.identical_deployment,
     "inquery-natural": Designs.inquery_natural,
     "inquery-random": Designs.inquery_random,

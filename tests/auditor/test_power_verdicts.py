@@ -8,8 +8,22 @@ import numpy as np
 import pytest
 
 from dpicl_audit.errors import InvalidAuditInput
-from dpicl_audit.estimators import estimate_from_counts, gdp_epsilon
-from dpicl_audit.estimators.power import flip_rate_from_signals, max_reachable_epsilon
+from dpicl_audit.estimators import (
+    classic_sigma,
+    estimate_from_counts,
+    gdp_epsilon,
+    voting_epsilon_exact,
+)
+from dpicl_audit.estimators.label_release import (
+    label_release_probabilities,
+    pivotal_design,
+    pivotal_rates,
+)
+from dpicl_audit.estimators.power import (
+    flip_rate_from_signals,
+    max_reachable_epsilon,
+    reachable_from_rates,
+)
 from dpicl_audit.estimators.verdict_rules import decide_verdict
 
 DELTA = 1e-5
@@ -71,6 +85,32 @@ def test_reach_predicts_a_simulated_audit() -> None:
         delta=DELTA,
     )
     assert abs(est.epsilon_lower - reach.epsilon) < 0.75
+
+
+def test_black_box_reach_separates_the_paper_design_from_the_pivotal_one() -> None:
+    # Expected counts of the decision "released A" with 4,000 trials per world at epsilon 8:
+    # the paper's [1, 7] vs [0, 8] has both rates in the far tail and reaches almost nothing;
+    # the pivotal design reaches most of the mechanism's GDP epsilon.
+    sigma = classic_sigma(8.0, DELTA)
+    exact = voting_epsilon_exact(sigma, DELTA)
+    paper = (
+        float(label_release_probabilities([1, 7], sigma)[0]),
+        float(label_release_probabilities([0, 8], sigma)[0]),
+    )
+    tpr, fpr, _ = pivotal_rates(pivotal_design(5), sigma)
+    assert reachable_from_rates(4000, 4000, *paper, delta=DELTA) < 0.1 * exact
+    assert reachable_from_rates(4000, 4000, tpr, fpr, delta=DELTA) > 0.8 * exact
+    e = estimate_from_counts(
+        round(tpr * 4000),
+        4000 - round(tpr * 4000),
+        round(fpr * 4000),
+        4000 - round(fpr * 4000),
+        delta=DELTA,
+    )
+    assert (
+        reachable_from_rates(4000, 4000, tpr, fpr, delta=DELTA, figure="classical")
+        == e.epsilon_lower_classic
+    )
 
 
 def test_flip_rate_from_signals() -> None:

@@ -40,7 +40,13 @@ from dpicl_audit.estimators.stats import (
     per_interval_confidence,
 )
 
-__all__ = ["Figure", "ReachablePower", "flip_rate_from_signals", "max_reachable_epsilon"]
+__all__ = [
+    "Figure",
+    "ReachablePower",
+    "flip_rate_from_signals",
+    "max_reachable_epsilon",
+    "reachable_from_rates",
+]
 
 Figure = Literal["gdp", "classical"]
 
@@ -128,6 +134,32 @@ def max_reachable_epsilon(
         flip_rate=q,
         signal_mu=m,
     )
+
+
+def reachable_from_rates(
+    n_pos: int,
+    n_neg: int,
+    tpr: float,
+    fpr: float,
+    *,
+    delta: float,
+    confidence: float = 0.95,
+    figure: Figure = "gdp",
+) -> float:
+    """The bound a *fixed* decision with true rates ``tpr``/``fpr`` reports at its rounded
+    expected counts: the reachable epsilon of a black-box design whose rates are known in
+    closed form (e.g. :func:`~dpicl_audit.estimators.label_release.pivotal_rates`)."""
+    from dpicl_audit.estimators import estimate_from_counts  # the package imports this module
+
+    npos, nneg = _trials(n_pos, "n_pos"), _trials(n_neg, "n_neg")
+    for name, v in (("tpr", tpr), ("fpr", fpr)):
+        if not 0.0 <= float(v) <= 1.0:
+            raise InvalidAuditInput(f"{name} must be a probability, got {v!r}")
+    if figure not in ("gdp", "classical"):
+        raise InvalidAuditInput(f"figure must be 'gdp' or 'classical', got {figure!r}")
+    tp, fp = round(float(tpr) * npos), round(float(fpr) * nneg)
+    est = estimate_from_counts(tp, npos - tp, fp, nneg - fp, delta=delta, confidence=confidence)
+    return est.epsilon_lower if figure == "gdp" else est.epsilon_lower_classic
 
 
 def flip_rate_from_signals(signals_with: np.ndarray, signals_without: np.ndarray) -> float:
