@@ -5,7 +5,11 @@
 * :mod:`.classic` the classical (epsilon, delta) lower bound (paper 003, Section 2.2);
 * :mod:`.exact` the mechanisms' true curves (dp-accounting PLD) and theory noise levels;
 * :mod:`.thresholds` white-box threshold selection on one split, bounds on the other;
-* :mod:`.rdp` Renyi-DP: exact divergence of noisy argmax and the 2-cut lower bound (003).
+* :mod:`.rdp` Renyi-DP: exact divergence of noisy argmax and the 2-cut lower bound (003);
+* :mod:`.label_release` exact epsilon of voting's released label; the pivotal canary design;
+* :mod:`.whitebox` white-box bounds never weaker than black-box; both figures (GDP, classical);
+* :mod:`.power` the largest epsilon a design could reach with its trials;
+* :mod:`.verdict_rules` VIOLATION / BUG / INCONCLUSIVE / CONSISTENT from the figures.
 
 :func:`estimate_from_counts` is the black-box estimator (it backs ``dpicl-audit estimate``).
 """
