@@ -65,6 +65,7 @@ def study(url: str, *, epsilons: list[float], n_ctx: int, queries: int, t_max: i
                 "template": TEMPLATE,
                 "mechanism": {
                     "name": "dps-mozo",
+                    "guarantee": "paper",  # this study measures the paper's nominal mode
                     "epsilon": eps,
                     "n_shots": 4,
                     "top_k": 100,

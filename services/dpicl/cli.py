@@ -31,6 +31,11 @@ class CalibrationName(StrEnum):
     analytic = "analytic"
 
 
+class Guarantee(StrEnum):
+    proven = "proven"
+    paper = "paper"
+
+
 class Sensitivity(StrEnum):
     tight = "tight"
     original = "original"
@@ -94,6 +99,10 @@ def calibrate(
     alpha: Annotated[int | None, typer.Option(help="DPS-MOZO: Renyi order.")] = None,
     tokens: Annotated[int | None, typer.Option(help="DPS-MOZO: n_queries x T_max.")] = None,
     sample_rate: Annotated[float | None, typer.Option(help="DPS-MOZO: n_shots/|D|.")] = None,
+    guarantee: Annotated[
+        Guarantee, typer.Option(help="DPS-MOZO: proven (true epsilon) or paper (nominal).")
+    ] = Guarantee.proven,
+    n_shots: Annotated[int, typer.Option(help="DPS-MOZO proven: shots per token.")] = 4,
 ) -> None:
     """Print the noise a mechanism needs for (epsilon, delta), as JSON."""
     from dpicl.errors import DpiclError
@@ -109,6 +118,8 @@ def calibrate(
             alpha,
             tokens,
             sample_rate,
+            guarantee,
+            n_shots,
         )
     except DpiclError as exc:
         typer.echo(f"error: {exc.message}", err=True)
@@ -127,6 +138,8 @@ def _calibration(
     alpha: int | None,
     tokens: int | None,
     sample_rate: float | None,
+    guarantee: Guarantee = Guarantee.proven,
+    n_shots: int = 4,
 ) -> dict[str, object]:
     from dpicl.errors import ConfigurationError
     from dpicl.mechanisms.esa import esa_sensitivity
@@ -149,8 +162,11 @@ def _calibration(
                 param="tokens" if tokens is None else "sample_rate",
             )
         _check_mozo_bounds(tokens, sample_rate)
+        if guarantee is Guarantee.proven:
+            return out | _proven_calibration(epsilon, delta, alpha, tokens, sample_rate, n_shots)
         cal = calibrate_beta(epsilon, delta, alpha, tokens, sample_rate)
         return out | {
+            "guarantee": "paper (nominal: Theorem B.3 of paper 004 does not hold)",
             "alpha": cal.alpha,
             "tokens": cal.tokens,
             "sample_rate": cal.sample_rate,
@@ -205,6 +221,38 @@ def _check_mozo_bounds(tokens: int, sample_rate: float) -> None:
         raise ConfigurationError(
             f"--sample-rate must lie in (0, 1], got {sample_rate!r}", param="sample_rate"
         )
+
+
+def _proven_calibration(
+    epsilon: float,
+    delta: float,
+    alpha: int | None,
+    tokens: int,
+    sample_rate: float,
+    n_shots: int,
+) -> dict[str, object]:
+    from dpicl.errors import ConfigurationError
+    from dpicl.privacy.mozo_proven import calibrate_max_log_ratio
+
+    if alpha is not None:
+        raise ConfigurationError(
+            f"--alpha={alpha} only applies to --guarantee paper", param="alpha"
+        )
+    if not 1 <= n_shots <= 1024:
+        raise ConfigurationError(f"n_shots must lie in [1, 1024], got {n_shots}", param="n_shots")
+    if not 1 <= tokens <= 10**12:
+        raise ConfigurationError(f"tokens must lie in [1, 10^12], got {tokens}", param="tokens")
+    cal = calibrate_max_log_ratio(epsilon, delta, n_shots, sample_rate, tokens)
+    return {
+        "guarantee": "proven",
+        "tokens": cal.tokens,
+        "sample_rate": cal.sample_rate,
+        "n_shots": cal.n_shots,
+        "max_log_ratio": cal.max_log_ratio,
+        "per_token_epsilon": cal.per_token_epsilon,
+        "amplified_per_token_epsilon": cal.amplified_epsilon,
+        "epsilon_spent": cal.epsilon_spent,
+    }
 
 
 @app.command()

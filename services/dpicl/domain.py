@@ -106,7 +106,10 @@ class MozoSettings(BaseModel):
     """DPS-MOZO (paper 004, Algorithm 1): per-token private decoding, budgeted in queries.
 
     ``epsilon`` and ``delta`` are the guarantee for the whole context: ``queries`` answers of
-    at most ``max_tokens`` tokens each. beta is calibrated from them once, at creation.
+    at most ``max_tokens`` tokens each, calibrated once, at creation. ``guarantee: "proven"``
+    (default) bounds each mixed distribution's max log-ratio to the zero-shot one by eps0,
+    which makes the epsilon true (docs/privacy.md); ``"paper"`` is paper 004's Renyi
+    constraint at (beta, alpha), whose epsilon is nominal (Theorem B.3 does not hold).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -116,15 +119,20 @@ class MozoSettings(BaseModel):
     delta: Delta | None = Field(
         default=None, description="Total delta; default 1/|D| (|D| exemplars)."
     )
+    guarantee: Literal["proven", "paper"] = Field(
+        default="proven",
+        description="proven: max-log-ratio constraint, true (epsilon, delta); paper: paper "
+        "004's Renyi constraint, nominal epsilon.",
+    )
     alpha: int | None = Field(
         default=None,
         ge=2,
         le=1024,
-        description="Renyi order; default: the smallest whose RDP-to-DP conversion costs "
-        "at most epsilon/2 (paper 004, Section 5.1).",
+        description="guarantee paper only: Renyi order; default: the smallest whose "
+        "RDP-to-DP conversion costs at most epsilon/2 (paper 004, Section 5.1).",
     )
     n_shots: int = Field(
-        default=4, ge=1, le=MAX_PARTITIONS, description="Exemplars sampled per token (<= |D|)."
+        default=4, ge=1, le=1024, description="Exemplars sampled per token (<= |D|)."
     )
     top_k: int = Field(default=100, ge=1, le=1000, description="Zero-shot top-k support.")
     max_tokens: int = Field(default=48, ge=1, le=1024, description="T_max per answer.")
@@ -296,6 +304,12 @@ class ContextSpec(BaseModel):
             raise ConfigurationError(
                 f"n_shots={mech.n_shots} is larger than the number of exemplars ({n})",
                 param="mechanism.n_shots",
+            )
+        if mech.guarantee == "proven" and mech.alpha is not None:
+            raise ConfigurationError(
+                f"alpha={mech.alpha} only applies to guarantee 'paper'; the proven mode "
+                "has no Renyi order",
+                param="mechanism.alpha",
             )
         if mech.delta is None and n < 2:
             raise ConfigurationError(

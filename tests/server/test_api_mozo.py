@@ -9,10 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
 from dpicl.privacy.mozo_calibration import calibrate_beta
+from dpicl.privacy.mozo_proven import calibrate_max_log_ratio, proven_epsilon
 from tests.conftest import admin_headers, user_headers
 from tests.server.api_helpers import make_client
 
@@ -50,8 +52,9 @@ def generate(client: TestClient, cid: str, path: str = "/v1/generate") -> Any:
 
 def test_context_answers_exactly_its_queries(tmp_path: Path) -> None:
     with make_client(tmp_path) as client:
-        info = create(client, mozo_context())
+        info = create(client, mozo_context(guarantee="paper"))
         m = info["mechanism"]
+        assert m["guarantee"] == "paper" and m["max_log_ratio"] is None
         cal = calibrate_beta(4.0, 1 / 8, None, tokens=3 * 6, sample_rate=2 / 8)
         assert m["beta"] == pytest.approx(cal.beta) and m["alpha"] == cal.alpha
         assert m["delta"] == pytest.approx(1 / 8)
@@ -76,9 +79,68 @@ def test_context_answers_exactly_its_queries(tmp_path: Path) -> None:
         assert after["spent"]["queries"] == 3
 
 
+def test_proven_is_the_default_and_its_epsilon_is_exact(tmp_path: Path) -> None:
+    with make_client(tmp_path) as client:
+        info = create(client, mozo_context())
+        m = info["mechanism"]
+        cal = calibrate_max_log_ratio(4.0, 1 / 8, n_shots=2, sample_rate=2 / 8, tokens=3 * 6)
+        assert m["guarantee"] == "proven"
+        assert m["max_log_ratio"] == pytest.approx(cal.max_log_ratio)
+        assert m["per_token_epsilon"] == pytest.approx(4 * cal.max_log_ratio)
+        assert "beta" not in m and "alpha" in m and m["alpha"] is None
+        spent = []
+        for k in range(3):
+            out = generate(client, info["id"]).json()
+            # One answer of T_max tokens is worth the exact composition of 6 tokens.
+            one = proven_epsilon(cal.max_log_ratio, 2, 2 / 8, 6, 1 / 8)
+            assert out["cost"]["epsilon"] == pytest.approx(one)
+            assert out["cost"]["epsilon_exact"] == pytest.approx(one)
+            spent.append(out["budget"]["spent_epsilon"])
+            assert spent[-1] == pytest.approx(
+                proven_epsilon(cal.max_log_ratio, 2, 2 / 8, 6 * (k + 1), 1 / 8)
+            )
+        assert spent[-1] <= 4.0
+        assert generate(client, info["id"]).status_code == 403
+
+
+def test_proven_rejects_alpha(tmp_path: Path) -> None:
+    with make_client(tmp_path) as client:
+        r = client.post("/v1/contexts", json=mozo_context(alpha=4), headers=admin_headers())
+        assert r.status_code == 422, r.text
+        assert r.json()["error"]["param"] == "mechanism.alpha"
+        assert "alpha=4" in r.json()["error"]["message"]
+
+
+def test_debug_internal_proven_checks_token_by_token(tmp_path: Path) -> None:
+    with make_client(tmp_path, whitebox="internal") as client:
+        info = create(client, mozo_context(n_shots=3))
+        out = generate(client, info["id"], "/v1/debug/generate").json()
+        eps0 = out["max_log_ratio"]
+        assert out["guarantee"] == "proven" and eps0 == info["mechanism"]["max_log_ratio"]
+        assert out["per_token_epsilon"] == pytest.approx(4 * eps0)
+        assert out["per_token_bound"] == out["per_token_epsilon"]
+        assert out["alpha"] is None and out["beta"] is None
+        assert out["max_exact_divergence"] is None
+        assert out["tokens"]
+        for tok in out["tokens"]:
+            zero = np.log(np.array(tok["zero_shot_probs"]))
+            mixed = np.log(np.array(tok["mixed_probs"]))
+            # The independent check: every shot's released mixed distribution within eps0.
+            assert np.max(np.abs(mixed - zero)) <= eps0
+            assert max(tok["log_ratios"]) <= eps0
+            assert tok["divergences"] is None and tok["exact_divergences"] is None
+            assert len(tok["exact_log_ratios"]) == 3
+            assert max(tok["exact_log_ratios"]) <= 2 * eps0 + 1e-12
+            # The released product, recomputed from the mixed rows, is what was reported.
+            log_p = mixed.sum(axis=0)
+            p = np.exp(log_p - log_p.max())
+            assert np.allclose(p / p.sum(), tok["product_probs"], atol=1e-12)
+        assert out["max_exact_log_ratio"] <= out["per_token_epsilon"]
+
+
 def test_debug_noisy_hides_internals(tmp_path: Path) -> None:
     with make_client(tmp_path, whitebox="noisy") as client:
-        info = create(client, mozo_context())
+        info = create(client, mozo_context(guarantee="paper"))
         r = generate(client, info["id"], "/v1/debug/generate")
         assert r.status_code == 200, r.text
         out = r.json()
@@ -91,15 +153,22 @@ def test_debug_noisy_hides_internals(tmp_path: Path) -> None:
             assert len(tok["lambdas"]) == 2
             assert all(0.0 <= lam <= 1.5 for lam in tok["lambdas"])
             assert all(max(d) <= radius * (1 + 1e-9) + 1e-12 for d in tok["divergences"])
-            for key in ("shots", "mixed_probs", "product_probs", "exact_divergences"):
+            for key in (
+                "shots",
+                "mixed_probs",
+                "zero_shot_probs",
+                "product_probs",
+                "exact_divergences",
+                "exact_log_ratios",
+            ):
                 assert tok[key] is None
-        assert out["max_exact_divergence"] is None
+        assert out["max_exact_divergence"] is None and out["max_exact_log_ratio"] is None
         assert out["sigma"] is None
 
 
 def test_debug_internal_has_exact_divergences(tmp_path: Path) -> None:
     with make_client(tmp_path, whitebox="internal") as client:
-        info = create(client, mozo_context(lambda_max=1.0))
+        info = create(client, mozo_context(lambda_max=1.0, guarantee="paper"))
         out = generate(client, info["id"], "/v1/debug/generate").json()
         assert out["whitebox"] == "internal"
         for tok in out["tokens"]:

@@ -8,9 +8,17 @@ to those ids and renormalising is exactly Lines 5-10 of Algorithm 1 (every other
 ``-inf``).
 
 For each shot the mixed logits ``lambda * one + (1 - lambda) * zero`` (Equation 2) get the
-largest ``lambda`` in ``[0, lam_max]`` with
-``max(D_alpha(mixed || zero), D_alpha(zero || mixed)) <= beta * alpha`` (Equation 3), and the
-token is drawn from the normalised product of the mixed distributions (Line 16).
+largest ``lambda`` in ``[0, lam_max]`` that keeps the mixed distribution close to the zero-shot
+one, and the token is drawn from the normalised product of the mixed distributions (Line 16).
+"Close" has two meanings (``mechanism.guarantee``):
+
+* ``"proven"`` (the default, dpicl's repair): ``max_y |log q(y) - log p0(y)| <= eps0`` over
+  the released support (:func:`solve_lambdas_max_ratio`). Then every token is pure
+  ``4 eps0``-DP (``2 eps0`` with one shot) under replace-one; docs/privacy.md has the proof
+  and :mod:`dpicl.privacy.mozo_proven` the accounting.
+* ``"paper"``: ``max(D_alpha(mixed || zero), D_alpha(zero || mixed)) <= beta * alpha``
+  (Equation 3, :func:`solve_lambdas`); its claimed per-token bound is false (Caveat below),
+  so its epsilon is nominal.
 
 Monotonicity. Write ``d = one - zero`` and ``A(t) = log sum_y zero_y e^{t d_y}`` (``zero`` the
 zero-shot probabilities), the log-partition function of the exponential family
@@ -50,7 +58,9 @@ from dpicl.errors import ConfigurationError
 __all__ = [
     "MozoStep",
     "exact_shot_divergence",
+    "exact_shot_log_ratio",
     "log_softmax",
+    "max_log_ratio",
     "mixed_logits",
     "mozo_step",
     "product_distribution",
@@ -59,6 +69,7 @@ __all__ = [
     "sample_shots",
     "sample_token",
     "solve_lambdas",
+    "solve_lambdas_max_ratio",
     "symmetric_divergence",
 ]
 
@@ -67,6 +78,13 @@ IntArray = npt.NDArray[np.int64]
 
 DEFAULT_LAMBDA_MAX = 1.5
 _LAMBDA_XATOL = 1e-10
+#: Bisection steps of :func:`solve_lambdas_max_ratio`: the bracket shrinks to
+#: ``lam_max * 2**-60``, below float resolution near 1; the cost is fixed whatever the input.
+_BISECTION_STEPS = 60
+#: The proven-mode search aims at ``eps0 * (1 - _RATIO_MARGIN)`` so that a reader who
+#: recomputes the log-ratio from the reported (rounded) probabilities never sees an excess
+#: from rounding alone (log of a float64 probability is off by at most ~1e-16 relative).
+_RATIO_MARGIN = 1e-9
 
 
 # --------------------------------------------------------------------------- basic pieces
@@ -288,6 +306,66 @@ def solve_lambdas(
     return result
 
 
+def max_log_ratio(log_q: npt.ArrayLike, log_p0: npt.ArrayLike) -> FloatArray:
+    """``max_y |log q(y) - log p0(y)|`` along the last axis (both normalised log-probabilities
+    on the same support): the max-divergence radius of ``q`` around ``p0``, both directions."""
+    diff = np.asarray(log_q, dtype=np.float64) - np.asarray(log_p0, dtype=np.float64)
+    return np.asarray(np.max(np.abs(diff), axis=-1), dtype=np.float64)
+
+
+def _ratio_rows(lam: FloatArray, one: FloatArray, zero: FloatArray) -> FloatArray:
+    """The radius of each row's mixed distribution, computed exactly as the released mixed
+    probabilities are (``log_softmax`` of the mixed logits against that of the zero-shot)."""
+    return max_log_ratio(log_softmax(mixed_logits(one, zero, lam)), log_softmax(zero))
+
+
+def solve_lambdas_max_ratio(
+    one_shot_logits: npt.ArrayLike,
+    zero_logits: npt.ArrayLike,
+    eps0: float,
+    lam_max: float = DEFAULT_LAMBDA_MAX,
+) -> FloatArray:
+    """The proven mode's constraint for every shot at once: the largest ``lambda`` in
+    ``[0, lam_max]`` with ``max_y |log q_lambda(y) - log p0(y)| <= eps0`` over the support,
+    ``q_lambda = softmax(zero + lambda (one - zero))`` and ``p0 = softmax(zero)``.
+
+    Monotone, so bisection is exact: with ``d = one - zero`` and
+    ``A(t) = log sum_y p0(y) e^{t d_y}``, ``log q_t - log p0 = t d - A(t)``, so the radius is
+    ``max(t max d - A(t), A(t) - t min d)``; both terms are 0 at ``t = 0`` and
+    non-decreasing (their derivatives are ``max d - E_{q_t}[d] >= 0`` and
+    ``E_{q_t}[d] - min d >= 0``). The feasible set is ``[0, lambda*]``. Vectorised bisection
+    over shots with a fixed number of steps; the feasible (lower) end is returned and then
+    re-checked, so the bound holds at the returned value whatever the rounding.
+    """
+    one, zero = _as_shots(one_shot_logits, zero_logits)
+    if not (np.isfinite(eps0) and eps0 >= 0.0):
+        raise ConfigurationError(
+            f"max_log_ratio must be a finite number >= 0, got {eps0!r}",
+            param="mechanism.max_log_ratio",
+        )
+    if not (np.isfinite(lam_max) and lam_max >= 0.0):
+        raise ConfigurationError(
+            f"lam_max must be a finite number >= 0, got {lam_max!r}",
+            param="mechanism.lambda_max",
+        )
+    radius = float(eps0) * (1.0 - _RATIO_MARGIN)
+    n_shots = one.shape[0]
+    high = np.full(n_shots, float(lam_max), dtype=np.float64)
+    low = np.zeros(n_shots, dtype=np.float64)
+    done = _ratio_rows(high, one, zero) <= radius
+    low[done] = high[done]
+    for _ in range(_BISECTION_STEPS):
+        if done.all():
+            break
+        mid = 0.5 * (low + high)
+        ok = _ratio_rows(mid, one, zero) <= radius
+        low = np.where(done | ~ok, low, mid)
+        high = np.where(done | ok, high, mid)
+    # Safety net: the returned lambda must satisfy the bound as evaluated for release.
+    low[_ratio_rows(low, one, zero) > radius] = 0.0
+    return low
+
+
 # --------------------------------------------------------------------------- one step
 
 
@@ -296,17 +374,21 @@ class MozoStep:
     """One token of Algorithm 1.
 
     ``token_id`` is ``top_ids[j]`` for the sampled position ``j``; ``lambdas`` (``(n_shots,)``)
-    are the mixing weights; ``divergences`` (``(n_shots, 2)``) are
-    ``(D_alpha(mixed || zero), D_alpha(zero || mixed))`` reached at those weights (each
-    ``<= beta * alpha``); ``mixed_probs`` (``(n_shots, k)``) the mixed distributions and
-    ``product_probs`` (``(k,)``) the distribution the token was drawn from, both on the top-k
-    support in the order of ``top_ids``.
+    are the mixing weights; ``log_ratios`` (``(n_shots,)``) each mixed distribution's
+    ``max_y |log q(y) - log p0(y)|`` (``<= eps0`` in the proven mode); ``divergences``
+    (``(n_shots, 2)``, paper mode only, else ``None``) are
+    ``(D_alpha(mixed || zero), D_alpha(zero || mixed))`` (each ``<= beta * alpha``);
+    ``mixed_probs`` (``(n_shots, k)``) the mixed distributions, ``zero_probs`` (``(k,)``) the
+    zero-shot distribution and ``product_probs`` (``(k,)``) the distribution the token was
+    drawn from, all on the top-k support in the order of ``top_ids``.
     """
 
     token_id: int
     lambdas: FloatArray
-    divergences: FloatArray
+    log_ratios: FloatArray
+    divergences: FloatArray | None
     mixed_probs: FloatArray
+    zero_probs: FloatArray
     product_probs: FloatArray
     top_ids: IntArray
 
@@ -315,32 +397,75 @@ def mozo_step(
     one_shot_logits: npt.ArrayLike,
     zero_logits: npt.ArrayLike,
     top_ids: npt.ArrayLike,
-    beta: float,
-    alpha: float,
+    beta: float | None,
+    alpha: float | None,
     rng: np.random.Generator,
     *,
     lam_max: float = DEFAULT_LAMBDA_MAX,
+    eps0: float | None = None,
 ) -> MozoStep:
     """Lines 8-16 of Algorithm 1 for logits already restricted to the public top-k ids
-    ``top_ids``: solve the lambdas, mix, multiply, sample. Shot sampling (Line 3) is
+    ``top_ids``: solve the lambdas, mix, multiply, sample. With ``eps0`` given the lambdas
+    satisfy the proven mode's max-log-ratio constraint (``beta`` and ``alpha`` unused);
+    otherwise the paper's Renyi constraint at ``(beta, alpha)``. Shot sampling (Line 3) is
     :func:`sample_shots`, done by the caller before computing the one-shot logits."""
     one, zero = _as_shots(one_shot_logits, zero_logits)
     ids = np.asarray(top_ids, dtype=np.int64)
     if ids.shape != zero.shape:
         raise ValueError(f"top_ids has shape {ids.shape}, the logits have k={zero.shape[0]}")
-    lambdas = solve_lambdas(one, zero, beta, alpha, lam_max)
-    mixed = mixed_logits(one, zero, lambdas)
-    divergences = symmetric_divergence(mixed, zero, alpha)
+    divergences: FloatArray | None = None
+    if eps0 is not None:
+        lambdas = solve_lambdas_max_ratio(one, zero, eps0, lam_max)
+        mixed = mixed_logits(one, zero, lambdas)
+    else:
+        if beta is None or alpha is None:
+            raise ValueError("the paper mode needs beta and alpha (or pass eps0)")
+        lambdas = solve_lambdas(one, zero, beta, alpha, lam_max)
+        mixed = mixed_logits(one, zero, lambdas)
+        divergences = symmetric_divergence(mixed, zero, alpha)
+    log_mixed = log_softmax(mixed)
+    log_zero = log_softmax(zero)
     product = product_distribution(mixed)
     position = sample_token(product, rng)
     return MozoStep(
         token_id=int(ids[position]),
         lambdas=lambdas,
+        log_ratios=max_log_ratio(log_mixed, log_zero),
         divergences=divergences,
-        mixed_probs=np.exp(log_softmax(mixed)),
+        mixed_probs=np.exp(log_mixed),
+        zero_probs=np.exp(log_zero),
         product_probs=product,
         top_ids=ids,
     )
+
+
+def _log_neighbours(
+    mixed: npt.ArrayLike, zero_logits: npt.ArrayLike
+) -> tuple[FloatArray, FloatArray]:
+    """``log P`` (``(k,)``), the released product, and ``log P_i`` (``(n_shots, k)``), the
+    product with shot ``i`` replaced by the zero-shot distribution."""
+    m = np.asarray(mixed, dtype=np.float64)
+    zero = np.asarray(zero_logits, dtype=np.float64)
+    if m.ndim != 2 or zero.ndim != 1 or m.shape[1] != zero.shape[0]:
+        raise ValueError(f"expected (n_shots, k) and (k,), got {m.shape} and {zero.shape}")
+    if not (np.all(np.isfinite(m)) and np.all(np.isfinite(zero))):
+        raise ValueError("logits on the top-k support must be finite")
+    log_mixed = log_softmax(m)
+    log_total = log_mixed.sum(axis=0)
+    log_p = log_softmax(log_total)
+    log_neighbours = log_softmax(log_total[None, :] - log_mixed + log_softmax(zero)[None, :])
+    return log_p, log_neighbours
+
+
+def exact_shot_log_ratio(mixed: npt.ArrayLike, zero_logits: npt.ArrayLike) -> FloatArray:
+    """White-box diagnostic of the proven bound: for each shot ``i`` (shape ``(n_shots,)``),
+    ``max_y |log P(y) - log P_i(y)|`` between the released product ``P`` and ``P_i``, the
+    product with shot ``i`` replaced by the zero-shot distribution. In the proven mode it is
+    at most ``2 eps0`` (one factor moves by ``eps0``, the normaliser by at most ``eps0``),
+    half the per-token bound ``4 eps0``, which also covers a neighbour's arbitrary
+    replacement (docs/privacy.md)."""
+    log_p, log_neighbours = _log_neighbours(mixed, zero_logits)
+    return max_log_ratio(log_p[None, :], log_neighbours)
 
 
 def exact_shot_divergence(
@@ -356,17 +481,7 @@ def exact_shot_divergence(
     samples from a *normalised pointwise* product, for which the normalisers can add to the
     divergence; this function measures the exact value so the two can be compared.
     """
-    m = np.asarray(mixed, dtype=np.float64)
-    zero = np.asarray(zero_logits, dtype=np.float64)
-    if m.ndim != 2 or zero.ndim != 1 or m.shape[1] != zero.shape[0]:
-        raise ValueError(f"expected (n_shots, k) and (k,), got {m.shape} and {zero.shape}")
-    if not (np.all(np.isfinite(m)) and np.all(np.isfinite(zero))):
-        raise ValueError("logits on the top-k support must be finite")
-    log_mixed = log_softmax(m)
-    log_total = log_mixed.sum(axis=0)
-    log_p = log_softmax(log_total)
-    # Row i: the product with factor i swapped for the zero-shot distribution.
-    log_neighbours = log_softmax(log_total[None, :] - log_mixed + log_softmax(zero)[None, :])
+    log_p, log_neighbours = _log_neighbours(mixed, zero_logits)
     return symmetric_divergence(log_p[None, :], log_neighbours, alpha)
 
 

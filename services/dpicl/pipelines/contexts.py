@@ -14,8 +14,9 @@ from dpicl.engines.base import Exemplar
 from dpicl.mechanisms.esa import esa_sensitivity
 from dpicl.privacy.accounting import budget_mu2, gaussian_mu2
 from dpicl.privacy.calibration import VOTING_SENSITIVITY, epsilon_exact, sigma_for
-from dpicl.privacy.ledger import Cost, mozo_spent_epsilon
+from dpicl.privacy.ledger import Cost, guarantee_of, mozo_spent_epsilon
 from dpicl.privacy.mozo_calibration import calibrate_beta
+from dpicl.privacy.mozo_proven import calibrate_max_log_ratio
 from dpicl.store.models import ContextRow
 from dpicl.store.repository import ContextRepository, StoredContext, new_context_id
 
@@ -41,8 +42,25 @@ def calibrate_mechanism(spec: ContextSpec) -> dict[str, Any]:
 
 
 def calibrate_mozo(mech: MozoSettings, n_exemplars: int) -> dict[str, Any]:
-    """beta for ``queries * max_tokens`` tokens at q = n_shots/|D| (paper 004, Eq. 8)."""
+    """For ``queries * max_tokens`` tokens at q = n_shots/|D|: eps0 in the proven mode
+    (:mod:`dpicl.privacy.mozo_proven`), beta in the paper's (paper 004, Eq. 8)."""
     delta = mech.resolved_delta(n_exemplars)
+    if mech.guarantee == "proven":
+        proven = calibrate_max_log_ratio(
+            mech.epsilon,
+            delta,
+            n_shots=mech.n_shots,
+            sample_rate=mech.n_shots / n_exemplars,
+            tokens=mech.queries * mech.max_tokens,
+        )
+        return mech.model_dump() | {
+            "delta": delta,
+            "max_log_ratio": proven.max_log_ratio,
+            "per_token_epsilon": proven.per_token_epsilon,
+            "amplified_per_token_epsilon": proven.amplified_epsilon,
+            "sample_rate": proven.sample_rate,
+            "tokens": proven.tokens,
+        }
     cal = calibrate_beta(
         mech.epsilon,
         delta,
@@ -52,6 +70,8 @@ def calibrate_mozo(mech: MozoSettings, n_exemplars: int) -> dict[str, Any]:
     )
     return mech.model_dump() | {
         "delta": delta,
+        "max_log_ratio": None,
+        "per_token_epsilon": None,
         "alpha": cal.alpha,
         "beta": cal.beta,
         "radius": cal.radius,
@@ -98,10 +118,13 @@ def cost_of(context: StoredContext) -> Cost:
         return Cost(epsilon=0.0, delta=0.0, epsilon_exact=0.0, mu2=0.0)
     if m["name"] == "dps-mozo":
         # Budgeted in queries (max_queries), not mu^2. One answer alone is worth T_max tokens.
+        # The proven mode's epsilon is the exact optimal composition of its per-token bound;
+        # the paper's is nominal, with no exact value.
+        one = mozo_spent_epsilon(m, 1)
         return Cost(
-            epsilon=mozo_spent_epsilon(m, 1),
+            epsilon=one,
             delta=float(m["delta"]),
-            epsilon_exact=None,
+            epsilon_exact=one if guarantee_of(m) == "proven" else None,
             mu2=0.0,
             epsilon_total=float(m["epsilon"]),
         )

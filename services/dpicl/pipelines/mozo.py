@@ -23,11 +23,17 @@ import numpy.typing as npt
 from dpicl.domain import PublicSettings
 from dpicl.engines.base import Engine, Exemplar, GenerationParams, PromptSpec
 from dpicl.errors import BudgetExhausted, InvalidRequest
-from dpicl.mechanisms.mozo import exact_shot_divergence, mozo_step, sample_shots
+from dpicl.mechanisms.mozo import (
+    exact_shot_divergence,
+    exact_shot_log_ratio,
+    mixed_logits,
+    mozo_step,
+    sample_shots,
+)
 from dpicl.pipelines.contexts import cost_of, exemplars_of
 from dpicl.pipelines.engine_calls import paid_engine_call
 from dpicl.pipelines.partitions import zero_shot_prompt
-from dpicl.privacy.ledger import BudgetStatus, Cost, Ledger
+from dpicl.privacy.ledger import BudgetStatus, Cost, Ledger, guarantee_of
 from dpicl.privacy.randomness import entropy_seed
 from dpicl.prompts import render
 from dpicl.store.models import ContextRow
@@ -45,10 +51,13 @@ class MozoToken:
     shots: IntArray  # (n_shots,) exemplar indices sampled for this token
     top_ids: IntArray  # (k,)
     lambdas: FloatArray  # (n_shots,)
-    divergences: FloatArray  # (n_shots, 2): D(mixed||zero), D(zero||mixed)
+    log_ratios: FloatArray  # (n_shots,): max |log mixed - log zero|
+    divergences: FloatArray | None  # paper mode (n_shots, 2): D(mixed||zero), D(zero||mixed)
     mixed_probs: FloatArray  # (n_shots, k)
+    zero_probs: FloatArray  # (k,)
     product_probs: FloatArray  # (k,)
-    exact: FloatArray | None  # (n_shots, 2) exact_shot_divergence, or None
+    exact: FloatArray | None  # paper mode (n_shots, 2) exact_shot_divergence, when asked
+    exact_log_ratios: FloatArray | None  # (n_shots,) exact_shot_log_ratio, when asked
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,14 +95,18 @@ async def mozo_decode(
     n_shots: int,
     top_k: int,
     max_tokens: int,
-    beta: float,
-    alpha: int,
+    beta: float | None,
+    alpha: int | None,
     lam_max: float,
     rng: np.random.Generator,
+    eps0: float | None = None,
     exact: bool = False,
     private: bool = True,
 ) -> _Decoded:
     """The decoding loop over one session; ``prompts[-1]`` is the zero-shot prompt.
+
+    ``eps0`` given: the proven mode (max-log-ratio constraint); else the paper's at
+    ``(beta, alpha)``.
 
     ``private=False`` is the non-private ensemble baseline of the benchmark: the same loop
     and the same sampled shots, but the token is drawn from the normalised product of the
@@ -111,21 +124,27 @@ async def mozo_decode(
             one = step.logits[shots]
             if private:
                 zero = step.logits[n_exemplars]
-                st = mozo_step(one, zero, step.top_ids, beta, alpha, rng, lam_max=lam_max)
+                st = mozo_step(
+                    one, zero, step.top_ids, beta, alpha, rng, lam_max=lam_max, eps0=eps0
+                )
+                mixed = mixed_logits(one, zero, st.lambdas)
                 tokens.append(
                     MozoToken(
                         token_id=st.token_id,
                         shots=shots,
                         top_ids=st.top_ids,
                         lambdas=st.lambdas,
+                        log_ratios=st.log_ratios,
                         divergences=st.divergences,
                         mixed_probs=st.mixed_probs,
+                        zero_probs=st.zero_probs,
                         product_probs=st.product_probs,
                         exact=(
-                            exact_shot_divergence(np.log(st.mixed_probs), zero, alpha)
-                            if exact
+                            exact_shot_divergence(mixed, zero, alpha)
+                            if exact and eps0 is None and alpha is not None
                             else None
                         ),
+                        exact_log_ratios=exact_shot_log_ratio(mixed, zero) if exact else None,
                     )
                 )
                 token = st.token_id
@@ -173,6 +192,7 @@ async def run_mozo(
     m = context.mechanism
     tokens = _max_tokens(context, max_tokens)
     cost = cost_of(context)
+    proven = guarantee_of(m) == "proven"
     charged, out = await paid_engine_call(
         ledger,
         context,
@@ -184,10 +204,11 @@ async def run_mozo(
             n_shots=int(m["n_shots"]),
             top_k=int(m["top_k"]),
             max_tokens=tokens,
-            beta=float(m["beta"]),
-            alpha=int(m["alpha"]),
+            beta=None if proven else float(m["beta"]),
+            alpha=None if proven else int(m["alpha"]),
             lam_max=float(m["lambda_max"]),
             rng=rng,
+            eps0=float(m["max_log_ratio"]) if proven else None,
             exact=exact,
         ),
     )

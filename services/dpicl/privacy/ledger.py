@@ -23,6 +23,7 @@ from typing import Any
 from dpicl.errors import BudgetExhausted, NotFound
 from dpicl.privacy.accounting import remaining_queries, spent_epsilon
 from dpicl.privacy.mozo_calibration import mozo_epsilon
+from dpicl.privacy.mozo_proven import proven_epsilon
 from dpicl.store.repository import ContextRepository, StoredContext
 
 
@@ -37,17 +38,34 @@ class Cost:
     epsilon_total: float | None = None  # the mechanism's whole-context epsilon (DPS-MOZO)
 
 
+def guarantee_of(mechanism: dict[str, Any]) -> str:
+    """``"proven"`` or ``"paper"``; contexts stored before the proven mode existed are
+    paper-mode contexts."""
+    return str(mechanism.get("guarantee", "paper"))
+
+
 def mozo_spent_epsilon(mechanism: dict[str, Any], queries: int) -> float:
     """(epsilon, delta)-DP epsilon of ``queries`` DPS-MOZO answers of T_max tokens each.
 
-    Every answer is charged its full T_max tokens whatever it generated, and the conversion
-    takes the best order up to alpha (sound: the per-token bound at alpha holds below it), so
-    after all ``mechanism["queries"]`` answers this is at most the configured epsilon.
+    Every answer is charged its full T_max tokens whatever it generated (stopping early is a
+    function of the released tokens), so after all ``mechanism["queries"]`` answers this is
+    at most the configured epsilon. Proven mode: the exact optimal composition of the
+    amplified per-token pure DP (:mod:`dpicl.privacy.mozo_proven`). Paper mode (nominal): the
+    conversion takes the best order up to alpha.
     """
+    tokens = queries * int(mechanism["max_tokens"])
+    if guarantee_of(mechanism) == "proven":
+        return proven_epsilon(
+            float(mechanism["max_log_ratio"]),
+            int(mechanism["n_shots"]),
+            float(mechanism["sample_rate"]),
+            tokens,
+            float(mechanism["delta"]),
+        )
     return mozo_epsilon(
         float(mechanism["beta"]),
         int(mechanism["alpha"]),
-        queries * int(mechanism["max_tokens"]),
+        tokens,
         float(mechanism["sample_rate"]),
         float(mechanism["delta"]),
         optimize_order=True,

@@ -22,6 +22,7 @@ from dpicl.api.schemas import (
 from dpicl.errors import InvalidRequest
 from dpicl.pipelines.esa import EsaOutcome
 from dpicl.pipelines.mozo import MozoOutcome
+from dpicl.privacy.ledger import guarantee_of
 
 router = APIRouter(prefix="/v1/debug", tags=["debug"], dependencies=[Admin], responses=ERRORS)
 
@@ -73,32 +74,53 @@ async def debug_generate(req: GenerateRequest, svc: Svc) -> DebugGenerateRespons
 
 def _mozo_body(out: MozoOutcome, engine: str, internal: bool) -> dict[str, object]:
     m = out.context.mechanism
+    proven = guarantee_of(m) == "proven"
     tokens: list[dict[str, object]] = []
-    worst = 0.0
+    worst_div = 0.0
+    worst_ratio = 0.0
     for t in out.tokens:
         tok: dict[str, object] = {
             "token_id": t.token_id,
             "top_ids": t.top_ids.tolist(),
             "lambdas": t.lambdas.tolist(),
-            "divergences": t.divergences.tolist(),
+            "log_ratios": t.log_ratios.tolist(),
+            "divergences": None if t.divergences is None else t.divergences.tolist(),
         }
         if internal:
             tok["shots"] = t.shots.tolist()
             tok["mixed_probs"] = t.mixed_probs.tolist()
+            tok["zero_shot_probs"] = t.zero_probs.tolist()
             tok["product_probs"] = t.product_probs.tolist()
             if t.exact is not None:
                 tok["exact_divergences"] = t.exact.tolist()
-                worst = max(worst, float(t.exact.max(initial=0.0)))
+                worst_div = max(worst_div, float(t.exact.max(initial=0.0)))
+            if t.exact_log_ratios is not None:
+                tok["exact_log_ratios"] = t.exact_log_ratios.tolist()
+                worst_ratio = max(worst_ratio, float(t.exact_log_ratios.max(initial=0.0)))
         tokens.append(tok)
-    alpha, beta = int(m["alpha"]), float(m["beta"])
     body = generate_body(out, engine) | {
         "whitebox": "internal" if internal else "noisy",
-        "alpha": alpha,
-        "beta": beta,
-        "radius": beta * alpha,
-        "per_token_bound": 4.0 * beta * alpha,
+        "guarantee": guarantee_of(m),
         "tokens": tokens,
     }
+    if proven:
+        eps0 = float(m["max_log_ratio"])
+        body |= {
+            "max_log_ratio": eps0,
+            "per_token_epsilon": float(m["per_token_epsilon"]),
+            "radius": eps0,
+            "per_token_bound": float(m["per_token_epsilon"]),
+        }
+    else:
+        alpha, beta = int(m["alpha"]), float(m["beta"])
+        body |= {
+            "alpha": alpha,
+            "beta": beta,
+            "radius": beta * alpha,
+            "per_token_bound": 4.0 * beta * alpha,
+        }
     if internal:
-        body["max_exact_divergence"] = worst
+        body["max_exact_log_ratio"] = worst_ratio
+        if not proven:
+            body["max_exact_divergence"] = worst_div
     return body
