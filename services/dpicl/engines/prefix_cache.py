@@ -86,8 +86,9 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def keys(self) -> list[tuple[str, str]]:
-        return list(self._entries)
+    def entries(self) -> list[tuple[tuple[str, str], PrefixEntry]]:
+        """The entries, least recently used first (without touching their recency)."""
+        return list(self._entries.items())
 
     def get(self, key: tuple[str, str]) -> PrefixEntry | None:
         entry = self._entries.get(key)
