@@ -83,7 +83,6 @@ async def news_context(
     *,
     partitions: int = 3,
     seed: int = 7,
-    labels: list[str] = LABELS,
     template: str | None = None,
     task: str = "classification",
     mechanism: str = "voting",
@@ -99,7 +98,7 @@ async def news_context(
         },
     }
     if task == "classification":
-        spec["labels"] = labels
+        spec["labels"] = LABELS
     if template is not None:
         spec["template"] = template
     return await create_context(ContextSpec.model_validate(spec), repo)
@@ -235,13 +234,14 @@ async def test_the_cache_stays_within_its_budget(
 async def test_concurrent_requests_get_the_scores_of_serial_ones(
     cached: TransformersEngine, plain: TransformersEngine, repo: ContextRepository
 ) -> None:
+    # Different contexts, partition counts and label lists (of different lengths).
     contexts = [
-        await news_context(repo, partitions=2, seed=1),
-        await news_context(repo, partitions=3, seed=2, labels=["Sports", "World"]),
-        await news_context(repo, partitions=1, seed=3, labels=["Business", "Sci/Tech", "Art"]),
+        (await news_context(repo, partitions=2, seed=1), LABELS),
+        (await news_context(repo, partitions=3, seed=2), ["Sports", "World"]),
+        (await news_context(repo, partitions=1, seed=3), ["Business", "Sci/Tech", "Art"]),
     ]
     jobs: list[tuple[list[PromptSpec], list[str]]] = [
-        (partition_prompts(ctx, q), list(ctx.labels)) for q in QUERIES[:2] for ctx in contexts
+        (partition_prompts(ctx, q), labels) for q in QUERIES[:2] for ctx, labels in contexts
     ]
     too_long = PromptSpec(text="word " * 9000, query="q")
     serial = [await plain.score_labels(p, labels) for p, labels in jobs]
