@@ -13,7 +13,7 @@ measured side by side in one run (interleaved repetitions, medians).
 3. Batching within a query: the T partition prompts as one engine batch against one call
    per prompt (cache off on both sides, so the comparison is of batching alone).
 
-    .venv/bin/python bench/voting.py [--quick]
+    .venv/bin/python bench/voting.py [--reps 8] [--quick]
 """
 
 from __future__ import annotations
@@ -144,16 +144,15 @@ async def batching(engine: TransformersEngine, partitions: int, reps: int) -> No
     )
 
 
-async def main(quick: bool) -> None:
+async def main(quick: bool, reps: int) -> None:
     engine = build_engine("transformers", model=None, cache_dir=CACHE_DIR, device="cpu")
     assert isinstance(engine, TransformersEngine)
+    reps = 1 if quick else reps
     try:
         for t in (2,) if quick else (4, 10):
-            await prefix_reuse(engine, t, reps=1 if quick else 8)
-        await dp_share(
-            engine, 2 if quick else 10, reps=1 if quick else 10, small=5 if quick else 200
-        )
-        await batching(engine, 2 if quick else 10, reps=1 if quick else 5)
+            await prefix_reuse(engine, t, reps=reps)
+        await dp_share(engine, 2 if quick else 10, reps=reps, small=5 if quick else 200)
+        await batching(engine, 2 if quick else 10, reps=reps)
     finally:
         await engine.aclose()
 
@@ -161,4 +160,6 @@ async def main(quick: bool) -> None:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a tiny run (for the smoke test)")
-    asyncio.run(main(ap.parse_args().quick))
+    ap.add_argument("--reps", type=int, default=8, help="repetitions of each side")
+    args = ap.parse_args()
+    asyncio.run(main(args.quick, args.reps))
