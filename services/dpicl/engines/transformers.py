@@ -458,6 +458,8 @@ class TransformersEngine:
             e if e is not None and e.matches(r.ids) else None
             for e, r in zip(found, rows, strict=True)
         ]
+        if not any(e is not None for e in found):
+            return self._prefill([r.ids for r in rows], use_cache=use_cache)
         return self._prefill_on_prefixes(rows, found)
 
     def _prefix_entries(self, rows: Sequence[_Row]) -> dict[tuple[str, str], PrefixEntry]:
