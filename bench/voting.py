@@ -1,15 +1,19 @@
-"""Private voting benchmarks. Each ratio is measured side by side in one run.
+"""Private voting on the real model (transformers engine, bundled SmolLM2). Each ratio is
+measured side by side in one run (interleaved repetitions, medians).
 
-1. DP-layer overhead: a full voting query through the pipeline (partitioning, prompt
-   rendering, ledger charge in SQLite, Gaussian noise, noisy argmax) against only the raw
-   engine call it makes (``engine.score_labels`` on the same T prompts). Measured on the
-   oracle simulator and on the transformers engine with the bundled model.
-2. Batching: the T partition prompts sent as one engine batch against one call per prompt,
-   on the transformers engine.
+1. Prefix reuse: the latency of a whole voting query (``run_voting``: partitioning, prompts,
+   SQLite ledger charge, label scoring, noise, argmax) with the context's prefix KV cache
+   warm, against the same query cold (cache cleared before each query: every partition
+   prefix is encoded, then the query on top) and against the engine with the cache off
+   (the path before prefix reuse), at T = 4 and T = 10.
+2. The DP layer's share of a real-model query (warm cache, T = 10): the time of the
+   partitioning and prompt building, the ledger charge, the mechanism (votes, noise,
+   argmax) and the budget status, each measured on its own, against the engine call they
+   surround; also the whole query against its engine call alone.
+3. Batching within a query: the T partition prompts as one engine batch against one call
+   per prompt (cache off on both sides, so the comparison is of batching alone).
 
-Interleaved repetitions (A, B, A, B, ...) and medians keep a noisy shared machine fair.
-
-    .venv/bin/python bench/voting.py [--quick]
+    .venv/bin/python bench/voting.py [--reps 8] [--quick]
 """
 
 from __future__ import annotations
@@ -17,140 +21,145 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import tempfile
 import time
-from collections.abc import Awaitable, Callable
-from pathlib import Path
+from collections.abc import Callable
 
 import numpy as np
 
-from dpicl.domain import ContextSpec
-from dpicl.engines.base import Engine
 from dpicl.engines.factory import build_engine
-from dpicl.pipelines.contexts import cost_of, create_context
+from dpicl.engines.transformers import TransformersEngine
+from dpicl.engines.tuning import EngineTuning
+from dpicl.mechanisms.voting import private_vote
+from dpicl.pipelines.contexts import cost_of
 from dpicl.pipelines.partitions import partition_prompts
 from dpicl.pipelines.voting import run_voting
-from dpicl.privacy.accounting import MU2_RTOL
 from dpicl.privacy.ledger import Ledger
-from dpicl.store.repository import ContextRepository
-
-TEXTS = [
-    ("The central bank raised interest rates again", "Business"),
-    ("The striker scored twice in the derby", "Sports"),
-    ("A faster quantum processor was unveiled", "Sci/Tech"),
-    ("Leaders met in Geneva about the ceasefire", "World"),
-]
+from voting_setup import CACHE_DIR, interleaved, news_context, query, temp_repo
 
 
-async def paired(
-    a: Callable[[], Awaitable[object]], b: Callable[[], Awaitable[object]], reps: int
-) -> tuple[float, float]:
-    """Median seconds of a and b, run interleaved."""
-    ta: list[float] = []
-    tb: list[float] = []
-    await a()
-    await b()  # warm-up
+def sibling(engine: TransformersEngine, **tuning: float) -> TransformersEngine:
+    """The same loaded model behind another engine object with other settings."""
+    return TransformersEngine(
+        engine.model_obj,
+        engine.tokenizer,
+        model_name=engine.model,
+        tuning=EngineTuning(**tuning),  # type: ignore[arg-type]
+    )
+
+
+async def prefix_reuse(engine: TransformersEngine, partitions: int, reps: int) -> None:
+    off = sibling(engine, prefix_cache_mib=0)
+    with temp_repo() as repo:
+        ledger = Ledger(repo)
+        ctx = await news_context(repo, partitions)
+        rng = np.random.default_rng()
+        counter = iter(range(10**9))
+
+        async def warm() -> object:
+            return await run_voting(
+                ctx, query(next(counter)), engine=engine, ledger=ledger, rng=rng
+            )
+
+        async def cold() -> object:
+            engine.prefix_cache.clear()
+            return await run_voting(
+                ctx, query(next(counter)), engine=engine, ledger=ledger, rng=rng
+            )
+
+        async def uncached() -> object:
+            return await run_voting(ctx, query(next(counter)), engine=off, ledger=ledger, rng=rng)
+
+        t = await interleaved({"warm": warm, "cold": cold, "off": uncached}, reps)
+    print(
+        f"[prefix reuse  ] voting query latency at T={partitions:2d}: warm prefix "
+        f"{t['warm'] * 1e3:7.1f} ms, cold (cache miss) {t['cold'] * 1e3:7.1f} ms, cache off "
+        f"{t['off'] * 1e3:7.1f} ms -> warm vs cold x{t['cold'] / t['warm']:.2f}, "
+        f"warm vs off x{t['off'] / t['warm']:.2f}"
+    )
+
+
+def median_time(fn: Callable[[], object], reps: int) -> float:
+    ts = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        await a()
-        ta.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        await b()
-        tb.append(time.perf_counter() - t0)
-    return statistics.median(ta), statistics.median(tb)
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
 
 
-async def overhead(engine: Engine, reps: int, partitions: int) -> None:
-    with tempfile.TemporaryDirectory() as d:
-        repo = ContextRepository(f"sqlite:///{Path(d) / 'bench.db'}", rtol=MU2_RTOL)
-        repo.create_schema()
+async def dp_share(engine: TransformersEngine, partitions: int, reps: int, small: int) -> None:
+    with temp_repo() as repo:
         ledger = Ledger(repo)
-        spec = ContextSpec.model_validate(
-            {
-                "task": "classification",
-                "labels": ["World", "Sports", "Business", "Sci/Tech"],
-                "exemplars": [
-                    {"input": f"{t} (report {i})", "output": lab}
-                    for i, (t, lab) in enumerate(TEXTS * (partitions // 2))
-                ],
-                "mechanism": {"name": "voting", "epsilon": 1.0, "partitions": partitions},
-            }
-        )
-        ctx = await create_context(spec, repo)
-        query = "Shares fell sharply after the earnings report"
-        prompts = partition_prompts(ctx, query)
+        ctx = await news_context(repo, partitions)
         rng = np.random.default_rng()
+        cost = cost_of(ctx)
+        sigma, temp = float(ctx.mechanism["sigma"]), float(ctx.mechanism["temperature"])
+        q = query(0)
+        prompts = partition_prompts(ctx, q)
+        scores = await engine.score_labels(prompts, ctx.labels)
 
         async def full() -> object:
-            return await run_voting(ctx, query, engine=engine, ledger=ledger, rng=rng)
+            return await run_voting(ctx, q, engine=engine, ledger=ledger, rng=rng)
 
         async def raw() -> object:
             return await engine.score_labels(prompts, ctx.labels)
 
-        cost = cost_of(ctx)
-
-        async def charge_only() -> object:
+        async def charge() -> object:
             return await ledger.charge(ctx, cost)
 
-        t_full, t_raw = await paired(full, raw, reps)
-        t_charge, _ = await paired(charge_only, raw, max(5, reps // 4))
-        repo.dispose()
-    dp = max(t_full - t_raw - t_charge, 0.0)
+        t = await interleaved({"full": full, "engine": raw}, reps)
+        t_ledger = (await interleaved({"charge": charge}, small))["charge"]
+        t_part = median_time(lambda: partition_prompts(ctx, q), small)
+        t_mech = median_time(lambda: private_vote(scores, sigma, temp, rng), small)
+        t_status = median_time(lambda: Ledger.status(ctx, cost), small)
+    dp = t_part + t_ledger + t_mech + t_status
     print(
-        f"[{engine.name:12s}] voting query {t_full * 1e3:9.2f} ms vs its raw engine calls "
-        f"{t_raw * 1e3:9.2f} ms (T={partitions}) -> ratio {t_full / t_raw:.3f}\n"
-        f"{'':15s}of which the DP maths and prompt building {dp * 1e3:.3f} ms "
-        f"({dp / t_raw * 100:+.2f}% of the engine time) and the durable SQLite ledger "
-        f"charge {t_charge * 1e3:.2f} ms ({t_charge / t_raw * 100:+.2f}%)"
+        f"[DP layer share] real-model voting query, T={partitions}, warm prefix: engine "
+        f"{t['engine'] * 1e3:.1f} ms; DP layer {dp * 1e3:.2f} ms = partitioning and prompts "
+        f"{t_part * 1e3:.2f} + ledger charge (SQLite) {t_ledger * 1e3:.2f} + mechanism "
+        f"{t_mech * 1e3:.3f} + budget status {t_status * 1e3:.3f} -> share of the query "
+        f"{dp / (dp + t['engine']) * 100:.2f}%\n"
+        f"{'':17s}whole query {t['full'] * 1e3:.1f} ms vs its engine call alone "
+        f"{t['engine'] * 1e3:.1f} ms -> ratio {t['full'] / t['engine']:.3f}"
     )
 
 
-async def batching(engine: Engine, reps: int, partitions: int) -> None:
-    spec = ContextSpec.model_validate(
-        {
-            "task": "classification",
-            "labels": ["World", "Sports", "Business", "Sci/Tech"],
-            "exemplars": [
-                {"input": f"{t} (report {i})", "output": lab}
-                for i, (t, lab) in enumerate(TEXTS * (partitions // 2))
-            ],
-            "mechanism": {"name": "voting", "epsilon": 1.0, "partitions": partitions},
-        }
-    )
-    with tempfile.TemporaryDirectory() as d:
-        repo = ContextRepository(f"sqlite:///{Path(d) / 'b.db'}")
-        repo.create_schema()
-        ctx = await create_context(spec, repo)
-        repo.dispose()
-    prompts = partition_prompts(ctx, "Shares fell sharply after the earnings report")
+async def batching(engine: TransformersEngine, partitions: int, reps: int) -> None:
+    off = sibling(engine, prefix_cache_mib=0)
+    with temp_repo() as repo:
+        ctx = await news_context(repo, partitions)
+    prompts = partition_prompts(ctx, query(0))
 
     async def batched() -> object:
-        return await engine.score_labels(prompts, ctx.labels)
+        return await off.score_labels(prompts, ctx.labels)
 
     async def one_by_one() -> object:
-        return [await engine.score_labels([p], ctx.labels) for p in prompts]
+        return [await off.score_labels([p], ctx.labels) for p in prompts]
 
-    t_b, t_s = await paired(batched, one_by_one, reps)
+    t = await interleaved({"batched": batched, "single": one_by_one}, reps)
     print(
-        f"[{engine.name:12s}] batching: {partitions} prompts as one batch {t_b * 1e3:8.1f} ms vs "
-        f"one by one {t_s * 1e3:8.1f} ms -> speed-up x{t_s / t_b:.2f}"
+        f"[batching      ] {partitions} partition prompts as one batch "
+        f"{t['batched'] * 1e3:8.1f} ms vs one by one {t['single'] * 1e3:8.1f} ms "
+        f"-> speed-up x{t['single'] / t['batched']:.2f}"
     )
 
 
-async def main(quick: bool) -> None:
-    oracle = build_engine(
-        "oracle", model=None, cache_dir=Path.home() / ".cache/dpicl", device="cpu"
-    )
-    await overhead(oracle, reps=200 if quick else 1000, partitions=10)
-    tf = build_engine(
-        "transformers", model=None, cache_dir=Path.home() / ".cache/dpicl", device="cpu"
-    )
-    await overhead(tf, reps=5 if quick else 15, partitions=10)
-    await batching(tf, reps=3 if quick else 8, partitions=10)
-    await tf.aclose()
+async def main(quick: bool, reps: int) -> None:
+    engine = build_engine("transformers", model=None, cache_dir=CACHE_DIR, device="cpu")
+    assert isinstance(engine, TransformersEngine)
+    reps = 1 if quick else reps
+    try:
+        for t in (2,) if quick else (4, 10):
+            await prefix_reuse(engine, t, reps=reps)
+        await dp_share(engine, 2 if quick else 10, reps=reps, small=5 if quick else 200)
+        await batching(engine, 2 if quick else 10, reps=reps)
+    finally:
+        await engine.aclose()
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true")
-    asyncio.run(main(ap.parse_args().quick))
+    ap.add_argument("--quick", action="store_true", help="a tiny run (for the smoke test)")
+    ap.add_argument("--reps", type=int, default=8, help="repetitions of each side")
+    args = ap.parse_args()
+    asyncio.run(main(args.quick, args.reps))

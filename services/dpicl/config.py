@@ -58,6 +58,13 @@ class Settings(BaseSettings):
     db_threads: int = Field(default=8, ge=1, le=64)
     log_level: str = "info"
 
+    # Transformers engine serving (engines/tuning.py): the per-context prompt-prefix KV
+    # cache (0 MiB turns it off) and micro-batching of concurrent label-scoring requests.
+    prefix_cache_mib: int = Field(default=256, ge=0, le=1_048_576)
+    prefix_cache_entries: int = Field(default=4096, ge=1, le=10_000_000)
+    batch_wait_ms: float = Field(default=2.0, ge=0, le=1000)
+    batch_max_prompts: int = Field(default=256, ge=1, le=65_536)
+
     @field_validator("api_keys", mode="before")
     @classmethod
     def _split_keys(cls, value: object) -> object:

@@ -26,14 +26,25 @@ def render(
     task: str,
     labels: Sequence[str] = (),
 ) -> PromptSpec:
-    """Render one prompt; ``instructions`` is the template with its slots removed."""
+    """Render one prompt; ``instructions`` is the template with its slots removed.
+
+    ``prefix_chars`` marks the text before the first query slot: it is the same for every
+    query on the same exemplars, so an engine may reuse its KV state (``PromptSpec``).
+    """
     label_text = ", ".join(labels)
-    text = (
-        template.replace("{labels}", label_text)
-        .replace("{exemplars}", format_exemplars(exemplars, task))
-        .replace("{query}", query)
+    head = template.replace("{labels}", label_text).replace(
+        "{exemplars}", format_exemplars(exemplars, task)
     )
+    text = head.replace("{query}", query)
+    # head[:query_at] holds no query slot, so it is exactly text[:query_at] for every query.
+    query_at = head.find("{query}")
     instructions = template.replace("{labels}", label_text)
     for slot in ("{exemplars}", "{query}"):
         instructions = instructions.replace(slot, "")
-    return PromptSpec(text=text, query=query, exemplars=tuple(exemplars), instructions=instructions)
+    return PromptSpec(
+        text=text,
+        query=query,
+        exemplars=tuple(exemplars),
+        instructions=instructions,
+        prefix_chars=max(query_at, 0),
+    )

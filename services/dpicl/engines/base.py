@@ -56,12 +56,26 @@ class PromptSpec:
     Real engines read only ``text``. The oracle simulator reads the structure
     (``instructions`` is the template with its slots removed, i.e. the text the provider or
     the auditor wrote around the exemplars and the query).
+
+    Prefix reuse (optional; an engine may ignore both fields). ``text[:prefix_chars]`` is
+    the part of the prompt that does not depend on the query (instructions and exemplars up
+    to the query slot). ``cache_key`` names the place that prefix comes from (a context and
+    one of its partitions) and is set only by the server's pipelines: an engine may keep the
+    prefix's KV state under ``cache_key`` (plus a fingerprint of the prefix) and must never
+    reuse it for a prompt with another key, so no state is shared across contexts.
     """
 
     text: str
     query: str
     exemplars: tuple[Exemplar, ...] = ()
     instructions: str = ""
+    prefix_chars: int = 0
+    cache_key: str | None = None
+
+    @property
+    def prefix_text(self) -> str:
+        """The query-independent start of ``text`` (empty when none is marked)."""
+        return self.text[: self.prefix_chars]
 
 
 @dataclass(frozen=True, slots=True)

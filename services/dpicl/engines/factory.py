@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 from dpicl.engines.base import Embedder, Engine
+from dpicl.engines.tuning import EngineTuning
 from dpicl.errors import EngineError
 
 __all__ = ["build_embedder", "build_engine"]
@@ -24,12 +25,15 @@ def build_engine(
     model: str | None = None,
     cache_dir: Path | None = None,
     device: str = "cpu",
+    tuning: EngineTuning | None = None,
 ) -> Engine:
     """The engine called ``name``.
 
     ``model`` is a model directory or hub name (``None``: the bundled SmolLM2, converted
     once under ``cache_dir``); the oracle ignores it. ``"vllm"`` raises
-    :class:`EngineError` when vllm cannot be imported here.
+    :class:`EngineError` when vllm cannot be imported here. ``tuning`` (prefix cache and
+    micro-batching; the transformers engine only) defaults to the ``DPICL_PREFIX_CACHE_*``
+    and ``DPICL_BATCH_*`` settings of the environment.
     """
     if name == "oracle":
         from dpicl.engines.oracle import OracleEngine
@@ -41,7 +45,11 @@ def build_engine(
 
         path = resolve_llm(model, cache_dir)
         label = "SmolLM2-135M-Instruct (bundled Q4_1)" if model is None else model
-        return TransformersEngine.load(path, device=device, model_name=label)
+        if tuning is None:
+            from dpicl.config import Settings
+
+            tuning = EngineTuning.from_settings(Settings())
+        return TransformersEngine.load(path, device=device, model_name=label, tuning=tuning)
     if name == "vllm":
         try:
             found = importlib.util.find_spec("vllm") is not None

@@ -33,6 +33,23 @@ of more than one token are finished by one more forward pass over their remainin
 (N x L_multi short rows) that reuses the prompts' KV cache, so a prompt is never encoded
 twice.
 
+Per-context prefix reuse (:mod:`dpicl.engines.prefix_cache`). A prompt whose
+``PromptSpec.cache_key`` is set (the server's pipelines set it to the context id and the
+partition) has its query-independent start (``prefix_text``: the system turn, instructions
+and that partition's exemplars) encoded once; its KV state is kept in a per-context LRU
+and later calls run only the query and label tokens on top of it. Rows of one batch may
+have cached prefixes of different lengths: each row's prefix KV is left padded to the
+longest (``[pads][prefix][pads][rest]``, pads masked, each row's positions continuing from
+its own prefix), so a row's logits are those of the uncached prompt up to float rounding
+(tested to 1e-4). A row is only matched with an entry whose token ids its own token ids
+start with, so a tokeniser that merges across the boundary costs a cache miss, never a
+wrong score. Scoring and free-text generation use the cache; DPS-MOZO sessions do not.
+
+Batching across requests (:mod:`dpicl.engines.batching`). Concurrent ``score_labels``
+calls that arrive together are merged into one batch (each row keeps its own labels and
+prefix) and each call gets back exactly its own rows. A call whose prompts fail to encode
+(too long) fails alone.
+
 DPS-MOZO decoding (:meth:`TransformersEngine.open_decoding`) encodes the prompts once,
 keeps the KV cache, and advances all rows with one single-token forward per generated
 token. ``recompute=True`` opens a reference session that re-runs the full prompts plus
@@ -52,6 +69,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from dpicl.engines.base import (
@@ -60,7 +78,10 @@ from dpicl.engines.base import (
     PromptSpec,
     StepLogits,
 )
-from dpicl.errors import EngineError, InvalidRequest
+from dpicl.engines.batching import MicroBatcher
+from dpicl.engines.prefix_cache import PrefixCache, PrefixEntry, prefix_fingerprint
+from dpicl.engines.tuning import EngineTuning
+from dpicl.errors import DpiclError, EngineError, InvalidRequest
 
 __all__ = ["DEFAULT_MAX_BATCH_TOKENS", "TransformersDecodingSession", "TransformersEngine"]
 
@@ -81,6 +102,20 @@ class _Batch:
     attention_mask: torch.Tensor  # (B, S) long
     position_ids: torch.Tensor  # (B, S) long
     last_pos: torch.Tensor  # (B,) long: position id of each row's last real token
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    """One encoded prompt: the model's text, its token ids and, when its prefix may be
+    cached, the cache key ``(cache_key, fingerprint)`` and the rendered prefix text."""
+
+    rendered: str
+    ids: list[int]
+    slot: tuple[str, str] | None = None
+    rendered_prefix: str = ""
+
+
+_ScoreJob = tuple[list[PromptSpec], list[str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +165,7 @@ class TransformersEngine:
         max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
         use_chat_template: bool = True,
         share_prefix: bool = True,
+        tuning: EngineTuning | None = None,
     ) -> None:
         if max_batch_tokens < 1:
             raise EngineError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
@@ -157,6 +193,15 @@ class TransformersEngine:
         self._lock = threading.Lock()
         self._label_cache: dict[tuple[str, str], list[int]] = {}
         self._closed = False
+        self.tuning = tuning if tuning is not None else EngineTuning()
+        self.prefix_cache = PrefixCache(
+            self.tuning.prefix_cache_bytes, self.tuning.prefix_cache_entries
+        )
+        self.score_batcher: MicroBatcher[_ScoreJob, FloatArray] = MicroBatcher(
+            self._run_score_jobs,
+            max_wait_s=self.tuning.batch_wait_ms / 1000,
+            max_size=self.tuning.batch_max_prompts,
+        )
 
     # ------------------------------------------------------------------ loading
 
@@ -172,6 +217,7 @@ class TransformersEngine:
         model_name: str | None = None,
         num_threads: int | None = None,
         share_prefix: bool = True,
+        tuning: EngineTuning | None = None,
     ) -> TransformersEngine:
         """Load a model directory (or a hub name available offline). Blocking: call it
         before the event loop starts serving, or through :func:`asyncio.to_thread`.
@@ -203,6 +249,7 @@ class TransformersEngine:
             max_batch_tokens=max_batch_tokens,
             use_chat_template=use_chat_template,
             share_prefix=share_prefix,
+            tuning=tuning,
         )
 
     @staticmethod
@@ -265,6 +312,19 @@ class TransformersEngine:
                 f"than {self.max_positions}"
             )
         return rendered, ids
+
+    def _encode_row(self, prompt: PromptSpec) -> _Row:
+        rendered, ids = self.encode(prompt)
+        prefix = prompt.prefix_text
+        if not (prompt.cache_key and prefix and self.prefix_cache.enabled):
+            return _Row(rendered, ids)
+        # Where the prompt text sits inside the chat template (the template copies it
+        # verbatim; if it did not, the row is simply not cached).
+        at = rendered.find(prompt.text)
+        if at < 0:
+            return _Row(rendered, ids)
+        head = rendered[: at + len(prefix)]
+        return _Row(rendered, ids, (prompt.cache_key, prefix_fingerprint(head)), head)
 
     def label_ids(self, rendered_prompt: str, label: str) -> list[int]:
         """Token ids of ``label`` as the answer that follows ``rendered_prompt``."""
@@ -386,6 +446,98 @@ class TransformersEngine:
         )
         return _Prefill(res, attn, rest.last_pos + shared)
 
+    def _prefill_rows(self, rows: Sequence[_Row], *, use_cache: bool) -> _Prefill:
+        """:meth:`_prefill` over encoded rows, on top of their cached prefixes if any."""
+        if not any(r.slot is not None for r in rows):
+            return self._prefill([r.ids for r in rows], use_cache=use_cache)
+        entries = self._prefix_entries(rows)
+        if not entries:
+            return self._prefill([r.ids for r in rows], use_cache=use_cache)
+        found = [entries.get(r.slot) if r.slot is not None else None for r in rows]
+        found = [
+            e if e is not None and e.matches(r.ids) else None
+            for e, r in zip(found, rows, strict=True)
+        ]
+        if not any(e is not None for e in found):
+            return self._prefill([r.ids for r in rows], use_cache=use_cache)
+        return self._prefill_on_prefixes(rows, found)
+
+    def _prefix_entries(self, rows: Sequence[_Row]) -> dict[tuple[str, str], PrefixEntry]:
+        """The cache entries for the rows' prefixes; missing ones are encoded (one batch)
+        and stored. The returned dict keeps them alive for this batch even if evicted."""
+        have: dict[tuple[str, str], PrefixEntry] = {}
+        todo: dict[tuple[str, str], list[int]] = {}
+        for r in rows:
+            if r.slot is None or r.slot in have or r.slot in todo:
+                continue
+            entry = self.prefix_cache.get(r.slot)
+            if entry is not None:
+                have[r.slot] = entry
+                continue
+            own = self._encode_text(r.rendered_prefix, special=not self.use_chat_template)
+            n = _common_prefix_len([own, r.ids])
+            # Leave the prefix's last token to the query side: it is the one a tokeniser
+            # may merge with the query's first characters.
+            n = min(n, len(own) - 1, len(r.ids) - 1)
+            if n >= 1:
+                todo[r.slot] = r.ids[:n]
+        if todo:
+            keys = list(todo)
+            pre = self._prefill([todo[k] for k in keys], use_cache=True)
+            kv = [(k, v) for k, v, *_ in pre.res.past_key_values]
+            for b, key in enumerate(keys):
+                real = pre.attention_mask[b].nonzero()[:, 0]
+                layers = tuple(
+                    (
+                        k[b : b + 1].index_select(2, real).contiguous(),
+                        v[b : b + 1].index_select(2, real).contiguous(),
+                    )
+                    for k, v in kv
+                )
+                entry = PrefixEntry(tuple(todo[key]), layers)
+                self.prefix_cache.put(key, entry)
+                have[key] = entry
+            del pre, kv
+        return have
+
+    def _prefill_on_prefixes(
+        self, rows: Sequence[_Row], found: Sequence[PrefixEntry | None]
+    ) -> _Prefill:
+        """One forward over each row's tokens after its cached prefix (``found[b]``; None:
+        the whole row). Layout per row: ``[pads][prefix][pads][rest]``, pads masked."""
+        from transformers import DynamicCache
+
+        n = len(rows)
+        lens = [len(e.ids) if e is not None else 0 for e in found]
+        width = max(lens)
+        template = next(e for e in found if e is not None).layers
+        pmask = torch.zeros((n, width), dtype=torch.long, device=self.device)
+        layers: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for li, (k0, v0) in enumerate(template):
+            k = k0.new_zeros((n, k0.shape[1], width, k0.shape[3]))
+            v = v0.new_zeros((n, v0.shape[1], width, v0.shape[3]))
+            for b, e in enumerate(found):
+                if e is not None:
+                    ke, ve = e.layers[li]
+                    k[b, :, width - lens[b] :, :] = ke[0]
+                    v[b, :, width - lens[b] :, :] = ve[0]
+            layers.append((k, v))
+        for b, p in enumerate(lens):
+            if p:
+                pmask[b, width - p :] = 1
+        rest = self._left_pad([r.ids[p:] for r, p in zip(rows, lens, strict=True)])
+        offset = torch.tensor(lens, dtype=torch.long, device=self.device)
+        attn = torch.cat([pmask, rest.attention_mask], dim=1)
+        res = self._forward(
+            rest.input_ids,
+            attn,
+            rest.position_ids + offset[:, None],
+            past=DynamicCache(ddp_cache_data=layers),
+            use_cache=True,
+            last_only=True,
+        )
+        return _Prefill(res, attn, rest.last_pos + offset)
+
     # ------------------------------------------------------------------ scoring
 
     async def score_labels(
@@ -395,41 +547,72 @@ class TransformersEngine:
             raise InvalidRequest("at least one label is needed", param="labels")
         if not prompts:
             return np.zeros((0, len(labels)), dtype=np.float64)
-        return await self._run(self._score_sync, list(prompts), list(labels))
+        if self._closed:
+            raise EngineError("the transformers engine is closed")
+        job: _ScoreJob = (list(prompts), list(labels))
+        return await self.score_batcher.submit(job, size=len(job[0]))
 
-    def _score_sync(self, prompts: list[PromptSpec], labels: list[str]) -> FloatArray:
-        encoded = [self.encode(p) for p in prompts]
-        lab_ids = [[self.label_ids(r, lab) for lab in labels] for r, _ in encoded]
-        out = np.empty((len(prompts), len(labels)), dtype=np.float64)
-        widths = [len(ids) for _, ids in encoded]
+    async def _run_score_jobs(self, jobs: list[_ScoreJob]) -> list[FloatArray | BaseException]:
+        return await self._run(self._score_jobs_sync, jobs)
+
+    def _score_jobs_sync(self, jobs: list[_ScoreJob]) -> list[FloatArray | BaseException]:
+        """Score several calls' prompts as one batch; one result (or error) per call."""
+        results: list[FloatArray | BaseException] = []
+        rows: list[_Row] = []
+        lab_ids: list[list[list[int]]] = []
+        outs: list[npt.NDArray[np.float64]] = []
+        for prompts, labels in jobs:
+            try:
+                enc = [self._encode_row(p) for p in prompts]
+                labs = [[self.label_ids(r.rendered, lab) for lab in labels] for r in enc]
+            except DpiclError as exc:
+                results.append(exc)
+                continue
+            out = np.empty((len(prompts), len(labels)), dtype=np.float64)
+            results.append(out)
+            rows.extend(enc)
+            lab_ids.extend(labs)
+            outs.extend(out[i] for i in range(len(prompts)))
+        if not rows:
+            return results
+        widths = [len(r.ids) for r in rows]
         # A prompt with m multi-token labels costs (1 + m) cache rows in the second pass.
         costs = [1 + sum(len(x) > 1 for x in row) for row in lab_ids]
-        for chunk in self._chunks(costs, widths):
-            self._score_chunk(chunk, [encoded[i][1] for i in chunk], lab_ids, out)
-        return out
+        try:
+            for chunk in self._chunks(costs, widths):
+                self._score_chunk(
+                    [rows[i] for i in chunk], [lab_ids[i] for i in chunk], [outs[i] for i in chunk]
+                )
+        except Exception as exc:  # the model failed: every call of the batch fails
+            return [r if isinstance(r, BaseException) else exc for r in results]
+        return results
 
     def _score_chunk(
         self,
-        rows: list[int],
-        seqs: list[list[int]],
+        rows: list[_Row],
         lab_ids: list[list[list[int]]],
-        out: FloatArray,
+        outs: list[npt.NDArray[np.float64]],
     ) -> None:
-        pre = self._prefill(seqs, use_cache=any(len(x) > 1 for r in rows for x in lab_ids[r]))
+        """Fill ``outs[b][j]`` with the log-probability of label j's tokens after row b."""
+        multi = any(len(x) > 1 for labs in lab_ids for x in labs)
+        pre = self._prefill_rows(rows, use_cache=multi)
         res = pre.res
-        pairs = [
-            (b, j) for b, r in enumerate(rows) for j, ids in enumerate(lab_ids[r]) if len(ids) > 1
-        ]
         last = res.logits[:, -1, :].float()  # (B, V)
-        norm = torch.logsumexp(last, dim=-1)  # (B,)
-        first = torch.tensor(
-            [[lab_ids[r][j][0] for j in range(len(lab_ids[r]))] for r in rows],
-            dtype=torch.long,
-            device=last.device,
-        )
-        first_lp = (last.gather(1, first) - norm[:, None]).double().cpu().numpy()
-        for b, r in enumerate(rows):
-            out[r, :] = first_lp[b]
+        logp = last - torch.logsumexp(last, dim=-1, keepdim=True)
+        flat_b = [b for b, labs in enumerate(lab_ids) for _ in labs]
+        flat_t = [ids[0] for labs in lab_ids for ids in labs]
+        first = logp[
+            torch.tensor(flat_b, dtype=torch.long, device=last.device),
+            torch.tensor(flat_t, dtype=torch.long, device=last.device),
+        ]
+        first_lp = first.double().cpu().numpy()
+        at = 0
+        for b, labs in enumerate(lab_ids):
+            outs[b][:] = first_lp[at : at + len(labs)]
+            at += len(labs)
+        pairs = [
+            (b, j) for b, labs in enumerate(lab_ids) for j, ids in enumerate(labs) if len(ids) > 1
+        ]
         if not pairs:
             return
         # Second pass: every multi-token label's remaining tokens, all (prompt, label)
@@ -437,7 +620,7 @@ class TransformersEngine:
         cache = res.past_key_values
         src = torch.tensor([b for b, _ in pairs], dtype=torch.long, device=self.device)
         cache.reorder_cache(src)
-        conts = [lab_ids[rows[b]][j] for b, j in pairs]
+        conts = [lab_ids[b][j] for b, j in pairs]
         width = max(len(c) - 1 for c in conts)
         inp = torch.full((len(pairs), width), self.pad_token_id, dtype=torch.long)
         cmask = torch.zeros((len(pairs), width), dtype=torch.long)
@@ -455,7 +638,7 @@ class TransformersEngine:
             n = len(c) - 1
             tgt = torch.tensor(c[1:], dtype=torch.long, device=self.device)
             lp = logits[p, :n, :].gather(1, tgt[:, None])[:, 0] - norm2[p, :n]
-            out[rows[b], j] += float(lp.double().sum().item())
+            outs[b][j] += float(lp.double().sum().item())
         del cache, res, res2
 
     # ------------------------------------------------------------------ generation
@@ -473,8 +656,8 @@ class TransformersEngine:
         seed = params.seed if params.seed is not None else secrets.randbits(63)
         gen = torch.Generator(device=self.device)
         gen.manual_seed(int(seed) % (2**63))
-        encoded = [self.encode(p)[1] for p in prompts]
-        widths = [len(ids) + params.max_tokens for ids in encoded]
+        encoded = [self._encode_row(p) for p in prompts]
+        widths = [len(r.ids) + params.max_tokens for r in encoded]
         texts: list[str] = [""] * len(prompts)
         for chunk in self._chunks([1] * len(prompts), widths):
             outs = self._generate_chunk([encoded[i] for i in chunk], params, gen)
@@ -491,10 +674,10 @@ class TransformersEngine:
         return torch.multinomial(probs, 1, generator=gen)[:, 0]
 
     def _generate_chunk(
-        self, seqs: list[list[int]], params: GenerationParams, gen: torch.Generator
+        self, rows: list[_Row], params: GenerationParams, gen: torch.Generator
     ) -> list[str]:
-        n = len(seqs)
-        pre = self._prefill(seqs, use_cache=True)
+        n = len(rows)
+        pre = self._prefill_rows(rows, use_cache=True)
         cache = pre.res.past_key_values
         logits = pre.res.logits[:, -1, :]
         attn = pre.attention_mask

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 
 from dpicl.engines.base import PromptSpec
@@ -30,6 +31,15 @@ def _partition_positions(
     return tuple(tuple(int(i) for i in g) for g in group_by_partition(ids, partitions))
 
 
+def prefix_cache_key(context: StoredContext, part: int | str) -> str:
+    """The engine's prefix-cache key of one partition (or ``"zero"``) of one context.
+
+    Keyed by the context's id, so two contexts never share cached state, even with
+    identical exemplars (a shared cache would be a timing side channel between them).
+    """
+    return f"{context.id}/{part}"
+
+
 def partition_prompts(context: StoredContext, query: str) -> list[PromptSpec]:
     """The T prompts of one query: each partition's exemplars around the query."""
     m = context.mechanism
@@ -38,17 +48,23 @@ def partition_prompts(context: StoredContext, query: str) -> list[PromptSpec]:
     )
     exemplars = exemplars_of(context)
     return [
-        render(
-            context.template,
-            [exemplars[i] for i in group],
-            query,
-            task=context.task,
-            labels=context.labels,
+        replace(
+            render(
+                context.template,
+                [exemplars[i] for i in group],
+                query,
+                task=context.task,
+                labels=context.labels,
+            ),
+            cache_key=prefix_cache_key(context, t),
         )
-        for group in groups
+        for t, group in enumerate(groups)
     ]
 
 
 def zero_shot_prompt(context: StoredContext, query: str) -> PromptSpec:
     """The query in the context's template with no exemplars (public: costs no privacy)."""
-    return render(context.template, [], query, task=context.task, labels=context.labels)
+    return replace(
+        render(context.template, [], query, task=context.task, labels=context.labels),
+        cache_key=prefix_cache_key(context, "zero"),
+    )

@@ -1,0 +1,120 @@
+"""A micro-batcher: merge the jobs of concurrent requests into one engine run.
+
+Requests that arrive together (within ``max_wait_s`` of the first, or while the previous
+batch is running) are handed to ``run`` as one list, up to ``max_size`` units of work (a
+job of more units than that runs alone); ``run`` returns one result or one exception per
+job, in order, and each is routed back to the request that submitted that job and to no
+other. One drain task per event loop takes batches in arrival order, so a job never waits
+behind more than the batch already running plus its own window.
+
+Cancelling a waiting request drops its job before it reaches the engine; a job already in
+a running batch finishes and its result is discarded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+__all__ = ["MicroBatcher"]
+
+J = TypeVar("J")
+R = TypeVar("R")
+
+
+@dataclass(slots=True)
+class _Pending(Generic[J, R]):
+    job: J
+    size: int
+    future: asyncio.Future[R]
+
+
+@dataclass(slots=True)
+class _LoopState(Generic[J, R]):
+    queue: deque[_Pending[J, R]] = field(default_factory=deque)
+    task: asyncio.Task[None] | None = None
+
+
+class MicroBatcher(Generic[J, R]):
+    """Batch jobs of concurrent callers (see module docstring)."""
+
+    def __init__(
+        self,
+        run: Callable[[list[J]], Awaitable[Sequence[R | BaseException]]],
+        *,
+        max_wait_s: float,
+        max_size: int,
+    ) -> None:
+        if max_wait_s < 0 or max_size < 1:
+            raise ValueError(
+                f"need max_wait_s >= 0 and max_size >= 1, got {max_wait_s}, {max_size}"
+            )
+        self._run = run
+        self.max_wait_s = max_wait_s
+        self.max_size = max_size
+        self.batch_sizes: list[int] = []  # jobs per run, for tests and benchmarks
+        self._states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState[J, R]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    async def submit(self, job: J, size: int = 1) -> R:
+        """Queue ``job`` (``size`` units of work) and wait for its own result."""
+        loop = asyncio.get_running_loop()
+        state = self._states.get(loop)
+        if state is None:
+            state = self._states[loop] = _LoopState()
+        item: _Pending[J, R] = _Pending(job, max(1, size), loop.create_future())
+        state.queue.append(item)
+        if state.task is None or state.task.done():
+            state.task = loop.create_task(self._drain(state))
+        return await item.future
+
+    def _take(self, state: _LoopState[J, R]) -> list[_Pending[J, R]]:
+        batch: list[_Pending[J, R]] = []
+        total = 0
+        queue = state.queue
+        while queue:
+            item = queue[0]
+            if item.future.done():  # cancelled while waiting
+                queue.popleft()
+                continue
+            if batch and total + item.size > self.max_size:
+                break
+            batch.append(queue.popleft())
+            total += item.size
+        return batch
+
+    def _queued(self, state: _LoopState[J, R]) -> int:
+        return sum(p.size for p in state.queue if not p.future.done())
+
+    async def _drain(self, state: _LoopState[J, R]) -> None:
+        while state.queue:
+            if self.max_wait_s > 0 and self._queued(state) < self.max_size:
+                await asyncio.sleep(self.max_wait_s)
+            batch = self._take(state)
+            if not batch:
+                continue
+            self.batch_sizes.append(len(batch))
+            try:
+                results: Sequence[R | BaseException] = await self._run([p.job for p in batch])
+                if len(results) != len(batch):
+                    raise RuntimeError(
+                        f"the batch runner returned {len(results)} results for {len(batch)} jobs"
+                    )
+            except Exception as exc:
+                results = [exc] * len(batch)
+            except BaseException:  # cancelled (loop shutting down): nobody is left waiting
+                for item in [*batch, *state.queue]:
+                    item.future.cancel()
+                raise
+            for item, res in zip(batch, results, strict=True):
+                if item.future.done():
+                    continue
+                if isinstance(res, BaseException):
+                    item.future.set_exception(res)
+                else:
+                    item.future.set_result(res)

@@ -1,0 +1,61 @@
+"""Serving knobs of the in-process transformers engine (DPICL_PREFIX_CACHE_*, DPICL_BATCH_*).
+
+Other engines ignore them: vLLM batches and caches prefixes by itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = ["EngineTuning"]
+
+
+class _TuningSettings(Protocol):
+    prefix_cache_mib: int
+    prefix_cache_entries: int
+    batch_wait_ms: float
+    batch_max_prompts: int
+
+
+@dataclass(frozen=True, slots=True)
+class EngineTuning:
+    """Prefix-cache and micro-batching settings, validated on construction.
+
+    * ``prefix_cache_mib``: memory budget of the per-context prompt-prefix KV cache, in MiB
+      (0 turns the cache off). SmolLM2-135M needs about 45 KiB per cached token, so a
+      ten-partition context with 110-token prefixes takes about 50 MiB.
+    * ``prefix_cache_entries``: at most this many cached prefixes (one per partition).
+    * ``batch_wait_ms``: how long the first label-scoring request of a batch waits for
+      others to join it (requests that arrive while a batch runs join the next one anyway).
+    * ``batch_max_prompts``: at most this many prompts (rows) per merged batch; 1 turns
+      batching across requests off.
+    """
+
+    prefix_cache_mib: int = 256
+    prefix_cache_entries: int = 4096
+    batch_wait_ms: float = 2.0
+    batch_max_prompts: int = 256
+
+    def __post_init__(self) -> None:
+        if self.prefix_cache_mib < 0:
+            raise ValueError(f"prefix_cache_mib must be >= 0, got {self.prefix_cache_mib}")
+        if self.prefix_cache_entries < 1:
+            raise ValueError(f"prefix_cache_entries must be >= 1, got {self.prefix_cache_entries}")
+        if not 0 <= self.batch_wait_ms <= 1000:
+            raise ValueError(f"batch_wait_ms must lie in [0, 1000], got {self.batch_wait_ms}")
+        if self.batch_max_prompts < 1:
+            raise ValueError(f"batch_max_prompts must be >= 1, got {self.batch_max_prompts}")
+
+    @property
+    def prefix_cache_bytes(self) -> int:
+        return self.prefix_cache_mib * 2**20
+
+    @classmethod
+    def from_settings(cls, settings: _TuningSettings) -> EngineTuning:
+        return cls(
+            prefix_cache_mib=settings.prefix_cache_mib,
+            prefix_cache_entries=settings.prefix_cache_entries,
+            batch_wait_ms=settings.batch_wait_ms,
+            batch_max_prompts=settings.batch_max_prompts,
+        )

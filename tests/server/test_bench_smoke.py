@@ -1,0 +1,53 @@
+"""The serving benchmarks still run (tiny ``--quick`` mode) and print their ratios.
+
+A smoke test, not a benchmark: it asserts that every ratio line is printed with a finite
+number, never a speed."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def run_bench(*args: str) -> str:
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / args[0]), *args[1:]],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=840,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.mark.slow
+def test_throughput_bench_oracle() -> None:
+    out = run_bench("throughput.py", "--quick", "--engine", "oracle")
+    assert "[oracle      ] voting queries/s" in out
+    assert re.search(r"concurrency 4 +\d+\.\d+ q/s -> ratio x\d+\.\d+", out), out
+
+
+@pytest.mark.slow
+def test_throughput_bench_transformers() -> None:
+    out = run_bench("throughput.py", "--quick", "--engine", "transformers")
+    assert "[transformers] voting queries/s" in out
+    assert "the micro-batcher gives x" in out, out
+
+
+@pytest.mark.slow
+def test_voting_bench() -> None:
+    out = run_bench("voting.py", "--quick")
+    for tag in ("[prefix reuse  ]", "[DP layer share]", "[batching      ]"):
+        assert tag in out, out
+    assert re.search(r"warm vs cold x\d+\.\d+", out), out
+    assert re.search(r"share of the query \d+\.\d+%", out), out
