@@ -9,7 +9,7 @@ import secrets
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 EngineName = Literal["transformers", "oracle", "vllm"]
@@ -42,6 +42,16 @@ class Settings(BaseSettings):
     max_exemplars: int = Field(default=10_000, gt=0)
     max_query_chars: int = Field(default=8_000, gt=0)
     log_level: str = "info"
+    # The vLLM engine (DPICL_ENGINE=vllm; engines/vllm.py). None: vLLM's platform default.
+    vllm_block_size: int = Field(default=32, gt=0, description="Prefix-cache block (tokens).")
+    vllm_prefix_caching: bool = True
+    vllm_gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    vllm_max_model_len: int | None = Field(default=None, gt=0)
+    vllm_enforce_eager: bool = False
+    cache_salt_secret: SecretStr | None = Field(
+        default=None,
+        description="Keys the per-context prefix-cache salt; random per process when unset.",
+    )
 
     @field_validator("api_keys", mode="before")
     @classmethod

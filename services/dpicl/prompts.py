@@ -25,6 +25,7 @@ def render(
     *,
     task: str,
     labels: Sequence[str] = (),
+    cache_scope: str = "",
 ) -> PromptSpec:
     """Render one prompt; ``instructions`` is the template with its slots removed."""
     label_text = ", ".join(labels)
@@ -36,4 +37,10 @@ def render(
     instructions = template.replace("{labels}", label_text)
     for slot in ("{exemplars}", "{query}"):
         instructions = instructions.replace(slot, "")
-    return PromptSpec(text=text, query=query, exemplars=tuple(exemplars), instructions=instructions)
+    return PromptSpec(
+        text=text,
+        query=query,
+        exemplars=tuple(exemplars),
+        instructions=instructions,
+        cache_scope=cache_scope,
+    )

@@ -15,6 +15,7 @@ from dpicl.api.errors import BodyLimitMiddleware, install_error_handlers
 from dpicl.api.routes import contexts, debug, health, inference
 from dpicl.config import Settings
 from dpicl.engines.base import Embedder, Engine
+from dpicl.engines.vllm import VllmOptions
 from dpicl.privacy.accounting import MU2_RTOL
 from dpicl.privacy.ledger import Ledger
 from dpicl.store.repository import ContextRepository
@@ -61,6 +62,7 @@ def build_app(
                 model=settings.model,
                 cache_dir=settings.cache_dir,
                 device=settings.device,
+                vllm_options=VllmOptions.from_settings(settings),
             )
         if eng.is_simulator:
             log.warning("engine %r is a SIMULATOR, not a language model", eng.name)

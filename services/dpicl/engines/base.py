@@ -62,6 +62,10 @@ class PromptSpec:
     query: str
     exemplars: tuple[Exemplar, ...] = ()
     instructions: str = ""
+    # Who may share this prompt's prefix-cache entries: the server sets the context id here
+    # (never a client value); an engine with a prefix cache salts it per scope, so one
+    # context's cached exemplars cannot be probed by timing from another (DESIGN.md 3).
+    cache_scope: str = ""
 
 
 @dataclass(frozen=True, slots=True)

