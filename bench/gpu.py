@@ -210,7 +210,9 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
             if m == "bundled":
                 models.append(("SmolLM2-135M", bundled, False))
             elif m == "8b":
-                shape, label = (TINY, "tiny-llama") if args.tiny else (LLAMA3_8B, "llama3-8b-random")
+                shape, label = (
+                    (TINY, "tiny-llama") if args.tiny else (LLAMA3_8B, "llama3-8b-random")
+                )
                 models.append((label, random_llama_dir(shape, bundled, Path(tmp)), True))
             else:
                 raise SystemExit(f"unknown model {m!r}; expected bundled or 8b")
@@ -224,7 +226,9 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
                 rows += asyncio.run(bench_engine(e, engine, label, levels, args.queries))
     print(f"voting queries with T={T} (LLM calls/query = {T}); anchor = {ANCHOR} calls/s")
     print(f"(paper 000, Llama-3-8B on one H100); device = {args.device}")
-    print(f"{'engine':<13}{'model':<18}{'in flight':>10}{'queries':>9}{'calls/s':>11}{'x anchor':>10}")
+    print(
+        f"{'engine':<13}{'model':<18}{'in flight':>10}{'queries':>9}{'calls/s':>11}{'x anchor':>10}"
+    )
     for r in rows:
         print(
             f"{r.engine:<13}{r.model:<18}{r.concurrency:>10}{r.queries:>9}"
@@ -232,7 +236,9 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
         )
     for e in {r.engine for r in rows}:
         for m in {r.model for r in rows}:
-            mine = sorted((r for r in rows if r.engine == e and r.model == m), key=lambda r: r.concurrency)
+            mine = sorted(
+                (r for r in rows if r.engine == e and r.model == m), key=lambda r: r.concurrency
+            )
             if len(mine) > 1:
                 print(
                     f"{e} {m}: {mine[-1].concurrency} in flight / 1 in flight = "

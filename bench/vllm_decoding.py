@@ -116,7 +116,7 @@ async def run(args: argparse.Namespace) -> None:
             block_size=args.block_size,
             enforce_eager=True,
             max_model_len=2048,
-            gpu_memory_utilization=0.05,
+            kv_cache_gib=0.5,
         ),
     )
     try:
@@ -125,8 +125,10 @@ async def run(args: argparse.Namespace) -> None:
         h_open, h_tok = await per_token(hf, args.tokens, args.top_k)
         v_open, v_tok = await per_token(vl, args.tokens, args.top_k)
         n = len(mozo_prompts())
-        print(f"DPS-MOZO decoding, {n} prompts (|D|={n - 1} one-shot + zero-shot), "
-              f"top_k={args.top_k}, {args.tokens} tokens, median per token:")
+        print(
+            f"DPS-MOZO decoding, {n} prompts (|D|={n - 1} one-shot + zero-shot), "
+            f"top_k={args.top_k}, {args.tokens} tokens, median per token:"
+        )
         print(f"  transformers KV loop   {h_tok * 1e3:8.1f} ms/token  (open {h_open * 1e3:.0f} ms)")
         print(f"  vLLM single-step reqs  {v_tok * 1e3:8.1f} ms/token  (open {v_open * 1e3:.0f} ms)")
         print(f"  vLLM / transformers    {v_tok / h_tok:8.2f}x per token")
@@ -135,10 +137,14 @@ async def run(args: argparse.Namespace) -> None:
         h_cold, h_warm = await scoring(hf, args.reps)
         print(f"voting score_labels, T=10 prompts, 4 labels, vLLM block_size={args.block_size}:")
         print(f"  vLLM cold context      {v_cold * 1e3:8.1f} ms")
-        print(f"  vLLM warm context      {v_warm * 1e3:8.1f} ms   (prefix hits: "
-              f"cold / warm = {v_cold / v_warm:.2f}x)")
-        print(f"  transformers           {statistics.fmean([h_cold, h_warm]) * 1e3:8.1f} ms   "
-              f"(vLLM warm / transformers = {v_warm / statistics.fmean([h_cold, h_warm]):.2f}x)")
+        print(
+            f"  vLLM warm context      {v_warm * 1e3:8.1f} ms   (prefix hits: "
+            f"cold / warm = {v_cold / v_warm:.2f}x)"
+        )
+        print(
+            f"  transformers           {statistics.fmean([h_cold, h_warm]) * 1e3:8.1f} ms   "
+            f"(vLLM warm / transformers = {v_warm / statistics.fmean([h_cold, h_warm]):.2f}x)"
+        )
     finally:
         await vl.aclose()
         await hf.aclose()

@@ -81,7 +81,11 @@ def test_env_file_points_the_server_at_the_compose_postgres() -> None:
 
 def test_every_dpicl_variable_is_a_setting() -> None:
     text = DOCKERFILE.read_text() + COMPOSE.read_text() + ENV_EXAMPLE.read_text()
-    names = set(re.findall(r"\bDPICL_([A-Z_]+)", text)) - {"AUDIT_ADMIN_TOKEN", "AUDIT_API_KEY", "AUDIT_DB"}
+    names = set(re.findall(r"\bDPICL_([A-Z_]+)", text)) - {
+        "AUDIT_ADMIN_TOKEN",
+        "AUDIT_API_KEY",
+        "AUDIT_DB",
+    }
     unknown = {n for n in names if n.lower() not in Settings.model_fields}
     assert not unknown, f"not server settings: {sorted(unknown)}"
 
@@ -92,7 +96,10 @@ def test_auditor_command_uses_real_flags() -> None:
     assert "--url=http://server:8000" in cmd
     exe = Path(sys.executable).with_name("dpicl-audit")
     help_text = subprocess.run(
-        [str(exe), "run", "--help"], capture_output=True, text=True, check=True,
+        [str(exe), "run", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
         env={"COLUMNS": "200", "TERM": "dumb", "NO_COLOR": "1"},
     ).stdout
     for arg in cmd[2:]:

