@@ -63,3 +63,23 @@ def test_pipelines_scope_prompts_by_context(tmp_path: Path) -> None:
                 assert r.status_code == 200, r.text
             assert engine.scopes and set(engine.scopes) == {cid}
         assert ids[0] != ids[1]
+
+
+def test_vllm_options_from_settings() -> None:
+    import pytest
+
+    from dpicl.config import Settings
+    from dpicl.engines.vllm import VllmOptions, cache_salt
+    from dpicl.errors import EngineError
+
+    opts = VllmOptions.from_settings(
+        Settings(cache_salt_secret="s" * 32, vllm_block_size=16, vllm_kv_cache_gib=0.5)
+    )
+    assert (opts.salt_secret, opts.block_size, opts.kv_cache_gib) == (b"s" * 32, 16, 0.5)
+    assert "salt_secret" not in repr(opts)
+    # Unset: a random secret per process, so salts cannot be predicted from context ids.
+    a, b = VllmOptions.from_settings(Settings()), VllmOptions.from_settings(Settings())
+    assert len(a.salt_secret) == 32 and a.salt_secret != b.salt_secret
+    assert cache_salt(a.salt_secret, "ctx_1") != cache_salt(b.salt_secret, "ctx_1")
+    with pytest.raises(EngineError, match="16 bytes"):
+        VllmOptions.from_settings(Settings(cache_salt_secret="short"))
