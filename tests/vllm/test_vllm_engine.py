@@ -99,9 +99,9 @@ async def _steps(session: DecodingSession, tokens: list[int]) -> list[Any]:
     return out
 
 
-@pytest.mark.parametrize("top_k", [20, 150])
+@pytest.mark.parametrize(("top_k", "wide"), [(20, None), (150, None), (20, 20)])
 async def test_decoding_matches_transformers_kv_loop(
-    vllm_engine: Any, hf_engine: Any, top_k: int
+    vllm_engine: Any, hf_engine: Any, top_k: int, wide: int | None
 ) -> None:
     one_shot = [
         PromptSpec(text=f"Example: {r}\nNow summarise the review: {REVIEWS[0]}", query="q")
@@ -113,6 +113,10 @@ async def test_decoding_matches_transformers_kv_loop(
     # appended its own sampled token instead would drift apart at once.
     choice = [1, 0, 2, 1, 0, 3]
     v = await vllm_engine.open_decoding(prompts, zero_shot_index=3, top_k=top_k)
+    if wide is not None:
+        # Each one-shot row reports only its own top-k first, so the zero-shot ids it lacks
+        # come from the second round (logprob_token_ids): both paths must agree.
+        v.wide = wide
     h = await hf_engine.open_decoding(prompts, zero_shot_index=3, top_k=top_k)
     assert isinstance(v, DecodingSession)
     vs, hs = await _steps(v, choice), await _steps(h, choice)

@@ -20,15 +20,17 @@ The three capabilities and why they are done this way (vLLM 0.32):
 * ``generate``: one request per prompt, temperature and stop strings as given. The sampler
   seed of prompt i is ``params.seed + i`` (the pipelines pass fresh OS entropy; identical
   zero-shot candidate prompts must not share a seed). It is never DP noise.
-* ``open_decoding`` (DPS-MOZO): per step, the zero-shot prompt + suffix is one request with
-  ``logprobs=top_k`` (its top-k ids and values), then every other prompt + suffix is one
-  request with ``logprob_token_ids`` = those ids (128 at most per request, so larger k is
-  split). ``advance`` only appends the chosen token to the suffix: the next step's requests
-  read everything up to the last full KV block from the prefix cache and recompute at most
-  ``block_size - 1`` tokens per prompt. vLLM 0.32's streaming-input sessions keep the
-  engine's own sampled token in the sequence; DPS-MOZO appends a token chosen outside the
-  engine, so single-step requests are the direct fit. ``bench/vllm_decoding.py`` measures
-  the per-token cost against the transformers KV loop.
+* ``open_decoding`` (DPS-MOZO): per step, one round of requests: the zero-shot prompt +
+  suffix with ``logprobs=top_k`` (its top-k ids and values) and every other prompt + suffix
+  with ``logprobs=max_logprobs`` (its 1000 best), which almost always contain the zero-shot
+  top-k; ids a row lacks are fetched in a second round with ``logprob_token_ids`` (128 at
+  most per request, so larger sets are split). ``advance`` only appends the chosen token to
+  the suffix: the next step's requests read everything up to the last full KV block from
+  the prefix cache and recompute at most ``block_size - 1`` tokens per prompt. vLLM 0.32's
+  streaming-input sessions (one request whose prompt grows chunk by chunk, each chunk a
+  generation turn) were not tried: DPS-MOZO appends a token chosen outside the engine, and
+  single-step requests do exactly that with nothing left to verify.
+  ``bench/vllm_decoding.py`` measures the per-token cost against the transformers KV loop.
 
 DP settings (DESIGN.md section 3):
 
@@ -405,6 +407,8 @@ class VllmDecodingSession:
         self._salts = salts
         self.zero_shot_index = zero_shot_index
         self.top_k = top_k
+        # How many of their best tokens the other rows report in the first round.
+        self.wide = max(top_k, engine.options.max_logprobs)
         self.eos_token_id: int = engine.eos_token_id
         self.suffix: list[int] = []
         self._closed = False
@@ -416,33 +420,47 @@ class VllmDecodingSession:
     def _row(self, i: int) -> list[int]:
         return [*self._prompt_ids[i], *self.suffix]
 
-    async def step(self) -> StepLogits:
+    async def _top(self, i: int, k: int) -> dict[int, tuple[float, int]]:
+        """Prompt ``i`` + suffix: its ``k`` best next tokens as id -> (value, rank)."""
         from vllm import SamplingParams
 
+        out = await self._engine.request(
+            self._row(i),
+            self._salts[i],
+            SamplingParams(max_tokens=1, temperature=0.0, logprobs=k, detokenize=False),
+        )
+        return {
+            int(t): (float(lp.logprob), int(lp.rank or 0))
+            for t, lp in out.outputs[0].logprobs[0].items()
+        }
+
+    async def step(self) -> StepLogits:
         self._check_open()
         eng = self._engine
         z = self.zero_shot_index
-        zero = await eng.request(
-            self._row(z),
-            self._salts[z],
-            SamplingParams(max_tokens=1, temperature=0.0, logprobs=self.top_k, detokenize=False),
-        )
-        entries = zero.outputs[0].logprobs[0]
-        # logprobs=k returns the k best by rank (plus the sampled token, which is one of them
-        # at temperature 0); order by value, ties by rank as vLLM reports them.
-        top = sorted(
-            ((int(t), float(lp.logprob), int(lp.rank or 0)) for t, lp in entries.items()),
-            key=lambda e: (-e[1], e[2]),
-        )[: self.top_k]
-        top_ids = [t for t, _, _ in top]
         others = [i for i in range(len(self._prompt_ids)) if i != z]
-        rows = await asyncio.gather(
-            *(eng.token_logprobs(self._row(i), self._salts[i], top_ids) for i in others)
+        # One round for every prompt: the zero-shot row's top-k, and each other row's widest
+        # top list (max_logprobs), which almost always holds the zero-shot top-k ids; the
+        # few ids a row lacks are asked for in a second round (logprob_token_ids).
+        zero, *rows = await asyncio.gather(
+            self._top(z, self.top_k), *(self._top(i, self.wide) for i in others)
         )
+        # logprobs=k returns the k best (plus the sampled token, one of them at temperature
+        # 0); order by value, ties by vLLM's rank.
+        top = sorted(zero.items(), key=lambda e: (-e[1][0], e[1][1]))[: self.top_k]
+        top_ids = [t for t, _ in top]
+        missing = [
+            (i, [t for t in top_ids if t not in row]) for i, row in zip(others, rows, strict=True)
+        ]
+        extra = await asyncio.gather(
+            *(eng.token_logprobs(self._row(i), self._salts[i], ids) for i, ids in missing if ids)
+        )
+        filled = iter(extra)
         logits = np.empty((len(self._prompt_ids), len(top_ids)), dtype=np.float64)
-        logits[z] = [v for _, v, _ in top]
-        for i, row in zip(others, rows, strict=True):
-            logits[i] = [row[t] for t in top_ids]
+        logits[z] = [v for _, (v, _) in top]
+        for (i, ids), row in zip(missing, rows, strict=True):
+            more = next(filled) if ids else {}
+            logits[i] = [row[t][0] if t in row else more[t] for t in top_ids]
         return StepLogits(top_ids=np.asarray(top_ids, dtype=np.int64), logits=logits)
 
     async def advance(self, token_id: int) -> None:
