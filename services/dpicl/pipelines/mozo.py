@@ -82,7 +82,14 @@ class _Decoded:
 def mozo_prompts(context: StoredContext, query: str) -> list[PromptSpec]:
     """One one-shot prompt per exemplar (in context order), then the zero-shot prompt."""
     one_shot = [
-        render(context.template, [e], query, task=context.task, labels=context.labels)
+        render(
+            context.template,
+            [e],
+            query,
+            task=context.task,
+            labels=context.labels,
+            cache_scope=context.id,
+        )
         for e in exemplars_of(context)
     ]
     return [*one_shot, zero_shot_prompt(context, query)]
@@ -321,6 +328,7 @@ async def run_public(
         [Exemplar(input=i, output=o) for i, o in context.exemplars],
         query,
         task=context.task,
+        cache_scope=context.id,
     )
     params = GenerationParams(
         max_tokens=int(max_tokens or m["max_tokens"]),

@@ -55,6 +55,7 @@ def partition_prompts(context: StoredContext, query: str) -> list[PromptSpec]:
                 query,
                 task=context.task,
                 labels=context.labels,
+                cache_scope=context.id,
             ),
             cache_key=prefix_cache_key(context, t),
         )
@@ -65,6 +66,13 @@ def partition_prompts(context: StoredContext, query: str) -> list[PromptSpec]:
 def zero_shot_prompt(context: StoredContext, query: str) -> PromptSpec:
     """The query in the context's template with no exemplars (public: costs no privacy)."""
     return replace(
-        render(context.template, [], query, task=context.task, labels=context.labels),
+        render(
+            context.template,
+            [],
+            query,
+            task=context.task,
+            labels=context.labels,
+            cache_scope=context.id,
+        ),
         cache_key=prefix_cache_key(context, "zero"),
     )
