@@ -130,6 +130,25 @@ def test_ratio_check_ignores_the_servers_own_ratios() -> None:
     # A server whose reported exact_log_ratios exceed its own per-token claim: VIOLATION too.
     admitted = tok(ok_q) | {"exact_log_ratios": [0.5, 0.0]}
     assert ratio_check([_row(0, [admitted])], meta)["verdict"]["status"] == "violation"
+
+    # C1 and C0 answers drawn with the same shots: their first released distributions are
+    # the replace-one pair itself, bounded by per_token_epsilon.
+    def first(probs: list[float], shots: list[int]) -> dict[str, Any]:
+        return {"shots": shots, "top_ids": [4, 5, 6], "product_probs": probs}
+
+    near, far = [0.65, 0.25, 0.1], [0.1, 0.3, 0.6]  # far from p0: log 7 = 1.95 > 0.4
+    rows = [_row(0, [tok(ok_q)]), _row(1, [tok(ok_q)]), _row(3, [tok(ok_q)])]
+    for r, (probs, shots) in zip(
+        rows, [(p0.tolist(), [0, 1]), (near, [0, 1]), (far, [0, 2])], strict=True
+    ):
+        r.observation["first_token"] = first(probs, shots)
+    same = ratio_check(rows, meta)  # trials 0 (C0) and 1 (C1) share shots {0, 1}
+    assert same["neighbour_shot_sets"] == 1 and same["verdict"]["status"] == "ok", same
+    assert same["max_neighbour_log_ratio"] == pytest.approx(np.log(0.25 / 0.2))
+    rows[1].observation["first_token"] = first(far, [0, 1])
+    apart = ratio_check(rows, meta)
+    assert apart["verdict"]["status"] == "violation", apart
+    assert "trial 1" in apart["verdict"]["message"] and "trial 0" in apart["verdict"]["message"]
     # A released distribution that is not the product of the reported mixed ones.
     wrong = tok(ok_q) | {"product_probs": [0.1, 0.1, 0.8]}
     assert ratio_check([_row(0, [wrong])], meta)["verdict"]["status"] == "bug"
@@ -223,6 +242,9 @@ async def test_proven_white_box_passes_the_token_check(tmp_path: Path) -> None:
     assert wb["max_radius"] > 0.99 * s["max_log_ratio"]
     assert wb["max_exact_log_ratio"] <= s["per_token_epsilon"]
     assert wb["max_exact_log_ratio"] == pytest.approx(wb["max_exact_log_ratio_server"], rel=1e-6)
+    # n_shots = |D|: every first token is drawn with all shots, in C1 and in C0 alike.
+    assert wb["neighbour_shot_sets"] == 1
+    assert 0 < wb["max_neighbour_log_ratio"] <= s["per_token_epsilon"]
     assert s["black_box"]["verdict"]["status"] != "violation"
 
 

@@ -156,9 +156,18 @@ def _token_internals(out: Mapping[str, Any], guarantee: str) -> dict[str, Any]:
             f"/v1/debug/generate reports guarantee {got!r}, the audit asked for {guarantee!r}"
         )
     kept = []
+    first: dict[str, Any] | None = None
     for tok in tokens:
         if not isinstance(tok, Mapping):
             raise TargetProtocolError("/v1/debug/generate: a tokens[] entry is not an object")
+        if first is None and tok.get("shots") is not None and tok.get("product_probs"):
+            # The first token's released distribution and shot set: C1 and C0 answers drawn
+            # with the same shots are then the replace-one pair itself (mozo_findings).
+            first = {
+                "shots": sorted(int(i) for i in tok["shots"]),
+                "top_ids": tok.get("top_ids"),
+                "product_probs": tok["product_probs"],
+            }
         if guarantee == "proven":
             kept.append({"token_id": tok.get("token_id"), "lambdas": tok.get("lambdas")})
             kept[-1] |= token_check(tok)
@@ -172,6 +181,7 @@ def _token_internals(out: Mapping[str, Any], guarantee: str) -> dict[str, Any]:
         )
     return {
         "tokens": kept,
+        "first_token": first if guarantee == "proven" and kept else None,
         "whitebox": out.get("whitebox"),
         "alpha": out.get("alpha"),
         "beta": out.get("beta"),

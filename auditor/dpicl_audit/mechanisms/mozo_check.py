@@ -20,6 +20,11 @@ from those probabilities alone and never from the server's own ``log_ratios``:
   it sampled from is the product of the mixed distributions it reports (else the reported
   internals are not what was released, and the check above proves nothing).
 
+:func:`neighbour_gap` compares the first token's released distributions of C1 and C0 drawn
+with the same shot set: the first token's prefix is the query alone, so these two are the
+replace-one pair itself (conditionally on the shots, docs/privacy.md's theorem bounds them by
+``per_token_epsilon`` too), not a stand-in neighbour.
+
 Each probability vector is renormalised here before its logarithm is taken. Where both
 sides of a ratio are exactly 0 (an underflow the server cannot release either) the ratio
 counts as 0; a 0 against a positive probability is an infinite ratio. The auditor's own
@@ -36,7 +41,7 @@ import numpy.typing as npt
 
 from dpicl_audit.errors import TargetProtocolError
 
-__all__ = ["RATIO_TOL", "exceeds", "token_check"]
+__all__ = ["RATIO_TOL", "exceeds", "neighbour_gap", "token_check"]
 
 #: Relative slack over a bound: the server aims at ``eps0 (1 - 1e-9)`` so that the ratios
 #: recomputed from float64 probabilities (absolute error ~1e-15) never exceed eps0 by rounding.
@@ -97,6 +102,8 @@ def token_check(tok: Mapping[str, Any]) -> dict[str, float | None]:
     if zero is None or mixed is None:
         return out
     log_p0 = _log_probs(zero, "zero_shot_probs")
+    if log_p0.ndim != 1:
+        raise TargetProtocolError(f"/v1/debug/generate: zero_shot_probs has shape {log_p0.shape}")
     log_q = _log_probs(mixed, "mixed_probs", k=log_p0.shape[0])
     if log_q.ndim != 2:
         raise TargetProtocolError(f"/v1/debug/generate: mixed_probs has shape {log_q.shape}")
@@ -111,6 +118,12 @@ def token_check(tok: Mapping[str, Any]) -> dict[str, float | None]:
         reported = _log_probs(tok["product_probs"], "product_probs", k=log_p0.shape[0])
         out["product_gap"] = float(np.max(_abs_gap(reported, log_p)))
     return out
+
+
+def neighbour_gap(probs_1: Sequence[float], probs_0: Sequence[float]) -> float:
+    """``max_y |log P1(y) - log P0(y)|`` of two released distributions on one support."""
+    log_1 = _log_probs(probs_1, "product_probs")
+    return float(np.max(_abs_gap(log_1, _log_probs(probs_0, "product_probs", k=log_1.shape[0]))))
 
 
 def _max_of(values: Sequence[Any] | None) -> float | None:

@@ -3,8 +3,9 @@ trials (not epsilon estimates; direct checks of the premises the claimed epsilon
 
 * :func:`ratio_check`, proven mode: the auditor's own per-token figures
   (:func:`dpicl_audit.mechanisms.mozo_check.token_check`, logged with each trial) against
-  ``max_log_ratio`` and ``per_token_epsilon``; a token outside either is a VIOLATION naming
-  trial, world and token.
+  ``max_log_ratio`` and ``per_token_epsilon``, and the first token's released distributions
+  of C1 and C0 answers drawn with the same shot set against ``per_token_epsilon``; a token
+  outside a bound is a VIOLATION naming the trial(s), world and token.
 * :func:`divergence_check`, paper mode: the exact per-shot Renyi divergences the server
   reports against the claimed per-token bound ``4 beta alpha`` (Theorem B.3).
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dpicl_audit.mechanisms.mozo_check import exceeds
+from dpicl_audit.mechanisms.mozo_check import exceeds, neighbour_gap
 from dpicl_audit.store import TrialRecord
 
 __all__ = ["divergence_check", "ratio_check"]
@@ -93,6 +94,31 @@ def _where(at: tuple[int, int, int] | None) -> str:
     return "" if at is None else f" (trial {at[0]}, C{at[1]}, token {at[2]})"
 
 
+def _neighbour_pairs(
+    rows: Sequence[TrialRecord],
+) -> tuple[int, float | None, tuple[int, int] | None]:
+    """Shot sets seen in both worlds at the first token, and the largest
+    ``max_y |log P_C1 - log P_C0|`` over them, with the two trials compared."""
+    first: dict[tuple[Any, ...], dict[int, TrialRecord]] = {}
+    for r in rows:
+        f = r.observation.get("first_token")
+        if f:
+            key = (tuple(f["shots"]), tuple(f.get("top_ids") or ()))
+            first.setdefault(key, {}).setdefault(r.world, r)
+    pairs, worst, where = 0, None, None
+    for by_world in first.values():
+        if 1 in by_world and 0 in by_world:
+            r1, r0 = by_world[1], by_world[0]
+            gap = neighbour_gap(
+                r1.observation["first_token"]["product_probs"],
+                r0.observation["first_token"]["product_probs"],
+            )
+            pairs += 1
+            if worst is None or gap > worst:
+                worst, where = gap, (r1.trial_index, r0.trial_index)
+    return pairs, worst, where
+
+
 def ratio_check(rows: Sequence[TrialRecord], meta: Mapping[str, Any]) -> dict[str, Any]:
     """The proven mode's white-box finding, token by token: the auditor's own radius within
     max_log_ratio, and the realised worst case (its own and the server's exact_log_ratios)
@@ -105,6 +131,7 @@ def ratio_check(rows: Sequence[TrialRecord], meta: Mapping[str, Any]) -> dict[st
     exact, exact_at = _worst(rows, "exact")
     exact_srv, exact_srv_at = _worst(rows, "exact_server")
     gap, gap_at = _worst(rows, "product_gap")
+    pairs, neighbour, neighbour_at = _neighbour_pairs(rows)
     out: dict[str, Any] = {
         "kind": "max-log-ratio",
         "trials": len(rows),
@@ -116,6 +143,8 @@ def ratio_check(rows: Sequence[TrialRecord], meta: Mapping[str, Any]) -> dict[st
         "max_exact_log_ratio_server": exact_srv,
         "max_radius_server": _worst(rows, "radius_server")[0],
         "max_product_gap": gap,
+        "neighbour_shot_sets": pairs,
+        "max_neighbour_log_ratio": neighbour,
         "per_token_bound": per_token,
     }
     unchecked = sum(
@@ -136,6 +165,12 @@ def ratio_check(rows: Sequence[TrialRecord], meta: Mapping[str, Any]) -> dict[st
                 f"the {whose} worst-case |log P/P'| {value:.4g}{_where(at)} exceeds "
                 f"per_token_epsilon {per_token:.4g}"
             )
+    if exceeds(neighbour, per_token) and neighbour_at is not None:
+        broken.append(
+            f"the first token's released distributions of C1 (trial {neighbour_at[0]}) and C0 "
+            f"(trial {neighbour_at[1]}) with the same shots differ by {neighbour:.4g} in log, "
+            f"above per_token_epsilon {per_token:.4g}"
+        )
     if broken:
         status, message = "violation", "PRIVACY VIOLATION: " + "; ".join(broken)
     elif gap is not None and gap > _PRODUCT_TOL:
@@ -155,9 +190,13 @@ def ratio_check(rows: Sequence[TrialRecord], meta: Mapping[str, Any]) -> dict[st
         message = (
             f"every released token ({out['tokens']}) stays within max_log_ratio {eps0:.4g} "
             f"(max {radius:.4g}) and per_token_epsilon {per_token:.4g} (realised max "
-            f"{max(exact, exact_srv or 0.0):.4g}), as recomputed by the "
-            "auditor"
+            f"{max(exact, exact_srv or 0.0):.4g}), as recomputed by the auditor"
         )
+        if neighbour is not None:
+            message += (
+                f"; C1 against C0 with the same shots ({pairs} shot sets): max "
+                f"{neighbour:.4g} at the first token"
+            )
     out["verdict"] = {
         "status": status,
         "violation": status == "violation",
