@@ -310,10 +310,12 @@ async def test_proven_white_box_on_smollm2(tmp_path: Path) -> None:
     plan = _mozo(
         threat_model="white-box",
         trials=10,
-        **{"mechanism.max_tokens": 3, "mechanism.top_k": 50, "mechanism.epsilons": [4.0]},
+        **{"mechanism.max_tokens": 2, "mechanism.top_k": 50, "mechanism.epsilons": [4.0]},
     )
     s = (await _run(tmp_path, plan, engine="transformers"))["settings"][0]
     wb = s["white_box"]
     assert wb["verdict"]["status"] == "ok", wb
     assert wb["tokens"] >= 10 and wb["max_radius"] <= s["max_log_ratio"] * (1 + 1e-9)
     assert wb["max_exact_log_ratio"] <= s["per_token_epsilon"]
+    assert wb["neighbour_shot_sets"] == 1  # the real replace-one pair, at the first token
+    assert wb["max_neighbour_log_ratio"] <= s["per_token_epsilon"]
