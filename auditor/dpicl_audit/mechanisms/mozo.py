@@ -19,9 +19,11 @@
   internals. Proven mode: at ``internal``, :mod:`dpicl_audit.mechanisms.mozo_check`
   recomputes from the reported probabilities each token's radius ``max |log q_i - log p0|``
   (claim: ``<= max_log_ratio``) and realised worst case ``max |log P - log P_i|`` (claim:
-  ``<= per_token_epsilon``); only those summaries are logged. Paper mode: the lambdas and
-  divergences each shot reached and, at ``internal``, the exact per-shot divergences of the
-  released distribution against ``4 beta alpha``.
+  ``<= per_token_epsilon``); only those summaries are logged, plus the first token's shots
+  and released distribution, so that C1 and C0 answers drawn with the same shots (the
+  replace-one pair itself) are compared too (:mod:`.mozo_findings`). Paper mode: the
+  lambdas and divergences each shot reached and, at ``internal``, the exact per-shot
+  divergences of the released distribution against ``4 beta alpha``.
 * **Verdicts.** Proven mode: ``epsilon_emp`` is the classical lower bound (assumption-free;
   the GDP figure assumes a Gaussian trade-off, which a pure-DP claim is not), compared with
   the claimed epsilon: above it is a VIOLATION; a white-box token outside either bound is a
