@@ -35,6 +35,7 @@ def _plan(old: dict[str, Any]) -> dict[str, Any]:
         "top_k": int(old["top_k"]),
         "max_tokens": int(old["max_tokens"]),
         "queries_per_context": int(old["queries_per_context"]),
+        "guarantee": "paper",  # the only DPS-MOZO mode servers had then
     }
     if old.get("delta") is not None:
         mechanism["delta"] = float(old["delta"])

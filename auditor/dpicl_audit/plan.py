@@ -61,7 +61,8 @@ DPS-MOZO audits set ``mechanism.name = "dps-mozo"`` (dataset default ``dialogsum
     exemplars = 4                  # |D|, canary included
     n_shots = 4                    # default |D| (q = 1)
     top_k = 100
-    alpha = 8                      # optional; the server's default when absent
+    guarantee = "proven"           # proven (a true (epsilon, delta) claim) | paper (nominal)
+    alpha = 8                      # paper mode only; the server's default when absent
     queries_per_context = 1        # a DPS-MOZO context answers this many queries
 
     [mozo]
@@ -167,7 +168,13 @@ class MechanismSpec(BaseModel):
         default=None, ge=1, le=10_000, description="DPS-MOZO: shots per token (None: |D|)."
     )
     top_k: int = Field(default=100, ge=1, le=100_000, description="DPS-MOZO: top-k.")
-    alpha: int | None = Field(default=None, ge=2, le=1024, description="DPS-MOZO: Renyi order.")
+    guarantee: Literal["proven", "paper"] = Field(
+        default="proven",
+        description="DPS-MOZO: proven (max-log-ratio, a true claim) | paper (nominal).",
+    )
+    alpha: int | None = Field(
+        default=None, ge=2, le=1024, description="DPS-MOZO (paper mode): Renyi order."
+    )
     queries_per_context: int = Field(
         default=1, ge=1, le=100_000, description="DPS-MOZO: answers per context."
     )
@@ -401,6 +408,12 @@ class AuditPlan(BaseModel):
                 f"mechanism.n_shots {n_shots} exceeds mechanism.exemplars "
                 f"{self.mechanism.exemplars}"
             )
+        alpha = self.mechanism.alpha
+        if name == "dps-mozo" and alpha is not None and self.mechanism.guarantee != "paper":
+            raise ValueError(
+                f"mechanism.alpha {alpha} applies only to mechanism.guarantee = 'paper' "
+                "(the proven mode has no Renyi order)"
+            )
         return self
 
     # ----------------------------------------------------------------- construction
@@ -474,6 +487,10 @@ class AuditPlan(BaseModel):
         if base_url is not None:
             target["base_url"] = base_url
         payload["target"] = target
+        mech = payload.get("mechanism")
+        if isinstance(mech, Mapping) and mech.get("name") == "dps-mozo":
+            # Plans stored before DPS-MOZO had a proven mode audited the paper's mode.
+            payload["mechanism"] = {"guarantee": "paper", **mech}
         return cls.from_mapping(payload)
 
     def with_credentials(

@@ -145,8 +145,13 @@ def audit_command(kind: str) -> Callable[..., None]:
         top_k: Annotated[
             int | None, typer.Option(help=_h("mechanism.top_k", "DPS-MOZO: top-k."))
         ] = None,
+        guarantee: Annotated[
+            str | None,
+            typer.Option(help=_h("mechanism.guarantee", "DPS-MOZO: proven | paper (nominal).")),
+        ] = None,
         alpha: Annotated[
-            int | None, typer.Option(help=_h("mechanism.alpha", "DPS-MOZO: Renyi order."))
+            int | None,
+            typer.Option(help=_h("mechanism.alpha", "DPS-MOZO (paper mode): Renyi order.")),
         ] = None,
         queries_per_context: Annotated[
             int | None,
@@ -259,6 +264,7 @@ def audit_command(kind: str) -> Callable[..., None]:
             "mechanism.exemplars": exemplars,
             "mechanism.n_shots": n_shots,
             "mechanism.top_k": top_k,
+            "mechanism.guarantee": guarantee,
             "mechanism.alpha": alpha,
             "mechanism.queries_per_context": queries_per_context,
             "mozo.signals": _strings(signals),

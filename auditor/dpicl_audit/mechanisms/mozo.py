@@ -9,16 +9,27 @@
   s1 right before the query, which pushes the first token to s1; in C0 the replacement's
   shot shows the same question answered s0. The zero-shot prompt sees both words quoted, so
   both are in its top-k (Line 5: tokens outside it can never be released).
+* **Guarantee** (``plan.mechanism.guarantee``, sent as ``mechanism.guarantee``).
+  ``"proven"`` (the default, as on the server): the configured (epsilon, delta) is a true
+  claim (each token pure ``per_token_epsilon``-DP, docs/privacy.md). ``"paper"``: the
+  paper's RDP-derived figure, which is **nominal** (its per-token bound, Theorem B.3, is
+  false).
 * **Observation.** Black-box: the released text; decision 1 when it starts with s1 (case,
   leading blanks and quotes ignored). White-box (``/v1/debug/generate``): the per-token
-  internals, i.e. the lambdas and the divergences each shot reached and, at ``internal``,
-  the exact per-shot divergences of the released distribution. They are checked against the
-  per-token bound the server claims (``4 beta alpha``, Theorem B.3): an exact divergence
-  above it is direct evidence that the per-token claim is false (docs/privacy.md).
-* **Exact epsilon.** None: the configured epsilon is the paper's RDP-derived figure, and it
-  is **nominal** (its per-token bound is false), so verdicts use the nominal wording and have
-  no ``bug`` branch. ``epsilon_emp`` is the larger of the GDP and classical lower bounds,
-  both from one joint pair of Clopper-Pearson intervals.
+  internals. Proven mode: at ``internal``, :mod:`dpicl_audit.mechanisms.mozo_check`
+  recomputes from the reported probabilities each token's radius ``max |log q_i - log p0|``
+  (claim: ``<= max_log_ratio``) and realised worst case ``max |log P - log P_i|`` (claim:
+  ``<= per_token_epsilon``); only those summaries are logged, plus the first token's shots
+  and released distribution, so that C1 and C0 answers drawn with the same shots (the
+  replace-one pair itself) are compared too (:mod:`.mozo_findings`). Paper mode: the
+  lambdas and divergences each shot reached and, at ``internal``, the exact per-shot
+  divergences of the released distribution against ``4 beta alpha``.
+* **Verdicts.** Proven mode: ``epsilon_emp`` is the classical lower bound (assumption-free;
+  the GDP figure assumes a Gaussian trade-off, which a pure-DP claim is not), compared with
+  the claimed epsilon: above it is a VIOLATION; a white-box token outside either bound is a
+  VIOLATION naming the trial and token. Paper mode: ``epsilon_emp`` is the larger of the GDP
+  and classical lower bounds, worded against the nominal claim. No exact epsilon either way,
+  so no ``bug`` branch on epsilon.
 * **Contexts.** A DPS-MOZO context answers ``queries_per_context`` queries and is then
   ``budget_exhausted``, so trial ``j`` of a world goes to that world's context
   ``j // queries_per_context`` (:func:`dpicl_audit.schedule.context_slots`), created when
@@ -48,6 +59,8 @@ from dpicl_audit.mechanisms.base import (
     estimate_trials,
     exemplar_dicts,
 )
+from dpicl_audit.mechanisms.mozo_check import token_check
+from dpicl_audit.mechanisms.mozo_findings import divergence_check, ratio_check
 from dpicl_audit.mechanisms.neighbours import NeighbourPair, pair_from_json, pair_to_json
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.prompts import MOZO_TEMPLATE, mozo_question
@@ -131,16 +144,36 @@ def _starts_with(text: str, signals: tuple[str, str]) -> str:
     return "signal0" if decide(text, signals[1]) else "other"
 
 
-def _token_internals(out: Mapping[str, Any]) -> dict[str, Any]:
-    """The white-box observation: per-token lambdas and divergences (and, at internal, the
-    exact per-shot divergences of the released distribution)."""
+def _token_internals(out: Mapping[str, Any], guarantee: str) -> dict[str, Any]:
+    """The white-box observation. Proven mode: per token the lambdas and the auditor's own
+    :func:`~dpicl_audit.mechanisms.mozo_check.token_check` figures (not the probabilities,
+    which would make the log ~1 kB per token and shot). Paper mode: per-token lambdas and
+    divergences (and, at internal, the exact per-shot divergences)."""
     tokens = out.get("tokens")
     if not isinstance(tokens, list):
         raise TargetProtocolError("/v1/debug/generate returned no DPS-MOZO tokens[]")
+    got = out.get("guarantee", "paper")
+    if got != guarantee:
+        raise TargetProtocolError(
+            f"/v1/debug/generate reports guarantee {got!r}, the audit asked for {guarantee!r}"
+        )
     kept = []
+    first: dict[str, Any] | None = None
     for tok in tokens:
         if not isinstance(tok, Mapping):
             raise TargetProtocolError("/v1/debug/generate: a tokens[] entry is not an object")
+        if first is None and tok.get("shots") is not None and tok.get("product_probs"):
+            # The first token's released distribution and shot set: C1 and C0 answers drawn
+            # with the same shots are then the replace-one pair itself (mozo_findings).
+            first = {
+                "shots": sorted(int(i) for i in tok["shots"]),
+                "top_ids": tok.get("top_ids"),
+                "product_probs": tok["product_probs"],
+            }
+        if guarantee == "proven":
+            kept.append({"token_id": tok.get("token_id"), "lambdas": tok.get("lambdas")})
+            kept[-1] |= token_check(tok)
+            continue
         kept.append(
             {
                 key: tok.get(key)
@@ -150,23 +183,16 @@ def _token_internals(out: Mapping[str, Any]) -> dict[str, Any]:
         )
     return {
         "tokens": kept,
+        "first_token": first if guarantee == "proven" and kept else None,
+        "whitebox": out.get("whitebox"),
         "alpha": out.get("alpha"),
         "beta": out.get("beta"),
+        "max_log_ratio": out.get("max_log_ratio"),
         "radius": out.get("radius"),
         "per_token_bound": out.get("per_token_bound"),
         "max_exact_divergence": out.get("max_exact_divergence"),
+        "max_exact_log_ratio": out.get("max_exact_log_ratio"),
     }
-
-
-def _max_divergence(rows: Sequence[TrialRecord], key: str) -> float | None:
-    values = [
-        float(v)
-        for r in rows
-        for tok in r.observation.get("tokens") or []
-        for pair in tok.get(key) or []
-        for v in pair
-    ]
-    return max(values) if values else None
 
 
 class MozoAudit(MechanismAudit):
@@ -199,6 +225,7 @@ class MozoAudit(MechanismAudit):
         m = plan.mechanism
         mechanism: dict[str, Any] = {
             "name": self.name,
+            "guarantee": m.guarantee,
             "epsilon": float(epsilon),
             "delta": m.delta,
             "n_shots": m.n_shots or m.exemplars,
@@ -225,6 +252,7 @@ class MozoAudit(MechanismAudit):
     async def trial(
         self, target: AuditTarget, design: MozoDesign, plan: AuditPlan, at: TrialAt
     ) -> TrialRecord:
+        _check_guarantee(at.context, plan.mechanism.guarantee)
         out, latency = await ask(target, at, design.query, max_tokens=plan.mechanism.max_tokens)
         text = str(out["text"])
         cost = out.get("cost") if isinstance(out.get("cost"), Mapping) else {}
@@ -234,7 +262,7 @@ class MozoAudit(MechanismAudit):
             "cost_epsilon": (cost or {}).get("epsilon"),
         }
         if at.white:
-            observation |= _token_internals(out)
+            observation |= _token_internals(out, plan.mechanism.guarantee)
         return at.record(design.query, observation, design.decide_text(text), latency)
 
     def setting_meta(
@@ -249,6 +277,13 @@ class MozoAudit(MechanismAudit):
         c1 = contexts.get((setting, 1)) or (mine[0] if mine else None)
         mech: Mapping[str, Any] = c1.info.get("mechanism", {}) if c1 is not None else {}
         alpha, beta = mech.get("alpha"), mech.get("beta")
+        proven = plan.mechanism.guarantee == "proven"
+        eps0, per_token = mech.get("max_log_ratio"), mech.get("per_token_epsilon")
+        if proven and c1 is not None and (eps0 is None or per_token is None):
+            raise TargetProtocolError(
+                f"context {c1.context_id} reports no max_log_ratio/per_token_epsilon: it is "
+                "not in DPS-MOZO's proven mode"
+            )
         return {
             "setting": setting,
             "epsilon_theory": epsilon,
@@ -264,10 +299,17 @@ class MozoAudit(MechanismAudit):
             "contexts_used": len(mine),
             "sigma": None,
             "epsilon_exact": None,
-            "nominal": True,
+            "nominal": not proven,
+            "guarantee": plan.mechanism.guarantee,
             "alpha": alpha,
             "beta": beta,
-            "per_token_bound": None if alpha is None or beta is None else 4 * beta * alpha,
+            "max_log_ratio": None if eps0 is None else float(eps0),
+            "per_token_epsilon": None if per_token is None else float(per_token),
+            "per_token_bound": (
+                (None if per_token is None else float(per_token))
+                if proven
+                else (None if alpha is None or beta is None else 4 * beta * alpha)
+            ),
         }
 
     def estimate(
@@ -282,8 +324,14 @@ class MozoAudit(MechanismAudit):
     ) -> dict[str, Any]:
         if bootstrap:
             raise InvalidAuditInput("DPS-MOZO has no bootstrap audit; use a run")
+        proven = plan.mechanism.guarantee == "proven"
         out = estimate_trials(
-            plan, k, rows, meta, calls_per_query=self.calls_per_query(plan), finish=_nominal
+            plan,
+            k,
+            rows,
+            meta,
+            calls_per_query=self.calls_per_query(plan),
+            finish=_proven if proven else _nominal,
         )
         starts: dict[str, dict[str, int]] = {"C1": {}, "C0": {}}
         for r in rows:
@@ -296,8 +344,29 @@ class MozoAudit(MechanismAudit):
             (float(v) for v in per_answer if isinstance(v, int | float)), None
         )
         if plan.threat_model == "white-box":
-            out["white_box"] = _divergence_check(rows, meta)
+            out["white_box"] = (ratio_check if proven else divergence_check)(rows, meta)
         return out
+
+
+def _check_guarantee(context: ContextRecord, guarantee: str) -> None:
+    """Refuse a context whose mechanism record is not in the audited mode (a server from
+    before the proven mode reports no guarantee: it ran the paper's)."""
+    mech = context.info.get("mechanism")
+    got = (mech.get("guarantee") or "paper") if isinstance(mech, Mapping) else None
+    if got != guarantee:
+        raise TargetProtocolError(
+            f"context {context.context_id} has DPS-MOZO guarantee {got!r}, the audit asked "
+            f"for {guarantee!r} (--guarantee)"
+        )
+
+
+def _proven(est: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
+    """epsilon_emp = the classical lower bound against the proven (true) claim."""
+    emp = max(float(est["epsilon_lower_classic"]), 0.0)
+    est["epsilon_emp"] = emp
+    est["epsilon_emp_basis"] = "classical"
+    est["verdict"] = verdict(emp, float(meta["epsilon_theory"]), None)
+    return est
 
 
 def _nominal(est: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
@@ -306,46 +375,6 @@ def _nominal(est: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
     est["epsilon_emp"] = emp
     est["verdict"] = verdict(emp, float(meta["epsilon_theory"]), None, nominal=True)
     return est
-
-
-def _divergence_check(rows: Sequence[TrialRecord], meta: Mapping[str, Any]) -> dict[str, Any]:
-    """The white-box observation's finding: per-token divergences against the claimed
-    per-token bound. Not an epsilon estimate; a direct check of Theorem B.3's premise."""
-    if not rows or any("tokens" not in r.observation for r in rows):
-        return {"error": "no per-token internals logged (white-box needs /v1/debug/generate)"}
-    bound = meta.get("per_token_bound")
-    reached = _max_divergence(rows, "divergences")
-    exact = _max_divergence(rows, "exact_divergences")
-    out: dict[str, Any] = {
-        "kind": "divergence",
-        "trials": len(rows),
-        "tokens": sum(len(r.observation.get("tokens") or []) for r in rows),
-        "max_divergence_reached": reached,
-        "max_exact_divergence": exact,
-        "per_token_bound": bound,
-    }
-    if exact is None or bound is None:
-        out["verdict"] = {
-            "status": "ok",
-            "violation": False,
-            "exceeds_exact": None,
-            "message": "no exact per-token divergences (the server is not at internal)",
-        }
-        return out
-    broken = exact > float(bound) * (1 + 1e-9)
-    out["verdict"] = {
-        "status": "violation" if broken else "ok",
-        "violation": broken,
-        "exceeds_exact": None,
-        "message": (
-            f"PER-TOKEN CLAIM BROKEN: an exact per-shot divergence {exact:.3f} of a released "
-            f"distribution exceeds the claimed per-token bound 4*beta*alpha = {bound:.3f}"
-            if broken
-            else f"every exact per-shot divergence (max {exact:.3f}) is within the claimed "
-            f"per-token bound {float(bound):.3f}"
-        ),
-    }
-    return out
 
 
 MOZO = MozoAudit()
