@@ -85,9 +85,9 @@ def rdp_verdict(orders: Any, rdp: dict[str, Any]) -> dict[str, Any]:
             continue
         for i, a in enumerate(orders):
             lo = float(lower[i])
-            if theory is not None and lo > float(theory[i]) * (1 + _TOL) + _TOL:
-                if worst is None or lo / float(theory[i]) > worst[0]:
-                    worst = (lo / float(theory[i]), key, float(a), lo)
+            over = theory is not None and lo > float(theory[i]) * (1 + _TOL) + _TOL
+            if over and (worst is None or lo / float(theory[i]) > worst[0]):  # type: ignore[index]
+                worst = (lo / float(theory[i]), key, float(a), lo)  # type: ignore[index]
             if exact is not None and lo > float(exact[i]) + 1e-6 and exact_hit is None:
                 exact_hit = (key, float(a), lo, float(exact[i]))
     if worst is not None:

@@ -99,8 +99,18 @@ def test_bounds_hold_on_random_neighbours() -> None:
 
 
 def test_divergence_command() -> None:
-    args = ["divergence", "--h1", "14,12,10,8,6", "--h0", "13,13,10,8,6", "--sigma", "2",
-            "--orders", "2,5,10,20,50", "--json"]  # fmt: skip
+    args = [
+        "divergence",
+        "--h1",
+        "14,12,10,8,6",
+        "--h0",
+        "13,13,10,8,6",
+        "--sigma",
+        "2",
+        "--orders",
+        "2,5,10,20,50",
+        "--json",
+    ]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     data = json.loads(res.output)
@@ -151,9 +161,13 @@ async def _audit(tmp_path: Path, attack: str, **extra: Any) -> dict[str, Any]:
     )
     async with oracle_server(tmp_path) as client:
         return await run_audit(
-            plan, db=f"sqlite:///{tmp_path}/a.db", target=client, out_dir=tmp_path / "runs",
-            progress=False, run_id=attack,
-        )  # fmt: skip
+            plan,
+            db=f"sqlite:///{tmp_path}/a.db",
+            target=client,
+            out_dir=tmp_path / "runs",
+            progress=False,
+            run_id=attack,
+        )
 
 
 @pytest.mark.slow
@@ -177,7 +191,6 @@ async def test_oracle_adversary_bounds_ordered(tmp_path: Path, attack: str) -> N
 @pytest.mark.skipif(_server_missing() is not None, reason=str(_server_missing()))
 async def test_broken_server_rdp_violation(tmp_path: Path, monkeypatch: Any) -> None:
     import dpicl.pipelines.voting as voting_pipeline
-
     from tests.e2e.broken_voting_server import broken_private_vote
 
     monkeypatch.setattr(voting_pipeline, "private_vote", broken_private_vote)

@@ -129,8 +129,10 @@ def audit_command(kind: str) -> Callable[..., None]:
         ] = None,
         adversary: Annotated[
             str | None,
-            typer.Option(help="Paper 003 adversary (sets --attack): nat-advq | pois-advq | "
-                         "pois-natq-{confident,unconfident,all-same,mapping}. (default: none)"),
+            typer.Option(
+                help="Paper 003 adversary (sets --attack): nat-advq | pois-advq | "
+                "pois-natq-{confident,unconfident,all-same,mapping}. (default: none)"
+            ),
         ] = None,
         queries: Annotated[
             int | None, typer.Option(help=_h("queries", "Paper 003: queries in the sequence."))

@@ -262,7 +262,13 @@ class VotingAudit(GaussianMechanismAudit):
         }
 
     def context_body(
-        self, design: AuditDesign | RdpDesign, plan: AuditPlan, epsilon: float, world: int, *, name: str
+        self,
+        design: AuditDesign | RdpDesign,
+        plan: AuditPlan,
+        epsilon: float,
+        world: int,
+        *,
+        name: str,
     ) -> dict[str, Any]:
         body = self.base_body(design, plan, epsilon, world, name=name)
         body["labels"] = list(design.labels)

@@ -129,14 +129,17 @@ def build_rdp_design(plan: AuditPlan, dataset: LabelledDataset) -> RdpDesign:
     attack = plan.attack
     if attack in ("nat-advq", "pois-advq"):
         first, pool = order[0], order[1:]
-        chosen = pick_exemplars(pool, canary_text=first.input, query=first.input, k=k,
-                                dataset=dataset)  # fmt: skip
+        chosen = pick_exemplars(
+            pool, canary_text=first.input, query=first.input, k=k, dataset=dataset
+        )
         position, partition_seed = neighbour_slot(plan, rng, k)
         label = first.output
         if attack == "pois-advq":  # a label neither the canary's nor the replaced exemplar's
             avoid = [lab for lab in labels if lab not in (first.output, chosen[position].output)]
-            label = avoid[int(rng.integers(len(avoid)))] if avoid else other_label(
-                rng, labels, first.output
+            label = (
+                avoid[int(rng.integers(len(avoid)))]
+                if avoid
+                else other_label(rng, labels, first.output)
             )
         canary = Example(first.input, label)
         queries: tuple[str, ...] = (first.input,) * n
@@ -149,8 +152,9 @@ def build_rdp_design(plan: AuditPlan, dataset: LabelledDataset) -> RdpDesign:
             )
         natural, pool = order[:n], order[n:]
         queries = tuple(ex.input for ex in natural)
-        chosen = pick_exemplars(pool, canary_text=queries[0], query="\n".join(queries), k=k,
-                                dataset=dataset)  # fmt: skip
+        chosen = pick_exemplars(
+            pool, canary_text=queries[0], query="\n".join(queries), k=k, dataset=dataset
+        )
         t = plan.mechanism.partitions
         if attack in ("pois-natq-confident", "pois-natq-unconfident"):
             hists = [np.sort(_agreement(q, chosen, labels, t))[::-1] for q in queries]

@@ -49,7 +49,13 @@ _STREAM_SIM = 0x0D_3A10
 _CURVES = ("two_cut", "k_cut", "two_cut_simulated", "k_cut_simulated", "exact")
 
 
-def _modal(vectors: list[tuple[float, ...]]) -> tuple[float, ...] | None:
+def _clean_hist(rows: Sequence[TrialRecord], design: RdpDesign) -> tuple[float, ...] | None:
+    """The most frequent clean histogram of a world's trials (one at temperature 0)."""
+    vectors = [
+        tuple(design.clean_vector(r.observation["clean_votes"]))
+        for r in rows
+        if "clean_votes" in r.observation
+    ]
     return Counter(vectors).most_common(1)[0][0] if vectors else None
 
 
@@ -75,12 +81,7 @@ def _per_query(
     w1 = [r for r in rows if r.world == 1]
     w0 = [r for r in rows if r.world == 0]
     c1, c0 = _label_counts(w1, design.labels), _label_counts(w0, design.labels)
-    clean = [
-        _modal([tuple(design.clean_vector(r.observation["clean_votes"])) for r in w if
-                "clean_votes" in r.observation])  # fmt: skip
-        for w in (w1, w0)
-    ]
-    h1, h0 = clean
+    h1, h0 = _clean_hist(w1, design), _clean_hist(w0, design)
     out: dict[str, Any] = {"label_counts": {"C1": c1.tolist(), "C0": c0.tolist()}}
     output = design.labels.index(design.poison_label)
     if h1 is not None and h0 is not None and sigma is not None:
@@ -127,9 +128,7 @@ def estimate_rdp(
             ).tolist()
         else:
             rdp[key] = None
-    rdp["theory"] = (
-        (len(design.queries) * gaussian_rdp(orders, sigma)).tolist() if sigma else None
-    )
+    rdp["theory"] = (len(design.queries) * gaussian_rdp(orders, sigma)).tolist() if sigma else None
     rdp["per_query"] = per_query
     rdp["confidence"] = plan.confidence
     delta = plan.mechanism.delta
