@@ -198,3 +198,13 @@ async def test_broken_server_rdp_violation(tmp_path: Path, monkeypatch: Any) -> 
     rdp = results["settings"][0]["rdp"]
     assert rdp["verdict"]["status"] == "violation", rdp["verdict"]
     assert "PRIVACY VIOLATION" in rdp["verdict"]["message"]
+    # the report carries the verdict and the paper's two pictures
+    from dpicl_audit.report import write_report
+
+    html = write_report("pois-advq", f"sqlite:///{tmp_path}/a.db", tmp_path / "rep")
+    text = html.read_text()
+    assert "Privacy leakage per adversary" in text and "RDP against the order" in text
+    report = json.loads((html.parent / "report.json").read_text())
+    rdp_rows = [r for r in report["rows"] if r["threat"] == "rdp"]
+    assert [r["status"] for r in rdp_rows] == ["violation"]
+    assert report["verdicts"]["pois-advq"] != "ok"
