@@ -185,6 +185,15 @@ async def test_oracle_adversary_bounds_ordered(tmp_path: Path, attack: str) -> N
     if attack == "pois-advq":
         ratio = np.array(rdp["two_cut_simulated"]) / exact
         assert np.max(ratio) >= 0.5, ratio
+        # the trials are logged: re-estimating from the log gives the same audit
+        from dpicl_audit.runner import estimate_run
+        from dpicl_audit.store import TrialStore
+
+        store = TrialStore(f"sqlite:///{tmp_path}/a.db")
+        again = estimate_run(store, attack)["settings"][0]["rdp"]
+        store.dispose()
+        for key in ("two_cut", "k_cut", "exact", "two_cut_simulated", "theory"):
+            assert again[key] == rdp[key], key
 
 
 @pytest.mark.slow
