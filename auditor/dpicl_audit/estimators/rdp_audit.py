@@ -131,7 +131,11 @@ def exact_rdp(
     """Exact RDP of each query: ``max(D_a(M(h1)||M(h0)), D_a(M(h0)||M(h1)))``, ``(m, A)``."""
     a, b = _hists(h1, "h1"), _hists(h0, "h0")
     if a.shape != b.shape:
-        raise InvalidAuditInput(f"histograms differ in shape: {a.shape} and {b.shape}")
+        raise InvalidAuditInput(
+            f"h1 and h0 differ in shape: {a.shape[-1]} and {b.shape[-1]} classes"
+            if a.shape[0] == b.shape[0]
+            else f"h1 and h0 differ in shape: {a.shape} and {b.shape}"
+        )
     l1, l0 = argmax_log_probs(a, sigma), argmax_log_probs(b, sigma)
     return np.maximum(renyi_from_log_probs(l1, l0, orders), renyi_from_log_probs(l0, l1, orders))
 

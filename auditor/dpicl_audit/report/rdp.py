@@ -107,7 +107,11 @@ def plot_rdp_curves(runs: Sequence[RunData]) -> str:
             if r.get(key) is not None:
                 ax.plot(r["orders"], r[key], style, label=label, markersize=4)
         ax.set_xscale("log")
-        ax.set_yscale("symlog", linthresh=1e-3)
+        ticks = [a for a in (2, 5, 10, 20, 50) if min(r["orders"]) <= a <= max(r["orders"])]
+        ax.set_xticks(ticks, [str(a) for a in ticks])
+        ax.minorticks_off()
+        ax.set_yscale("symlog", linthresh=1e-2)
+        ax.set_ylim(bottom=0.0)
         ax.set_xlabel("order α")
         ax.set_ylabel(f"RDP over {r.get('queries')} queries")
         ax.set_title(name, fontsize=9)
