@@ -64,6 +64,18 @@ ATTACKS: dict[str, AttackSpec] = {
         ),
     )
 }
+# Paper 003's adversaries (Section 4.1, Appendix D.2): RDP audits of query sequences.
+ATTACKS |= {
+    name: AttackSpec(name, ("voting",), BOTH, "paper 003, Section 4.1 / Appendix D.2", summary)
+    for name, summary in (
+        ("nat-advq", "natural canary; the canary's text asked --queries times"),
+        ("pois-advq", "mislabelled canary (poison); its text asked --queries times"),
+        ("pois-natq-confident", "poisoned copy of the most agreed natural query; N natural"),
+        ("pois-natq-unconfident", "poisoned copy of the least agreed natural query; N natural"),
+        ("pois-natq-all-same", "poison instructs one fixed answer; N natural queries"),
+        ("pois-natq-mapping", "poison gives a wrong label mapping; N natural queries"),
+    )
+}
 
 
 def attacks_for(mechanism: str) -> tuple[str, ...]:

@@ -109,7 +109,19 @@ __all__ = [
 CanaryKind = Literal["natural", "mislabeled", "random"]
 Setting = Literal["audit-template", "deployment"]
 ThreatModel = Literal["black-box", "white-box"]
-Attack = Literal["inquery", "brainwash", "repeat", "reference-vector"]
+Attack = Literal[
+    "inquery",
+    "brainwash",
+    "repeat",
+    "reference-vector",
+    # paper 003's adversaries (RDP audits of query sequences; dpicl_audit.mechanisms.voting_rdp)
+    "nat-advq",
+    "pois-advq",
+    "pois-natq-confident",
+    "pois-natq-unconfident",
+    "pois-natq-all-same",
+    "pois-natq-mapping",
+]
 Calibration = Literal["classic", "analytic"]
 MechanismName = Literal["voting", "esa", "dps-mozo"]
 EmbeddingSource = Literal["auto", "server", "local"]
@@ -341,6 +353,9 @@ class AuditPlan(BaseModel):
     threat_model: ThreatModel = "black-box"
     attack: Attack = "inquery"
     trials: int = Field(default=1000, ge=10, le=10_000_000, description="Per epsilon.")
+    queries: int = Field(
+        default=1, ge=1, le=10_000, description="Paper 003 adversaries: queries in the sequence."
+    )
     confidence: float = 0.95
     split: float = Field(
         default=0.5,

@@ -157,6 +157,19 @@ def print_results(results: Mapping[str, Any], console: Console | None = None) ->
                     f"[bold red]{s['setting']} {key.replace('_', '-')}: "
                     f"{est['verdict']['message']}[/bold red]"
                 )
+    for s in results["settings"]:
+        rdp = s.get("rdp")
+        if rdp:  # paper 003's RDP audit
+            eps = rdp.get("epsilons", {})
+            status = rdp.get("verdict", {}).get("status", "")
+            style = "bold red" if status in ("violation", "bug") else "green"
+            console.print(
+                f"{s['setting']} RDP over {rdp.get('queries')} queries, ε via Theorem 1 at "
+                f"δ={eps.get('delta')}: theory {_fmt(eps.get('theory'))}, exact "
+                f"{_fmt(eps.get('exact'))}, k-cut {_fmt(eps.get('k_cut'))}, 2-cut "
+                f"{_fmt(eps.get('two_cut'))} [{style}]{rdp.get('verdict', {}).get('message', '')}"
+                f"[/{style}]"
+            )
     console.print(
         f"{results.get('queries', 0)} queries, {results.get('llm_calls', 0)} LLM calls, "
         f"{_fmt(results.get('wall_time_s'), 1)} s wall time"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["STATUS_ORDER", "verdict", "worst_status"]
+__all__ = ["STATUS_ORDER", "rdp_verdict", "verdict", "worst_status"]
 
 _TOL = 1e-9
 #: Severity of a status, for the worst status of a run.
@@ -70,3 +70,48 @@ def worst_status(statuses: list[str]) -> str:
     """violation > bug > ok > error; "error" when there is nothing."""
     worst = max(statuses, key=lambda s: STATUS_ORDER.get(s, 0), default="")
     return worst or "error"
+
+
+def rdp_verdict(orders: Any, rdp: dict[str, Any]) -> dict[str, Any]:
+    """Verdict of a Renyi-DP audit (paper 003): ``violation`` when a composed lower bound
+    from the released labels (2-cut or k-cut) exceeds the Gaussian theory at some order,
+    ``bug`` when it exceeds the exact divergence of the clean histograms, else ``ok``."""
+    worst: tuple[float, str, float, float] | None = None
+    exact_hit: tuple[str, float, float, float] | None = None
+    theory, exact = rdp.get("theory"), rdp.get("exact")
+    for key in ("two_cut", "k_cut"):
+        lower = rdp.get(key)
+        if lower is None:
+            continue
+        for i, a in enumerate(orders):
+            lo = float(lower[i])
+            over = theory is not None and lo > float(theory[i]) * (1 + _TOL) + _TOL
+            if over and (worst is None or lo / float(theory[i]) > worst[0]):  # type: ignore[index]
+                worst = (lo / float(theory[i]), key, float(a), lo)  # type: ignore[index]
+            if exact is not None and lo > float(exact[i]) + 1e-6 and exact_hit is None:
+                exact_hit = (key, float(a), lo, float(exact[i]))
+    if worst is not None:
+        _, key, a, lo = worst
+        i = list(map(float, orders)).index(a)
+        return {
+            "status": "violation",
+            "violation": True,
+            "exceeds_exact": exact_hit is not None,
+            "message": f"PRIVACY VIOLATION: the {key} RDP audit proves D_{a:g} >= {lo:.4g} "
+            f"at its confidence, above the Gaussian theory {float(theory[i]):.4g}",  # type: ignore[index]
+        }
+    if exact_hit is not None:
+        key, a, lo, ex = exact_hit
+        return {
+            "status": "bug",
+            "violation": False,
+            "exceeds_exact": True,
+            "message": f"the {key} RDP audit D_{a:g} >= {lo:.4g} exceeds the exact divergence "
+            f"{ex:.4g} of the clean histograms: the server or the auditor has a bug",
+        }
+    return {
+        "status": "ok",
+        "violation": False,
+        "exceeds_exact": False if exact is not None else None,
+        "message": "the RDP audit stays below the Gaussian theory",
+    }

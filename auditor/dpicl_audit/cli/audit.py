@@ -127,6 +127,16 @@ def audit_command(kind: str) -> Callable[..., None]:
         mechanism: Annotated[
             str | None, typer.Option(help=_h("mechanism.name", " | ".join(MECHANISMS)))
         ] = None,
+        adversary: Annotated[
+            str | None,
+            typer.Option(
+                help="Paper 003 adversary (sets --attack): nat-advq | pois-advq | "
+                "pois-natq-{confident,unconfident,all-same,mapping}. (default: none)"
+            ),
+        ] = None,
+        queries: Annotated[
+            int | None, typer.Option(help=_h("queries", "Paper 003: queries in the sequence."))
+        ] = None,
         sensitivity: Annotated[
             str | None, typer.Option(help=_h("mechanism.sensitivity", "ESA: tight | original"))
         ] = None,
@@ -275,7 +285,8 @@ def audit_command(kind: str) -> Callable[..., None]:
             "generation.embedder": embedder,
             "setting": setting,
             "threat_model": threat_model,
-            "attack": attack,
+            "attack": adversary or attack,
+            "queries": queries,
             "trials": trials,
             "confidence": confidence,
             "seed": seed,

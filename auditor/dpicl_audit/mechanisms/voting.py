@@ -55,6 +55,7 @@ from dpicl_audit.mechanisms.neighbours import (
     random_canary_text,
 )
 from dpicl_audit.mechanisms.voting_bootstrap import estimate_voting_bootstrap
+from dpicl_audit.mechanisms.voting_rdp import RDP_ATTACKS, RdpDesign, build_rdp_design, rdp_trial
 from dpicl_audit.plan import Attack, AuditPlan, CanaryKind
 from dpicl_audit.prompts import (
     AUDIT_NEGATIVE,
@@ -235,10 +236,24 @@ class VotingAudit(GaussianMechanismAudit):
     design_type = AuditDesign
     clean_name = "clean votes"
 
-    def build_design(self, plan: AuditPlan, dataset: LabelledDataset) -> AuditDesign:
+    def build_design(self, plan: AuditPlan, dataset: LabelledDataset) -> AuditDesign | RdpDesign:
+        if plan.attack in RDP_ATTACKS:  # paper 003's adversaries: query sequences
+            return build_rdp_design(plan, dataset)
         return build_design(plan, dataset)
 
-    def summary(self, design: AuditDesign) -> dict[str, Any]:
+    def load_design(self, data: Mapping[str, Any]) -> AuditDesign | RdpDesign:
+        if data.get("design_kind") == "rdp":
+            return RdpDesign.from_json(data)
+        return AuditDesign.from_json(data)
+
+    def summary(self, design: AuditDesign | RdpDesign) -> dict[str, Any]:
+        if isinstance(design, RdpDesign):
+            return self.neighbour_summary(design) | {
+                "labels": list(design.labels),
+                "poison_label": design.poison_label,
+                "queries": len(design.queries),
+                "distinct_queries": len(set(design.queries)),
+            }
         return self.neighbour_summary(design) | {
             "labels": list(design.labels),
             "positive": design.positive,
@@ -247,7 +262,13 @@ class VotingAudit(GaussianMechanismAudit):
         }
 
     def context_body(
-        self, design: AuditDesign, plan: AuditPlan, epsilon: float, world: int, *, name: str
+        self,
+        design: AuditDesign | RdpDesign,
+        plan: AuditPlan,
+        epsilon: float,
+        world: int,
+        *,
+        name: str,
     ) -> dict[str, Any]:
         body = self.base_body(design, plan, epsilon, world, name=name)
         body["labels"] = list(design.labels)
@@ -256,8 +277,10 @@ class VotingAudit(GaussianMechanismAudit):
         return body
 
     async def trial(
-        self, target: AuditTarget, design: AuditDesign, plan: AuditPlan, at: TrialAt
+        self, target: AuditTarget, design: AuditDesign | RdpDesign, plan: AuditPlan, at: TrialAt
     ) -> TrialRecord:
+        if isinstance(design, RdpDesign):
+            return await rdp_trial(target, design, at)
         out, latency = await ask(target, at, design.query)
         label = str(out["label"])
         observation: dict[str, Any] = {"label": label}
@@ -280,7 +303,7 @@ class VotingAudit(GaussianMechanismAudit):
     def setting_meta(
         self,
         plan: AuditPlan,
-        design: AuditDesign,
+        design: AuditDesign | RdpDesign,
         epsilon: float,
         contexts: Mapping[tuple[str, int], ContextRecord],
     ) -> dict[str, Any]:
@@ -294,13 +317,28 @@ class VotingAudit(GaussianMechanismAudit):
     def estimate(
         self,
         plan: AuditPlan,
-        design: AuditDesign,
+        design: AuditDesign | RdpDesign,
         k: int,
         rows: Sequence[TrialRecord],
         meta: dict[str, Any],
         *,
         bootstrap: bool,
     ) -> dict[str, Any]:
+        if isinstance(design, RdpDesign):
+            from dpicl_audit.mechanisms.voting_rdp_estimates import estimate_rdp
+
+            if bootstrap:
+                raise InvalidPlan("paper 003's adversaries are audited with `run`, not bootstrap")
+            n1 = sum(1 for r in rows if r.world == 1)
+            return dict(meta) | {
+                "trials": len(rows),
+                "n_with": n1,
+                "n_without": len(rows) - n1,
+                "llm_calls": len(rows) * self.calls_per_query(plan),
+                "black_box": None,
+                "white_box": None,
+                "rdp": estimate_rdp(plan, design, rows, meta),
+            }
         if bootstrap:
             return estimate_voting_bootstrap(plan, design, k, rows, meta)
         return estimate_trials(plan, k, rows, meta, calls_per_query=self.calls_per_query(plan))

@@ -203,4 +203,9 @@ def report_rows(runs: Sequence[RunData]) -> list[ReportRow]:
                         design=design,
                     )
                 )
+            if s.get("rdp"):  # paper 003's RDP audit of the setting: its own row
+                from dpicl_audit.report.rdp import rdp_row
+
+                wall = _setting_wall_time(rd.trials.get(s["setting"], []))
+                rows.append(rdp_row(rd, s, conf=conf, method=method, wall_time_s=wall))
     return rows
