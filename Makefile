@@ -48,6 +48,7 @@ demo: install
 bench: install
 	$(BIN)/python bench/voting.py
 	$(BIN)/python bench/audit.py
+	$(BIN)/python bench/requests.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
