@@ -70,6 +70,7 @@ demo: install
 bench: install
 	$(BIN)/python bench/voting.py
 	$(BIN)/python bench/audit.py
+	$(BIN)/python bench/requests.py
 
 clean:
 	rm -rf $(VENV) $(VVENV) .mypy_cache .ruff_cache .pytest_cache

@@ -56,6 +56,11 @@ class Settings(BaseSettings):
     # from the engine's, so a stuck database cannot starve other requests.
     db_timeout_s: float = Field(default=5.0, gt=0, le=300)
     db_threads: int = Field(default=8, ge=1, le=64)
+    # Lean request path (issue 13): contexts' immutable fields cached per process (the
+    # ledger is always the database's), and SQLite writes of this process taken one at a
+    # time (two charges never meet in SQLite's sleeping busy handler; off only to compare).
+    context_cache_mb: int = Field(default=64, ge=0, le=65_536)
+    db_serialize_sqlite_writes: bool = True
     log_level: str = "info"
     # The vLLM engine (DPICL_ENGINE=vllm; engines/vllm.py). None: vLLM's platform default.
     vllm_block_size: int = Field(default=32, gt=0, description="Prefix-cache block (tokens).")

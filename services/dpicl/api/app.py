@@ -3,6 +3,7 @@ and the ledger once; white-box routes are registered only when the operator opts
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -71,8 +72,11 @@ def build_app(
             rtol=MU2_RTOL,
             timeout_s=settings.db_timeout_s,
             threads=settings.db_threads,
+            cache_bytes=settings.context_cache_mb * 2**20,
+            serialize_sqlite_writes=settings.db_serialize_sqlite_writes,
         )
-        repo.migrate()
+        # Off the event loop, like every other database call (it may wait for a lock).
+        await asyncio.to_thread(repo.migrate)
         eng = engine
         if eng is None:
             from dpicl.engines.factory import build_engine

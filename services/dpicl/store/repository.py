@@ -9,6 +9,14 @@ parameters (``hide_parameters=True``): they hold private exemplars.
 Charging is a single conditional UPDATE, which both SQLite (a database-wide write lock)
 and PostgreSQL (a row lock, re-evaluating the WHERE clause after it) execute atomically:
 concurrent charges from any number of processes can never overspend.
+
+The request path is lean (issue 13): the charge is one prebuilt statement with bound
+parameters (built once, compiled once by SQLAlchemy's cache), run on a Core connection,
+and returns the ledger after the charge; a query takes the context's immutable fields
+from an in-process cache (:mod:`dpicl.store.context_cache`), so a steady-state answer
+costs one database round trip. On SQLite this process's writes take a lock per database
+file first: two of its charges then never meet in SQLite's busy handler, whose sleeps
+(up to 100 ms) made the tail latency.
 """
 
 from __future__ import annotations
@@ -18,15 +26,21 @@ import logging
 import math
 import re
 import secrets
+import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from sqlalchemy import (
+    Connection,
     Engine,
+    Float,
+    Table,
+    bindparam,
     case,
     create_engine,
     delete,
@@ -40,6 +54,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from dpicl.errors import StorageUnavailable
+from dpicl.store.context_cache import ContextCache
 from dpicl.store.models import ContextRow
 
 log = logging.getLogger("dpicl.store")
@@ -155,16 +170,70 @@ def is_context_id(value: str) -> bool:
     return _CONTEXT_ID.fullmatch(value) is not None
 
 
+_ROWS = cast(Table, ContextRow.__table__)
+_MU2 = bindparam("mu2", type_=Float)
+
+#: The charge, built once: bound parameters only, so every request reuses one compiled
+#: statement. Both conditions and the increment are one UPDATE of one row (atomic; see the
+#: module docstring); ``slack`` is 1 + the relative tolerance of the budget's mu^2.
+CHARGE = (
+    update(_ROWS)
+    .where(
+        _ROWS.c.id == bindparam("cid"),
+        _ROWS.c.mu2_max.is_(None)
+        | (_ROWS.c.mu2_spent + _MU2 <= _ROWS.c.mu2_max * bindparam("slack", type_=Float)),
+        _ROWS.c.max_queries.is_(None) | (_ROWS.c.queries < _ROWS.c.max_queries),
+    )
+    .values(mu2_spent=_ROWS.c.mu2_spent + _MU2, queries=_ROWS.c.queries + 1)
+    .returning(_ROWS.c.mu2_spent, _ROWS.c.queries)
+)
+
+#: Undo a charge whose answer was never released, never below zero.
+REFUND = (
+    update(_ROWS)
+    .where(_ROWS.c.id == bindparam("cid"))
+    .values(
+        mu2_spent=case((_ROWS.c.mu2_spent > _MU2, _ROWS.c.mu2_spent - _MU2), else_=0.0),
+        queries=case((_ROWS.c.queries > 0, _ROWS.c.queries - 1), else_=0),
+    )
+)
+
+# One lock per SQLite file, shared by every repository of this process on that file.
+_SQLITE_WRITE_LOCKS: dict[str, threading.Lock] = {}
+_SQLITE_WRITE_LOCKS_GUARD = threading.Lock()
+
+
+def sqlite_write_lock(url: str) -> threading.Lock | None:
+    """This process's write lock of a SQLite database (None for other back ends and for
+    in-memory databases, which no other connection shares)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    key = str(Path(parsed.database).expanduser().resolve())
+    with _SQLITE_WRITE_LOCKS_GUARD:
+        return _SQLITE_WRITE_LOCKS.setdefault(key, threading.Lock())
+
+
 class ContextRepository:
     """Contexts and the ledger columns, with atomic charge and refund."""
 
     def __init__(
-        self, url: str, *, rtol: float = 0.0, timeout_s: float = 30.0, threads: int = 8
+        self,
+        url: str,
+        *,
+        rtol: float = 0.0,
+        timeout_s: float = 30.0,
+        threads: int = 8,
+        cache_bytes: int = 64 * 2**20,
+        serialize_sqlite_writes: bool = True,
     ) -> None:
         self.url = url
         self.engine = make_engine(url, timeout_s=timeout_s)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._rtol = rtol
+        self._timeout_s = timeout_s
+        self._write_lock = sqlite_write_lock(url) if serialize_sqlite_writes else None
+        self.cache = ContextCache(cache_bytes)
         # Separate pools: writers queued behind a held SQLite write lock cannot delay reads.
         self._reads = ThreadPoolExecutor(threads, thread_name_prefix="dpicl-db-read")
         self._writes = ThreadPoolExecutor(threads, thread_name_prefix="dpicl-db-write")
@@ -192,10 +261,37 @@ class ContextRepository:
 
         await self._run(fn)
 
-    def _call(self, fn: Callable[[Session], T]) -> T:
-        try:
+    def _call(self, fn: Callable[[Session], T], write: bool = False) -> T:
+        def in_session() -> T:
             with self._sessions.begin() as session:
                 return fn(session)
+
+        return self._guarded(in_session, write)
+
+    def _call_core(self, fn: Callable[[Connection], T], write: bool) -> T:
+        def in_transaction() -> T:
+            with self.engine.begin() as conn:
+                return fn(conn)
+
+        return self._guarded(in_transaction, write)
+
+    def _guarded(self, work: Callable[[], T], write: bool) -> T:
+        lock = self._write_lock if write else None
+        try:
+            if lock is None:
+                return work()
+            # Bounded like every other wait for the database (DPICL_DB_TIMEOUT_S).
+            t0 = time.monotonic()
+            if not lock.acquire(timeout=self._timeout_s):
+                log.warning("database error: this process's SQLite write queue timed out")
+                raise StorageUnavailable(
+                    f"the database stayed busy for {time.monotonic() - t0:.1f} s; nothing "
+                    "was changed or charged, retry later"
+                )
+            try:
+                return work()
+            finally:
+                lock.release()
         except SQLAlchemyError as exc:
             log.warning("database error: %s", describe_db_error(exc))
             raise StorageUnavailable(
@@ -204,7 +300,11 @@ class ContextRepository:
 
     async def _run(self, fn: Callable[[Session], T], *, write: bool = False) -> T:
         pool = self._writes if write else self._reads
-        return await asyncio.get_running_loop().run_in_executor(pool, self._call, fn)
+        return await asyncio.get_running_loop().run_in_executor(pool, self._call, fn, write)
+
+    async def _run_core(self, fn: Callable[[Connection], T], *, write: bool = False) -> T:
+        pool = self._writes if write else self._reads
+        return await asyncio.get_running_loop().run_in_executor(pool, self._call_core, fn, write)
 
     async def add(self, row: ContextRow) -> StoredContext:
         def fn(s: Session) -> StoredContext:
@@ -215,11 +315,27 @@ class ContextRepository:
         return await self._run(fn, write=True)
 
     async def get(self, context_id: str) -> StoredContext | None:
+        """The context as stored now (fresh ledger columns); refreshes the cache."""
+
         def fn(s: Session) -> StoredContext | None:
             row = s.get(ContextRow, context_id)
             return StoredContext.from_row(row) if row is not None else None
 
-        return await self._run(fn)
+        ctx = await self._run(fn)
+        if ctx is None:
+            self.cache.evict(context_id)
+        else:
+            self.cache.put(ctx)
+        return ctx
+
+    async def get_for_query(self, context_id: str) -> StoredContext | None:
+        """The context a query is about to be charged to: from the cache when it is there.
+
+        Its ledger columns may be stale; only the charge's result may be shown. A context
+        deleted meanwhile is refused by the charge itself (no row to update).
+        """
+        ctx = self.cache.get(context_id)
+        return ctx if ctx is not None else await self.get(context_id)
 
     async def list(self) -> list[StoredContext]:
         def fn(s: Session) -> list[StoredContext]:
@@ -233,6 +349,7 @@ class ContextRepository:
             res = s.execute(delete(ContextRow).where(ContextRow.id == context_id))
             return bool(getattr(res, "rowcount", 0))
 
+        self.cache.evict(context_id)
         return await self._run(fn, write=True)
 
     async def try_charge(self, context_id: str, mu2: float) -> tuple[float, int] | None:
@@ -241,36 +358,18 @@ class ContextRepository:
         Returns the ledger after the charge, ``(mu2_spent, queries)``, or None when nothing
         was charged (the budget is exhausted or the context is gone).
         """
-        c = ContextRow
-        fits_mu2 = (c.mu2_max.is_(None)) | (c.mu2_spent + mu2 <= c.mu2_max * (1.0 + self._rtol))
-        fits_queries = (c.max_queries.is_(None)) | (c.queries < c.max_queries)
-        stmt = (
-            update(c)
-            .where(c.id == context_id, fits_mu2, fits_queries)
-            .values(mu2_spent=c.mu2_spent + mu2, queries=c.queries + 1)
-            .returning(c.mu2_spent, c.queries)
-            .execution_options(synchronize_session=False)
-        )
+        params = {"cid": context_id, "mu2": mu2, "slack": 1.0 + self._rtol}
 
-        def fn(s: Session) -> tuple[float, int] | None:
-            row = s.execute(stmt).first()
+        def fn(conn: Connection) -> tuple[float, int] | None:
+            row = conn.execute(CHARGE, params).first()
             return (float(row[0]), int(row[1])) if row is not None else None
 
-        return await self._run(fn, write=True)
+        return await self._run_core(fn, write=True)
 
     async def refund(self, context_id: str, mu2: float) -> None:
         """Undo a charge whose answer was never released (the engine failed)."""
-        c = ContextRow
-        stmt = (
-            update(c)
-            .where(c.id == context_id)
-            .values(
-                mu2_spent=case((c.mu2_spent > mu2, c.mu2_spent - mu2), else_=0.0),
-                queries=case((c.queries > 0, c.queries - 1), else_=0),
-            )
-            .execution_options(synchronize_session=False)
-        )
-        await self._run(lambda s: s.execute(stmt), write=True)
+        params = {"cid": context_id, "mu2": mu2}
+        await self._run_core(lambda conn: conn.execute(REFUND, params), write=True)
 
     def dispose(self) -> None:
         self._reads.shutdown(wait=False, cancel_futures=True)

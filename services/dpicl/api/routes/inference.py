@@ -30,7 +30,7 @@ router = APIRouter(prefix="/v1", tags=["inference"], responses=ERRORS)
 async def context_for(
     context_id: str, svc: Services, mechanisms: tuple[str, ...], path: str
 ) -> StoredContext:
-    ctx = await load_context(context_id, svc)
+    ctx = await load_context(context_id, svc, for_query=True)
     name = ctx.mechanism.get("name")
     if name not in mechanisms:
         raise InvalidRequest(

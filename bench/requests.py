@@ -1,0 +1,318 @@
+"""Request-path benchmark (issue 13, item 2): oracle-engine requests per second and server
+CPU per request, the code before the lean path against this checkout, side by side in one
+run; and SQLite's p99 latency with this process's charges serialised against without.
+
+What it compares (A/B of real server processes on the oracle simulator, each with its
+own fresh SQLite file, loaded in turn by the same client):
+
+* ``before``: the server at ``--baseline`` (a git revision, extracted with ``git archive``;
+  default: the commit before the lean path), run by plain uvicorn (asyncio loop, h11), as
+  it was installed before ``uvicorn[standard]``;
+* ``lean``: this checkout, uvicorn with uvloop and httptools (``uvicorn[standard]``);
+* ``lean, unserialised``: this checkout with ``DPICL_DB_SERIALIZE_SQLITE_WRITES=false``,
+  for the p99 comparison only.
+
+Rounds are interleaved (before, lean, unserialised, before, ...) and medians reported, so a
+noisy shared machine loads every variant alike. The client is a minimal keep-alive
+HTTP/1.1 client over asyncio streams (much cheaper than httpx), so the servers, not the
+client, are what is measured. CPU per request is the server process's user+system time
+(from /proc) over the round, divided by the requests it answered. A 503
+``storage_unavailable`` (a charge that waited out SQLite's busy timeout) is counted and
+reported, not hidden: it is what unserialised charges do under load.
+
+    .venv/bin/python bench/requests.py [--quick] [--baseline REV] [--concurrency 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from io import BytesIO
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+#: The merge commit just before the lean request path (issue 13, item 2).
+DEFAULT_BASELINE = "d64a03c"
+ADMIN = "bench-admin"
+USER = "bench-user"
+TICK = os.sysconf("SC_CLK_TCK")
+
+SERVE = """
+import sys, uvicorn
+from dpicl.api.app import build_app
+from dpicl.config import Settings
+port, loop, http = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+uvicorn.run(build_app(Settings()), host="127.0.0.1", port=port, loop=loop, http=http,
+            log_level="warning", access_log=False)
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def extract(rev: str, into: Path) -> Path:
+    """``services/`` of git revision ``rev`` under ``into``; returns the import root."""
+    tar = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", rev, "services/dpicl"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    with tarfile.open(fileobj=BytesIO(tar)) as t:
+        t.extractall(into, filter="data")
+    return into / "services"
+
+
+@dataclass
+class Server:
+    name: str
+    proc: subprocess.Popen[bytes]
+    port: int
+
+    def cpu_s(self) -> float:
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def start(name: str, pythonpath: Path, workdir: Path, loop: str, http: str, **env: str) -> Server:
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    full_env = os.environ | {
+        "PYTHONPATH": str(pythonpath),
+        "DPICL_ENGINE": "oracle",
+        "DPICL_DATABASE_URL": f"sqlite:///{workdir / 'bench.db'}",
+        "DPICL_ADMIN_TOKEN": ADMIN,
+        "DPICL_API_KEYS": USER,
+        "DPICL_LOG_LEVEL": "warning",
+        "HF_HUB_OFFLINE": "1",
+    }
+    full_env |= env
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVE, str(port), loop, http],
+        env=full_env,
+        cwd=workdir,
+        stdout=(workdir / "server.log").open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    return Server(name, proc, port)
+
+
+async def send(
+    port: int, method: str, path: str, token: str, body: object | None = None
+) -> tuple[int, bytes]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(http_request(method, path, token, body))
+        await writer.drain()
+        return await read_response(reader)
+    finally:
+        writer.close()
+
+
+def http_request(method: str, path: str, token: str, body: object | None) -> bytes:
+    data = json.dumps(body).encode() if body is not None else b""
+    head = (
+        f"{method} {path} HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer {token}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+    )
+    return head.encode() + data
+
+
+async def read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    length = 0
+    for line in lines[1:]:
+        if line.lower().startswith("content-length:"):
+            length = int(line.split(":", 1)[1])
+    return status, await reader.readexactly(length)
+
+
+async def wait_ready(server: Server, within_s: float = 120.0) -> None:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"server {server.name} exited early; see its server.log")
+        try:
+            status, _ = await send(server.port, "GET", "/readyz", ADMIN)
+            if status == 200:
+                return
+        except OSError:
+            pass
+        await asyncio.sleep(0.2)
+    raise RuntimeError(f"server {server.name} did not become ready")
+
+
+CONTEXT = {
+    "task": "classification",
+    "labels": ["Yes", "No"],
+    "exemplars": [
+        {"input": f"exemplar number {i} about topic {i % 7}", "output": "Yes" if i % 2 else "No"}
+        for i in range(16)
+    ],
+    # A large budget at a small per-answer epsilon: every benchmark query is charged (the
+    # full conditional UPDATE), none is refused.
+    "mechanism": {"name": "voting", "epsilon": 0.1, "delta": 1e-6, "partitions": 4},
+    "budget": {"epsilon": 1000.0, "delta": 1e-5},
+}
+
+
+async def create_context(server: Server) -> str:
+    status, body = await send(server.port, "POST", "/v1/contexts", ADMIN, CONTEXT)
+    if status != 201:
+        raise RuntimeError(f"{server.name}: creating the context answered {status}: {body!r}")
+    return str(json.loads(body)["id"])
+
+
+@dataclass
+class Round:
+    rps: float
+    cpu_ms: float
+    p50_ms: float
+    p99_ms: float
+    busy: int = 0  # 503 storage_unavailable answers (a charge's busy timeout ran out)
+
+
+async def load(server: Server, cid: str, n: int, concurrency: int) -> Round:
+    """``n`` classify requests over ``concurrency`` keep-alive connections."""
+    payloads = [
+        http_request("POST", "/v1/classify", USER, {"context_id": cid, "query": f"question {i}"})
+        for i in range(n)
+    ]
+    latencies: list[float] = []
+    next_i = 0
+    busy = 0
+
+    async def worker() -> None:
+        nonlocal next_i, busy
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        try:
+            while next_i < n:
+                i = next_i
+                next_i += 1
+                t0 = time.perf_counter()
+                writer.write(payloads[i])
+                status, body = await read_response(reader)
+                latencies.append(time.perf_counter() - t0)
+                if status == 503:  # storage_unavailable: the busy timeout ran out
+                    busy += 1
+                elif status != 200:
+                    raise RuntimeError(f"{server.name} answered {status}: {body[:300]!r}")
+        finally:
+            writer.close()
+
+    cpu0 = server.cpu_s()
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    wall = time.perf_counter() - t0
+    cpu = server.cpu_s() - cpu0
+    latencies.sort()
+    return Round(
+        rps=n / wall,
+        cpu_ms=1000 * cpu / n,
+        p50_ms=1000 * latencies[len(latencies) // 2],
+        p99_ms=1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
+        busy=busy,
+    )
+
+
+def median_round(rounds: list[Round]) -> Round:
+    return Round(
+        rps=statistics.median(r.rps for r in rounds),
+        cpu_ms=statistics.median(r.cpu_ms for r in rounds),
+        p50_ms=statistics.median(r.p50_ms for r in rounds),
+        p99_ms=statistics.median(r.p99_ms for r in rounds),
+        busy=sum(r.busy for r in rounds),
+    )
+
+
+async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Round]:
+    base_path = extract(args.baseline, tmp / "baseline")
+    here = ROOT / "services"
+    servers = [
+        start("before", base_path, tmp / "before", "asyncio", "h11"),
+        start("lean", here, tmp / "lean", "auto", "auto"),
+        start(
+            "lean, unserialised",
+            here,
+            tmp / "unserialised",
+            "auto",
+            "auto",
+            DPICL_DB_SERIALIZE_SQLITE_WRITES="false",
+        ),
+    ]
+    try:
+        for s in servers:
+            await wait_ready(s)
+        cids = {s.name: await create_context(s) for s in servers}
+        for s in servers:  # warm-up: imports, first charge, caches
+            await load(s, cids[s.name], max(50, args.requests // 10), args.concurrency)
+        rounds: dict[str, list[Round]] = {s.name: [] for s in servers}
+        for r in range(args.rounds):
+            for s in servers:
+                res = await load(s, cids[s.name], args.requests, args.concurrency)
+                rounds[s.name].append(res)
+                print(
+                    f"  round {r + 1} {s.name:>20}: {res.rps:7.0f} req/s  "
+                    f"{res.cpu_ms:5.2f} ms CPU/req  p50 {res.p50_ms:6.1f} ms  "
+                    f"p99 {res.p99_ms:6.1f} ms  503s {res.busy}",
+                    flush=True,
+                )
+        return {name: median_round(rs) for name, rs in rounds.items()}
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="a few hundred requests (tests)")
+    p.add_argument("--baseline", default=DEFAULT_BASELINE, help="git revision of 'before'")
+    p.add_argument("--requests", type=int, default=3000, help="requests per round")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--concurrency", type=int, default=16)
+    args = p.parse_args()
+    if args.quick:
+        args.requests, args.rounds, args.concurrency = 200, 1, 4
+    print(
+        f"oracle /v1/classify on SQLite, T=4, {args.requests} requests x {args.rounds} "
+        f"interleaved rounds, {args.concurrency} keep-alive connections; before = "
+        f"{args.baseline} on asyncio/h11, lean = this checkout on uvloop/httptools",
+        flush=True,
+    )
+    with tempfile.TemporaryDirectory(prefix="dpicl-bench-req-") as tmp:
+        res = asyncio.run(run(args, Path(tmp)))
+    before, lean, unser = res["before"], res["lean"], res["lean, unserialised"]
+    print("\nmedians:")
+    for name, r in res.items():
+        print(
+            f"  {name:>20}: {r.rps:7.0f} req/s  {r.cpu_ms:5.2f} ms CPU/req  "
+            f"p50 {r.p50_ms:6.1f} ms  p99 {r.p99_ms:6.1f} ms  503s (all rounds) {r.busy}"
+        )
+    print(f"\nrequests/s, lean / before:              x{lean.rps / before.rps:.2f}")
+    print(f"server CPU per request, before / lean:  x{before.cpu_ms / lean.cpu_ms:.2f}")
+    print(f"SQLite p99, unserialised / serialised:   x{unser.p99_ms / lean.p99_ms:.2f}")
+
+
+if __name__ == "__main__":
+    main()
