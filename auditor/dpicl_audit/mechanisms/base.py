@@ -33,7 +33,7 @@ from dpicl_audit.errors import InvalidAuditInput, TargetProtocolError
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.schedule import STREAM_SPLIT
 from dpicl_audit.store import ContextRecord, TrialRecord
-from dpicl_audit.verdicts import verdict
+from dpicl_audit.verdicts import gaussian_verdict
 
 __all__ = [
     "Design",
@@ -42,6 +42,7 @@ __all__ = [
     "ask",
     "estimate_trials",
     "exemplar_dicts",
+    "figure_fields",
     "needs_internal",
     "sigma_of",
     "with_verdict",
@@ -256,9 +257,7 @@ def sigma_of(info: Mapping[str, Any]) -> float:
 
 def with_verdict(est: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
     """The estimate with its verdict against the setting's claims."""
-    est["verdict"] = verdict(
-        float(est["epsilon_lower"]), float(meta["epsilon_theory"]), meta.get("epsilon_exact")
-    )
+    est["verdict"] = gaussian_verdict(est, meta)
     return est
 
 
@@ -275,7 +274,12 @@ def estimate_trials(
     """Per-epsilon estimates of a real-query run: black-box from the logged decisions,
     white-box from the logged scores (positive above the threshold, or below it), the
     threshold chosen on a seeded held-out split (DESIGN.md section 5)."""
-    from dpicl_audit.estimators import estimate_from_counts, split_threshold_estimate
+    from dpicl_audit.estimators import estimate_from_counts
+    from dpicl_audit.estimators.whitebox import (
+        CLASSICAL_LABEL,
+        GAUSSIAN_LABEL,
+        audit_figures,
+    )
 
     out = dict(meta)
     worlds = np.array([r.world for r in rows], dtype=np.int64)
@@ -293,6 +297,7 @@ def estimate_trials(
         bb = estimate_from_counts(
             tp, n1 - tp, fp, n0 - fp, delta=plan.mechanism.delta, confidence=plan.confidence
         ).to_dict()
+        bb |= {"gdp_label": GAUSSIAN_LABEL, "classical_label": CLASSICAL_LABEL}
         out["black_box"] = finish(bb, meta)
     except InvalidAuditInput as exc:
         out["black_box"] = {"error": str(exc)}
@@ -300,20 +305,41 @@ def estimate_trials(
     scores = [r.score for r in rows]
     if plan.threat_model == "white-box" and rows and all(s is not None for s in scores):
         arr = np.array(scores, dtype=np.float64)
+        w1, w0 = worlds == 1, worlds == 0
         try:
-            wb = split_threshold_estimate(
-                arr[worlds == 1],
-                arr[worlds == 0],
+            # Never weaker than black-box: the black-box rule is one pre-registered candidate
+            # (estimators.whitebox); each figure gets its own threshold.
+            figs = audit_figures(
+                arr[w1],
+                arr[w0],
                 rng=np.random.default_rng([plan.seed, STREAM_SPLIT, k]),
-                fraction=plan.split,
-                confidence=plan.confidence,
                 delta=plan.mechanism.delta,
+                confidence=plan.confidence,
+                black_box_pos=decisions[w1].astype(bool),
+                black_box_neg=decisions[w0].astype(bool),
+                fraction=plan.split,
                 positive_when=positive_when,
-            ).to_dict()
+            )
+            wb = figs.gdp.to_dict()
+            wb |= figure_fields(figs)
             out["white_box"] = finish(wb, meta)
         except InvalidAuditInput as exc:
             out["white_box"] = {"error": str(exc)}
     return out
+
+
+def figure_fields(figs: Any) -> dict[str, Any]:
+    """Both figures' headline fields of an :class:`~dpicl_audit.estimators.whitebox.
+    AuditFigures`: the classical bound with its own threshold, and the labels."""
+    from dpicl_audit.estimators.whitebox import CLASSICAL_LABEL, GAUSSIAN_LABEL
+
+    classical = figs.classical
+    return {
+        "epsilon_lower_classic": figs.epsilon_classical,
+        "classical_threshold": getattr(classical, "threshold", None),
+        "gdp_label": GAUSSIAN_LABEL,
+        "classical_label": CLASSICAL_LABEL,
+    }
 
 
 def gaussian_setting_meta(

@@ -55,19 +55,28 @@ from dpicl_audit.mechanisms.neighbours import (
     random_canary_text,
 )
 from dpicl_audit.mechanisms.voting_bootstrap import estimate_voting_bootstrap
-from dpicl_audit.plan import Attack, AuditPlan, CanaryKind
+from dpicl_audit.plan import Attack, AuditPlan, CanaryKind, VotingDesign
 from dpicl_audit.prompts import (
     AUDIT_NEGATIVE,
     AUDIT_POSITIVE,
     AUDIT_TEMPLATE,
     CLASSIFY_TEMPLATE,
+    MINIMAL_TEMPLATE,
     audit_query,
     brainwash_query,
     deployment_query,
 )
 from dpicl_audit.store import ContextRecord, TrialRecord
 
-__all__ = ["AuditDesign", "VotingAudit", "build_design", "context_body"]
+__all__ = [
+    "AuditDesign",
+    "VotingAudit",
+    "build_design",
+    "build_pinned_design",
+    "context_body",
+    "design_votes",
+    "resolve_design",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +96,7 @@ class AuditDesign(NeighbourPair):
     positive: str  # the answer that means "canary present"
     negative: str | None  # the other answer (inquery); None: every other label (brainwash)
     wrong_label: str | None = None  # brainwash: the label injected with the canary
+    layout: str = "paper"  # "paper", "pivotal" or "identical" (docs/auditing.md, "Designs")
 
     def decide_label(self, label: str) -> int:
         """Black-box rule: 1 ("present") when the released label is the positive answer."""
@@ -120,8 +130,27 @@ class AuditDesign(NeighbourPair):
         return cls(**d)
 
 
+def resolve_design(plan: AuditPlan, *, simulator: bool | None) -> VotingDesign:
+    """The design ``auto`` stands for: pivotal on a simulator, identical-text on a real
+    engine (``simulator`` False or unknown), paper's for attacks and settings the pinned
+    designs do not cover."""
+    if plan.design != "auto":
+        return plan.design
+    if plan.mechanism.name != "voting" or plan.attack != "inquery":
+        return "paper"
+    if plan.setting != "audit-template":
+        return "paper"
+    return "pivotal" if simulator else "identical"
+
+
 def build_design(plan: AuditPlan, dataset: LabelledDataset) -> AuditDesign:
-    """Draw the canary, the replacement, the other exemplars, the position and the seed."""
+    """Draw the canary, the replacement, the other exemplars, the position and the seed.
+
+    ``plan.design`` must be resolved (:func:`resolve_design`); ``auto`` builds the pivotal
+    design (what a simulator gets)."""
+    layout = resolve_design(plan, simulator=True)
+    if layout != "paper":
+        return build_pinned_design(plan, dataset, layout)
     rng = np.random.default_rng([plan.seed, STREAM_DESIGN])
     k = plan.mechanism.n_exemplars
     data_labels = dataset.labels
@@ -211,6 +240,97 @@ def build_design(plan: AuditPlan, dataset: LabelledDataset) -> AuditDesign:
     )
 
 
+def build_pinned_design(
+    plan: AuditPlan, dataset: LabelledDataset, layout: VotingDesign
+) -> AuditDesign:
+    """A pivotal canary: one exemplar per partition, the other ``T - 1`` partitions pinned
+    (the same in both worlds) so that the canary's partition decides the released label
+    (:func:`~dpicl_audit.estimators.label_release.pivotal_design`: C1 = [m+1, m] against
+    C0 = [m, m+1] for odd T; for even T the clean tie [m, m] is C0's).
+
+    * ``pivotal`` (Prompt 1, "is this text present?"): a partition votes "Yes" when it holds
+      the queried text x; the pinned "Yes" partitions hold a copy of x, the pinned "No" ones
+      other texts; the canary partition holds x in C1 and a replacement text in C0.
+    * ``identical``: every partition holds the same text x (made-up words), labels are two
+      made-up words A/B, the template is minimal and the query is x; the canary partition
+      holds (x, A) in C1 and (x, B) in C0, the pinned ones (x, A) or (x, B). A model that
+      copies the label of an identical demonstration votes its partition's label.
+
+    Replace-one adjacency holds at the canary's position: C1 and C0 differ there only.
+    """
+    from dpicl_audit.estimators.label_release import pivotal_design
+
+    rng = np.random.default_rng([plan.seed, STREAM_DESIGN, 1 if layout == "pivotal" else 2])
+    t = plan.mechanism.partitions
+    if t < 2:
+        raise InvalidPlan(f"the {layout} design needs at least 2 partitions, got {t}")
+    pinned = pivotal_design(t).other_labels  # label index per other partition: 0 = A, 1 = B
+    position, partition_seed = neighbour_slot(plan, rng, t)
+    if position >= t:
+        raise InvalidPlan(
+            f"neighbour.position {position} is outside the {layout} design's {t} exemplars "
+            "(one per partition)"
+        )
+    order = rng.permutation(len(dataset))
+    if layout == "identical" or plan.canary == "random":
+        x = random_canary_text(rng)
+    else:
+        x = dataset.examples[int(order[0])].input
+    if len(x.strip()) < MIN_ORACLE_CHARS:
+        raise DatasetError(f"canary text {x!r} is shorter than {MIN_ORACLE_CHARS} characters")
+    others: list[Example]
+    if layout == "identical":
+        a = random_canary_text(rng, words=1).rstrip(".")
+        b = a
+        while b == a:
+            b = random_canary_text(rng, words=1).rstrip(".")
+        labels, template, query = (a, b), MINIMAL_TEMPLATE, x
+        canary, replacement = Example(x, a), Example(x, b)
+        others = [Example(x, labels[j]) for j in pinned]
+    else:
+        labels, template, query = (AUDIT_POSITIVE, AUDIT_NEGATIVE), AUDIT_TEMPLATE, audit_query(x)
+        pool = [dataset.examples[int(i)] for i in order[1:]]
+        n_no = sum(1 for j in pinned if j == 1)
+        texts = pick_exemplars(pool, canary_text=x, query=query, k=n_no + 1, dataset=dataset)
+        coins = rng.integers(0, 2, size=t)
+        replacement = Example(texts[0].input, labels[int(coins[0])])
+        canary = Example(x, replacement.output)  # natural: the replacement's output
+        if plan.canary == "mislabeled":
+            canary = Example(x, labels[1 - int(coins[0])])
+        no_texts = iter(texts[1:])
+        others = [
+            Example(x if j == 0 else next(no_texts).input, labels[int(c)])
+            for j, c in zip(pinned, coins[1:], strict=True)
+        ]
+        a = AUDIT_POSITIVE
+    exemplars = [*others[:position], replacement, *others[position:]]
+    return AuditDesign(
+        attack=plan.attack,
+        canary_kind=plan.canary,
+        labels=tuple(labels),
+        template=template,
+        position=position,
+        partition_seed=partition_seed,
+        canary=canary,
+        replacement=replacement,
+        exemplars_c0=tuple(exemplars),
+        query=query,
+        positive=a,
+        negative=labels[1],
+        layout=layout,
+    )
+
+
+def design_votes(design: AuditDesign, partitions: int) -> tuple[list[int], list[int]]:
+    """The clean vote histograms (positive, negative) the design intends in C1 and C0."""
+    if design.layout == "paper":
+        return [1, partitions - 1], [0, partitions]
+    from dpicl_audit.estimators.label_release import pivotal_design
+
+    d = pivotal_design(partitions)
+    return list(d.votes_with), list(d.votes_without)
+
+
 def context_body(
     design: AuditDesign, plan: AuditPlan, epsilon: float, world: int, *, name: str
 ) -> dict[str, Any]:
@@ -244,6 +364,7 @@ class VotingAudit(GaussianMechanismAudit):
             "positive": design.positive,
             "negative": design.negative,
             "query": design.query,
+            "design": design.layout,
         }
 
     def context_body(
@@ -287,8 +408,25 @@ class VotingAudit(GaussianMechanismAudit):
         meta, mech = gaussian_setting_meta(plan, epsilon, contexts)
         if mech is not None:
             from dpicl_audit.estimators import voting_epsilon_exact  # dp-accounting: slow
+            from dpicl_audit.estimators.label_release import (
+                label_release_epsilon,
+                label_release_probabilities,
+            )
 
-            meta["epsilon_exact"] = voting_epsilon_exact(meta["sigma"], plan.mechanism.delta)
+            delta = plan.mechanism.delta
+            # Both designs' clean vote vectors differ by (+1, -1): the noisy votes are the
+            # Gaussian mechanism at full sensitivity sqrt(2), so this is also the design's.
+            meta["epsilon_exact"] = voting_epsilon_exact(meta["sigma"], delta)
+            # The released label's own exact epsilon at the design's intended clean votes:
+            # the ceiling of the assumption-free black-box bound.
+            with_v, without_v = design_votes(design, plan.mechanism.partitions)
+            meta["epsilon_exact_release"] = label_release_epsilon(
+                with_v, without_v, meta["sigma"], delta
+            )
+            meta["release_rates"] = [
+                float(label_release_probabilities(v, meta["sigma"])[0]) for v in (with_v, without_v)
+            ]
+        meta["design"] = design.layout
         return meta
 
     def estimate(
