@@ -188,7 +188,7 @@ def _summarise(results: Mapping[str, Any]) -> None:
 class Counts:
     # The oracle's clean votes are deterministic: a few vectors per world say all there is.
     oracle_n_llm: int = 4
-    oracle_trials: int = 300
+    oracle_trials: int = 200
     # The real model at temperature 0 with the identical-text design: its clean votes are
     # deterministic too (measured: 24 of 24 identical per world), so a few vectors suffice.
     model_n_llm: int = 6

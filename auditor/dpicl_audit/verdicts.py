@@ -82,13 +82,16 @@ def _power(est: Mapping[str, Any], meta: Mapping[str, Any], mu_exact: float | No
         return None
     delta, conf = float(meta["delta"]), float(est.get("confidence") or 0.95)
     rates = meta.get("release_rates")
-    if "chosen" not in est and rates is not None:  # a fixed black-box rule of known rates
-        return reachable_from_rates(
+    rule = None
+    if rates is not None:  # the black-box rule, of known rates
+        rule = reachable_from_rates(
             int(n_pos), int(n_neg), float(rates[0]), float(rates[1]), delta=delta,
             confidence=conf,
         )  # fmt: skip
+        if "chosen" not in est:
+            return rule
     flip = meta.get("flip_rate")
-    return max_reachable_epsilon(
+    scored = max_reachable_epsilon(
         int(n_pos),
         int(n_neg),
         delta=delta,
@@ -97,6 +100,8 @@ def _power(est: Mapping[str, Any], meta: Mapping[str, Any], mu_exact: float | No
         mu=math.inf if mu_exact is None else mu_exact,
         figure="gdp",
     ).epsilon
+    # A white-box estimate has the black-box rule among its candidates (estimators.whitebox).
+    return scored if rule is None else max(scored, rule)
 
 
 def gaussian_verdict(est: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
@@ -110,7 +115,10 @@ def gaussian_verdict(est: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[st
     theory, delta = float(meta["epsilon_theory"]), float(meta["delta"])
     exact = meta.get("epsilon_exact")
     mu_exact = None if exact is None else gdp_mu(float(exact), delta)
-    reach = _power(est, meta, mu_exact)
+    # ESA: the canary's actual embedding shift bounds what any attack on it can see.
+    signal = meta.get("epsilon_exact_signal")
+    mu_signal = mu_exact if signal is None else gdp_mu(float(signal), delta)
+    reach = _power(est, meta, mu_signal)
     res = decide_verdict(
         claim="gaussian",
         epsilon_theory=theory,
