@@ -4,8 +4,10 @@
    database, freshly generated tokens and ``DPICL_WHITEBOX=internal``:
    ``DPICL_ENGINE=transformers`` (the bundled SmolLM2-135M-Instruct on CPU) and
    ``DPICL_ENGINE=oracle`` (the labelled rule-following *simulator*, the tight case).
-2. Audits private voting at epsilon 1, 2, 4 and 8 on both, through the runner's public API
-   over HTTP only:
+2. Audits private voting through the runner's public API over HTTP only, with the design
+   ``auto`` (pivotal canary on the oracle, identical-text design on the real model), at
+   epsilon 1, 2, 4 and 8 on the oracle and 4 and 8 on the real model (plus ESA on the
+   oracle):
 
    * bootstrap (Algorithm 1 of paper 000): ``n_llm`` clean vote vectors per world from
      ``/v1/debug/classify``, then 400,000 simulated trials per world, black-box and
@@ -16,14 +18,14 @@
      model every query costs seconds, and its released labels are already in the
      white-box run).
 
-   The real model costs about 2-3 s per query on 2 cores (4 partitions: 4 scored prompts),
-   so its counts are chosen to fit the time budget: ``n_llm`` = 50 and as many real trials
-   per epsilon as the remaining budget allows (measured from the bootstrap's own rate).
+   On the real model each query scores 4 short prompts (one exemplar per partition), so its
+   counts are chosen to fit the time budget: ``n_llm`` = 24 and as many real trials per
+   epsilon as the remaining budget allows (measured from the bootstrap's own rate).
 3. Stops the servers and writes one combined report (table, JSON, HTML with plots) of all
    runs, and prints where it is.
 
-Options: ``--out DIR`` (default ``runs``), ``--budget SECONDS`` (default 780: 13 minutes for
-the audits, within the 15 the demo is allowed), ``--engines oracle,transformers``,
+Options: ``--out DIR`` (default ``runs``), ``--budget SECONDS`` (default 250: the audits,
+report and shutdown within the demo's 5 minutes on 2 cores), ``--engines oracle,transformers``,
 ``--quick`` (tiny counts, for a smoke test).
 """
 
@@ -184,14 +186,24 @@ def _summarise(results: Mapping[str, Any]) -> None:
 
 @dataclass
 class Counts:
-    oracle_n_llm: int = 100
-    oracle_trials: int = 300
-    model_n_llm: int = 50
-    model_trials_min: int = 10
-    model_trials_max: int = 50
+    # The oracle's clean votes are deterministic: a few vectors per world say all there is.
+    oracle_n_llm: int = 4
+    oracle_trials: int = 200
+    # The real model at temperature 0 with the identical-text design: its clean votes are
+    # deterministic too (measured: 24 of 24 identical per world), so a few vectors suffice.
+    model_n_llm: int = 6
+    # Real trials on the model always run (at least this many per epsilon), more if the
+    # budget allows: they show the real pipeline end to end, and their verdict says what
+    # so few trials can and cannot prove.
+    model_trials_min: int = 20
+    model_trials_max: int = 300
     n_sample: int = N_SAMPLE
-    esa_oracle_n_llm: int = 8
-    esa_model_n_llm: int = 6
+    esa_oracle_n_llm: int = 4
+
+
+#: Real-model epsilons: where the strong design's audit is informative (issue 14, item 5);
+#: epsilon 1 and 2 would only add minutes of CPU for bounds the oracle rows already show.
+MODEL_EPSILONS = (4.0, 8.0)
 
 
 def _esa_overrides(n_llm: int, n_sample: int, *, model: bool) -> dict[str, Any]:
@@ -307,7 +319,11 @@ async def _audit_model(
             name="demo transformers bootstrap",
             concurrency=2,
             timeout=600.0,
-            **{"bootstrap.n_llm": counts.model_n_llm, "bootstrap.n_sample": counts.n_sample},
+            **{
+                "bootstrap.n_llm": counts.model_n_llm,
+                "bootstrap.n_sample": counts.n_sample,
+                "mechanism.epsilons": list(MODEL_EPSILONS),
+            },
         ),
         db=db,
         out_dir=out,
@@ -321,40 +337,41 @@ async def _audit_model(
     queries = max(1, int(res.get("queries") or 2 * counts.model_n_llm))
     per_query = boot_s / queries  # includes the simulation: a conservative rate
     remaining = deadline - time.monotonic() - 45.0  # keep time for the report and shutdown
-    fit = math.floor(remaining / (per_query * len(EPSILONS))) if remaining > 0 else 0
-    trials = min(counts.model_trials_max, fit)
+    fit = math.floor(remaining / (per_query * len(MODEL_EPSILONS))) if remaining > 0 else 0
+    trials = max(counts.model_trials_min, min(counts.model_trials_max, fit))
+    design = (res.get("design") or {}).get("design", "?")
     note = (
-        f"Real model (transformers, CPU): bootstrap with n_llm={counts.model_n_llm} clean "
-        f"vote vectors per world ({queries} queries in {boot_s:.0f} s, "
-        f"{per_query:.2f} s per query with 4 partitions = 4 LLM calls) and "
+        f"Real model (transformers, CPU), {design} design (docs/auditing.md, 'Designs'): "
+        f"bootstrap at epsilon {', '.join(f'{e:g}' for e in MODEL_EPSILONS)} with "
+        f"n_llm={counts.model_n_llm} clean vote vectors per world ({queries} queries in "
+        f"{boot_s:.0f} s, {per_query:.2f} s per query with 4 partitions = 4 LLM calls) and "
         f"n_sample={counts.n_sample:,}. {votes_note}"
     )
-    if trials >= counts.model_trials_min:
-        _say(t0, f"model: {trials} real white-box trials per epsilon (fits the time budget)")
-        res = await run_audit(
-            _plan(
-                srv,
-                name="demo transformers white-box",
-                threat_model="white-box",
-                trials=trials,
-                concurrency=2,
-                timeout=600.0,
-            ),
-            db=db,
-            out_dir=out,
-            console=console,
-        )
-        _summarise(res)
-        ids.append(str(res["run_id"]))
-        note += (
-            f" Real trials: {trials} white-box trials per epsilon (as many as the time budget "
-            "allowed at the measured rate; the black-box estimate comes from the same answers' "
-            "released labels). So few real trials can only give small lower bounds; the "
-            "bootstrap is the informative audit of the model."
-        )
-    else:
-        note += " No real trials on the model: the time budget was spent."
-        _say(t0, "model: no time left for real trials; skipped")
+    _say(t0, f"model: {trials} real white-box trials per epsilon")
+    res = await run_audit(
+        _plan(
+            srv,
+            name="demo transformers white-box",
+            threat_model="white-box",
+            trials=trials,
+            concurrency=2,
+            timeout=600.0,
+            **{"mechanism.epsilons": list(MODEL_EPSILONS)},
+        ),
+        db=db,
+        out_dir=out,
+        console=console,
+    )
+    _summarise(res)
+    ids.append(str(res["run_id"]))
+    note += (
+        f" Real trials: {trials} white-box trials per epsilon (at least "
+        f"{counts.model_trials_min}, more when the time budget allows at the measured rate; "
+        "the black-box estimate comes from the same answers' released labels). So few real "
+        "trials cannot reach half of epsilon_exact, and their verdicts say so (INCONCLUSIVE, "
+        "with the reachable bound); the bootstrap from the clean votes is the informative "
+        "audit of the model."
+    )
     notes.append(note)
     return ids
 
@@ -386,7 +403,7 @@ def _clean_votes_note(db: Path, run_id: str) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dpicl_audit.demo", description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("runs"), help="output directory")
-    parser.add_argument("--budget", type=float, default=780.0, help="seconds for the audits")
+    parser.add_argument("--budget", type=float, default=250.0, help="seconds for the audits")
     parser.add_argument("--engines", default="oracle,transformers", help="engines to audit")
     parser.add_argument("--quick", action="store_true", help="tiny counts (smoke test)")
     args = parser.parse_args(argv)
@@ -400,10 +417,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             oracle_n_llm=10,
             oracle_trials=40,
             model_n_llm=4,
+            model_trials_min=10,
             model_trials_max=10,
             n_sample=20_000,
             esa_oracle_n_llm=2,
-            esa_model_n_llm=2,
         )
     t0 = time.monotonic()
     deadline = t0 + args.budget
@@ -442,19 +459,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             _say(t0, "waiting for the transformers server (first load of the model)")
             health = servers["transformers"].wait_ready(600)
             _say(t0, f"transformers server ready at {servers['transformers'].url}: {health}")
-            rid, note = asyncio.run(
-                _audit_esa(
-                    servers["transformers"],
-                    db,
-                    out,
-                    counts.esa_model_n_llm,
-                    counts.n_sample,
-                    t0,
-                    model=True,
-                )
-            )
-            run_ids.append(rid)
-            notes.append(note)
             run_ids += asyncio.run(
                 _audit_model(servers["transformers"], db, out, counts, t0, deadline, notes)
             )
@@ -465,9 +469,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     notes.append(
         "Every server ran as a separate `python -m dpicl serve` process with "
         "DPICL_WHITEBOX=internal, a temporary SQLite database and generated tokens; the "
-        "auditor talked to it over HTTP only. Mechanism: private voting, T=4 partitions of 2 "
-        "exemplars, delta=1e-5, classic calibration, temperature 0; canary: a natural "
-        "news-mini sentence, inquery attack (paper 000, Appendix B, Prompt 1)."
+        "auditor talked to it over HTTP only. Mechanism: private voting, T=4 partitions, "
+        "delta=1e-5, classic calibration, temperature 0, design 'auto': the pivotal canary "
+        "(Prompt 1 of paper 000, the other partitions pinned so the canary's partition decides) "
+        "on the oracle, the identical-text design (one text in every partition, made-up word "
+        "labels, minimal template, pivotal pinning) on the real model. ESA is audited on the "
+        "oracle only: on the CPU model each ESA query generates text in every partition, which "
+        "does not fit the demo's 5 minutes (see docs/auditing.md)."
     )
     _say(t0, "writing the report")
     path = write_combined_report(

@@ -104,6 +104,7 @@ __all__ = [
     "Setting",
     "TargetSpec",
     "ThreatModel",
+    "VotingDesign",
 ]
 
 CanaryKind = Literal["natural", "mislabeled", "random"]
@@ -125,6 +126,12 @@ Attack = Literal[
 Calibration = Literal["classic", "analytic"]
 MechanismName = Literal["voting", "esa", "dps-mozo"]
 EmbeddingSource = Literal["auto", "server", "local"]
+#: Voting's neighbour designs (docs/auditing.md, "Designs"): ``paper`` = paper 000's
+#: [1, T-1] against [0, T]; ``pivotal`` = the other partitions pinned so the canary's
+#: partition decides (Prompt 1); ``identical`` = pivotal with one text in every partition,
+#: made-up word labels and a minimal template (the strongest on a real model); ``auto`` =
+#: pivotal on a simulator, identical on a real engine (inquery in the audit template only).
+VotingDesign = Literal["auto", "paper", "pivotal", "identical"]
 #: Dataset and max_tokens defaults that differ from voting's, per mechanism.
 _MECHANISM_DEFAULTS: dict[str, dict[str, Any]] = {
     "esa": {"dataset": "dialogsum-mini"},
@@ -352,6 +359,7 @@ class AuditPlan(BaseModel):
     deployment: DeploymentSpec = Field(default_factory=DeploymentSpec)
     threat_model: ThreatModel = "black-box"
     attack: Attack = "inquery"
+    design: VotingDesign = "auto"
     trials: int = Field(default=1000, ge=10, le=10_000_000, description="Per epsilon.")
     queries: int = Field(
         default=1, ge=1, le=10_000, description="Paper 003 adversaries: queries in the sequence."
@@ -415,6 +423,13 @@ class AuditPlan(BaseModel):
             )
         name = self.mechanism.name
         check_attack(self.attack, name, self.threat_model)
+        if self.design in ("pivotal", "identical") and not (
+            name == "voting" and self.attack == "inquery" and self.setting == "audit-template"
+        ):
+            raise ValueError(
+                f"design {self.design!r} is a voting inquery design in the audit template; "
+                f"this plan audits {name} with attack {self.attack!r} in {self.setting!r}"
+            )
         if name != "voting" and self.setting != "audit-template":
             raise ValueError(f"{name} audits support only setting = 'audit-template'")
         n_shots = self.mechanism.n_shots

@@ -26,6 +26,7 @@ __all__ = [
     "BRAINWASH_REPEATS",
     "CLASSIFY_TEMPLATE",
     "GENERATION_AUDIT_TEMPLATE",
+    "MINIMAL_TEMPLATE",
     "MOZO_TEMPLATE",
     "REFERENCE_PAIR",
     "REFERENCE_VECTOR_CANARY",
@@ -61,6 +62,10 @@ Your response must be a single word: either 'Yes' or 'No'.
 
 <response>
 """
+
+MINIMAL_TEMPLATE = "{exemplars}\n\nInput: {query}\nLabel:"
+"""The identical-text design's template (docs/auditing.md, "Designs"): nothing but the
+demonstrations and the query, so a model copies the label of the identical demonstration."""
 
 CLASSIFY_TEMPLATE = """You are a highly accurate text classifier.
 

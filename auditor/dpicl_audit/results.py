@@ -98,8 +98,9 @@ def results_table(results: Mapping[str, Any]) -> Table:
         title=f"dpicl audit {results['run_id']}\n{describe_run(results)}",
         caption=(
             "ε: as configured; exact: the mechanism's true ε (PLD)\n"
-            f"ε emp (Gaussian-DP), classic: lower bounds at {conf:.0%} confidence, "
-            f"δ={results.get('delta')}\nwhite-box thresholds chosen on held-out splits"
+            f"ε emp: GDP figure (assumes a Gaussian trade-off); classic: assumption-free bound "
+            f"(its own threshold); both at {conf:.0%} confidence, δ={results.get('delta')}\n"
+            "white-box: the better of the black-box rule and a held-out threshold"
         ),
         box=box.SIMPLE_HEAD,
         pad_edge=False,
@@ -131,6 +132,7 @@ def results_table(results: Mapping[str, Any]) -> Table:
                 continue
             status = est.get("verdict", {}).get("status", "")
             style = {"violation": "bold red", "bug": "bold yellow", "ok": "green"}.get(status, "")
+            status = {"inconclusive": "INCONCLUSIVE", "ok": "consistent"}.get(status, status)
             table.add_row(
                 eps,
                 threat,
@@ -152,10 +154,12 @@ def print_results(results: Mapping[str, Any], console: Console | None = None) ->
     for s in results["settings"]:
         for key in ("black_box", "white_box"):
             est = s.get(key)
-            if est and est.get("verdict", {}).get("status") in ("violation", "bug"):
+            status = (est or {}).get("verdict", {}).get("status")
+            if est and status in ("violation", "bug", "inconclusive"):
+                colour = "bold red" if status != "inconclusive" else "yellow"
                 console.print(
-                    f"[bold red]{s['setting']} {key.replace('_', '-')}: "
-                    f"{est['verdict']['message']}[/bold red]"
+                    f"[{colour}]{s['setting']} {key.replace('_', '-')}: "
+                    f"{est['verdict']['message']}[/{colour}]"
                 )
     for s in results["settings"]:
         rdp = s.get("rdp")

@@ -44,6 +44,7 @@ from dpicl_audit.errors import (
 from dpicl_audit.estimation import estimate_run, run_design
 from dpicl_audit.legacy import is_legacy_mozo
 from dpicl_audit.mechanisms import Design, get_mechanism
+from dpicl_audit.mechanisms.voting import resolve_design
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.progress import ProgressSink, open_progress
 from dpicl_audit.results import finish_run, write_results
@@ -232,11 +233,15 @@ async def _start(
     mechanism = get_mechanism(plan.mechanism.name)
     if kind == "bootstrap" and not mechanism.has_bootstrap:
         raise InvalidPlan(f"{mechanism.name} has no bootstrap audit; use `dpicl-audit run`")
-    design = mechanism.build_design(plan, load_dataset(plan.dataset))
     own_client = target is None
     client: AuditTarget = target if target is not None else client_for(plan)
     try:
         health, herr = await server_health(client)
+        # ``design = "auto"``: the strongest design for the engine (a real model copies an
+        # identical demonstration; the simulator follows Prompt 1); stored resolved.
+        simulator = bool(health.get("simulator")) if health is not None else False
+        plan = plan.model_copy(update={"design": resolve_design(plan, simulator=simulator)})
+        design = mechanism.build_design(plan, load_dataset(plan.dataset))
         with opened_store(store, db, schema) as st:
             rid = run_id or new_run_id()
             st.create_run(

@@ -6,21 +6,28 @@ INCONCLUSIVE verdict of an audit that could not have seen a violation) extend it
 * ``violation``: epsilon_emp exceeds epsilon_theory (the claim is broken);
 * ``bug``: epsilon_emp exceeds epsilon_exact, the mechanism's true epsilon at the noise the
   server reports (the server or the auditor is wrong);
-* ``ok``: neither; for a *nominal* claim (DPS-MOZO's, whose per-token bound is false) the
-  message says that staying below it confirms nothing.
+* ``inconclusive`` (Gaussian claims, :func:`gaussian_verdict`): the audit could not have seen
+  a violation (:func:`~dpicl_audit.estimators.verdict_rules.decide_verdict`); it says why and
+  what to change;
+* ``ok``: neither (CONSISTENT: the audit had power and found nothing above the claim); for
+  a *nominal* claim (DPS-MOZO's, whose per-token bound is false) the message says that
+  staying below it confirms nothing.
 
-:func:`verdict` returns the dict stored under ``"verdict"`` in every estimate.
+:func:`gaussian_verdict` (voting, ESA) and :func:`verdict` (DPS-MOZO's nominal claim) return
+the dict stored under ``"verdict"`` in every estimate.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["STATUS_ORDER", "rdp_verdict", "verdict", "worst_status"]
+__all__ = ["STATUS_ORDER", "gaussian_verdict", "rdp_verdict", "verdict", "worst_status"]
 
 _TOL = 1e-9
 #: Severity of a status, for the worst status of a run.
-STATUS_ORDER = {"violation": 3, "bug": 2, "ok": 1, "error": 0, "": 0}
+STATUS_ORDER = {"violation": 4, "bug": 3, "inconclusive": 2, "ok": 1, "error": 0, "": 0}
 
 
 def verdict(
@@ -66,8 +73,89 @@ def verdict(
     }
 
 
+def _power(est: Mapping[str, Any], meta: Mapping[str, Any], mu_exact: float | None) -> float | None:
+    """The largest epsilon this audit could have reached (estimators.power), or None."""
+    from dpicl_audit.estimators.power import max_reachable_epsilon, reachable_from_rates
+
+    n_pos, n_neg = est.get("n_pos"), est.get("n_neg")
+    if not n_pos or not n_neg:
+        return None
+    delta, conf = float(meta["delta"]), float(est.get("confidence") or 0.95)
+    rates = meta.get("release_rates")
+    rule = None
+    if rates is not None:  # the black-box rule, of known rates
+        rule = reachable_from_rates(
+            int(n_pos), int(n_neg), float(rates[0]), float(rates[1]), delta=delta,
+            confidence=conf,
+        )  # fmt: skip
+        if "chosen" not in est:
+            return rule
+    flip = meta.get("flip_rate")
+    scored = max_reachable_epsilon(
+        int(n_pos),
+        int(n_neg),
+        delta=delta,
+        confidence=conf,
+        flip_rate=1.0 if flip is None else float(flip),
+        mu=math.inf if mu_exact is None else mu_exact,
+        figure="gdp",
+    ).epsilon
+    # A white-box estimate has the black-box rule among its candidates (estimators.whitebox).
+    return scored if rule is None else max(scored, rule)
+
+
+def gaussian_verdict(est: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
+    """Verdict of an audit of a Gaussian claim (voting, ESA) by the rules of
+    :func:`~dpicl_audit.estimators.verdict_rules.decide_verdict`: VIOLATION on ``mu_lower >
+    mu_claimed`` or the classical bound above epsilon_theory, BUG above the exact values,
+    INCONCLUSIVE without power (with the reason and advice), else CONSISTENT."""
+    from dpicl_audit.estimators.gdp import gdp_mu
+    from dpicl_audit.estimators.verdict_rules import decide_verdict
+
+    theory, delta = float(meta["epsilon_theory"]), float(meta["delta"])
+    exact = meta.get("epsilon_exact")
+    mu_exact = None if exact is None else gdp_mu(float(exact), delta)
+    # ESA: the canary's actual embedding shift bounds what any attack on it can see.
+    signal = meta.get("epsilon_exact_signal")
+    mu_signal = mu_exact if signal is None else gdp_mu(float(signal), delta)
+    reach = _power(est, meta, mu_signal)
+    res = decide_verdict(
+        claim="gaussian",
+        epsilon_theory=theory,
+        epsilon_classical=float(est.get("epsilon_lower_classic") or 0.0),
+        mu_lower=float(est.get("mu_lower") or 0.0),
+        mu_claimed=gdp_mu(theory, delta),
+        epsilon_exact=exact,
+        mu_exact=None if mu_exact is None else mu_exact * (1 + 1e-6) + 1e-9,
+        flip_rate=meta.get("flip_rate"),
+        max_reachable=reach,
+    )
+    status = {"VIOLATION": "violation", "BUG": "bug", "INCONCLUSIVE": "inconclusive"}.get(
+        res.verdict, "ok"
+    )
+    if status == "ok":
+        message = (
+            "consistent with the claimed privacy: the audit could have reached "
+            f"epsilon {reach:.3g} and found nothing above the claim"
+        )
+    else:
+        message = f"{res.verdict}: " + "; ".join(res.reasons)
+    if res.advice:
+        message += " (to change: " + "; ".join(res.advice) + ")"
+    return {
+        "status": status,
+        "verdict": res.verdict,
+        "violation": res.verdict == "VIOLATION",
+        "exceeds_exact": res.verdict == "BUG",
+        "message": message,
+        "reasons": list(res.reasons),
+        "advice": list(res.advice),
+        "max_reachable": reach,
+    }
+
+
 def worst_status(statuses: list[str]) -> str:
-    """violation > bug > ok > error; "error" when there is nothing."""
+    """violation > bug > inconclusive > ok > error; "error" when there is nothing."""
     worst = max(statuses, key=lambda s: STATUS_ORDER.get(s, 0), default="")
     return worst or "error"
 

@@ -138,7 +138,8 @@ def instructions_of(template: str | None) -> str:
 
 
 def _plan(**kw: object) -> AuditPlan:
-    return AuditPlan.from_sources(None, {"seed": 3, **kw})
+    # paper 000's design; the pinned designs are tested in tests/auditor/test_designs.py
+    return AuditPlan.from_sources(None, {"seed": 3, "design": "paper", **kw})
 
 
 @pytest.mark.parametrize("canary", ["natural", "mislabeled", "random"])

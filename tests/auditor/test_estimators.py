@@ -357,3 +357,17 @@ def test_exact_epsilons() -> None:
     assert esa_mean_sensitivity(10, original=True) == 1.0
     with pytest.raises(InvalidAuditInput):
         gaussian_epsilon_exact(0.0, 1.0, delta)
+
+
+def test_exact_epsilon_is_computed_once_per_sigma_and_delta() -> None:
+    """Issue 13, item 3: what depends only on (sigma, delta) is cached, and the cached value
+    is the one a fresh PLD accountant gives."""
+    from dpicl_audit.estimators.exact import _pld_epsilon, voting_epsilon_exact
+
+    sigma = 1.2345678
+    first = voting_epsilon_exact(sigma, 1e-5)
+    hits = _pld_epsilon.cache_info().hits
+    assert voting_epsilon_exact(sigma, 1e-5) == first
+    assert _pld_epsilon.cache_info().hits == hits + 1
+    fresh = _pld_epsilon.__wrapped__(sigma / math.sqrt(2.0), 1e-5, 1, 1e-4)
+    assert fresh == first

@@ -80,7 +80,10 @@ async def test_single_and_combined_reports(tmp_path: Path) -> None:
     results = json.loads((path.parent / "results.json").read_text())
     assert results["run_id"] == real["run_id"] and "settings" in results
     rep = json.loads((path.parent / "report.json").read_text())
-    assert rep["verdicts"] == {real["run_id"]: "ok"}
+    # 60 real trials could not have seen a violation: the report says so
+    assert rep["verdicts"] == {real["run_id"]: "inconclusive"}
+    assert any(r["status"] == "inconclusive" for r in rep["rows"])
+    assert all(r["epsilon_classic"] is not None for r in rep["rows"])
     assert {(r["setting"], r["threat"]) for r in rep["rows"]} == {
         (s, t) for s in ("eps=2", "eps=8") for t in ("black-box", "white-box")
     }

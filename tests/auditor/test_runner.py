@@ -86,6 +86,9 @@ def _plan(**overrides: Any) -> AuditPlan:
         "trials": 120,
         "batch_size": 25,
         "mechanism.epsilons": [2.0, 8.0],
+        # These tests check paper 000's design (partitions x shots exemplars); the pivotal
+        # designs have their own tests (tests/e2e/test_pivotal_oracle.py, test_designs.py).
+        "design": "paper",
     }
     return AuditPlan.from_sources(None, base | overrides)
 
@@ -134,7 +137,10 @@ async def test_black_box_run(tmp_path: Path) -> None:
         assert bb["tp"] + bb["fn"] == s["n_with"] and bb["fp"] + bb["tn"] == s["n_without"]
         assert s["sigma"] > 0 and s["epsilon_exact"] < s["epsilon_theory"]
         assert s["epsilon_exact_server"] == pytest.approx(s["epsilon_exact"], rel=1e-2, abs=1e-3)
-        assert bb["verdict"]["status"] == "ok", bb["verdict"]
+        # 120 trials of the paper's design cannot reach half of epsilon_exact: said so.
+        assert bb["verdict"]["status"] == "inconclusive", bb["verdict"]
+        assert "could reach" in bb["verdict"]["message"]
+        assert bb["verdict"]["max_reachable"] < 0.5 * s["epsilon_exact"]
     # at epsilon 8 the oracle's canary vote is visible through the noise
     eps8 = results["settings"][1]["black_box"]
     assert eps8["tpr"] > 0.3 > 0.15 > eps8["fpr"]
@@ -150,11 +156,15 @@ async def test_white_box_run_uses_split_thresholds(tmp_path: Path) -> None:
         )
     s = results["settings"][0]
     wb = s["white_box"]
-    assert wb["n_select_pos"] + wb["tp"] + wb["fn"] == s["n_with"]
+    held = wb["held_out"]
+    assert held["tp"] + held["fn"] < s["n_with"]  # the rest chose the threshold
     assert wb["selection_fraction"] == 0.5
-    assert "optimistic" in wb["optimistic"]["label"]
+    assert wb["chosen"] in ("black_box", "threshold")
+    assert wb["mu_lower"] >= wb["black_box"]["mu_lower"]  # never weaker than black-box
+    assert wb["epsilon_lower_classic"] <= s["epsilon_exact"]
+    assert "Gaussian" in wb["gdp_label"] and "assumption-free" in wb["classical_label"]
     assert 0 < wb["epsilon_lower"] <= s["epsilon_exact"]
-    assert wb["verdict"]["status"] == "ok"
+    assert wb["verdict"]["status"] in ("ok", "inconclusive"), wb["verdict"]
     assert results["threat_models"] == ["black-box", "white-box"]
     store = TrialStore(tmp_path / "a.db")
     rows = store.trials(results["run_id"])
@@ -222,7 +232,7 @@ async def test_brainwash_baseline_runs(tmp_path: Path) -> None:
     assert d["attack"] == "brainwash" and d["negative"] is None
     assert d["labels"] == ["World", "Sports", "Business", "Sci/Tech"]
     assert d["query"].count(d["canary"]) == 7
-    assert results["settings"][0]["black_box"]["verdict"]["status"] == "ok"
+    assert results["settings"][0]["black_box"]["verdict"]["status"] == "inconclusive"
 
 
 class FlakyAfter:
@@ -356,7 +366,7 @@ async def test_postgres_trial_log(tmp_path: Path, pg_url: str) -> None:
     _check_log(store, "pg", plan)
     assert store.get_run("pg").status == "completed"
     store.dispose()
-    assert results["settings"][0]["white_box"]["verdict"]["status"] == "ok"
+    assert results["settings"][0]["white_box"]["verdict"]["status"] in ("ok", "inconclusive")
 
 
 def test_schedule_is_deterministic() -> None:

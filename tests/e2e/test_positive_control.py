@@ -12,6 +12,9 @@ Each audit is run with settings under which its attack has power (DESIGN.md sect
   never (simulated failure rate 5e-5 at epsilon 2, 0 in 20,000 at 4).
   (With T = 4 the canary's one vote is outvoted 1:3 and a black-box attack sees almost
   nothing at epsilon >= 4, honest server or not.)
+* real trials, black-box, the pivotal canary design at epsilon 4 and 8, T = 5, 400 trials:
+  with a quarter of the noise, the released label follows the canary's partition almost
+  always (expected mu_lower about 4, against a claimed mu of 0.9 and 1.7);
 * bootstrap (Algorithm 1) at epsilon 1, 2, 4 and 8, n_llm = 48, 400,000 samples. The
   simulation alone would add the *claimed* noise and see nothing; the noise check
   (``dpicl_audit.noise_check``) measures the real noise from the debug residuals, flags it,
@@ -85,6 +88,12 @@ def test_broken_server_is_reported_as_violation(start_server: Any, tmp_path: Pat
             "run", "--threat-model", "black-box", "--epsilons", "2,4", "--partitions", "2",
             "--trials", "300",
         ],
+        # Black-box alone at large epsilon: the pivotal canary (T = 5: C1 [3, 2] against
+        # C0 [2, 3]) makes the released label as informative as the votes.
+        "black-box-pivotal": [
+            "run", "--threat-model", "black-box", "--epsilons", "4,8", "--partitions", "5",
+            "--trials", "400", "--design", "pivotal",
+        ],
         "bootstrap": [
             "bootstrap", "--epsilons", "1,2,4,8", "--n-llm", "48", "--n-sample", "400000",
         ],
@@ -93,7 +102,7 @@ def test_broken_server_is_reported_as_violation(start_server: Any, tmp_path: Pat
         results = json.loads(_cli(*args, *common, env=env).stdout)
         summary = _summary(results)
         print(name, summary, sep="\n")
-        key = "black_box" if name == "black-box" else "white_box"
+        key = "black_box" if name.startswith("black-box") else "white_box"
         for s in results["settings"]:
             est = s[key]
             # Every epsilon audited proves more leakage than the claim: a violation.

@@ -124,6 +124,16 @@ def audit_command(kind: str) -> Callable[..., None]:
                 )
             ),
         ] = None,
+        design: Annotated[
+            str | None,
+            typer.Option(
+                help=_h(
+                    "design",
+                    "voting inquery design: auto | paper | pivotal | identical (auto: pivotal "
+                    "on a simulator, identical on a real engine)",
+                )
+            ),
+        ] = None,
         mechanism: Annotated[
             str | None, typer.Option(help=_h("mechanism.name", " | ".join(MECHANISMS)))
         ] = None,
@@ -287,6 +297,7 @@ def audit_command(kind: str) -> Callable[..., None]:
             "threat_model": threat_model,
             "attack": adversary or attack,
             "queries": queries,
+            "design": design,
             "trials": trials,
             "confidence": confidence,
             "seed": seed,

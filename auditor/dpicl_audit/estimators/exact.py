@@ -16,6 +16,7 @@ counts by one each, so ``Delta2 = sqrt(2)``; ESA's mean of ``T`` unit vectors mo
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import dp_accounting
 import numpy as np
@@ -70,9 +71,16 @@ def gaussian_epsilon_exact(
         raise InvalidAuditInput(f"count must be at least 1, got {count}")
     if sens == 0.0:
         return 0.0
-    accountant = PLDAccountant(value_discretization_interval=value_discretization_interval)
-    accountant.compose(dp_accounting.GaussianDpEvent(noise_multiplier=s / sens), count)
-    return max(0.0, float(accountant.get_epsilon(d)))
+    return _pld_epsilon(s / sens, d, int(count), float(value_discretization_interval))
+
+
+@lru_cache(maxsize=4096)
+def _pld_epsilon(noise_multiplier: float, delta: float, count: int, interval: float) -> float:
+    # Depends only on (sigma / sensitivity, delta, count): an audit asks for the same few
+    # values for every estimate, and one PLD evaluation costs tens of milliseconds (issue 13).
+    accountant = PLDAccountant(value_discretization_interval=interval)
+    accountant.compose(dp_accounting.GaussianDpEvent(noise_multiplier=noise_multiplier), count)
+    return max(0.0, float(accountant.get_epsilon(delta)))
 
 
 def voting_epsilon_exact(sigma: float, delta: float, count: int = 1) -> float:

@@ -21,19 +21,20 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Protocol
-
-import numpy as np
+from typing import Any, ClassVar, Protocol
 
 from dpicl_audit.client import AuditTarget, GenerationTarget
 from dpicl_audit.datasets import Example, LabelledDataset
-from dpicl_audit.errors import InvalidAuditInput, TargetProtocolError
+from dpicl_audit.errors import TargetProtocolError
+from dpicl_audit.mechanisms.trial_estimates import (
+    estimate_trials,
+    figure_fields,
+    with_verdict,
+)
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.schedule import STREAM_SPLIT
 from dpicl_audit.store import ContextRecord, TrialRecord
-from dpicl_audit.verdicts import verdict
 
 __all__ = [
     "Design",
@@ -42,6 +43,7 @@ __all__ = [
     "ask",
     "estimate_trials",
     "exemplar_dicts",
+    "figure_fields",
     "needs_internal",
     "sigma_of",
     "with_verdict",
@@ -61,9 +63,6 @@ class Design(Protocol):
     def query(self) -> str: ...
 
     def to_json(self) -> dict[str, Any]: ...
-
-
-Finish = Callable[[dict[str, Any], Mapping[str, Any]], dict[str, Any]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,68 +251,6 @@ def sigma_of(info: Mapping[str, Any]) -> float:
     if not (sigma > 0 and math.isfinite(sigma)):
         raise TargetProtocolError(f"context {info.get('id')} reports sigma {sigma}")
     return sigma
-
-
-def with_verdict(est: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
-    """The estimate with its verdict against the setting's claims."""
-    est["verdict"] = verdict(
-        float(est["epsilon_lower"]), float(meta["epsilon_theory"]), meta.get("epsilon_exact")
-    )
-    return est
-
-
-def estimate_trials(
-    plan: AuditPlan,
-    k: int,
-    rows: Sequence[TrialRecord],
-    meta: dict[str, Any],
-    *,
-    calls_per_query: int,
-    positive_when: Literal["above", "below"] = "above",
-    finish: Finish = with_verdict,
-) -> dict[str, Any]:
-    """Per-epsilon estimates of a real-query run: black-box from the logged decisions,
-    white-box from the logged scores (positive above the threshold, or below it), the
-    threshold chosen on a seeded held-out split (DESIGN.md section 5)."""
-    from dpicl_audit.estimators import estimate_from_counts, split_threshold_estimate
-
-    out = dict(meta)
-    worlds = np.array([r.world for r in rows], dtype=np.int64)
-    decisions = np.array([r.decision or 0 for r in rows], dtype=np.int64)
-    n1, n0 = int(np.sum(worlds == 1)), int(np.sum(worlds == 0))
-    out |= {
-        "trials": len(rows),
-        "n_with": n1,
-        "n_without": n0,
-        "llm_calls": len(rows) * calls_per_query,
-    }
-    tp = int(np.sum(decisions[worlds == 1]))
-    fp = int(np.sum(decisions[worlds == 0]))
-    try:
-        bb = estimate_from_counts(
-            tp, n1 - tp, fp, n0 - fp, delta=plan.mechanism.delta, confidence=plan.confidence
-        ).to_dict()
-        out["black_box"] = finish(bb, meta)
-    except InvalidAuditInput as exc:
-        out["black_box"] = {"error": str(exc)}
-    out["white_box"] = None
-    scores = [r.score for r in rows]
-    if plan.threat_model == "white-box" and rows and all(s is not None for s in scores):
-        arr = np.array(scores, dtype=np.float64)
-        try:
-            wb = split_threshold_estimate(
-                arr[worlds == 1],
-                arr[worlds == 0],
-                rng=np.random.default_rng([plan.seed, STREAM_SPLIT, k]),
-                fraction=plan.split,
-                confidence=plan.confidence,
-                delta=plan.mechanism.delta,
-                positive_when=positive_when,
-            ).to_dict()
-            out["white_box"] = finish(wb, meta)
-        except InvalidAuditInput as exc:
-            out["white_box"] = {"error": str(exc)}
-    return out
 
 
 def gaussian_setting_meta(

@@ -27,7 +27,6 @@ logic of the version that started it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -46,17 +45,20 @@ from dpicl_audit.mechanisms.base import (
 from dpicl_audit.mechanisms.neighbours import (
     MIN_ORACLE_CHARS,
     STREAM_DESIGN,
-    NeighbourPair,
     neighbour_slot,
     other_label,
-    pair_from_json,
-    pair_to_json,
     pick_exemplars,
     random_canary_text,
 )
 from dpicl_audit.mechanisms.voting_bootstrap import estimate_voting_bootstrap
+from dpicl_audit.mechanisms.voting_designs import (
+    AuditDesign,
+    build_pinned_design,
+    design_votes,
+    resolve_design,
+)
 from dpicl_audit.mechanisms.voting_rdp import RDP_ATTACKS, RdpDesign, build_rdp_design, rdp_trial
-from dpicl_audit.plan import Attack, AuditPlan, CanaryKind
+from dpicl_audit.plan import AuditPlan
 from dpicl_audit.prompts import (
     AUDIT_NEGATIVE,
     AUDIT_POSITIVE,
@@ -68,61 +70,25 @@ from dpicl_audit.prompts import (
 )
 from dpicl_audit.store import ContextRecord, TrialRecord
 
-__all__ = ["AuditDesign", "VotingAudit", "build_design", "context_body"]
-
-
-@dataclass(frozen=True, slots=True)
-class AuditDesign(NeighbourPair):
-    """The neighbour pair and the audit query; JSON round-trips via to_json / from_json."""
-
-    attack: Attack
-    canary_kind: CanaryKind
-    labels: tuple[str, ...]
-    template: str | None  # None: the server's default template (deployment setting)
-    position: int
-    partition_seed: int
-    canary: Example  # as placed in C1 at ``position``
-    replacement: Example  # as placed in C0 at ``position``
-    exemplars_c0: tuple[Example, ...]
-    query: str
-    positive: str  # the answer that means "canary present"
-    negative: str | None  # the other answer (inquery); None: every other label (brainwash)
-    wrong_label: str | None = None  # brainwash: the label injected with the canary
-
-    def decide_label(self, label: str) -> int:
-        """Black-box rule: 1 ("present") when the released label is the positive answer."""
-        return int(label == self.positive)
-
-    def score(self, noisy_votes: Mapping[str, float]) -> float:
-        """White-box statistic: noisy[pos] - noisy[neg] (Section 3.2 of paper 000).
-
-        For Brainwash (no single negative answer) the margin over the best other label.
-        """
-        try:
-            pos = float(noisy_votes[self.positive])
-            if self.negative is not None:
-                return pos - float(noisy_votes[self.negative])
-            others = [float(v) for k, v in noisy_votes.items() if k != self.positive]
-        except KeyError as exc:
-            raise KeyError(f"noisy votes lack the label {exc.args[0]!r}") from exc
-        return pos - max(others) if others else pos
-
-    def clean_vector(self, votes: Mapping[str, float]) -> list[float]:
-        """A vote histogram in the order of :attr:`labels`."""
-        return [float(votes.get(lab, 0.0)) for lab in self.labels]
-
-    def to_json(self) -> dict[str, Any]:
-        return pair_to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> AuditDesign:
-        d = pair_from_json(data)
-        d["labels"] = tuple(d["labels"])
-        return cls(**d)
+__all__ = [
+    "AuditDesign",
+    "VotingAudit",
+    "build_design",
+    "build_pinned_design",
+    "context_body",
+    "design_votes",
+    "resolve_design",
+]
 
 
 def build_design(plan: AuditPlan, dataset: LabelledDataset) -> AuditDesign:
-    """Draw the canary, the replacement, the other exemplars, the position and the seed."""
+    """Draw the canary, the replacement, the other exemplars, the position and the seed.
+
+    ``plan.design`` must be resolved (:func:`resolve_design`); ``auto`` builds the pivotal
+    design (what a simulator gets)."""
+    layout = resolve_design(plan, simulator=True)
+    if layout != "paper":
+        return build_pinned_design(plan, dataset, layout)
     rng = np.random.default_rng([plan.seed, STREAM_DESIGN])
     k = plan.mechanism.n_exemplars
     data_labels = dataset.labels
@@ -259,6 +225,7 @@ class VotingAudit(GaussianMechanismAudit):
             "positive": design.positive,
             "negative": design.negative,
             "query": design.query,
+            "design": design.layout,
         }
 
     def context_body(
@@ -310,8 +277,29 @@ class VotingAudit(GaussianMechanismAudit):
         meta, mech = gaussian_setting_meta(plan, epsilon, contexts)
         if mech is not None:
             from dpicl_audit.estimators import voting_epsilon_exact  # dp-accounting: slow
+            from dpicl_audit.estimators.label_release import (
+                label_release_epsilon,
+                label_release_probabilities,
+            )
 
-            meta["epsilon_exact"] = voting_epsilon_exact(meta["sigma"], plan.mechanism.delta)
+            delta = plan.mechanism.delta
+            # Both designs' clean vote vectors differ by (+1, -1): the noisy votes are the
+            # Gaussian mechanism at full sensitivity sqrt(2), so this is also the design's.
+            meta["epsilon_exact"] = voting_epsilon_exact(meta["sigma"], delta)
+        if isinstance(design, RdpDesign):  # paper 003's query sequences: no single release
+            meta["design"] = f"rdp:{design.attack}"
+            return meta
+        if mech is not None:
+            # The released label's own exact epsilon at the design's intended clean votes:
+            # the ceiling of the assumption-free black-box bound.
+            with_v, without_v = design_votes(design, plan.mechanism.partitions)
+            meta["epsilon_exact_release"] = label_release_epsilon(
+                with_v, without_v, meta["sigma"], delta
+            )
+            meta["release_rates"] = [
+                float(label_release_probabilities(v, meta["sigma"])[0]) for v in (with_v, without_v)
+            ]
+        meta["design"] = design.layout
         return meta
 
     def estimate(

@@ -79,6 +79,31 @@ def estimate_voting_bootstrap(
         fraction=plan.split,
         calls_per_row=plan.mechanism.partitions,
     ).to_dict()
-    out["black_box"] = with_verdict(res["black_box"], meta)
-    out["white_box"] = with_verdict(res["white_box"], meta)
+    power_meta = dict(meta) | _observed_signal(
+        np.array(with_rows), np.array(without_rows), pos, neg, float(sigma_sim)
+    )
+    out["flip_rate"] = power_meta["flip_rate"]
+    out["release_rates_observed"] = power_meta["release_rates"]
+    out["black_box"] = with_verdict(res["black_box"], power_meta)
+    out["white_box"] = with_verdict(res["white_box"], power_meta)
     return out
+
+
+def _observed_signal(
+    with_rows: np.ndarray, without_rows: np.ndarray, pos: int, neg: int, sigma: float
+) -> dict[str, Any]:
+    """What the clean votes say about the audit's power: the fraction of (row-aligned) pairs
+    whose clean votes differ between worlds, and the black-box rule's release rates averaged
+    over the collected votes (two-label closed form on the positive/negative counts)."""
+    from scipy import special
+
+    from dpicl_audit.estimators.power import flip_rate_from_signals
+
+    n = min(len(with_rows), len(without_rows))
+    flips = flip_rate_from_signals(with_rows[:n], without_rows[:n])
+    scale = sigma * np.sqrt(2.0)
+    rates = [
+        float(np.mean(special.ndtr((rows[:, pos] - rows[:, neg]) / scale)))
+        for rows in (with_rows, without_rows)
+    ]
+    return {"flip_rate": flips, "release_rates": rates}

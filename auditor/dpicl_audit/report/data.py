@@ -81,7 +81,10 @@ class ReportRow:
     epsilon_exact_shift: float | None = None
     mechanism: str = "voting"
     attack: str = "inquery"
-    design: str = ""  # canary kind and setting, e.g. "natural canary, audit-template"
+    design: str = ""  # design, canary kind and setting, e.g. "pivotal, natural canary, ..."
+    # The assumption-free classical (epsilon, delta) bound from the same trials (its own
+    # threshold); epsilon_emp/mu_lower are the GDP figure (assumes a Gaussian trade-off).
+    epsilon_classic: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -162,7 +165,10 @@ def report_rows(runs: Sequence[RunData]) -> list[ReportRow]:
         conf = float(res.get("confidence", rd.plan.confidence))
         method = "bootstrap" if rd.kind == "bootstrap" else "real trials"
         models = res.get("threat_models") or ["black-box"]
+        layout = (res.get("design") or {}).get("design")
         design = f"{rd.plan.canary} canary, {rd.plan.setting}"
+        if layout:
+            design = f"{layout} design, {design}"
         if rd.mechanism == "dps-mozo":
             design = f"signal canary ({'/'.join(rd.plan.mozo.signals)})"
         for s in res.get("settings", []):
@@ -201,6 +207,7 @@ def report_rows(runs: Sequence[RunData]) -> list[ReportRow]:
                         mechanism=rd.mechanism,
                         attack=rd.plan.attack,
                         design=design,
+                        epsilon_classic=num(est.get("epsilon_lower_classic")),
                     )
                 )
             if s.get("rdp"):  # paper 003's RDP audit of the setting: its own row

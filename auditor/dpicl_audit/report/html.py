@@ -13,7 +13,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dpicl_audit.report.data import ReportRow, RunData, num
-from dpicl_audit.report.words import eps_label, fmt, noise_findings, run_verdict, verdict_sentence
+from dpicl_audit.report.words import (
+    VERDICT_WORDS,
+    eps_label,
+    fmt,
+    noise_findings,
+    run_verdict,
+    verdict_sentence,
+)
 
 __all__ = ["render_html"]
 
@@ -35,7 +42,7 @@ table.kv{max-width:100%}table.kv td{overflow-wrap:anywhere}
 .ok{color:#17652a}.error{color:#777}
 .finding{padding:.45em .8em;margin:.3em 0;border-left:5px solid #999;background:#fafafa;
 overflow-wrap:anywhere}
-.finding.violation{border-color:#c00}.finding.bug{border-color:#d9a400}.finding.ok{border-color:#2a8a3e}
+.finding.violation{border-color:#c00}.finding.bug{border-color:#d9a400}.finding.ok{border-color:#2a8a3e}.finding.inconclusive{border-color:#888}
 img{max-width:100%;height:auto;border:1px solid #eee}code{background:#f4f4f4;padding:0 .25em}
 .small{font-size:.85em;color:#555}
 """
@@ -51,13 +58,15 @@ def _results_table(rows: Sequence[ReportRow]) -> str:
         "<th class=l>method</th><th class=l>ε</th>"
         "<th class=l>threat</th><th>ε theory</th><th>ε exact</th>"
         "<th title='ESA: exact ε for the canary&#39;s actual embedding shift'>ε exact (shift)</th>"
-        "<th>ε emp</th>"
-        "<th>confidence</th><th>μ lower</th><th>trials</th><th>LLM calls</th><th>wall s</th>"
+        "<th title='GDP figure: epsilon of mu_lower, assumes a Gaussian trade-off'>"
+        "ε emp (GDP)</th><th title='assumption-free (epsilon, delta) bound, its own threshold'>"
+        "ε classical</th><th>confidence</th><th>μ lower</th><th>trials</th><th>LLM calls</th>"
+        "<th>wall s</th>"
         "<th class=l>verdict</th></tr>"
     )
     body = []
     for r in rows:
-        verdict = {"violation": "VIOLATED", "bug": "BUG", "ok": "ok"}.get(r.status, r.status)
+        verdict = VERDICT_WORDS.get(r.status, r.status)
         if r.noise_check and r.noise_check.get("status") == "smaller":
             verdict += " · noise smaller than claimed"
         trials = "-" if r.trials is None else f"{r.trials:,}"
@@ -70,7 +79,8 @@ def _results_table(rows: Sequence[ReportRow]) -> str:
             f"<td class=l>{_e(eps_label(r.setting))}</td><td class=l>{_e(r.threat)}</td>"
             f"<td>{fmt(r.epsilon_theory, 2)}</td><td>{fmt(r.epsilon_exact)}</td>"
             f"<td>{fmt(r.epsilon_exact_shift)}</td>"
-            f"<td><b>{fmt(r.epsilon_emp)}</b></td><td>{r.confidence:.0%}</td>"
+            f"<td><b>{fmt(r.epsilon_emp)}</b></td><td>{fmt(r.epsilon_classic)}</td>"
+            f"<td>{r.confidence:.0%}</td>"
             f"<td>{fmt(r.mu_lower)}</td><td>{trials}</td>"
             f"<td>{'-' if r.llm_calls is None else f'{r.llm_calls:,}'}</td>"
             f"<td>{fmt(r.wall_time_s, 1)}{'*' if r.wall_time_shared else ''}</td>"
@@ -214,7 +224,7 @@ def render_html(
     findings = [
         f"<div class='finding {r.status}'>{_e(verdict_sentence(r))}</div>"
         for r in rows
-        if r.status in ("violation", "bug")
+        if r.status in ("violation", "bug", "inconclusive")
     ]
     findings += [f"<div class='finding violation'>{_e(t)}</div>" for t in noise_findings(rows)]
     summary = []
@@ -223,13 +233,17 @@ def render_html(
         words = {
             "violation": "the privacy claim is VIOLATED",
             "bug": "the server or the auditor has a BUG (epsilon_emp above epsilon_exact)",
-            "ok": "consistent with the claimed privacy at every epsilon audited",
+            "inconclusive": "INCONCLUSIVE at some epsilon: the audit could not have seen a "
+            "violation there (see the findings)",
+            "ok": "consistent with the claimed privacy at every epsilon audited, where the "
+            "audit had the power to see a violation",
         }.get(status, "no estimate")
         summary.append(f"<div class='finding {status}'><b>{_e(rd.label)}</b>: {_e(words)}.</div>")
     if not findings:
         findings.append(
-            "<div class='finding ok'>No audit found more leakage than claimed: every "
-            "epsilon_emp is at most epsilon_exact, which is at most epsilon_theory.</div>"
+            "<div class='finding ok'>No audit found more leakage than claimed, and each had "
+            "the power to see a violation: every epsilon_emp is at most epsilon_exact, which "
+            "is at most epsilon_theory.</div>"
         )
     figs = "".join(
         f"<h2>{_e(h)}</h2><p class=small>{_e(cap)}</p>"

@@ -8,7 +8,10 @@ from collections.abc import Sequence
 from dpicl_audit.report.data import ReportRow
 from dpicl_audit.verdicts import worst_status
 
-__all__ = ["eps_label", "fmt", "noise_findings", "run_verdict", "verdict_sentence"]
+__all__ = ["VERDICT_WORDS", "eps_label", "fmt", "noise_findings", "run_verdict", "verdict_sentence"]
+
+
+VERDICT_WORDS = {"violation": "VIOLATED", "bug": "BUG", "inconclusive": "INCONCLUSIVE", "ok": "ok"}
 
 
 def fmt(value: float | None, digits: int = 3) -> str:
@@ -32,11 +35,13 @@ def verdict_sentence(row: ReportRow) -> str:
         f"{row.threat}, at epsilon {fmt(row.epsilon_theory, 3)}"
     )
     conf = f"{row.confidence:.0%}"
+    classical = f"; the assumption-free classical bound is {fmt(row.epsilon_classic)}"
     if row.status == "violation":
         text = (
-            f"PRIVACY CLAIM VIOLATED ({where}): the audit proves epsilon >= "
-            f"{fmt(row.epsilon_emp)} with {conf} confidence, above the claimed "
-            f"{fmt(row.epsilon_theory, 3)}."
+            f"PRIVACY CLAIM VIOLATED ({where}): the mechanism is not mu-GDP for any mu < "
+            f"{fmt(row.mu_lower)} ({conf} confidence), which under the Gaussian trade-off the "
+            f"server claims means epsilon >= {fmt(row.epsilon_emp)}, above the claimed "
+            f"{fmt(row.epsilon_theory, 3)}{classical}."
         )
         exact = row.epsilon_exact
         if exact is not None and row.epsilon_emp is not None and row.epsilon_emp > exact:
@@ -47,20 +52,24 @@ def verdict_sentence(row: ReportRow) -> str:
         return text
     if row.status == "bug":
         return (
-            f"BUG ({where}): epsilon_emp {fmt(row.epsilon_emp)} ({conf} confidence) exceeds "
-            f"the mechanism's exact epsilon {fmt(row.epsilon_exact)}, though not the claimed "
-            f"{fmt(row.epsilon_theory, 3)}: the server or the auditor has a bug."
+            f"BUG ({where}): a figure ({conf} confidence: GDP epsilon {fmt(row.epsilon_emp)}"
+            f"{classical}) exceeds the mechanism's exact epsilon {fmt(row.epsilon_exact)}, "
+            f"though not the claimed {fmt(row.epsilon_theory, 3)}: the server or the auditor "
+            "has a bug."
         )
+    if row.status == "inconclusive":
+        return f"INCONCLUSIVE ({where}): {row.message}"
     if row.status == "error":
         return f"no estimate ({where}): {row.message}"
     return (
-        f"consistent ({where}): epsilon_emp {fmt(row.epsilon_emp)} <= epsilon_exact "
-        f"{fmt(row.epsilon_exact)} <= epsilon_theory {fmt(row.epsilon_theory, 3)}."
+        f"consistent ({where}): the audit could have seen a violation and found none: GDP "
+        f"epsilon_emp {fmt(row.epsilon_emp)}{classical}, epsilon_exact "
+        f"{fmt(row.epsilon_exact)}, epsilon_theory {fmt(row.epsilon_theory, 3)}."
     )
 
 
 def run_verdict(rows: Sequence[ReportRow]) -> str:
-    """The worst status of a run's rows: violation > bug > ok."""
+    """The worst status of a run's rows: violation > bug > inconclusive > ok."""
     return worst_status([r.status for r in rows])
 
 

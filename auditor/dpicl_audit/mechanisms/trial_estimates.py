@@ -1,0 +1,107 @@
+"""Estimates of a real-query run shared by the mechanisms: the black-box rule's counts and the
+white-box figures (:func:`~dpicl_audit.estimators.whitebox.audit_figures`: never weaker than
+the black-box rule, GDP and classical figures each with its own threshold), with verdicts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+from dpicl_audit.errors import InvalidAuditInput
+from dpicl_audit.plan import AuditPlan
+from dpicl_audit.schedule import STREAM_SPLIT
+from dpicl_audit.store import TrialRecord
+from dpicl_audit.verdicts import gaussian_verdict
+
+__all__ = ["Finish", "estimate_trials", "figure_fields", "with_verdict"]
+
+Finish = Callable[[dict[str, Any], Mapping[str, Any]], dict[str, Any]]
+
+
+def with_verdict(est: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The estimate with its verdict against the setting's claims."""
+    est["verdict"] = gaussian_verdict(est, meta)
+    return est
+
+
+def estimate_trials(
+    plan: AuditPlan,
+    k: int,
+    rows: Sequence[TrialRecord],
+    meta: dict[str, Any],
+    *,
+    calls_per_query: int,
+    positive_when: Literal["above", "below"] = "above",
+    finish: Finish = with_verdict,
+) -> dict[str, Any]:
+    """Per-epsilon estimates of a real-query run: black-box from the logged decisions,
+    white-box from the logged scores (positive above the threshold, or below it), the
+    threshold chosen on a seeded held-out split (DESIGN.md section 5)."""
+    from dpicl_audit.estimators import estimate_from_counts
+    from dpicl_audit.estimators.whitebox import (
+        CLASSICAL_LABEL,
+        GAUSSIAN_LABEL,
+        audit_figures,
+    )
+
+    out = dict(meta)
+    worlds = np.array([r.world for r in rows], dtype=np.int64)
+    decisions = np.array([r.decision or 0 for r in rows], dtype=np.int64)
+    n1, n0 = int(np.sum(worlds == 1)), int(np.sum(worlds == 0))
+    out |= {
+        "trials": len(rows),
+        "n_with": n1,
+        "n_without": n0,
+        "llm_calls": len(rows) * calls_per_query,
+    }
+    tp = int(np.sum(decisions[worlds == 1]))
+    fp = int(np.sum(decisions[worlds == 0]))
+    try:
+        bb = estimate_from_counts(
+            tp, n1 - tp, fp, n0 - fp, delta=plan.mechanism.delta, confidence=plan.confidence
+        ).to_dict()
+        bb |= {"gdp_label": GAUSSIAN_LABEL, "classical_label": CLASSICAL_LABEL}
+        out["black_box"] = finish(bb, meta)
+    except InvalidAuditInput as exc:
+        out["black_box"] = {"error": str(exc)}
+    out["white_box"] = None
+    scores = [r.score for r in rows]
+    if plan.threat_model == "white-box" and rows and all(s is not None for s in scores):
+        arr = np.array(scores, dtype=np.float64)
+        w1, w0 = worlds == 1, worlds == 0
+        try:
+            # Never weaker than black-box: the black-box rule is one pre-registered candidate
+            # (estimators.whitebox); each figure gets its own threshold.
+            figs = audit_figures(
+                arr[w1],
+                arr[w0],
+                rng=np.random.default_rng([plan.seed, STREAM_SPLIT, k]),
+                delta=plan.mechanism.delta,
+                confidence=plan.confidence,
+                black_box_pos=decisions[w1].astype(bool),
+                black_box_neg=decisions[w0].astype(bool),
+                fraction=plan.split,
+                positive_when=positive_when,
+            )
+            wb = figs.gdp.to_dict()
+            wb |= figure_fields(figs)
+            out["white_box"] = finish(wb, meta)
+        except InvalidAuditInput as exc:
+            out["white_box"] = {"error": str(exc)}
+    return out
+
+
+def figure_fields(figs: Any) -> dict[str, Any]:
+    """Both figures' headline fields of an :class:`~dpicl_audit.estimators.whitebox.
+    AuditFigures`: the classical bound with its own threshold, and the labels."""
+    from dpicl_audit.estimators.whitebox import CLASSICAL_LABEL, GAUSSIAN_LABEL
+
+    classical = figs.classical
+    return {
+        "epsilon_lower_classic": figs.epsilon_classical,
+        "classical_threshold": getattr(classical, "threshold", None),
+        "gdp_label": GAUSSIAN_LABEL,
+        "classical_label": CLASSICAL_LABEL,
+    }

@@ -1,0 +1,198 @@
+"""Voting's neighbour design: the dataclass stored with a run, and the pinned designs.
+
+``paper`` (paper 000's [1, T-1] against [0, T], built in :mod:`.voting`), ``pivotal`` and
+``identical`` (docs/auditing.md, "Designs"): the other ``T - 1`` partitions pinned so that the
+canary's partition decides the released label
+(:func:`~dpicl_audit.estimators.label_release.pivotal_design`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dpicl_audit.datasets import Example, LabelledDataset
+from dpicl_audit.errors import DatasetError, InvalidPlan
+from dpicl_audit.mechanisms.neighbours import (
+    MIN_ORACLE_CHARS,
+    STREAM_DESIGN,
+    NeighbourPair,
+    neighbour_slot,
+    pair_from_json,
+    pair_to_json,
+    pick_exemplars,
+    random_canary_text,
+)
+from dpicl_audit.plan import Attack, AuditPlan, CanaryKind, VotingDesign
+from dpicl_audit.prompts import (
+    AUDIT_NEGATIVE,
+    AUDIT_POSITIVE,
+    AUDIT_TEMPLATE,
+    MINIMAL_TEMPLATE,
+    audit_query,
+)
+
+__all__ = [
+    "AuditDesign",
+    "build_pinned_design",
+    "design_votes",
+    "resolve_design",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class AuditDesign(NeighbourPair):
+    """The neighbour pair and the audit query; JSON round-trips via to_json / from_json."""
+
+    attack: Attack
+    canary_kind: CanaryKind
+    labels: tuple[str, ...]
+    template: str | None  # None: the server's default template (deployment setting)
+    position: int
+    partition_seed: int
+    canary: Example  # as placed in C1 at ``position``
+    replacement: Example  # as placed in C0 at ``position``
+    exemplars_c0: tuple[Example, ...]
+    query: str
+    positive: str  # the answer that means "canary present"
+    negative: str | None  # the other answer (inquery); None: every other label (brainwash)
+    wrong_label: str | None = None  # brainwash: the label injected with the canary
+    layout: str = "paper"  # "paper", "pivotal" or "identical" (docs/auditing.md, "Designs")
+
+    def decide_label(self, label: str) -> int:
+        """Black-box rule: 1 ("present") when the released label is the positive answer."""
+        return int(label == self.positive)
+
+    def score(self, noisy_votes: Mapping[str, float]) -> float:
+        """White-box statistic: noisy[pos] - noisy[neg] (Section 3.2 of paper 000).
+
+        For Brainwash (no single negative answer) the margin over the best other label.
+        """
+        try:
+            pos = float(noisy_votes[self.positive])
+            if self.negative is not None:
+                return pos - float(noisy_votes[self.negative])
+            others = [float(v) for k, v in noisy_votes.items() if k != self.positive]
+        except KeyError as exc:
+            raise KeyError(f"noisy votes lack the label {exc.args[0]!r}") from exc
+        return pos - max(others) if others else pos
+
+    def clean_vector(self, votes: Mapping[str, float]) -> list[float]:
+        """A vote histogram in the order of :attr:`labels`."""
+        return [float(votes.get(lab, 0.0)) for lab in self.labels]
+
+    def to_json(self) -> dict[str, Any]:
+        return pair_to_json(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> AuditDesign:
+        d = pair_from_json(data)
+        d["labels"] = tuple(d["labels"])
+        return cls(**d)
+
+
+def resolve_design(plan: AuditPlan, *, simulator: bool | None) -> VotingDesign:
+    """The design ``auto`` stands for: pivotal on a simulator, identical-text on a real
+    engine (``simulator`` False or unknown), paper's for attacks and settings the pinned
+    designs do not cover."""
+    if plan.design != "auto":
+        return plan.design
+    if plan.mechanism.name != "voting" or plan.attack != "inquery":
+        return "paper"
+    if plan.setting != "audit-template":
+        return "paper"
+    return "pivotal" if simulator else "identical"
+
+
+def build_pinned_design(
+    plan: AuditPlan, dataset: LabelledDataset, layout: VotingDesign
+) -> AuditDesign:
+    """A pivotal canary: one exemplar per partition, the other ``T - 1`` partitions pinned
+    (the same in both worlds) so that the canary's partition decides the released label
+    (:func:`~dpicl_audit.estimators.label_release.pivotal_design`: C1 = [m+1, m] against
+    C0 = [m, m+1] for odd T; for even T the clean tie [m, m] is C0's).
+
+    * ``pivotal`` (Prompt 1, "is this text present?"): a partition votes "Yes" when it holds
+      the queried text x; the pinned "Yes" partitions hold a copy of x, the pinned "No" ones
+      other texts; the canary partition holds x in C1 and a replacement text in C0.
+    * ``identical``: every partition holds the same text x (made-up words), labels are two
+      made-up words A/B, the template is minimal and the query is x; the canary partition
+      holds (x, A) in C1 and (x, B) in C0, the pinned ones (x, A) or (x, B). A model that
+      copies the label of an identical demonstration votes its partition's label.
+
+    Replace-one adjacency holds at the canary's position: C1 and C0 differ there only.
+    """
+    from dpicl_audit.estimators.label_release import pivotal_design
+
+    rng = np.random.default_rng([plan.seed, STREAM_DESIGN, 1 if layout == "pivotal" else 2])
+    t = plan.mechanism.partitions
+    if t < 2:
+        raise InvalidPlan(f"the {layout} design needs at least 2 partitions, got {t}")
+    pinned = pivotal_design(t).other_labels  # label index per other partition: 0 = A, 1 = B
+    position, partition_seed = neighbour_slot(plan, rng, t)
+    if position >= t:
+        raise InvalidPlan(
+            f"neighbour.position {position} is outside the {layout} design's {t} exemplars "
+            "(one per partition)"
+        )
+    order = rng.permutation(len(dataset))
+    if layout == "identical" or plan.canary == "random":
+        x = random_canary_text(rng)
+    else:
+        x = dataset.examples[int(order[0])].input
+    if len(x.strip()) < MIN_ORACLE_CHARS:
+        raise DatasetError(f"canary text {x!r} is shorter than {MIN_ORACLE_CHARS} characters")
+    others: list[Example]
+    if layout == "identical":
+        a = random_canary_text(rng, words=1).rstrip(".")
+        b = a
+        while b == a:
+            b = random_canary_text(rng, words=1).rstrip(".")
+        labels, template, query = (a, b), MINIMAL_TEMPLATE, x
+        canary, replacement = Example(x, a), Example(x, b)
+        others = [Example(x, labels[j]) for j in pinned]
+    else:
+        labels, template, query = (AUDIT_POSITIVE, AUDIT_NEGATIVE), AUDIT_TEMPLATE, audit_query(x)
+        pool = [dataset.examples[int(i)] for i in order[1:]]
+        n_no = sum(1 for j in pinned if j == 1)
+        texts = pick_exemplars(pool, canary_text=x, query=query, k=n_no + 1, dataset=dataset)
+        coins = rng.integers(0, 2, size=t)
+        replacement = Example(texts[0].input, labels[int(coins[0])])
+        canary = Example(x, replacement.output)  # natural: the replacement's output
+        if plan.canary == "mislabeled":
+            canary = Example(x, labels[1 - int(coins[0])])
+        no_texts = iter(texts[1:])
+        others = [
+            Example(x if j == 0 else next(no_texts).input, labels[int(c)])
+            for j, c in zip(pinned, coins[1:], strict=True)
+        ]
+        a = AUDIT_POSITIVE
+    exemplars = [*others[:position], replacement, *others[position:]]
+    return AuditDesign(
+        attack=plan.attack,
+        canary_kind=plan.canary,
+        labels=tuple(labels),
+        template=template,
+        position=position,
+        partition_seed=partition_seed,
+        canary=canary,
+        replacement=replacement,
+        exemplars_c0=tuple(exemplars),
+        query=query,
+        positive=a,
+        negative=labels[1],
+        layout=layout,
+    )
+
+
+def design_votes(design: AuditDesign, partitions: int) -> tuple[list[int], list[int]]:
+    """The clean vote histograms (positive, negative) the design intends in C1 and C0."""
+    if design.layout == "paper":
+        return [1, partitions - 1], [0, partitions]
+    from dpicl_audit.estimators.label_release import pivotal_design
+
+    d = pivotal_design(partitions)
+    return list(d.votes_with), list(d.votes_without)
