@@ -122,10 +122,12 @@ async def test_black_box_and_white_box_runs(tmp_path: Path) -> None:
         )
     s = bb["settings"][0]
     assert s["black_box"]["tpr"] > s["black_box"]["fpr"]
-    assert s["black_box"]["verdict"]["status"] == "ok"
+    # 120 trials cannot reach half of epsilon_exact at epsilon 8: the honest verdict is
+    # INCONCLUSIVE (or consistent), never a violation or a bug.
+    assert s["black_box"]["verdict"]["status"] in {"ok", "inconclusive"}
     assert s["epsilon_exact_signal"] is not None
     w = wb["settings"][0]
-    assert w["white_box"]["verdict"]["status"] == "ok"
+    assert w["white_box"]["verdict"]["status"] in {"ok", "inconclusive"}
     assert w["white_box"]["tpr"] > w["white_box"]["fpr"]
     assert not w["white_box"]["exceeds_exact_signal"]
 
@@ -151,11 +153,12 @@ async def test_baselines(tmp_path: Path) -> None:
             progress=False,
         )
     r = rep["settings"][0]["black_box"]
-    assert r["epsilon_lower"] == 0.0 and r["verdict"]["status"] == "ok"
+    # Repeat learns nothing from zero-shot candidates: no power, so INCONCLUSIVE.
+    assert r["epsilon_lower"] == 0.0 and r["verdict"]["status"] == "inconclusive"
     assert ref["design"]["signal"] == "list-empty"
     assert ref["design"]["embeddings_source"] == "local"
     v = ref["settings"][0]["white_box"]
-    assert v["verdict"]["status"] == "ok"
+    assert v["verdict"]["status"] in {"ok", "inconclusive"}
 
 
 @pytest.mark.slow
