@@ -91,6 +91,7 @@ def test_vllm_server_classifies_and_generates(start_server: Any, tmp_path: Any) 
                 "candidates": 3,
                 "max_tokens": 12,
             },
+            "budget": {"epsilon": 40.0, "delta": 1e-4},
         },
     )
     out = _ask(srv.url, "generate", esa, "Joe: Can you feed the cat? Mia: Sure, after work.")
