@@ -21,7 +21,6 @@ ONE_IDEA = {
     "plan.py": "the plan model and its validation",
     "store.py": "the SQL trial log",
     "demo.py": "the demo script",
-    "estimators/whitebox.py": "white-box selection never weaker than black-box, both figures",
 }
 MAX_LINES = 400
 

@@ -4,6 +4,7 @@
 * :mod:`.gdp` the mu-GDP curve and the lower bound on mu (paper 000, Section 2);
 * :mod:`.classic` the classical (epsilon, delta) lower bound (paper 003, Section 2.2);
 * :mod:`.exact` the mechanisms' true curves (dp-accounting PLD) and theory noise levels;
+* :mod:`.held_out` the split and held-out bound both white-box estimates share;
 * :mod:`.thresholds` white-box threshold selection on one split, bounds on the other;
 * :mod:`.rdp` Renyi-DP: exact divergence of noisy argmax and the 2-cut lower bound (003);
 * :mod:`.label_release` exact epsilon of voting's released label; the pivotal canary design;

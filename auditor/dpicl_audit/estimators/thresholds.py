@@ -19,19 +19,29 @@ finer grids around the best few points of each grid, down to single candidates: 
 thousand evaluations for any number of scores. The result is the best threshold found (the
 exact maximiser unless the objective has a narrow peak away from every grid's best points);
 the held-out bound is valid for any choice.
+
+The split, the held-out bound and the checks of the inputs are :mod:`.held_out`'s, shared with
+:mod:`.whitebox`: the two white-box estimates differ only in how they select the threshold.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
-from dpicl_audit.errors import InvalidAuditInput
-from dpicl_audit.estimators.classic import classic_epsilon_from_rates
-from dpicl_audit.estimators.gdp import mu_from_rates
+from dpicl_audit.estimators.held_out import (
+    BoundFields,
+    Objective,
+    PositiveWhen,
+    check_objective,
+    check_scores,
+    held_out_bound,
+    objective_values,
+    orientation,
+)
 from dpicl_audit.estimators.stats import (
     ConfidenceSplit,
     FloatArray,
@@ -55,8 +65,6 @@ __all__ = [
     "split_threshold_estimate",
 ]
 
-Objective = Literal["mu", "epsilon_classic"]
-PositiveWhen = Literal["above", "below"]
 
 _GRID = 257  # points per grid (evenly spaced in rank)
 _TAIL = 64  # extreme candidates always evaluated (few false positives / negatives)
@@ -94,7 +102,7 @@ class ThresholdChoice:
 
 
 @dataclass(frozen=True)
-class ThresholdEstimate:
+class ThresholdEstimate(BoundFields):
     """Held-out white-box estimate plus the labelled optimistic (in-sample) one.
 
     ``threshold`` was chosen on ``n_select_pos``/``n_select_neg`` trials; ``held_out`` is the
@@ -113,32 +121,8 @@ class ThresholdEstimate:
     optimistic: AuditEstimate
 
     @property
-    def tp(self) -> int:
-        return self.held_out.tp
-
-    @property
-    def fn(self) -> int:
-        return self.held_out.fn
-
-    @property
-    def fp(self) -> int:
-        return self.held_out.fp
-
-    @property
-    def tn(self) -> int:
-        return self.held_out.tn
-
-    @property
-    def mu_lower(self) -> float:
-        return self.held_out.mu_lower
-
-    @property
-    def epsilon_lower(self) -> float:
-        return self.held_out.epsilon_lower
-
-    @property
-    def epsilon_lower_classic(self) -> float:
-        return self.held_out.epsilon_lower_classic
+    def bound(self) -> AuditEstimate:
+        return self.held_out
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict: the held-out bound at top level, the optimistic one labelled."""
@@ -155,25 +139,6 @@ class ThresholdEstimate:
             **held,
             "optimistic": optimistic,
         }
-
-
-def _scores(values: npt.ArrayLike, name: str) -> FloatArray:
-    arr = np.asarray(values, dtype=np.float64)
-    if arr.ndim != 1:
-        raise InvalidAuditInput(f"{name} must be one-dimensional, got shape {arr.shape}")
-    if arr.size == 0:
-        raise InvalidAuditInput(f"{name} must not be empty")
-    if not np.all(np.isfinite(arr)):
-        raise InvalidAuditInput(f"{name} must be finite (no NaN or infinity)")
-    return arr
-
-
-def _oriented(arr: FloatArray, positive_when: PositiveWhen) -> FloatArray:
-    if positive_when == "above":
-        return arr
-    if positive_when == "below":
-        return -arr
-    raise InvalidAuditInput(f"positive_when must be 'above' or 'below', got {positive_when!r}")
 
 
 def _choose_sorted(
@@ -198,9 +163,7 @@ def _choose_sorted(
     def value(idx: IntArray, c: float = c_each) -> FloatArray:
         fpr_u = clopper_pearson_upper(fp_all[idx], n_neg, c)
         fnr_u = clopper_pearson_upper(fn_all[idx], n_pos, c)
-        if objective == "mu":
-            return mu_from_rates(fpr_u, fnr_u)
-        return classic_epsilon_from_rates(fpr_u, fnr_u, delta)
+        return objective_values(fpr_u, fnr_u, objective, delta)
 
     m = cand.size
     conf = c_each
@@ -271,15 +234,16 @@ def choose_threshold(
     by the ``"epsilon_classic"`` objective. Vectorised: 400,000 scores take a fraction of a
     second.
     """
-    pos = _oriented(_scores(scores_pos, "scores_pos"), positive_when)
-    neg = _oriented(_scores(scores_neg, "scores_neg"), positive_when)
+    sign = orientation(positive_when)
+    pos = sign * check_scores(scores_pos, "scores_pos")
+    neg = sign * check_scores(scores_neg, "scores_neg")
     c_each = per_interval_confidence(check_confidence(confidence), 2, split)
     d = check_delta(delta)
-    if objective not in ("mu", "epsilon_classic"):
-        raise InvalidAuditInput(f"objective must be 'mu' or 'epsilon_classic', got {objective!r}")
-    tau, fp, fn, best = _choose_sorted(np.sort(pos), np.sort(neg), c_each, d, objective)
+    tau, fp, fn, best = _choose_sorted(
+        np.sort(pos), np.sort(neg), c_each, d, check_objective(objective)
+    )
     return ThresholdChoice(
-        threshold=tau if positive_when == "above" else -tau,
+        threshold=sign * tau,
         positive_when=positive_when,
         tp=pos.size - fn,
         fn=fn,
@@ -288,12 +252,6 @@ def choose_threshold(
         objective=objective,
         objective_value=best,
     )
-
-
-def _count_positive(scores: FloatArray, threshold: float, positive_when: PositiveWhen) -> int:
-    if positive_when == "above":
-        return int(np.count_nonzero(scores > threshold))
-    return int(np.count_nonzero(scores < threshold))
 
 
 def split_threshold_estimate(
@@ -320,52 +278,46 @@ def split_threshold_estimate(
     """
     from dpicl_audit.estimators import estimate_from_counts  # the package imports this module
 
-    pos = _scores(scores_pos, "scores_pos")
-    neg = _scores(scores_neg, "scores_neg")
-    f = float(fraction)
-    if not 0.0 < f < 1.0:
-        raise InvalidAuditInput(f"fraction must lie strictly between 0 and 1, got {fraction!r}")
-    n_sel_pos = int(pos.size * f)
-    n_sel_neg = int(neg.size * f)
-    if min(n_sel_pos, n_sel_neg) < 1 or n_sel_pos >= pos.size or n_sel_neg >= neg.size:
-        raise InvalidAuditInput(
-            f"fraction={f} leaves an empty selection or held-out part "
-            f"({pos.size} positive and {neg.size} negative scores)"
-        )
-    perm_pos = rng.permutation(pos.size)
-    perm_neg = rng.permutation(neg.size)
-    sel_pos, hold_pos = pos[perm_pos[:n_sel_pos]], pos[perm_pos[n_sel_pos:]]
-    sel_neg, hold_neg = neg[perm_neg[:n_sel_neg]], neg[perm_neg[n_sel_neg:]]
-    kwargs: dict[str, Any] = {
-        "confidence": confidence,
-        "delta": delta,
-        "objective": objective,
-        "positive_when": positive_when,
-        "split": split,
-    }
-    choice = choose_threshold(sel_pos, sel_neg, **{**kwargs, "confidence": selection_confidence})
-    tp = _count_positive(hold_pos, choice.threshold, positive_when)
-    fp = _count_positive(hold_neg, choice.threshold, positive_when)
-    held = estimate_from_counts(
-        tp,
-        hold_pos.size - tp,
-        fp,
-        hold_neg.size - fp,
+    sign = orientation(positive_when)
+    raw_pos = check_scores(scores_pos, "scores_pos")
+    raw_neg = check_scores(scores_neg, "scores_neg")
+    pos, neg = sign * raw_pos, sign * raw_neg
+    c_sel = per_interval_confidence(check_confidence(selection_confidence), 2, split)
+    d = check_delta(delta)
+    obj = check_objective(objective)
+
+    def select(sel_pos: FloatArray, sel_neg: FloatArray, _n_pos: int, _n_neg: int) -> float:
+        return _choose_sorted(np.sort(sel_pos), np.sort(sel_neg), c_sel, d, obj)[0]
+
+    held = held_out_bound(
+        pos,
+        neg,
+        rng=rng,
+        fraction=fraction,
+        select=select,
         delta=delta,
         confidence=confidence,
         split=split,
     )
-    full = choose_threshold(pos, neg, **kwargs)
+    full = choose_threshold(
+        raw_pos,
+        raw_neg,
+        confidence=confidence,
+        delta=delta,
+        objective=objective,
+        positive_when=positive_when,
+        split=split,
+    )
     optimistic = estimate_from_counts(
         full.tp, full.fn, full.fp, full.tn, delta=delta, confidence=confidence, split=split
     )
     return ThresholdEstimate(
-        threshold=choice.threshold,
+        threshold=sign * held.tau,
         positive_when=positive_when,
-        fraction=f,
-        n_select_pos=n_sel_pos,
-        n_select_neg=n_sel_neg,
-        held_out=held,
+        fraction=held.fraction,
+        n_select_pos=held.n_select_pos,
+        n_select_neg=held.n_select_neg,
+        held_out=held.estimate,
         optimistic_threshold=full.threshold,
         optimistic=optimistic,
     )

@@ -40,8 +40,16 @@ import numpy as np
 import numpy.typing as npt
 
 from dpicl_audit.errors import InvalidAuditInput
-from dpicl_audit.estimators.classic import classic_epsilon_from_rates
-from dpicl_audit.estimators.gdp import mu_from_rates
+from dpicl_audit.estimators.held_out import (
+    BoundFields,
+    Objective,
+    PositiveWhen,
+    check_objective,
+    check_scores,
+    held_out_bound,
+    objective_values,
+    orientation,
+)
 from dpicl_audit.estimators.stats import (
     BoolArray,
     ConfidenceSplit,
@@ -51,7 +59,6 @@ from dpicl_audit.estimators.stats import (
     clopper_pearson_upper,
     per_interval_confidence,
 )
-from dpicl_audit.estimators.thresholds import Objective, PositiveWhen
 
 if TYPE_CHECKING:
     from dpicl_audit.estimators import AuditEstimate
@@ -78,7 +85,7 @@ CLASSICAL_LABEL = "classical (epsilon, delta) lower bound: assumption-free"
 
 
 @dataclass(frozen=True)
-class WhiteBoxEstimate:
+class WhiteBoxEstimate(BoundFields):
     """The better of the black-box rule (all trials) and a held-out threshold.
 
     ``chosen`` says which won (``"black_box"`` or ``"threshold"``); ``estimate`` is its
@@ -99,20 +106,12 @@ class WhiteBoxEstimate:
     share: float
 
     @property
-    def mu_lower(self) -> float:
-        return self.estimate.mu_lower
-
-    @property
-    def epsilon_lower(self) -> float:
-        return self.estimate.epsilon_lower
-
-    @property
-    def epsilon_lower_classic(self) -> float:
-        return self.estimate.epsilon_lower_classic
+    def bound(self) -> AuditEstimate:
+        return self.estimate
 
     def value(self) -> float:
         """The objective's value: ``mu_lower`` or the classical epsilon."""
-        return self.mu_lower if self.objective == "mu" else self.epsilon_lower_classic
+        return _value(self.estimate, self.objective)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict: the combined figure at top level, both tests below."""
@@ -130,13 +129,8 @@ class WhiteBoxEstimate:
         }
 
 
-def _scores(values: npt.ArrayLike, name: str) -> FloatArray:
-    arr = np.asarray(values, dtype=np.float64)
-    if arr.ndim != 1 or arr.size < 2:
-        raise InvalidAuditInput(f"{name} must be one-dimensional with >= 2 scores")
-    if not np.all(np.isfinite(arr)):
-        raise InvalidAuditInput(f"{name} must be finite (no NaN or infinity)")
-    return arr
+def _value(e: AuditEstimate, objective: Objective) -> float:
+    return e.mu_lower if objective == "mu" else e.epsilon_lower_classic
 
 
 def _decisions(values: npt.ArrayLike | None, size: int, name: str) -> BoolArray | None:
@@ -176,12 +170,6 @@ def roc_hull(pos: FloatArray, neg: FloatArray) -> tuple[FloatArray, FloatArray, 
     return taus[idx], fpr[idx], tpr[idx]
 
 
-def _objective(fpr_u: Any, fnr_u: Any, objective: Objective, delta: float) -> FloatArray:
-    if objective == "mu":
-        return mu_from_rates(fpr_u, fnr_u)
-    return classic_epsilon_from_rates(fpr_u, fnr_u, delta)
-
-
 def _predicted_choice(
     pos: FloatArray,
     neg: FloatArray,
@@ -200,7 +188,7 @@ def _predicted_choice(
     )
     fp = np.round(fpr_sel * n_hold_neg)
     fn = np.round(fnr_sel * n_hold_pos)
-    values = _objective(
+    values = objective_values(
         clopper_pearson_upper(fp, n_hold_neg, c_each),
         clopper_pearson_upper(fn, n_hold_pos, c_each),
         objective,
@@ -234,13 +222,10 @@ def whitebox_estimate(
     """
     from dpicl_audit.estimators import estimate_from_counts  # the package imports this module
 
-    pos = _scores(scores_pos, "scores_pos")
-    neg = _scores(scores_neg, "scores_neg")
-    if positive_when not in ("above", "below"):
-        raise InvalidAuditInput(f"positive_when must be 'above' or 'below', got {positive_when!r}")
-    if objective not in ("mu", "epsilon_classic"):
-        raise InvalidAuditInput(f"objective must be 'mu' or 'epsilon_classic', got {objective!r}")
-    sign = 1.0 if positive_when == "above" else -1.0
+    sign = orientation(positive_when)
+    pos = sign * check_scores(scores_pos, "scores_pos", min_size=2)
+    neg = sign * check_scores(scores_neg, "scores_neg", min_size=2)
+    obj = check_objective(objective)
     c = check_confidence(confidence)
     d = check_delta(delta)
     bb_pos = _decisions(black_box_pos, pos.size, "black_box_pos")
@@ -252,36 +237,16 @@ def whitebox_estimate(
         s = 0.0
     elif not 0.0 < s < 1.0:
         raise InvalidAuditInput(f"share must lie strictly between 0 and 1, got {share!r}")
-    f = float(fraction)
-    n_sel_pos, n_sel_neg = int(pos.size * f), int(neg.size * f)
-    if (
-        not 0.0 < f < 1.0
-        or min(n_sel_pos, n_sel_neg) < 1
-        or n_sel_pos >= pos.size
-        or n_sel_neg >= neg.size
-    ):
-        raise InvalidAuditInput(
-            f"fraction={fraction!r} leaves an empty selection or held-out part "
-            f"({pos.size} positive and {neg.size} negative scores)"
-        )
     c_thr = 1.0 - (1.0 - s) * (1.0 - c)
-    perm_pos, perm_neg = rng.permutation(pos.size), rng.permutation(neg.size)
-    sel_pos, hold_pos = sign * pos[perm_pos[:n_sel_pos]], sign * pos[perm_pos[n_sel_pos:]]
-    sel_neg, hold_neg = sign * neg[perm_neg[:n_sel_neg]], sign * neg[perm_neg[n_sel_neg:]]
-    tau = _predicted_choice(
-        sel_pos,
-        sel_neg,
-        hold_pos.size,
-        hold_neg.size,
-        per_interval_confidence(c_thr, 2, split),
-        d,
-        objective,
+    c_each = per_interval_confidence(c_thr, 2, split)
+
+    def select(sel_pos: FloatArray, sel_neg: FloatArray, n_pos: int, n_neg: int) -> float:
+        return _predicted_choice(sel_pos, sel_neg, n_pos, n_neg, c_each, d, obj)
+
+    part = held_out_bound(
+        pos, neg, rng=rng, fraction=fraction, select=select, delta=d, confidence=c_thr, split=split
     )
-    tp = int(np.count_nonzero(hold_pos > tau))
-    fp = int(np.count_nonzero(hold_neg > tau))
-    held = estimate_from_counts(
-        tp, hold_pos.size - tp, fp, hold_neg.size - fp, delta=d, confidence=c_thr, split=split
-    )
+    held = part.estimate
     black = None
     if bb_pos is not None and bb_neg is not None:
         btp, bfp = int(bb_pos.sum()), int(bb_neg.sum())
@@ -295,10 +260,7 @@ def whitebox_estimate(
             split=split,
         )
 
-    def value(e: AuditEstimate) -> float:
-        return e.mu_lower if objective == "mu" else e.epsilon_lower_classic
-
-    use_black = black is not None and value(black) >= value(held)
+    use_black = black is not None and _value(black, obj) >= _value(held, obj)
     return WhiteBoxEstimate(
         objective=objective,
         confidence=c,
@@ -306,9 +268,9 @@ def whitebox_estimate(
         estimate=black if use_black and black is not None else held,
         black_box=black,
         held_out=held,
-        threshold=sign * tau,
+        threshold=sign * part.tau,
         positive_when=positive_when,
-        fraction=f,
+        fraction=part.fraction,
         share=s,
     )
 
