@@ -6,21 +6,18 @@ from __future__ import annotations
 import json
 import math
 import sys
-import threading
-import time
 import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from scipy import stats
 from typer.testing import CliRunner
 
 from dpicl_audit.cli import app
 from dpicl_audit.store import TrialStore
-from tests.conftest import ADMIN, USER, free_port
+from tests.servers import ADMIN, USER, ThreadServer, free_port
 
 runner = CliRunner()
 
@@ -153,48 +150,6 @@ def _server_available() -> str | None:
     except Exception as exc:
         return f"the dpicl server app is not importable yet: {exc}"
     return None
-
-
-class ThreadServer:
-    """The real server app under uvicorn on a free port, in a thread of this process."""
-
-    def __init__(self, db_path: Path, whitebox: str = "internal") -> None:
-        import uvicorn
-
-        from dpicl.api.app import build_app
-        from dpicl.config import Settings
-
-        settings = Settings(
-            engine="oracle",
-            whitebox=whitebox,  # type: ignore[arg-type]
-            database_url=f"sqlite:///{db_path}",
-            admin_token=ADMIN,
-            api_keys=[USER],
-            log_level="warning",
-            allow_unbudgeted=True,
-        )
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(
-            build_app(settings), host="127.0.0.1", port=self.port, log_level="warning"
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> ThreadServer:
-        self.thread.start()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        raise TimeoutError("server did not start")
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=20)
 
 
 @pytest.fixture(scope="module")

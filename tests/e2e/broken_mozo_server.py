@@ -8,13 +8,15 @@ context's ``max_log_ratio``, ``per_token_epsilon`` and epsilon, the ledger's cha
 debug endpoint's bounds. An auditor that trusts the reported ratios cannot tell; one that
 recomputes them from the reported probabilities must report a privacy violation.
 
-    python tests/e2e/broken_mozo_server.py PORT        (settings from DPICL_* as usual)
+Tests start it with ``start_server(env, fault="tests.e2e.broken_mozo_server")``; by hand,
+from the repository root (settings from ``DPICL_*`` as usual):
+
+    python -m tests.servers tests.e2e.broken_mozo_server PORT
 """
 
 from __future__ import annotations
 
 import dataclasses
-import sys
 from typing import Any
 
 import numpy as np
@@ -24,6 +26,8 @@ from dpicl.mechanisms.mozo import MozoStep
 from dpicl.mechanisms.mozo import mozo_step as honest_mozo_step
 
 EPS0_GROWTH = 2.0
+WARNING = f"DPS-MOZO's eps0 is {EPS0_GROWTH:g}x larger than the reported one"
+"""What the server logs at start (:func:`tests.servers.serve_with_fault`)."""
 
 
 def broken_mozo_step(*args: Any, eps0: float | None = None, **kwargs: Any) -> MozoStep:
@@ -38,33 +42,3 @@ def broken_mozo_step(*args: Any, eps0: float | None = None, **kwargs: Any) -> Mo
 def install() -> None:
     """Patch the DPS-MOZO pipeline in this process (it looks the name up per call)."""
     mozo_pipeline.mozo_step = broken_mozo_step  # type: ignore[assignment]
-
-
-def main(argv: list[str]) -> None:
-    import logging
-
-    import uvicorn
-
-    from dpicl.api.app import build_app
-    from dpicl.config import Settings
-
-    if len(argv) != 1:
-        raise SystemExit("usage: broken_mozo_server.py PORT")
-    port = int(argv[0])
-    install()
-    settings = Settings().model_copy(update={"host": "127.0.0.1", "port": port})
-    logging.basicConfig(level=settings.log_level.upper())
-    logging.getLogger("dpicl").warning(
-        "POSITIVE CONTROL: DPS-MOZO's eps0 is %gx larger than the reported one", EPS0_GROWTH
-    )
-    uvicorn.run(
-        build_app(settings),
-        host=settings.host,
-        port=port,
-        log_level=settings.log_level,
-        access_log=False,
-    )
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

@@ -6,12 +6,13 @@ epsilon and epsilon_exact, the ledger's charges and the debug endpoint's ``sigma
 noise actually added to the vote histogram is smaller. An auditor that trusts the reported
 numbers cannot tell; one that measures must report a privacy violation.
 
-    python tests/e2e/broken_voting_server.py PORT        (settings from DPICL_* as usual)
+Tests start it with ``start_server(env, fault="tests.e2e.broken_voting_server")``; by hand,
+from the repository root (settings from ``DPICL_*`` as usual):
+
+    python -m tests.servers tests.e2e.broken_voting_server PORT
 """
 
 from __future__ import annotations
-
-import sys
 
 import numpy as np
 
@@ -20,6 +21,8 @@ from dpicl.mechanisms.voting import VotingRelease
 from dpicl.mechanisms.voting import private_vote as honest_private_vote
 
 NOISE_SHRINK = 4.0
+WARNING = f"voting noise is {NOISE_SHRINK:g}x smaller than the reported sigma"
+"""What the server logs at start (:func:`tests.servers.serve_with_fault`)."""
 
 
 def broken_private_vote(
@@ -32,33 +35,3 @@ def broken_private_vote(
 def install() -> None:
     """Patch the voting pipeline in this process (the pipeline looks the name up per call)."""
     voting_pipeline.private_vote = broken_private_vote  # type: ignore[assignment]
-
-
-def main(argv: list[str]) -> None:
-    import logging
-
-    import uvicorn
-
-    from dpicl.api.app import build_app
-    from dpicl.config import Settings
-
-    if len(argv) != 1:
-        raise SystemExit("usage: broken_voting_server.py PORT")
-    port = int(argv[0])
-    install()
-    settings = Settings().model_copy(update={"host": "127.0.0.1", "port": port})
-    logging.basicConfig(level=settings.log_level.upper())
-    logging.getLogger("dpicl").warning(
-        "POSITIVE CONTROL: voting noise is %gx smaller than the reported sigma", NOISE_SHRINK
-    )
-    uvicorn.run(
-        build_app(settings),
-        host=settings.host,
-        port=port,
-        log_level=settings.log_level,
-        access_log=False,
-    )
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

@@ -25,7 +25,6 @@ from tests.conftest import ADMIN, USER
 
 pytestmark = pytest.mark.slow
 
-HERE = Path(__file__).resolve().parent
 AUDIT = str(Path(sys.executable).with_name("dpicl-audit"))
 MOZO = ("run", "--mechanism", "dps-mozo", "--exemplars", "3", "--trials", "20")
 
@@ -53,13 +52,13 @@ def _audit(url: str, tmp_path: Path, *args: str) -> dict[str, Any]:
     return out
 
 
-def _server(start_server: Any, tmp_path: Path, name: str, command: list[str] | None) -> Any:
+def _server(start_server: Any, tmp_path: Path, name: str, fault: str | None) -> Any:
     env = {
         "DPICL_ENGINE": "oracle",
         "DPICL_WHITEBOX": "internal",
         "DPICL_DATABASE_URL": f"sqlite:///{tmp_path}/{name}.db",
     }
-    return start_server(env, command=command)
+    return start_server(env, fault=fault)
 
 
 def test_honest_and_broken_dps_mozo_servers_over_the_cli(start_server: Any, tmp_path: Path) -> None:
@@ -75,8 +74,7 @@ def test_honest_and_broken_dps_mozo_servers_over_the_cli(start_server: Any, tmp_
     assert p["guarantee"] == "paper" and p["nominal"] and p["alpha"] == 4
     assert "nominal" in p["black_box"]["verdict"]["message"]
 
-    command = [sys.executable, str(HERE / "broken_mozo_server.py"), "{port}"]
-    broken = _server(start_server, tmp_path, "broken", command)
+    broken = _server(start_server, tmp_path, "broken", "tests.e2e.broken_mozo_server")
     res = _audit(broken.url, tmp_path, "--threat-model", "white-box", "--epsilons", "2")
     wb = res["settings"][0]["white_box"]
     assert wb["verdict"]["status"] == "violation", wb

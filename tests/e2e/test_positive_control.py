@@ -39,7 +39,6 @@ from tests.conftest import ADMIN, USER
 
 pytestmark = pytest.mark.slow
 
-HERE = Path(__file__).resolve().parent
 AUDIT = str(Path(sys.executable).with_name("dpicl-audit"))
 
 
@@ -71,7 +70,7 @@ def test_broken_server_is_reported_as_violation(start_server: Any, tmp_path: Pat
             "DPICL_WHITEBOX": "internal",
             "DPICL_DATABASE_URL": f"sqlite:///{tmp_path}/broken-server.db",
         },
-        command=[sys.executable, str(HERE / "broken_voting_server.py"), "{port}"],
+        fault="tests.e2e.broken_voting_server",
     )
     env = os.environ | {
         "DPICL_AUDIT_ADMIN_TOKEN": ADMIN,

@@ -17,7 +17,7 @@ from hypothesis.errors import Unsatisfiable  # noqa: E402
 from schemathesis import GenerationMode  # noqa: E402
 from schemathesis.specs.openapi.checks import positive_data_acceptance  # noqa: E402
 
-from tests.conftest import ADMIN, ServerProcess  # noqa: E402
+from tests.servers import ADMIN, ServerProcess  # noqa: E402
 
 #: Examples per operation and generation mode: enough to reach every bound in the schema,
 #: few enough for a 2-core CI run (about a minute).

@@ -1,0 +1,198 @@
+"""Real dpicl servers for tests: a free port, readiness on ``/healthz``, a server process
+(honest, or with one deliberate fault patched in) and a server thread.
+
+A positive control is a module that defines a fault, ``install()`` (patch it into the server's
+modules in this process) and ``WARNING`` (what the server logs at start), e.g.
+``tests/e2e/broken_voting_server.py``. A test starts the real app with it by naming the module:
+
+    srv = start_server(env, fault="tests.e2e.broken_voting_server")
+
+and by hand, from the repository root (settings from ``DPICL_*`` as usual):
+
+    python -m tests.servers tests.e2e.broken_voting_server PORT
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+__all__ = [
+    "ADMIN",
+    "ROOT",
+    "USER",
+    "ServerProcess",
+    "ThreadServer",
+    "free_port",
+    "serve_with_fault",
+    "wait_healthy",
+]
+
+ADMIN = "test-admin-token"
+USER = "test-user-key"
+ROOT = Path(__file__).resolve().parent.parent
+"""The repository root: ``python -m tests.servers`` runs there, so ``tests`` is importable."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_healthy(
+    url: str, timeout: float, *, died: Callable[[], str | None] = lambda: None
+) -> None:
+    """Poll ``url/healthz`` until it answers 200. ``died`` returns why the server can no longer
+    answer (it exited, with its log) or ``None`` while it may still come up."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        reason = died()
+        if reason is not None:
+            raise RuntimeError(reason)
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"server at {url} not ready in {timeout}s")
+
+
+class ServerProcess:
+    """A real ``dpicl serve`` process on a free port.
+
+    ``fault`` names a positive-control module (module doc) to patch in; ``command`` runs
+    something else instead (``{port}`` in its arguments is replaced by the chosen port).
+    """
+
+    def __init__(
+        self,
+        env: dict[str, str],
+        log_path: Path,
+        command: list[str] | None = None,
+        *,
+        fault: str | None = None,
+    ) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        full_env = (
+            os.environ
+            | {
+                "DPICL_ADMIN_TOKEN": ADMIN,
+                "DPICL_API_KEYS": USER,
+                "DPICL_LOG_LEVEL": "warning",
+                # The auditor's canary contexts are explicitly unbudgeted ("budget": null).
+                "DPICL_ALLOW_UNBUDGETED": "true",
+            }
+            | env
+        )
+        self._log = log_path.open("w")
+        if command is not None:
+            argv = [a.replace("{port}", str(self.port)) for a in command]
+        elif fault is not None:
+            argv = [sys.executable, "-m", "tests.servers", fault, str(self.port)]
+        else:
+            argv = [sys.executable, "-m", "dpicl", "serve", "--port", str(self.port)]
+        self.proc = subprocess.Popen(
+            argv,
+            env=full_env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT if fault is not None else None,
+        )
+
+    def _died(self) -> str | None:
+        if self.proc.poll() is None:
+            return None
+        return f"server exited early:\n{self.log_path.read_text()}"
+
+    def wait_ready(self, timeout: float = 240.0) -> None:
+        try:
+            wait_healthy(self.url, timeout, died=self._died)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}:\n{self.log_path.read_text()}") from None
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self._log.close()
+
+
+class ThreadServer:
+    """The real server app (oracle engine) under uvicorn on a free port, in a thread of this
+    process; a context manager that waits for ``/healthz`` on entry."""
+
+    def __init__(self, db_path: Path, whitebox: str = "internal") -> None:
+        import uvicorn
+
+        from dpicl.api.app import build_app
+        from dpicl.config import Settings
+
+        settings = Settings(
+            engine="oracle",
+            whitebox=whitebox,  # type: ignore[arg-type]
+            database_url=f"sqlite:///{db_path}",
+            admin_token=ADMIN,
+            api_keys=[USER],
+            log_level="warning",
+            allow_unbudgeted=True,
+        )
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(
+            build_app(settings), host="127.0.0.1", port=self.port, log_level="warning"
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> ThreadServer:
+        self.thread.start()
+        wait_healthy(self.url, 60.0)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=20)
+
+
+def serve_with_fault(fault: str, port: int) -> None:
+    """Serve the real app on ``port`` with the positive control ``fault`` patched in."""
+    import importlib
+    import logging
+
+    import uvicorn
+
+    from dpicl.api.app import build_app
+    from dpicl.config import Settings
+
+    control = importlib.import_module(fault)
+    control.install()
+    settings = Settings().model_copy(update={"host": "127.0.0.1", "port": port})
+    logging.basicConfig(level=settings.log_level.upper())
+    logging.getLogger("dpicl").warning("POSITIVE CONTROL: %s", control.WARNING)
+    uvicorn.run(
+        build_app(settings),
+        host=settings.host,
+        port=port,
+        log_level=settings.log_level,
+        access_log=False,
+    )
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        raise SystemExit("usage: python -m tests.servers FAULT_MODULE PORT")
+    serve_with_fault(sys.argv[1], int(sys.argv[2]))
