@@ -4,7 +4,8 @@ An independent implementation: it never imports the server package ``dpicl`` and
 server only through HTTP API v1 (docs/architecture.md). The folder tree is the architecture;
 modules are listed in the order data flows through an audit::
 
-    plan.py            the audit plan (TOML or flags), validated once
+    plan.py            the audit plan model, validated once
+    plan_sources.py    where plans come from: TOML file, CLI flags, the stored JSON
     attacks.py         which attack applies to which mechanism and threat model
     datasets.py        bundled corpora, JSONL/CSV/Hugging Face loaders
     prompts.py         the audit prompts of paper 000 (Appendix B) and DPS-MOZO's

@@ -6,73 +6,13 @@ stored with a run (:meth:`AuditPlan.model_validate`). Tokens are :class:`~pydant
 and are never written to the trial log: :meth:`AuditPlan.public_dump` masks them, and a
 resumed run takes them from flags or the environment again.
 
-A TOML plan looks like::
-
-    dataset = "news-mini"          # bundled | path.jsonl | path.csv | "hf:<name>"
-    canary = "natural"             # natural | mislabeled | random
-    setting = "audit-template"     # audit-template | deployment
-    threat_model = "white-box"     # black-box | white-box
-    attack = "inquery"             # inquery | brainwash
-    trials = 2000                  # per epsilon (both worlds together)
-    confidence = 0.95
-    seed = 7
-
-    [target]
-    base_url = "http://127.0.0.1:8000"
-    admin_token = "..."            # or DPICL_AUDIT_ADMIN_TOKEN / --admin-token
-    api_key = "..."                # optional; the admin token is accepted for /v1/classify
-
-    [mechanism]
-    epsilons = [1, 2, 4, 8]
-    delta = 1e-5
-    partitions = 4
-    shots = 2
-    temperature = 0.0
-    calibration = "classic"
-
-    [neighbour]                    # replace-one at one position, shared partition_seed
-    position = 3                   # optional; drawn from the seed when absent
-    partition_seed = 1234          # optional; drawn from the seed when absent
-
-    [deployment]                   # only for setting = "deployment"
-    labels = ["World", "Sports", "Business", "Sci/Tech"]   # default: the dataset's labels
-    template = "..."               # default: the server's default template
-    positive = "World"             # default: the first label
-    negative = "Sports"            # default: the second label
-
-    [bootstrap]
-    n_llm = 200
-    n_sample = 400000
-
-Generation (ESA) audits set ``mechanism.name = "esa"`` (the dataset then defaults to the
-bundled ``dialogsum-mini``) and may add::
-
-    [generation]
-    signal = "clock-foxborough"    # a Table 3 pair by name (dpicl_audit.prompts.SIGNAL_PAIRS)
-    y1 = "..."                     # or a pair of one's own (both y1 and y0)
-    y0 = "..."
-    embeddings = "auto"            # where e(y1), e(y0) come from: auto | server | local
-    embedder = "/path/to/model"    # local sentence-transformers model; None: bundled MiniLM
-
-DPS-MOZO audits set ``mechanism.name = "dps-mozo"`` (dataset default ``dialogsum-mini``,
-``max_tokens`` default 2) and use::
-
-    [mechanism]
-    exemplars = 4                  # |D|, canary included
-    n_shots = 4                    # default |D| (q = 1)
-    top_k = 100
-    guarantee = "proven"           # proven (a true (epsilon, delta) claim) | paper (nominal)
-    alpha = 8                      # paper mode only; the server's default when absent
-    queries_per_context = 1        # a DPS-MOZO context answers this many queries
-
-    [mozo]
-    signals = ["red", "blue"]      # the first token meaning present / absent
+Where plans come from (a TOML file, CLI flags on top of it, the JSON stored with a run) and
+the TOML layout are :mod:`dpicl_audit.plan_sources`'s; the classmethods here call it.
 """
 
 from __future__ import annotations
 
 import math
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
@@ -92,6 +32,7 @@ from dpicl_audit.errors import InvalidPlan
 from dpicl_audit.prompts import SIGNAL_PAIRS
 
 __all__ = [
+    "MASK",
     "Attack",
     "AuditPlan",
     "BootstrapSpec",
@@ -107,6 +48,8 @@ __all__ = [
     "VotingDesign",
 ]
 
+MASK = "**********"
+"""What :meth:`AuditPlan.public_dump` writes in place of a token."""
 CanaryKind = Literal["natural", "mislabeled", "random"]
 Setting = Literal["audit-template", "deployment"]
 ThreatModel = Literal["black-box", "white-box"]
@@ -458,7 +401,7 @@ class AuditPlan(BaseModel):
 
     @classmethod
     def from_toml(cls, path: str | Path) -> AuditPlan:
-        """Read a plan from a TOML file (see the module docstring for the layout)."""
+        """Read a plan from a TOML file (the layout: :mod:`dpicl_audit.plan_sources`)."""
         return cls.from_sources(path, {})
 
     @classmethod
@@ -470,21 +413,9 @@ class AuditPlan(BaseModel):
         ``overrides`` maps dotted paths (``"mechanism.epsilons"``, ``"target.base_url"``) to
         values; ``None`` values are ignored so unset flags keep the file's values.
         """
-        data: dict[str, Any] = {}
-        if path is not None:
-            p = Path(path)
-            try:
-                with p.open("rb") as fh:
-                    data = tomllib.load(fh)
-            except FileNotFoundError as exc:
-                raise InvalidPlan(f"plan file {str(p)!r} does not exist") from exc
-            except tomllib.TOMLDecodeError as exc:
-                raise InvalidPlan(f"plan file {str(p)!r} is not valid TOML: {exc}") from exc
-        for key, value in (overrides or {}).items():
-            if value is None:
-                continue
-            _set_dotted(data, key, value)
-        return cls.from_mapping(data)
+        from dpicl_audit.plan_sources import plan_from_sources
+
+        return plan_from_sources(path, overrides)
 
     # ----------------------------------------------------------------- views
 
@@ -494,7 +425,7 @@ class AuditPlan(BaseModel):
         target = data["target"]
         for key in ("admin_token", "api_key"):
             if target.get(key) is not None:
-                target[key] = "**********"
+                target[key] = MASK
         return data
 
     @classmethod
@@ -507,21 +438,9 @@ class AuditPlan(BaseModel):
         base_url: str | None = None,
     ) -> AuditPlan:
         """Rebuild a plan stored by :meth:`public_dump`, with fresh credentials."""
-        payload = dict(data)
-        target = dict(payload.get("target") or {})
-        for key, value in (("admin_token", admin_token), ("api_key", api_key)):
-            if value is not None:
-                target[key] = value
-            elif target.get(key) == "**********":
-                target[key] = None
-        if base_url is not None:
-            target["base_url"] = base_url
-        payload["target"] = target
-        mech = payload.get("mechanism")
-        if isinstance(mech, Mapping) and mech.get("name") == "dps-mozo":
-            # Plans stored before DPS-MOZO had a proven mode audited the paper's mode.
-            payload["mechanism"] = {"guarantee": "paper", **mech}
-        return cls.from_mapping(payload)
+        from dpicl_audit.plan_sources import plan_from_public
+
+        return plan_from_public(data, admin_token=admin_token, api_key=api_key, base_url=base_url)
 
     def with_credentials(
         self, *, admin_token: str | None = None, api_key: str | None = None
@@ -539,18 +458,6 @@ class AuditPlan(BaseModel):
     def setting_key(self, epsilon: float) -> str:
         """The trial log's name for the trials of one epsilon (``"eps=1"``)."""
         return f"eps={epsilon:g}"
-
-
-def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
-    parts = key.split(".")
-    node = data
-    for part in parts[:-1]:
-        child = node.get(part)
-        if not isinstance(child, dict):
-            child = {}
-            node[part] = child
-        node = child
-    node[parts[-1]] = value
 
 
 def _describe(exc: ValidationError) -> str:
