@@ -40,7 +40,6 @@ from dpicl_audit.mechanisms.base import (
     ask,
     estimate_trials,
     gaussian_setting_meta,
-    needs_internal,
 )
 from dpicl_audit.mechanisms.neighbours import (
     MIN_ORACLE_CHARS,
@@ -56,6 +55,7 @@ from dpicl_audit.mechanisms.voting_designs import (
     build_pinned_design,
     design_votes,
     resolve_design,
+    white_box_votes,
 )
 from dpicl_audit.mechanisms.voting_rdp import RDP_ATTACKS, RdpDesign, build_rdp_design, rdp_trial
 from dpicl_audit.plan import AuditPlan
@@ -185,15 +185,6 @@ def context_body(
     return VOTING.context_body(design, plan, epsilon, world, name=name)
 
 
-def _votes(value: Any, name: str) -> dict[str, float]:
-    if not isinstance(value, Mapping):
-        raise TargetProtocolError(f"/v1/debug/classify returned no {name} mapping")
-    try:
-        return {str(k): float(v) for k, v in value.items()}
-    except (TypeError, ValueError) as exc:
-        raise TargetProtocolError(f"/v1/debug/classify: {name} holds non-numbers") from exc
-
-
 class VotingAudit(GaussianMechanismAudit):
     """Private voting: labels released by a noisy argmax over T partition votes."""
 
@@ -213,20 +204,7 @@ class VotingAudit(GaussianMechanismAudit):
         return AuditDesign.from_json(data)
 
     def summary(self, design: AuditDesign | RdpDesign) -> dict[str, Any]:
-        if isinstance(design, RdpDesign):
-            return self.neighbour_summary(design) | {
-                "labels": list(design.labels),
-                "poison_label": design.poison_label,
-                "queries": len(design.queries),
-                "distinct_queries": len(set(design.queries)),
-            }
-        return self.neighbour_summary(design) | {
-            "labels": list(design.labels),
-            "positive": design.positive,
-            "negative": design.negative,
-            "query": design.query,
-            "design": design.layout,
-        }
+        return self.neighbour_summary(design) | design.summary_fields()
 
     def context_body(
         self,
@@ -253,18 +231,11 @@ class VotingAudit(GaussianMechanismAudit):
         observation: dict[str, Any] = {"label": label}
         score: float | None = None
         if at.white:
-            noisy = _votes(out.get("noisy_votes"), "noisy_votes")
-            observation["noisy_votes"] = noisy
-            observation["sigma"] = out.get("sigma")
+            observation |= white_box_votes(out, at)
             try:
-                score = design.score(noisy)
+                score = design.score(observation["noisy_votes"])
             except KeyError as exc:
                 raise TargetProtocolError(f"/v1/debug/classify: {exc.args[0]}") from exc
-            clean = out.get("clean_votes")
-            if clean is not None:
-                observation["clean_votes"] = _votes(clean, "clean_votes")
-            elif at.need_clean:
-                raise needs_internal("/v1/debug/classify", "clean_votes")
         return at.record(design.query, observation, design.decide_label(label), latency, score)
 
     def setting_meta(
@@ -275,31 +246,15 @@ class VotingAudit(GaussianMechanismAudit):
         contexts: Mapping[tuple[str, int], ContextRecord],
     ) -> dict[str, Any]:
         meta, mech = gaussian_setting_meta(plan, epsilon, contexts)
+        sigma: float | None = None
         if mech is not None:
             from dpicl_audit.estimators import voting_epsilon_exact  # dp-accounting: slow
-            from dpicl_audit.estimators.label_release import (
-                label_release_epsilon,
-                label_release_probabilities,
-            )
 
-            delta = plan.mechanism.delta
             # Both designs' clean vote vectors differ by (+1, -1): the noisy votes are the
             # Gaussian mechanism at full sensitivity sqrt(2), so this is also the design's.
-            meta["epsilon_exact"] = voting_epsilon_exact(meta["sigma"], delta)
-        if isinstance(design, RdpDesign):  # paper 003's query sequences: no single release
-            meta["design"] = f"rdp:{design.attack}"
-            return meta
-        if mech is not None:
-            # The released label's own exact epsilon at the design's intended clean votes:
-            # the ceiling of the assumption-free black-box bound.
-            with_v, without_v = design_votes(design, plan.mechanism.partitions)
-            meta["epsilon_exact_release"] = label_release_epsilon(
-                with_v, without_v, meta["sigma"], delta
-            )
-            meta["release_rates"] = [
-                float(label_release_probabilities(v, meta["sigma"])[0]) for v in (with_v, without_v)
-            ]
-        meta["design"] = design.layout
+            sigma = meta["sigma"]
+            meta["epsilon_exact"] = voting_epsilon_exact(meta["sigma"], plan.mechanism.delta)
+        meta.update(design.release_meta(plan, sigma))
         return meta
 
     def estimate(

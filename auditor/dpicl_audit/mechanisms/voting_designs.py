@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from dpicl_audit.datasets import Example, LabelledDataset
-from dpicl_audit.errors import DatasetError, InvalidPlan
+from dpicl_audit.errors import DatasetError, InvalidPlan, TargetProtocolError
+from dpicl_audit.mechanisms.base import TrialAt, needs_internal
 from dpicl_audit.mechanisms.neighbours import (
     MIN_ORACLE_CHARS,
     STREAM_DESIGN,
@@ -40,6 +41,7 @@ __all__ = [
     "build_pinned_design",
     "design_votes",
     "resolve_design",
+    "white_box_votes",
 ]
 
 
@@ -83,6 +85,37 @@ class AuditDesign(NeighbourPair):
     def clean_vector(self, votes: Mapping[str, float]) -> list[float]:
         """A vote histogram in the order of :attr:`labels`."""
         return [float(votes.get(lab, 0.0)) for lab in self.labels]
+
+    def summary_fields(self) -> dict[str, Any]:
+        """What a run's summary shows of this design beyond the neighbours."""
+        return {
+            "labels": list(self.labels),
+            "positive": self.positive,
+            "negative": self.negative,
+            "query": self.query,
+            "design": self.layout,
+        }
+
+    def release_meta(self, plan: AuditPlan, sigma: float | None) -> dict[str, Any]:
+        """A setting's meta from this design: the layout, and where the noise ``sigma`` is
+        known the released label's own exact epsilon at the design's intended clean votes
+        (the ceiling of the assumption-free black-box bound) and its release rates."""
+        meta: dict[str, Any] = {}
+        if sigma is not None:
+            from dpicl_audit.estimators.label_release import (
+                label_release_epsilon,
+                label_release_probabilities,
+            )
+
+            with_v, without_v = design_votes(self, plan.mechanism.partitions)
+            meta["epsilon_exact_release"] = label_release_epsilon(
+                with_v, without_v, sigma, plan.mechanism.delta
+            )
+            meta["release_rates"] = [
+                float(label_release_probabilities(v, sigma)[0]) for v in (with_v, without_v)
+            ]
+        meta["design"] = self.layout
+        return meta
 
     def to_json(self) -> dict[str, Any]:
         return pair_to_json(self)
@@ -186,6 +219,30 @@ def build_pinned_design(
         negative=labels[1],
         layout=layout,
     )
+
+
+def _votes(value: Any, name: str) -> dict[str, float]:
+    if not isinstance(value, Mapping):
+        raise TargetProtocolError(f"/v1/debug/classify returned no {name} mapping")
+    try:
+        return {str(k): float(v) for k, v in value.items()}
+    except (TypeError, ValueError) as exc:
+        raise TargetProtocolError(f"/v1/debug/classify: {name} holds non-numbers") from exc
+
+
+def white_box_votes(out: Mapping[str, Any], at: TrialAt) -> dict[str, Any]:
+    """What a white-box voting trial logs of ``/v1/debug/classify``: the noisy votes, sigma,
+    and the clean votes (required when ``at.need_clean``: bootstrap needs them)."""
+    observation: dict[str, Any] = {
+        "noisy_votes": _votes(out.get("noisy_votes"), "noisy_votes"),
+        "sigma": out.get("sigma"),
+    }
+    clean = out.get("clean_votes")
+    if clean is not None:
+        observation["clean_votes"] = _votes(clean, "clean_votes")
+    elif at.need_clean:
+        raise needs_internal("/v1/debug/classify", "clean_votes")
+    return observation
 
 
 def design_votes(design: AuditDesign, partitions: int) -> tuple[list[int], list[int]]:

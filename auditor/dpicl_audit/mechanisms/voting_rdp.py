@@ -37,8 +37,8 @@ import numpy as np
 
 from dpicl_audit.client import AuditTarget
 from dpicl_audit.datasets import Example, LabelledDataset
-from dpicl_audit.errors import DatasetError, TargetProtocolError
-from dpicl_audit.mechanisms.base import TrialAt, ask, needs_internal
+from dpicl_audit.errors import DatasetError
+from dpicl_audit.mechanisms.base import TrialAt, ask
 from dpicl_audit.mechanisms.neighbours import (
     STREAM_DESIGN,
     NeighbourPair,
@@ -47,6 +47,7 @@ from dpicl_audit.mechanisms.neighbours import (
     pair_to_json,
     pick_exemplars,
 )
+from dpicl_audit.mechanisms.voting_designs import white_box_votes
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.prompts import CLASSIFY_TEMPLATE
 from dpicl_audit.store import TrialRecord
@@ -89,6 +90,20 @@ class RdpDesign(NeighbourPair):
 
     def clean_vector(self, votes: Mapping[str, float]) -> list[float]:
         return [float(votes.get(lab, 0.0)) for lab in self.labels]
+
+    def summary_fields(self) -> dict[str, Any]:
+        """What a run's summary shows of this design beyond the neighbours."""
+        return {
+            "labels": list(self.labels),
+            "poison_label": self.poison_label,
+            "queries": len(self.queries),
+            "distinct_queries": len(set(self.queries)),
+        }
+
+    def release_meta(self, plan: AuditPlan, sigma: float | None) -> dict[str, Any]:
+        """A setting's meta from this design: paper 003's query sequences have no single
+        release (so no release epsilon), only the adversary's name."""
+        return {"design": f"rdp:{self.attack}"}
 
     def to_json(self) -> dict[str, Any]:
         return pair_to_json(self) | {"design_kind": "rdp"}
@@ -211,15 +226,6 @@ def build_rdp_design(plan: AuditPlan, dataset: LabelledDataset) -> RdpDesign:
     )
 
 
-def _votes(value: Any, name: str) -> dict[str, float]:
-    if not isinstance(value, Mapping):
-        raise TargetProtocolError(f"/v1/debug/classify returned no {name} mapping")
-    try:
-        return {str(k): float(v) for k, v in value.items()}
-    except (TypeError, ValueError) as exc:
-        raise TargetProtocolError(f"/v1/debug/classify: {name} holds non-numbers") from exc
-
-
 async def rdp_trial(target: AuditTarget, design: RdpDesign, at: TrialAt) -> TrialRecord:
     """Trial ``at.index``: query ``index mod N``; the label, and (white-box) the votes."""
     query = design.query_of(at.index)
@@ -227,11 +233,5 @@ async def rdp_trial(target: AuditTarget, design: RdpDesign, at: TrialAt) -> Tria
     label = str(out["label"])
     observation: dict[str, Any] = {"label": label, "q": at.index % len(design.queries)}
     if at.white:
-        observation["noisy_votes"] = _votes(out.get("noisy_votes"), "noisy_votes")
-        observation["sigma"] = out.get("sigma")
-        clean = out.get("clean_votes")
-        if clean is not None:
-            observation["clean_votes"] = _votes(clean, "clean_votes")
-        elif at.need_clean:
-            raise needs_internal("/v1/debug/classify", "clean_votes")
+        observation |= white_box_votes(out, at)
     return at.record(query, observation, int(label == design.poison_label), latency)
