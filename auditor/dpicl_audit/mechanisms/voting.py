@@ -33,12 +33,10 @@ import numpy as np
 
 from dpicl_audit.client import AuditTarget
 from dpicl_audit.datasets import Example, LabelledDataset
-from dpicl_audit.errors import DatasetError, InvalidPlan, TargetProtocolError
+from dpicl_audit.errors import DatasetError, InvalidPlan
 from dpicl_audit.mechanisms.base import (
     GaussianMechanismAudit,
     TrialAt,
-    ask,
-    estimate_trials,
     gaussian_setting_meta,
 )
 from dpicl_audit.mechanisms.neighbours import (
@@ -49,15 +47,13 @@ from dpicl_audit.mechanisms.neighbours import (
     pick_exemplars,
     random_canary_text,
 )
-from dpicl_audit.mechanisms.voting_bootstrap import estimate_voting_bootstrap
 from dpicl_audit.mechanisms.voting_designs import (
     AuditDesign,
     build_pinned_design,
     design_votes,
     resolve_design,
-    white_box_votes,
 )
-from dpicl_audit.mechanisms.voting_rdp import RDP_ATTACKS, RdpDesign, build_rdp_design, rdp_trial
+from dpicl_audit.mechanisms.voting_rdp import RDP_ATTACKS, RdpDesign, build_rdp_design
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.prompts import (
     AUDIT_NEGATIVE,
@@ -224,19 +220,7 @@ class VotingAudit(GaussianMechanismAudit):
     async def trial(
         self, target: AuditTarget, design: AuditDesign | RdpDesign, plan: AuditPlan, at: TrialAt
     ) -> TrialRecord:
-        if isinstance(design, RdpDesign):
-            return await rdp_trial(target, design, at)
-        out, latency = await ask(target, at, design.query)
-        label = str(out["label"])
-        observation: dict[str, Any] = {"label": label}
-        score: float | None = None
-        if at.white:
-            observation |= white_box_votes(out, at)
-            try:
-                score = design.score(observation["noisy_votes"])
-            except KeyError as exc:
-                raise TargetProtocolError(f"/v1/debug/classify: {exc.args[0]}") from exc
-        return at.record(design.query, observation, design.decide_label(label), latency, score)
+        return await design.trial(target, at)
 
     def setting_meta(
         self,
@@ -267,24 +251,8 @@ class VotingAudit(GaussianMechanismAudit):
         *,
         bootstrap: bool,
     ) -> dict[str, Any]:
-        if isinstance(design, RdpDesign):
-            from dpicl_audit.mechanisms.voting_rdp_estimates import estimate_rdp
-
-            if bootstrap:
-                raise InvalidPlan("paper 003's adversaries are audited with `run`, not bootstrap")
-            n1 = sum(1 for r in rows if r.world == 1)
-            return dict(meta) | {
-                "trials": len(rows),
-                "n_with": n1,
-                "n_without": len(rows) - n1,
-                "llm_calls": len(rows) * self.calls_per_query(plan),
-                "black_box": None,
-                "white_box": None,
-                "rdp": estimate_rdp(plan, design, rows, meta),
-            }
-        if bootstrap:
-            return estimate_voting_bootstrap(plan, design, k, rows, meta)
-        return estimate_trials(plan, k, rows, meta, calls_per_query=self.calls_per_query(plan))
+        calls = self.calls_per_query(plan)
+        return design.estimate(plan, k, rows, meta, bootstrap=bootstrap, calls_per_query=calls)
 
 
 VOTING = VotingAudit()

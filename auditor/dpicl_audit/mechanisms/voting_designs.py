@@ -8,15 +8,16 @@ canary's partition decides the released label
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from dpicl_audit.client import AuditTarget
 from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import DatasetError, InvalidPlan, TargetProtocolError
-from dpicl_audit.mechanisms.base import TrialAt, needs_internal
+from dpicl_audit.mechanisms.base import TrialAt, ask, estimate_trials, needs_internal
 from dpicl_audit.mechanisms.neighbours import (
     MIN_ORACLE_CHARS,
     STREAM_DESIGN,
@@ -35,6 +36,7 @@ from dpicl_audit.prompts import (
     MINIMAL_TEMPLATE,
     audit_query,
 )
+from dpicl_audit.store import TrialRecord
 
 __all__ = [
     "AuditDesign",
@@ -85,6 +87,38 @@ class AuditDesign(NeighbourPair):
     def clean_vector(self, votes: Mapping[str, float]) -> list[float]:
         """A vote histogram in the order of :attr:`labels`."""
         return [float(votes.get(lab, 0.0)) for lab in self.labels]
+
+    async def trial(self, target: AuditTarget, at: TrialAt) -> TrialRecord:
+        """Trial ``at.index``: ask :attr:`query`; the label, and (white-box) the votes and
+        :meth:`score`."""
+        out, latency = await ask(target, at, self.query)
+        label = str(out["label"])
+        observation: dict[str, Any] = {"label": label}
+        score: float | None = None
+        if at.white:
+            observation |= white_box_votes(out, at)
+            try:
+                score = self.score(observation["noisy_votes"])
+            except KeyError as exc:
+                raise TargetProtocolError(f"/v1/debug/classify: {exc.args[0]}") from exc
+        return at.record(self.query, observation, self.decide_label(label), latency, score)
+
+    def estimate(
+        self,
+        plan: AuditPlan,
+        k: int,
+        rows: Sequence[TrialRecord],
+        meta: dict[str, Any],
+        *,
+        bootstrap: bool,
+        calls_per_query: int,
+    ) -> dict[str, Any]:
+        """One setting's estimates: Algorithm 1 of paper 000 (``bootstrap``) or the trials'."""
+        if bootstrap:
+            from dpicl_audit.mechanisms.voting_bootstrap import estimate_voting_bootstrap
+
+            return estimate_voting_bootstrap(plan, self, k, rows, meta)
+        return estimate_trials(plan, k, rows, meta, calls_per_query=calls_per_query)
 
     def summary_fields(self) -> dict[str, Any]:
         """What a run's summary shows of this design beyond the neighbours."""

@@ -37,7 +37,7 @@ import numpy as np
 
 from dpicl_audit.client import AuditTarget
 from dpicl_audit.datasets import Example, LabelledDataset
-from dpicl_audit.errors import DatasetError
+from dpicl_audit.errors import DatasetError, InvalidPlan
 from dpicl_audit.mechanisms.base import TrialAt, ask
 from dpicl_audit.mechanisms.neighbours import (
     STREAM_DESIGN,
@@ -52,7 +52,7 @@ from dpicl_audit.plan import AuditPlan
 from dpicl_audit.prompts import CLASSIFY_TEMPLATE
 from dpicl_audit.store import TrialRecord
 
-__all__ = ["RDP_ATTACKS", "RdpDesign", "build_rdp_design", "rdp_trial"]
+__all__ = ["RDP_ATTACKS", "RdpDesign", "build_rdp_design"]
 
 RDP_ATTACKS: tuple[str, ...] = (
     "nat-advq",
@@ -90,6 +90,42 @@ class RdpDesign(NeighbourPair):
 
     def clean_vector(self, votes: Mapping[str, float]) -> list[float]:
         return [float(votes.get(lab, 0.0)) for lab in self.labels]
+
+    async def trial(self, target: AuditTarget, at: TrialAt) -> TrialRecord:
+        """Trial ``at.index``: query ``index mod N``; the label, and (white-box) the votes."""
+        query = self.query_of(at.index)
+        out, latency = await ask(target, at, query)
+        label = str(out["label"])
+        observation: dict[str, Any] = {"label": label, "q": at.index % len(self.queries)}
+        if at.white:
+            observation |= white_box_votes(out, at)
+        return at.record(query, observation, int(label == self.poison_label), latency)
+
+    def estimate(
+        self,
+        plan: AuditPlan,
+        k: int,
+        rows: Sequence[TrialRecord],
+        meta: dict[str, Any],
+        *,
+        bootstrap: bool,
+        calls_per_query: int,
+    ) -> dict[str, Any]:
+        """One setting's RDP estimates (paper 003); there is no bootstrap of a sequence."""
+        from dpicl_audit.mechanisms.voting_rdp_estimates import estimate_rdp
+
+        if bootstrap:
+            raise InvalidPlan("paper 003's adversaries are audited with `run`, not bootstrap")
+        n1 = sum(1 for r in rows if r.world == 1)
+        return dict(meta) | {
+            "trials": len(rows),
+            "n_with": n1,
+            "n_without": len(rows) - n1,
+            "llm_calls": len(rows) * calls_per_query,
+            "black_box": None,
+            "white_box": None,
+            "rdp": estimate_rdp(plan, self, rows, meta),
+        }
 
     def summary_fields(self) -> dict[str, Any]:
         """What a run's summary shows of this design beyond the neighbours."""
@@ -224,14 +260,3 @@ def build_rdp_design(plan: AuditPlan, dataset: LabelledDataset) -> RdpDesign:
         queries=queries,
         poison_label=canary.output,
     )
-
-
-async def rdp_trial(target: AuditTarget, design: RdpDesign, at: TrialAt) -> TrialRecord:
-    """Trial ``at.index``: query ``index mod N``; the label, and (white-box) the votes."""
-    query = design.query_of(at.index)
-    out, latency = await ask(target, at, query)
-    label = str(out["label"])
-    observation: dict[str, Any] = {"label": label, "q": at.index % len(design.queries)}
-    if at.white:
-        observation |= white_box_votes(out, at)
-    return at.record(query, observation, int(label == design.poison_label), latency)
