@@ -35,6 +35,7 @@ from dpicl_audit.estimators import (
     estimate_from_counts,
     split_threshold_estimate,
 )
+from dpicl_audit.estimators.held_out import PositiveWhen
 from dpicl_audit.estimators.stats import BoolArray, ConfidenceSplit, FloatArray
 
 __all__ = [
@@ -204,6 +205,26 @@ def simulate_voting(
     return VotingSimulation(dec_with, dec_without, sc_with, sc_without)
 
 
+def _estimate(
+    mechanism: str,
+    sigma: float,
+    n_sample: int,
+    calls: int,
+    decisions: tuple[npt.ArrayLike, npt.ArrayLike],
+    scores: tuple[FloatArray, FloatArray],
+    positive_when: PositiveWhen,
+    **kw: Any,
+) -> BootstrapResult:
+    """Both attacks on the simulated trials (with, without): the black-box decisions' counts
+    and the held-out threshold on the scores; ``kw``: rng, fraction, confidence, delta, split."""
+    tp, fp = (int(np.count_nonzero(d)) for d in decisions)
+    black = estimate_from_counts(
+        tp, n_sample - tp, fp, n_sample - fp, **{k: kw[k] for k in ("delta", "confidence", "split")}
+    )
+    white = split_threshold_estimate(*scores, positive_when=positive_when, **kw)
+    return BootstrapResult(mechanism, float(sigma), int(n_sample), calls, black, white)
+
+
 def bootstrap_voting_audit(
     clean_with: npt.ArrayLike,
     clean_without: npt.ArrayLike,
@@ -241,21 +262,10 @@ def bootstrap_voting_audit(
         negative_index=negative_index,
         rng=rng,
     )
-    tp = int(np.count_nonzero(sim.decisions_with))
-    fp = int(np.count_nonzero(sim.decisions_without))
-    black = estimate_from_counts(
-        tp, n_sample - tp, fp, n_sample - fp, delta=delta, confidence=confidence, split=split
-    )
-    white = split_threshold_estimate(
-        sim.scores_with,
-        sim.scores_without,
-        rng=rng,
-        fraction=fraction,
-        confidence=confidence,
-        delta=delta,
-        split=split,
-    )
-    return BootstrapResult("voting", float(sigma), int(n_sample), calls, black, white)
+    decisions = (sim.decisions_with, sim.decisions_without)
+    scores = (sim.scores_with, sim.scores_without)
+    kw = dict(rng=rng, fraction=fraction, confidence=confidence, delta=delta, split=split)
+    return _estimate("voting", sigma, n_sample, calls, decisions, scores, "above", **kw)
 
 
 # --------------------------------------------------------------------------- ESA
@@ -358,19 +368,7 @@ def bootstrap_esa_audit(
     rows = np.shape(emb_with)[0] + np.shape(emb_without)[0]
     calls = _calls(int(rows), calls_per_row)
     sim = simulate_esa(emb_with, emb_without, sigma, n_sample, e_pos=e_pos, e_neg=e_neg, rng=rng)
-    tp = int(np.count_nonzero(sim.scores_with < 0.0))
-    fp = int(np.count_nonzero(sim.scores_without < 0.0))
-    black = estimate_from_counts(
-        tp, n_sample - tp, fp, n_sample - fp, delta=delta, confidence=confidence, split=split
-    )
-    white = split_threshold_estimate(
-        sim.scores_with,
-        sim.scores_without,
-        rng=rng,
-        fraction=fraction,
-        confidence=confidence,
-        delta=delta,
-        positive_when="below",
-        split=split,
-    )
-    return BootstrapResult("esa", float(sigma), int(n_sample), calls, black, white)
+    decisions = (sim.scores_with < 0.0, sim.scores_without < 0.0)  # released: nearer e_pos
+    scores = (sim.scores_with, sim.scores_without)
+    kw = dict(rng=rng, fraction=fraction, confidence=confidence, delta=delta, split=split)
+    return _estimate("esa", sigma, n_sample, calls, decisions, scores, "below", **kw)

@@ -42,6 +42,7 @@ __all__ = [
     "MechanismSpec",
     "MozoSpec",
     "NeighbourSpec",
+    "RdpAttack",
     "Setting",
     "TargetSpec",
     "ThreatModel",
@@ -53,12 +54,8 @@ MASK = "**********"
 CanaryKind = Literal["natural", "mislabeled", "random"]
 Setting = Literal["audit-template", "deployment"]
 ThreatModel = Literal["black-box", "white-box"]
-Attack = Literal[
-    "inquery",
-    "brainwash",
-    "repeat",
-    "reference-vector",
-    # paper 003's adversaries (RDP audits of query sequences; dpicl_audit.mechanisms.voting_rdp)
+#: paper 003's adversaries (RDP audits of query sequences; dpicl_audit.mechanisms.voting_rdp)
+RdpAttack = Literal[
     "nat-advq",
     "pois-advq",
     "pois-natq-confident",
@@ -66,6 +63,7 @@ Attack = Literal[
     "pois-natq-all-same",
     "pois-natq-mapping",
 ]
+Attack = Literal["inquery", "brainwash", "repeat", "reference-vector", RdpAttack]
 Calibration = Literal["classic", "analytic"]
 MechanismName = Literal["voting", "esa", "dps-mozo"]
 EmbeddingSource = Literal["auto", "server", "local"]

@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 
@@ -48,20 +48,13 @@ from dpicl_audit.mechanisms.neighbours import (
     pick_exemplars,
 )
 from dpicl_audit.mechanisms.voting_designs import white_box_votes
-from dpicl_audit.plan import AuditPlan
+from dpicl_audit.plan import AuditPlan, RdpAttack
 from dpicl_audit.prompts import CLASSIFY_TEMPLATE
 from dpicl_audit.store import TrialRecord
 
 __all__ = ["RDP_ATTACKS", "RdpDesign", "build_rdp_design"]
 
-RDP_ATTACKS: tuple[str, ...] = (
-    "nat-advq",
-    "pois-advq",
-    "pois-natq-confident",
-    "pois-natq-unconfident",
-    "pois-natq-all-same",
-    "pois-natq-mapping",
-)
+RDP_ATTACKS: tuple[str, ...] = get_args(RdpAttack)
 _WORD = re.compile(r"\w+")
 
 

@@ -76,6 +76,24 @@ def legend_outside(fig: Any, axes: Sequence[Any]) -> None:
         )
 
 
+def _no_estimates(plt: Any) -> str:
+    fig, ax = plt.subplots()
+    ax.text(0.5, 0.5, "no estimates", ha="center")
+    return _png(fig)
+
+
+def _panels(plt: Any, n: int, height: float) -> tuple[Any, list[Any], list[Any]]:
+    """A figure of ``n`` panels, two a row, each 6.2 wide and ``height`` tall: the figure, the
+    ``n`` panels in order, and every axes (a spare one turned off)."""
+    ncols = min(n, 2)
+    nrows = math.ceil(n / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(6.2 * ncols, height * nrows), squeeze=False)
+    every = [a for row in axes for a in row]
+    for ax in every[n:]:
+        ax.axis("off")
+    return fig, every[:n], every
+
+
 def _finite(v: float | None, cap: float) -> float | None:
     if v is None or math.isnan(v):
         return None
@@ -199,16 +217,10 @@ def plot_tradeoff(runs: Sequence[RunData]) -> str:
         {float(s["epsilon_theory"]) for rd in runs for s in rd.results.get("settings", [])}
     )
     if not eps_all:
-        fig, ax = plt.subplots()
-        ax.text(0.5, 0.5, "no estimates", ha="center")
-        return _png(fig)
-    n = len(eps_all)
-    ncols = min(n, 2)
-    nrows = math.ceil(n / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(6.2 * ncols, 5.2 * nrows), squeeze=False)
+        return _no_estimates(plt)
+    fig, panels, every = _panels(plt, len(eps_all), 5.2)
     x = np.linspace(0.0, 1.0, 801)
-    for idx, eps in enumerate(eps_all):
-        ax = axes[idx // ncols][idx % ncols]
+    for ax, eps in zip(panels, eps_all, strict=True):
         drawn_mu: set[float] = set()
         delta = None
         for rd in runs:
@@ -258,15 +270,13 @@ def plot_tradeoff(runs: Sequence[RunData]) -> str:
         ax.set_ylabel("FNR")
         ax.set_title(f"ε theory = {eps:g}")
         ax.grid(alpha=0.3)
-    for idx in range(n, nrows * ncols):
-        axes[idx // ncols][idx % ncols].axis("off")
     fig.subplots_adjust(left=0.07, right=0.98, bottom=0.07, top=0.92, hspace=0.3, wspace=0.2)
     fig.suptitle(
         "Trade-off: filled = Clopper-Pearson upper bounds used by the estimate, hollow = "
         "point estimates",
         fontsize=9,
     )
-    legend_outside(fig, [a for row in axes for a in row])
+    legend_outside(fig, every)
     return _png(fig)
 
 
@@ -282,15 +292,9 @@ def plot_trials(runs: Sequence[RunData], curves: Mapping[str, Any], *, simulated
             eps_map[float(s["epsilon_theory"])] = str(s["setting"])
     eps_all = sorted(eps_map)
     if not eps_all:
-        fig, ax = plt.subplots()
-        ax.text(0.5, 0.5, "no estimates", ha="center")
-        return _png(fig)
-    n = len(eps_all)
-    ncols = min(n, 2)
-    nrows = math.ceil(n / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(6.2 * ncols, 4.4 * nrows), squeeze=False)
-    for idx, eps in enumerate(eps_all):
-        ax = axes[idx // ncols][idx % ncols]
+        return _no_estimates(plt)
+    fig, panels, every = _panels(plt, len(eps_all), 4.4)
+    for ax, eps in zip(panels, eps_all, strict=True):
         exacts: set[float] = set()
         ymax = eps * 1.2
         for rd in runs:
@@ -328,8 +332,6 @@ def plot_trials(runs: Sequence[RunData], curves: Mapping[str, Any], *, simulated
         ax.set_ylabel("ε emp (lower bound)")
         ax.set_title(f"ε theory = {eps:g}")
         ax.grid(alpha=0.3)
-    for idx in range(n, nrows * ncols):
-        axes[idx // ncols][idx % ncols].axis("off")
     fig.subplots_adjust(left=0.07, right=0.98, bottom=0.08, top=0.95, hspace=0.35, wspace=0.2)
-    legend_outside(fig, [a for row in axes for a in row])
+    legend_outside(fig, every)
     return _png(fig)
