@@ -1,5 +1,6 @@
 """Real dpicl servers for tests: a free port, readiness on ``/healthz``, a server process
-(honest, or with one deliberate fault patched in) and a server thread.
+(honest, or with one deliberate fault patched in), a server thread, and the app in this
+process behind the auditor's client (``httpx.ASGITransport``, lifespan run).
 
 A positive control is a module that defines a fault, ``install()`` (patch it into the server's
 modules in this process) and ``WARNING`` (what the server logs at start), e.g.
@@ -20,10 +21,16 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import httpx
+
+if TYPE_CHECKING:
+    from dpicl.config import Settings
+    from dpicl_audit.client import DpiclClient
 
 __all__ = [
     "ADMIN",
@@ -31,8 +38,10 @@ __all__ = [
     "USER",
     "ServerProcess",
     "ThreadServer",
+    "app_client",
     "free_port",
     "serve_with_fault",
+    "server_settings",
     "wait_healthy",
 ]
 
@@ -65,6 +74,56 @@ def wait_healthy(
             pass
         time.sleep(0.2)
     raise TimeoutError(f"server at {url} not ready in {timeout}s")
+
+
+def server_settings(
+    database_url: str, *, engine: str = "oracle", whitebox: str = "internal", **extra: Any
+) -> Settings:
+    """Settings of a test server: this module's tokens, unbudgeted contexts allowed (the
+    auditor's canary contexts are explicitly unbudgeted)."""
+    from dpicl.config import Settings
+
+    return Settings(
+        engine=engine,  # type: ignore[arg-type]
+        whitebox=whitebox,  # type: ignore[arg-type]
+        database_url=database_url,
+        admin_token=ADMIN,
+        api_keys=[USER],
+        allow_unbudgeted=True,
+        **extra,
+    )
+
+
+@asynccontextmanager
+async def app_client(
+    database_url: str,
+    *,
+    engine: str = "oracle",
+    whitebox: str = "internal",
+    concurrency: int = 8,
+    request_timeout: float = 60.0,
+) -> AsyncIterator[DpiclClient]:
+    """The real app in this process, its lifespan run, behind a DpiclClient whose requests
+    time out after ``request_timeout`` seconds."""
+    from dpicl.api.app import build_app
+    from dpicl_audit.client import DpiclClient
+
+    app = build_app(server_settings(database_url, engine=engine, whitebox=whitebox))
+    async with app.router.lifespan_context(app):
+        client = DpiclClient(
+            "http://dpicl.test",
+            admin_token=ADMIN,
+            api_key=USER,
+            concurrency=concurrency,
+            retries=1,
+            backoff=0.01,
+            transport=httpx.ASGITransport(app=app),
+            timeout=request_timeout,
+        )
+        try:
+            yield client
+        finally:
+            await client.aclose()
 
 
 class ServerProcess:
@@ -139,17 +198,8 @@ class ThreadServer:
         import uvicorn
 
         from dpicl.api.app import build_app
-        from dpicl.config import Settings
 
-        settings = Settings(
-            engine="oracle",
-            whitebox=whitebox,  # type: ignore[arg-type]
-            database_url=f"sqlite:///{db_path}",
-            admin_token=ADMIN,
-            api_keys=[USER],
-            log_level="warning",
-            allow_unbudgeted=True,
-        )
+        settings = server_settings(f"sqlite:///{db_path}", whitebox=whitebox, log_level="warning")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(

@@ -13,12 +13,10 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
 
@@ -30,7 +28,7 @@ from dpicl_audit.plan import AuditPlan
 from dpicl_audit.runner import run_audit
 from dpicl_audit.store import TrialRecord
 from tests.auditor.test_runner import _plan, _server_missing
-from tests.conftest import ADMIN, USER
+from tests.servers import app_client
 
 needs_server = pytest.mark.skipif(_server_missing() is not None, reason=str(_server_missing()))
 
@@ -174,37 +172,11 @@ def test_plan_guarantee_field() -> None:
 # ---------------------------------------------------------------- against the real app
 
 
-@asynccontextmanager
-async def _server(
+def _server(
     tmp_path: Path, *, engine: str = "oracle", whitebox: str = "internal"
-) -> AsyncIterator[DpiclClient]:
-    from dpicl.api.app import build_app
-    from dpicl.config import Settings
-
-    settings = Settings(
-        engine=engine,  # type: ignore[arg-type]
-        whitebox=whitebox,  # type: ignore[arg-type]
-        database_url=f"sqlite:///{tmp_path}/server-{engine}-{whitebox}.db",
-        admin_token=ADMIN,
-        api_keys=[USER],
-        allow_unbudgeted=True,
-    )
-    app = build_app(settings)
-    async with app.router.lifespan_context(app):
-        client = DpiclClient(
-            "http://dpicl.test",
-            admin_token=ADMIN,
-            api_key=USER,
-            concurrency=4,
-            retries=1,
-            backoff=0.01,
-            transport=httpx.ASGITransport(app=app),
-            timeout=300.0,
-        )
-        try:
-            yield client
-        finally:
-            await client.aclose()
+) -> AbstractAsyncContextManager[DpiclClient]:
+    db = f"sqlite:///{tmp_path}/server-{engine}-{whitebox}.db"
+    return app_client(db, engine=engine, whitebox=whitebox, concurrency=4, request_timeout=300.0)
 
 
 async def _run(tmp_path: Path, plan: AuditPlan, **server: Any) -> dict[str, Any]:

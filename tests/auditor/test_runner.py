@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
 
@@ -30,6 +28,7 @@ from dpicl_audit.runner import (
 )
 from dpicl_audit.store import TrialStore
 from tests.conftest import ADMIN, USER
+from tests.servers import app_client
 
 
 def _server_missing() -> str | None:
@@ -44,37 +43,12 @@ def _server_missing() -> str | None:
 pytestmark = pytest.mark.skipif(_server_missing() is not None, reason=str(_server_missing()))
 
 
-@asynccontextmanager
-async def oracle_server(
+def oracle_server(
     tmp_path: Path, *, whitebox: str = "internal", concurrency: int = 8
-) -> AsyncIterator[DpiclClient]:
+) -> AbstractAsyncContextManager[DpiclClient]:
     """The real app with the oracle simulator, its lifespan run, behind a DpiclClient."""
-    from dpicl.api.app import build_app
-    from dpicl.config import Settings
-
-    settings = Settings(
-        engine="oracle",
-        whitebox=whitebox,  # type: ignore[arg-type]
-        database_url=f"sqlite:///{tmp_path}/server-{whitebox}.db",
-        admin_token=ADMIN,
-        api_keys=[USER],
-        allow_unbudgeted=True,
-    )
-    app = build_app(settings)
-    async with app.router.lifespan_context(app):
-        client = DpiclClient(
-            "http://dpicl.test",
-            admin_token=ADMIN,
-            api_key=USER,
-            concurrency=concurrency,
-            retries=1,
-            backoff=0.01,
-            transport=httpx.ASGITransport(app=app),
-        )
-        try:
-            yield client
-        finally:
-            await client.aclose()
+    db = f"sqlite:///{tmp_path}/server-{whitebox}.db"
+    return app_client(db, whitebox=whitebox, concurrency=concurrency)
 
 
 def _plan(**overrides: Any) -> AuditPlan:
