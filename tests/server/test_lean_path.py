@@ -6,7 +6,6 @@ guarantee across processes on SQLite."""
 from __future__ import annotations
 
 import asyncio
-import math
 import subprocess
 import sys
 import threading
@@ -14,19 +13,16 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx
 import pytest
 from sqlalchemy import event
 
 from dpicl.pipelines.contexts import cost_of
-from dpicl.privacy.accounting import gaussian_mu2
-from dpicl.privacy.calibration import gaussian_epsilon
 from dpicl.store import repository
 from dpicl.store.context_cache import ContextCache, context_bytes
 from dpicl.store.repository import ContextRepository, sqlite_write_lock
 from tests.conftest import admin_headers, user_headers
 from tests.server.api_helpers import make_client, voting_context
-from tests.server.test_ledger_postgres import _fire
+from tests.server.test_ledger_postgres import two_processes_never_overspend
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -183,28 +179,7 @@ def test_serialised_writes_wait_for_the_lock_at_most_the_timeout(tmp_path: Path)
 
 @pytest.mark.slow
 def test_two_processes_on_sqlite_never_overspend(tmp_path: Path, start_server: Any) -> None:
-    env = {"DPICL_ENGINE": "oracle", "DPICL_DATABASE_URL": f"sqlite:///{tmp_path / 'two.db'}"}
-    a = start_server(env, wait=False)
-    b = start_server(env, wait=False)
-    a.wait_ready()
-    b.wait_ready()
-    eps, delta, k = 1.0, 1e-5, 12
-    sigma = 2 * math.sqrt(math.log(1.25 / delta)) / eps
-    budget_eps = gaussian_epsilon(delta, math.sqrt(k * gaussian_mu2(sigma, math.sqrt(2))))
-    r = httpx.post(
-        f"{a.url}/v1/contexts",
-        json=voting_context(budget={"epsilon": budget_eps, "delta": delta}),
-        headers=admin_headers(),
-        timeout=30,
-    )
-    assert r.status_code == 201, r.text
-    cid = r.json()["id"]
-    counts = asyncio.run(_fire([a.url, b.url], cid, 4 * k))
-    assert counts[200] == k, counts
-    assert counts[403] == 3 * k, counts
-    for srv in (a, b):
-        info = httpx.get(f"{srv.url}/v1/contexts/{cid}", headers=admin_headers()).json()
-        assert info["spent"]["queries"] == k
+    two_processes_never_overspend(start_server, f"sqlite:///{tmp_path / 'two.db'}")
 
 
 @pytest.mark.slow

@@ -37,8 +37,10 @@ async def _fire(urls: list[str], cid: str, n: int) -> Counter[int]:
         return Counter(await asyncio.gather(*(one(i) for i in range(n))))
 
 
-def test_two_processes_never_overspend(pg_url: str, start_server: Any) -> None:
-    env = {"DPICL_ENGINE": "oracle", "DPICL_DATABASE_URL": pg_url}
+def two_processes_never_overspend(start_server: Any, database_url: str) -> None:
+    """Two real server processes on one database, 4x more concurrent calls than the budget
+    allows: exactly the budgeted calls succeed, the rest are refused, on both servers."""
+    env = {"DPICL_ENGINE": "oracle", "DPICL_DATABASE_URL": database_url}
     a = start_server(env, wait=False)
     b = start_server(env, wait=False)
     a.wait_ready()
@@ -61,3 +63,7 @@ def test_two_processes_never_overspend(pg_url: str, start_server: Any) -> None:
         info = httpx.get(f"{srv.url}/v1/contexts/{cid}", headers=admin_headers()).json()
         assert info["spent"]["queries"] == k
         assert info["spent"]["spent_epsilon"] <= budget_eps * (1 + 1e-9)
+
+
+def test_two_processes_never_overspend(pg_url: str, start_server: Any) -> None:
+    two_processes_never_overspend(start_server, pg_url)
