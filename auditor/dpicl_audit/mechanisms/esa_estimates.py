@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dpicl_audit.mechanisms.base import with_verdict
+from dpicl_audit.mechanisms.esa_designs import release_epsilon_meta
+from dpicl_audit.mechanisms.trial_estimates import estimate_trials, with_verdict
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.schedule import STREAM_BOOTSTRAP
 from dpicl_audit.store import TrialRecord
@@ -23,7 +24,7 @@ from dpicl_audit.store import TrialRecord
 if TYPE_CHECKING:
     from dpicl_audit.mechanisms.esa import GenerationDesign
 
-__all__ = ["esa_meta", "estimate_esa_bootstrap", "signal_tightness"]
+__all__ = ["esa_meta", "estimate_esa_bootstrap", "estimate_esa_trials", "signal_tightness"]
 
 
 def esa_meta(
@@ -42,12 +43,67 @@ def esa_meta(
         "signal_distance": dist,
         "signal_shift": None if dist is None else dist / t,
         "epsilon_exact_signal": None,
+        "design": design.layout,
     }
     if sigma is not None:
         meta["epsilon_exact"] = esa_epsilon_exact(sigma, sens, plan.mechanism.delta)
         if dist is not None:
             meta["epsilon_exact_signal"] = esa_epsilon_exact(sigma, dist / t, plan.mechanism.delta)
+    if design.attack == "inquery":
+        # The released candidate's closed-form rates at the design's intended clean gaps,
+        # fair-coin zero-shot candidates (mechanisms.esa_designs): the black-box ceiling.
+        meta |= release_epsilon_meta(
+            design.layout, dist, t, sigma, plan.mechanism.candidates, plan.mechanism.delta
+        )
     return meta
+
+
+def estimate_esa_trials(
+    plan: AuditPlan,
+    design: GenerationDesign,
+    k: int,
+    rows: Sequence[TrialRecord],
+    meta: dict[str, Any],
+    calls_per_query: int,
+) -> dict[str, Any]:
+    """Real-query estimates; the black-box power counts only releases that were a signal text.
+
+    The design's release rates assume zero-shot candidates that are y1 or y0 (Prompt 3 asks
+    for that). A model that answers something else releases neither, so the rates are scaled
+    by the observed fraction of trials whose release was y1 or y0 (approximate); with none,
+    the reachable bound is 0 and the verdict INCONCLUSIVE, never "consistent".
+    """
+    power = dict(meta)
+    if rows and design.attack == "inquery":
+        hits = sum(
+            design.signal_text(str(r.observation.get("text", ""))) in (design.y1, design.y0)
+            for r in rows
+        )
+        frac = hits / len(rows)
+        power["signal_release_fraction"] = frac
+        rates = meta.get("release_rates")
+        if rates is not None:
+            power["release_rates"] = [frac * float(r) for r in rates]
+        elif frac == 0.0:
+            power["release_rates"] = [0.0, 0.0]
+    out = estimate_trials(
+        plan,
+        k,
+        rows,
+        power,
+        calls_per_query=calls_per_query,
+        positive_when="below",
+        finish=lambda est, m: signal_tightness(with_verdict(est, m), m),
+    )
+    if frac_note := power.get("signal_release_fraction"):
+        out["signal_release_fraction"] = frac_note
+    elif "signal_release_fraction" in power:
+        out["signal_release_fraction"] = 0.0
+        out["black_box_note"] = (
+            "no released text was y1 or y0: the zero-shot candidates never held the signal "
+            "texts, so the black-box attack had no power (INCONCLUSIVE)"
+        )
+    return out
 
 
 def signal_tightness(est: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
@@ -136,6 +192,30 @@ def estimate_esa_bootstrap(
         fraction=plan.split,
         calls_per_row=calls,
     ).to_dict()
-    out["black_box"] = signal_tightness(with_verdict(res["black_box"], meta), meta)
-    out["white_box"] = signal_tightness(with_verdict(res["white_box"], meta), meta)
+    power = dict(meta) | _observed_rates(c1, c0, emb[0], emb[1], sigma_sim)
+    out["release_rates_observed"] = power["release_rates"]
+    out["flip_rate"] = power["flip_rate"]
+    out["black_box"] = signal_tightness(with_verdict(res["black_box"], power), meta)
+    out["white_box"] = signal_tightness(with_verdict(res["white_box"], power), meta)
     return out
+
+
+def _observed_rates(
+    c1: np.ndarray, c0: np.ndarray, e1: np.ndarray, e0: np.ndarray, sigma: float
+) -> dict[str, Any]:
+    """The simulated black-box rule's rates averaged over the collected clean means
+    (``Phi(<c - (e1 + e0)/2, u> / sigma)``, u the unit vector along e1 - e0: both signal
+    texts among the candidates, as simulated; mechanisms.esa_designs), and the fraction of
+    row-aligned pairs whose clean means differ."""
+    from scipy import special
+
+    from dpicl_audit.estimators.power import flip_rate_from_signals
+
+    diff = e1 - e0
+    d = float(np.linalg.norm(diff))
+    if d == 0.0:
+        return {"release_rates": [0.5, 0.5], "flip_rate": 0.0}
+    u, mid = diff / d, (e1 + e0) / 2.0
+    rates = [float(np.mean(special.ndtr((rows - mid) @ u / sigma))) for rows in (c1, c0)]
+    n = min(len(c1), len(c0))
+    return {"release_rates": rates, "flip_rate": flip_rate_from_signals(c1[:n], c0[:n])}
