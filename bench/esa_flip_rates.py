@@ -12,8 +12,12 @@ auditor builds them (``build_generation_design``, seed = pair index + ``--seed``
   partition outputs differ between C1 and C0, *toward* when C1 has more partitions answering
   y1 than C0 (an answer "is" y1 when its first line is y1 for the identical design, the
   whole text otherwise, as the audit decides);
-* asks once more on C0 at the context's own temperature (1.0, ``--candidates`` zero-shot
-  candidates) and counts the candidates that are y1 or y0 (what a black-box audit needs).
+* for the first ``--candidate-pairs`` pairs, asks once more on C0 at temperature 1.0 (the
+  server's ESA default; ``--candidates`` zero-shot candidates) and counts the candidates that
+  are y1 or y0 (what a black-box audit needs).
+
+A partition "answered y" when its signal text is y or y cut short by ``max_tokens`` (a prefix
+of at least 8 characters).
 
 Designs: ``identical`` (every partition holds one made-up text x, the canary partition
 (x, y1) against (x, y0), y1/y0 made-up three-word phrases named in the template),
@@ -87,11 +91,18 @@ def _ask(
         c.delete(f"/v1/contexts/{ctx}")
 
 
+def _is(d: GenerationDesign, text: str, y: str) -> bool:
+    """Whether a partition answered ``y``: its signal text equals y, or is y cut short by
+    max_tokens (a prefix of at least 8 characters)."""
+    s = d.signal_text(text)
+    return s == y or (len(s) >= 8 and y.startswith(s))
+
+
 def measure(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=900) as c:
         for name in args.designs.split(","):
-            flips = toward = cand_hits = cand_total = both = 0
+            flips = toward = cand_hits = cand_total = both = cand_pairs = 0
             examples: list[dict[str, Any]] = []
             t0 = time.monotonic()
             for i in range(args.pairs):
@@ -99,14 +110,17 @@ def measure(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
                 d = build_generation_design(plan, load_dataset(plan.dataset))
                 p1 = _ask(c, plan, d, 1, 0.0)["partition_texts"]
                 p0 = _ask(c, plan, d, 0, 0.0)["partition_texts"]
-                n1 = sum(d.signal_text(t) == d.y1 for t in p1)
-                n0 = sum(d.signal_text(t) == d.y1 for t in p0)
+                n1 = sum(_is(d, t, d.y1) for t in p1)
+                n0 = sum(_is(d, t, d.y1) for t in p0)
                 flips += p1 != p0
                 toward += n1 > n0
+                if i >= args.candidate_pairs:
+                    continue
                 cands = [str(x) for x in _ask(c, plan, d, 0, 1.0)["candidates"]]
                 sig = [d.signal_text(x) for x in cands]
                 cand_hits += sum(s in (d.y1, d.y0) for s in sig)
                 cand_total += len(sig)
+                cand_pairs += 1
                 both += d.y1 in sig and d.y0 in sig
                 if i < 2:
                     examples.append({"y1": d.y1, "y0": d.y0, "c1": p1, "c0": p0, "cands": cands})
@@ -120,6 +134,7 @@ def measure(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
                 "candidate_signal_hits": cand_hits,
                 "candidates": cand_total,
                 "queries_with_both_signals": both,
+                "candidate_queries": cand_pairs,
                 "seconds": time.monotonic() - t0,
                 "examples": examples,
             }
@@ -127,7 +142,7 @@ def measure(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
             print(
                 f"{name:10s} flips {flips}/{args.pairs} (95% CI [{lo:.2f}, {hi:.2f}]), toward "
                 f"the canary {toward}; candidates that are y1/y0: {cand_hits}/{cand_total}, "
-                f"queries with both: {both}/{args.pairs} ({row['seconds']:.0f} s)",
+                f"queries with both: {both}/{cand_pairs} ({row['seconds']:.0f} s)",
                 flush=True,
             )
     return rows
@@ -141,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--candidates", type=int, default=4)
     p.add_argument("--tokens", type=int, default=12, help="max_tokens per answer")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--candidate-pairs", type=int, default=3, help="pairs that also sample candidates"
+    )
     p.add_argument("--port", type=int, default=None, help="server port (default: a free one)")
     p.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = p.parse_args(argv)

@@ -14,12 +14,14 @@ clock/foxborough pair with MiniLM).
   is at epsilon 1 (rates near 1/2): the 97.5% Clopper-Pearson bounds cost about 0.0045 in mu,
   3-4% of mu = 0.146 at T = 3, so the 0.9 margin fails only on a many-sigma deviation.
 * Real queries, black-box (``DPICL_WHITEBOX=off``), epsilon 8, T = 3, 8 zero-shot candidates
-  (each y1 or y0 by the oracle's fair coin), 4,000 trials. Expected rates 0.718 / 0.282
+  (each y1 or y0 by the oracle's fair coin), 2,000 trials. Expected rates 0.718 / 0.282
   (mechanisms.esa_designs). Over 2,000 simulated repetitions of the counts the ratio
-  epsilon_emp / epsilon_exact_signal has mean 0.874, standard deviation 0.041, minimum 0.73;
-  the 0.7 bound is 4.2 standard deviations down (false-failure rate about 1e-5). The bound
+  epsilon_emp / epsilon_exact_signal has mean 0.826, standard deviation 0.057, minimum 0.64;
+  the 0.6 bound is 4 standard deviations down (false-failure rate about 4e-5). The bound
   exceeded epsilon_exact_signal in 0.1% of repetitions (the 5% confidence allows it) and
-  epsilon_exact in none, so only the latter is asserted.
+  epsilon_exact in none, so only the latter is asserted. The reachable bound at these rates
+  is 4.31 >= 0.5 x epsilon_exact = 3.96, so the verdict is CONSISTENT ("ok"). (4,000 trials:
+  mean 0.874, sd 0.041; one run measured 4.728 / 5.225 = 0.905.)
 * The paper's design stays selectable and says it is weak (T = 8, epsilon 8: INCONCLUSIVE).
 """
 
@@ -102,7 +104,7 @@ def test_real_query_black_box_audit_is_tight_at_epsilon_8(
     srv = _server(start_server, tmp_path, "off")
     plan = _plan(
         srv.url,
-        **{"mechanism.epsilons": [8.0], "mechanism.partitions": 3, "trials": 4000, "seed": 3},
+        **{"mechanism.epsilons": [8.0], "mechanism.partitions": 3, "trials": 2000, "seed": 3},
     )
     results = asyncio.run(
         run_audit(plan, db=tmp_path / "audit.db", out_dir=tmp_path, progress=False)
@@ -112,10 +114,10 @@ def test_real_query_black_box_audit_is_tight_at_epsilon_8(
     sig = s["epsilon_exact_signal"]
     print(f"T=3 eps=8 real queries: emp {bb['epsilon_lower']:.3f} exact_signal {sig:.3f} "
           f"exact {s['epsilon_exact']:.3f} tpr {bb['tpr']:.3f} fpr {bb['fpr']:.3f}")  # fmt: skip
-    assert s["design"] == "pivotal" and s["trials"] == 4000
+    assert s["design"] == "pivotal" and s["trials"] == 2000
     assert s["white_box"] is None
-    assert s["signal_release_fraction"] == 1.0  # the oracle's candidates are y1 or y0
-    assert 0.7 * sig <= bb["epsilon_lower"] <= s["epsilon_exact"]
+    assert s["signal_release_weight"] == 1.0  # the oracle releases y1 and y0 as designed
+    assert 0.6 * sig <= bb["epsilon_lower"] <= s["epsilon_exact"]
     assert bb["epsilon_lower_classic"] <= s["epsilon_exact_release"]
     assert bb["verdict"]["status"] == "ok", bb["verdict"]
 

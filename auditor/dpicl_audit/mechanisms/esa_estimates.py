@@ -66,26 +66,38 @@ def estimate_esa_trials(
     meta: dict[str, Any],
     calls_per_query: int,
 ) -> dict[str, Any]:
-    """Real-query estimates; the black-box power counts only releases that were a signal text.
+    """Real-query estimates; the black-box power counts only the signal releases observed.
 
-    The design's release rates assume zero-shot candidates that are y1 or y0 (Prompt 3 asks
-    for that). A model that answers something else releases neither, so the rates are scaled
-    by the observed fraction of trials whose release was y1 or y0 (approximate); with none,
-    the reachable bound is 0 and the verdict INCONCLUSIVE, never "consistent".
+    The design's release rates assume zero-shot candidates that are y1 or y0 by a fair coin
+    (Prompt 3 asks for that). A model may answer something else (neither is released) or
+    always the same text (greedy decoding: one signal text in both worlds). So the rates are
+    scaled by ``w = min(1, U1 / f1, U0 / f0)``, where ``f1``, ``f0`` are the fractions of
+    trials the design expects to release y1, y0 and ``U1``, ``U0`` the one-sided 97.5%
+    Clopper-Pearson upper bounds of the observed fractions: a model that never releases one
+    of the two gets a reachable bound near 0 and an INCONCLUSIVE verdict, never "consistent";
+    an oracle that follows the design keeps ``w = 1`` except by chance.
     """
+    from scipy.stats import beta
+
     power = dict(meta)
-    if rows and design.attack == "inquery":
-        hits = sum(
-            design.signal_text(str(r.observation.get("text", ""))) in (design.y1, design.y0)
-            for r in rows
-        )
-        frac = hits / len(rows)
-        power["signal_release_fraction"] = frac
-        rates = meta.get("release_rates")
-        if rates is not None:
-            power["release_rates"] = [frac * float(r) for r in rates]
-        elif frac == 0.0:
-            power["release_rates"] = [0.0, 0.0]
+    note: dict[str, Any] = {}
+    rates = meta.get("release_rates")
+    if rows and design.attack == "inquery" and rates is not None:
+        n = len(rows)
+        sig = [design.signal_text(str(r.observation.get("text", ""))) for r in rows]
+        k1, k0 = sig.count(design.y1), sig.count(design.y0)
+        n1 = sum(1 for r in rows if r.world == 1)
+        f1 = (n1 * float(rates[0]) + (n - n1) * float(rates[1])) / n
+        w = 1.0
+        for k_obs, f in ((k1, f1), (k0, 1.0 - f1)):
+            upper = 1.0 if k_obs == n else float(beta.ppf(0.975, k_obs + 1, n - k_obs))
+            if f > 0.0:
+                w = min(w, upper / f)
+        power["release_rates"] = [w * float(r) for r in rates]
+        note = {
+            "signal_releases": {"y1": k1, "y0": k0, "trials": n},
+            "signal_release_weight": w,
+        }
     out = estimate_trials(
         plan,
         k,
@@ -95,14 +107,7 @@ def estimate_esa_trials(
         positive_when="below",
         finish=lambda est, m: signal_tightness(with_verdict(est, m), m),
     )
-    if frac_note := power.get("signal_release_fraction"):
-        out["signal_release_fraction"] = frac_note
-    elif "signal_release_fraction" in power:
-        out["signal_release_fraction"] = 0.0
-        out["black_box_note"] = (
-            "no released text was y1 or y0: the zero-shot candidates never held the signal "
-            "texts, so the black-box attack had no power (INCONCLUSIVE)"
-        )
+    out |= note
     return out
 
 
