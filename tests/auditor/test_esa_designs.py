@@ -93,7 +93,7 @@ def _estimate(texts1: list[str | bool], texts0: list[str | bool]) -> dict[str, A
     rows = [
         TrialRecord(
             "eps=8", i, w, f"c{w}", "q", {"text": text(x)}, d.decide_text(text(x)), 0.0, 8.0
-        )  # fmt: skip
+        )
         for w, texts in ((1, texts1), (0, texts0))
         for i, x in enumerate(texts)
     ]
