@@ -20,6 +20,11 @@ Attacks (``plan.attack``, ``plan.threat_model``):
 * ``reference-vector`` (baseline, white-box): Prompt 6 with its own canary ("The sun rises
   in the west.") and the reference texts ``["Incorrect statement",]`` and ``[]``.
 
+**Designs** (``plan.design``, resolved before building): ``paper`` is built here (the canary
+in one partition of ``shots`` dialogues); ``pivotal`` (the balanced default on a simulator) and
+``identical`` (on a real engine) pin the other partitions so the canary's decides which signal
+text is nearer the noisy mean (:mod:`.esa_designs`, with the release's closed-form rates).
+
 **Where e(y1) and e(y0) come from.** The white-box score needs the signal texts' embeddings
 in the server's embedding space: observed on the server where it shows its partitions,
 embedded locally otherwise (:mod:`.esa_signals`, before the trials). The source is recorded
