@@ -118,7 +118,11 @@ def test_real_query_black_box_audit_is_tight_at_epsilon_8(
           f"exact {s['epsilon_exact']:.3f} tpr {bb['tpr']:.3f} fpr {bb['fpr']:.3f}")  # fmt: skip
     assert s["design"] == "pivotal" and s["trials"] == 2000
     assert s["white_box"] is None
-    assert s["signal_release_weight"] == 1.0  # the oracle releases y1 and y0 as designed
+    # The oracle releases y1 and y0 as designed: w < 1 only when an observed fraction falls
+    # below its expected 1/2 by more than its 97.5% interval (about 2.5% per text); w < 0.95
+    # needs a 4.2-sigma deviation (about 3e-5), and at w = 0.95 the reachable bound is 4.0,
+    # still above 0.5 x epsilon_exact = 3.96, so the verdict stays "ok".
+    assert s["signal_release_weight"] >= 0.95
     assert 0.6 * sig <= bb["epsilon_lower"] <= s["epsilon_exact"]
     assert bb["epsilon_lower_classic"] <= s["epsilon_exact_release"]
     assert bb["verdict"]["status"] == "ok", bb["verdict"]
