@@ -124,7 +124,10 @@ def test_real_query_black_box_audit_is_tight_at_epsilon_8(
     # still above 0.5 x epsilon_exact = 3.96, so the verdict stays "ok".
     assert s["signal_release_weight"] >= 0.95
     assert 0.6 * sig <= bb["epsilon_lower"] <= s["epsilon_exact"]
-    assert bb["epsilon_lower_classic"] <= s["epsilon_exact_release"]
+    # The classical bound is capped by the release's own exact epsilon (0.935) at its 95%
+    # confidence: simulated, it exceeded it in 0.65% of 4,000 repetitions (one real run did:
+    # TPR 0.757 against 0.718), 1.11 x at most, never 1.2 x.
+    assert bb["epsilon_lower_classic"] <= 1.2 * s["epsilon_exact_release"]
     assert bb["verdict"]["status"] == "ok", bb["verdict"]
 
 
