@@ -72,6 +72,8 @@ EmbeddingSource = Literal["auto", "server", "local"]
 #: partition decides (Prompt 1); ``identical`` = pivotal with one text in every partition,
 #: made-up word labels and a minimal template (the strongest on a real model); ``auto`` =
 #: pivotal on a simulator, identical on a real engine (inquery in the audit template only).
+#: ESA has the same four (mechanisms.esa_designs: the canary's partition decides which signal
+#: text is nearer the noisy mean).
 VotingDesign = Literal["auto", "paper", "pivotal", "identical"]
 #: Dataset and max_tokens defaults that differ from voting's, per mechanism.
 _MECHANISM_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -365,10 +367,12 @@ class AuditPlan(BaseModel):
         name = self.mechanism.name
         check_attack(self.attack, name, self.threat_model)
         if self.design in ("pivotal", "identical") and not (
-            name == "voting" and self.attack == "inquery" and self.setting == "audit-template"
+            name in ("voting", "esa")
+            and self.attack == "inquery"
+            and self.setting == "audit-template"
         ):
             raise ValueError(
-                f"design {self.design!r} is a voting inquery design in the audit template; "
+                f"design {self.design!r} is a voting or ESA inquery design in the audit template; "
                 f"this plan audits {name} with attack {self.attack!r} in {self.setting!r}"
             )
         if name != "voting" and self.setting != "audit-template":

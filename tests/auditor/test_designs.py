@@ -65,7 +65,9 @@ def test_pinned_designs_refuse_other_attacks_and_a_position_outside() -> None:
     with pytest.raises(ValueError, match="design 'pivotal'"):
         _plan(design="pivotal", attack="brainwash")
     with pytest.raises(ValueError, match="design 'identical'"):
-        _plan(design="identical", **{"mechanism.name": "esa"})
+        _plan(design="identical", attack="repeat", **{"mechanism.name": "esa"})
+    with pytest.raises(ValueError, match="design 'pivotal'"):
+        _plan(design="pivotal", **{"mechanism.name": "dps-mozo"})
     plan = _plan(design="pivotal", **{"mechanism.partitions": 4, "neighbour.position": 5})
     with pytest.raises(Exception, match="outside the pivotal design"):
         build_design(plan, load_dataset("news-mini"))

@@ -102,8 +102,9 @@ async def test_white_box_bootstrap_is_tight(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 async def test_black_box_and_white_box_runs(tmp_path: Path) -> None:
-    """Real queries: Prompt 3 black-box (decision: released text is y1) and Prompt 2
-    white-box (noisy-mean score); at epsilon 8 with T=2 both see the canary."""
+    """Real queries with the balanced design: Prompt 3 black-box (decision: released text is
+    y1) and Prompt 2 white-box (noisy-mean score); at epsilon 8 with T=2 both see the canary,
+    and 120 trials are too few for power: INCONCLUSIVE, decided in expectation."""
     common = {"mechanism.partitions": 2, "mechanism.epsilons": [8.0], "trials": 120}
     async with oracle_server(tmp_path) as client:
         bb = await run_audit(
@@ -121,13 +122,21 @@ async def test_black_box_and_white_box_runs(tmp_path: Path) -> None:
             progress=False,
         )
     s = bb["settings"][0]
+    assert s["design"] == "pivotal"  # auto on a simulator: the balanced design
     assert s["black_box"]["tpr"] > s["black_box"]["fpr"]
-    # 120 trials cannot reach half of epsilon_exact at epsilon 8: the honest verdict is
-    # INCONCLUSIVE (or consistent), never a violation or a bug.
-    assert s["black_box"]["verdict"]["status"] in {"ok", "inconclusive"}
+    # The verdict is decided in expectation: the reachable bound comes from the design's
+    # closed-form release rates (T = 2: C1 [2, 0] -> 0.875, C0 [1, 1] -> 0.5) at 60 trials
+    # per world: 1.34 black-box, 1.91 white-box, below 0.5 x epsilon_exact = 3.96, so the
+    # audit is INCONCLUSIVE whatever the counts; a violation or bug needs mu_lower above
+    # mu_exact = 1.65 while the true mu is D / (T sigma) = 1.17 (0 in 20,000 simulated runs).
+    assert s["black_box"]["verdict"]["status"] == "inconclusive", s["black_box"]["verdict"]
+    assert "could reach" in s["black_box"]["verdict"]["message"]
     assert s["epsilon_exact_signal"] is not None
+    # (scaled by the observed signal-release weight w <= 1, which keeps their ratio)
+    p1, p0 = s["release_rates"]
+    assert p1 / p0 == pytest.approx(0.875 / 0.5, abs=5e-3) and p1 <= 0.876
     w = wb["settings"][0]
-    assert w["white_box"]["verdict"]["status"] in {"ok", "inconclusive"}
+    assert w["white_box"]["verdict"]["status"] == "inconclusive", w["white_box"]["verdict"]
     assert w["white_box"]["tpr"] > w["white_box"]["fpr"]
     assert not w["white_box"]["exceeds_exact_signal"]
 
@@ -158,7 +167,9 @@ async def test_baselines(tmp_path: Path) -> None:
     assert ref["design"]["signal"] == "list-empty"
     assert ref["design"]["embeddings_source"] == "local"
     v = ref["settings"][0]["white_box"]
-    assert v["verdict"]["status"] in {"ok", "inconclusive"}
+    # 30 trials per world cannot reach 0.5 x epsilon_exact (the perfect-separation bound of
+    # 30 + 30 trials is below it), so INCONCLUSIVE is the one honest verdict.
+    assert v["verdict"]["status"] == "inconclusive", v["verdict"]
 
 
 @pytest.mark.slow

@@ -129,8 +129,8 @@ def audit_command(kind: str) -> Callable[..., None]:
             typer.Option(
                 help=_h(
                     "design",
-                    "voting inquery design: auto | paper | pivotal | identical (auto: pivotal "
-                    "on a simulator, identical on a real engine)",
+                    "voting or ESA inquery design: auto | paper | pivotal | identical (auto: "
+                    "pivotal on a simulator, identical on a real engine)",
                 )
             ),
         ] = None,

@@ -20,6 +20,11 @@ Attacks (``plan.attack``, ``plan.threat_model``):
 * ``reference-vector`` (baseline, white-box): Prompt 6 with its own canary ("The sun rises
   in the west.") and the reference texts ``["Incorrect statement",]`` and ``[]``.
 
+**Designs** (``plan.design``, resolved before building): ``paper`` is built here (the canary
+in one partition of ``shots`` dialogues); ``pivotal`` (the balanced default on a simulator) and
+``identical`` (on a real engine) pin the other partitions so the canary's decides which signal
+text is nearer the noisy mean (:mod:`.esa_designs`, with the release's closed-form rates).
+
 **Where e(y1) and e(y0) come from.** The white-box score needs the signal texts' embeddings
 in the server's embedding space: observed on the server where it shows its partitions,
 embedded locally otherwise (:mod:`.esa_signals`, before the trials). The source is recorded
@@ -50,15 +55,14 @@ from dpicl_audit.mechanisms.base import (
     GaussianMechanismAudit,
     TrialAt,
     ask,
-    estimate_trials,
     gaussian_setting_meta,
     needs_internal,
-    with_verdict,
 )
+from dpicl_audit.mechanisms.esa_designs import build_esa_pinned_design
 from dpicl_audit.mechanisms.esa_estimates import (
     esa_meta,
     estimate_esa_bootstrap,
-    signal_tightness,
+    estimate_esa_trials,
 )
 from dpicl_audit.mechanisms.esa_signals import resolve_signal_embeddings
 from dpicl_audit.mechanisms.neighbours import (
@@ -71,6 +75,7 @@ from dpicl_audit.mechanisms.neighbours import (
     pick_exemplars,
     random_canary_text,
 )
+from dpicl_audit.mechanisms.voting_designs import resolve_design
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.prompts import (
     GENERATION_AUDIT_TEMPLATE,
@@ -142,6 +147,7 @@ class GenerationDesign(NeighbourPair):
     e1: tuple[float, ...] | None = None
     e0: tuple[float, ...] | None = None
     embeddings_source: str | None = None
+    layout: str = "paper"  # "paper", "pivotal" or "identical" (.esa_designs)
 
     @property
     def positive(self) -> str:
@@ -152,12 +158,18 @@ class GenerationDesign(NeighbourPair):
         return self.y0
 
     def decide_text(self, text: str) -> int:
-        """Black-box rule: 1 ("present") when the released text is y1 (Section 3.4); for the
-        Repeat baseline, when it contains the canary's hidden second half."""
+        """Black-box rule: 1 ("present") when the released text is y1 (Section 3.4; the
+        identical design: its first line, as a model continues past the copied output); for
+        the Repeat baseline, when it contains the canary's hidden second half."""
         if self.attack == "repeat":
             return int(bool(self.repeat_suffix) and _norm_text(self.repeat_suffix or "")
                        in _norm_text(text))  # fmt: skip
-        return int(text.strip() == self.y1)
+        return int(self.signal_text(text) == self.y1)
+
+    def signal_text(self, text: str) -> str:
+        """The part of a released text compared with y1 and y0."""
+        t = text.strip()
+        return t.split("\n", 1)[0].strip() if self.layout == "identical" else t
 
     def signal_embeddings(self) -> tuple[FloatArray, FloatArray] | None:
         if self.e1 is None or self.e0 is None:
@@ -196,7 +208,12 @@ class GenerationDesign(NeighbourPair):
 
 
 def build_generation_design(plan: AuditPlan, dataset: LabelledDataset) -> GenerationDesign:
-    """Draw the canary, replacement, exemplars, position and seed; write the audit query."""
+    """Draw the canary, replacement, exemplars, position and seed; write the audit query.
+
+    ``plan.design`` must be resolved (``auto`` builds the pivotal design, a simulator's)."""
+    layout = resolve_design(plan, simulator=True)
+    if layout != "paper":
+        return build_esa_pinned_design(plan, dataset, layout, signal_pair(plan))
     rng = np.random.default_rng([plan.seed, STREAM_DESIGN])
     k = plan.mechanism.n_exemplars
     order = rng.permutation(len(dataset))
@@ -269,6 +286,7 @@ class EsaAudit(GaussianMechanismAudit):
             "signal_distance": design.signal_distance(),
             "embeddings_source": design.embeddings_source,
             "query": design.query,
+            "design": design.layout,
         }
 
     def context_body(
@@ -352,15 +370,7 @@ class EsaAudit(GaussianMechanismAudit):
     ) -> dict[str, Any]:
         if bootstrap:
             return estimate_esa_bootstrap(plan, design, k, rows, meta)
-        return estimate_trials(
-            plan,
-            k,
-            rows,
-            meta,
-            calls_per_query=self.calls_per_query(plan),
-            positive_when="below",
-            finish=lambda est, m: signal_tightness(with_verdict(est, m), m),
-        )
+        return estimate_esa_trials(plan, design, k, rows, meta, self.calls_per_query(plan))
 
 
 def _floats(value: Any, name: str) -> FloatArray:

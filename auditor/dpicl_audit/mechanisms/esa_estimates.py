@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dpicl_audit.mechanisms.base import with_verdict
+from dpicl_audit.mechanisms.esa_designs import release_epsilon_meta
+from dpicl_audit.mechanisms.trial_estimates import estimate_trials, with_verdict
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.schedule import STREAM_BOOTSTRAP
 from dpicl_audit.store import TrialRecord
@@ -23,7 +24,7 @@ from dpicl_audit.store import TrialRecord
 if TYPE_CHECKING:
     from dpicl_audit.mechanisms.esa import GenerationDesign
 
-__all__ = ["esa_meta", "estimate_esa_bootstrap", "signal_tightness"]
+__all__ = ["esa_meta", "estimate_esa_bootstrap", "estimate_esa_trials", "signal_tightness"]
 
 
 def esa_meta(
@@ -42,12 +43,72 @@ def esa_meta(
         "signal_distance": dist,
         "signal_shift": None if dist is None else dist / t,
         "epsilon_exact_signal": None,
+        "design": design.layout,
     }
     if sigma is not None:
         meta["epsilon_exact"] = esa_epsilon_exact(sigma, sens, plan.mechanism.delta)
         if dist is not None:
             meta["epsilon_exact_signal"] = esa_epsilon_exact(sigma, dist / t, plan.mechanism.delta)
+    if design.attack == "inquery":
+        # The released candidate's closed-form rates at the design's intended clean gaps,
+        # fair-coin zero-shot candidates (mechanisms.esa_designs): the black-box ceiling.
+        meta |= release_epsilon_meta(
+            design.layout, dist, t, sigma, plan.mechanism.candidates, plan.mechanism.delta
+        )
     return meta
+
+
+def estimate_esa_trials(
+    plan: AuditPlan,
+    design: GenerationDesign,
+    k: int,
+    rows: Sequence[TrialRecord],
+    meta: dict[str, Any],
+    calls_per_query: int,
+) -> dict[str, Any]:
+    """Real-query estimates; the black-box power counts only the signal releases observed.
+
+    The design's release rates assume zero-shot candidates that are y1 or y0 by a fair coin
+    (Prompt 3 asks for that). A model may answer something else (neither is released) or
+    always the same text (greedy decoding: one signal text in both worlds). So the rates are
+    scaled by ``w = min(1, U1 / f1, U0 / f0)``, where ``f1``, ``f0`` are the fractions of
+    trials the design expects to release y1, y0 and ``U1``, ``U0`` the one-sided 97.5%
+    Clopper-Pearson upper bounds of the observed fractions: a model that never releases one
+    of the two gets a reachable bound near 0 and an INCONCLUSIVE verdict, never "consistent";
+    an oracle that follows the design keeps ``w = 1`` except by chance.
+    """
+    from scipy.stats import beta
+
+    power = dict(meta)
+    note: dict[str, Any] = {}
+    rates = meta.get("release_rates")
+    if rows and design.attack == "inquery" and rates is not None:
+        n = len(rows)
+        sig = [design.signal_text(str(r.observation.get("text", ""))) for r in rows]
+        k1, k0 = sig.count(design.y1), sig.count(design.y0)
+        n1 = sum(1 for r in rows if r.world == 1)
+        f1 = (n1 * float(rates[0]) + (n - n1) * float(rates[1])) / n
+        w = 1.0
+        for k_obs, f in ((k1, f1), (k0, 1.0 - f1)):
+            upper = 1.0 if k_obs == n else float(beta.ppf(0.975, k_obs + 1, n - k_obs))
+            if f > 0.0:
+                w = min(w, upper / f)
+        power["release_rates"] = [w * float(r) for r in rates]
+        note = {
+            "signal_releases": {"y1": k1, "y0": k0, "trials": n},
+            "signal_release_weight": w,
+        }
+    out = estimate_trials(
+        plan,
+        k,
+        rows,
+        power,
+        calls_per_query=calls_per_query,
+        positive_when="below",
+        finish=lambda est, m: signal_tightness(with_verdict(est, m), m),
+    )
+    out |= note
+    return out
 
 
 def signal_tightness(est: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
@@ -136,6 +197,30 @@ def estimate_esa_bootstrap(
         fraction=plan.split,
         calls_per_row=calls,
     ).to_dict()
-    out["black_box"] = signal_tightness(with_verdict(res["black_box"], meta), meta)
-    out["white_box"] = signal_tightness(with_verdict(res["white_box"], meta), meta)
+    power = dict(meta) | _observed_rates(c1, c0, emb[0], emb[1], sigma_sim)
+    out["release_rates_observed"] = power["release_rates"]
+    out["flip_rate"] = power["flip_rate"]
+    out["black_box"] = signal_tightness(with_verdict(res["black_box"], power), meta)
+    out["white_box"] = signal_tightness(with_verdict(res["white_box"], power), meta)
     return out
+
+
+def _observed_rates(
+    c1: np.ndarray, c0: np.ndarray, e1: np.ndarray, e0: np.ndarray, sigma: float
+) -> dict[str, Any]:
+    """The simulated black-box rule's rates averaged over the collected clean means
+    (``Phi(<c - (e1 + e0)/2, u> / sigma)``, u the unit vector along e1 - e0: both signal
+    texts among the candidates, as simulated; mechanisms.esa_designs), and the fraction of
+    row-aligned pairs whose clean means differ."""
+    from scipy import special
+
+    from dpicl_audit.estimators.power import flip_rate_from_signals
+
+    diff = e1 - e0
+    d = float(np.linalg.norm(diff))
+    if d == 0.0:
+        return {"release_rates": [0.5, 0.5], "flip_rate": 0.0}
+    u, mid = diff / d, (e1 + e0) / 2.0
+    rates = [float(np.mean(special.ndtr((rows - mid) @ u / sigma))) for rows in (c1, c0)]
+    n = min(len(c1), len(c0))
+    return {"release_rates": rates, "flip_rate": flip_rate_from_signals(c1[:n], c0[:n])}

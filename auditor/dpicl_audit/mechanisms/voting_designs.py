@@ -164,10 +164,10 @@ class AuditDesign(NeighbourPair):
 def resolve_design(plan: AuditPlan, *, simulator: bool | None) -> VotingDesign:
     """The design ``auto`` stands for: pivotal on a simulator, identical-text on a real
     engine (``simulator`` False or unknown), paper's for attacks and settings the pinned
-    designs do not cover."""
+    designs do not cover (voting and ESA alike; ESA's in :mod:`.esa_designs`)."""
     if plan.design != "auto":
         return plan.design
-    if plan.mechanism.name != "voting" or plan.attack != "inquery":
+    if plan.mechanism.name not in ("voting", "esa") or plan.attack != "inquery":
         return "paper"
     if plan.setting != "audit-template":
         return "paper"
