@@ -4,7 +4,9 @@ process behind the auditor's client (``httpx.ASGITransport``, lifespan run).
 
 A positive control is a module that defines a fault, ``install()`` (patch it into the server's
 modules in this process) and ``WARNING`` (what the server logs at start), e.g.
-``tests/e2e/broken_voting_server.py``. A test starts the real app with it by naming the module:
+``tests/e2e/broken_voting_server.py``; ``module:ATTR`` names such an object inside a module
+holding several (``tests/e2e/broken_esa_server.py``). A test starts the real app with it by
+naming the module:
 
     srv = start_server(env, fault="tests.e2e.broken_voting_server")
 
@@ -228,7 +230,11 @@ def serve_with_fault(fault: str, port: int) -> None:
     from dpicl.api.app import build_app
     from dpicl.config import Settings
 
-    control = importlib.import_module(fault)
+    # "package.module" or "package.module:ATTR" (one module holding several faults).
+    module, _, attr = fault.partition(":")
+    control: Any = importlib.import_module(module)
+    if attr:
+        control = getattr(control, attr)
     control.install()
     settings = Settings().model_copy(update={"host": "127.0.0.1", "port": port})
     logging.basicConfig(level=settings.log_level.upper())

@@ -1,7 +1,10 @@
 """Positive controls for ESA: the real dpicl app with one deliberate bug in the mechanism.
 
-    python tests/e2e/broken_esa_server.py PORT sum      (settings from DPICL_* as usual)
-    python tests/e2e/broken_esa_server.py PORT noise
+Each fault is an object with ``install()`` and ``WARNING`` (:mod:`tests.servers`). Tests
+start one with ``start_server(env, fault="tests.e2e.broken_esa_server:SUM")`` (or ``NOISE``);
+by hand, from the repository root (settings from ``DPICL_*`` as usual):
+
+    python -m tests.servers tests.e2e.broken_esa_server:SUM PORT
 
 * ``sum``: the partition embeddings are aggregated by their SUM instead of their mean (the
   1/T of Algorithm 3, line 7 of paper 000 forgotten) while the noise stays calibrated for
@@ -14,7 +17,8 @@ the ledger's charges and the debug endpoint's ``sigma``. Only the released text 
 
 from __future__ import annotations
 
-import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,7 +28,6 @@ from dpicl.mechanisms.esa import EsaRelease
 from dpicl.mechanisms.esa import esa_release as honest_esa_release
 
 NOISE_SHRINK = 4.0
-MODES = ("sum", "noise")
 
 
 def summing_release(
@@ -42,36 +45,17 @@ def quiet_release(
     return honest_esa_release(partition_embeddings, candidate_embeddings, sigma / NOISE_SHRINK, rng)
 
 
-def install(mode: str) -> None:
-    """Patch the ESA pipeline in this process (it looks ``esa_release`` up per call)."""
-    if mode not in MODES:
-        raise SystemExit(f"mode must be one of {MODES}, got {mode!r}")
-    esa_pipeline.esa_release = summing_release if mode == "sum" else quiet_release  # type: ignore[assignment]
+@dataclass(frozen=True, slots=True)
+class EsaFault:
+    """One positive control: the ESA release the server runs instead of the honest one."""
+
+    release: Callable[[Any, Any, float, np.random.Generator], EsaRelease]
+    WARNING: str
+
+    def install(self) -> None:
+        """Patch the ESA pipeline in this process (it looks ``esa_release`` up per call)."""
+        esa_pipeline.esa_release = self.release  # type: ignore[assignment]
 
 
-def main(argv: list[str]) -> None:
-    import logging
-
-    import uvicorn
-
-    from dpicl.api.app import build_app
-    from dpicl.config import Settings
-
-    if len(argv) != 2:
-        raise SystemExit("usage: broken_esa_server.py PORT sum|noise")
-    port, mode = int(argv[0]), argv[1]
-    install(mode)
-    settings = Settings().model_copy(update={"host": "127.0.0.1", "port": port})
-    logging.basicConfig(level=settings.log_level.upper())
-    logging.getLogger("dpicl").warning("POSITIVE CONTROL: broken ESA mechanism (%s)", mode)
-    uvicorn.run(
-        build_app(settings),
-        host=settings.host,
-        port=port,
-        log_level=settings.log_level,
-        access_log=False,
-    )
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
+SUM = EsaFault(summing_release, "ESA aggregates the partition embeddings by their sum, not mean")
+NOISE = EsaFault(quiet_release, f"ESA noise is {NOISE_SHRINK:g}x smaller than the reported sigma")

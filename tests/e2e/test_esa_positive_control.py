@@ -21,7 +21,6 @@ because the point here is the auditor; the embedder is the real all-MiniLM-L6-v2
 from __future__ import annotations
 
 import asyncio
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +31,6 @@ from dpicl_audit.runner import run_audit
 from tests.conftest import ADMIN, USER
 
 pytestmark = pytest.mark.slow
-
-HERE = Path(__file__).resolve().parent
 
 
 @pytest.mark.parametrize("mode", ["sum", "noise"])
@@ -46,7 +43,7 @@ def test_black_box_esa_audit_flags_a_broken_server(
             "DPICL_WHITEBOX": "off",
             "DPICL_DATABASE_URL": f"sqlite:///{tmp_path}/broken-{mode}.db",
         },
-        command=[sys.executable, str(HERE / "broken_esa_server.py"), "{port}", mode],
+        fault=f"tests.e2e.broken_esa_server:{mode.upper()}",
     )
     plan = AuditPlan.from_sources(
         None,
