@@ -55,6 +55,20 @@ class PromptEncoder:
         )
         return str(rendered)
 
+    @property
+    def empty_prompt_token_id(self) -> int:
+        """The one token an empty prompt is encoded as, so the model has a position to
+        predict from: BOS, else EOS (the document separator of models without a BOS; a pad
+        token is never fed as input), else the pad token, else 0."""
+        for tok in (
+            self.tokenizer.bos_token_id,
+            self.tokenizer.eos_token_id,
+            self.tokenizer.pad_token_id,
+        ):
+            if tok is not None:
+                return int(tok)
+        return 0
+
     def encode_text(self, text: str, *, special: bool) -> list[int]:
         return [int(i) for i in self.tokenizer(text, add_special_tokens=special)["input_ids"]]
 
@@ -64,8 +78,7 @@ class PromptEncoder:
         # A chat template writes its own special tokens; a raw prompt gets the tokenizer's.
         ids = self.encode_text(rendered, special=not self.use_chat_template)
         if not ids:
-            bos = self.tokenizer.bos_token_id
-            ids = [int(bos) if bos is not None else int(self.tokenizer.eos_token_id or 0)]
+            ids = [self.empty_prompt_token_id]
         if self.max_positions is not None and len(ids) >= self.max_positions:
             raise InvalidRequest(
                 f"the prompt has {len(ids)} tokens; the model {self.model_name!r} accepts "
