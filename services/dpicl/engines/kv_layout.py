@@ -23,6 +23,7 @@ import torch
 __all__ = [
     "Batch",
     "ScoringPlan",
+    "attention_mask_for",
     "chunks",
     "common_prefix_len",
     "left_pad",
@@ -191,3 +192,14 @@ def plan_scoring(
         reads.append(row)
     dev = past_mask.device
     return ScoringPlan(ids.to(dev), pos.to(dev), mask.to(dev), keep.to(dev), reads)
+
+
+def attention_mask_for(mask: torch.Tensor, implementation: str, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean 4D mask (True: attend) in the form ``implementation`` takes: as it is for
+    ``sdpa``; additive (0 where attended, the dtype's minimum elsewhere) for ``eager``."""
+    if implementation == "sdpa":
+        return mask
+    if implementation == "eager":
+        out = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+        return out.masked_fill(~mask, torch.finfo(dtype).min)
+    raise ValueError(f"attention implementation {implementation!r} takes no dense 4D mask")

@@ -66,6 +66,7 @@ from dpicl.engines.base import FloatArray, GenerationParams, PromptSpec
 from dpicl.engines.batching import MicroBatcher
 from dpicl.engines.kv_layout import (
     Batch,
+    attention_mask_for,
     chunks,
     common_prefix_len,
     left_pad,
@@ -161,7 +162,7 @@ class TransformersEngine:
                 f"attention implementation {attn!r} is not supported: the engine needs one "
                 f"of {', '.join(_DENSE_MASK_ATTENTION)} (dense 4D attention masks)"
             )
-        self._bool_mask = attn == "sdpa"
+        self._attention: str = attn
         self.model_obj: Any = model
         self.tokenizer: Any = tokenizer
         self.model: str = model_name
@@ -508,15 +509,9 @@ class TransformersEngine:
         past = self._rows_past(rows)
         rests = [r.ids[o:] for r, o in zip(rows, past.offsets, strict=True)]
         plan = plan_scoring(rests, lab_ids, past.offsets, past.mask, self.pad_token_id)
-        mask = plan.mask
-        if not self._bool_mask:  # eager attention adds the mask to the scores
-            dtype = self.model_obj.dtype
-            mask = torch.zeros(mask.shape, dtype=dtype, device=self.device).masked_fill(
-                ~mask, torch.finfo(dtype).min
-            )
         res = self.model_obj(
             input_ids=plan.input_ids,
-            attention_mask=mask,
+            attention_mask=attention_mask_for(plan.mask, self._attention, self.model_obj.dtype),
             position_ids=plan.position_ids,
             past_key_values=past.cache,
             use_cache=past.cache is not None,
