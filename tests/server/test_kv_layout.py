@@ -5,7 +5,9 @@ plumbing; the real-model tests are in test_transformers_engine.py and test_prefi
 The reference scores every (row, label) alone: one forward over prefix + rest + label, no
 padding, no cache, no 4D mask. The layout under test stacks cached prefixes of different
 lengths, left pads rests of different lengths and puts every multi-token label on its own
-branch of one forward. Equal to 1e-5 (float32 rounding) or the layout is wrong.
+branch of one forward. Equal to 1e-5 (float32 rounding) or the layout is wrong; the same
+with the engine's grouped-K/V attention on CPU (:mod:`dpicl.engines.attention`), whose
+reference forwards go through transformers' own ``sdpa`` (no mask there).
 """
 
 from __future__ import annotations
@@ -15,13 +17,25 @@ from typing import Any
 import pytest
 import torch
 
-from dpicl.engines.kv_layout import attention_mask_for, plan_scoring, stack_prefixes
+from dpicl.engines.attention import SHARED_KV_SDPA, use_shared_kv_sdpa
+from dpicl.engines.kv_layout import (
+    attention_mask_for,
+    pack_layers,
+    plan_scoring,
+    stack_packed,
+    stack_prefixes,
+)
 
 VOCAB = 64
 
 
 def tiny_llama(attn: str) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    if attn == SHARED_KV_SDPA:
+        model = tiny_llama("sdpa")
+        assert use_shared_kv_sdpa(model) == SHARED_KV_SDPA
+        return model
 
     torch.manual_seed(0)
     cfg = LlamaConfig(
@@ -55,8 +69,12 @@ ROWS = [
 LABELS = [[30], [31, 32], [33, 34, 35], [36, 37]]
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_one_forward_with_label_branches_equals_one_forward_per_label(attn: str) -> None:
+@pytest.mark.parametrize(
+    ("attn", "packed"), [("sdpa", False), ("sdpa", True), (SHARED_KV_SDPA, True), ("eager", True)]
+)
+def test_one_forward_with_label_branches_equals_one_forward_per_label(
+    attn: str, packed: bool
+) -> None:
     from transformers import DynamicCache
 
     model = tiny_llama(attn)
@@ -69,7 +87,11 @@ def test_one_forward_with_label_branches_equals_one_forward_per_label(attn: str)
             res = model(input_ids=torch.tensor([prefix]), use_cache=True)
             found.append([(k, v) for k, v, *_ in res.past_key_values])
         lens = [len(p) for p, _ in ROWS]
-        layers, past_mask = stack_prefixes(found, lens, torch.device("cpu"))
+        if packed:
+            packs = [pack_layers(f)[0] if f is not None else None for f in found]
+            layers, past_mask = stack_packed(packs, lens, torch.device("cpu"))
+        else:
+            layers, past_mask = stack_prefixes(found, lens, torch.device("cpu"))
         labels = [LABELS] * len(ROWS)
         plan = plan_scoring([r for _, r in ROWS], labels, lens, past_mask, pad_id=0)
         out = model(
@@ -129,3 +151,15 @@ def test_the_engine_refuses_attention_without_dense_masks() -> None:
     model.config._attn_implementation = "flash_attention_2"
     with pytest.raises(EngineError, match="flash_attention_2"):
         TransformersEngine(model, None, model_name="tiny")
+
+
+def test_shared_kv_attention_matches_stock_sdpa_on_a_padded_batch() -> None:
+    stock, shared = tiny_llama("sdpa"), tiny_llama(SHARED_KV_SDPA)
+    assert stock.config._attn_implementation == "sdpa"
+    ids = torch.tensor([[0, 0, 5, 6, 7], [1, 2, 3, 4, 5]])
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.inference_mode():
+        a = stock(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+        b = shared(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+    torch.testing.assert_close(b[mask.bool()], a[mask.bool()], atol=1e-6, rtol=0)

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from dpicl.config import Settings
 from dpicl.engines.base import Exemplar
 from dpicl.engines.batching import MicroBatcher
+from dpicl.engines.kv_layout import pack_layers
 from dpicl.engines.prefix_cache import PrefixCache, PrefixEntry, prefix_fingerprint
 from dpicl.engines.tuning import EngineTuning
 from dpicl.errors import InvalidRequest
@@ -39,6 +40,16 @@ def test_entry_size_and_matching() -> None:
     assert not e.matches([0, 1, 2])  # nothing left for the query: no reuse
     assert not e.matches([0, 1, 3, 9])
     assert not e.matches([0, 1])
+
+
+def test_a_packed_entry_is_one_tensor_counted_once() -> None:
+    plain = entry(4)
+    packed, layers = pack_layers(plain.layers)
+    e = PrefixEntry(plain.ids, layers, packed)
+    assert e.nbytes == plain.nbytes
+    for (k, v), (k0, v0) in zip(e.layers, plain.layers, strict=True):
+        assert torch.equal(k, k0) and torch.equal(v, v0)
+        assert k.untyped_storage().data_ptr() == packed.untyped_storage().data_ptr()
 
 
 def test_lru_keeps_within_its_byte_and_entry_budgets() -> None:

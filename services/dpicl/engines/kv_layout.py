@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dpicl.engines.attention import SHARED_KV_SDPA
+
 __all__ = [
     "Batch",
     "ScoringPlan",
@@ -27,7 +29,9 @@ __all__ = [
     "chunks",
     "common_prefix_len",
     "left_pad",
+    "pack_layers",
     "plan_scoring",
+    "stack_packed",
     "stack_prefixes",
 ]
 
@@ -110,6 +114,32 @@ def stack_prefixes(
         if p:
             mask[b, width - p :] = 1
     return layers, mask
+
+
+def pack_layers(
+    layers: Layers,
+) -> tuple[torch.Tensor, tuple[tuple[torch.Tensor, torch.Tensor], ...]]:
+    """One prefix's per-layer ``(K, V)`` (each (1, heads, n, dim)) copied into one tensor of
+    shape (layers, 2, heads, n, dim), and the per-layer views of it."""
+    packed = torch.stack([torch.stack([k[0], v[0]]) for k, v in layers])
+    return packed, tuple((packed[i, 0][None], packed[i, 1][None]) for i in range(len(layers)))
+
+
+def stack_packed(
+    found: Sequence[torch.Tensor | None], lens: Sequence[int], device: torch.device
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+    """:func:`stack_prefixes` for prefixes packed by :func:`pack_layers`: one copy per row
+    instead of one per row and layer (64 rows of a 30-layer model: 64 copies, not 3,840)."""
+    n, width = len(found), max(lens)
+    template = next(p for p in found if p is not None)
+    n_layers, _, heads, _, dim = template.shape
+    out = template.new_zeros((n, n_layers, 2, heads, width, dim))
+    mask = torch.zeros((n, width), dtype=torch.long, device=device)
+    for b, p in enumerate(found):
+        if p is not None:
+            out[b, :, :, :, width - lens[b] :, :] = p
+            mask[b, width - lens[b] :] = 1
+    return [(out[:, i, 0], out[:, i, 1]) for i in range(n_layers)], mask
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,8 +226,9 @@ def plan_scoring(
 
 def attention_mask_for(mask: torch.Tensor, implementation: str, dtype: torch.dtype) -> torch.Tensor:
     """A boolean 4D mask (True: attend) in the form ``implementation`` takes: as it is for
-    ``sdpa``; additive (0 where attended, the dtype's minimum elsewhere) for ``eager``."""
-    if implementation == "sdpa":
+    ``sdpa`` and :data:`~dpicl.engines.attention.SHARED_KV_SDPA`; additive (0 where attended,
+    the dtype's minimum elsewhere) for ``eager``."""
+    if implementation in ("sdpa", SHARED_KV_SDPA):
         return mask
     if implementation == "eager":
         out = torch.zeros(mask.shape, dtype=dtype, device=mask.device)

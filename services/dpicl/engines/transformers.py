@@ -62,6 +62,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from dpicl.engines.attention import SHARED_KV_SDPA, use_shared_kv_sdpa
 from dpicl.engines.base import FloatArray, GenerationParams, PromptSpec
 from dpicl.engines.batching import MicroBatcher
 from dpicl.engines.kv_layout import (
@@ -70,7 +71,9 @@ from dpicl.engines.kv_layout import (
     chunks,
     common_prefix_len,
     left_pad,
+    pack_layers,
     plan_scoring,
+    stack_packed,
     stack_prefixes,
 )
 from dpicl.engines.prefix_cache import PrefixCache, PrefixEntry, prefix_fingerprint
@@ -88,7 +91,7 @@ T = TypeVar("T")
 DEFAULT_MAX_BATCH_TOKENS = 16_384
 MIN_SHARED_PREFIX = 8
 #: Attention implementations that take a dense 4D mask (the scoring branches need one).
-_DENSE_MASK_ATTENTION = ("sdpa", "eager")
+_DENSE_MASK_ATTENTION = ("sdpa", SHARED_KV_SDPA, "eager")
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +160,8 @@ class TransformersEngine:
         if max_batch_tokens < 1:
             raise EngineError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
         attn = getattr(model.config, "_attn_implementation", None) or "eager"
+        if attn == "sdpa" and torch.device(device).type == "cpu":
+            attn = use_shared_kv_sdpa(model)  # grouped K/V heads not copied per layer
         if attn not in _DENSE_MASK_ATTENTION:
             raise EngineError(
                 f"attention implementation {attn!r} is not supported: the engine needs one "
@@ -378,9 +383,14 @@ class TransformersEngine:
                 from transformers import DynamicCache
 
                 lens = [len(e.ids) if e is not None else 0 for e in found]
-                layers, mask = stack_prefixes(
-                    [e.layers if e is not None else None for e in found], lens, self.device
-                )
+                if all(e is None or e.packed is not None for e in found):
+                    layers, mask = stack_packed(
+                        [e.packed if e is not None else None for e in found], lens, self.device
+                    )
+                else:
+                    layers, mask = stack_prefixes(
+                        [e.layers if e is not None else None for e in found], lens, self.device
+                    )
                 return _Past(DynamicCache(ddp_cache_data=layers), mask, lens)
         return self._shared_past([r.ids for r in rows])
 
@@ -434,14 +444,13 @@ class TransformersEngine:
             kv = [(k, v) for k, v, *_ in pre.res.past_key_values]
             for b, key in enumerate(keys):
                 real = pre.attention_mask[b].nonzero()[:, 0]
-                layers = tuple(
-                    (
-                        k[b : b + 1].index_select(2, real).contiguous(),
-                        v[b : b + 1].index_select(2, real).contiguous(),
-                    )
-                    for k, v in kv
+                packed, layers = pack_layers(
+                    [
+                        (k[b : b + 1].index_select(2, real), v[b : b + 1].index_select(2, real))
+                        for k, v in kv
+                    ]
                 )
-                entry = PrefixEntry(tuple(todo[key]), layers)
+                entry = PrefixEntry(tuple(todo[key]), layers, packed)
                 self.prefix_cache.put(key, entry)
                 have[key] = entry
             del pre, kv
