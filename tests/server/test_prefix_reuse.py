@@ -306,7 +306,8 @@ async def test_concurrent_generations_share_a_batch_and_keep_their_own_samples(
         (partition_prompts(ctx, q), GenerationParams(max_tokens=5, temperature=1.0, seed=s))
         for s, q in enumerate(["The council approved the budget", "Rain stopped play"])
     ]
-    jobs.append(([zero_shot_prompt(ctx, "A new bridge opened")], GenerationParams(max_tokens=3)))
+    greedy = GenerationParams(max_tokens=3, temperature=0.0)
+    jobs.append(([zero_shot_prompt(ctx, "A new bridge opened")], greedy))
     # Each call alone, on the engine without a prefix cache or batching across calls.
     serial = [await plain.generate(p, params) for p, params in jobs]
     before = len(cached.generate_batcher.batch_sizes)
