@@ -43,7 +43,8 @@ prefix) and each call gets back exactly its own rows. A call whose prompts fail 
 same way; each call samples from its own seeded generator, so its text does not depend on
 what it was batched with (up to float rounding).
 
-DPS-MOZO decoding: :mod:`dpicl.engines.transformers_decoding`.
+Free-text generation: :mod:`dpicl.engines.transformers_generation`. DPS-MOZO decoding:
+:mod:`dpicl.engines.transformers_decoding`.
 """
 
 from __future__ import annotations
@@ -51,7 +52,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import secrets
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -79,6 +79,7 @@ from dpicl.engines.kv_layout import (
 from dpicl.engines.prefix_cache import PrefixCache, PrefixEntry, prefix_fingerprint
 from dpicl.engines.prompting import PromptEncoder
 from dpicl.engines.transformers_decoding import TransformersDecodingSession
+from dpicl.engines.transformers_generation import GenJob, Row, generate_jobs
 from dpicl.engines.tuning import EngineTuning
 from dpicl.errors import DpiclError, EngineError, InvalidRequest
 
@@ -94,19 +95,7 @@ MIN_SHARED_PREFIX = 8
 _DENSE_MASK_ATTENTION = ("sdpa", SHARED_KV_SDPA, "eager")
 
 
-@dataclass(frozen=True, slots=True)
-class _Row:
-    """One encoded prompt: the model's text, its token ids and, when its prefix may be
-    cached, the cache key ``(cache_key, fingerprint)`` and the rendered prefix text."""
-
-    rendered: str
-    ids: list[int]
-    slot: tuple[str, str] | None = None
-    rendered_prefix: str = ""
-
-
 _ScoreJob = tuple[list[PromptSpec], list[str]]
-_GenJob = tuple[list[PromptSpec], GenerationParams]
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +192,7 @@ class TransformersEngine:
             max_wait_s=self.tuning.batch_wait_ms / 1000,
             max_size=self.tuning.batch_max_prompts,
         )
-        self.generate_batcher: MicroBatcher[_GenJob, list[str]] = MicroBatcher(
+        self.generate_batcher: MicroBatcher[GenJob, list[str]] = MicroBatcher(
             self._run_generate_jobs,
             max_wait_s=self.tuning.batch_wait_ms / 1000,
             max_size=self.tuning.batch_max_prompts,
@@ -305,18 +294,18 @@ class TransformersEngine:
         """Token ids of ``label`` as the answer that follows ``rendered_prompt``."""
         return self.encoder.label_ids(rendered_prompt, label)
 
-    def _encode_row(self, prompt: PromptSpec) -> _Row:
+    def _encode_row(self, prompt: PromptSpec) -> Row:
         rendered, ids = self.encode(prompt)
         prefix = prompt.prefix_text
         if not (prompt.cache_key and prefix and self.prefix_cache.enabled):
-            return _Row(rendered, ids)
+            return Row(rendered, ids)
         # Where the prompt text sits inside the chat template (the template copies it
         # verbatim; if it did not, the row is simply not cached).
         at = rendered.find(prompt.text)
         if at < 0:
-            return _Row(rendered, ids)
+            return Row(rendered, ids)
         head = rendered[: at + len(prefix)]
-        return _Row(rendered, ids, (prompt.cache_key, prefix_fingerprint(head)), head)
+        return Row(rendered, ids, (prompt.cache_key, prefix_fingerprint(head)), head)
 
     # ------------------------------------------------------------------ batches
 
@@ -369,7 +358,7 @@ class TransformersEngine:
         cache.batch_repeat_interleave(n)
         return _Past(cache, ones.expand(n, shared), [shared] * n)
 
-    def _rows_past(self, rows: Sequence[_Row]) -> _Past:
+    def _rows_past(self, rows: Sequence[Row]) -> _Past:
         """The rows' cached prefixes stacked (``[pads][prefix]``) when any row has one,
         else :meth:`_shared_past`."""
         if any(r.slot is not None for r in rows):
@@ -415,11 +404,11 @@ class TransformersEngine:
         """One forward over ``seqs`` on their shared prefix (see :meth:`_shared_past`)."""
         return self._prefill_on(seqs, self._shared_past(seqs), use_cache=use_cache)
 
-    def _prefill_rows(self, rows: Sequence[_Row], *, use_cache: bool) -> _Prefill:
+    def _prefill_rows(self, rows: Sequence[Row], *, use_cache: bool) -> _Prefill:
         """:meth:`_prefill` over encoded rows, on top of their cached prefixes if any."""
         return self._prefill_on([r.ids for r in rows], self._rows_past(rows), use_cache=use_cache)
 
-    def _prefix_entries(self, rows: Sequence[_Row]) -> dict[tuple[str, str], PrefixEntry]:
+    def _prefix_entries(self, rows: Sequence[Row]) -> dict[tuple[str, str], PrefixEntry]:
         """The cache entries for the rows' prefixes; missing ones are encoded (one batch)
         and stored. The returned dict keeps them alive for this batch even if evicted."""
         have: dict[tuple[str, str], PrefixEntry] = {}
@@ -476,7 +465,7 @@ class TransformersEngine:
     def _score_jobs_sync(self, jobs: list[_ScoreJob]) -> list[FloatArray | BaseException]:
         """Score several calls' prompts as one batch; one result (or error) per call."""
         results: list[FloatArray | BaseException] = []
-        rows: list[_Row] = []
+        rows: list[Row] = []
         lab_ids: list[list[list[int]]] = []
         outs: list[npt.NDArray[np.float64]] = []
         for prompts, labels in jobs:
@@ -509,7 +498,7 @@ class TransformersEngine:
 
     def _score_chunk(
         self,
-        rows: list[_Row],
+        rows: list[Row],
         lab_ids: list[list[list[int]]],
         outs: list[npt.NDArray[np.float64]],
     ) -> None:
@@ -552,121 +541,11 @@ class TransformersEngine:
             return []
         if self._closed:
             raise EngineError("the transformers engine is closed")
-        job: _GenJob = (list(prompts), params)
+        job: GenJob = (list(prompts), params)
         return await self.generate_batcher.submit(job, size=len(job[0]))
 
-    async def _run_generate_jobs(self, jobs: list[_GenJob]) -> list[list[str] | BaseException]:
-        return await self._run(self._generate_jobs_sync, jobs)
-
-    def _generate_jobs_sync(self, jobs: list[_GenJob]) -> list[list[str] | BaseException]:
-        """Generate for several calls: calls with the same settings (all but the seed) run
-        as one batch; every call samples from its own generator."""
-        results: list[list[str] | BaseException] = [[] for _ in jobs]
-        groups: dict[tuple[int, float, tuple[str, ...]], list[int]] = {}
-        for j, (_, params) in enumerate(jobs):
-            groups.setdefault((params.max_tokens, params.temperature, params.stop), []).append(j)
-        for members in groups.values():
-            rows: list[_Row] = []
-            owner: list[int] = []
-            gens: dict[int, torch.Generator] = {}
-            for j in members:
-                prompts, params = jobs[j]
-                try:
-                    enc = [self._encode_row(p) for p in prompts]
-                except DpiclError as exc:
-                    results[j] = exc
-                    continue
-                seed = params.seed if params.seed is not None else secrets.randbits(63)
-                gens[j] = torch.Generator(device=self.device)
-                gens[j].manual_seed(int(seed) % (2**63))
-                results[j] = [""] * len(prompts)
-                rows.extend(enc)
-                owner.extend([j] * len(enc))
-            if not rows:
-                continue
-            params = jobs[members[0]][1]
-            first = {j: owner.index(j) for j in gens}
-            widths = [len(r.ids) + params.max_tokens for r in rows]
-            try:
-                for chunk in self._chunks([1] * len(rows), widths):
-                    outs = self._generate_chunk(
-                        [rows[i] for i in chunk], params, [gens[owner[i]] for i in chunk]
-                    )
-                    for i, text in zip(chunk, outs, strict=True):
-                        res = results[owner[i]]
-                        assert isinstance(res, list)
-                        res[i - first[owner[i]]] = text
-            except Exception as exc:  # the model failed: every call of the group fails
-                for j in gens:
-                    results[j] = exc
-        return results
-
-    def _sample(
-        self, logits: torch.Tensor, temperature: float, gens: Sequence[torch.Generator]
-    ) -> list[int]:
-        """One token per row; row b's draw comes from ``gens[b]`` (rows sharing a generator
-        are drawn together, in order, as a call batched alone would draw them)."""
-        if temperature == 0:
-            return [int(t) for t in logits.argmax(dim=-1).tolist()]
-        probs = torch.softmax(logits.float() / temperature, dim=-1)
-        out = [0] * len(gens)
-        by_gen: dict[int, list[int]] = {}
-        for b, g in enumerate(gens):
-            by_gen.setdefault(id(g), []).append(b)
-        for idx in by_gen.values():
-            sel = torch.tensor(idx, dtype=torch.long, device=probs.device)
-            draws = torch.multinomial(probs.index_select(0, sel), 1, generator=gens[idx[0]])
-            for b, t in zip(idx, draws[:, 0].tolist(), strict=True):
-                out[b] = int(t)
-        return out
-
-    def _generate_chunk(
-        self, rows: list[_Row], params: GenerationParams, gens: Sequence[torch.Generator]
-    ) -> list[str]:
-        n = len(rows)
-        pre = self._prefill_rows(rows, use_cache=True)
-        cache = pre.res.past_key_values
-        logits = pre.res.logits[:, -1, :]
-        attn = pre.attention_mask
-        pos = pre.last_pos
-        out: list[list[int]] = [[] for _ in range(n)]
-        done = [False] * n
-        texts: list[str | None] = [None] * n
-        eos = self.eos_token_ids
-        for step in range(params.max_tokens):
-            nxt = self._sample(logits, params.temperature, gens)
-            for b in range(n):
-                if done[b]:
-                    continue
-                tok = nxt[b]
-                if tok in eos:
-                    done[b] = True
-                    continue
-                out[b].append(tok)
-                if params.stop:
-                    text = self.tokenizer.decode(out[b], skip_special_tokens=True)
-                    cut = min((text.find(s) for s in params.stop if s and s in text), default=-1)
-                    if cut >= 0:
-                        texts[b] = text[:cut]
-                        done[b] = True
-            if all(done) or step == params.max_tokens - 1:
-                break
-            tokens = torch.tensor(
-                [self.pad_token_id if done[b] else nxt[b] for b in range(n)],
-                dtype=torch.long,
-                device=self.device,
-            )[:, None]
-            attn = torch.cat([attn, torch.ones((n, 1), dtype=attn.dtype, device=attn.device)], 1)
-            pos = pos + 1
-            res = self._forward(tokens, attn, pos[:, None], past=cache, use_cache=True)
-            logits = res.logits[:, -1, :]
-        result = []
-        for b in range(n):
-            text = texts[b]
-            if text is None:
-                text = self.tokenizer.decode(out[b], skip_special_tokens=True)
-            result.append(text.strip())
-        return result
+    async def _run_generate_jobs(self, jobs: list[GenJob]) -> list[list[str] | BaseException]:
+        return await self._run(generate_jobs, self, jobs)
 
     # ------------------------------------------------------------------ DPS-MOZO
 
