@@ -1,15 +1,20 @@
 """Prompt text -> token ids, and label tokenisation, for engines that tokenise themselves.
 
-This is the transformers engine's convention (its module docstring has the reasoning),
-written once for engines that take token ids (vLLM), so that both engines see the same
-tokens for the same :class:`~dpicl.engines.base.PromptSpec` and score the same label tokens:
+Both engines that tokenise themselves (transformers and vLLM) use this one class, so they
+see the same tokens for the same :class:`~dpicl.engines.base.PromptSpec` and score the same
+label tokens:
 
 * with a chat template, ``PromptSpec.text`` is the single user message and the generation
   prompt is appended; otherwise the text is used as it is, with the tokenizer's special
   tokens;
 * a label's tokens are those of ``tail + sep + label`` beyond those of ``tail`` (the rendered
   prompt's last 64 characters; ``sep`` is one space unless the prompt ends with whitespace),
-  or the label tokenised on its own if the tokenizer merges across that boundary.
+  or the label tokenised on its own if the tokenizer merges across that boundary. So a label
+  is tokenised as it would appear in the rendered prompt followed by the label: directly
+  after a chat template's generation prompt (which ends with a newline), after one space
+  after a raw prompt ending in ``"Label:"`` (answered ``" Positive"``);
+* an empty prompt is one token, so the model has a position to predict from
+  (:attr:`PromptEncoder.empty_prompt_token_id`).
 """
 
 from __future__ import annotations
