@@ -7,7 +7,11 @@ HTTP), with 1 client against 16 concurrent clients, each client sending its next
 its last one is answered. Queries go round-robin over ``--contexts`` contexts of T
 partitions; the transformers engine's prefix cache is warm (steady state: each context has
 been queried before). On the transformers engine a third side runs 16 clients with
-batching across requests turned off, to show what the micro-batcher contributes.
+batching across requests turned off, to show what the micro-batcher contributes, and a
+fourth pair of sides bounds what batching can give at all: the model's raw forward
+throughput (tokens/s, random token ids, no cache) at the shape of one query's rows against
+the shape of 16 queries' rows merged. Where that ratio is small the model is compute-bound
+at concurrency 1 and no batching reaches a large concurrency ratio.
 
 Engines come from ``dpicl.engines.factory.build_engine`` (any engine plugs in); rounds
 alternate between the sides and the median rate of each side is reported.
@@ -22,6 +26,8 @@ import argparse
 import asyncio
 import statistics
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import numpy as np
 
@@ -31,7 +37,7 @@ from dpicl.errors import EngineError
 from dpicl.pipelines.voting import run_voting
 from dpicl.privacy.ledger import Ledger
 from dpicl.store.repository import StoredContext
-from voting_setup import CACHE_DIR, news_context, query, temp_repo
+from voting_setup import CACHE_DIR, interleaved, news_context, query, temp_repo
 
 
 async def rate(
@@ -49,6 +55,24 @@ async def rate(
     t0 = time.perf_counter()
     await asyncio.gather(*[client() for _ in range(concurrency)])
     return n / (time.perf_counter() - t0)
+
+
+def forward_rate(engine: Engine, rows: int, width: int) -> Callable[[], Awaitable[None]]:
+    """A side that runs one raw forward of ``rows`` x ``width`` random tokens (no prefix:
+    the cached prefix adds attention keys, a small share of the work at this size)."""
+    import torch
+
+    model: Any = getattr(engine, "model_obj")  # noqa: B009 - transformers engine only
+    ids = torch.randint(100, 1000, (rows, width), generator=torch.Generator().manual_seed(0))
+
+    async def side() -> None:
+        def run() -> None:
+            with torch.inference_mode():
+                model(input_ids=ids, logits_to_keep=1)
+
+        await asyncio.to_thread(run)
+
+    return side
 
 
 async def bench_engine(name: str, args: argparse.Namespace) -> None:
@@ -80,6 +104,14 @@ async def bench_engine(name: str, args: argparse.Namespace) -> None:
                     finally:
                         batcher.max_size = size
                     sides[f"c{high}-unbatched"].append(qps)
+            if batcher is not None:
+                # The query side's tokens per partition row (query, template tail,
+                # generation prompt, label branch) on SmolLM2: about 23.
+                width = 23
+                one = forward_rate(engine, args.partitions, width)
+                many = forward_rate(engine, args.partitions * high, width)
+                t = await interleaved({"one": one, "many": many}, args.rounds)
+                ceiling = (high * t["one"]) / t["many"]
     finally:
         await engine.aclose()
     med = {k: statistics.median(v) for k, v in sides.items()}
@@ -94,6 +126,11 @@ async def bench_engine(name: str, args: argparse.Namespace) -> None:
         print(
             f"{'':15s}concurrency {high} with batching across requests off {off:8.2f} q/s "
             f"-> the micro-batcher gives x{med[f'c{high}'] / off:.2f}"
+        )
+        print(
+            f"{'':15s}compute ceiling: raw forward of {args.partitions * high} rows x {width} "
+            f"tokens vs {args.partitions} rows x {width}, tokens/s ratio x{ceiling:.2f} "
+            f"(what merging {high} queries can give when compute-bound)"
         )
 
 

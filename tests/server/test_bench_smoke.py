@@ -42,6 +42,7 @@ def test_throughput_bench_transformers() -> None:
     out = run_bench("throughput.py", "--quick", "--engine", "transformers")
     assert "[transformers] voting queries/s" in out
     assert "the micro-batcher gives x" in out, out
+    assert re.search(r"compute ceiling: .* tokens/s ratio x\d+\.\d+", out), out
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from dpicl.config import Settings
 from dpicl.engines.base import Exemplar
 from dpicl.engines.batching import MicroBatcher
+from dpicl.engines.kv_layout import pack_layers
 from dpicl.engines.prefix_cache import PrefixCache, PrefixEntry, prefix_fingerprint
 from dpicl.engines.tuning import EngineTuning
 from dpicl.errors import InvalidRequest
@@ -39,6 +40,16 @@ def test_entry_size_and_matching() -> None:
     assert not e.matches([0, 1, 2])  # nothing left for the query: no reuse
     assert not e.matches([0, 1, 3, 9])
     assert not e.matches([0, 1])
+
+
+def test_a_packed_entry_is_one_tensor_counted_once() -> None:
+    plain = entry(4)
+    packed, layers = pack_layers(plain.layers)
+    e = PrefixEntry(plain.ids, layers, packed)
+    assert e.nbytes == plain.nbytes
+    for (k, v), (k0, v0) in zip(e.layers, plain.layers, strict=True):
+        assert torch.equal(k, k0) and torch.equal(v, v0)
+        assert k.untyped_storage().data_ptr() == packed.untyped_storage().data_ptr()
 
 
 def test_lru_keeps_within_its_byte_and_entry_budgets() -> None:
@@ -223,3 +234,34 @@ def test_the_default_template_prefix_ends_before_the_query() -> None:
     assert p.prefix_text.endswith("Input: ")
     assert p.text[p.prefix_chars :] == "the query\nLabel:"
     assert p.cache_key is None  # only the pipelines set it
+
+
+async def test_callers_that_come_back_find_their_batch_whole() -> None:
+    # Eight closed-loop callers: each sends its next job 1 ms after its last is answered.
+    # Without waiting for them, the first batch's callers return while the second half is
+    # already being taken, and batches alternate between halves. False-failure rate: only
+    # if the event loop stalls for more than the 50 ms window (10% of a 0.5 s run).
+    class Slow(Recorder):
+        async def __call__(self, jobs: list[int]) -> list[int | BaseException]:
+            await asyncio.sleep(0.49)
+            return await super().__call__(jobs)
+
+    run = Slow()
+    batcher: MicroBatcher[int, int] = MicroBatcher(run, max_wait_s=0.001, max_size=100)
+
+    async def caller(i: int) -> None:
+        await asyncio.sleep(0.001 * i)  # staggered start: the first batch takes some only
+        for k in range(3):
+            assert await batcher.submit(10 * i + k) == 2 * (10 * i + k)
+            await asyncio.sleep(0.001)
+
+    await asyncio.gather(*[caller(i) for i in range(8)])
+    # The first batch takes the early callers (k of them), every later one all eight until
+    # the early callers run out of jobs: [k, 8, 8, 8 - k] (alternating: [k, 8 - k, k, ...]).
+    sizes = batcher.batch_sizes
+    assert len(sizes) == 4 and sizes[1:3] == [8, 8] and sizes[0] + sizes[3] == 8, sizes
+
+
+def test_rejoin_settings_are_validated() -> None:
+    with pytest.raises(ValueError, match="rejoin_fraction"):
+        MicroBatcher(Recorder(), max_wait_s=0.0, max_size=1, rejoin_fraction=-1)

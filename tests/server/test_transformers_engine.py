@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from dpicl.engines.attention import SHARED_KV_SDPA
 from dpicl.engines.base import DecodingSession, Engine, GenerationParams, PromptSpec
 from dpicl.engines.models import (
     DEFAULT_CACHE_DIR,
@@ -180,6 +181,12 @@ def _reference_scores(
                 logp = engine.model_obj(input_ids=x).logits[0].double().log_softmax(-1)
                 out[i, j] = sum(float(logp[len(ids) - 1 + k, t]) for k, t in enumerate(lab))
     return out
+
+
+def test_a_cpu_engine_shares_grouped_kv_heads(engine: TransformersEngine) -> None:
+    # SmolLM2 has 9 query heads on 3 K/V heads; on CPU the engine stops copying them.
+    assert engine.model_obj.config._attn_implementation == SHARED_KV_SDPA
+    assert engine.model_obj.model.layers[0].self_attn.num_key_value_groups == 3
 
 
 @pytest.mark.slow

@@ -7,6 +7,16 @@ job, in order, and each is routed back to the request that submitted that job an
 other. One drain task per event loop takes batches in arrival order, so a job never waits
 behind more than the batch already running plus its own window.
 
+Callers that come back. Callers usually send their next job soon after their last one is
+answered (a closed loop: a client with a queue of queries, a pipeline that scores then
+generates). Without care, the callers of one batch return while the jobs that queued during
+it are already being taken, and batches settle into alternating halves. So after each run
+the batcher remembers how many callers were active (the jobs of that batch plus those that
+queued during it) and lets the next batch wait for that many jobs, for at most
+``rejoin_fraction`` of the last run's duration (capped at ``max_rejoin_s``), before it
+starts: a lone caller never waits, and a caller that went away costs each later batch at
+most that window once.
+
 Cancelling a waiting request drops its job before it reaches the engine; a job already in
 a running batch finishes and its result is discarded.
 """
@@ -14,6 +24,7 @@ a running batch finishes and its result is discarded.
 from __future__ import annotations
 
 import asyncio
+import time
 import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -37,6 +48,9 @@ class _Pending(Generic[J, R]):
 class _LoopState(Generic[J, R]):
     queue: deque[_Pending[J, R]] = field(default_factory=deque)
     task: asyncio.Task[None] | None = None
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    callers: int = 0  # jobs active around the last run (see the module docstring)
+    last_run_s: float = 0.0
 
 
 class MicroBatcher(Generic[J, R]):
@@ -48,14 +62,23 @@ class MicroBatcher(Generic[J, R]):
         *,
         max_wait_s: float,
         max_size: int,
+        rejoin_fraction: float = 0.1,
+        max_rejoin_s: float = 0.5,
     ) -> None:
         if max_wait_s < 0 or max_size < 1:
             raise ValueError(
                 f"need max_wait_s >= 0 and max_size >= 1, got {max_wait_s}, {max_size}"
             )
+        if rejoin_fraction < 0 or max_rejoin_s < 0:
+            raise ValueError(
+                f"need rejoin_fraction >= 0 and max_rejoin_s >= 0, got {rejoin_fraction}, "
+                f"{max_rejoin_s}"
+            )
         self._run = run
         self.max_wait_s = max_wait_s
         self.max_size = max_size
+        self.rejoin_fraction = rejoin_fraction
+        self.max_rejoin_s = max_rejoin_s
         self.batch_sizes: list[int] = []  # jobs per run, for tests and benchmarks
         self._states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState[J, R]] = (
             weakref.WeakKeyDictionary()
@@ -69,6 +92,7 @@ class MicroBatcher(Generic[J, R]):
             state = self._states[loop] = _LoopState()
         item: _Pending[J, R] = _Pending(job, max(1, size), loop.create_future())
         state.queue.append(item)
+        state.arrived.set()
         if state.task is None or state.task.done():
             state.task = loop.create_task(self._drain(state))
         return await item.future
@@ -91,14 +115,34 @@ class MicroBatcher(Generic[J, R]):
     def _queued(self, state: _LoopState[J, R]) -> int:
         return sum(p.size for p in state.queue if not p.future.done())
 
+    def _jobs(self, state: _LoopState[J, R]) -> int:
+        return sum(not p.future.done() for p in state.queue)
+
+    async def _gather(self, state: _LoopState[J, R]) -> None:
+        """Wait for the batch to fill: ``max_wait_s``, then for the last run's callers."""
+        if self.max_wait_s <= 0 or self._queued(state) >= self.max_size:
+            return
+        await asyncio.sleep(self.max_wait_s)
+        window = min(self.max_rejoin_s, self.rejoin_fraction * state.last_run_s)
+        deadline = time.monotonic() + window
+        while self._jobs(state) < state.callers and self._queued(state) < self.max_size:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            state.arrived.clear()
+            try:
+                await asyncio.wait_for(state.arrived.wait(), left)
+            except TimeoutError:
+                return
+
     async def _drain(self, state: _LoopState[J, R]) -> None:
         while state.queue:
-            if self.max_wait_s > 0 and self._queued(state) < self.max_size:
-                await asyncio.sleep(self.max_wait_s)
+            await self._gather(state)
             batch = self._take(state)
             if not batch:
                 continue
             self.batch_sizes.append(len(batch))
+            t0 = time.monotonic()
             try:
                 results: Sequence[R | BaseException] = await self._run([p.job for p in batch])
                 if len(results) != len(batch):
@@ -111,6 +155,8 @@ class MicroBatcher(Generic[J, R]):
                 for item in [*batch, *state.queue]:
                     item.future.cancel()
                 raise
+            state.last_run_s = time.monotonic() - t0
+            state.callers = len(batch) + self._jobs(state)
             for item, res in zip(batch, results, strict=True):
                 if item.future.done():
                     continue

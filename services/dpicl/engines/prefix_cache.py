@@ -45,9 +45,14 @@ class PrefixEntry:
 
     ids: tuple[int, ...]
     layers: Layers
+    # The same K and V in one (layers, 2, heads, len(ids), dim) tensor when the engine
+    # packed them (``layers`` are then views of it), so a batch stacks an entry in one copy.
+    packed: torch.Tensor | None = None
 
     @property
     def nbytes(self) -> int:
+        if self.packed is not None:
+            return self.packed.numel() * self.packed.element_size()
         return sum(
             k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self.layers
         )

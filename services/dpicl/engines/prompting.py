@@ -1,15 +1,20 @@
 """Prompt text -> token ids, and label tokenisation, for engines that tokenise themselves.
 
-This is the transformers engine's convention (its module docstring has the reasoning),
-written once for engines that take token ids (vLLM), so that both engines see the same
-tokens for the same :class:`~dpicl.engines.base.PromptSpec` and score the same label tokens:
+Both engines that tokenise themselves (transformers and vLLM) use this one class, so they
+see the same tokens for the same :class:`~dpicl.engines.base.PromptSpec` and score the same
+label tokens:
 
 * with a chat template, ``PromptSpec.text`` is the single user message and the generation
   prompt is appended; otherwise the text is used as it is, with the tokenizer's special
   tokens;
 * a label's tokens are those of ``tail + sep + label`` beyond those of ``tail`` (the rendered
   prompt's last 64 characters; ``sep`` is one space unless the prompt ends with whitespace),
-  or the label tokenised on its own if the tokenizer merges across that boundary.
+  or the label tokenised on its own if the tokenizer merges across that boundary. So a label
+  is tokenised as it would appear in the rendered prompt followed by the label: directly
+  after a chat template's generation prompt (which ends with a newline), after one space
+  after a raw prompt ending in ``"Label:"`` (answered ``" Positive"``);
+* an empty prompt is one token, so the model has a position to predict from
+  (:attr:`PromptEncoder.empty_prompt_token_id`).
 """
 
 from __future__ import annotations
@@ -55,6 +60,20 @@ class PromptEncoder:
         )
         return str(rendered)
 
+    @property
+    def empty_prompt_token_id(self) -> int:
+        """The one token an empty prompt is encoded as, so the model has a position to
+        predict from: BOS, else EOS (the document separator of models without a BOS; a pad
+        token is never fed as input), else the pad token, else 0."""
+        for tok in (
+            self.tokenizer.bos_token_id,
+            self.tokenizer.eos_token_id,
+            self.tokenizer.pad_token_id,
+        ):
+            if tok is not None:
+                return int(tok)
+        return 0
+
     def encode_text(self, text: str, *, special: bool) -> list[int]:
         return [int(i) for i in self.tokenizer(text, add_special_tokens=special)["input_ids"]]
 
@@ -64,8 +83,7 @@ class PromptEncoder:
         # A chat template writes its own special tokens; a raw prompt gets the tokenizer's.
         ids = self.encode_text(rendered, special=not self.use_chat_template)
         if not ids:
-            bos = self.tokenizer.bos_token_id
-            ids = [int(bos) if bos is not None else int(self.tokenizer.eos_token_id or 0)]
+            ids = [self.empty_prompt_token_id]
         if self.max_positions is not None and len(ids) >= self.max_positions:
             raise InvalidRequest(
                 f"the prompt has {len(ids)} tokens; the model {self.model_name!r} accepts "

@@ -26,8 +26,10 @@ class EngineTuning:
       (0 turns the cache off). SmolLM2-135M needs about 45 KiB per cached token, so a
       ten-partition context with 110-token prefixes takes about 50 MiB.
     * ``prefix_cache_entries``: at most this many cached prefixes (one per partition).
-    * ``batch_wait_ms``: how long the first label-scoring request of a batch waits for
-      others to join it (requests that arrive while a batch runs join the next one anyway).
+    * ``batch_wait_ms``: how long the first label-scoring or generation request of a batch
+      waits for others to join it (requests that arrive while a batch runs join the next one
+      anyway; callers of the last batch get a longer window, see
+      :mod:`dpicl.engines.batching`).
     * ``batch_max_prompts``: at most this many prompts (rows) per merged batch; 1 turns
       batching across requests off.
     """

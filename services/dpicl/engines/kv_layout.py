@@ -1,0 +1,236 @@
+"""Tensor layouts of the transformers engine's batches (pure functions, no model).
+
+* :func:`left_pad`: rows right-aligned with pads in front, ``position_ids`` counting only
+  real tokens, so a row's logits do not depend on its batch.
+* :func:`stack_prefixes`: per-row cached prefix KV states of different lengths stacked as
+  one batch cache, each left padded to the longest (``[pads][prefix]``, pads masked).
+* :func:`plan_scoring`: one forward that scores every label of every row. Each row's new
+  tokens (``rest``) are followed by the tokens of its multi-token labels, each label a
+  branch that sees the row's prefix and rest and its own earlier tokens but not the other
+  labels (a 4D "tree" attention mask). The logits of the last rest token give every
+  label's first token; those of a branch's tokens give that label's later tokens. Before,
+  this took a second forward over copies of the prompts' KV cache; the branches cost the
+  same tokens without the second pass over the weights or the cache copies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from dpicl.engines.attention import SHARED_KV_SDPA
+
+__all__ = [
+    "Batch",
+    "ScoringPlan",
+    "attention_mask_for",
+    "chunks",
+    "common_prefix_len",
+    "left_pad",
+    "pack_layers",
+    "plan_scoring",
+    "stack_packed",
+    "stack_prefixes",
+]
+
+Layers = Sequence[tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """A left-padded batch."""
+
+    input_ids: torch.Tensor  # (B, S) long
+    attention_mask: torch.Tensor  # (B, S) long
+    position_ids: torch.Tensor  # (B, S) long
+    last_pos: torch.Tensor  # (B,) long: position id of each row's last real token
+
+
+def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
+    first = seqs[0]
+    n = min(len(s) for s in seqs)
+    for i in range(n):
+        tok = first[i]
+        if any(s[i] != tok for s in seqs):
+            return i
+    return n
+
+
+def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> Batch:
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, width - len(s) :] = torch.tensor(list(s), dtype=torch.long)
+            mask[i, width - len(s) :] = 1
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    ids, mask, pos = ids.to(device), mask.to(device), pos.to(device)
+    return Batch(ids, mask, pos, pos[:, -1].clone())
+
+
+def chunks(costs: Sequence[int], widths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Group row indices (longest first) so that rows x width x cost factor stays within
+    ``max_tokens``; a row that alone exceeds it goes alone."""
+    order = sorted(range(len(widths)), key=lambda i: -widths[i])
+    out: list[list[int]] = []
+    cur: list[int] = []
+    cur_width = 0
+    cur_cost = 0
+    for i in order:
+        w = max(cur_width, widths[i])
+        c = cur_cost + costs[i]
+        if cur and w * c > max_tokens:
+            out.append(cur)
+            cur, w, c = [], widths[i], costs[i]
+        cur.append(i)
+        cur_width, cur_cost = w, c
+    if cur:
+        out.append(cur)
+    return out
+
+
+def stack_prefixes(
+    found: Sequence[Layers | None], lens: Sequence[int], device: torch.device
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+    """Per layer ``(K, V)`` of shape (B, heads, W, dim), row b's prefix (``found[b]``, of
+    ``lens[b]`` tokens; None: no prefix) right-aligned, and the (B, W) mask of real keys."""
+    n, width = len(found), max(lens)
+    template = next(e for e in found if e is not None)
+    mask = torch.zeros((n, width), dtype=torch.long, device=device)
+    layers: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for li, (k0, v0) in enumerate(template):
+        k = k0.new_zeros((n, k0.shape[1], width, k0.shape[3]))
+        v = v0.new_zeros((n, v0.shape[1], width, v0.shape[3]))
+        for b, e in enumerate(found):
+            if e is not None:
+                ke, ve = e[li]
+                k[b, :, width - lens[b] :, :] = ke[0]
+                v[b, :, width - lens[b] :, :] = ve[0]
+        layers.append((k, v))
+    for b, p in enumerate(lens):
+        if p:
+            mask[b, width - p :] = 1
+    return layers, mask
+
+
+def pack_layers(
+    layers: Layers,
+) -> tuple[torch.Tensor, tuple[tuple[torch.Tensor, torch.Tensor], ...]]:
+    """One prefix's per-layer ``(K, V)`` (each (1, heads, n, dim)) copied into one tensor of
+    shape (layers, 2, heads, n, dim), and the per-layer views of it."""
+    packed = torch.stack([torch.stack([k[0], v[0]]) for k, v in layers])
+    return packed, tuple((packed[i, 0][None], packed[i, 1][None]) for i in range(len(layers)))
+
+
+def stack_packed(
+    found: Sequence[torch.Tensor | None], lens: Sequence[int], device: torch.device
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+    """:func:`stack_prefixes` for prefixes packed by :func:`pack_layers`: one copy per row
+    instead of one per row and layer (64 rows of a 30-layer model: 64 copies, not 3,840)."""
+    n, width = len(found), max(lens)
+    template = next(p for p in found if p is not None)
+    n_layers, _, heads, _, dim = template.shape
+    out = template.new_zeros((n, n_layers, 2, heads, width, dim))
+    mask = torch.zeros((n, width), dtype=torch.long, device=device)
+    for b, p in enumerate(found):
+        if p is not None:
+            out[b, :, :, :, width - lens[b] :, :] = p
+            mask[b, width - lens[b] :] = 1
+    return [(out[:, i, 0], out[:, i, 1]) for i in range(n_layers)], mask
+
+
+@dataclass(frozen=True, slots=True)
+class ScoringPlan:
+    """Inputs of the one scoring forward and where to read each label's log-probabilities.
+
+    ``keep`` marks the positions whose logits are computed (row-major order, as the model's
+    boolean ``logits_to_keep`` returns them); ``reads[b][j]`` lists ``(flat index, token)``
+    pairs whose log-probabilities sum to row b's score of label j.
+    """
+
+    input_ids: torch.Tensor  # (B, S) long
+    position_ids: torch.Tensor  # (B, S) long
+    mask: torch.Tensor  # (B, 1, S, W + S) bool: True where a query may attend a key
+    keep: torch.Tensor  # (B, S) bool
+    reads: list[list[list[tuple[int, int]]]]
+
+
+def plan_scoring(
+    rests: Sequence[Sequence[int]],
+    labels: Sequence[Sequence[Sequence[int]]],
+    offsets: Sequence[int],
+    past_mask: torch.Tensor,
+    pad_id: int,
+) -> ScoringPlan:
+    """Lay out rows ``rests[b]`` (each non-empty; their position ids start at
+    ``offsets[b]``, after a past of keys ``past_mask[b]``) with a branch per multi-token
+    label of ``labels[b]``: ``[pads][rest][branch 1][branch 2]...[pads]``."""
+    n = len(rests)
+    r_width = max(len(r) for r in rests)
+    branches = [[lab[:-1] for lab in labs if len(lab) > 1] for labs in labels]
+    c_width = max(sum(len(t) for t in br) for br in branches)
+    s = r_width + c_width
+    w = past_mask.shape[1]
+    ids = torch.full((n, s), pad_id, dtype=torch.long)
+    pos = torch.zeros((n, s), dtype=torch.long)
+    # Attention among the new tokens, built on the host and moved once.
+    att = torch.zeros((n, s, s), dtype=torch.bool)
+    keep = torch.zeros((n, s), dtype=torch.bool)
+    real = torch.zeros((n, s), dtype=torch.bool)
+    spans: list[list[tuple[int, int]]] = []  # per row, per branch: (start column, length)
+    for b, (rest, br) in enumerate(zip(rests, branches, strict=True)):
+        start = r_width - len(rest)
+        ids[b, start:r_width] = torch.tensor(list(rest), dtype=torch.long)
+        pos[b, start:r_width] = torch.arange(len(rest)) + offsets[b]
+        real[b, start:r_width] = True
+        att[b, start:r_width, start:r_width] = torch.ones(len(rest), len(rest)).tril().bool()
+        keep[b, r_width - 1] = True
+        col = r_width
+        row_spans = []
+        for toks in br:
+            end = col + len(toks)
+            ids[b, col:end] = torch.tensor(list(toks), dtype=torch.long)
+            pos[b, col:end] = torch.arange(len(toks)) + offsets[b] + len(rest)
+            real[b, col:end] = True
+            att[b, col:end, start:r_width] = True
+            att[b, col:end, col:end] = torch.ones(len(toks), len(toks)).tril().bool()
+            keep[b, col:end] = True
+            row_spans.append((col, len(toks)))
+            col = end
+        spans.append(row_spans)
+    # A pad query attends to itself only (an all-masked row would give NaN); no real
+    # query attends to a pad key.
+    idx = torch.arange(s)
+    att[:, idx, idx] |= ~real
+    past = past_mask.bool().cpu()[:, None, :].expand(n, s, w) & real[:, :, None]
+    mask = torch.cat([past, att], dim=2)[:, None, :, :]
+    flat = (keep.flatten().cumsum(0) - 1).view(n, s).tolist()
+    reads: list[list[list[tuple[int, int]]]] = []
+    for b, labs in enumerate(labels):
+        first = flat[b][r_width - 1]
+        row: list[list[tuple[int, int]]] = []
+        multi = iter(spans[b])
+        for lab in labs:
+            got = [(first, int(lab[0]))]
+            if len(lab) > 1:
+                col, length = next(multi)
+                got += [(flat[b][col + i], int(lab[i + 1])) for i in range(length)]
+            row.append(got)
+        reads.append(row)
+    dev = past_mask.device
+    return ScoringPlan(ids.to(dev), pos.to(dev), mask.to(dev), keep.to(dev), reads)
+
+
+def attention_mask_for(mask: torch.Tensor, implementation: str, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean 4D mask (True: attend) in the form ``implementation`` takes: as it is for
+    ``sdpa`` and :data:`~dpicl.engines.attention.SHARED_KV_SDPA`; additive (0 where attended,
+    the dtype's minimum elsewhere) for ``eager``."""
+    if implementation in ("sdpa", SHARED_KV_SDPA):
+        return mask
+    if implementation == "eager":
+        out = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+        return out.masked_fill(~mask, torch.finfo(dtype).min)
+    raise ValueError(f"attention implementation {implementation!r} takes no dense 4D mask")

@@ -1,0 +1,157 @@
+"""Free-text generation of the transformers engine (ESA's partition and candidate texts).
+
+Calls merged by the engine's generate batcher arrive here as jobs. Jobs with the same
+settings (``max_tokens``, temperature, stop strings) run as one batch, others as batches of
+their own in the same engine run. Every job samples from its own generator, seeded from its
+``GenerationParams.seed`` (the pipelines pass OS entropy): rows of one job are drawn together,
+in the order they would be drawn were the job alone, so a job's text does not depend on what
+it was batched with (up to float rounding of the batched forward). Each batch is encoded on
+top of its rows' cached prefixes, then decoded one token per forward over the KV cache.
+These functions run under the engine's model lock (:meth:`TransformersEngine._run`).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from dpicl.engines.base import GenerationParams, PromptSpec
+from dpicl.errors import DpiclError
+
+if TYPE_CHECKING:
+    from dpicl.engines.transformers import TransformersEngine
+
+__all__ = ["GenJob", "Row", "generate_chunk", "generate_jobs", "sample"]
+
+GenJob = tuple[list[PromptSpec], GenerationParams]
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One encoded prompt: the model's text, its token ids and, when its prefix may be
+    cached, the cache key ``(cache_key, fingerprint)`` and the rendered prefix text."""
+
+    rendered: str
+    ids: list[int]
+    slot: tuple[str, str] | None = None
+    rendered_prefix: str = ""
+
+
+def generate_jobs(
+    engine: TransformersEngine, jobs: list[GenJob]
+) -> list[list[str] | BaseException]:
+    """Generate for several calls: calls with the same settings (all but the seed) run
+    as one batch; every call samples from its own generator."""
+    results: list[list[str] | BaseException] = [[] for _ in jobs]
+    groups: dict[tuple[int, float, tuple[str, ...]], list[int]] = {}
+    for j, (_, params) in enumerate(jobs):
+        groups.setdefault((params.max_tokens, params.temperature, params.stop), []).append(j)
+    for members in groups.values():
+        rows: list[Row] = []
+        owner: list[int] = []
+        gens: dict[int, torch.Generator] = {}
+        for j in members:
+            prompts, params = jobs[j]
+            try:
+                enc = [engine._encode_row(p) for p in prompts]
+            except DpiclError as exc:
+                results[j] = exc
+                continue
+            seed = params.seed if params.seed is not None else secrets.randbits(63)
+            gens[j] = torch.Generator(device=engine.device)
+            gens[j].manual_seed(int(seed) % (2**63))
+            results[j] = [""] * len(prompts)
+            rows.extend(enc)
+            owner.extend([j] * len(enc))
+        if not rows:
+            continue
+        params = jobs[members[0]][1]
+        first = {j: owner.index(j) for j in gens}
+        widths = [len(r.ids) + params.max_tokens for r in rows]
+        try:
+            for chunk in engine._chunks([1] * len(rows), widths):
+                outs = generate_chunk(
+                    engine, [rows[i] for i in chunk], params, [gens[owner[i]] for i in chunk]
+                )
+                for i, text in zip(chunk, outs, strict=True):
+                    res = results[owner[i]]
+                    assert isinstance(res, list)
+                    res[i - first[owner[i]]] = text
+        except Exception as exc:  # the model failed: every call of the group fails
+            for j in gens:
+                results[j] = exc
+    return results
+
+
+def sample(logits: torch.Tensor, temperature: float, gens: Sequence[torch.Generator]) -> list[int]:
+    """One token per row; row b's draw comes from ``gens[b]`` (rows sharing a generator
+    are drawn together, in order, as a call batched alone would draw them)."""
+    if temperature == 0:
+        return [int(t) for t in logits.argmax(dim=-1).tolist()]
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    out = [0] * len(gens)
+    by_gen: dict[int, list[int]] = {}
+    for b, g in enumerate(gens):
+        by_gen.setdefault(id(g), []).append(b)
+    for idx in by_gen.values():
+        sel = torch.tensor(idx, dtype=torch.long, device=probs.device)
+        draws = torch.multinomial(probs.index_select(0, sel), 1, generator=gens[idx[0]])
+        for b, t in zip(idx, draws[:, 0].tolist(), strict=True):
+            out[b] = int(t)
+    return out
+
+
+def generate_chunk(
+    engine: TransformersEngine,
+    rows: list[Row],
+    params: GenerationParams,
+    gens: Sequence[torch.Generator],
+) -> list[str]:
+    n = len(rows)
+    pre = engine._prefill_rows(rows, use_cache=True)
+    cache = pre.res.past_key_values
+    logits = pre.res.logits[:, -1, :]
+    attn = pre.attention_mask
+    pos = pre.last_pos
+    out: list[list[int]] = [[] for _ in range(n)]
+    done = [False] * n
+    texts: list[str | None] = [None] * n
+    eos = engine.eos_token_ids
+    for step in range(params.max_tokens):
+        nxt = sample(logits, params.temperature, gens)
+        for b in range(n):
+            if done[b]:
+                continue
+            tok = nxt[b]
+            if tok in eos:
+                done[b] = True
+                continue
+            out[b].append(tok)
+            if params.stop:
+                text = engine.tokenizer.decode(out[b], skip_special_tokens=True)
+                cut = min((text.find(s) for s in params.stop if s and s in text), default=-1)
+                if cut >= 0:
+                    texts[b] = text[:cut]
+                    done[b] = True
+        if all(done) or step == params.max_tokens - 1:
+            break
+        tokens = torch.tensor(
+            [engine.pad_token_id if done[b] else nxt[b] for b in range(n)],
+            dtype=torch.long,
+            device=engine.device,
+        )[:, None]
+        attn = torch.cat([attn, torch.ones((n, 1), dtype=attn.dtype, device=attn.device)], 1)
+        pos = pos + 1
+        res = engine._forward(tokens, attn, pos[:, None], past=cache, use_cache=True)
+        logits = res.logits[:, -1, :]
+    result = []
+    for b in range(n):
+        text = texts[b]
+        if text is None:
+            text = engine.tokenizer.decode(out[b], skip_special_tokens=True)
+        result.append(text.strip())
+    return result
