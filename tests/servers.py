@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from dpicl_audit.plan import AuditPlan
+
 if TYPE_CHECKING:
     from dpicl.config import Settings
     from dpicl_audit.client import DpiclClient
@@ -42,8 +44,10 @@ __all__ = [
     "ThreadServer",
     "app_client",
     "free_port",
+    "oracle_server_env",
     "serve_with_fault",
     "server_settings",
+    "target_plan",
     "wait_healthy",
 ]
 
@@ -51,6 +55,22 @@ ADMIN = "test-admin-token"
 USER = "test-user-key"
 ROOT = Path(__file__).resolve().parent.parent
 """The repository root: ``python -m tests.servers`` runs there, so ``tests`` is importable."""
+
+
+def oracle_server_env(tmp_path: Path, whitebox: str = "internal") -> dict[str, str]:
+    """The environment of an oracle-engine test server with its own SQLite file."""
+    return {
+        "DPICL_ENGINE": "oracle",
+        "DPICL_WHITEBOX": whitebox,
+        "DPICL_DATABASE_URL": f"sqlite:///{tmp_path}/server-{whitebox}.db",
+    }
+
+
+def target_plan(url: str, **flags: Any) -> AuditPlan:
+    """An audit plan against the test server at ``url`` (the test tokens), CLI-style flags."""
+    return AuditPlan.from_sources(
+        None, {"target.base_url": url, "target.admin_token": ADMIN, "target.api_key": USER} | flags
+    )
 
 
 def free_port() -> int:

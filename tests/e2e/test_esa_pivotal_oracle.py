@@ -35,47 +35,24 @@ from typing import Any
 
 import pytest
 
-from dpicl_audit.plan import AuditPlan
 from dpicl_audit.runner import bootstrap_audit, run_audit
-from tests.conftest import ADMIN, USER
+from tests.servers import oracle_server_env, target_plan
 
 pytestmark = pytest.mark.slow
 
 EPSILONS = [1.0, 2.0, 4.0, 8.0]
 
 
-def _plan(url: str, **extra: Any) -> AuditPlan:
-    return AuditPlan.from_sources(
-        None,
-        {
-            "target.base_url": url,
-            "target.admin_token": ADMIN,
-            "target.api_key": USER,
-            "mechanism.name": "esa",
-        }
-        | extra,
-    )
-
-
-def _server(start_server: Any, tmp_path: Path, whitebox: str) -> Any:
-    return start_server(
-        {
-            "DPICL_ENGINE": "oracle",
-            "DPICL_WHITEBOX": whitebox,
-            "DPICL_DATABASE_URL": f"sqlite:///{tmp_path}/server-{whitebox}.db",
-        }
-    )
-
-
 def test_black_box_bootstrap_is_tight_with_the_balanced_design(
     start_server: Any, tmp_path: Path
 ) -> None:
-    srv = _server(start_server, tmp_path, "internal")
+    srv = start_server(oracle_server_env(tmp_path, "internal"))
     rows = []
     for t in (3, 4, 5):
-        plan = _plan(
+        plan = target_plan(
             srv.url,
             **{
+                "mechanism.name": "esa",
                 "mechanism.epsilons": EPSILONS,
                 "mechanism.partitions": t,
                 "bootstrap.n_llm": 2,
@@ -103,10 +80,16 @@ def test_black_box_bootstrap_is_tight_with_the_balanced_design(
 def test_real_query_black_box_audit_is_tight_at_epsilon_8(
     start_server: Any, tmp_path: Path
 ) -> None:
-    srv = _server(start_server, tmp_path, "off")
-    plan = _plan(
+    srv = start_server(oracle_server_env(tmp_path, "off"))
+    plan = target_plan(
         srv.url,
-        **{"mechanism.epsilons": [8.0], "mechanism.partitions": 3, "trials": 2000, "seed": 3},
+        **{
+            "mechanism.name": "esa",
+            "mechanism.epsilons": [8.0],
+            "mechanism.partitions": 3,
+            "trials": 2000,
+            "seed": 3,
+        },
     )
     results = asyncio.run(
         run_audit(plan, db=tmp_path / "audit.db", out_dir=tmp_path, progress=False)
@@ -134,10 +117,11 @@ def test_real_query_black_box_audit_is_tight_at_epsilon_8(
 def test_paper_design_stays_selectable_and_says_it_is_weak(
     start_server: Any, tmp_path: Path
 ) -> None:
-    srv = _server(start_server, tmp_path, "internal")
-    plan = _plan(
+    srv = start_server(oracle_server_env(tmp_path, "internal"))
+    plan = target_plan(
         srv.url,
         **{
+            "mechanism.name": "esa",
             "design": "paper",
             "mechanism.epsilons": [8.0],
             "mechanism.partitions": 8,

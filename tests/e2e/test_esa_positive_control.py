@@ -26,9 +26,8 @@ from typing import Any
 
 import pytest
 
-from dpicl_audit.plan import AuditPlan
 from dpicl_audit.runner import run_audit
-from tests.conftest import ADMIN, USER
+from tests.servers import oracle_server_env, target_plan
 
 pytestmark = pytest.mark.slow
 
@@ -38,19 +37,11 @@ def test_black_box_esa_audit_flags_a_broken_server(
     mode: str, start_server: Any, tmp_path: Path
 ) -> None:
     srv = start_server(
-        {
-            "DPICL_ENGINE": "oracle",
-            "DPICL_WHITEBOX": "off",
-            "DPICL_DATABASE_URL": f"sqlite:///{tmp_path}/broken-{mode}.db",
-        },
-        fault=f"tests.e2e.broken_esa_server:{mode.upper()}",
+        oracle_server_env(tmp_path, "off"), fault=f"tests.e2e.broken_esa_server:{mode.upper()}"
     )
-    plan = AuditPlan.from_sources(
-        None,
-        {
-            "target.base_url": srv.url,
-            "target.admin_token": ADMIN,
-            "target.api_key": USER,
+    plan = target_plan(
+        srv.url,
+        **{
             "mechanism.name": "esa",
             "mechanism.partitions": 3,
             "mechanism.epsilons": [8.0],

@@ -26,6 +26,7 @@ from dpicl.errors import InvalidRequest
 from dpicl.pipelines.contexts import create_context
 from dpicl.pipelines.partitions import partition_prompts, zero_shot_prompt
 from dpicl.store.repository import ContextRepository, StoredContext
+from tests.server.reference_scores import whole_prompt_scores
 
 pytestmark = pytest.mark.slow
 
@@ -262,25 +263,6 @@ async def test_concurrent_requests_get_the_scores_of_serial_ones(
     assert max(cached.score_batcher.batch_sizes) >= 4  # requests really shared batches
 
 
-def full_forward_scores(
-    engine: TransformersEngine, prompts: list[PromptSpec], labels: list[str]
-) -> np.ndarray:
-    """The reference that shares no code path with the engine's scoring: one forward over
-    the whole prompt plus the label per (prompt, label), no cache, padding or 4D mask."""
-    import torch
-
-    out = np.zeros((len(prompts), len(labels)))
-    with torch.inference_mode():
-        for i, p in enumerate(prompts):
-            rendered, ids = engine.encode(p)
-            for j, label in enumerate(labels):
-                lab = engine.label_ids(rendered, label)
-                x = torch.tensor([ids + lab])
-                logp = engine.model_obj(input_ids=x).logits[0].double().log_softmax(-1)
-                out[i, j] = sum(float(logp[len(ids) - 1 + k, t]) for k, t in enumerate(lab))
-    return out
-
-
 async def test_warm_batched_scores_equal_whole_prompt_forwards(
     cached: TransformersEngine, repo: ContextRepository
 ) -> None:
@@ -294,8 +276,8 @@ async def test_warm_batched_scores_equal_whole_prompt_forwards(
         cached.score_labels(pa, LABELS), cached.score_labels(pb, LABELS)
     )
     assert cached.prefix_cache.stats.hits == hits + 5
-    np.testing.assert_allclose(got_a, full_forward_scores(cached, pa, LABELS), atol=TOL)
-    np.testing.assert_allclose(got_b, full_forward_scores(cached, pb, LABELS), atol=TOL)
+    np.testing.assert_allclose(got_a, whole_prompt_scores(cached, pa, LABELS), atol=TOL)
+    np.testing.assert_allclose(got_b, whole_prompt_scores(cached, pb, LABELS), atol=TOL)
 
 
 async def test_concurrent_generations_share_a_batch_and_keep_their_own_samples(
@@ -331,4 +313,4 @@ async def test_scores_without_boolean_logits_to_keep_are_the_same(
     monkeypatch.setattr(engine_module, "_BOOL_LOGITS_TO_KEEP", False)
     without = await cached.score_labels(pa, LABELS)
     np.testing.assert_allclose(without, with_mask, atol=TOL, rtol=0)
-    np.testing.assert_allclose(without, full_forward_scores(cached, pa, LABELS), atol=TOL)
+    np.testing.assert_allclose(without, whole_prompt_scores(cached, pa, LABELS), atol=TOL)

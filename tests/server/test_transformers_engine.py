@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
 from dpicl.engines.attention import SHARED_KV_SDPA
 from dpicl.engines.base import DecodingSession, Engine, GenerationParams, PromptSpec
@@ -27,6 +26,7 @@ from dpicl.engines.models import (
 )
 from dpicl.engines.transformers import TransformersEngine
 from dpicl.errors import InvalidRequest
+from tests.server.reference_scores import whole_prompt_scores
 
 CACHE_DIR = Path(os.environ.get("DPICL_CACHE_DIR", str(DEFAULT_CACHE_DIR)))
 
@@ -167,22 +167,6 @@ def test_labels_are_tokenised_as_they_follow_the_prompt(engine: TransformersEngi
 # --------------------------------------------------------------------- scoring
 
 
-def _reference_scores(
-    engine: TransformersEngine, prompts: list[PromptSpec], labels: list[str]
-) -> np.ndarray:
-    """Unbatched, uncached: one forward over prompt + label per (prompt, label)."""
-    out = np.zeros((len(prompts), len(labels)))
-    with torch.inference_mode():
-        for i, p in enumerate(prompts):
-            rendered, ids = engine.encode(p)
-            for j, label in enumerate(labels):
-                lab = engine.label_ids(rendered, label)
-                x = torch.tensor([ids + lab])
-                logp = engine.model_obj(input_ids=x).logits[0].double().log_softmax(-1)
-                out[i, j] = sum(float(logp[len(ids) - 1 + k, t]) for k, t in enumerate(lab))
-    return out
-
-
 def test_a_cpu_engine_shares_grouped_kv_heads(engine: TransformersEngine) -> None:
     # SmolLM2 has 9 query heads on 3 K/V heads; on CPU the engine stops copying them.
     assert engine.model_obj.config._attn_implementation == SHARED_KV_SDPA
@@ -206,7 +190,7 @@ async def test_batched_scores_equal_one_prompt_at_a_time(engine: TransformersEng
     one_by_one = np.vstack([await engine.score_labels([p], labels) for p in MIXED])
     np.testing.assert_allclose(batched, one_by_one, atol=1e-4, rtol=0)
     # The reference runs each (prompt, label) alone; two prompts (shortest, longest) suffice.
-    ref = _reference_scores(engine, [MIXED[2], MIXED[1]], labels)
+    ref = whole_prompt_scores(engine, [MIXED[2], MIXED[1]], labels)
     np.testing.assert_allclose(batched[[2, 1]], ref, atol=1e-4)
 
 
