@@ -19,7 +19,7 @@
      white-box run).
 
    On the real model each query scores 4 short prompts (one exemplar per partition), so its
-   counts are chosen to fit the time budget: ``n_llm`` = 24 and as many real trials per
+   counts are chosen to fit the time budget: ``n_llm`` = 6 and as many real trials per
    epsilon as the remaining budget allows (measured from the bootstrap's own rate).
 3. Stops the servers and writes one combined report (table, JSON, HTML with plots) of all
    runs, and prints where it is.
