@@ -24,7 +24,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from dpicl.errors import EngineError
+from dpicl.errors import EngineError, InvalidRequest
 
 __all__ = [
     "DecodingSession",
@@ -94,6 +94,14 @@ class GenerationParams:
     temperature: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = field(default=())
+
+    def check(self) -> None:
+        """Raise :class:`~dpicl.errors.InvalidRequest` naming the first bad setting; every
+        engine calls this before it generates."""
+        if self.max_tokens < 1:
+            raise InvalidRequest("max_tokens must be >= 1", param="max_tokens")
+        if self.temperature < 0:
+            raise InvalidRequest("temperature must be >= 0", param="temperature")
 
 
 @dataclass(frozen=True, slots=True)

@@ -237,8 +237,7 @@ class OracleEngine:
         return out.reshape(len(prompts), len(labels))
 
     async def generate(self, prompts: Sequence[PromptSpec], params: GenerationParams) -> list[str]:
-        if params.max_tokens < 1:
-            raise InvalidRequest("max_tokens must be >= 1", param="max_tokens")
+        params.check()
         return [_truncate(self.generate_one(p), params) for p in prompts]
 
     async def open_decoding(

@@ -546,10 +546,7 @@ class TransformersEngine:
     # ------------------------------------------------------------------ generation
 
     async def generate(self, prompts: Sequence[PromptSpec], params: GenerationParams) -> list[str]:
-        if params.max_tokens < 1:
-            raise InvalidRequest("max_tokens must be >= 1", param="max_tokens")
-        if params.temperature < 0:
-            raise InvalidRequest("temperature must be >= 0", param="temperature")
+        params.check()
         if not prompts:
             return []
         if self._closed:

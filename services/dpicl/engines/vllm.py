@@ -325,10 +325,7 @@ class VllmEngine:
     async def generate(self, prompts: Sequence[PromptSpec], params: GenerationParams) -> list[str]:
         from vllm import SamplingParams
 
-        if params.max_tokens < 1:
-            raise InvalidRequest("max_tokens must be >= 1", param="max_tokens")
-        if params.temperature < 0:
-            raise InvalidRequest("temperature must be >= 0", param="temperature")
+        params.check()
         if not prompts:
             return []
         self._check_open()
