@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.servers import free_port
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
@@ -51,4 +53,17 @@ def test_voting_bench() -> None:
     for tag in ("[prefix reuse  ]", "[DP layer share]", "[batching      ]"):
         assert tag in out, out
     assert re.search(r"warm vs cold x\d+\.\d+", out), out
+    assert re.search(r"work ratio cold/warm x\d+\.\d+; the measured speed-up is \d+%", out), out
     assert re.search(r"share of the query \d+\.\d+%", out), out
+
+
+@pytest.mark.slow
+def test_esa_release_check_bench() -> None:
+    """The link-by-link check of ESA's black-box release runs end to end on a few trials:
+    the auditor's log matches the server's requests, and the closed form is printed."""
+    out = run_bench("esa_release_check.py", "--trials", "60", "--port", str(free_port()))
+    assert '"log_matches_server": true' in out, out
+    assert '"unknown_context_requests": 0' in out, out
+    assert re.search(r"C1: n \d+, P\(y1\) \d\.\d+ against 0\.7180", out), out
+    assert re.search(r"C0: n \d+, P\(y1\) \d\.\d+ against 0\.2820", out), out
+    assert "one embedding per text: True" in out, out
