@@ -45,7 +45,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import numpy.typing as npt
 from scipy import special, stats
@@ -57,8 +56,9 @@ from dpicl_audit.mechanisms.esa import signal_pair
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.runner import run_audit
 
-ADMIN = "bench-admin-token"
-USER = "bench-user-key"
+# The test servers' helpers (tokens, settings, in-thread uvicorn), from the repository root.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.servers import ThreadServer, target_plan
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,8 +94,9 @@ class Recorder:
             part_texts, cand_texts, part_emb, cand_emb = out
             context = args[2]
             with self._lock:
-                for text, row in zip([*part_texts, *cand_texts], [*part_emb, *cand_emb],
-                                     strict=True):  # fmt: skip
+                for text, row in zip(
+                    [*part_texts, *cand_texts], [*part_emb, *cand_emb], strict=True
+                ):
                     seen = self.embeddings.setdefault(text, np.array(row, dtype=np.float64))
                     self.max_spread = max(self.max_spread, float(np.linalg.norm(seen - row)))
             self._current.set((context.id, list(part_texts), list(cand_texts)))
@@ -119,54 +120,19 @@ class Recorder:
         esa_pipeline.esa_release = recording_release  # type: ignore[attr-defined]
 
 
-class AppThread:
-    """The real app (oracle engine, white-box endpoint off) under uvicorn in a thread."""
-
-    def __init__(self, db: Path, port: int) -> None:
-        import uvicorn
-
-        from dpicl.api.app import build_app
-        from dpicl.config import Settings
-
-        settings = Settings(
-            engine="oracle",
-            whitebox="off",
-            database_url=f"sqlite:///{db}",
-            admin_token=ADMIN,
-            api_keys=[USER],
-            allow_unbudgeted=True,  # the auditor's canary contexts are unbudgeted
-            log_level="warning",
-        )
-        self.url = f"http://127.0.0.1:{port}"
-        config = uvicorn.Config(build_app(settings), host="127.0.0.1", port=port,
-                                log_level="warning")  # fmt: skip
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> AppThread:
-        self.thread.start()
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"server at {self.url} not ready in 120 s")
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=20)
-
-
 def audit_plan(url: str, trials: int, seed: int, concurrency: int) -> AuditPlan:
     """The plan of tests/e2e/test_esa_pivotal_oracle.py's real-query test."""
-    return AuditPlan.from_sources(None, {
-        "target.base_url": url, "target.admin_token": ADMIN, "target.api_key": USER,
-        "mechanism.name": "esa", "mechanism.epsilons": [8.0], "mechanism.partitions": 3,
-        "trials": trials, "seed": seed, "concurrency": concurrency,
-    })  # fmt: skip
+    return target_plan(
+        url,
+        **{
+            "mechanism.name": "esa",
+            "mechanism.epsilons": [8.0],
+            "mechanism.partitions": 3,
+            "trials": trials,
+            "seed": seed,
+            "concurrency": concurrency,
+        },
+    )
 
 
 def trial_log(db: Path) -> list[tuple[int, int, str, int]]:
@@ -257,11 +223,10 @@ def one_run(
     """One audit against a fresh server database; its requests and its trial-log checks."""
     work.mkdir(parents=True, exist_ok=True)
     start = len(recorder.requests)
-    with AppThread(work / "server.db", port) as app:
+    with ThreadServer(work / "server.db", whitebox="off", port=port) as app:
         plan = audit_plan(app.url, trials, seed, concurrency)
         t0 = time.monotonic()
-        results = asyncio.run(run_audit(plan, db=work / "audit.db", out_dir=work,
-                                        progress=False))  # fmt: skip
+        results = asyncio.run(run_audit(plan, db=work / "audit.db", out_dir=work, progress=False))
         wall = time.monotonic() - t0
     reqs = recorder.requests[start:]
     log = trial_log(work / "audit.db")
@@ -311,8 +276,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="esa-release-check-") as tmp:
         for i in range(args.runs):
             seed = args.seed if args.same_seed else args.seed + i
-            reqs, checks = one_run(recorder, Path(tmp) / f"run{i}", args.port + i, args.trials,
-                                   seed, args.concurrency)  # fmt: skip
+            reqs, checks = one_run(
+                recorder, Path(tmp) / f"run{i}", args.port + i, args.trials, seed, args.concurrency
+            )
             world_of = checks.pop("world_of")
             for r in reqs:
                 worlds[world_of[r.context_id]].append(r)

@@ -213,16 +213,16 @@ class ServerProcess:
 
 
 class ThreadServer:
-    """The real server app (oracle engine) under uvicorn on a free port, in a thread of this
-    process; a context manager that waits for ``/healthz`` on entry."""
+    """The real server app (oracle engine) under uvicorn on ``port`` (default: a free one), in
+    a thread of this process; a context manager that waits for ``/healthz`` on entry."""
 
-    def __init__(self, db_path: Path, whitebox: str = "internal") -> None:
+    def __init__(self, db_path: Path, whitebox: str = "internal", port: int | None = None) -> None:
         import uvicorn
 
         from dpicl.api.app import build_app
 
         settings = server_settings(f"sqlite:///{db_path}", whitebox=whitebox, log_level="warning")
-        self.port = free_port()
+        self.port = free_port() if port is None else port
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(
             build_app(settings), host="127.0.0.1", port=self.port, log_level="warning"
