@@ -75,9 +75,11 @@ class Settings(BaseSettings):
     )
 
     # Transformers engine serving (engines/tuning.py): the per-context prompt-prefix KV
-    # cache (0 MiB turns it off) and micro-batching of concurrent label-scoring requests.
+    # cache (0 MiB turns it off), the scratch memory scoring batches keep for laying out
+    # their cached prefixes, and micro-batching of concurrent label-scoring requests.
     prefix_cache_mib: int = Field(default=256, ge=0, le=1_048_576)
     prefix_cache_entries: int = Field(default=4096, ge=1, le=10_000_000)
+    kv_workspace_mib: int = Field(default=128, ge=0, le=1_048_576)
     batch_wait_ms: float = Field(default=2.0, ge=0, le=1000)
     batch_max_prompts: int = Field(default=256, ge=1, le=65_536)
 

@@ -22,9 +22,12 @@ from dpicl.engines.kv_layout import (
     attention_mask_for,
     pack_layers,
     plan_scoring,
+    prefix_mask,
+    slot_prefixes,
     stack_packed,
     stack_prefixes,
 )
+from dpicl.engines.slot_cache import SlotCache
 
 VOCAB = 64
 
@@ -70,14 +73,23 @@ LABELS = [[30], [31, 32], [33, 34, 35], [36, 37]]
 
 
 @pytest.mark.parametrize(
-    ("attn", "packed"), [("sdpa", False), ("sdpa", True), (SHARED_KV_SDPA, True), ("eager", True)]
+    ("attn", "layout"),
+    [
+        ("sdpa", "stacked"),
+        ("sdpa", "packed"),
+        (SHARED_KV_SDPA, "packed"),
+        ("eager", "packed"),
+        (SHARED_KV_SDPA, "slots"),
+        ("eager", "slots"),
+    ],
 )
 def test_one_forward_with_label_branches_equals_one_forward_per_label(
-    attn: str, packed: bool
+    attn: str, layout: str
 ) -> None:
     from transformers import DynamicCache
 
     model = tiny_llama(attn)
+    cache: Any
     found: list[Any] = []
     with torch.inference_mode():
         for prefix, _ in ROWS:
@@ -87,18 +99,28 @@ def test_one_forward_with_label_branches_equals_one_forward_per_label(
             res = model(input_ids=torch.tensor([prefix]), use_cache=True)
             found.append([(k, v) for k, v, *_ in res.past_key_values])
         lens = [len(p) for p, _ in ROWS]
-        if packed:
-            packs = [pack_layers(f)[0] if f is not None else None for f in found]
+        packs = [pack_layers(f)[0] if f is not None else None for f in found]
+        if layout == "packed":
             layers, past_mask = stack_packed(packs, lens, torch.device("cpu"))
-        else:
+        elif layout == "stacked":
             layers, past_mask = stack_prefixes(found, lens, torch.device("cpu"))
+        else:
+            past_mask = prefix_mask(lens, torch.device("cpu"))
         labels = [LABELS] * len(ROWS)
         plan = plan_scoring([r for _, r in ROWS], labels, lens, past_mask, pad_id=0)
+        if layout == "slots":
+            # Reused scratch memory holds anything: NaN where nothing is written would
+            # poison every score.
+            room, (n_layers, _, heads, _, dim) = plan.input_ids.shape[1], packs[0].shape
+            slots = torch.full((n_layers, 2, len(ROWS), heads, max(lens) + room, dim), torch.nan)
+            cache = SlotCache(slot_prefixes(packs, lens, room, slots), max(lens))
+        else:
+            cache = DynamicCache(ddp_cache_data=layers)
         out = model(
             input_ids=plan.input_ids,
             attention_mask=attention_mask_for(plan.mask, attn, model.dtype),
             position_ids=plan.position_ids,
-            past_key_values=DynamicCache(ddp_cache_data=layers),
+            past_key_values=cache,
             use_cache=True,
             logits_to_keep=plan.keep,
         )
@@ -111,6 +133,9 @@ def test_one_forward_with_label_branches_equals_one_forward_per_label(
             got = sum(float(logp[i, t]) for i, t in plan.reads[b][j])
             assert [t for _, t in plan.reads[b][j]] == lab
             assert got == pytest.approx(reference(model, prefix + rest, lab), abs=1e-5)
+    if layout == "slots":  # the new tokens were written into the slots, not concatenated
+        assert cache.layers[0].keys.data_ptr() == slots.data_ptr()
+        assert not slots.isnan().any()
 
 
 def test_branches_see_their_row_and_themselves_only() -> None:

@@ -19,6 +19,7 @@ import pytest
 
 from dpicl.domain import ContextSpec
 from dpicl.engines.base import GenerationParams, PromptSpec
+from dpicl.engines.lm_head import BlockedLMHead
 from dpicl.engines.models import DEFAULT_CACHE_DIR, resolve_llm
 from dpicl.engines.transformers import TransformersEngine
 from dpicl.engines.tuning import EngineTuning
@@ -314,3 +315,41 @@ async def test_scores_without_boolean_logits_to_keep_are_the_same(
     without = await cached.score_labels(pa, LABELS)
     np.testing.assert_allclose(without, with_mask, atol=TOL, rtol=0)
     np.testing.assert_allclose(without, whole_prompt_scores(cached, pa, LABELS), atol=TOL)
+
+
+async def test_warm_batches_write_into_reused_scratch_memory(
+    model: TransformersEngine,
+    plain: TransformersEngine,
+    repo: ContextRepository,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ctx = await news_context(repo)
+    kept, unkept = engine_like(model), engine_like(model, kv_workspace_mib=0)
+    for eng in (kept, unkept):  # cold: fills each engine's prefix cache
+        await eng.score_labels(partition_prompts(ctx, QUERIES[1]), LABELS)
+    addresses: list[int] = []
+    take = kept.kv_workspace.take
+
+    def recorded(*args: Any) -> Any:
+        out = take(*args)
+        addresses.append(out.data_ptr())
+        return out
+
+    monkeypatch.setattr(kept.kv_workspace, "take", recorded)
+    for query in (QUERIES[0], QUERIES[2], QUERIES[0]):
+        prompts = partition_prompts(ctx, query)
+        ref = await plain.score_labels(prompts, LABELS)
+        np.testing.assert_allclose(await kept.score_labels(prompts, LABELS), ref, atol=TOL)
+        np.testing.assert_allclose(await unkept.score_labels(prompts, LABELS), ref, atol=TOL)
+    # Every warm batch laid its prefixes out in the one kept piece of memory.
+    assert len(addresses) == 3 and len(set(addresses)) == 1
+    assert kept.kv_workspace.kept_bytes > 0
+    assert unkept.kv_workspace.kept_bytes == 0
+
+
+def test_the_cpu_engine_projects_onto_the_vocabulary_in_blocks(
+    model: TransformersEngine,
+) -> None:
+    head = model.model_obj.get_output_embeddings()
+    assert isinstance(head, BlockedLMHead)
+    assert head.weight is model.model_obj.get_input_embeddings().weight  # still tied

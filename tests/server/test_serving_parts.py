@@ -100,15 +100,21 @@ def test_tuning_from_settings_and_validation(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("DPICL_PREFIX_CACHE_MIB", "7")
     monkeypatch.setenv("DPICL_BATCH_WAIT_MS", "0.5")
     monkeypatch.setenv("DPICL_BATCH_MAX_PROMPTS", "32")
+    monkeypatch.setenv("DPICL_KV_WORKSPACE_MIB", "3")
     tuning = EngineTuning.from_settings(Settings())
-    assert tuning == EngineTuning(prefix_cache_mib=7, batch_wait_ms=0.5, batch_max_prompts=32)
+    assert tuning == EngineTuning(
+        prefix_cache_mib=7, kv_workspace_mib=3, batch_wait_ms=0.5, batch_max_prompts=32
+    )
     assert tuning.prefix_cache_bytes == 7 * 2**20
+    assert tuning.kv_workspace_bytes == 3 * 2**20
     with pytest.raises(ValueError, match="batch_max_prompts must be >= 1, got 0"):
         EngineTuning(batch_max_prompts=0)
     with pytest.raises(ValueError, match="batch_wait_ms"):
         EngineTuning(batch_wait_ms=-1)
     with pytest.raises(ValueError, match="prefix_cache_mib"):
         EngineTuning(prefix_cache_mib=-1)
+    with pytest.raises(ValueError, match="kv_workspace_mib must be >= 0, got -2"):
+        EngineTuning(kv_workspace_mib=-2)
 
 
 # --------------------------------------------------------------------- micro-batcher

@@ -4,6 +4,8 @@
   real tokens, so a row's logits do not depend on its batch.
 * :func:`stack_prefixes`: per-row cached prefix KV states of different lengths stacked as
   one batch cache, each left padded to the longest (``[pads][prefix]``, pads masked).
+* :func:`slot_prefixes`: the same in scratch slots with room after each row for a
+  forward's new tokens, written in place (:mod:`dpicl.engines.slot_cache`).
 * :func:`plan_scoring`: one forward that scores every label of every row. Each row's new
   tokens (``rest``) are followed by the tokens of its multi-token labels, each label a
   branch that sees the row's prefix and rest and its own earlier tokens but not the other
@@ -31,6 +33,8 @@ __all__ = [
     "left_pad",
     "pack_layers",
     "plan_scoring",
+    "prefix_mask",
+    "slot_prefixes",
     "stack_packed",
     "stack_prefixes",
 ]
@@ -99,7 +103,6 @@ def stack_prefixes(
     ``lens[b]`` tokens; None: no prefix) right-aligned, and the (B, W) mask of real keys."""
     n, width = len(found), max(lens)
     template = next(e for e in found if e is not None)
-    mask = torch.zeros((n, width), dtype=torch.long, device=device)
     layers: list[tuple[torch.Tensor, torch.Tensor]] = []
     for li, (k0, v0) in enumerate(template):
         k = k0.new_zeros((n, k0.shape[1], width, k0.shape[3]))
@@ -110,10 +113,7 @@ def stack_prefixes(
                 k[b, :, width - lens[b] :, :] = ke[0]
                 v[b, :, width - lens[b] :, :] = ve[0]
         layers.append((k, v))
-    for b, p in enumerate(lens):
-        if p:
-            mask[b, width - p :] = 1
-    return layers, mask
+    return layers, prefix_mask(lens, device)
 
 
 def pack_layers(
@@ -134,12 +134,45 @@ def stack_packed(
     template = next(p for p in found if p is not None)
     n_layers, _, heads, _, dim = template.shape
     out = template.new_zeros((n, n_layers, 2, heads, width, dim))
-    mask = torch.zeros((n, width), dtype=torch.long, device=device)
     for b, p in enumerate(found):
         if p is not None:
             out[b, :, :, :, width - lens[b] :, :] = p
-            mask[b, width - lens[b] :] = 1
-    return [(out[:, i, 0], out[:, i, 1]) for i in range(n_layers)], mask
+    return [(out[:, i, 0], out[:, i, 1]) for i in range(n_layers)], prefix_mask(lens, device)
+
+
+def prefix_mask(lens: Sequence[int], device: torch.device) -> torch.Tensor:
+    """The (B, W) mask of real keys of prefixes of ``lens`` tokens right-aligned in a width
+    of the longest (``[pads][prefix]``)."""
+    width = max(lens)
+    mask = torch.zeros((len(lens), width), dtype=torch.long)
+    for b, p in enumerate(lens):
+        if p:
+            mask[b, width - p :] = 1
+    return mask.to(device)
+
+
+def slot_prefixes(
+    found: Sequence[torch.Tensor | None], lens: Sequence[int], room: int, out: torch.Tensor
+) -> torch.Tensor:
+    """Packed prefixes (:func:`pack_layers`; None: no prefix, ``lens[b]`` then 0) laid out
+    in ``out``, of shape (layers, 2, B, heads, W + ``room``, dim) with W the longest prefix:
+    row b's prefix right-aligned in the first W slots (``[pads][prefix]``, one copy per
+    row), its pads zeroed (masked keys must stay finite: a masked score is still computed
+    before the mask drops it), the last ``room`` slots left for a forward's new tokens
+    (:class:`~dpicl.engines.slot_cache.SlotCache`). Returns ``out``."""
+    width = max(lens)
+    if out.shape[2] != len(found) or out.shape[4] != width + room:
+        raise ValueError(
+            f"slots of shape {tuple(out.shape)} do not fit {len(found)} rows of "
+            f"{width} + {room} positions"
+        )
+    for b, p in enumerate(found):
+        pad = width - (lens[b] if p is not None else 0)
+        if pad:
+            out[:, :, b, :, :pad].zero_()
+        if p is not None:
+            out[:, :, b, :, pad:width] = p
+    return out
 
 
 @dataclass(frozen=True, slots=True)

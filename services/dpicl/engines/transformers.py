@@ -73,11 +73,15 @@ from dpicl.engines.kv_layout import (
     left_pad,
     pack_layers,
     plan_scoring,
+    prefix_mask,
+    slot_prefixes,
     stack_packed,
     stack_prefixes,
 )
+from dpicl.engines.lm_head import use_blocked_lm_head
 from dpicl.engines.prefix_cache import PrefixCache, PrefixEntry, prefix_fingerprint
 from dpicl.engines.prompting import PromptEncoder
+from dpicl.engines.slot_cache import KVWorkspace, SlotCache
 from dpicl.engines.transformers_decoding import TransformersDecodingSession
 from dpicl.engines.transformers_generation import GenJob, Row, generate_jobs
 from dpicl.engines.tuning import EngineTuning
@@ -161,6 +165,8 @@ class TransformersEngine:
         attn = getattr(model.config, "_attn_implementation", None) or "eager"
         if attn == "sdpa" and torch.device(device).type == "cpu":
             attn = use_shared_kv_sdpa(model)  # grouped K/V heads not copied per layer
+        if torch.device(device).type == "cpu":
+            use_blocked_lm_head(model)  # the vocabulary projection in cache-sized blocks
         if attn not in _DENSE_MASK_ATTENTION:
             raise EngineError(
                 f"attention implementation {attn!r} is not supported: the engine needs one "
@@ -197,6 +203,7 @@ class TransformersEngine:
         self.prefix_cache = PrefixCache(
             self.tuning.prefix_cache_bytes, self.tuning.prefix_cache_entries
         )
+        self.kv_workspace = KVWorkspace(self.tuning.kv_workspace_bytes)
         self.score_batcher: MicroBatcher[_ScoreJob, FloatArray] = MicroBatcher(
             self._run_score_jobs,
             max_wait_s=self.tuning.batch_wait_ms / 1000,
@@ -368,29 +375,35 @@ class TransformersEngine:
         cache.batch_repeat_interleave(n)
         return _Past(cache, ones.expand(n, shared), [shared] * n)
 
+    def _found_prefixes(self, rows: Sequence[Row]) -> list[PrefixEntry | None]:
+        """Each row's cached prefix (encoded now when missing), or None: the row has no
+        cache slot, or its tokens do not start with the entry's."""
+        if not any(r.slot is not None for r in rows):
+            return [None] * len(rows)
+        entries = self._prefix_entries(rows)
+        found = [entries.get(r.slot) if r.slot is not None else None for r in rows]
+        return [
+            e if e is not None and e.matches(r.ids) else None
+            for e, r in zip(found, rows, strict=True)
+        ]
+
     def _rows_past(self, rows: Sequence[Row]) -> _Past:
         """The rows' cached prefixes stacked (``[pads][prefix]``) when any row has one,
         else :meth:`_shared_past`."""
-        if any(r.slot is not None for r in rows):
-            entries = self._prefix_entries(rows)
-            found = [entries.get(r.slot) if r.slot is not None else None for r in rows]
-            found = [
-                e if e is not None and e.matches(r.ids) else None
-                for e, r in zip(found, rows, strict=True)
-            ]
-            if any(e is not None for e in found):
-                from transformers import DynamicCache
+        found = self._found_prefixes(rows)
+        if any(e is not None for e in found):
+            from transformers import DynamicCache
 
-                lens = [len(e.ids) if e is not None else 0 for e in found]
-                if all(e is None or e.packed is not None for e in found):
-                    layers, mask = stack_packed(
-                        [e.packed if e is not None else None for e in found], lens, self.device
-                    )
-                else:
-                    layers, mask = stack_prefixes(
-                        [e.layers if e is not None else None for e in found], lens, self.device
-                    )
-                return _Past(DynamicCache(ddp_cache_data=layers), mask, lens)
+            lens = [len(e.ids) if e is not None else 0 for e in found]
+            if all(e is None or e.packed is not None for e in found):
+                layers, mask = stack_packed(
+                    [e.packed if e is not None else None for e in found], lens, self.device
+                )
+            else:
+                layers, mask = stack_prefixes(
+                    [e.layers if e is not None else None for e in found], lens, self.device
+                )
+            return _Past(DynamicCache(ddp_cache_data=layers), mask, lens)
         return self._shared_past([r.ids for r in rows])
 
     def _prefill_on(
@@ -513,16 +526,42 @@ class TransformersEngine:
         outs: list[npt.NDArray[np.float64]],
     ) -> None:
         """Fill ``outs[b][j]`` with the log-probability of label j's tokens after row b:
-        one forward over the rows' tokens after their past, with the label branches."""
-        past = self._rows_past(rows)
-        rests = [r.ids[o:] for r, o in zip(rows, past.offsets, strict=True)]
-        plan = plan_scoring(rests, lab_ids, past.offsets, past.mask, self.pad_token_id)
+        one forward over the rows' tokens after their past, with the label branches. Rows
+        with cached prefixes continue from them in a :class:`~dpicl.engines.slot_cache.
+        SlotCache` (the new tokens written in place, in the engine's reused workspace)."""
+        found = self._found_prefixes(rows)
+        packs = [e.packed if e is not None else None for e in found]
+        cache: Any
+        if any(p is not None for p in packs) and all(
+            (p is None) == (e is None) for p, e in zip(packs, found, strict=True)
+        ):
+            lens = [len(e.ids) if e is not None else 0 for e in found]
+            past_mask = prefix_mask(lens, self.device)
+            plan = plan_scoring(
+                [r.ids[o:] for r, o in zip(rows, lens, strict=True)],
+                lab_ids,
+                lens,
+                past_mask,
+                self.pad_token_id,
+            )
+            template = next(p for p in packs if p is not None)
+            n_layers, _, heads, _, dim = template.shape
+            room = plan.input_ids.shape[1]
+            slots = self.kv_workspace.take(
+                (n_layers, 2, len(rows), heads, max(lens) + room, dim), template
+            )
+            cache = SlotCache(slot_prefixes(packs, lens, room, slots), max(lens))
+        else:
+            past = self._rows_past(rows)
+            rests = [r.ids[o:] for r, o in zip(rows, past.offsets, strict=True)]
+            plan = plan_scoring(rests, lab_ids, past.offsets, past.mask, self.pad_token_id)
+            cache = past.cache
         res = self.model_obj(
             input_ids=plan.input_ids,
             attention_mask=attention_mask_for(plan.mask, self._attention, self.model_obj.dtype),
             position_ids=plan.position_ids,
-            past_key_values=past.cache,
-            use_cache=past.cache is not None,
+            past_key_values=cache,
+            use_cache=cache is not None,
             **({"logits_to_keep": plan.keep} if _BOOL_LOGITS_TO_KEEP else {}),
         )
         logits = res.logits
@@ -541,7 +580,7 @@ class TransformersEngine:
             for j, lab in enumerate(row):
                 outs[b][j] = float(vals[at : at + len(lab)].sum())
                 at += len(lab)
-        del past, res
+        del cache, res
 
     # ------------------------------------------------------------------ generation
 
@@ -594,6 +633,7 @@ class TransformersEngine:
         def _release() -> None:
             self._closed = True
             self.model_obj = None
+            self.kv_workspace.release()
             gc.collect()
             if self.device.type == "cuda":  # pragma: no cover - GPU only
                 torch.cuda.empty_cache()

@@ -1,4 +1,5 @@
-"""Serving knobs of the in-process transformers engine (DPICL_PREFIX_CACHE_*, DPICL_BATCH_*).
+"""Serving knobs of the in-process transformers engine (DPICL_PREFIX_CACHE_*,
+DPICL_KV_WORKSPACE_MIB, DPICL_BATCH_*).
 
 Other engines ignore them: vLLM batches and caches prefixes by itself.
 """
@@ -14,6 +15,7 @@ __all__ = ["EngineTuning"]
 class _TuningSettings(Protocol):
     prefix_cache_mib: int
     prefix_cache_entries: int
+    kv_workspace_mib: int
     batch_wait_ms: float
     batch_max_prompts: int
 
@@ -26,6 +28,10 @@ class EngineTuning:
       (0 turns the cache off). SmolLM2-135M needs about 45 KiB per cached token, so a
       ten-partition context with 110-token prefixes takes about 50 MiB.
     * ``prefix_cache_entries``: at most this many cached prefixes (one per partition).
+    * ``kv_workspace_mib``: scratch memory kept between label-scoring batches for laying out
+      their cached prefixes with room for the new tokens (:mod:`dpicl.engines.slot_cache`);
+      a batch that needs more gets memory of its own for that batch (0: every batch does).
+      A ten-partition SmolLM2-135M batch needs about 56 MiB.
     * ``batch_wait_ms``: how long the first label-scoring or generation request of a batch
       waits for others to join it (requests that arrive while a batch runs join the next one
       anyway; callers of the last batch get a longer window, see
@@ -36,6 +42,7 @@ class EngineTuning:
 
     prefix_cache_mib: int = 256
     prefix_cache_entries: int = 4096
+    kv_workspace_mib: int = 128
     batch_wait_ms: float = 2.0
     batch_max_prompts: int = 256
 
@@ -44,6 +51,8 @@ class EngineTuning:
             raise ValueError(f"prefix_cache_mib must be >= 0, got {self.prefix_cache_mib}")
         if self.prefix_cache_entries < 1:
             raise ValueError(f"prefix_cache_entries must be >= 1, got {self.prefix_cache_entries}")
+        if self.kv_workspace_mib < 0:
+            raise ValueError(f"kv_workspace_mib must be >= 0, got {self.kv_workspace_mib}")
         if not 0 <= self.batch_wait_ms <= 1000:
             raise ValueError(f"batch_wait_ms must lie in [0, 1000], got {self.batch_wait_ms}")
         if self.batch_max_prompts < 1:
@@ -53,11 +62,16 @@ class EngineTuning:
     def prefix_cache_bytes(self) -> int:
         return self.prefix_cache_mib * 2**20
 
+    @property
+    def kv_workspace_bytes(self) -> int:
+        return self.kv_workspace_mib * 2**20
+
     @classmethod
     def from_settings(cls, settings: _TuningSettings) -> EngineTuning:
         return cls(
             prefix_cache_mib=settings.prefix_cache_mib,
             prefix_cache_entries=settings.prefix_cache_entries,
+            kv_workspace_mib=settings.kv_workspace_mib,
             batch_wait_ms=settings.batch_wait_ms,
             batch_max_prompts=settings.batch_max_prompts,
         )
