@@ -16,6 +16,12 @@ measured side by side in one run (interleaved repetitions, medians).
    surround; also the whole query against its engine call alone.
 3. Batching within a query: the T partition prompts as one engine batch against one call
    per prompt (cache off on both sides, so the comparison is of batching alone).
+4. The warm path's parts (warm T = 10 engine calls): as served (cached prefixes laid out in
+   a slot cache in reused scratch memory, new tokens written in place; the vocabulary
+   projection in blocks) against each part turned back: the slot cache in fresh memory
+   every batch (``kv_workspace_mib=0``), the prefixes stacked in a ``DynamicCache`` (the
+   path before), the projection as one matrix product. Also the page faults per call, and
+   a sampled ten-partition generation (ESA's partition step) with each projection.
 
     .venv/bin/python bench/voting.py [--reps 8] [--quick]
 """
@@ -24,14 +30,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import resource
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import torch
 
+from dpicl.engines.base import GenerationParams
 from dpicl.engines.factory import build_engine
 from dpicl.engines.transformers import TransformersEngine
 from dpicl.engines.tuning import EngineTuning
@@ -179,6 +188,88 @@ async def batching(engine: TransformersEngine, partitions: int, reps: int) -> No
     )
 
 
+@contextmanager
+def one_call_head(engine: TransformersEngine) -> Iterator[None]:
+    """The model's vocabulary projection as one ``nn.Linear`` (same weight) for a while."""
+    blocked = engine.model_obj.get_output_embeddings()
+    plain = torch.nn.Linear(blocked.in_features, blocked.out_features, bias=False)
+    plain.weight = blocked.weight
+    engine.model_obj.set_output_embeddings(plain)
+    try:
+        yield
+    finally:
+        engine.model_obj.set_output_embeddings(blocked)
+
+
+async def warm_path_parts(engine: TransformersEngine, partitions: int, reps: int) -> None:
+    fresh = sibling(engine, kv_workspace_mib=0)
+    with temp_repo() as repo:
+        ctx = await news_context(repo, partitions)
+    labels = list(ctx.labels)
+    counter = iter(range(10**9))
+    for eng in (engine, fresh):  # warm both prefix caches
+        await eng.score_labels(partition_prompts(ctx, query(next(counter))), labels)
+    faults: dict[str, list[int]] = {}
+
+    def side(name: str, eng: TransformersEngine) -> Callable[[], Awaitable[object]]:
+        async def run() -> object:
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            out = await eng.score_labels(partition_prompts(ctx, query(next(counter))), labels)
+            faults.setdefault(name, []).append(
+                resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+            )
+            return out
+
+        return run
+
+    async def stacked() -> object:
+        engine.slot_scoring = False
+        try:
+            return await side("stacked", engine)()
+        finally:
+            engine.slot_scoring = True
+
+    async def plain_head() -> object:
+        with one_call_head(engine):
+            return await side("one-call head", engine)()
+
+    t = await interleaved(
+        {
+            "served": side("served", engine),
+            "fresh memory": side("fresh memory", fresh),
+            "stacked": stacked,
+            "one-call head": plain_head,
+        },
+        reps,
+    )
+    f = {name: statistics.median(v) for name, v in faults.items()}
+    print(
+        f"[warm path     ] warm T={partitions} engine call as served {t['served'] * 1e3:.1f} ms "
+        f"({f['served']:.0f} page faults) vs slot cache in fresh memory "
+        f"{t['fresh memory'] * 1e3:.1f} ms ({f['fresh memory']:.0f}) -> x"
+        f"{t['fresh memory'] / t['served']:.3f}; vs prefixes stacked in a DynamicCache "
+        f"{t['stacked'] * 1e3:.1f} ms ({f['stacked']:.0f}) -> x{t['stacked'] / t['served']:.3f}; "
+        f"vs one-call vocabulary projection {t['one-call head'] * 1e3:.1f} ms -> x"
+        f"{t['one-call head'] / t['served']:.3f}"
+    )
+    params = GenerationParams(max_tokens=16, temperature=1.0, seed=0)
+    prompts = partition_prompts(ctx, query(0))
+
+    async def blocked_gen() -> object:
+        return await engine.generate(prompts, params)
+
+    async def plain_gen() -> object:
+        with one_call_head(engine):
+            return await engine.generate(prompts, params)
+
+    g = await interleaved({"blocked": blocked_gen, "plain": plain_gen}, reps)
+    print(
+        f"{'':17s}{partitions} partition generations of 16 sampled tokens: blocked projection "
+        f"{g['blocked'] * 1e3:.1f} ms vs one call {g['plain'] * 1e3:.1f} ms -> x"
+        f"{g['plain'] / g['blocked']:.3f}"
+    )
+
+
 async def main(quick: bool, reps: int) -> None:
     engine = build_engine("transformers", model=None, cache_dir=CACHE_DIR, device="cpu")
     assert isinstance(engine, TransformersEngine)
@@ -190,6 +281,7 @@ async def main(quick: bool, reps: int) -> None:
             await prefix_reuse(engine, 10, reps=reps, shots=4)
         await dp_share(engine, 2 if quick else 10, reps=reps, small=5 if quick else 200)
         await batching(engine, 2 if quick else 10, reps=reps)
+        await warm_path_parts(engine, 2 if quick else 10, reps=reps)
     finally:
         await engine.aclose()
 

@@ -50,11 +50,13 @@ def test_throughput_bench_transformers() -> None:
 @pytest.mark.slow
 def test_voting_bench() -> None:
     out = run_bench("voting.py", "--quick")
-    for tag in ("[prefix reuse  ]", "[DP layer share]", "[batching      ]"):
+    for tag in ("[prefix reuse  ]", "[DP layer share]", "[batching      ]", "[warm path     ]"):
         assert tag in out, out
     assert re.search(r"warm vs cold x\d+\.\d+", out), out
     assert re.search(r"work ratio cold/warm x\d+\.\d+; the measured speed-up is \d+%", out), out
     assert re.search(r"share of the query \d+\.\d+%", out), out
+    assert re.search(r"stacked in a DynamicCache .* -> x\d+\.\d+; vs one-call", out), out
+    assert re.search(r"generations of 16 sampled tokens: .* -> x\d+\.\d+", out), out
 
 
 @pytest.mark.slow

@@ -204,6 +204,9 @@ class TransformersEngine:
             self.tuning.prefix_cache_bytes, self.tuning.prefix_cache_entries
         )
         self.kv_workspace = KVWorkspace(self.tuning.kv_workspace_bytes)
+        # False: scoring batches stack cached prefixes in a DynamicCache instead of a
+        # SlotCache (the path before; bench/voting.py compares the two).
+        self.slot_scoring = True
         self.score_batcher: MicroBatcher[_ScoreJob, FloatArray] = MicroBatcher(
             self._run_score_jobs,
             max_wait_s=self.tuning.batch_wait_ms / 1000,
@@ -532,7 +535,7 @@ class TransformersEngine:
         found = self._found_prefixes(rows)
         packs = [e.packed if e is not None else None for e in found]
         cache: Any
-        if any(p is not None for p in packs) and all(
+        if self.slot_scoring and any(p is not None for p in packs) and all(
             (p is None) == (e is None) for p, e in zip(packs, found, strict=True)
         ):
             lens = [len(e.ids) if e is not None else 0 for e in found]
