@@ -63,7 +63,8 @@ def sibling(engine: TransformersEngine, **tuning: float) -> TransformersEngine:
 
 
 class TokenCounter:
-    """Tokens (pads included) that go through ``model`` in its forward calls."""
+    """Tokens (pads included) that go through ``model`` in its forward calls (pass the
+    decoder, ``base_model``: prefix encodings call it without the vocabulary head)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.count = 0
@@ -81,7 +82,7 @@ async def prefix_reuse(
     engine: TransformersEngine, partitions: int, reps: int, *, shots: int = 2
 ) -> None:
     off = sibling(engine, prefix_cache_mib=0)
-    tokens = TokenCounter(engine.model_obj)
+    tokens = TokenCounter(engine.model_obj.base_model)
     used: dict[str, list[int]] = {"warm": [], "cold": [], "off": []}
     with temp_repo() as repo:
         ledger = Ledger(repo)
@@ -192,7 +193,8 @@ async def batching(engine: TransformersEngine, partitions: int, reps: int) -> No
 def one_call_head(engine: TransformersEngine) -> Iterator[None]:
     """The model's vocabulary projection as one ``nn.Linear`` (same weight) for a while."""
     blocked = engine.model_obj.get_output_embeddings()
-    plain = torch.nn.Linear(blocked.in_features, blocked.out_features, bias=False)
+    # Built on the meta device: no weight of its own is allocated or initialised.
+    plain = torch.nn.Linear(blocked.in_features, blocked.out_features, bias=False, device="meta")
     plain.weight = blocked.weight
     engine.model_obj.set_output_embeddings(plain)
     try:

@@ -353,3 +353,20 @@ def test_the_cpu_engine_projects_onto_the_vocabulary_in_blocks(
     head = model.model_obj.get_output_embeddings()
     assert isinstance(head, BlockedLMHead)
     assert head.weight is model.model_obj.get_input_embeddings().weight  # still tied
+
+
+async def test_a_cold_query_projects_onto_the_vocabulary_once(
+    cached: TransformersEngine, repo: ContextRepository
+) -> None:
+    # Encoding the prefixes (and the instructions they share) needs only the decoder's
+    # cache; the vocabulary projection runs once, in the scoring forward.
+    ctx = await news_context(repo)
+    rows: list[int] = []
+    head = cached.model_obj.get_output_embeddings()
+    handle = head.register_forward_hook(lambda _m, args, _out: rows.append(args[0].shape[-2]))
+    try:
+        await cached.score_labels(partition_prompts(ctx, QUERIES[0]), LABELS)
+    finally:
+        handle.remove()
+    assert cached.prefix_cache.stats.misses == 3
+    assert len(rows) == 1

@@ -125,7 +125,7 @@ class _Past:
 class _Prefill:
     """The result of encoding a batch of prompts."""
 
-    res: Any  # the model output: .logits (B, 1, V), .past_key_values
+    res: Any  # the model output: .logits (B, 1, V) unless encoded without, .past_key_values
     attention_mask: torch.Tensor  # (B, S) long, over everything in the cache
     last_pos: torch.Tensor  # (B,) long: position id of each row's last token
 
@@ -344,8 +344,20 @@ class TransformersEngine:
         past: Any = None,
         use_cache: bool = False,
         last_only: bool = False,
+        logits: bool = True,
     ) -> Any:
+        """The model's forward; ``logits=False`` runs only its decoder (``base_model``:
+        hidden states and cache), skipping the vocabulary projection a prefix encoding never
+        reads."""
         kwargs: dict[str, Any] = {}
+        if not logits:
+            return self.model_obj.base_model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                past_key_values=past,
+                use_cache=use_cache,
+            )
         if last_only:
             kwargs["logits_to_keep"] = 1
         return self.model_obj(
@@ -372,7 +384,7 @@ class TransformersEngine:
             ones,
             torch.arange(shared, device=self.device)[None, :],
             use_cache=True,
-            last_only=True,
+            logits=False,
         )
         cache = res0.past_key_values
         cache.batch_repeat_interleave(n)
@@ -410,9 +422,10 @@ class TransformersEngine:
         return self._shared_past([r.ids for r in rows])
 
     def _prefill_on(
-        self, seqs: Sequence[Sequence[int]], past: _Past, *, use_cache: bool
+        self, seqs: Sequence[Sequence[int]], past: _Past, *, use_cache: bool, logits: bool = True
     ) -> _Prefill:
-        """One forward over each row's tokens after its past (logits of the last only)."""
+        """One forward over each row's tokens after its past (logits of the last only, or
+        none with ``logits=False``)."""
         rest = self._left_pad([s[o:] for s, o in zip(seqs, past.offsets, strict=True)])
         offset = torch.tensor(past.offsets, dtype=torch.long, device=self.device)
         attn = torch.cat([past.mask, rest.attention_mask], dim=1)
@@ -423,12 +436,15 @@ class TransformersEngine:
             past=past.cache,
             use_cache=use_cache or past.cache is not None,
             last_only=True,
+            logits=logits,
         )
         return _Prefill(res, attn, rest.last_pos + offset)
 
-    def _prefill(self, seqs: Sequence[Sequence[int]], *, use_cache: bool) -> _Prefill:
+    def _prefill(
+        self, seqs: Sequence[Sequence[int]], *, use_cache: bool, logits: bool = True
+    ) -> _Prefill:
         """One forward over ``seqs`` on their shared prefix (see :meth:`_shared_past`)."""
-        return self._prefill_on(seqs, self._shared_past(seqs), use_cache=use_cache)
+        return self._prefill_on(seqs, self._shared_past(seqs), use_cache=use_cache, logits=logits)
 
     def _prefill_rows(self, rows: Sequence[Row], *, use_cache: bool) -> _Prefill:
         """:meth:`_prefill` over encoded rows, on top of their cached prefixes if any."""
@@ -455,7 +471,7 @@ class TransformersEngine:
                 todo[r.slot] = r.ids[:n]
         if todo:
             keys = list(todo)
-            pre = self._prefill([todo[k] for k in keys], use_cache=True)
+            pre = self._prefill([todo[k] for k in keys], use_cache=True, logits=False)
             kv = [(k, v) for k, v, *_ in pre.res.past_key_values]
             for b, key in enumerate(keys):
                 real = pre.attention_mask[b].nonzero()[:, 0]
@@ -535,8 +551,10 @@ class TransformersEngine:
         found = self._found_prefixes(rows)
         packs = [e.packed if e is not None else None for e in found]
         cache: Any
-        if self.slot_scoring and any(p is not None for p in packs) and all(
-            (p is None) == (e is None) for p, e in zip(packs, found, strict=True)
+        if (
+            self.slot_scoring
+            and any(p is not None for p in packs)
+            and all((p is None) == (e is None) for p, e in zip(packs, found, strict=True))
         ):
             lens = [len(e.ids) if e is not None else 0 for e in found]
             past_mask = prefix_mask(lens, self.device)
