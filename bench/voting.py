@@ -20,8 +20,9 @@ measured side by side in one run (interleaved repetitions, medians).
    a slot cache in reused scratch memory, new tokens written in place; the vocabulary
    projection in blocks) against each part turned back: the slot cache in fresh memory
    every batch (``kv_workspace_mib=0``), the prefixes stacked in a ``DynamicCache`` (the
-   path before), the projection as one matrix product. Also the page faults per call, and
-   a sampled ten-partition generation (ESA's partition step) with each projection.
+   path before), the projection as one matrix product. Also the page faults per call, a
+   sampled ten-partition generation (ESA's partition step) the same ways, and the engine's
+   inverse-CDF sampler against ``torch.multinomial``.
 
     .venv/bin/python bench/voting.py [--reps 8] [--quick]
 """
@@ -43,6 +44,7 @@ import torch
 from dpicl.engines.base import GenerationParams
 from dpicl.engines.factory import build_engine
 from dpicl.engines.transformers import TransformersEngine
+from dpicl.engines.transformers_generation import sample
 from dpicl.engines.tuning import EngineTuning
 from dpicl.mechanisms.voting import private_vote
 from dpicl.pipelines.contexts import cost_of
@@ -225,11 +227,11 @@ async def warm_path_parts(engine: TransformersEngine, partitions: int, reps: int
         return run
 
     async def stacked() -> object:
-        engine.slot_scoring = False
+        engine.slot_caches = False
         try:
             return await side("stacked", engine)()
         finally:
-            engine.slot_scoring = True
+            engine.slot_caches = True
 
     async def plain_head() -> object:
         with one_call_head(engine):
@@ -257,18 +259,42 @@ async def warm_path_parts(engine: TransformersEngine, partitions: int, reps: int
     params = GenerationParams(max_tokens=16, temperature=1.0, seed=0)
     prompts = partition_prompts(ctx, query(0))
 
-    async def blocked_gen() -> object:
+    async def served_gen() -> object:
         return await engine.generate(prompts, params)
 
-    async def plain_gen() -> object:
+    async def stacked_gen() -> object:
+        engine.slot_caches = False
+        try:
+            return await engine.generate(prompts, params)
+        finally:
+            engine.slot_caches = True
+
+    async def plain_head_gen() -> object:
         with one_call_head(engine):
             return await engine.generate(prompts, params)
 
-    g = await interleaved({"blocked": blocked_gen, "plain": plain_gen}, reps)
+    g = await interleaved(
+        {"served": served_gen, "stacked": stacked_gen, "one-call head": plain_head_gen}, reps
+    )
     print(
-        f"{'':17s}{partitions} partition generations of 16 sampled tokens: blocked projection "
-        f"{g['blocked'] * 1e3:.1f} ms vs one call {g['plain'] * 1e3:.1f} ms -> x"
-        f"{g['plain'] / g['blocked']:.3f}"
+        f"{'':17s}{partitions} partition generations of 16 sampled tokens (ESA's partition "
+        f"step), warm: as served {g['served'] * 1e3:.1f} ms vs prefixes stacked in a "
+        f"DynamicCache {g['stacked'] * 1e3:.1f} ms -> x{g['stacked'] / g['served']:.3f}; vs "
+        f"one-call vocabulary projection {g['one-call head'] * 1e3:.1f} ms -> x"
+        f"{g['one-call head'] / g['served']:.3f}"
+    )
+    logits = torch.randn(partitions, engine.vocab_size)
+    gens = [torch.Generator().manual_seed(i) for i in range(partitions)]
+    t_cdf = median_time(lambda: sample(logits, 1.0, gens), 50)
+    probs = torch.softmax(logits, dim=-1)
+    t_mult = median_time(
+        lambda: [torch.multinomial(probs[b : b + 1], 1, generator=g) for b, g in enumerate(gens)],
+        50,
+    )
+    print(
+        f"[sampling      ] one token for each of {partitions} rows of {engine.vocab_size} "
+        f"logits, each row its own generator: inverse CDF (the engine's sample) "
+        f"{t_cdf * 1e3:.2f} ms vs torch.multinomial {t_mult * 1e3:.2f} ms -> x{t_mult / t_cdf:.2f}"
     )
 
 

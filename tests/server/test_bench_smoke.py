@@ -56,7 +56,8 @@ def test_voting_bench() -> None:
     assert re.search(r"work ratio cold/warm x\d+\.\d+; the measured speed-up is \d+%", out), out
     assert re.search(r"share of the query \d+\.\d+%", out), out
     assert re.search(r"stacked in a DynamicCache .* -> x\d+\.\d+; vs one-call", out), out
-    assert re.search(r"generations of 16 sampled tokens: .* -> x\d+\.\d+", out), out
+    assert re.search(r"generations of 16 sampled tokens .* -> x\d+\.\d+; vs one-call", out), out
+    assert re.search(r"vs torch.multinomial .* -> x\d+\.\d+", out), out
 
 
 @pytest.mark.slow

@@ -15,9 +15,13 @@ the memory between batches (up to a bound), so a warm batch writes into pages it
 has. A warm T = 10 engine call went from 491 to 462 ms (interleaved in one process, page
 faults 11,800 -> 860 a call); ``bench/voting.py`` measures each part side by side.
 
-A slot cache lives for one forward under the engine's lock: the next batch reuses the same
-memory, so nothing that outlives the call (a decoding session, a generation's cache) may
-hold one.
+Free-text generation uses the same layout with room for its decoding steps too, so a
+step writes its token's keys and values in place rather than concatenating onto the whole
+cache in every layer (``torch.cat`` was 10% of a ten-partition generation's CPU time).
+
+A slot cache lives for one engine call under the engine's lock (a scoring forward, or a
+generation's prefill and decoding steps): the next batch reuses the same memory, so
+nothing that outlives the call (a DPS-MOZO decoding session) may hold one.
 """
 
 from __future__ import annotations

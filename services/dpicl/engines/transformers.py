@@ -71,13 +71,15 @@ from dpicl.engines.kv_layout import (
     common_prefix_len,
     left_pad,
     pack_layers,
+    prefix_mask,
+    slot_prefixes,
     stack_packed,
     stack_prefixes,
 )
 from dpicl.engines.lm_head import use_blocked_lm_head
 from dpicl.engines.prefix_cache import PrefixCache, PrefixEntry, prefix_fingerprint
 from dpicl.engines.prompting import PromptEncoder
-from dpicl.engines.slot_cache import KVWorkspace
+from dpicl.engines.slot_cache import KVWorkspace, SlotCache
 from dpicl.engines.transformers_decoding import TransformersDecodingSession
 from dpicl.engines.transformers_generation import GenJob, Row, generate_jobs
 from dpicl.engines.transformers_scoring import ScoreJob, score_jobs
@@ -188,9 +190,9 @@ class TransformersEngine:
             self.tuning.prefix_cache_bytes, self.tuning.prefix_cache_entries
         )
         self.kv_workspace = KVWorkspace(self.tuning.kv_workspace_bytes)
-        # False: scoring batches stack cached prefixes in a DynamicCache instead of a
-        # SlotCache (the path before; bench/voting.py compares the two).
-        self.slot_scoring = True
+        # False: scoring and generation batches stack cached prefixes in a DynamicCache
+        # instead of a SlotCache (the path before; bench/voting.py compares the two).
+        self.slot_caches = True
         self.score_batcher: MicroBatcher[ScoreJob, FloatArray] = MicroBatcher(
             self._run_score_jobs,
             max_wait_s=self.tuning.batch_wait_ms / 1000,
@@ -433,9 +435,37 @@ class TransformersEngine:
         """One forward over ``seqs`` on their shared prefix (see :meth:`_shared_past`)."""
         return self._prefill_on(seqs, self._shared_past(seqs), use_cache=use_cache, logits=logits)
 
-    def _prefill_rows(self, rows: Sequence[Row], *, use_cache: bool) -> _Prefill:
-        """:meth:`_prefill` over encoded rows, on top of their cached prefixes if any."""
-        return self._prefill_on([r.ids for r in rows], self._rows_past(rows), use_cache=use_cache)
+    def _slot_past(self, found: Sequence[PrefixEntry | None], room: int) -> _Past | None:
+        """The rows' cached prefixes (``found``) laid out in a
+        :class:`~dpicl.engines.slot_cache.SlotCache` with ``room`` slots after them, in the
+        engine's workspace: valid only until the workspace's next use, so only for a cache
+        that dies with the current engine call. None when no row has a cached prefix, one
+        is not packed, or slot caches are off."""
+        if not (
+            self.slot_caches
+            and any(e is not None for e in found)
+            and all(e is None or e.packed is not None for e in found)
+        ):
+            return None
+        packs = [e.packed if e is not None else None for e in found]
+        lens = [len(e.ids) if e is not None else 0 for e in found]
+        template = next(p for p in packs if p is not None)
+        n_layers, _, heads, _, dim = template.shape
+        shape = (n_layers, 2, len(found), heads, max(lens) + room, dim)
+        slots = slot_prefixes(packs, lens, room, self.kv_workspace.take(shape, template))
+        return _Past(SlotCache(slots, max(lens)), prefix_mask(lens, self.device), lens)
+
+    def _prefill_rows(self, rows: Sequence[Row], *, decode_steps: int) -> _Prefill:
+        """:meth:`_prefill` over encoded rows, on top of their cached prefixes if any, with
+        the cache kept for ``decode_steps`` more tokens per row (in the engine's workspace
+        when the prefixes are cached: for decoding within the current engine call only)."""
+        found = self._found_prefixes(rows)
+        width = max(
+            len(r.ids) - (len(e.ids) if e is not None else 0)
+            for r, e in zip(rows, found, strict=True)
+        )
+        past = self._slot_past(found, width + decode_steps) or self._rows_past(rows, found)
+        return self._prefill_on([r.ids for r in rows], past, use_cache=True)
 
     def _prefix_entries(self, rows: Sequence[Row]) -> dict[tuple[str, str], PrefixEntry]:
         """The cache entries for the rows' prefixes; missing ones are encoded (one batch)

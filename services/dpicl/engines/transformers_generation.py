@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from dpicl.engines.base import GenerationParams, PromptSpec
-from dpicl.errors import DpiclError
+from dpicl.errors import DpiclError, EngineError
 
 if TYPE_CHECKING:
     from dpicl.engines.transformers import TransformersEngine
@@ -89,18 +89,36 @@ def generate_jobs(
 
 def sample(logits: torch.Tensor, temperature: float, gens: Sequence[torch.Generator]) -> list[int]:
     """One token per row; row b's draw comes from ``gens[b]`` (rows sharing a generator
-    are drawn together, in order, as a call batched alone would draw them)."""
+    are drawn together, in order, as a call batched alone would draw them).
+
+    Inverse-CDF sampling: one uniform draw per row, located in the row's cumulative
+    distribution (float64, so rounding cannot move a draw across more than a ~1e-16 sliver
+    of mass; a zero-probability token is never drawn). ``torch.multinomial`` draws one
+    exponential per vocabulary entry instead: 12.6 ms a step for ten rows of SmolLM2's
+    49,152 tokens, 7.6% of a ten-partition generation in a profile on the development
+    machine.
+    """
     if temperature == 0:
         return [int(t) for t in logits.argmax(dim=-1).tolist()]
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    cdf = torch.softmax(logits.double() / temperature, dim=-1).cumsum_(dim=-1)
+    total = cdf[:, -1]
+    if not bool(torch.isfinite(total).all()):
+        raise EngineError("the model's next-token distribution is not finite")
     out = [0] * len(gens)
     by_gen: dict[int, list[int]] = {}
     for b, g in enumerate(gens):
         by_gen.setdefault(id(g), []).append(b)
     for idx in by_gen.values():
-        sel = torch.tensor(idx, dtype=torch.long, device=probs.device)
-        draws = torch.multinomial(probs.index_select(0, sel), 1, generator=gens[idx[0]])
-        for b, t in zip(idx, draws[:, 0].tolist(), strict=True):
+        u = torch.rand(len(idx), dtype=torch.float64, generator=gens[idx[0]], device=cdf.device)
+        if len(idx) == len(gens):  # one generator for all rows (in order): no gather
+            rows, mass = cdf, total
+        else:
+            sel = torch.tensor(idx, dtype=torch.long, device=cdf.device)
+            rows, mass = cdf.index_select(0, sel), total.index_select(0, sel)
+        # The first token whose cumulative mass exceeds u * total: P(token i) = p_i.
+        draws = torch.searchsorted(rows, (u * mass)[:, None], right=True)
+        last = cdf.shape[-1] - 1
+        for b, t in zip(idx, draws[:, 0].clamp_(max=last).tolist(), strict=True):
             out[b] = int(t)
     return out
 
@@ -112,7 +130,7 @@ def generate_chunk(
     gens: Sequence[torch.Generator],
 ) -> list[str]:
     n = len(rows)
-    pre = engine._prefill_rows(rows, use_cache=True)
+    pre = engine._prefill_rows(rows, decode_steps=params.max_tokens)
     cache = pre.res.past_key_values
     logits = pre.res.logits[:, -1, :]
     attn = pre.attention_mask

@@ -5,31 +5,23 @@ Calls merged by the engine's score batcher arrive here as jobs; their rows run a
 one forward over the rows' tokens after their past, each row followed by a branch per
 multi-token label (:func:`~dpicl.engines.kv_layout.plan_scoring`), with logits computed only
 where a label token is read. Rows with cached prefixes continue from them in a
-:class:`~dpicl.engines.slot_cache.SlotCache` in the engine's reused workspace; other batches
-from a ``DynamicCache`` (:meth:`TransformersEngine._rows_past`). A call whose prompts fail to
+:class:`~dpicl.engines.slot_cache.SlotCache` in the engine's reused workspace
+(:meth:`TransformersEngine._slot_past`); other batches from a ``DynamicCache``
+(:meth:`TransformersEngine._rows_past`). A call whose prompts fail to
 encode fails alone; a model failure fails every call of the batch. These functions run under
 the engine's model lock (:meth:`TransformersEngine._run`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
 from dpicl.engines.base import FloatArray, PromptSpec
-from dpicl.engines.kv_layout import (
-    ScoringPlan,
-    attention_mask_for,
-    plan_scoring,
-    prefix_mask,
-    slot_prefixes,
-)
-from dpicl.engines.prefix_cache import PrefixEntry
-from dpicl.engines.slot_cache import SlotCache
+from dpicl.engines.kv_layout import attention_mask_for, plan_scoring, prefix_mask
 from dpicl.engines.transformers_generation import Row
 from dpicl.errors import DpiclError
 
@@ -100,18 +92,20 @@ def score_chunk(
     """Fill ``outs[b][j]`` with the log-probability of label j's tokens after row b: one
     forward over the rows' tokens after their past, with the label branches."""
     found = engine._found_prefixes(rows)
-    cache: Any
-    if (
-        engine.slot_scoring
-        and any(e is not None for e in found)
-        and all(e is None or e.packed is not None for e in found)
-    ):
-        plan, cache = _on_slots(engine, rows, lab_ids, found)
-    else:
+    past = plan = None
+    if any(e is not None for e in found):
+        # The plan first (it needs only the prefixes' lengths), so that a slot cache can be
+        # laid out with exactly the plan's tokens of room.
+        lens = [len(e.ids) if e is not None else 0 for e in found]
+        rests = [r.ids[n:] for r, n in zip(rows, lens, strict=True)]
+        mask = prefix_mask(lens, engine.device)
+        plan = plan_scoring(rests, lab_ids, lens, mask, engine.pad_token_id)
+        past = engine._slot_past(found, plan.input_ids.shape[1])
+    if past is None or plan is None:  # the stacked or shared past
         past = engine._rows_past(rows, found)
         rests = [r.ids[o:] for r, o in zip(rows, past.offsets, strict=True)]
         plan = plan_scoring(rests, lab_ids, past.offsets, past.mask, engine.pad_token_id)
-        cache = past.cache
+    cache = past.cache
     model = engine.model_obj
     res = model(
         input_ids=plan.input_ids,
@@ -138,28 +132,3 @@ def score_chunk(
             outs[b][j] = float(vals[at : at + len(lab)].sum())
             at += len(lab)
     del cache, res
-
-
-def _on_slots(
-    engine: TransformersEngine,
-    rows: list[Row],
-    lab_ids: list[list[list[int]]],
-    found: Sequence[PrefixEntry | None],
-) -> tuple[ScoringPlan, SlotCache]:
-    """The scoring plan over the rows' packed cached prefixes, and a slot cache holding
-    those prefixes with room for the plan's tokens, in the engine's workspace."""
-    packs = [e.packed if e is not None else None for e in found]
-    lens = [len(e.ids) if e is not None else 0 for e in found]
-    width = max(lens)
-    plan = plan_scoring(
-        [r.ids[n:] for r, n in zip(rows, lens, strict=True)],
-        lab_ids,
-        lens,
-        prefix_mask(lens, engine.device),
-        engine.pad_token_id,
-    )
-    template = next(p for p in packs if p is not None)
-    n_layers, _, heads, _, dim = template.shape
-    room = plan.input_ids.shape[1]
-    slots = engine.kv_workspace.take((n_layers, 2, len(rows), heads, width + room, dim), template)
-    return plan, SlotCache(slot_prefixes(packs, lens, room, slots), width)

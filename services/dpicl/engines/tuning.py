@@ -28,8 +28,9 @@ class EngineTuning:
       (0 turns the cache off). SmolLM2-135M needs about 45 KiB per cached token, so a
       ten-partition context with 110-token prefixes takes about 50 MiB.
     * ``prefix_cache_entries``: at most this many cached prefixes (one per partition).
-    * ``kv_workspace_mib``: scratch memory kept between label-scoring batches for laying out
-      their cached prefixes with room for the new tokens (:mod:`dpicl.engines.slot_cache`);
+    * ``kv_workspace_mib``: scratch memory kept between scoring and generation batches for
+      laying out their cached prefixes with room for the new tokens
+      (:mod:`dpicl.engines.slot_cache`);
       a batch that needs more gets memory of its own for that batch (0: every batch does).
       A ten-partition SmolLM2-135M batch needs about 56 MiB.
     * ``batch_wait_ms``: how long the first label-scoring or generation request of a batch
