@@ -46,6 +46,7 @@ def test_verdict_words() -> None:
     assert "does not run the mechanism it claims" in v  # also above epsilon_exact
     b = verdict_sentence(_row("bug", 0.9))
     assert b.startswith("BUG") and "the server or the auditor has a bug" in b
+    assert "at most 5% of audits of a correct server" in b  # the bound's error rate, said
     assert verdict_sentence(_row("ok", 0.7)).startswith("consistent")
     assert run_verdict([_row("ok", 0.1), _row("bug", 0.9), _row("ok", 0.2)]) == "bug"
     assert run_verdict([_row("bug", 0.9), _row("violation", 2.0)]) == "violation"
