@@ -192,6 +192,17 @@ async def batching(engine: TransformersEngine, partitions: int, reps: int) -> No
 
 
 @contextmanager
+def dynamic_caches(engine: TransformersEngine) -> Iterator[None]:
+    """Cached prefixes stacked in a ``DynamicCache`` (the path before slot caches) for a
+    while."""
+    engine.slot_caches = False
+    try:
+        yield
+    finally:
+        engine.slot_caches = True
+
+
+@contextmanager
 def one_call_head(engine: TransformersEngine) -> Iterator[None]:
     """The model's vocabulary projection as one ``nn.Linear`` (same weight) for a while."""
     blocked = engine.model_obj.get_output_embeddings()
@@ -227,11 +238,8 @@ async def warm_path_parts(engine: TransformersEngine, partitions: int, reps: int
         return run
 
     async def stacked() -> object:
-        engine.slot_caches = False
-        try:
+        with dynamic_caches(engine):
             return await side("stacked", engine)()
-        finally:
-            engine.slot_caches = True
 
     async def plain_head() -> object:
         with one_call_head(engine):
@@ -263,11 +271,8 @@ async def warm_path_parts(engine: TransformersEngine, partitions: int, reps: int
         return await engine.generate(prompts, params)
 
     async def stacked_gen() -> object:
-        engine.slot_caches = False
-        try:
+        with dynamic_caches(engine):
             return await engine.generate(prompts, params)
-        finally:
-            engine.slot_caches = True
 
     async def plain_head_gen() -> object:
         with one_call_head(engine):

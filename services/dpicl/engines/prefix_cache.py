@@ -63,6 +63,11 @@ class PrefixEntry:
         return len(ids) > n and tuple(ids[:n]) == self.ids
 
 
+def prefix_lens(found: Sequence[PrefixEntry | None]) -> list[int]:
+    """Tokens of each row's cached prefix (0 where a row has none)."""
+    return [len(e.ids) if e is not None else 0 for e in found]
+
+
 @dataclass(slots=True)
 class PrefixStats:
     hits: int = 0

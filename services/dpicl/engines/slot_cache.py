@@ -26,6 +26,7 @@ nothing that outlives the call (a DPS-MOZO decoding session) may hold one.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -97,9 +98,7 @@ class KVWorkspace:
 
     def take(self, shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
         """An uninitialised tensor of ``shape`` with ``like``'s dtype and device."""
-        numel = 1
-        for size in shape:
-            numel *= int(size)
+        numel = math.prod(int(size) for size in shape)
         buf = self._buf
         if (
             buf is None

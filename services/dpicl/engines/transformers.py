@@ -77,7 +77,12 @@ from dpicl.engines.kv_layout import (
     stack_prefixes,
 )
 from dpicl.engines.lm_head import use_blocked_lm_head
-from dpicl.engines.prefix_cache import PrefixCache, PrefixEntry, prefix_fingerprint
+from dpicl.engines.prefix_cache import (
+    PrefixCache,
+    PrefixEntry,
+    prefix_fingerprint,
+    prefix_lens,
+)
 from dpicl.engines.prompting import PromptEncoder
 from dpicl.engines.slot_cache import KVWorkspace, SlotCache
 from dpicl.engines.transformers_decoding import TransformersDecodingSession
@@ -398,7 +403,7 @@ class TransformersEngine:
         if any(e is not None for e in found):
             from transformers import DynamicCache
 
-            lens = [len(e.ids) if e is not None else 0 for e in found]
+            lens = prefix_lens(found)
             if all(e is None or e.packed is not None for e in found):
                 layers, mask = stack_packed(
                     [e.packed if e is not None else None for e in found], lens, self.device
@@ -435,20 +440,22 @@ class TransformersEngine:
         """One forward over ``seqs`` on their shared prefix (see :meth:`_shared_past`)."""
         return self._prefill_on(seqs, self._shared_past(seqs), use_cache=use_cache, logits=logits)
 
-    def _slot_past(self, found: Sequence[PrefixEntry | None], room: int) -> _Past | None:
-        """The rows' cached prefixes (``found``) laid out in a
-        :class:`~dpicl.engines.slot_cache.SlotCache` with ``room`` slots after them, in the
-        engine's workspace: valid only until the workspace's next use, so only for a cache
-        that dies with the current engine call. None when no row has a cached prefix, one
-        is not packed, or slot caches are off."""
-        if not (
+    def _slottable(self, found: Sequence[PrefixEntry | None]) -> bool:
+        """Whether :meth:`_slot_past` can lay out these rows' cached prefixes: some row has
+        one, every one is packed, and slot caches are on."""
+        return (
             self.slot_caches
             and any(e is not None for e in found)
             and all(e is None or e.packed is not None for e in found)
-        ):
-            return None
+        )
+
+    def _slot_past(self, found: Sequence[PrefixEntry | None], room: int) -> _Past:
+        """The rows' cached prefixes (``found``, :meth:`_slottable`) laid out in a
+        :class:`~dpicl.engines.slot_cache.SlotCache` with ``room`` slots after them, in the
+        engine's workspace: valid only until the workspace's next use, so only for a cache
+        that dies with the current engine call."""
         packs = [e.packed if e is not None else None for e in found]
-        lens = [len(e.ids) if e is not None else 0 for e in found]
+        lens = prefix_lens(found)
         template = next(p for p in packs if p is not None)
         n_layers, _, heads, _, dim = template.shape
         shape = (n_layers, 2, len(found), heads, max(lens) + room, dim)
@@ -460,11 +467,12 @@ class TransformersEngine:
         the cache kept for ``decode_steps`` more tokens per row (in the engine's workspace
         when the prefixes are cached: for decoding within the current engine call only)."""
         found = self._found_prefixes(rows)
-        width = max(
-            len(r.ids) - (len(e.ids) if e is not None else 0)
-            for r, e in zip(rows, found, strict=True)
-        )
-        past = self._slot_past(found, width + decode_steps) or self._rows_past(rows, found)
+        if self._slottable(found):
+            lens = prefix_lens(found)
+            width = max(len(r.ids) - n for r, n in zip(rows, lens, strict=True))
+            past = self._slot_past(found, width + decode_steps)
+        else:
+            past = self._rows_past(rows, found)
         return self._prefill_on([r.ids for r in rows], past, use_cache=True)
 
     def _prefix_entries(self, rows: Sequence[Row]) -> dict[tuple[str, str], PrefixEntry]:

@@ -106,6 +106,7 @@ def sample(logits: torch.Tensor, temperature: float, gens: Sequence[torch.Genera
     if not bool(torch.isfinite(total).all()):
         raise EngineError("the model's next-token distribution is not finite")
     out = [0] * len(gens)
+    last = cdf.shape[-1] - 1
     by_gen: dict[int, list[int]] = {}
     for b, g in enumerate(gens):
         by_gen.setdefault(id(g), []).append(b)
@@ -118,7 +119,6 @@ def sample(logits: torch.Tensor, temperature: float, gens: Sequence[torch.Genera
             rows, mass = cdf.index_select(0, sel), total.index_select(0, sel)
         # The first token whose cumulative mass exceeds u * total: P(token i) = p_i.
         draws = torch.searchsorted(rows, (u * mass)[:, None], right=True)
-        last = cdf.shape[-1] - 1
         for b, t in zip(idx, draws[:, 0].clamp_(max=last).tolist(), strict=True):
             out[b] = int(t)
     return out

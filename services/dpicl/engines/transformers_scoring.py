@@ -22,6 +22,7 @@ import torch
 
 from dpicl.engines.base import FloatArray, PromptSpec
 from dpicl.engines.kv_layout import attention_mask_for, plan_scoring, prefix_mask
+from dpicl.engines.prefix_cache import prefix_lens
 from dpicl.engines.transformers_generation import Row
 from dpicl.errors import DpiclError
 
@@ -92,16 +93,15 @@ def score_chunk(
     """Fill ``outs[b][j]`` with the log-probability of label j's tokens after row b: one
     forward over the rows' tokens after their past, with the label branches."""
     found = engine._found_prefixes(rows)
-    past = plan = None
-    if any(e is not None for e in found):
-        # The plan first (it needs only the prefixes' lengths), so that a slot cache can be
+    if engine._slottable(found):
+        # The plan first (it needs only the prefixes' lengths), so that the slot cache is
         # laid out with exactly the plan's tokens of room.
-        lens = [len(e.ids) if e is not None else 0 for e in found]
+        lens = prefix_lens(found)
         rests = [r.ids[n:] for r, n in zip(rows, lens, strict=True)]
         mask = prefix_mask(lens, engine.device)
         plan = plan_scoring(rests, lab_ids, lens, mask, engine.pad_token_id)
         past = engine._slot_past(found, plan.input_ids.shape[1])
-    if past is None or plan is None:  # the stacked or shared past
+    else:  # the stacked or shared past
         past = engine._rows_past(rows, found)
         rests = [r.ids[o:] for r, o in zip(rows, past.offsets, strict=True)]
         plan = plan_scoring(rests, lab_ids, past.offsets, past.mask, engine.pad_token_id)
