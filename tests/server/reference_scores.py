@@ -22,7 +22,7 @@ def whole_prompt_scores(
             rendered, ids = engine.encode(p)
             for j, label in enumerate(labels):
                 lab = engine.label_ids(rendered, label)
-                x = torch.tensor([ids + lab])
+                x = torch.tensor([ids + lab], device=engine.device)
                 logp = engine.model_obj(input_ids=x).logits[0].double().log_softmax(-1)
                 out[i, j] = sum(float(logp[len(ids) - 1 + k, t]) for k, t in enumerate(lab))
     return out

@@ -8,7 +8,6 @@ the same model with the prefix cache off and batching off (``plain``).
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -20,18 +19,17 @@ import pytest
 from dpicl.domain import ContextSpec
 from dpicl.engines.base import GenerationParams, PromptSpec
 from dpicl.engines.lm_head import BlockedLMHead
-from dpicl.engines.models import DEFAULT_CACHE_DIR, resolve_llm
 from dpicl.engines.transformers import TransformersEngine
 from dpicl.engines.tuning import EngineTuning
 from dpicl.errors import InvalidRequest
 from dpicl.pipelines.contexts import create_context
 from dpicl.pipelines.partitions import partition_prompts, zero_shot_prompt
 from dpicl.store.repository import ContextRepository, StoredContext
+from tests.server.real_model import cpu_only, load_bundled
 from tests.server.reference_scores import whole_prompt_scores
 
 pytestmark = pytest.mark.slow
 
-CACHE_DIR = Path(os.environ.get("DPICL_CACHE_DIR", str(DEFAULT_CACHE_DIR)))
 LABELS = ["World", "Sports", "Business", "Sci/Tech"]  # "Sci/Tech" takes several tokens
 NEWS = [
     ("The central bank raised interest rates again", "Business"),
@@ -51,7 +49,7 @@ TOL = 1e-4
 
 @pytest.fixture(scope="module")
 def model() -> Iterator[TransformersEngine]:
-    eng = TransformersEngine.load(resolve_llm(None, CACHE_DIR))
+    eng = load_bundled()
     yield eng
     asyncio.run(eng.aclose())
 
@@ -347,6 +345,7 @@ async def test_warm_batches_write_into_reused_scratch_memory(
     assert unkept.kv_workspace.kept_bytes == 0
 
 
+@cpu_only
 def test_the_cpu_engine_projects_onto_the_vocabulary_in_blocks(
     model: TransformersEngine,
 ) -> None:

@@ -7,7 +7,6 @@ One model is loaded per module. The first run converts the bundled GGUF file int
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,17 +17,11 @@ import pytest
 
 from dpicl.engines.attention import SHARED_KV_SDPA
 from dpicl.engines.base import DecodingSession, Engine, GenerationParams, PromptSpec
-from dpicl.engines.models import (
-    DEFAULT_CACHE_DIR,
-    bundled_llm_gguf,
-    publish_dir,
-    resolve_llm,
-)
+from dpicl.engines.models import bundled_llm_gguf, publish_dir, resolve_llm
 from dpicl.engines.transformers import TransformersEngine
 from dpicl.errors import InvalidRequest
+from tests.server.real_model import CACHE_DIR, TEST_DEVICE, cpu_only, load_bundled
 from tests.server.reference_scores import whole_prompt_scores
-
-CACHE_DIR = Path(os.environ.get("DPICL_CACHE_DIR", str(DEFAULT_CACHE_DIR)))
 
 SENTIMENT = (
     "Classify the sentiment of the review as positive or negative.\n\nReview: {q}\nSentiment:"
@@ -71,8 +64,7 @@ MIXED = [
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[TransformersEngine]:
-    path = resolve_llm(None, CACHE_DIR)
-    eng = TransformersEngine.load(path)
+    eng = load_bundled()
     yield eng
     asyncio.run(eng.aclose())
 
@@ -126,7 +118,7 @@ def test_converted_cache_is_a_plain_hf_directory(engine: TransformersEngine) -> 
     assert (path / "model.safetensors").is_file()
     assert (path / "tokenizer.json").is_file()
     t0 = time.perf_counter()
-    again = TransformersEngine.load(path)
+    again = TransformersEngine.load(path, device=TEST_DEVICE)
     assert time.perf_counter() - t0 < 20  # the warm load; the GGUF path takes ~25 s alone
     assert again.use_chat_template
 
@@ -167,6 +159,7 @@ def test_labels_are_tokenised_as_they_follow_the_prompt(engine: TransformersEngi
 # --------------------------------------------------------------------- scoring
 
 
+@cpu_only
 def test_a_cpu_engine_shares_grouped_kv_heads(engine: TransformersEngine) -> None:
     # SmolLM2 has 9 query heads on 3 K/V heads; on CPU the engine stops copying them.
     assert engine.model_obj.config._attn_implementation == SHARED_KV_SDPA

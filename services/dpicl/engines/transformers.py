@@ -133,6 +133,13 @@ def _dtype_of(dtype: torch.dtype | str) -> torch.dtype:
     return value
 
 
+def _device_of(model: Any) -> torch.device:
+    """The device of the model's first parameter (CPU for a model without any)."""
+    for param in model.parameters():
+        return torch.device(param.device)
+    return torch.device("cpu")
+
+
 class TransformersEngine:
     """An :class:`~dpicl.engines.base.Engine` backed by a transformers causal LM."""
 
@@ -145,7 +152,7 @@ class TransformersEngine:
         tokenizer: Any,
         *,
         model_name: str,
-        device: str = "cpu",
+        device: str | None = None,
         max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
         use_chat_template: bool = True,
         share_prefix: bool = True,
@@ -153,10 +160,13 @@ class TransformersEngine:
     ) -> None:
         if max_batch_tokens < 1:
             raise EngineError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
+        # The inputs go where the weights are: a second engine over a loaded model (another
+        # tuning, a benchmark's sibling) cannot end up feeding CPU tensors to a GPU model.
+        where = torch.device(device) if device is not None else _device_of(model)
         attn = getattr(model.config, "_attn_implementation", None) or "eager"
-        if attn == "sdpa" and torch.device(device).type == "cpu":
+        if attn == "sdpa" and where.type == "cpu":
             attn = use_shared_kv_sdpa(model)  # grouped K/V heads not copied per layer
-        if torch.device(device).type == "cpu":
+        if where.type == "cpu":
             use_blocked_lm_head(model)  # the vocabulary projection in cache-sized blocks
         if attn not in _DENSE_MASK_ATTENTION:
             raise EngineError(
@@ -167,7 +177,7 @@ class TransformersEngine:
         self.model_obj: Any = model
         self.tokenizer: Any = tokenizer
         self.model: str = model_name
-        self.device = torch.device(device)
+        self.device = where
         self.max_batch_tokens = max_batch_tokens
         max_pos = getattr(model.config, "max_position_embeddings", None)
         self.max_positions: int | None = int(max_pos) if max_pos else None
