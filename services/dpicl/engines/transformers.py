@@ -43,7 +43,9 @@ prefix) and each call gets back exactly its own rows. A call whose prompts fail 
 same way; each call samples from its own seeded generator, so its text does not depend on
 what it was batched with (up to float rounding).
 
-Label scoring: :mod:`dpicl.engines.transformers_scoring`. Free-text generation:
+The past a batch continues from (shared prefix, cached prefixes stacked or in a slot cache)
+and the forwards that build it: :mod:`dpicl.engines.transformers_past`. Label scoring:
+:mod:`dpicl.engines.transformers_scoring`. Free-text generation:
 :mod:`dpicl.engines.transformers_generation`. DPS-MOZO decoding:
 :mod:`dpicl.engines.transformers_decoding`.
 """
@@ -55,7 +57,6 @@ import gc
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -68,25 +69,18 @@ from dpicl.engines.batching import MicroBatcher
 from dpicl.engines.kv_layout import (
     Batch,
     chunks,
-    common_prefix_len,
     left_pad,
-    pack_layers,
-    prefix_mask,
-    slot_prefixes,
-    stack_packed,
-    stack_prefixes,
 )
 from dpicl.engines.lm_head import use_blocked_lm_head
 from dpicl.engines.prefix_cache import (
     PrefixCache,
-    PrefixEntry,
     prefix_fingerprint,
-    prefix_lens,
 )
 from dpicl.engines.prompting import PromptEncoder
-from dpicl.engines.slot_cache import KVWorkspace, SlotCache
+from dpicl.engines.slot_cache import KVWorkspace
 from dpicl.engines.transformers_decoding import TransformersDecodingSession
-from dpicl.engines.transformers_generation import GenJob, Row, generate_jobs
+from dpicl.engines.transformers_generation import GenJob, generate_jobs
+from dpicl.engines.transformers_past import Row
 from dpicl.engines.transformers_scoring import ScoreJob, score_jobs
 from dpicl.engines.tuning import EngineTuning
 from dpicl.errors import EngineError, InvalidRequest
@@ -98,27 +92,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 DEFAULT_MAX_BATCH_TOKENS = 16_384
-MIN_SHARED_PREFIX = 8
 #: Attention implementations that take a dense 4D mask (the scoring branches need one).
 _DENSE_MASK_ATTENTION = ("sdpa", SHARED_KV_SDPA, "eager")
-
-
-@dataclass(frozen=True, slots=True)
-class _Past:
-    """The KV state a batch's rows continue from: row b's tokens before ``offsets[b]``."""
-
-    cache: Any  # a transformers Cache, or None when there is no past
-    mask: torch.Tensor  # (B, W) long: which cached positions are real
-    offsets: list[int]
-
-
-@dataclass(frozen=True, slots=True)
-class _Prefill:
-    """The result of encoding a batch of prompts."""
-
-    res: Any  # the model output: .logits (B, 1, V) unless encoded without, .past_key_values
-    attention_mask: torch.Tensor  # (B, S) long, over everything in the cache
-    last_pos: torch.Tensor  # (B,) long: position id of each row's last token
 
 
 def _dtype_of(dtype: torch.dtype | str) -> torch.dtype:
@@ -369,158 +344,6 @@ class TransformersEngine:
             use_cache=use_cache,
             **kwargs,
         )
-
-    def _shared_past(self, seqs: Sequence[Sequence[int]]) -> _Past:
-        """The rows' common token prefix encoded once and copied to every row, when it is
-        at least ``MIN_SHARED_PREFIX`` tokens (and leaves every row a token); else none."""
-        n = len(seqs)
-        shared = common_prefix_len(seqs) if n > 1 else 0
-        shared = min(shared, min(len(s) for s in seqs) - 1)
-        if shared < MIN_SHARED_PREFIX or not self.share_prefix:
-            return _Past(None, torch.zeros((n, 0), dtype=torch.long, device=self.device), [0] * n)
-        prefix = torch.tensor([list(seqs[0][:shared])], dtype=torch.long, device=self.device)
-        ones = torch.ones((1, shared), dtype=torch.long, device=self.device)
-        res0 = self._forward(
-            prefix,
-            ones,
-            torch.arange(shared, device=self.device)[None, :],
-            use_cache=True,
-            logits=False,
-        )
-        cache = res0.past_key_values
-        cache.batch_repeat_interleave(n)
-        return _Past(cache, ones.expand(n, shared), [shared] * n)
-
-    def _found_prefixes(self, rows: Sequence[Row]) -> list[PrefixEntry | None]:
-        """Each row's cached prefix (encoded now when missing), or None: the row has no
-        cache slot, or its tokens do not start with the entry's."""
-        if not any(r.slot is not None for r in rows):
-            return [None] * len(rows)
-        entries = self._prefix_entries(rows)
-        found = [entries.get(r.slot) if r.slot is not None else None for r in rows]
-        return [
-            e if e is not None and e.matches(r.ids) else None
-            for e, r in zip(found, rows, strict=True)
-        ]
-
-    def _rows_past(
-        self, rows: Sequence[Row], found: Sequence[PrefixEntry | None] | None = None
-    ) -> _Past:
-        """The rows' cached prefixes (``found``: as :meth:`_found_prefixes` gives them)
-        stacked (``[pads][prefix]``) when any row has one, else :meth:`_shared_past`."""
-        if found is None:
-            found = self._found_prefixes(rows)
-        if any(e is not None for e in found):
-            from transformers import DynamicCache
-
-            lens = prefix_lens(found)
-            if all(e is None or e.packed is not None for e in found):
-                layers, mask = stack_packed(
-                    [e.packed if e is not None else None for e in found], lens, self.device
-                )
-            else:
-                layers, mask = stack_prefixes(
-                    [e.layers if e is not None else None for e in found], lens, self.device
-                )
-            return _Past(DynamicCache(ddp_cache_data=layers), mask, lens)
-        return self._shared_past([r.ids for r in rows])
-
-    def _prefill_on(
-        self, seqs: Sequence[Sequence[int]], past: _Past, *, use_cache: bool, logits: bool = True
-    ) -> _Prefill:
-        """One forward over each row's tokens after its past (logits of the last only, or
-        none with ``logits=False``)."""
-        rest = self._left_pad([s[o:] for s, o in zip(seqs, past.offsets, strict=True)])
-        offset = torch.tensor(past.offsets, dtype=torch.long, device=self.device)
-        attn = torch.cat([past.mask, rest.attention_mask], dim=1)
-        res = self._forward(
-            rest.input_ids,
-            attn,
-            rest.position_ids + offset[:, None],
-            past=past.cache,
-            use_cache=use_cache or past.cache is not None,
-            last_only=True,
-            logits=logits,
-        )
-        return _Prefill(res, attn, rest.last_pos + offset)
-
-    def _prefill(
-        self, seqs: Sequence[Sequence[int]], *, use_cache: bool, logits: bool = True
-    ) -> _Prefill:
-        """One forward over ``seqs`` on their shared prefix (see :meth:`_shared_past`)."""
-        return self._prefill_on(seqs, self._shared_past(seqs), use_cache=use_cache, logits=logits)
-
-    def _slottable(self, found: Sequence[PrefixEntry | None]) -> bool:
-        """Whether :meth:`_slot_past` can lay out these rows' cached prefixes: some row has
-        one, every one is packed, and slot caches are on."""
-        return (
-            self.slot_caches
-            and any(e is not None for e in found)
-            and all(e is None or e.packed is not None for e in found)
-        )
-
-    def _slot_past(self, found: Sequence[PrefixEntry | None], room: int) -> _Past:
-        """The rows' cached prefixes (``found``, :meth:`_slottable`) laid out in a
-        :class:`~dpicl.engines.slot_cache.SlotCache` with ``room`` slots after them, in the
-        engine's workspace: valid only until the workspace's next use, so only for a cache
-        that dies with the current engine call."""
-        packs = [e.packed if e is not None else None for e in found]
-        lens = prefix_lens(found)
-        template = next(p for p in packs if p is not None)
-        n_layers, _, heads, _, dim = template.shape
-        shape = (n_layers, 2, len(found), heads, max(lens) + room, dim)
-        slots = slot_prefixes(packs, lens, room, self.kv_workspace.take(shape, template))
-        return _Past(SlotCache(slots, max(lens)), prefix_mask(lens, self.device), lens)
-
-    def _prefill_rows(self, rows: Sequence[Row], *, decode_steps: int) -> _Prefill:
-        """:meth:`_prefill` over encoded rows, on top of their cached prefixes if any, with
-        the cache kept for ``decode_steps`` more tokens per row (in the engine's workspace
-        when the prefixes are cached: for decoding within the current engine call only)."""
-        found = self._found_prefixes(rows)
-        if self._slottable(found):
-            lens = prefix_lens(found)
-            width = max(len(r.ids) - n for r, n in zip(rows, lens, strict=True))
-            past = self._slot_past(found, width + decode_steps)
-        else:
-            past = self._rows_past(rows, found)
-        return self._prefill_on([r.ids for r in rows], past, use_cache=True)
-
-    def _prefix_entries(self, rows: Sequence[Row]) -> dict[tuple[str, str], PrefixEntry]:
-        """The cache entries for the rows' prefixes; missing ones are encoded (one batch)
-        and stored. The returned dict keeps them alive for this batch even if evicted."""
-        have: dict[tuple[str, str], PrefixEntry] = {}
-        todo: dict[tuple[str, str], list[int]] = {}
-        for r in rows:
-            if r.slot is None or r.slot in have or r.slot in todo:
-                continue
-            entry = self.prefix_cache.get(r.slot)
-            if entry is not None:
-                have[r.slot] = entry
-                continue
-            own = self.encoder.encode_text(r.rendered_prefix, special=not self.use_chat_template)
-            n = common_prefix_len([own, r.ids])
-            # Leave the prefix's last token to the query side: it is the one a tokeniser
-            # may merge with the query's first characters.
-            n = min(n, len(own) - 1, len(r.ids) - 1)
-            if n >= 1:
-                todo[r.slot] = r.ids[:n]
-        if todo:
-            keys = list(todo)
-            pre = self._prefill([todo[k] for k in keys], use_cache=True, logits=False)
-            kv = [(k, v) for k, v, *_ in pre.res.past_key_values]
-            for b, key in enumerate(keys):
-                real = pre.attention_mask[b].nonzero()[:, 0]
-                packed, layers = pack_layers(
-                    [
-                        (k[b : b + 1].index_select(2, real), v[b : b + 1].index_select(2, real))
-                        for k, v in kv
-                    ]
-                )
-                entry = PrefixEntry(tuple(todo[key]), layers, packed)
-                self.prefix_cache.put(key, entry)
-                have[key] = entry
-            del pre, kv
-        return have
 
     # ------------------------------------------------------------------ scoring
 

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from dpicl.engines.base import PromptSpec, StepLogits
+from dpicl.engines.transformers_past import prefill
 from dpicl.errors import EngineError, InvalidRequest
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ class TransformersDecodingSession:
         if self.recompute:
             self._last = self._recompute_last()
             return
-        pre = eng._prefill(self._prompt_ids, use_cache=True)
+        pre = prefill(eng, self._prompt_ids, use_cache=True)
         self._cache = pre.res.past_key_values
         self._attn = pre.attention_mask
         self._pos = pre.last_pos

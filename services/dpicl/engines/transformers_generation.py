@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from dpicl.engines.base import GenerationParams, PromptSpec
+from dpicl.engines.transformers_past import Row, prefill_rows
 from dpicl.errors import DpiclError, EngineError
 
 if TYPE_CHECKING:
@@ -28,17 +28,6 @@ if TYPE_CHECKING:
 __all__ = ["GenJob", "Row", "generate_chunk", "generate_jobs", "sample"]
 
 GenJob = tuple[list[PromptSpec], GenerationParams]
-
-
-@dataclass(frozen=True, slots=True)
-class Row:
-    """One encoded prompt: the model's text, its token ids and, when its prefix may be
-    cached, the cache key ``(cache_key, fingerprint)`` and the rendered prefix text."""
-
-    rendered: str
-    ids: list[int]
-    slot: tuple[str, str] | None = None
-    rendered_prefix: str = ""
 
 
 def generate_jobs(
@@ -131,7 +120,7 @@ def generate_chunk(
     gens: Sequence[torch.Generator],
 ) -> list[str]:
     n = len(rows)
-    pre = engine._prefill_rows(rows, decode_steps=params.max_tokens)
+    pre = prefill_rows(engine, rows, decode_steps=params.max_tokens)
     cache = pre.res.past_key_values
     logits = pre.res.logits[:, -1, :]
     attn = pre.attention_mask

@@ -6,8 +6,8 @@ one forward over the rows' tokens after their past, each row followed by a branc
 multi-token label (:func:`~dpicl.engines.kv_layout.plan_scoring`), with logits computed only
 where a label token is read. Rows with cached prefixes continue from them in a
 :class:`~dpicl.engines.slot_cache.SlotCache` in the engine's reused workspace
-(:meth:`TransformersEngine._slot_past`); other batches from a ``DynamicCache``
-(:meth:`TransformersEngine._rows_past`). A call whose prompts fail to
+(:func:`~dpicl.engines.transformers_past.slot_past`); other batches from a ``DynamicCache``
+(:func:`~dpicl.engines.transformers_past.rows_past`). A call whose prompts fail to
 encode fails alone; a model failure fails every call of the batch. These functions run under
 the engine's model lock (:meth:`TransformersEngine._run`).
 """
@@ -23,7 +23,7 @@ import torch
 from dpicl.engines.base import FloatArray, PromptSpec
 from dpicl.engines.kv_layout import attention_mask_for, plan_scoring, prefix_mask
 from dpicl.engines.prefix_cache import prefix_lens
-from dpicl.engines.transformers_generation import Row
+from dpicl.engines.transformers_past import Row, found_prefixes, rows_past, slot_past, slottable
 from dpicl.errors import DpiclError
 
 if TYPE_CHECKING:
@@ -92,17 +92,17 @@ def score_chunk(
 ) -> None:
     """Fill ``outs[b][j]`` with the log-probability of label j's tokens after row b: one
     forward over the rows' tokens after their past, with the label branches."""
-    found = engine._found_prefixes(rows)
-    if engine._slottable(found):
+    found = found_prefixes(engine, rows)
+    if slottable(engine, found):
         # The plan first (it needs only the prefixes' lengths), so that the slot cache is
         # laid out with exactly the plan's tokens of room.
         lens = prefix_lens(found)
         rests = [r.ids[n:] for r, n in zip(rows, lens, strict=True)]
         mask = prefix_mask(lens, engine.device)
         plan = plan_scoring(rests, lab_ids, lens, mask, engine.pad_token_id)
-        past = engine._slot_past(found, plan.input_ids.shape[1])
+        past = slot_past(engine, found, plan.input_ids.shape[1])
     else:  # the stacked or shared past
-        past = engine._rows_past(rows, found)
+        past = rows_past(engine, rows, found)
         rests = [r.ids[o:] for r, o in zip(rows, past.offsets, strict=True)]
         plan = plan_scoring(rests, lab_ids, past.offsets, past.mask, engine.pad_token_id)
     cache = past.cache
@@ -119,12 +119,12 @@ def score_chunk(
     if logits.dim() == 3:  # a transformers (or model) without boolean logits_to_keep
         logits = logits[plan.keep]
     logits = logits.float()  # (kept positions, V)
-    logp = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
     flat = [(i, t) for row in plan.reads for lab in row for i, t in lab]
-    got = logp[
-        torch.tensor([i for i, _ in flat], dtype=torch.long, device=logp.device),
-        torch.tensor([t for _, t in flat], dtype=torch.long, device=logp.device),
-    ]
+    at_pos = torch.tensor([i for i, _ in flat], dtype=torch.long, device=logits.device)
+    at_tok = torch.tensor([t for _, t in flat], dtype=torch.long, device=logits.device)
+    # log p = logit - logsumexp, taken only at the read entries (the full log-softmax over
+    # the vocabulary was a (positions, V) subtraction for a handful of values).
+    got = logits[at_pos, at_tok] - torch.logsumexp(logits, dim=-1)[at_pos]
     vals = got.double().cpu().numpy()
     at = 0
     for b, row in enumerate(plan.reads):
