@@ -66,9 +66,20 @@ def estimate_run(store: TrialStore, run_id: str) -> dict[str, Any]:
     contexts = store.contexts(run_id)
     bootstrap = run.kind == "bootstrap"
     clean = store.trials(run_id, CLEAN_SETTING) if bootstrap else []
+    threat_models = (
+        ["black-box", "white-box"]
+        if bootstrap or plan.threat_model == "white-box"
+        else ["black-box"]
+    )
+    # The run's claims are stated for its figures together (estimators.family): one per
+    # setting and threat model.
+    family = {
+        "size": len(plan.mechanism.epsilons) * len(threat_models),
+        "confidence": plan.confidence,
+    }
     settings = []
     for k, eps in enumerate(plan.mechanism.epsilons):
-        meta = mech.setting_meta(plan, design, eps, contexts)
+        meta = mech.setting_meta(plan, design, eps, contexts) | {"family": family}
         rows = clean if bootstrap else store.trials(run_id, meta["setting"])
         settings.append(mech.estimate(plan, design, k, rows, meta, bootstrap=bootstrap))
     run = store.get_run(run_id)
@@ -84,11 +95,8 @@ def estimate_run(store: TrialStore, run_id: str) -> dict[str, Any]:
         "design": mech.summary(design),
         "confidence": plan.confidence,
         "delta": plan.mechanism.delta,
-        "threat_models": (
-            ["black-box", "white-box"]
-            if bootstrap or plan.threat_model == "white-box"
-            else ["black-box"]
-        ),
+        "threat_models": threat_models,
+        "family": family,
         "settings": settings,
         "queries": run.queries,
         "llm_calls": run.llm_calls,

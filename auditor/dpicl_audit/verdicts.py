@@ -7,8 +7,9 @@ INCONCLUSIVE verdict of an audit that could not have seen a violation) extend it
 * ``bug``: epsilon_emp exceeds epsilon_exact, the mechanism's true epsilon at the noise the
   server reports (the server or the auditor is wrong);
 * ``inconclusive`` (Gaussian claims, :func:`gaussian_verdict`): the audit could not have seen
-  a violation (:func:`~dpicl_audit.estimators.verdict_rules.decide_verdict`); it says why and
-  what to change;
+  a violation (:func:`~dpicl_audit.estimators.verdict_rules.decide_verdict`), or a figure
+  exceeds alone but not with the run's other figures held together at the same confidence
+  (:mod:`~dpicl_audit.estimators.family`); it says why and what to change;
 * ``ok``: neither (CONSISTENT: the audit had power and found nothing above the claim); for
   a *nominal* claim (DPS-MOZO's, whose per-token bound is false) the message says that
   staying below it confirms nothing.
@@ -21,7 +22,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dpicl_audit.estimators.family import FamilyWise
+    from dpicl_audit.estimators.verdict_rules import VerdictResult
 
 __all__ = ["STATUS_ORDER", "gaussian_verdict", "rdp_verdict", "verdict", "worst_status"]
 
@@ -108,7 +113,11 @@ def gaussian_verdict(est: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[st
     """Verdict of an audit of a Gaussian claim (voting, ESA) by the rules of
     :func:`~dpicl_audit.estimators.verdict_rules.decide_verdict`: VIOLATION on ``mu_lower >
     mu_claimed`` or the classical bound above epsilon_theory, BUG above the exact values,
-    INCONCLUSIVE without power (with the reason and advice), else CONSISTENT."""
+    INCONCLUSIVE without power (with the reason and advice), else CONSISTENT.
+
+    ``meta["family"]`` (``{"size": m, "confidence": c}``, set by the run's estimation): a
+    VIOLATION or BUG stands only if it holds for the run's m figures together
+    (:mod:`~dpicl_audit.estimators.family`), else the figure is INCONCLUSIVE and says why."""
     from dpicl_audit.estimators.gdp import gdp_mu
     from dpicl_audit.estimators.verdict_rules import decide_verdict
 
@@ -119,17 +128,25 @@ def gaussian_verdict(est: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[st
     signal = meta.get("epsilon_exact_signal")
     mu_signal = mu_exact if signal is None else gdp_mu(float(signal), delta)
     reach = _power(est, meta, mu_signal)
-    res = decide_verdict(
+    rules: dict[str, Any] = dict(
         claim="gaussian",
         epsilon_theory=theory,
-        epsilon_classical=float(est.get("epsilon_lower_classic") or 0.0),
-        mu_lower=float(est.get("mu_lower") or 0.0),
         mu_claimed=gdp_mu(theory, delta),
         epsilon_exact=exact,
         mu_exact=None if mu_exact is None else mu_exact * (1 + 1e-6) + 1e-9,
         flip_rate=meta.get("flip_rate"),
         max_reachable=reach,
     )
+    res = decide_verdict(
+        epsilon_classical=float(est.get("epsilon_lower_classic") or 0.0),
+        mu_lower=float(est.get("mu_lower") or 0.0),
+        **rules,
+    )
+    family = meta.get("family") or {}
+    size = int(family.get("size") or 1)
+    together = None
+    if res.verdict in ("VIOLATION", "BUG") and size > 1:
+        res, together = _claim_for_the_family(res, est, rules, size, delta, family)
     status = {"VIOLATION": "violation", "BUG": "bug", "INCONCLUSIVE": "inconclusive"}.get(
         res.verdict, "ok"
     )
@@ -151,7 +168,54 @@ def gaussian_verdict(est: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[st
         "reasons": list(res.reasons),
         "advice": list(res.advice),
         "max_reachable": reach,
+        "family_wise": None if together is None else together.to_dict(),
     }
+
+
+def _claim_for_the_family(
+    res: VerdictResult,
+    est: Mapping[str, Any],
+    rules: Mapping[str, Any],
+    size: int,
+    delta: float,
+    family: Mapping[str, Any],
+) -> tuple[VerdictResult, FamilyWise | None]:
+    """A figure's VIOLATION or BUG as the run may state it: only where it still holds with
+    every test's error divided by the run's ``size`` figures (estimators.family), so that
+    all of a run's claims hold together at its confidence; else INCONCLUSIVE, saying so."""
+    from dpicl_audit.estimators.family import family_wise_figures
+    from dpicl_audit.estimators.verdict_rules import VerdictResult, decide_verdict
+
+    conf = float(family.get("confidence") or est.get("confidence") or 0.95)
+    together = family_wise_figures(est, size, delta)
+    if together is not None:
+        again = decide_verdict(
+            epsilon_classical=together.epsilon_lower_classic,
+            mu_lower=together.mu_lower,
+            **rules,
+        )
+        if again.verdict in ("VIOLATION", "BUG"):
+            held = (
+                f"this holds for the run's {size} figures together at {conf:.0%} (each test's "
+                f"error divided by {size}: mu_lower {together.mu_lower:.4g}, classical bound "
+                f"{together.epsilon_lower_classic:.4g})"
+            )
+            return VerdictResult(again.verdict, (*again.reasons, held)), together
+        shown = (
+            f"mu_lower {together.mu_lower:.4g}, classical bound "
+            f"{together.epsilon_lower_classic:.4g}"
+        )
+    else:
+        shown = "its tests' counts are not in the estimate"
+    reason = (
+        f"this figure alone reads {res.verdict} at {conf:.0%} ({'; '.join(res.reasons)}), but "
+        f"not the run's {size} figures together ({shown}): a correct server shows such a "
+        f"figure in up to {min(1.0, size * (1 - conf)):.0%} of runs"
+    )
+    return (
+        VerdictResult("INCONCLUSIVE", (reason,), ("run it again with more trials to tell",)),
+        together,
+    )
 
 
 def worst_status(statuses: list[str]) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,8 @@ def test_verdict_words() -> None:
     b = verdict_sentence(_row("bug", 0.9))
     assert b.startswith("BUG") and "the server or the auditor has a bug" in b
     assert "at most 5% of audits of a correct server" in b  # the bound's error rate, said
+    run = verdict_sentence(replace(_row("bug", 0.9), family_size=4))  # a run's claims together
+    assert "at most 5% of runs of a correct server in which one of its 4 figures" in run
     assert verdict_sentence(_row("ok", 0.7)).startswith("consistent")
     assert run_verdict([_row("ok", 0.1), _row("bug", 0.9), _row("ok", 0.2)]) == "bug"
     assert run_verdict([_row("bug", 0.9), _row("violation", 2.0)]) == "violation"

@@ -95,13 +95,16 @@ def estimate_trials(
 
 def figure_fields(figs: Any) -> dict[str, Any]:
     """Both figures' headline fields of an :class:`~dpicl_audit.estimators.whitebox.
-    AuditFigures`: the classical bound with its own threshold, and the labels."""
+    AuditFigures`: the classical bound with its own threshold and tests, and the labels."""
+    from dpicl_audit.estimators.family import figure_tests
     from dpicl_audit.estimators.whitebox import CLASSICAL_LABEL, GAUSSIAN_LABEL
 
     classical = figs.classical
     return {
         "epsilon_lower_classic": figs.epsilon_classical,
         "classical_threshold": getattr(classical, "threshold", None),
+        # The classical figure's own tests (its own threshold), for family-wise claims.
+        "classical_tests": figure_tests(classical.to_dict()),
         "gdp_label": GAUSSIAN_LABEL,
         "classical_label": CLASSICAL_LABEL,
     }

@@ -85,6 +85,9 @@ class ReportRow:
     # The assumption-free classical (epsilon, delta) bound from the same trials (its own
     # threshold); epsilon_emp/mu_lower are the GDP figure (assumes a Gaussian trade-off).
     epsilon_classic: float | None = None
+    # How many figures the run's claims hold for together (estimators.family); None for a
+    # run estimated before claims were stated for the run (each figure then stands alone).
+    family_size: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -208,6 +211,7 @@ def report_rows(runs: Sequence[RunData]) -> list[ReportRow]:
                         attack=rd.plan.attack,
                         design=design,
                         epsilon_classic=num(est.get("epsilon_lower_classic")),
+                        family_size=(res.get("family") or {}).get("size"),
                     )
                 )
             if s.get("rdp"):  # paper 003's RDP audit of the setting: its own row

@@ -51,15 +51,24 @@ def verdict_sentence(row: ReportRow) -> str:
             )
         return text
     if row.status == "bug":
-        # A lower bound at confidence c overshoots the truth in at most 1 - c of audits of a
-        # correct server; a tight design (the voting canary's) comes close to that rate, so
-        # the sentence says so rather than state the bug as certain.
+        # A claim at confidence c is wrong in at most 1 - c of runs of a correct server: per
+        # run when the run's figures hold together (estimators.family), else per figure.
+        if row.family_size:
+            chance = (
+                f"or this run is one of the at most {1 - row.confidence:.0%} of runs of a "
+                f"correct server in which one of its {row.family_size} figures overshoots "
+                "(the run's claims hold together at this confidence)"
+            )
+        else:
+            chance = (
+                f"or this is one of the at most {1 - row.confidence:.0%} of audits of a "
+                "correct server whose bound overshoots"
+            )
         return (
             f"BUG ({where}): a figure ({conf} confidence: GDP epsilon {fmt(row.epsilon_emp)}"
             f"{classical}) exceeds the mechanism's exact epsilon {fmt(row.epsilon_exact)}, "
             f"though not the claimed {fmt(row.epsilon_theory, 3)}: the server or the auditor "
-            f"has a bug, or this is one of the at most {1 - row.confidence:.0%} of audits of a "
-            "correct server whose bound overshoots (run it again with more trials to tell)."
+            f"has a bug, {chance} (run it again with more trials to tell)."
         )
     if row.status == "inconclusive":
         return f"INCONCLUSIVE ({where}): {row.message}"
