@@ -20,7 +20,7 @@ confidence it was evaluated at, so re-evaluating it at a stricter level needs no
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from dpicl_audit.errors import InvalidAuditInput
@@ -39,11 +39,7 @@ class FamilyWise:
     epsilon_lower_classic: float
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "size": self.size,
-            "mu_lower": self.mu_lower,
-            "epsilon_lower_classic": self.epsilon_lower_classic,
-        }
+        return asdict(self)
 
 
 def figure_tests(est: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -92,7 +88,5 @@ def family_wise_figures(est: Mapping[str, Any], size: int, delta: float) -> Fami
 def _all_at(
     tests: Sequence[Mapping[str, Any]], size: int, delta: float
 ) -> list[tuple[float, float]] | None:
-    out = [_at(t, size, delta) for t in tests]
-    if not out or any(v is None for v in out):
-        return None
-    return [v for v in out if v is not None]
+    out = [v for v in (_at(t, size, delta) for t in tests) if v is not None]
+    return out if out and len(out) == len(tests) else None

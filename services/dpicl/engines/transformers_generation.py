@@ -25,7 +25,7 @@ from dpicl.errors import DpiclError, EngineError
 if TYPE_CHECKING:
     from dpicl.engines.transformers import TransformersEngine
 
-__all__ = ["GenJob", "Row", "generate_chunk", "generate_jobs", "sample"]
+__all__ = ["GenJob", "generate_chunk", "generate_jobs", "sample"]
 
 GenJob = tuple[list[PromptSpec], GenerationParams]
 

@@ -123,12 +123,10 @@ def found_prefixes(engine: TransformersEngine, rows: Sequence[Row]) -> list[Pref
 def rows_past(
     engine: TransformersEngine,
     rows: Sequence[Row],
-    found: Sequence[PrefixEntry | None] | None = None,
+    found: Sequence[PrefixEntry | None],
 ) -> Past:
     """The rows' cached prefixes (``found``: as :func:`found_prefixes` gives them)
     stacked (``[pads][prefix]``) when any row has one, else :func:`shared_past`."""
-    if found is None:
-        found = found_prefixes(engine, rows)
     if any(e is not None for e in found):
         from transformers import DynamicCache
 
