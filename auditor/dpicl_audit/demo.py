@@ -20,7 +20,7 @@
 
    On the real model each query scores 4 short prompts (one exemplar per partition), so its
    counts are chosen to fit the time budget: ``n_llm`` = 6 and as many real trials per
-   epsilon as the remaining budget allows (measured from the bootstrap's own rate).
+   epsilon as the remaining budget allows (at the bootstrap's logged query latency).
 3. Stops the servers and writes one combined report (table, JSON, HTML with plots) of all
    runs, and prints where it is.
 
@@ -301,6 +301,10 @@ async def _audit_oracle(
     return ids
 
 
+#: The real model's audits ask two queries at a time (the server batches them; 2 cores).
+_MODEL_CONCURRENCY = 2
+
+
 async def _audit_model(
     srv: DemoServer,
     db: Path,
@@ -317,7 +321,7 @@ async def _audit_model(
         _plan(
             srv,
             name="demo transformers bootstrap",
-            concurrency=2,
+            concurrency=_MODEL_CONCURRENCY,
             timeout=600.0,
             **{
                 "bootstrap.n_llm": counts.model_n_llm,
@@ -335,7 +339,12 @@ async def _audit_model(
     votes_note = _clean_votes_note(db, str(res["run_id"]))
     console.print(f"    {votes_note}")
     queries = max(1, int(res.get("queries") or 2 * counts.model_n_llm))
-    per_query = boot_s / queries  # includes the simulation: a conservative rate
+    # Wall seconds a real trial takes: the bootstrap's median logged query latency over
+    # the concurrency both runs use. Its queries include each context's first (cache
+    # misses), so this errs long. (The bootstrap's wall time over its queries, used
+    # before, also counts context set-up, model warm-up and the simulation: three times
+    # the real trials' rate, which left most of the budget unused.)
+    per_query = _median_latency(db, str(res["run_id"]), boot_s / queries) / _MODEL_CONCURRENCY
     remaining = deadline - time.monotonic() - 45.0  # keep time for the report and shutdown
     fit = math.floor(remaining / (per_query * len(MODEL_EPSILONS))) if remaining > 0 else 0
     trials = max(counts.model_trials_min, min(counts.model_trials_max, fit))
@@ -344,7 +353,8 @@ async def _audit_model(
         f"Real model (transformers, CPU), {design} design (docs/auditing.md, 'Designs'): "
         f"bootstrap at epsilon {', '.join(f'{e:g}' for e in MODEL_EPSILONS)} with "
         f"n_llm={counts.model_n_llm} clean vote vectors per world ({queries} queries in "
-        f"{boot_s:.0f} s, {per_query:.2f} s per query with 4 partitions = 4 LLM calls) and "
+        f"{boot_s:.0f} s; a real trial was planned at {per_query:.2f} s of wall time, with 4 "
+        "partitions = 4 LLM calls per query) and "
         f"n_sample={counts.n_sample:,}. {votes_note}"
     )
     _say(t0, f"model: {trials} real white-box trials per epsilon")
@@ -354,7 +364,7 @@ async def _audit_model(
             name="demo transformers white-box",
             threat_model="white-box",
             trials=trials,
-            concurrency=2,
+            concurrency=_MODEL_CONCURRENCY,
             timeout=600.0,
             **{"mechanism.epsilons": list(MODEL_EPSILONS)},
         ),
@@ -374,6 +384,16 @@ async def _audit_model(
     )
     notes.append(note)
     return ids
+
+
+def _median_latency(db: Path, run_id: str, default: float) -> float:
+    """The median logged latency of a bootstrap's clean-vote queries (``default``: none)."""
+    store = TrialStore(db)
+    try:
+        latencies = sorted(r.latency_s for r in store.trials(run_id, CLEAN_SETTING))
+    finally:
+        store.dispose()
+    return latencies[len(latencies) // 2] if latencies else default
 
 
 def _clean_votes_note(db: Path, run_id: str) -> str:

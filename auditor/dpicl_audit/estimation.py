@@ -71,10 +71,10 @@ def estimate_run(store: TrialStore, run_id: str) -> dict[str, Any]:
         if bootstrap or plan.threat_model == "white-box"
         else ["black-box"]
     )
-    # The run's claims are stated for its figures together (estimators.family): one per
-    # setting and threat model.
+    # The run's claims are stated for its tests together (estimators.family): the tests
+    # each setting states claims from (one figure per threat model, for most designs).
     family = {
-        "size": len(plan.mechanism.epsilons) * len(threat_models),
+        "size": len(plan.mechanism.epsilons) * mech.claims_per_setting(design, threat_models),
         "confidence": plan.confidence,
     }
     settings = []

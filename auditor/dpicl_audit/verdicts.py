@@ -8,8 +8,9 @@ INCONCLUSIVE verdict of an audit that could not have seen a violation) extend it
   server reports (the server or the auditor is wrong);
 * ``inconclusive`` (Gaussian claims, :func:`gaussian_verdict`): the audit could not have seen
   a violation (:func:`~dpicl_audit.estimators.verdict_rules.decide_verdict`), or a figure
-  exceeds alone but not with the run's other figures held together at the same confidence
-  (:mod:`~dpicl_audit.estimators.family`); it says why and what to change;
+  exceeds alone but not with the run's other tests held together at the same confidence
+  (:mod:`~dpicl_audit.estimators.family`; :func:`for_the_family` for DPS-MOZO's figures,
+  :func:`claim_for_the_family` for paper 003's RDP cuts); it says why and what to change;
 * ``ok``: neither (CONSISTENT: the audit had power and found nothing above the claim); for
   a *nominal* claim (DPS-MOZO's, whose per-token bound is false) the message says that
   staying below it confirms nothing.
@@ -21,16 +22,28 @@ the dict stored under ``"verdict"`` in every estimate.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from dpicl_audit.estimators.family import FamilyWise
     from dpicl_audit.estimators.verdict_rules import VerdictResult
 
-__all__ = ["STATUS_ORDER", "gaussian_verdict", "rdp_verdict", "verdict", "worst_status"]
+__all__ = [
+    "RDP_CUTS",
+    "STATUS_ORDER",
+    "claim_for_the_family",
+    "family_of",
+    "for_the_family",
+    "gaussian_verdict",
+    "rdp_verdict",
+    "verdict",
+    "worst_status",
+]
 
 _TOL = 1e-9
+#: The composed lower bounds an RDP audit (paper 003) states its claims from.
+RDP_CUTS = ("two_cut", "k_cut")
 #: Severity of a status, for the worst status of a run.
 STATUS_ORDER = {"violation": 4, "bug": 3, "inconclusive": 2, "ok": 1, "error": 0, "": 0}
 
@@ -142,11 +155,10 @@ def gaussian_verdict(est: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[st
         mu_lower=float(est.get("mu_lower") or 0.0),
         **rules,
     )
-    family = meta.get("family") or {}
-    size = int(family.get("size") or 1)
+    family = family_of(meta)
     together = None
-    if res.verdict in ("VIOLATION", "BUG") and size > 1:
-        res, together = _claim_for_the_family(res, est, rules, size, delta, family)
+    if res.verdict in ("VIOLATION", "BUG") and family is not None:
+        res, together = _claim_for_the_family(res, est, rules, family, delta)
     status = {"VIOLATION": "violation", "BUG": "bug", "INCONCLUSIVE": "inconclusive"}.get(
         res.verdict, "ok"
     )
@@ -176,9 +188,8 @@ def _claim_for_the_family(
     res: VerdictResult,
     est: Mapping[str, Any],
     rules: Mapping[str, Any],
-    size: int,
-    delta: float,
     family: Mapping[str, Any],
+    delta: float,
 ) -> tuple[VerdictResult, FamilyWise | None]:
     """A figure's VIOLATION or BUG as the run may state it: only where it still holds with
     every test's error divided by the run's ``size`` figures (estimators.family), so that
@@ -186,7 +197,7 @@ def _claim_for_the_family(
     from dpicl_audit.estimators.family import family_wise_figures
     from dpicl_audit.estimators.verdict_rules import VerdictResult, decide_verdict
 
-    conf = float(family.get("confidence") or est.get("confidence") or 0.95)
+    size, conf = int(family["size"]), float(family["confidence"])
     together = family_wise_figures(est, size, delta)
     if together is not None:
         again = decide_verdict(
@@ -194,28 +205,94 @@ def _claim_for_the_family(
             mu_lower=together.mu_lower,
             **rules,
         )
+        shown = _shown(together)
         if again.verdict in ("VIOLATION", "BUG"):
-            held = (
-                f"this holds for the run's {size} figures together at {conf:.0%} (each test's "
-                f"error divided by {size}: mu_lower {together.mu_lower:.4g}, classical bound "
-                f"{together.epsilon_lower_classic:.4g})"
-            )
+            held = _held_together(size, conf, shown)
             return VerdictResult(again.verdict, (*again.reasons, held)), together
-        shown = (
-            f"mu_lower {together.mu_lower:.4g}, classical bound "
-            f"{together.epsilon_lower_classic:.4g}"
-        )
     else:
         shown = "its tests' counts are not in the estimate"
-    reason = (
-        f"this figure alone reads {res.verdict} at {conf:.0%} ({'; '.join(res.reasons)}), but "
-        f"not the run's {size} figures together ({shown}): a correct server shows such a "
-        f"figure in up to {min(1.0, size * (1 - conf)):.0%} of runs"
-    )
+    reason = _alone_not_together(res.verdict, "; ".join(res.reasons), size, conf, shown)
+    return VerdictResult("INCONCLUSIVE", (reason,), (_AGAIN,)), together
+
+
+_AGAIN = "run it again with more trials to tell"
+
+
+def _shown(figures: FamilyWise) -> str:
+    return f"mu_lower {figures.mu_lower:.4g}, classical bound {figures.epsilon_lower_classic:.4g}"
+
+
+def _alone_not_together(word: str, why: str, size: int, conf: float, shown: str) -> str:
     return (
-        VerdictResult("INCONCLUSIVE", (reason,), ("run it again with more trials to tell",)),
-        together,
+        f"this figure alone reads {word} at {conf:.0%} ({why}), but not the run's {size} "
+        f"tests together ({shown}): a correct server shows such a figure in up to "
+        f"{min(1.0, size * (1 - conf)):.0%} of runs"
     )
+
+
+def _held_together(size: int, conf: float, shown: str) -> str:
+    return (
+        f"this holds for the run's {size} tests together at {conf:.0%} (each test's error "
+        f"divided by {size}: {shown})"
+    )
+
+
+def claim_for_the_family(
+    alone: Mapping[str, Any],
+    together: Mapping[str, Any] | None,
+    family: Mapping[str, Any],
+    shown: str,
+) -> dict[str, Any]:
+    """A :func:`verdict` or :func:`rdp_verdict` dict's VIOLATION or BUG as the run may state
+    it (estimators.family): ``together``, the same verdict with every test behind it at
+    error ``(1 - c) / size``, where that still flags (saying so); else INCONCLUSIVE, saying
+    why. ``shown`` names the stricter figures; ``together`` None: they could not be had."""
+    size, conf = int(family["size"]), float(family["confidence"])
+    if together is not None and together["status"] in ("violation", "bug"):
+        return dict(together) | {
+            "message": f"{together['message']}; {_held_together(size, conf, shown)}"
+        }
+    word = {"violation": "VIOLATION", "bug": "BUG"}[str(alone["status"])]
+    return {
+        "status": "inconclusive",
+        "violation": False,
+        "exceeds_exact": False,
+        "message": f"INCONCLUSIVE: {_alone_not_together(word, alone['message'], size, conf, shown)}"
+        f" (to change: {_AGAIN})",
+    }
+
+
+def family_of(meta: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The run's family (``meta["family"]``, set by estimation.estimate_run) where it has
+    more than one test, else None: a lone test's claim needs no correction."""
+    family = meta.get("family") or {}
+    if int(family.get("size") or 1) <= 1:
+        return None
+    return {"size": int(family["size"]), "confidence": float(family.get("confidence") or 0.95)}
+
+
+def for_the_family(
+    alone: dict[str, Any],
+    est: Mapping[str, Any],
+    meta: Mapping[str, Any],
+    judge: Callable[[FamilyWise], dict[str, Any]],
+) -> dict[str, Any]:
+    """``alone`` (a :func:`verdict` dict of the estimate ``est``, from its counts) as the
+    run may state it: a VIOLATION or BUG is judged again by ``judge`` on the estimate's
+    figures with each test at error ``(1 - c) / size`` (:func:`claim_for_the_family`)."""
+    from dpicl_audit.estimators.family import family_wise_figures
+
+    family = family_of(meta)
+    if family is None or alone["status"] not in ("violation", "bug"):
+        return alone
+    figures = family_wise_figures(est, family["size"], float(meta["delta"]))
+    if figures is None:
+        together, shown = None, "its tests' counts are not in the estimate"
+    else:
+        together, shown = judge(figures), _shown(figures)
+    out = claim_for_the_family(alone, together, family, shown)
+    out["family_wise"] = None if figures is None else figures.to_dict()
+    return out
 
 
 def worst_status(statuses: list[str]) -> str:
@@ -231,7 +308,7 @@ def rdp_verdict(orders: Any, rdp: dict[str, Any]) -> dict[str, Any]:
     worst: tuple[float, str, float, float] | None = None
     exact_hit: tuple[str, float, float, float] | None = None
     theory, exact = rdp.get("theory"), rdp.get("exact")
-    for key in ("two_cut", "k_cut"):
+    for key in RDP_CUTS:
         lower = rdp.get(key)
         if lower is None:
             continue

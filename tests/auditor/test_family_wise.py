@@ -7,6 +7,7 @@ simulation of a correct mechanism at its exact trade-off curve.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -17,8 +18,20 @@ from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.estimators import estimate_from_counts
 from dpicl_audit.estimators.family import family_wise_figures, figure_tests
 from dpicl_audit.estimators.gdp import gdp_epsilon
+from dpicl_audit.estimators.rdp_audit import (
+    DEFAULT_ORDERS,
+    gaussian_rdp,
+    k_cut_lower,
+    two_cut_from_labels,
+)
 from dpicl_audit.estimators.whitebox import whitebox_estimate
+from dpicl_audit.mechanisms.mozo import MOZO
+from dpicl_audit.mechanisms.voting import VOTING
+from dpicl_audit.mechanisms.voting_rdp import RdpDesign
+from dpicl_audit.mechanisms.voting_rdp_estimates import estimate_rdp
+from dpicl_audit.store import TrialRecord
 from dpicl_audit.verdicts import gaussian_verdict
+from tests.auditor.test_runner import _plan as _runner_plan
 
 DELTA = 1e-5
 CONF = 0.95
@@ -98,7 +111,7 @@ def test_a_figure_that_exceeds_only_alone_is_inconclusive_for_the_run() -> None:
     assert fw is not None and fw.mu_lower < 1.0 < est["mu_lower"]
     run = gaussian_verdict(est, meta | {"family": {"size": 4, "confidence": CONF}})
     assert run["verdict"] == "INCONCLUSIVE" and run["status"] == "inconclusive"
-    assert "not the run's 4 figures together" in run["message"]
+    assert "not the run's 4 tests together" in run["message"]
     assert "up to 20% of runs" in run["message"]
     assert run["advice"] == ["run it again with more trials to tell"]
     assert run["family_wise"]["mu_lower"] == pytest.approx(fw.mu_lower)
@@ -109,7 +122,7 @@ def test_a_clear_violation_stands_for_the_run() -> None:
     est = black_box(190, 10, 10, 190)
     run = gaussian_verdict(est, meta | {"family": {"size": 8, "confidence": CONF}})
     assert run["verdict"] == "VIOLATION" and run["violation"]
-    assert "holds for the run's 8 figures together at 95%" in run["message"]
+    assert "holds for the run's 8 tests together at 95%" in run["message"]
     assert run["family_wise"]["size"] == 8
 
 
@@ -118,6 +131,132 @@ def test_without_counts_a_claim_cannot_stand_for_the_run() -> None:
     run = gaussian_verdict(est, setting(1.0) | {"family": {"size": 2, "confidence": CONF}})
     assert run["verdict"] == "INCONCLUSIVE"
     assert "counts are not in the estimate" in run["message"]
+
+
+# ------------------------------------------------------------ paper 003's RDP sequences
+
+
+RDP_SIGMA = 4.0
+
+
+def _rdp_rows(a1: int, n: int) -> tuple[Any, list[TrialRecord]]:
+    """One query asked n times per world; C1 releases label A a1 times, C0 n - a1 times."""
+    design = SimpleNamespace(queries=("q",), labels=("A", "B"), poison_label="A")
+    rows = [
+        TrialRecord("s", i, w, f"c{w}", "q", {"label": lab}, None, 0.0)
+        for w, a in ((1, a1), (0, n - a1))
+        for i, lab in enumerate(["A"] * a + ["B"] * (n - a))
+    ]
+    return design, rows
+
+
+def _rdp(a1: int, family: dict[str, Any] | None) -> dict[str, Any]:
+    plan = _runner_plan(**{"mechanism.epsilons": [2.0], "confidence": CONF})
+    design, rows = _rdp_rows(a1, 400)
+    meta: dict[str, Any] = {"sigma": RDP_SIGMA, "epsilon_theory": 2.0}
+    if family is not None:
+        meta["family"] = family
+    return estimate_rdp(plan, design, rows, meta)
+
+
+def test_an_rdp_cut_that_exceeds_only_alone_is_inconclusive_for_the_run() -> None:
+    # 265 of 400 against 135 of 400: the 2-cut at 95% crosses the Gaussian RDP of sigma 4
+    # at some order, at 97.5% (one setting, two cuts) neither cut does (closed forms below).
+    orders = np.asarray(DEFAULT_ORDERS)
+    theory = gaussian_rdp(orders, RDP_SIGMA)
+    c1, c0 = np.array([265, 135]), np.array([135, 265])
+    assert np.any(two_cut_from_labels(c1, c0, 0, orders, confidence=CONF) > theory)
+    strict = 1 - (1 - CONF) / 2
+    for cut in (
+        two_cut_from_labels(c1, c0, 0, orders, confidence=strict),
+        k_cut_lower(c1, c0, orders, confidence=strict),
+    ):
+        assert np.all(cut <= theory)
+
+    alone = _rdp(265, None)["verdict"]
+    assert alone["status"] == "violation", alone
+    run = _rdp(265, {"size": 2, "confidence": CONF})["verdict"]
+    assert run["status"] == "inconclusive", run
+    assert "not the run's 2 tests together" in run["message"]
+    assert "up to 10% of runs" in run["message"]
+    assert run["family_wise"]["confidence"] == pytest.approx(strict)
+    # Recomposed from the label counts at the stricter level, not rescaled.
+    assert run["family_wise"]["two_cut"] == pytest.approx(
+        two_cut_from_labels(c1, c0, 0, orders, confidence=strict).tolist()
+    )
+
+
+def test_a_clear_rdp_violation_stands_for_the_run() -> None:
+    run = _rdp(300, {"size": 6, "confidence": CONF})["verdict"]
+    assert run["status"] == "violation" and run["violation"], run
+    assert "holds for the run's 6 tests together at 95%" in run["message"]
+    assert run["family_wise"]["confidence"] == pytest.approx(1 - (1 - CONF) / 6)
+
+
+# ------------------------------------------------------------ DPS-MOZO's black-box figure
+
+
+def _mozo_setting(tp: int, n: int, family: dict[str, Any], guarantee: str) -> dict[str, Any]:
+    """A DPS-MOZO setting claiming epsilon 1 whose black-box rule said "with" tp of n times
+    in C1 and n - tp of n times in C0."""
+    plan = _runner_plan(
+        **{
+            "mechanism.name": "dps-mozo",
+            "mechanism.epsilons": [1.0],
+            "mechanism.exemplars": 3,
+            "mechanism.guarantee": guarantee,
+            "confidence": CONF,
+        }
+    )
+    rows = [
+        TrialRecord("s", i, w, f"c{w}", "q", {}, int(i < (tp if w else n - tp)), 0.0)
+        for w in (1, 0)
+        for i in range(n)
+    ]
+    meta = {"epsilon_theory": 1.0, "delta": plan.mechanism.delta, "family": family}
+    return MOZO.estimate(plan, None, 0, rows, meta, bootstrap=False)["black_box"]
+
+
+@pytest.mark.parametrize(("guarantee", "tp"), [("proven", 388), ("paper", 300)])
+def test_a_mozo_figure_that_exceeds_only_alone_is_inconclusive_for_the_run(
+    guarantee: str, tp: int
+) -> None:
+    # Against the claimed epsilon 1, with n = 500 per world. Proven mode reads the classical
+    # bound: 388 of 500 each way gives 1.03 at 95%, 0.985 with the error shared by three
+    # settings. Paper mode (nominal) reads the larger of the GDP and classical figures:
+    # 300 of 500 gives 1.047, and 0.848 shared by three.
+    three = {"size": 3, "confidence": CONF}
+    est = _mozo_setting(tp, 500, {"size": 1, "confidence": CONF}, guarantee)
+    assert est["verdict"]["status"] == "violation", est["verdict"]
+    assert est["epsilon_emp"] > 1.0
+    run = _mozo_setting(tp, 500, three, guarantee)["verdict"]
+    assert run["status"] == "inconclusive", run
+    assert "not the run's 3 tests together" in run["message"]
+    ref = estimate_from_counts(
+        tp, 500 - tp, 500 - tp, tp, delta=est["delta"], confidence=1 - (1 - CONF) / 3
+    )
+    assert run["family_wise"]["epsilon_lower_classic"] == pytest.approx(ref.epsilon_lower_classic)
+    assert run["family_wise"]["mu_lower"] == pytest.approx(ref.mu_lower)
+    emp = (
+        ref.epsilon_lower_classic
+        if guarantee == "proven"
+        else max(ref.epsilon_lower, ref.epsilon_lower_classic)
+    )
+    assert emp < 1.0
+    clear = _mozo_setting(440, 500, three, guarantee)["verdict"]
+    assert clear["status"] == "violation" and "3 tests together" in clear["message"]
+
+
+def test_a_run_counts_the_tests_it_states_claims_from() -> None:
+    both = ["black-box", "white-box"]
+    assert VOTING.claims_per_setting(None, both) == 2
+    assert VOTING.claims_per_setting(None, ["black-box"]) == 1
+    rdp = object.__new__(RdpDesign)  # the two cuts, whatever the threat models
+    assert VOTING.claims_per_setting(rdp, ["black-box"]) == 2
+    assert MOZO.claims_per_setting(None, both) == 1  # white-box findings are not tests
+
+
+# ------------------------------------------------------------ the rule's false-claim rate
 
 
 def _false_claim_runs(

@@ -221,6 +221,12 @@ class MechanismAudit:
         """One epsilon's estimates from its logged rows (clean rows for a bootstrap)."""
         raise NotImplementedError
 
+    def claims_per_setting(self, design: Any, threat_models: Sequence[str]) -> int:
+        """How many statistical tests one epsilon setting may state a VIOLATION or BUG
+        from: one figure per threat model. A run's claims hold for all of its settings'
+        tests together (estimators.family), so this sets the size of that family."""
+        return len(threat_models)
+
 
 # ==================================================================== shared helpers
 

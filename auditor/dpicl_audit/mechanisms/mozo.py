@@ -52,6 +52,7 @@ import numpy as np
 from dpicl_audit.client import AuditTarget
 from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import DatasetError, InvalidAuditInput, TargetProtocolError
+from dpicl_audit.estimators.gdp import gdp_epsilon
 from dpicl_audit.mechanisms.base import (
     MechanismAudit,
     TrialAt,
@@ -65,7 +66,7 @@ from dpicl_audit.mechanisms.neighbours import NeighbourPair, pair_from_json, pai
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.prompts import MOZO_TEMPLATE, mozo_question
 from dpicl_audit.store import ContextRecord, TrialRecord
-from dpicl_audit.verdicts import verdict
+from dpicl_audit.verdicts import for_the_family, verdict
 
 __all__ = ["MozoAudit", "MozoDesign", "decide", "mozo_design"]
 
@@ -246,6 +247,11 @@ class MozoAudit(MechanismAudit):
     def calls_per_query(self, plan: AuditPlan) -> int:
         return plan.mechanism.exemplars + 1  # |D| one-shot prompts and the zero-shot one
 
+    def claims_per_setting(self, design: Any, threat_models: Sequence[str]) -> int:
+        # The black-box figure only: the white-box findings (mozo_findings) are direct
+        # checks of the logged internals, not statistical tests.
+        return 1
+
     def queries_per_context(self, plan: AuditPlan) -> int | None:
         return plan.mechanism.queries_per_context
 
@@ -361,19 +367,38 @@ def _check_guarantee(context: ContextRecord, guarantee: str) -> None:
 
 
 def _proven(est: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
-    """epsilon_emp = the classical lower bound against the proven (true) claim."""
+    """epsilon_emp = the classical lower bound against the proven (true) claim; a VIOLATION
+    holds for the run's tests together (verdicts.for_the_family)."""
+    theory = float(meta["epsilon_theory"])
     emp = max(float(est["epsilon_lower_classic"]), 0.0)
     est["epsilon_emp"] = emp
     est["epsilon_emp_basis"] = "classical"
-    est["verdict"] = verdict(emp, float(meta["epsilon_theory"]), None)
+    est["verdict"] = for_the_family(
+        verdict(emp, theory, None),
+        est,
+        meta,
+        lambda fw: verdict(max(fw.epsilon_lower_classic, 0.0), theory, None),
+    )
     return est
 
 
 def _nominal(est: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
-    """epsilon_emp = max(GDP, classical) against the nominal claim."""
+    """epsilon_emp = max(GDP, classical) against the nominal claim, held for the run's
+    tests together as :func:`_proven`."""
+    theory, delta = float(meta["epsilon_theory"]), float(meta["delta"])
     emp = max(float(est["epsilon_lower"]), float(est["epsilon_lower_classic"]), 0.0)
     est["epsilon_emp"] = emp
-    est["verdict"] = verdict(emp, float(meta["epsilon_theory"]), None, nominal=True)
+    est["verdict"] = for_the_family(
+        verdict(emp, theory, None, nominal=True),
+        est,
+        meta,
+        lambda fw: verdict(
+            max(gdp_epsilon(fw.mu_lower, delta), fw.epsilon_lower_classic, 0.0),
+            theory,
+            None,
+            nominal=True,
+        ),
+    )
     return est
 
 

@@ -65,6 +65,7 @@ from dpicl_audit.prompts import (
     deployment_query,
 )
 from dpicl_audit.store import ContextRecord, TrialRecord
+from dpicl_audit.verdicts import RDP_CUTS
 
 __all__ = [
     "AuditDesign",
@@ -253,6 +254,15 @@ class VotingAudit(GaussianMechanismAudit):
     ) -> dict[str, Any]:
         calls = self.calls_per_query(plan)
         return design.estimate(plan, k, rows, meta, bootstrap=bootstrap, calls_per_query=calls)
+
+    def claims_per_setting(
+        self, design: AuditDesign | RdpDesign, threat_models: Sequence[str]
+    ) -> int:
+        # Paper 003's sequences state theirs from two composed bounds (the 2-cut and the
+        # k-cut, each at the plan's confidence: voting_rdp_estimates), not per threat model.
+        if isinstance(design, RdpDesign):
+            return len(RDP_CUTS)
+        return len(threat_models)
 
 
 VOTING = VotingAudit()

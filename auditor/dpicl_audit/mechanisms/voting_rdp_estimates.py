@@ -41,7 +41,7 @@ from dpicl_audit.estimators.rdp_audit import (
 from dpicl_audit.mechanisms.voting_rdp import RdpDesign
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.store import TrialRecord
-from dpicl_audit.verdicts import rdp_verdict
+from dpicl_audit.verdicts import RDP_CUTS, claim_for_the_family, family_of, rdp_verdict
 
 __all__ = ["estimate_rdp"]
 
@@ -97,8 +97,57 @@ def _per_query(
         out["k_cut_simulated"] = k_cut_lower(s1, s0, orders, confidence=confidence).tolist()
     out["output_label"] = design.labels[output]
     if c1.sum() and c0.sum():
-        out["two_cut"] = two_cut_from_labels(c1, c0, output, orders, confidence=confidence).tolist()
-        out["k_cut"] = k_cut_lower(c1, c0, orders, confidence=confidence).tolist()
+        out |= _released_cuts(c1, c0, output, orders, confidence)
+    return out
+
+
+def _released_cuts(
+    c1: np.ndarray, c0: np.ndarray, output: int, orders: np.ndarray, confidence: float
+) -> dict[str, list[float]]:
+    """One query's lower bounds from its released label counts, at ``confidence``."""
+    return {
+        "two_cut": two_cut_from_labels(c1, c0, output, orders, confidence=confidence).tolist(),
+        "k_cut": k_cut_lower(c1, c0, orders, confidence=confidence).tolist(),
+    }
+
+
+def _composed(per_query: Sequence[dict[str, Any]], key: str) -> list[float] | None:
+    """The order-wise sum over the sequence, each distinct query as often as it is asked."""
+    if not all(key in p for p in per_query):
+        return None
+    total: list[float] = np.sum(
+        [p["multiplicity"] * np.asarray(p[key]) for p in per_query], axis=0
+    ).tolist()
+    return total
+
+
+def _for_the_family(
+    rdp: dict[str, Any],
+    per_query: Sequence[dict[str, Any]],
+    design: RdpDesign,
+    family: dict[str, Any],
+) -> dict[str, Any]:
+    """The verdict as the run may state it (verdicts.claim_for_the_family): both cuts
+    recomposed from every query's logged label counts with its intervals at error
+    ``(1 - c) / (G m)``, G the distinct queries and m the run's tests."""
+    orders = np.asarray(rdp["orders"])
+    strict = 1.0 - (1.0 - family["confidence"]) / (len(per_query) * family["size"])
+    again = [
+        p
+        | _released_cuts(
+            np.asarray(p["label_counts"]["C1"]),
+            np.asarray(p["label_counts"]["C0"]),
+            design.labels.index(p["output_label"]),
+            orders,
+            strict,
+        )
+        for p in per_query  # a flagged cut is composed from every query's counts
+    ]
+    cuts = {key: _composed(again, key) for key in RDP_CUTS}
+    together = rdp_verdict(orders, rdp | cuts)
+    shown = f"both cuts recomposed with each query's intervals at confidence {strict:.6g}"
+    out = claim_for_the_family(rdp["verdict"], together, family, shown)
+    out["family_wise"] = {"size": family["size"], "confidence": strict} | cuts
     return out
 
 
@@ -122,12 +171,7 @@ def estimate_rdp(
         per_query.append({"query": q[:200], "multiplicity": m, **one})
     rdp: dict[str, Any] = {"orders": orders.tolist(), "queries": len(design.queries)}
     for key in _CURVES:
-        if all(key in p for p in per_query):
-            rdp[key] = np.sum(
-                [p["multiplicity"] * np.asarray(p[key]) for p in per_query], axis=0
-            ).tolist()
-        else:
-            rdp[key] = None
+        rdp[key] = _composed(per_query, key)
     rdp["theory"] = (len(design.queries) * gaussian_rdp(orders, sigma)).tolist() if sigma else None
     rdp["per_query"] = per_query
     rdp["confidence"] = plan.confidence
@@ -142,6 +186,9 @@ def estimate_rdp(
     rdp["epsilons"] = eps
     try:
         rdp["verdict"] = rdp_verdict(orders, rdp)
+        family = family_of(meta)
+        if family is not None and rdp["verdict"]["status"] in ("violation", "bug"):
+            rdp["verdict"] = _for_the_family(rdp, per_query, design, family)
     except InvalidAuditInput as exc:
         rdp["verdict"] = {"status": "error", "message": str(exc)}
     return rdp

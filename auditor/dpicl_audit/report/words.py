@@ -56,7 +56,7 @@ def verdict_sentence(row: ReportRow) -> str:
         if row.family_size:
             chance = (
                 f"or this run is one of the at most {1 - row.confidence:.0%} of runs of a "
-                f"correct server in which one of its {row.family_size} figures overshoots "
+                f"correct server in which one of its {row.family_size} tests overshoots "
                 "(the run's claims hold together at this confidence)"
             )
         else:
