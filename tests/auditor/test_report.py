@@ -49,7 +49,7 @@ def test_verdict_words() -> None:
     assert b.startswith("BUG") and "the server or the auditor has a bug" in b
     assert "at most 5% of audits of a correct server" in b  # the bound's error rate, said
     run = verdict_sentence(replace(_row("bug", 0.9), family_size=4))  # a run's claims together
-    assert "at most 5% of runs of a correct server in which one of its 4 figures" in run
+    assert "at most 5% of runs of a correct server in which one of its 4 tests" in run
     assert verdict_sentence(_row("ok", 0.7)).startswith("consistent")
     assert run_verdict([_row("ok", 0.1), _row("bug", 0.9), _row("ok", 0.2)]) == "bug"
     assert run_verdict([_row("bug", 0.9), _row("violation", 2.0)]) == "violation"

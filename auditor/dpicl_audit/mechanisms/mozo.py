@@ -63,6 +63,7 @@ from dpicl_audit.mechanisms.base import (
 from dpicl_audit.mechanisms.mozo_check import token_check
 from dpicl_audit.mechanisms.mozo_findings import divergence_check, ratio_check
 from dpicl_audit.mechanisms.neighbours import NeighbourPair, pair_from_json, pair_to_json
+from dpicl_audit.mechanisms.trial_estimates import Finish
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.prompts import MOZO_TEMPLATE, mozo_question
 from dpicl_audit.store import ContextRecord, TrialRecord
@@ -337,7 +338,7 @@ class MozoAudit(MechanismAudit):
             rows,
             meta,
             calls_per_query=self.calls_per_query(plan),
-            finish=_proven if proven else _nominal,
+            finish=_verdict_of(nominal=not proven),
         )
         starts: dict[str, dict[str, int]] = {"C1": {}, "C0": {}}
         for r in rows:
@@ -366,40 +367,30 @@ def _check_guarantee(context: ContextRecord, guarantee: str) -> None:
         )
 
 
-def _proven(est: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
-    """epsilon_emp = the classical lower bound against the proven (true) claim; a VIOLATION
-    holds for the run's tests together (verdicts.for_the_family)."""
-    theory = float(meta["epsilon_theory"])
-    emp = max(float(est["epsilon_lower_classic"]), 0.0)
-    est["epsilon_emp"] = emp
-    est["epsilon_emp_basis"] = "classical"
-    est["verdict"] = for_the_family(
-        verdict(emp, theory, None),
-        est,
-        meta,
-        lambda fw: verdict(max(fw.epsilon_lower_classic, 0.0), theory, None),
-    )
-    return est
+def _verdict_of(*, nominal: bool) -> Finish:
+    """epsilon_emp and its verdict: proven mode reads the classical lower bound against the
+    true claim; paper mode the larger of the GDP and classical figures against the nominal
+    one. A VIOLATION holds for the run's tests together (verdicts.for_the_family)."""
 
+    def finish(est: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
+        theory, delta = float(meta["epsilon_theory"]), float(meta["delta"])
 
-def _nominal(est: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
-    """epsilon_emp = max(GDP, classical) against the nominal claim, held for the run's
-    tests together as :func:`_proven`."""
-    theory, delta = float(meta["epsilon_theory"]), float(meta["delta"])
-    emp = max(float(est["epsilon_lower"]), float(est["epsilon_lower_classic"]), 0.0)
-    est["epsilon_emp"] = emp
-    est["verdict"] = for_the_family(
-        verdict(emp, theory, None, nominal=True),
-        est,
-        meta,
-        lambda fw: verdict(
-            max(gdp_epsilon(fw.mu_lower, delta), fw.epsilon_lower_classic, 0.0),
-            theory,
-            None,
-            nominal=True,
-        ),
-    )
-    return est
+        def emp(mu: float, classical: float) -> float:
+            return max(gdp_epsilon(mu, delta) if nominal else 0.0, classical, 0.0)
+
+        def judge(mu: float, classical: float) -> dict[str, Any]:
+            return verdict(emp(mu, classical), theory, None, nominal=nominal)
+
+        mu, classical = float(est["mu_lower"]), float(est["epsilon_lower_classic"])
+        est["epsilon_emp"] = emp(mu, classical)
+        if not nominal:
+            est["epsilon_emp_basis"] = "classical"
+        est["verdict"] = for_the_family(
+            judge(mu, classical), est, meta, lambda fw: judge(fw.mu_lower, fw.epsilon_lower_classic)
+        )
+        return est
+
+    return finish
 
 
 MOZO = MozoAudit()
