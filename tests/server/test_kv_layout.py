@@ -159,6 +159,72 @@ def test_branches_see_their_row_and_themselves_only() -> None:
     assert plan.reads[1] == [[(4, 1)], [(4, 2), (5, 2)]]
 
 
+def _reference_layout(
+    rests: list[list[int]], labels: list[list[list[int]]], offsets: list[int], s: int
+) -> tuple[list[list[tuple[int, int, int, int]]], list[list[list[tuple[int, int]]]]]:
+    """Per row, per column: (token, position, segment, kept) from the layout's definition
+    (``[pads][rest][branch 1][branch 2]...[pads]``, segment -1 pad, 0 rest, k branch k),
+    and the reads as (flat kept index, token), counted by walking the kept columns."""
+    r_width = max(len(r) for r in rests)
+    grid, reads, kept = [], [], 0
+    for rest, labs, off in zip(rests, labels, offsets, strict=True):
+        cols = [(0, 0, -1, 0)] * (r_width - len(rest))
+        cols += [(t, off + i, 0, 0) for i, t in enumerate(rest)]
+        cols[-1] = (*cols[-1][:3], 1)
+        flat_of_col, row = {len(cols) - 1: kept}, []
+        n_kept = kept + 1
+        for k, lab in enumerate([lab for lab in labs if len(lab) > 1], start=1):
+            for i, t in enumerate(lab[:-1]):
+                flat_of_col[len(cols)] = n_kept
+                n_kept += 1
+                cols.append((t, off + len(rest) + i, k, 1))
+        cols += [(0, 0, -1, 0)] * (s - len(cols))
+        branch_cols = iter(sorted(c for c in flat_of_col if c >= r_width))
+        for lab in labs:
+            got = [(kept, lab[0])]
+            got += [(flat_of_col[next(branch_cols)], t) for t in lab[1:]]
+            row.append(got)
+        grid.append(cols)
+        reads.append(row)
+        kept = n_kept
+    return grid, reads
+
+
+def test_a_plan_matches_the_layout_definition_on_random_batches() -> None:
+    # The plan is built for whole batches at once (segment comparisons); this checks every
+    # token, position and mask entry against the layout's definition, element by element.
+    gen = torch.Generator().manual_seed(11)
+
+    def draw(lo: int, hi: int) -> int:
+        return int(torch.randint(lo, hi + 1, (1,), generator=gen))
+
+    for _ in range(60):
+        n = draw(1, 5)
+        rests = [[draw(1, 60) for _ in range(draw(1, 6))] for _ in range(n)]
+        labels = [[[draw(1, 60) for _ in range(draw(1, 4))] for _ in range(draw(1, 4))]] * n
+        lens = [draw(0, 5) for _ in range(n)]
+        past = prefix_mask(lens, torch.device("cpu"))
+        plan = plan_scoring(rests, labels, lens, past, pad_id=0)
+        s, w = plan.input_ids.shape[1], past.shape[1]
+        grid, reads = _reference_layout(rests, labels, lens, s)
+        assert plan.reads == reads
+        for b in range(n):
+            assert plan.input_ids[b].tolist() == [c[0] for c in grid[b]]
+            assert plan.keep[b].tolist() == [bool(c[3]) for c in grid[b]]
+            for i, (_, pos_i, seg_i, _) in enumerate(grid[b]):
+                if seg_i >= 0:
+                    assert int(plan.position_ids[b, i]) == pos_i
+                want = [bool(past[b, j]) and seg_i >= 0 for j in range(w)]
+                for j, (_, _, seg_j, _) in enumerate(grid[b]):
+                    if seg_i < 0:
+                        want.append(i == j)  # a pad query sees itself only
+                    elif seg_j == 0:
+                        want.append(seg_i > 0 or j <= i)
+                    else:
+                        want.append(seg_j == seg_i and j <= i)
+                assert plan.mask[b, 0, i].tolist() == want, (b, i)
+
+
 def test_attention_mask_forms() -> None:
     mask = torch.tensor([[[[True, False]]]])
     assert attention_mask_for(mask, "sdpa", torch.float32) is mask

@@ -200,61 +200,68 @@ def plan_scoring(
 ) -> ScoringPlan:
     """Lay out rows ``rests[b]`` (each non-empty; their position ids start at
     ``offsets[b]``, after a past of keys ``past_mask[b]``) with a branch per multi-token
-    label of ``labels[b]``: ``[pads][rest][branch 1][branch 2]...[pads]``."""
+    label of ``labels[b]``: ``[pads][rest][branch 1][branch 2]...[pads]``.
+
+    The token grid is built in Python lists and the mask by whole-batch comparisons of each
+    column's segment (pad, rest, branch k), with a constant number of tensor operations
+    whatever the batch: row-by-row tensor slicing cost milliseconds of host time per call,
+    which on a GPU is a large part of a warm scoring call."""
     n = len(rests)
     r_width = max(len(r) for r in rests)
     branches = [[lab[:-1] for lab in labs if len(lab) > 1] for labs in labels]
-    c_width = max(sum(len(t) for t in br) for br in branches)
-    s = r_width + c_width
-    w = past_mask.shape[1]
-    ids = torch.full((n, s), pad_id, dtype=torch.long)
-    pos = torch.zeros((n, s), dtype=torch.long)
-    # Attention among the new tokens, built on the host and moved once.
-    att = torch.zeros((n, s, s), dtype=torch.bool)
-    keep = torch.zeros((n, s), dtype=torch.bool)
-    real = torch.zeros((n, s), dtype=torch.bool)
-    spans: list[list[tuple[int, int]]] = []  # per row, per branch: (start column, length)
-    for b, (rest, br) in enumerate(zip(rests, branches, strict=True)):
-        start = r_width - len(rest)
-        ids[b, start:r_width] = torch.tensor(list(rest), dtype=torch.long)
-        pos[b, start:r_width] = torch.arange(len(rest)) + offsets[b]
-        real[b, start:r_width] = True
-        att[b, start:r_width, start:r_width] = torch.ones(len(rest), len(rest)).tril().bool()
-        keep[b, r_width - 1] = True
-        col = r_width
-        row_spans = []
-        for toks in br:
-            end = col + len(toks)
-            ids[b, col:end] = torch.tensor(list(toks), dtype=torch.long)
-            pos[b, col:end] = torch.arange(len(toks)) + offsets[b] + len(rest)
-            real[b, col:end] = True
-            att[b, col:end, start:r_width] = True
-            att[b, col:end, col:end] = torch.ones(len(toks), len(toks)).tril().bool()
-            keep[b, col:end] = True
-            row_spans.append((col, len(toks)))
-            col = end
-        spans.append(row_spans)
-    # A pad query attends to itself only (an all-masked row would give NaN); no real
-    # query attends to a pad key.
-    idx = torch.arange(s)
-    att[:, idx, idx] |= ~real
-    past = past_mask.bool().cpu()[:, None, :].expand(n, s, w) & real[:, :, None]
-    mask = torch.cat([past, att], dim=2)[:, None, :, :]
-    flat = (keep.flatten().cumsum(0) - 1).view(n, s).tolist()
+    s = r_width + max(sum(len(t) for t in br) for br in branches)
+    ids = [[pad_id] * s for _ in range(n)]
+    pos = [[0] * s for _ in range(n)]
+    seg = [[-1] * s for _ in range(n)]  # -1 pad, 0 the rest, k the k-th branch
+    keep = [[False] * s for _ in range(n)]
     reads: list[list[list[tuple[int, int]]]] = []
-    for b, labs in enumerate(labels):
-        first = flat[b][r_width - 1]
+    kept = 0  # kept positions before this row (the logits' row-major flat index)
+    for b, (rest, br, labs) in enumerate(zip(rests, branches, labels, strict=True)):
+        start, top = r_width - len(rest), offsets[b] + len(rest)
+        ids[b][start:r_width] = rest
+        pos[b][start:r_width] = range(offsets[b], top)
+        seg[b][start:r_width] = [0] * len(rest)
+        width = sum(len(t) for t in br)
+        keep[b][r_width - 1 : r_width + width] = [True] * (1 + width)
+        col = r_width
+        for k, toks in enumerate(br, start=1):
+            ids[b][col : col + len(toks)] = toks
+            pos[b][col : col + len(toks)] = range(top, top + len(toks))
+            seg[b][col : col + len(toks)] = [k] * len(toks)
+            col += len(toks)
+        # Flat indices: the last rest token, then the branches' tokens in column order.
         row: list[list[tuple[int, int]]] = []
-        multi = iter(spans[b])
+        at = kept + 1
         for lab in labs:
-            got = [(first, int(lab[0]))]
+            got = [(kept, int(lab[0]))]
             if len(lab) > 1:
-                col, length = next(multi)
-                got += [(flat[b][col + i], int(lab[i + 1])) for i in range(length)]
+                got += [(at + i, int(t)) for i, t in enumerate(lab[1:])]
+                at += len(lab) - 1
             row.append(got)
         reads.append(row)
+        kept = at
+    segment = torch.tensor(seg, dtype=torch.long)
+    real = segment >= 0
+    col_ix = torch.arange(s)
+    causal = col_ix[None, :] <= col_ix[:, None]  # (S, S): key column <= query column
+    query, key = segment[:, :, None], segment[:, None, :]
+    # A rest token sees the rest before it; a branch token the whole rest and its own
+    # branch up to itself; nobody sees a pad or another branch.
+    att = (key == 0) & ((query > 0) | causal) | (query > 0) & (query == key) & causal
+    att &= real[:, :, None] & real[:, None, :]
+    # A pad query attends to itself only (an all-masked row would give NaN).
+    att |= torch.diag_embed(~real)
+    w = past_mask.shape[1]
+    past = past_mask.bool().cpu()[:, None, :].expand(n, s, w) & real[:, :, None]
+    mask = torch.cat([past, att], dim=2)[:, None, :, :]
     dev = past_mask.device
-    return ScoringPlan(ids.to(dev), pos.to(dev), mask.to(dev), keep.to(dev), reads)
+    return ScoringPlan(
+        torch.tensor(ids, dtype=torch.long).to(dev),
+        torch.tensor(pos, dtype=torch.long).to(dev),
+        mask.to(dev),
+        torch.tensor(keep, dtype=torch.bool).to(dev),
+        reads,
+    )
 
 
 def attention_mask_for(mask: torch.Tensor, implementation: str, dtype: torch.dtype) -> torch.Tensor:
