@@ -51,6 +51,10 @@ def test_verdict_words() -> None:
     run = verdict_sentence(replace(_row("bug", 0.9), family_size=4))  # a run's claims together
     assert "at most 5% of runs of a correct server in which one of its 4 tests" in run
     assert verdict_sentence(_row("ok", 0.7)).startswith("consistent")
+    why = "INCONCLUSIVE: this figure alone reads BUG at 95% (...)"
+    inc = verdict_sentence(replace(_row("inconclusive", 0.9), message=why))
+    assert inc.startswith("INCONCLUSIVE (") and inc.count("INCONCLUSIVE") == 1
+    assert inc.endswith("): this figure alone reads BUG at 95% (...)")
     assert run_verdict([_row("ok", 0.1), _row("bug", 0.9), _row("ok", 0.2)]) == "bug"
     assert run_verdict([_row("bug", 0.9), _row("violation", 2.0)]) == "violation"
 

@@ -70,8 +70,8 @@ def verdict_sentence(row: ReportRow) -> str:
             f"though not the claimed {fmt(row.epsilon_theory, 3)}: the server or the auditor "
             f"has a bug, {chance} (run it again with more trials to tell)."
         )
-    if row.status == "inconclusive":
-        return f"INCONCLUSIVE ({where}): {row.message}"
+    if row.status == "inconclusive":  # the verdict's message starts with the word itself
+        return f"INCONCLUSIVE ({where}): {row.message.removeprefix('INCONCLUSIVE: ')}"
     if row.status == "error":
         return f"no estimate ({where}): {row.message}"
     return (
