@@ -7,6 +7,10 @@
 2. KV cache: the same DPS-MOZO loop on the cached session (one single-token forward per
    token) against the reference session that re-runs every full prompt plus the suffix at
    each token (``open_decoding(..., recompute=True)``).
+3. Session KV layout, on longer answers: the session's keys and values in slots of its own,
+   each token written in place (doubling when full), against a transformers
+   ``DynamicCache``, which concatenates every token onto the whole cache in every layer
+   (the path before; ``engine.slot_caches = False``).
 
 Both sides of a ratio use the same seeded generator, interleaved repetitions and medians,
 and are reported in tokens per second (decoding steps, EOS included, per second).
@@ -89,19 +93,19 @@ async def main(quick: bool) -> None:
     )
     assert isinstance(tf, TransformersEngine)
     ps = prompts()
-    n_shots, top_k, t_max = 4, 100, 8 if quick else 16
+    n_shots, top_k, t_max, t_long = 4, 100, 8 if quick else 16, 16 if quick else 128
     cal = calibrate_beta(
-        4.0, 1 / len(DIALOGUES), None, tokens=10 * t_max, sample_rate=n_shots / len(DIALOGUES)
+        4.0, 1 / len(DIALOGUES), None, tokens=10 * t_long, sample_rate=n_shots / len(DIALOGUES)
     )
 
-    def loop(engine: Engine, *, private: bool) -> Callable[[], Awaitable[int]]:
+    def loop(engine: Engine, *, private: bool, tokens: int = t_max) -> Callable[[], Awaitable[int]]:
         async def run() -> int:
             out = await mozo_decode(
                 engine,
                 ps,
                 n_shots=n_shots,
                 top_k=top_k,
-                max_tokens=t_max,
+                max_tokens=tokens,
                 beta=cal.beta,
                 alpha=cal.alpha,
                 lam_max=1.5,
@@ -125,6 +129,23 @@ async def main(quick: bool) -> None:
         f"KV-cache loop {cached:6.2f} tok/s vs recompute {full:6.2f} tok/s -> speed-up "
         f"x{cached / full:.2f} (one single-token forward of {len(ps)} rows per token instead "
         f"of re-running {len(ps)} full prompts; T_max={t_max})"
+    )
+
+    def concatenating(run: Callable[[], Awaitable[int]]) -> Callable[[], Awaitable[int]]:
+        async def wrapped() -> int:
+            tf.slot_caches = False
+            try:
+                return await run()
+            finally:
+                tf.slot_caches = True
+
+        return wrapped
+
+    long = loop(tf, private=True, tokens=t_long)
+    slots, cat = await paired(long, concatenating(long), reps)
+    print(
+        f"session KV in slots {slots:6.2f} tok/s vs concatenated (DynamicCache) {cat:6.2f} "
+        f"tok/s -> speed-up x{slots / cat:.2f} ({len(ps)} rows, T_max={t_long})"
     )
     await tf.aclose()
 

@@ -61,6 +61,14 @@ def test_voting_bench() -> None:
 
 
 @pytest.mark.slow
+def test_mozo_bench() -> None:
+    out = run_bench("mozo.py", "--quick")
+    assert re.search(r"non-private ensemble .* -> ratio \d+\.\d+", out), out
+    assert re.search(r"vs recompute .* -> speed-up x\d+\.\d+", out), out
+    assert re.search(r"concatenated \(DynamicCache\) .* -> speed-up x\d+\.\d+", out), out
+
+
+@pytest.mark.slow
 def test_esa_release_check_bench() -> None:
     """The link-by-link check of ESA's black-box release runs end to end on a few trials:
     the auditor's log matches the server's requests, and the closed form is printed."""

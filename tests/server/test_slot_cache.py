@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dpicl.engines.slot_cache import KVWorkspace, SlotCache, SlotLayer
+from dpicl.engines.slot_cache import KVWorkspace, SlotCache, SlotLayer, own_slots
 
 
 def test_a_slot_layer_writes_new_tokens_after_its_past_in_place() -> None:
@@ -24,14 +24,32 @@ def test_a_slot_layer_writes_new_tokens_after_its_past_in_place() -> None:
     assert torch.equal(values[:, :, 2:5], new_v)
 
 
-def test_a_slot_layer_past_its_room_grows_like_a_dynamic_layer() -> None:
+def test_a_slot_layer_past_its_room_moves_to_slots_of_twice_the_size() -> None:
     keys, values = torch.zeros(1, 1, 3, 2), torch.zeros(1, 1, 3, 2)
+    keys[:, :, :2] = 7.0
     layer = SlotLayer(keys, values, filled=2)
     k, _ = layer.update(torch.ones(1, 1, 2, 2), torch.ones(1, 1, 2, 2))  # 4 > 3 slots
     assert k.shape == (1, 1, 4, 2) and k.data_ptr() != keys.data_ptr()
-    assert not keys[:, :, 2].any()  # the slots were left alone
-    k, _ = layer.update(torch.full((1, 1, 1, 2), 3.0), torch.ones(1, 1, 1, 2))
-    assert k.shape == (1, 1, 5, 2) and float(k[0, 0, -1, 0]) == 3.0
+    assert layer.capacity == 6  # twice 3, which holds the 4 needed
+    assert not keys[:, :, 2].any()  # the old slots were left alone
+    assert torch.equal(k[:, :, :2], keys[:, :, :2])  # the past moved along
+    moved = k.data_ptr()
+    k, _ = layer.update(torch.full((1, 1, 2, 2), 3.0), torch.ones(1, 1, 2, 2))
+    assert k.shape == (1, 1, 6, 2) and float(k[0, 0, -1, 0]) == 3.0
+    assert k.data_ptr() == moved  # in place again until full
+    k, _ = layer.update(torch.ones(1, 1, 9, 2), torch.ones(1, 1, 9, 2))  # needs 15 > 12
+    assert layer.capacity == 15 and k.shape == (1, 1, 15, 2)
+    assert float(k[0, 0, 5, 0]) == 3.0
+
+
+def test_own_slots_copy_a_cache_with_room() -> None:
+    layers = [(torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5, 4)) for _ in range(3)]
+    cache = own_slots(layers, room=4)
+    assert len(cache.layers) == 3 and cache.get_seq_length() == 5
+    for layer, (k, v) in zip(cache.layers, layers, strict=True):
+        assert isinstance(layer, SlotLayer) and layer.capacity == 9
+        assert torch.equal(layer.keys, k) and torch.equal(layer.values, v)
+        assert layer.keys.data_ptr() != k.data_ptr()  # a copy: the session owns it
 
 
 def test_a_slot_cache_has_one_layer_per_model_layer() -> None:

@@ -271,9 +271,21 @@ DECODE = [
 
 
 @pytest.mark.slow
-async def test_kv_cached_decoding_equals_recompute(engine: TransformersEngine) -> None:
+async def test_kv_cached_decoding_equals_recompute(
+    engine: TransformersEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dpicl.engines.transformers_decoding as decoding
+    from dpicl.engines.slot_cache import SlotCache, SlotLayer
+
+    # Room for 2 generated tokens: the session's slots move (doubling) within the 6 steps.
+    monkeypatch.setattr(decoding, "SESSION_ROOM", 2)
     k = 20
     kv = await engine.open_decoding(DECODE, zero_shot_index=0, top_k=k)
+    assert isinstance(kv, decoding.TransformersDecodingSession)
+    assert isinstance(kv._cache, SlotCache)
+    first = kv._cache.layers[0]
+    assert isinstance(first, SlotLayer)
+    start = first.capacity
     ref = await engine.open_decoding(DECODE, zero_shot_index=0, top_k=k, recompute=True)
     assert isinstance(kv, DecodingSession)
     assert kv.eos_token_id == engine.tokenizer.eos_token_id
@@ -298,6 +310,7 @@ async def test_kv_cached_decoding_equals_recompute(engine: TransformersEngine) -
         await kv.advance(tok)
         await ref.advance(tok)
     assert kv.decode(tokens).strip()
+    assert first.capacity == 2 * start  # moved once, past its room, and decoded on
     await kv.aclose()
     await ref.aclose()
 

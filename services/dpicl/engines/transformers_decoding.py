@@ -4,7 +4,8 @@ A session encodes its prompts once, keeps their KV cache, and advances all rows 
 single-token forward per generated token; ``recompute=True`` opens a reference session that
 re-runs the full prompts plus the suffix at every step (no cache); the benchmark
 (``bench/mozo.py``) and the tests compare the two. Sessions never use the per-context prefix
-cache. Every model call runs through the engine's lock (:meth:`TransformersEngine._run`).
+cache; their KV lives in slots of their own (:func:`~dpicl.engines.slot_cache.own_slots`).
+Every model call runs through the engine's lock (:meth:`TransformersEngine._run`).
 """
 
 from __future__ import annotations
@@ -16,13 +17,17 @@ import numpy as np
 import torch
 
 from dpicl.engines.base import PromptSpec, StepLogits
+from dpicl.engines.slot_cache import own_slots
 from dpicl.engines.transformers_past import prefill
 from dpicl.errors import EngineError, InvalidRequest
 
 if TYPE_CHECKING:
     from dpicl.engines.transformers import TransformersEngine
 
-__all__ = ["TransformersDecodingSession"]
+__all__ = ["SESSION_ROOM", "TransformersDecodingSession"]
+
+#: Positions a session's slots hold for generated tokens before they first double.
+SESSION_ROOM = 64
 
 
 class TransformersDecodingSession:
@@ -62,7 +67,12 @@ class TransformersDecodingSession:
             self._last = self._recompute_last()
             return
         pre = prefill(eng, self._prompt_ids, use_cache=True)
-        self._cache = pre.res.past_key_values
+        # Slots of the session's own (it outlives this engine call, so never the engine's
+        # workspace): each token's keys and values are written in place (slot_cache).
+        cache = pre.res.past_key_values
+        if eng.slot_caches:
+            cache = own_slots([(k, v) for k, v, *_ in cache], SESSION_ROOM)
+        self._cache = cache
         self._attn = pre.attention_mask
         self._pos = pre.last_pos
         self._last = pre.res.logits[:, -1, :].float()
