@@ -235,10 +235,15 @@ class ContextSpec(BaseModel):
                         param=f"exemplars.{i}.output",
                     )
         if self.template is not None:
-            for slot in ("{exemplars}", "{query}"):
-                if slot not in self.template:
+            # Each slot is filled once per prompt: a template of 20,000 characters holding
+            # "{exemplars}" 1,800 times made every prompt 1,800 copies of the exemplars.
+            for slot, least in (("{exemplars}", 1), ("{query}", 1), ("{labels}", 0)):
+                count = self.template.count(slot)
+                if not least <= count <= 1:
+                    wanted = "exactly once" if least else "at most once"
                     raise ConfigurationError(
-                        f"the template must contain the slot {slot}", param="template"
+                        f"the template must contain the slot {slot} {wanted} (it has {count})",
+                        param="template",
                     )
         mech = self.mechanism
         if isinstance(mech, MozoSettings):

@@ -132,6 +132,22 @@ def context_cases() -> list[Case]:
         ),
         c("5000 labels", _with(_voting(), labels=[f"l{i}" for i in range(5000)]), "labels"),
         c("nested 500 deep", _with(_voting(), name=json.loads("[" * 500 + "]" * 500)), "name"),
+        # each slot is filled once per prompt: 1,800 "{exemplars}" made 1,800 copies
+        c(
+            "template {exemplars} x1800",
+            _with(_voting(), template="{exemplars}" * 1800 + "{query}"),
+            "{exemplars} exactly once (it has 1800)",
+        ),
+        c(
+            "template {query} twice",
+            _with(_voting(), template="{exemplars}{query}{query}"),
+            "{query} exactly once (it has 2)",
+        ),
+        c(
+            "template {labels} x2000",
+            _with(_voting(), template="{exemplars}{query}" + "{labels}" * 2000),
+            "{labels} at most once (it has 2000)",
+        ),
         # 12. a budget is required; "budget": null needs DPICL_ALLOW_UNBUDGETED
         c("no budget", no_budget, "budget"),
         c("budget null", voting_context(), "DPICL_ALLOW_UNBUDGETED"),
