@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
 from dpicl.errors import ConfigurationError
 
@@ -51,9 +52,28 @@ NONBLANK_NO_NUL = r"^[^\x00]*[^\x00\s][^\x00]*$"
 #: Every free text the server accepts.
 Text = Annotated[str, Field(pattern=NO_NUL)]
 
-Epsilon = Annotated[float, Field(ge=EPSILON_MIN, le=EPSILON_MAX, allow_inf_nan=False)]
-BudgetEpsilon = Annotated[float, Field(ge=EPSILON_MIN, le=BUDGET_EPSILON_MAX, allow_inf_nan=False)]
-Delta = Annotated[float, Field(ge=DELTA_MIN, le=DELTA_MAX, allow_inf_nan=False)]
+
+def _json_number(value: object) -> object:
+    # Lax pydantic reads true as 1 and "4" as 4: "epsilon": true made a context of
+    # epsilon 1. A JSON number is the only number (4.0 still counts as the integer 4).
+    if isinstance(value, bool | str):
+        raise PydanticCustomError("number_type", "Input should be a number")
+    return value
+
+
+# Numbers of the request schemas: JSON numbers only, never a boolean or a string. (The
+# validator sits beside the bounds, not in a nested alias, where pydantic would write the
+# bounds into the JSON schema as "ge" and "le" instead of "minimum" and "maximum".)
+JsonNumber = BeforeValidator(_json_number)
+Int = Annotated[int, JsonNumber]
+OptionalInt = Annotated[int | None, JsonNumber]
+Float = Annotated[float, JsonNumber]
+
+Epsilon = Annotated[float, Field(ge=EPSILON_MIN, le=EPSILON_MAX, allow_inf_nan=False), JsonNumber]
+BudgetEpsilon = Annotated[
+    float, Field(ge=EPSILON_MIN, le=BUDGET_EPSILON_MAX, allow_inf_nan=False), JsonNumber
+]
+Delta = Annotated[float, Field(ge=DELTA_MIN, le=DELTA_MAX, allow_inf_nan=False), JsonNumber]
 
 
 class Exemplar(BaseModel):
@@ -72,10 +92,10 @@ class _PartitionedGaussian(BaseModel):
 
     epsilon: Epsilon = Field(description="Per-query epsilon.")
     delta: Delta = Field(default=1e-5, description="Per-query delta.")
-    partitions: int = Field(
+    partitions: Int = Field(
         default=10, ge=1, le=MAX_PARTITIONS, description="Number of disjoint partitions T <= |D|."
     )
-    partition_seed: int | None = Field(
+    partition_seed: OptionalInt = Field(
         default=None, ge=0, lt=2**63, description="Seed of the partition permutation."
     )
     partitioning: Literal["positional", "hash"] = "positional"
@@ -86,7 +106,7 @@ class VotingSettings(_PartitionedGaussian):
     """Private voting (Algorithm 2 of Wu et al., as audited in paper 000)."""
 
     name: Literal["voting"] = "voting"
-    temperature: float = Field(default=0.0, ge=0.0, le=10.0)
+    temperature: Float = Field(default=0.0, ge=0.0, le=10.0)
 
 
 class EsaSettings(_PartitionedGaussian):
@@ -97,9 +117,9 @@ class EsaSettings(_PartitionedGaussian):
         default="tight",
         description="L2 sensitivity of the mean: 2/T (paper 000, Appendix A) or 1 (original).",
     )
-    temperature: float = Field(default=1.0, ge=0.0, le=10.0)
-    candidates: int = Field(default=8, ge=1, le=64, description="Zero-shot candidates T_cand.")
-    max_tokens: int = Field(default=48, ge=1, le=1024)
+    temperature: Float = Field(default=1.0, ge=0.0, le=10.0)
+    candidates: Int = Field(default=8, ge=1, le=64, description="Zero-shot candidates T_cand.")
+    max_tokens: Int = Field(default=48, ge=1, le=1024)
 
 
 class MozoSettings(BaseModel):
@@ -124,20 +144,20 @@ class MozoSettings(BaseModel):
         description="proven: max-log-ratio constraint, true (epsilon, delta); paper: paper "
         "004's Renyi constraint, nominal epsilon.",
     )
-    alpha: int | None = Field(
+    alpha: OptionalInt = Field(
         default=None,
         ge=2,
         le=1024,
         description="guarantee paper only: Renyi order; default: the smallest whose "
         "RDP-to-DP conversion costs at most epsilon/2 (paper 004, Section 5.1).",
     )
-    n_shots: int = Field(
+    n_shots: Int = Field(
         default=4, ge=1, le=1024, description="Exemplars sampled per token (<= |D|)."
     )
-    top_k: int = Field(default=100, ge=1, le=1000, description="Zero-shot top-k support.")
-    max_tokens: int = Field(default=48, ge=1, le=1024, description="T_max per answer.")
-    queries: int = Field(ge=1, le=1_000_000, description="Answers the context will give.")
-    lambda_max: float = Field(default=1.5, ge=0.0, le=10.0, description="Upper end of lambda.")
+    top_k: Int = Field(default=100, ge=1, le=1000, description="Zero-shot top-k support.")
+    max_tokens: Int = Field(default=48, ge=1, le=1024, description="T_max per answer.")
+    queries: Int = Field(ge=1, le=1_000_000, description="Answers the context will give.")
+    lambda_max: Float = Field(default=1.5, ge=0.0, le=10.0, description="Upper end of lambda.")
 
     def resolved_delta(self, n_exemplars: int) -> float:
         return self.delta if self.delta is not None else 1.0 / n_exemplars
@@ -154,8 +174,8 @@ class PublicSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: Literal["public"] = "public"
-    max_tokens: int = Field(default=48, ge=1, le=1024)
-    temperature: float = Field(default=0.0, ge=0.0, le=10.0)
+    max_tokens: Int = Field(default=48, ge=1, le=1024)
+    temperature: Float = Field(default=0.0, ge=0.0, le=10.0)
     derived_from: str | None = None
 
 

@@ -86,6 +86,19 @@ def context_cases() -> list[Case]:
         c("epsilon -1", _voting(epsilon=-1.0), "mechanism.voting.epsilon"),
         c("epsilon string", _voting(epsilon="lots"), "mechanism.voting.epsilon"),
         c("epsilon list", _voting(epsilon=[1.0]), "mechanism.voting.epsilon"),
+        # lax pydantic read true as 1 and "4" as 4: wrong types, not numbers
+        c("epsilon true", _voting(epsilon=True), "mechanism.voting.epsilon"),
+        c("epsilon '1'", _voting(epsilon="1"), "mechanism.voting.epsilon"),
+        c("partitions true", _voting(partitions=True), "mechanism.voting.partitions"),
+        c("partition_seed '7'", _voting(partition_seed="7"), "mechanism.voting.partition_seed"),
+        c(
+            "budget delta '1e-5'",
+            _with(_voting(), budget={"epsilon": 1.0, "delta": "1e-5"}),
+            "budget.delta",
+        ),
+        c("mozo queries true", _mozo(queries=True), "queries"),
+        c("mozo delta true", _mozo(delta=True), "delta"),
+        c("mozo alpha '8'", _mozo(guarantee="paper", alpha="8"), "alpha"),
         c(
             "budget epsilon 1e308",
             _with(_voting(), budget={"epsilon": 1e308, "delta": 1e-5}),
@@ -196,6 +209,12 @@ def inference_cases(context_id: str) -> list[Case]:
             path="/v1/generate",
         ),
         q("extra field", {"context_id": context_id, "query": "hi", "x": 1}, "x"),
+        q(
+            "max_tokens true",
+            {"context_id": context_id, "query": "hi", "max_tokens": True},
+            "max_tokens",
+            path="/v1/generate",
+        ),
         Case("NUL in path id", "GET", "/v1/contexts/ctx_%00", 404, "context_id"),
         Case(
             "huge Content-Length",
