@@ -177,6 +177,23 @@ def context_cases() -> list[Case]:
         c("invalid UTF-8", None, "JSON", status=400, raw=b'{"name": "\xff\xfe"}'),
         c("nested 100k deep", None, "JSON", status=400, raw=b"[" * 100_000 + b"]" * 100_000),
         c("array body", [], "body"),
+        # the 400 and the 422 name what is wrong with the bytes
+        c("bad JSON at", None, "at character 9", status=400, raw=b'{"task": '),
+        c("invalid UTF-8 byte", None, "xff", status=400, raw=b'{"name": "\xff\xfe"}'),
+        c("deep nesting named", None, "nested", status=400, raw=b"[" * 100_000 + b"]" * 100_000),
+        c(
+            "integer of 5000 digits",
+            None,
+            "5000 digits",
+            status=400,
+            raw=b'{"mechanism": {"name": "voting", "epsilon": ' + b"1" * 5000 + b"}}",
+        ),
+        c(
+            "text/plain body",
+            voting_context(),
+            "Content-Type: application/json (got 'text/plain')",
+            headers={"content-type": "text/plain"},
+        ),
         c("null body", None, "body", raw=b"null"),
     ]
 
