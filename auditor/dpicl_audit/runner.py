@@ -50,6 +50,7 @@ from dpicl_audit.progress import ProgressSink, open_progress
 from dpicl_audit.results import finish_run, write_results
 from dpicl_audit.schedule import (
     CLEAN_SETTING,
+    check_run_id,
     clean_worlds,
     context_slots,
     new_run_id,
@@ -225,6 +226,8 @@ async def _start(
     progress: bool,
     console: Console | None,
 ) -> dict[str, Any]:
+    if run_id is not None:
+        check_run_id(run_id)
     if plan.target.admin_token is None:
         raise InvalidPlan(
             "the audit needs the server's admin token (target.admin_token, --admin-token or "

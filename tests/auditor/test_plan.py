@@ -9,6 +9,7 @@ from pydantic import ValidationError
 
 from dpicl_audit.errors import InvalidAuditInput, InvalidPlan
 from dpicl_audit.plan import AuditPlan
+from dpicl_audit.plan_sources import MAX_PLAN_BYTES
 
 PLAN_TOML = """
 name = "nightly"
@@ -176,3 +177,21 @@ def test_auditor_never_imports_the_server() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_plan_files_that_are_not_plans(tmp_path: Path) -> None:
+    # Each was a traceback (IsADirectoryError, UnicodeDecodeError) or, for /dev/zero, a
+    # read that never ended (MemoryError).
+    with pytest.raises(InvalidPlan, match="cannot be read: Is a directory"):
+        AuditPlan.from_toml(tmp_path)
+    binary = tmp_path / "plan.bin"
+    binary.write_bytes(b"\x00\xff\xfe")
+    with pytest.raises(InvalidPlan, match=r"not UTF-8 text \(byte b'\\xff' at position 1\)"):
+        AuditPlan.from_toml(binary)
+    huge = tmp_path / "huge.toml"
+    huge.write_bytes(b"#" * (MAX_PLAN_BYTES + 1))
+    with pytest.raises(InvalidPlan, match="larger than"):
+        AuditPlan.from_toml(huge)
+    if Path("/dev/zero").exists():
+        with pytest.raises(InvalidPlan, match="larger than"):
+            AuditPlan.from_toml("/dev/zero")

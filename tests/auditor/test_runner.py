@@ -16,7 +16,12 @@ import numpy as np
 import pytest
 
 from dpicl_audit.client import DpiclClient
-from dpicl_audit.errors import TargetNotFound, TargetProtocolError, TargetUnavailable
+from dpicl_audit.errors import (
+    InvalidAuditInput,
+    TargetNotFound,
+    TargetProtocolError,
+    TargetUnavailable,
+)
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.runner import (
     CLEAN_SETTING,
@@ -375,3 +380,30 @@ async def test_cancellation_keeps_completed_trials(tmp_path: Path) -> None:
         await resume_audit("c", store=store, target=client, out_dir=tmp_path, progress=False)
     _check_log(store, "c", plan)
     store.dispose()
+
+
+@pytest.mark.parametrize("run_id", ["../../escaped", "a/b", "", " x", "r" * 81, "-x"])
+async def test_a_run_id_that_cannot_name_a_run_is_refused(tmp_path: Path, run_id: str) -> None:
+    # "--run-id ../../escaped" wrote <out>/../../escaped/results.json, outside --out.
+    with pytest.raises(InvalidAuditInput, match="run id"):
+        await run_audit(
+            _plan(),
+            db=f"sqlite:///{tmp_path}/a.db",
+            run_id=run_id,
+            out_dir=tmp_path,
+            progress=False,
+        )
+    assert not (tmp_path / "a.db").exists()  # refused before anything was opened
+
+
+async def test_a_second_run_with_the_same_id_is_refused(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path}/audit.db"
+    plan = _plan(trials=10, **{"mechanism.epsilons": [2.0]})
+    async with oracle_server(tmp_path) as client:
+        await run_audit(
+            plan, db=db, target=client, run_id="twice", out_dir=tmp_path, progress=False
+        )
+        with pytest.raises(InvalidAuditInput, match=r"'twice' already exists.*resume twice"):
+            await run_audit(
+                plan, db=db, target=client, run_id="twice", out_dir=tmp_path, progress=False
+            )
