@@ -51,6 +51,9 @@ NONBLANK_NO_NUL = r"^[^\x00]*[^\x00\s][^\x00]*$"
 
 #: Every free text the server accepts.
 Text = Annotated[str, Field(pattern=NO_NUL)]
+#: Texts that mean nothing when blank: exemplars and labels (a label of spaces is not one a
+#: reader can tell from another, and an exemplar of spaces demonstrates nothing).
+NonBlankText = Annotated[str, Field(pattern=NONBLANK_NO_NUL)]
 
 
 def _json_number(value: object) -> object:
@@ -81,8 +84,8 @@ class Exemplar(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    input: Annotated[Text, Field(min_length=1, max_length=MAX_TEXT_CHARS)]
-    output: Annotated[Text, Field(min_length=1, max_length=MAX_TEXT_CHARS)]
+    input: Annotated[NonBlankText, Field(min_length=1, max_length=MAX_TEXT_CHARS)]
+    output: Annotated[NonBlankText, Field(min_length=1, max_length=MAX_TEXT_CHARS)]
 
 
 class _PartitionedGaussian(BaseModel):
@@ -211,7 +214,7 @@ class ContextSpec(BaseModel):
 
     name: Annotated[Text, Field(max_length=200)] | None = None
     task: Task = "classification"
-    labels: list[Annotated[Text, Field(min_length=1, max_length=MAX_LABEL_CHARS)]] = Field(
+    labels: list[Annotated[NonBlankText, Field(min_length=1, max_length=MAX_LABEL_CHARS)]] = Field(
         default_factory=list, max_length=MAX_LABELS
     )
     exemplars: list[Exemplar] = Field(min_length=1, max_length=MAX_EXEMPLARS)

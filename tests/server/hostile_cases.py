@@ -136,6 +136,26 @@ def context_cases() -> list[Case]:
             _with(_voting(), exemplars=[{"input": "a\ud800", "output": "Yes"}]),
             "exemplars.0.input",
         ),
+        # blank texts: an exemplar of spaces demonstrates nothing, labels of spaces look alike
+        c(
+            "blank exemplar input",
+            _with(_voting(partitions=1), exemplars=[{"input": " \t\n", "output": "Yes"}]),
+            "exemplars.0.input",
+        ),
+        c(
+            "blank labels",
+            _with(
+                _voting(partitions=1),
+                labels=[" ", "  "],
+                exemplars=[{"input": "a", "output": " "}, {"input": "b", "output": "  "}],
+            ),
+            "labels.0",
+        ),
+        c(
+            "blank ESA output",
+            _with(_esa(partitions=1), exemplars=[{"input": "q", "output": "\u3000"}]),
+            "output",
+        ),
         # huge strings and lists
         c("name of 10k chars", _with(_voting(), name="n" * 10_000), "name"),
         c(
