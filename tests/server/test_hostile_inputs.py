@@ -8,7 +8,7 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -219,3 +219,20 @@ def test_slot_names_in_exemplars_and_labels_stay_text(tmp_path: Path) -> None:
         "Yes {exemplars}, No {exemplars}\n"
         f"Input: {'{query} ' * 50}\nLabel: Yes {{exemplars}}\n{'zebra crossing ' * 500}"
     )
+
+
+def test_a_chunked_body_over_the_limit_is_413(tmp_path: Path) -> None:
+    """Without a Content-Length the limit is met while reading, inside FastAPI's body
+    parsing, which turned it into 400 "not valid JSON"."""
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"name": "'
+        for _ in range(64):
+            yield b"x" * 1024
+
+    with make_client(tmp_path, max_body_bytes=16 * 1024) as c:
+        headers = admin_headers() | {"content-type": "application/json"}
+        r = c.post("/v1/contexts", content=chunks(), headers=headers)
+        assert r.status_code == 413, r.text
+        assert r.json()["error"]["code"] == "payload_too_large"
+        assert "16384 bytes" in r.json()["error"]["message"]

@@ -107,10 +107,15 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        cause = exc.__cause__
+        if exc.status_code == 400 and isinstance(cause, DpiclError):
+            # FastAPI turns whatever stops it reading the body into a 400: a chunked body
+            # that BodyLimitMiddleware cut off at the limit is a 413, not "invalid JSON".
+            return error_response(cause.status_code, cause.code, cause.message, cause.param)
         if exc.status_code == 400:
             # FastAPI's answer to a body json.loads could not read at all; the reason is
             # the exception it chained.
-            return error_response(400, "invalid_json", _unreadable_json(exc.__cause__))
+            return error_response(400, "invalid_json", _unreadable_json(cause))
         codes = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}
         headers = dict(exc.headers or {})
         if exc.status_code == 405:
