@@ -462,6 +462,14 @@ class AuditPlan(BaseModel):
         return f"eps={epsilon:g}"
 
 
+def _shows_input(err: Any, loc: str, msg: str) -> bool:
+    """Whether a plan error should quote the value it got: not for a missing value, not
+    where the message already does, and never for a token."""
+    if err["type"] == "missing" or "input" not in err or "got " in msg:
+        return False
+    return "token" not in loc and "key" not in loc
+
+
 def _describe(exc: ValidationError) -> str:
     msgs = []
     for err in exc.errors():
@@ -469,5 +477,8 @@ def _describe(exc: ValidationError) -> str:
         msg = str(err["msg"]).removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown setting"
+        elif _shows_input(err, loc, msg):
+            shown = repr(err["input"])
+            msg += f" (got {shown[:77] + '...' if len(shown) > 80 else shown})"
         msgs.append(f"{loc}: {msg}")
     return "invalid audit plan: " + "; ".join(msgs)

@@ -195,3 +195,12 @@ def test_plan_files_that_are_not_plans(tmp_path: Path) -> None:
     if Path("/dev/zero").exists():
         with pytest.raises(InvalidPlan, match="larger than"):
             AuditPlan.from_toml("/dev/zero")
+
+
+def test_plan_errors_quote_the_value_but_never_a_token() -> None:
+    # "trials: Input should be a valid integer" did not say what it got.
+    with pytest.raises(InvalidPlan, match=r"trials: .* \(got 'many'\)"):
+        AuditPlan.from_sources(None, {"trials": "many"})
+    with pytest.raises(InvalidPlan) as info:
+        AuditPlan.from_sources(None, {"target.admin_token": ["hunter2"]})
+    assert "target.admin_token" in str(info.value) and "hunter2" not in str(info.value)
