@@ -295,7 +295,8 @@ async def test_orphan_context_is_adopted_on_resume(tmp_path: Path) -> None:
 async def test_white_box_needs_the_debug_endpoint(tmp_path: Path) -> None:
     plan = _plan(threat_model="white-box", **{"mechanism.epsilons": [1.0]})
     async with oracle_server(tmp_path, whitebox="off") as client:
-        with pytest.raises(TargetNotFound):
+        # "404 not_found: Not Found" said nothing of why.
+        with pytest.raises(TargetNotFound, match=r"white-box endpoints are off.*DPICL_WHITEBOX"):
             await run_audit(
                 plan,
                 db=tmp_path / "a.db",
