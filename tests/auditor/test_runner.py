@@ -408,3 +408,17 @@ async def test_a_second_run_with_the_same_id_is_refused(tmp_path: Path) -> None:
             await run_audit(
                 plan, db=db, target=client, run_id="twice", out_dir=tmp_path, progress=False
             )
+
+
+async def test_an_out_that_is_a_file_is_refused_before_the_audit(tmp_path: Path) -> None:
+    # It failed with NotADirectoryError only when the finished audit wrote its results.
+    from dpicl_audit.report import write_report
+
+    out = tmp_path / "results.txt"
+    out.write_text("not a directory")
+    db = tmp_path / "a.db"
+    with pytest.raises(InvalidAuditInput, match=r"--out .*results\.txt. is a file"):
+        await run_audit(_plan(), db=db, run_id="r", out_dir=out, progress=False)
+    assert not db.exists()  # refused before anything was opened
+    with pytest.raises(InvalidAuditInput, match="cannot be a directory: Not a directory"):
+        write_report(["r"], db_url=str(db), out_dir=out / "sub")
