@@ -103,6 +103,17 @@ class TargetSpec(BaseModel):
         v = v.strip().rstrip("/")
         if not v.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got {v!r}")
+        # Caught here, not as an httpx or socket traceback at the first request.
+        import httpx
+
+        try:
+            url = httpx.URL(v)
+        except httpx.InvalidURL as exc:
+            raise ValueError(f"base_url {v!r} is not a URL: {exc}") from None
+        if not url.host:
+            raise ValueError(f"base_url {v!r} names no host")
+        if url.port is not None and not 1 <= url.port <= 65_535:
+            raise ValueError(f"base_url {v!r} has port {url.port}, outside 1 to 65535")
         return v
 
 

@@ -122,6 +122,10 @@ def test_flags_only() -> None:
         ({"deployment.labels": ["A", "B"], "deployment.positive": "C"}, "positive label"),
         ({"deployment.template": "no slots"}, "{exemplars}"),
         ({"unknown_knob": 1}, "unknown setting"),
+        # Each was an httpx or socket traceback at the first request.
+        ({"target.base_url": "http://[::1"}, "is not a URL: Invalid port"),
+        ({"target.base_url": "http://127.0.0.1:99999"}, "port 99999, outside 1 to 65535"),
+        ({"target.base_url": "http://:8000"}, "names no host"),
     ],
 )
 def test_bad_values_are_named(overrides: dict[str, object], needle: str) -> None:
