@@ -7,6 +7,7 @@ Every error names the offending value (pydantic reports its location as ``param`
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Annotated, Literal, Protocol
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
@@ -251,6 +252,19 @@ class ContextSpec(BaseModel):
                 raise ConfigurationError(
                     f"labels must be distinct, got {self.labels!r}", param="labels"
                 )
+            # Labels a reader cannot tell apart in an answer are not distinct either:
+            # "é" composed and decomposed, or "Yes" and "Yes ".
+            seen: dict[str, int] = {}
+            for i, label in enumerate(self.labels):
+                key = unicodedata.normalize("NFC", label).strip()
+                if key in seen:
+                    j = seen[key]
+                    raise ConfigurationError(
+                        f"labels {j} ({self.labels[j]!r}) and {i} ({label!r}) differ only in "
+                        "Unicode normalisation or surrounding whitespace",
+                        param=f"labels.{i}",
+                    )
+                seen[key] = i
             for i, e in enumerate(self.exemplars):
                 if e.output not in self.labels:
                     raise ConfigurationError(

@@ -156,6 +156,25 @@ def context_cases() -> list[Case]:
             _with(_esa(partitions=1), exemplars=[{"input": "q", "output": "\u3000"}]),
             "output",
         ),
+        # labels a reader cannot tell apart in an answer
+        c(
+            "labels NFC/NFD",
+            _with(
+                _voting(partitions=1),
+                labels=["e\u0301", "\u00e9"],
+                exemplars=[{"input": "a", "output": "\u00e9"}],
+            ),
+            "labels.1",
+        ),
+        c(
+            "labels 'Yes' and 'Yes '",
+            _with(
+                _voting(partitions=1),
+                labels=["Yes", "Yes "],
+                exemplars=[{"input": "a", "output": "Yes"}],
+            ),
+            "differ only in Unicode normalisation or surrounding whitespace",
+        ),
         # huge strings and lists
         c("name of 10k chars", _with(_voting(), name="n" * 10_000), "name"),
         c(
