@@ -90,6 +90,13 @@ def error_from_response(response: httpx.Response, path: str = "") -> TargetRejec
         message = str(payload["detail"])
     elif response.text:
         message = response.text[:500]
+    if response.status_code == 404 and path.startswith("/v1/debug/") and param is None:
+        # The server registers /v1/debug/* only with white-box access on: a 404 for the
+        # route itself (an unknown context has param context_id) means that it is off.
+        message += (
+            " (the server's white-box endpoints are off: a white-box audit needs it started "
+            "with DPICL_WHITEBOX=noisy, or internal for clean internals)"
+        )
     cls = _REJECTIONS.get(response.status_code, TargetRejected)
     if response.status_code == 403 and code != "budget_exhausted":
         cls = TargetRejected

@@ -112,12 +112,14 @@ def _read_jsonl(path: Path) -> list[Example]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise DatasetError(f"cannot read dataset {str(path)!r}: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise DatasetError(_not_utf8(path, exc)) from exc
     stripped = text.lstrip()
     if stripped.startswith("["):  # a JSON array is accepted too
         try:
             rows = json.loads(stripped)
-        except json.JSONDecodeError as exc:
-            raise DatasetError(f"{path}: not valid JSON: {exc}") from exc
+        except (ValueError, RecursionError) as exc:
+            raise DatasetError(f"{path}: not valid JSON: {_json_reason(exc)}") from exc
         items = list(enumerate(rows, start=1))
     else:
         items = []
@@ -126,8 +128,8 @@ def _read_jsonl(path: Path) -> list[Example]:
                 continue
             try:
                 items.append((lineno, json.loads(line)))
-            except json.JSONDecodeError as exc:
-                raise DatasetError(f"{path}:{lineno}: not valid JSON: {exc.msg}") from exc
+            except (ValueError, RecursionError) as exc:
+                raise DatasetError(f"{path}:{lineno}: not valid JSON: {_json_reason(exc)}") from exc
     for lineno, row in items:
         where = f"{path}:{lineno}"
         if not isinstance(row, Mapping):
@@ -140,6 +142,21 @@ def _read_jsonl(path: Path) -> list[Example]:
     return out
 
 
+def _not_utf8(path: Path, exc: UnicodeDecodeError) -> str:
+    bad = exc.object[exc.start : exc.start + 1]
+    return f"dataset {str(path)!r} is not UTF-8 text (byte {bad!r} at position {exc.start})"
+
+
+def _json_reason(exc: ValueError | RecursionError) -> str:
+    # json.loads raises more than JSONDecodeError: RecursionError for deep nesting and
+    # ValueError for an integer of more than 4300 digits.
+    if isinstance(exc, json.JSONDecodeError):
+        return exc.msg
+    if isinstance(exc, RecursionError):
+        return "nested deeper than the parser's limit"
+    return str(exc)
+
+
 def _read_csv(path: Path, delimiter: str) -> list[Example]:
     try:
         with path.open(newline="", encoding="utf-8") as fh:
@@ -149,6 +166,10 @@ def _read_csv(path: Path, delimiter: str) -> list[Example]:
             rows = list(reader)
     except OSError as exc:
         raise DatasetError(f"cannot read dataset {str(path)!r}: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise DatasetError(_not_utf8(path, exc)) from exc
+    except csv.Error as exc:  # a field over the csv module's limit, a NUL byte, ...
+        raise DatasetError(f"{path}: not valid CSV: {exc}") from exc
     return [
         Example(
             _pick(row, _INPUT_KEYS, "input", f"{path}:{i}"),

@@ -103,6 +103,17 @@ class TargetSpec(BaseModel):
         v = v.strip().rstrip("/")
         if not v.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got {v!r}")
+        # Caught here, not as an httpx or socket traceback at the first request.
+        import httpx
+
+        try:
+            url = httpx.URL(v)
+        except httpx.InvalidURL as exc:
+            raise ValueError(f"base_url {v!r} is not a URL: {exc}") from None
+        if not url.host:
+            raise ValueError(f"base_url {v!r} names no host")
+        if url.port is not None and not 1 <= url.port <= 65_535:
+            raise ValueError(f"base_url {v!r} has port {url.port}, outside 1 to 65535")
         return v
 
 
@@ -462,6 +473,14 @@ class AuditPlan(BaseModel):
         return f"eps={epsilon:g}"
 
 
+def _shows_input(err: Any, loc: str, msg: str) -> bool:
+    """Whether a plan error should quote the value it got: not for a missing value, not
+    where the message already does, and never for a token."""
+    if err["type"] == "missing" or "input" not in err or "got " in msg:
+        return False
+    return "token" not in loc and "key" not in loc
+
+
 def _describe(exc: ValidationError) -> str:
     msgs = []
     for err in exc.errors():
@@ -469,5 +488,8 @@ def _describe(exc: ValidationError) -> str:
         msg = str(err["msg"]).removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown setting"
+        elif _shows_input(err, loc, msg):
+            shown = repr(err["input"])
+            msg += f" (got {shown[:77] + '...' if len(shown) > 80 else shown})"
         msgs.append(f"{loc}: {msg}")
     return "invalid audit plan: " + "; ".join(msgs)

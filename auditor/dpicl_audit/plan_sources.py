@@ -77,7 +77,10 @@ from typing import Any
 from dpicl_audit.errors import InvalidPlan
 from dpicl_audit.plan import MASK, AuditPlan
 
-__all__ = ["plan_from_public", "plan_from_sources"]
+__all__ = ["MAX_PLAN_BYTES", "plan_from_public", "plan_from_sources"]
+
+#: Largest plan file read (a plan is a few kilobytes).
+MAX_PLAN_BYTES = 1024 * 1024
 
 
 def plan_from_sources(
@@ -93,9 +96,23 @@ def plan_from_sources(
         p = Path(path)
         try:
             with p.open("rb") as fh:
-                data = tomllib.load(fh)
+                # A plan is a few kilobytes; reading "all" of /dev/zero never ends.
+                raw = fh.read(MAX_PLAN_BYTES + 1)
         except FileNotFoundError as exc:
             raise InvalidPlan(f"plan file {str(p)!r} does not exist") from exc
+        except OSError as exc:  # a directory, no permission, ...
+            raise InvalidPlan(f"plan file {str(p)!r} cannot be read: {exc.strerror}") from exc
+        if len(raw) > MAX_PLAN_BYTES:
+            raise InvalidPlan(
+                f"plan file {str(p)!r} is larger than {MAX_PLAN_BYTES} bytes; is it a plan?"
+            )
+        try:
+            data = tomllib.loads(raw.decode())
+        except UnicodeDecodeError as exc:
+            raise InvalidPlan(
+                f"plan file {str(p)!r} is not UTF-8 text (byte "
+                f"{raw[exc.start : exc.start + 1]!r} at position {exc.start}); is it a plan?"
+            ) from exc
         except tomllib.TOMLDecodeError as exc:
             raise InvalidPlan(f"plan file {str(p)!r} is not valid TOML: {exc}") from exc
     for key, value in (overrides or {}).items():

@@ -19,12 +19,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.store import TrialStore
 
 __all__ = [
     "describe_run",
     "finish_run",
     "jsonable",
+    "out_directory",
     "print_results",
     "results_table",
     "write_results",
@@ -70,10 +72,26 @@ def jsonable(value: Any) -> Any:
     return value
 
 
+def out_directory(path: str | Path) -> Path:
+    """``path`` as a directory, created if need be; :class:`InvalidAuditInput` naming it
+    when it cannot be one. Runs call it before they start, so an --out that is a file does
+    not fail (with a traceback) only when the audit's results are written."""
+    out = Path(path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise InvalidAuditInput(f"--out {str(out)!r} is a file, not a directory") from None
+    except OSError as exc:
+        raise InvalidAuditInput(
+            f"--out {str(out)!r} cannot be a directory: {exc.strerror}"
+            + (f" ({exc.filename})" if exc.filename and str(exc.filename) != str(out) else "")
+        ) from None
+    return out
+
+
 def write_results(results: Mapping[str, Any], out_dir: str | Path) -> Path:
     """``<out_dir>/<run_id>/results.json``."""
-    path = Path(out_dir) / str(results["run_id"]) / "results.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = out_directory(Path(out_dir) / str(results["run_id"])) / "results.json"
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(jsonable(results), indent=2, sort_keys=False) + "\n")
     tmp.replace(path)

@@ -47,9 +47,10 @@ from dpicl_audit.mechanisms import Design, get_mechanism
 from dpicl_audit.mechanisms.voting import resolve_design
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.progress import ProgressSink, open_progress
-from dpicl_audit.results import finish_run, write_results
+from dpicl_audit.results import finish_run, out_directory, write_results
 from dpicl_audit.schedule import (
     CLEAN_SETTING,
+    check_run_id,
     clean_worlds,
     context_slots,
     new_run_id,
@@ -225,6 +226,9 @@ async def _start(
     progress: bool,
     console: Console | None,
 ) -> dict[str, Any]:
+    if run_id is not None:
+        check_run_id(run_id)
+    out_directory(out_dir)
     if plan.target.admin_token is None:
         raise InvalidPlan(
             "the audit needs the server's admin token (target.admin_token, --admin-token or "
@@ -343,6 +347,7 @@ async def resume_audit(
     Tokens are never stored, so they come again from the arguments (CLI flags or the
     environment); ``base_url`` may point the run at the server's new address.
     """
+    out_directory(out_dir)
     with opened_store(store, db, schema) as st:
         if is_legacy_mozo(st.get_run(run_id)):
             raise InvalidAuditInput(

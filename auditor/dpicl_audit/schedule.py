@@ -7,16 +7,20 @@ resumed run continues exactly where it stopped (the world of trial ``i`` never c
 from __future__ import annotations
 
 import datetime as dt
+import re
 import secrets
 
 import numpy as np
 import numpy.typing as npt
+
+from dpicl_audit.errors import InvalidAuditInput
 
 __all__ = [
     "CLEAN_SETTING",
     "STREAM_BOOTSTRAP",
     "STREAM_SCHEDULE",
     "STREAM_SPLIT",
+    "check_run_id",
     "clean_worlds",
     "context_slots",
     "new_run_id",
@@ -35,6 +39,21 @@ STREAM_BOOTSTRAP = 0xB0_0757
 def new_run_id() -> str:
     """``audit-YYYYmmdd-HHMMSS-xxxxxx`` (UTC), unique enough for one trial log."""
     return f"audit-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
+
+
+#: What a run id may be: it names a directory (``<out>/<run id>/``) and a key of the log.
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}")
+
+
+def check_run_id(run_id: str) -> str:
+    """``run_id`` if it can name a run; else :class:`InvalidAuditInput` naming it (a run id
+    such as ``../../x`` would have put the results outside ``--out``)."""
+    if RUN_ID.fullmatch(run_id) is None:
+        raise InvalidAuditInput(
+            f"run id {run_id[:100]!r} must be 1 to 80 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return run_id
 
 
 def trial_worlds(seed: int, setting_index: int, n: int) -> npt.NDArray[np.int8]:

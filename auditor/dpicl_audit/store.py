@@ -52,7 +52,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine, make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, IntegrityError, SQLAlchemyError
 
 from dpicl_audit.errors import InvalidAuditInput, RunNotFound
 
@@ -204,10 +204,22 @@ class TrialStore:
         if schema is not None and self.dialect == "sqlite":
             raise InvalidAuditInput("schema= is for PostgreSQL; SQLite files have none")
         kwargs: dict[str, Any] = {"future": True}
+        shown = sa_url.render_as_string(hide_password=True)
         if self.dialect == "sqlite":
             path = sa_url.database
             if path and path != ":memory:":
-                Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+                file = Path(path).expanduser()
+                if file.is_dir():
+                    raise InvalidAuditInput(
+                        f"--db {shown!r} is a directory; give a SQLite file in it, e.g. "
+                        f"{str(file / 'audit.db')!r}"
+                    )
+                try:
+                    file.parent.mkdir(parents=True, exist_ok=True)
+                except OSError as exc:
+                    raise InvalidAuditInput(
+                        f"--db {shown!r}: cannot create its directory ({exc.strerror})"
+                    ) from exc
             kwargs["connect_args"] = {"timeout": 60}
         else:
             kwargs["pool_pre_ping"] = True
@@ -218,7 +230,16 @@ class TrialStore:
             engine = engine.execution_options(schema_translate_map={None: schema})
         self.engine = engine
         self.schema = schema
-        metadata.create_all(self.engine)
+        try:
+            metadata.create_all(self.engine)
+        except SQLAlchemyError as exc:
+            engine.dispose()
+            # The driver's own words (a file that is not a database, a server that does not
+            # answer), without SQLAlchemy's statement and background link.
+            reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+            raise InvalidAuditInput(
+                f"--db {shown!r}: cannot open the trial log ({type(exc).__name__}: {reason})"
+            ) from exc
 
     def dispose(self) -> None:
         self.engine.dispose()
@@ -236,6 +257,24 @@ class TrialStore:
         design: dict[str, Any] | None = None,
     ) -> None:
         now = _now()
+        try:
+            self._insert_run(run_id, now, plan, versions, kind, name, design)
+        except IntegrityError as exc:
+            raise InvalidAuditInput(
+                f"run {run_id!r} already exists in {self._where()}; `dpicl-audit resume "
+                f"{run_id}` continues it, or give another --run-id"
+            ) from exc
+
+    def _insert_run(
+        self,
+        run_id: str,
+        now: dt.datetime,
+        plan: dict[str, Any],
+        versions: dict[str, Any],
+        kind: str,
+        name: str | None,
+        design: dict[str, Any] | None,
+    ) -> None:
         with self.engine.begin() as conn:
             conn.execute(
                 insert(runs).values(

@@ -41,6 +41,28 @@ class Sensitivity(StrEnum):
     original = "original"
 
 
+#: Settings whose values are never echoed in an error (tokens, a URL's password).
+_SECRET_SETTINGS = {"admin_token", "api_keys", "cache_salt_secret", "database_url"}
+
+
+def load_settings(**overrides: object) -> Settings:
+    """The DPICL_* settings with ``overrides`` (command-line flags) on top; a bad value is
+    reported by its variable's name and the command exits 2 (not a pydantic traceback)."""
+    from pydantic import ValidationError
+
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        for err in exc.errors():
+            name = str(err["loc"][0]) if err["loc"] else "?"
+            where = f"DPICL_{name.upper()}"
+            if name in overrides:
+                where = f"--{name.replace('_', '-')}"
+            shown = "" if name in _SECRET_SETTINGS else f" (got {err.get('input')!r})"
+            typer.echo(f"error: {where}: {err['msg']}{shown}", err=True)
+        raise typer.Exit(2) from None
+
+
 @app.command()
 def serve(
     host: Annotated[str | None, typer.Option(help="Bind address (DPICL_HOST).")] = None,
@@ -53,12 +75,11 @@ def serve(
 
     from dpicl.api.app import build_app
 
-    settings = Settings()
     update = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
-    settings = settings.model_copy(update=update)
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
-    )
+    settings = load_settings(**update)
+    # uvicorn's "trace" (5) is below logging's DEBUG and has no name there.
+    level = 5 if settings.log_level == "trace" else settings.log_level.upper()
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     uvicorn.run(
         build_app(settings),
         host=settings.host,
@@ -74,7 +95,7 @@ def migrate() -> None:
     from dpicl.errors import DpiclError
     from dpicl.store.repository import ContextRepository
 
-    settings = Settings()
+    settings = load_settings()
     repo = ContextRepository(settings.database_url, timeout_s=settings.db_timeout_s)
     try:
         repo.migrate()

@@ -24,7 +24,8 @@ class Settings(BaseSettings):
     )
 
     host: str = "127.0.0.1"
-    port: int = 8000
+    # 0: any free port. (uvicorn took 99999 modulo 65536 and served on port 34463.)
+    port: int = Field(default=8000, ge=0, le=65_535)
     database_url: str = "sqlite:///./dpicl.db"
     engine: EngineName = "transformers"
     model: str | None = Field(
@@ -61,7 +62,7 @@ class Settings(BaseSettings):
     # time (two charges never meet in SQLite's sleeping busy handler; off only to compare).
     context_cache_mb: int = Field(default=64, ge=0, le=65_536)
     db_serialize_sqlite_writes: bool = True
-    log_level: str = "info"
+    log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = "info"
     # The vLLM engine (DPICL_ENGINE=vllm; engines/vllm.py). None: vLLM's platform default.
     vllm_block_size: int = Field(default=32, gt=0, description="Prefix-cache block (tokens).")
     vllm_prefix_caching: bool = True
@@ -82,6 +83,27 @@ class Settings(BaseSettings):
     kv_workspace_mib: int = Field(default=128, ge=0, le=1_048_576)
     batch_wait_ms: float = Field(default=2.0, ge=0, le=1000)
     batch_max_prompts: int = Field(default=256, ge=1, le=65_536)
+
+    @field_validator("database_url")
+    @classmethod
+    def _is_url(cls, value: str) -> str:
+        # Checked here, so a typo is a settings error at start rather than a traceback.
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        try:
+            make_url(value)
+        except ArgumentError:
+            raise ValueError(
+                "not a SQLAlchemy database URL (sqlite:///path or postgresql+psycopg://...)"
+            ) from None
+        return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower_level(cls, value: object) -> object:
+        # uvicorn knows "debug", logging "DEBUG": operators type either.
+        return value.lower() if isinstance(value, str) else value
 
     @field_validator("api_keys", mode="before")
     @classmethod

@@ -7,9 +7,11 @@ Every error names the offending value (pydantic reports its location as ``param`
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Annotated, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
 from dpicl.errors import ConfigurationError
 
@@ -50,10 +52,32 @@ NONBLANK_NO_NUL = r"^[^\x00]*[^\x00\s][^\x00]*$"
 
 #: Every free text the server accepts.
 Text = Annotated[str, Field(pattern=NO_NUL)]
+#: Texts that mean nothing when blank: exemplars and labels (a label of spaces is not one a
+#: reader can tell from another, and an exemplar of spaces demonstrates nothing).
+NonBlankText = Annotated[str, Field(pattern=NONBLANK_NO_NUL)]
 
-Epsilon = Annotated[float, Field(ge=EPSILON_MIN, le=EPSILON_MAX, allow_inf_nan=False)]
-BudgetEpsilon = Annotated[float, Field(ge=EPSILON_MIN, le=BUDGET_EPSILON_MAX, allow_inf_nan=False)]
-Delta = Annotated[float, Field(ge=DELTA_MIN, le=DELTA_MAX, allow_inf_nan=False)]
+
+def _json_number(value: object) -> object:
+    # Lax pydantic reads true as 1 and "4" as 4: "epsilon": true made a context of
+    # epsilon 1. A JSON number is the only number (4.0 still counts as the integer 4).
+    if isinstance(value, bool | str):
+        raise PydanticCustomError("number_type", "Input should be a number")
+    return value
+
+
+# Numbers of the request schemas: JSON numbers only, never a boolean or a string. (The
+# validator sits beside the bounds, not in a nested alias, where pydantic would write the
+# bounds into the JSON schema as "ge" and "le" instead of "minimum" and "maximum".)
+JsonNumber = BeforeValidator(_json_number)
+Int = Annotated[int, JsonNumber]
+OptionalInt = Annotated[int | None, JsonNumber]
+Float = Annotated[float, JsonNumber]
+
+Epsilon = Annotated[float, Field(ge=EPSILON_MIN, le=EPSILON_MAX, allow_inf_nan=False), JsonNumber]
+BudgetEpsilon = Annotated[
+    float, Field(ge=EPSILON_MIN, le=BUDGET_EPSILON_MAX, allow_inf_nan=False), JsonNumber
+]
+Delta = Annotated[float, Field(ge=DELTA_MIN, le=DELTA_MAX, allow_inf_nan=False), JsonNumber]
 
 
 class Exemplar(BaseModel):
@@ -61,8 +85,8 @@ class Exemplar(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    input: Annotated[Text, Field(min_length=1, max_length=MAX_TEXT_CHARS)]
-    output: Annotated[Text, Field(min_length=1, max_length=MAX_TEXT_CHARS)]
+    input: Annotated[NonBlankText, Field(min_length=1, max_length=MAX_TEXT_CHARS)]
+    output: Annotated[NonBlankText, Field(min_length=1, max_length=MAX_TEXT_CHARS)]
 
 
 class _PartitionedGaussian(BaseModel):
@@ -72,10 +96,10 @@ class _PartitionedGaussian(BaseModel):
 
     epsilon: Epsilon = Field(description="Per-query epsilon.")
     delta: Delta = Field(default=1e-5, description="Per-query delta.")
-    partitions: int = Field(
+    partitions: Int = Field(
         default=10, ge=1, le=MAX_PARTITIONS, description="Number of disjoint partitions T <= |D|."
     )
-    partition_seed: int | None = Field(
+    partition_seed: OptionalInt = Field(
         default=None, ge=0, lt=2**63, description="Seed of the partition permutation."
     )
     partitioning: Literal["positional", "hash"] = "positional"
@@ -86,7 +110,7 @@ class VotingSettings(_PartitionedGaussian):
     """Private voting (Algorithm 2 of Wu et al., as audited in paper 000)."""
 
     name: Literal["voting"] = "voting"
-    temperature: float = Field(default=0.0, ge=0.0, le=10.0)
+    temperature: Float = Field(default=0.0, ge=0.0, le=10.0)
 
 
 class EsaSettings(_PartitionedGaussian):
@@ -97,9 +121,9 @@ class EsaSettings(_PartitionedGaussian):
         default="tight",
         description="L2 sensitivity of the mean: 2/T (paper 000, Appendix A) or 1 (original).",
     )
-    temperature: float = Field(default=1.0, ge=0.0, le=10.0)
-    candidates: int = Field(default=8, ge=1, le=64, description="Zero-shot candidates T_cand.")
-    max_tokens: int = Field(default=48, ge=1, le=1024)
+    temperature: Float = Field(default=1.0, ge=0.0, le=10.0)
+    candidates: Int = Field(default=8, ge=1, le=64, description="Zero-shot candidates T_cand.")
+    max_tokens: Int = Field(default=48, ge=1, le=1024)
 
 
 class MozoSettings(BaseModel):
@@ -124,20 +148,20 @@ class MozoSettings(BaseModel):
         description="proven: max-log-ratio constraint, true (epsilon, delta); paper: paper "
         "004's Renyi constraint, nominal epsilon.",
     )
-    alpha: int | None = Field(
+    alpha: OptionalInt = Field(
         default=None,
         ge=2,
         le=1024,
         description="guarantee paper only: Renyi order; default: the smallest whose "
         "RDP-to-DP conversion costs at most epsilon/2 (paper 004, Section 5.1).",
     )
-    n_shots: int = Field(
+    n_shots: Int = Field(
         default=4, ge=1, le=1024, description="Exemplars sampled per token (<= |D|)."
     )
-    top_k: int = Field(default=100, ge=1, le=1000, description="Zero-shot top-k support.")
-    max_tokens: int = Field(default=48, ge=1, le=1024, description="T_max per answer.")
-    queries: int = Field(ge=1, le=1_000_000, description="Answers the context will give.")
-    lambda_max: float = Field(default=1.5, ge=0.0, le=10.0, description="Upper end of lambda.")
+    top_k: Int = Field(default=100, ge=1, le=1000, description="Zero-shot top-k support.")
+    max_tokens: Int = Field(default=48, ge=1, le=1024, description="T_max per answer.")
+    queries: Int = Field(ge=1, le=1_000_000, description="Answers the context will give.")
+    lambda_max: Float = Field(default=1.5, ge=0.0, le=10.0, description="Upper end of lambda.")
 
     def resolved_delta(self, n_exemplars: int) -> float:
         return self.delta if self.delta is not None else 1.0 / n_exemplars
@@ -154,8 +178,8 @@ class PublicSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: Literal["public"] = "public"
-    max_tokens: int = Field(default=48, ge=1, le=1024)
-    temperature: float = Field(default=0.0, ge=0.0, le=10.0)
+    max_tokens: Int = Field(default=48, ge=1, le=1024)
+    temperature: Float = Field(default=0.0, ge=0.0, le=10.0)
     derived_from: str | None = None
 
 
@@ -191,7 +215,7 @@ class ContextSpec(BaseModel):
 
     name: Annotated[Text, Field(max_length=200)] | None = None
     task: Task = "classification"
-    labels: list[Annotated[Text, Field(min_length=1, max_length=MAX_LABEL_CHARS)]] = Field(
+    labels: list[Annotated[NonBlankText, Field(min_length=1, max_length=MAX_LABEL_CHARS)]] = Field(
         default_factory=list, max_length=MAX_LABELS
     )
     exemplars: list[Exemplar] = Field(min_length=1, max_length=MAX_EXEMPLARS)
@@ -228,6 +252,19 @@ class ContextSpec(BaseModel):
                 raise ConfigurationError(
                     f"labels must be distinct, got {self.labels!r}", param="labels"
                 )
+            # Labels a reader cannot tell apart in an answer are not distinct either:
+            # "é" composed and decomposed, or "Yes" and "Yes ".
+            seen: dict[str, int] = {}
+            for i, label in enumerate(self.labels):
+                key = unicodedata.normalize("NFC", label).strip()
+                if key in seen:
+                    j = seen[key]
+                    raise ConfigurationError(
+                        f"labels {j} ({self.labels[j]!r}) and {i} ({label!r}) differ only in "
+                        "Unicode normalisation or surrounding whitespace",
+                        param=f"labels.{i}",
+                    )
+                seen[key] = i
             for i, e in enumerate(self.exemplars):
                 if e.output not in self.labels:
                     raise ConfigurationError(
@@ -235,10 +272,15 @@ class ContextSpec(BaseModel):
                         param=f"exemplars.{i}.output",
                     )
         if self.template is not None:
-            for slot in ("{exemplars}", "{query}"):
-                if slot not in self.template:
+            # Each slot is filled once per prompt: a template of 20,000 characters holding
+            # "{exemplars}" 1,800 times made every prompt 1,800 copies of the exemplars.
+            for slot, least in (("{exemplars}", 1), ("{query}", 1), ("{labels}", 0)):
+                count = self.template.count(slot)
+                if not least <= count <= 1:
+                    wanted = "exactly once" if least else "at most once"
                     raise ConfigurationError(
-                        f"the template must contain the slot {slot}", param="template"
+                        f"the template must contain the slot {slot} {wanted} (it has {count})",
+                        param="template",
                     )
         mech = self.mechanism
         if isinstance(mech, MozoSettings):

@@ -1,21 +1,44 @@
 """Rendering a context's template into the prompts the engine sees.
 
-Slots are replaced with ``str.replace``, never ``str.format``: exemplars and queries are
-user text and may contain braces.
+Slots are filled in one pass over the template, never by ``str.format`` nor by one
+``str.replace`` after another: exemplars, labels and queries are user text and may contain
+braces, even a slot's name. Replacing slot after slot would fill ``{query}`` inside an
+exemplar (the query would appear among the demonstrations) and expand ``{exemplars}`` inside
+a label, once per label: a few kilobytes of request grew to gigabytes of prompt.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 
 from dpicl.engines.base import Exemplar, PromptSpec
 
 SLOTS = ("{exemplars}", "{query}", "{labels}")
+_SLOT = re.compile(r"\{(exemplars|query|labels)\}")
 
 
 def format_exemplars(exemplars: Sequence[Exemplar], task: str) -> str:
     tag = "Label" if task == "classification" else "Output"
     return "\n\n".join(f"Input: {e.input}\n{tag}: {e.output}" for e in exemplars)
+
+
+def _fill(template: str, values: Mapping[str, str]) -> tuple[str, int]:
+    """``template`` with every slot replaced by its value, and where the first ``{query}``
+    slot's value starts in the result (0 without one)."""
+    # re.split with one group alternates literal text and slot names.
+    pieces = _SLOT.split(template)
+    out: list[str] = []
+    size = 0
+    query_at = -1
+    for i, piece in enumerate(pieces):
+        if i % 2:
+            if piece == "query" and query_at < 0:
+                query_at = size
+            piece = values[piece]
+        out.append(piece)
+        size += len(piece)
+    return "".join(out), max(query_at, 0)
 
 
 def render(
@@ -33,20 +56,16 @@ def render(
     query on the same exemplars, so an engine may reuse its KV state (``PromptSpec``).
     """
     label_text = ", ".join(labels)
-    head = template.replace("{labels}", label_text).replace(
-        "{exemplars}", format_exemplars(exemplars, task)
+    text, query_at = _fill(
+        template,
+        {"labels": label_text, "exemplars": format_exemplars(exemplars, task), "query": query},
     )
-    text = head.replace("{query}", query)
-    # head[:query_at] holds no query slot, so it is exactly text[:query_at] for every query.
-    query_at = head.find("{query}")
-    instructions = template.replace("{labels}", label_text)
-    for slot in ("{exemplars}", "{query}"):
-        instructions = instructions.replace(slot, "")
+    instructions, _ = _fill(template, {"labels": label_text, "exemplars": "", "query": ""})
     return PromptSpec(
         text=text,
         query=query,
         exemplars=tuple(exemplars),
         instructions=instructions,
-        prefix_chars=max(query_at, 0),
+        prefix_chars=query_at,
         cache_scope=cache_scope,
     )

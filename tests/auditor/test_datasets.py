@@ -92,6 +92,26 @@ def test_bad_files(tmp_path: Path, content: str, suffix: str, needle: str) -> No
         load_dataset(str(path))
 
 
+@pytest.mark.parametrize(
+    ("content", "suffix", "needle"),
+    [
+        # Each was a traceback (UnicodeDecodeError, RecursionError, ValueError, csv.Error).
+        (b'{"input": "\xff"}\n', ".jsonl", r"not UTF-8 text \(byte b'\\xff' at position 11\)"),
+        (b"input,label\n\xfe,x\n", ".csv", "not UTF-8 text"),
+        (b"[" * 100_000 + b"]" * 100_000, ".json", "nested deeper than the parser's limit"),
+        (b'{"input": ' + b"1" * 5000 + b', "label": "x"}\n', ".jsonl", "4300 digits"),
+        (b"input,label\n" + b"x" * 200_000 + b",y\n", ".csv", "not valid CSV: field larger"),
+    ],
+)
+def test_files_that_are_not_datasets(
+    tmp_path: Path, content: bytes, suffix: str, needle: str
+) -> None:
+    path = tmp_path / f"bad{suffix}"
+    path.write_bytes(content)
+    with pytest.raises(DatasetError, match=needle):
+        load_dataset(str(path))
+
+
 def test_unknown_dataset_and_hf() -> None:
     with pytest.raises(DatasetError, match="neither a bundled corpus"):
         load_dataset("/no/such/file.jsonl")

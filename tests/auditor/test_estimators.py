@@ -371,3 +371,11 @@ def test_exact_epsilon_is_computed_once_per_sigma_and_delta() -> None:
     assert _pld_epsilon.cache_info().hits == hits + 1
     fresh = _pld_epsilon.__wrapped__(sigma / math.sqrt(2.0), 1e-5, 1, 1e-4)
     assert fresh == first
+
+
+def test_counts_past_2_53_are_named() -> None:
+    # --tp 1e23 failed deep in numpy with "n must hold counts, got dtype object".
+    with pytest.raises(InvalidAuditInput, match=r"tp must be at most 9007199254740992 \(2\^53\)"):
+        estimate_from_counts(10**23, 10, 5, 95, delta=1e-5)
+    est = estimate_from_counts(2**53, 2**53, 2**53, 2**53, delta=1e-5)
+    assert est.epsilon_lower == 0.0

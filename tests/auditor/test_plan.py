@@ -9,6 +9,7 @@ from pydantic import ValidationError
 
 from dpicl_audit.errors import InvalidAuditInput, InvalidPlan
 from dpicl_audit.plan import AuditPlan
+from dpicl_audit.plan_sources import MAX_PLAN_BYTES
 
 PLAN_TOML = """
 name = "nightly"
@@ -121,6 +122,10 @@ def test_flags_only() -> None:
         ({"deployment.labels": ["A", "B"], "deployment.positive": "C"}, "positive label"),
         ({"deployment.template": "no slots"}, "{exemplars}"),
         ({"unknown_knob": 1}, "unknown setting"),
+        # Each was an httpx or socket traceback at the first request.
+        ({"target.base_url": "http://[::1"}, "is not a URL: Invalid port"),
+        ({"target.base_url": "http://127.0.0.1:99999"}, "port 99999, outside 1 to 65535"),
+        ({"target.base_url": "http://:8000"}, "names no host"),
     ],
 )
 def test_bad_values_are_named(overrides: dict[str, object], needle: str) -> None:
@@ -176,3 +181,30 @@ def test_auditor_never_imports_the_server() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_plan_files_that_are_not_plans(tmp_path: Path) -> None:
+    # Each was a traceback (IsADirectoryError, UnicodeDecodeError) or, for /dev/zero, a
+    # read that never ended (MemoryError).
+    with pytest.raises(InvalidPlan, match="cannot be read: Is a directory"):
+        AuditPlan.from_toml(tmp_path)
+    binary = tmp_path / "plan.bin"
+    binary.write_bytes(b"\x00\xff\xfe")
+    with pytest.raises(InvalidPlan, match=r"not UTF-8 text \(byte b'\\xff' at position 1\)"):
+        AuditPlan.from_toml(binary)
+    huge = tmp_path / "huge.toml"
+    huge.write_bytes(b"#" * (MAX_PLAN_BYTES + 1))
+    with pytest.raises(InvalidPlan, match="larger than"):
+        AuditPlan.from_toml(huge)
+    if Path("/dev/zero").exists():
+        with pytest.raises(InvalidPlan, match="larger than"):
+            AuditPlan.from_toml("/dev/zero")
+
+
+def test_plan_errors_quote_the_value_but_never_a_token() -> None:
+    # "trials: Input should be a valid integer" did not say what it got.
+    with pytest.raises(InvalidPlan, match=r"trials: .* \(got 'many'\)"):
+        AuditPlan.from_sources(None, {"trials": "many"})
+    with pytest.raises(InvalidPlan) as info:
+        AuditPlan.from_sources(None, {"target.admin_token": ["hunter2"]})
+    assert "target.admin_token" in str(info.value) and "hunter2" not in str(info.value)

@@ -16,7 +16,12 @@ import numpy as np
 import pytest
 
 from dpicl_audit.client import DpiclClient
-from dpicl_audit.errors import TargetNotFound, TargetProtocolError, TargetUnavailable
+from dpicl_audit.errors import (
+    InvalidAuditInput,
+    TargetNotFound,
+    TargetProtocolError,
+    TargetUnavailable,
+)
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.runner import (
     CLEAN_SETTING,
@@ -290,7 +295,8 @@ async def test_orphan_context_is_adopted_on_resume(tmp_path: Path) -> None:
 async def test_white_box_needs_the_debug_endpoint(tmp_path: Path) -> None:
     plan = _plan(threat_model="white-box", **{"mechanism.epsilons": [1.0]})
     async with oracle_server(tmp_path, whitebox="off") as client:
-        with pytest.raises(TargetNotFound):
+        # "404 not_found: Not Found" said nothing of why.
+        with pytest.raises(TargetNotFound, match=r"white-box endpoints are off.*DPICL_WHITEBOX"):
             await run_audit(
                 plan,
                 db=tmp_path / "a.db",
@@ -375,3 +381,44 @@ async def test_cancellation_keeps_completed_trials(tmp_path: Path) -> None:
         await resume_audit("c", store=store, target=client, out_dir=tmp_path, progress=False)
     _check_log(store, "c", plan)
     store.dispose()
+
+
+@pytest.mark.parametrize("run_id", ["../../escaped", "a/b", "", " x", "r" * 81, "-x"])
+async def test_a_run_id_that_cannot_name_a_run_is_refused(tmp_path: Path, run_id: str) -> None:
+    # "--run-id ../../escaped" wrote <out>/../../escaped/results.json, outside --out.
+    with pytest.raises(InvalidAuditInput, match="run id"):
+        await run_audit(
+            _plan(),
+            db=f"sqlite:///{tmp_path}/a.db",
+            run_id=run_id,
+            out_dir=tmp_path,
+            progress=False,
+        )
+    assert not (tmp_path / "a.db").exists()  # refused before anything was opened
+
+
+async def test_a_second_run_with_the_same_id_is_refused(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path}/audit.db"
+    plan = _plan(trials=10, **{"mechanism.epsilons": [2.0]})
+    async with oracle_server(tmp_path) as client:
+        await run_audit(
+            plan, db=db, target=client, run_id="twice", out_dir=tmp_path, progress=False
+        )
+        with pytest.raises(InvalidAuditInput, match=r"'twice' already exists.*resume twice"):
+            await run_audit(
+                plan, db=db, target=client, run_id="twice", out_dir=tmp_path, progress=False
+            )
+
+
+async def test_an_out_that_is_a_file_is_refused_before_the_audit(tmp_path: Path) -> None:
+    # It failed with NotADirectoryError only when the finished audit wrote its results.
+    from dpicl_audit.report import write_report
+
+    out = tmp_path / "results.txt"
+    out.write_text("not a directory")
+    db = tmp_path / "a.db"
+    with pytest.raises(InvalidAuditInput, match=r"--out .*results\.txt. is a file"):
+        await run_audit(_plan(), db=db, run_id="r", out_dir=out, progress=False)
+    assert not db.exists()  # refused before anything was opened
+    with pytest.raises(InvalidAuditInput, match="cannot be a directory: Not a directory"):
+        write_report(["r"], db_url=str(db), out_dir=out / "sub")

@@ -37,7 +37,7 @@ def exercise(store: TrialStore) -> None:
         design={"query": "q"},
         name="first",
     )
-    with pytest.raises(sa.exc.IntegrityError):
+    with pytest.raises(InvalidAuditInput, match="already exists"):
         store.create_run("r1", plan={}, versions={})
     run = store.get_run("r1")
     assert run.status == "running" and run.plan == {"trials": 10} and run.kind == "run"
@@ -147,3 +147,16 @@ def test_postgresql_schema(pg_schema: tuple[str, str]) -> None:
         ).scalar_one()
     eng.dispose()
     assert n == 9 and public == 0
+
+
+def test_a_db_that_cannot_hold_a_trial_log_is_named(tmp_path: Path) -> None:
+    # Each was a SQLAlchemy traceback from `dpicl-audit list --db ...`.
+    with pytest.raises(InvalidAuditInput, match="is a directory; give a SQLite file in it"):
+        TrialStore(tmp_path)
+    not_a_db = tmp_path / "notes.txt"
+    not_a_db.write_bytes(b"these are not the pages of a database" * 100)
+    with pytest.raises(InvalidAuditInput, match=r"notes\.txt.*file is not a database"):
+        TrialStore(not_a_db)
+    # A server that does not answer, its password hidden.
+    with pytest.raises(InvalidAuditInput, match=r"u:\*\*\*@127\.0\.0\.1:1/x.*OperationalError"):
+        TrialStore("postgresql+psycopg://u:hunter2@127.0.0.1:1/x")

@@ -86,6 +86,19 @@ def context_cases() -> list[Case]:
         c("epsilon -1", _voting(epsilon=-1.0), "mechanism.voting.epsilon"),
         c("epsilon string", _voting(epsilon="lots"), "mechanism.voting.epsilon"),
         c("epsilon list", _voting(epsilon=[1.0]), "mechanism.voting.epsilon"),
+        # lax pydantic read true as 1 and "4" as 4: wrong types, not numbers
+        c("epsilon true", _voting(epsilon=True), "mechanism.voting.epsilon"),
+        c("epsilon '1'", _voting(epsilon="1"), "mechanism.voting.epsilon"),
+        c("partitions true", _voting(partitions=True), "mechanism.voting.partitions"),
+        c("partition_seed '7'", _voting(partition_seed="7"), "mechanism.voting.partition_seed"),
+        c(
+            "budget delta '1e-5'",
+            _with(_voting(), budget={"epsilon": 1.0, "delta": "1e-5"}),
+            "budget.delta",
+        ),
+        c("mozo queries true", _mozo(queries=True), "queries"),
+        c("mozo delta true", _mozo(delta=True), "delta"),
+        c("mozo alpha '8'", _mozo(guarantee="paper", alpha="8"), "alpha"),
         c(
             "budget epsilon 1e308",
             _with(_voting(), budget={"epsilon": 1e308, "delta": 1e-5}),
@@ -123,6 +136,45 @@ def context_cases() -> list[Case]:
             _with(_voting(), exemplars=[{"input": "a\ud800", "output": "Yes"}]),
             "exemplars.0.input",
         ),
+        # blank texts: an exemplar of spaces demonstrates nothing, labels of spaces look alike
+        c(
+            "blank exemplar input",
+            _with(_voting(partitions=1), exemplars=[{"input": " \t\n", "output": "Yes"}]),
+            "exemplars.0.input",
+        ),
+        c(
+            "blank labels",
+            _with(
+                _voting(partitions=1),
+                labels=[" ", "  "],
+                exemplars=[{"input": "a", "output": " "}, {"input": "b", "output": "  "}],
+            ),
+            "labels.0",
+        ),
+        c(
+            "blank ESA output",
+            _with(_esa(partitions=1), exemplars=[{"input": "q", "output": "\u3000"}]),
+            "output",
+        ),
+        # labels a reader cannot tell apart in an answer
+        c(
+            "labels NFC/NFD",
+            _with(
+                _voting(partitions=1),
+                labels=["e\u0301", "\u00e9"],
+                exemplars=[{"input": "a", "output": "\u00e9"}],
+            ),
+            "labels.1",
+        ),
+        c(
+            "labels 'Yes' and 'Yes '",
+            _with(
+                _voting(partitions=1),
+                labels=["Yes", "Yes "],
+                exemplars=[{"input": "a", "output": "Yes"}],
+            ),
+            "differ only in Unicode normalisation or surrounding whitespace",
+        ),
         # huge strings and lists
         c("name of 10k chars", _with(_voting(), name="n" * 10_000), "name"),
         c(
@@ -132,6 +184,22 @@ def context_cases() -> list[Case]:
         ),
         c("5000 labels", _with(_voting(), labels=[f"l{i}" for i in range(5000)]), "labels"),
         c("nested 500 deep", _with(_voting(), name=json.loads("[" * 500 + "]" * 500)), "name"),
+        # each slot is filled once per prompt: 1,800 "{exemplars}" made 1,800 copies
+        c(
+            "template {exemplars} x1800",
+            _with(_voting(), template="{exemplars}" * 1800 + "{query}"),
+            "{exemplars} exactly once (it has 1800)",
+        ),
+        c(
+            "template {query} twice",
+            _with(_voting(), template="{exemplars}{query}{query}"),
+            "{query} exactly once (it has 2)",
+        ),
+        c(
+            "template {labels} x2000",
+            _with(_voting(), template="{exemplars}{query}" + "{labels}" * 2000),
+            "{labels} at most once (it has 2000)",
+        ),
         # 12. a budget is required; "budget": null needs DPICL_ALLOW_UNBUDGETED
         c("no budget", no_budget, "budget"),
         c("budget null", voting_context(), "DPICL_ALLOW_UNBUDGETED"),
@@ -148,6 +216,23 @@ def context_cases() -> list[Case]:
         c("invalid UTF-8", None, "JSON", status=400, raw=b'{"name": "\xff\xfe"}'),
         c("nested 100k deep", None, "JSON", status=400, raw=b"[" * 100_000 + b"]" * 100_000),
         c("array body", [], "body"),
+        # the 400 and the 422 name what is wrong with the bytes
+        c("bad JSON at", None, "at character 9", status=400, raw=b'{"task": '),
+        c("invalid UTF-8 byte", None, "xff", status=400, raw=b'{"name": "\xff\xfe"}'),
+        c("deep nesting named", None, "nested", status=400, raw=b"[" * 100_000 + b"]" * 100_000),
+        c(
+            "integer of 5000 digits",
+            None,
+            "5000 digits",
+            status=400,
+            raw=b'{"mechanism": {"name": "voting", "epsilon": ' + b"1" * 5000 + b"}}",
+        ),
+        c(
+            "text/plain body",
+            voting_context(),
+            "Content-Type: application/json (got 'text/plain')",
+            headers={"content-type": "text/plain"},
+        ),
         c("null body", None, "body", raw=b"null"),
     ]
 
@@ -180,6 +265,12 @@ def inference_cases(context_id: str) -> list[Case]:
             path="/v1/generate",
         ),
         q("extra field", {"context_id": context_id, "query": "hi", "x": 1}, "x"),
+        q(
+            "max_tokens true",
+            {"context_id": context_id, "query": "hi", "max_tokens": True},
+            "max_tokens",
+            path="/v1/generate",
+        ),
         Case("NUL in path id", "GET", "/v1/contexts/ctx_%00", 404, "context_id"),
         Case(
             "huge Content-Length",

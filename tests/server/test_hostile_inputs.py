@@ -8,12 +8,15 @@ from __future__ import annotations
 import shutil
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from dpicl.engines.base import PromptSpec
+from dpicl.engines.oracle import OracleEngine
 from tests.conftest import admin_headers, user_headers
 from tests.server.api_helpers import make_client, voting_context
 from tests.server.hostile_cases import SECRET, Case, context_cases, inference_cases
@@ -180,3 +183,56 @@ def test_exact_epsilon_has_bounded_cost_whatever_mu() -> None:
         eps = epsilon_exact(sigma, 1.0, 1e-5)
         assert time.monotonic() - t0 < 10.0
         assert eps >= gaussian_epsilon(1e-5, 1.0 / sigma) * (1 - 1e-9)
+
+
+class _PromptRecorder(OracleEngine):
+    """The oracle simulator, remembering the prompt texts it was given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.texts: list[str] = []
+
+    async def score_labels(self, prompts: Sequence[PromptSpec], labels: Sequence[str]) -> Any:
+        self.texts += [p.text for p in prompts]
+        return await super().score_labels(prompts, labels)
+
+
+def test_slot_names_in_exemplars_and_labels_stay_text(tmp_path: Path) -> None:
+    """Filled slot after slot, an exemplar holding "{query}" received the query (a model
+    then saw every query among the demonstrations), once per slot name, and a label holding
+    "{exemplars}" received all the exemplars, once per label."""
+    body = voting_context(
+        template="{labels}\n{exemplars}\n{query}",
+        labels=["Yes {exemplars}", "No {exemplars}"],
+        exemplars=[{"input": "{query} " * 50, "output": "Yes {exemplars}"}],
+        mechanism={"partitions": 1},
+    )
+    engine = _PromptRecorder()
+    with make_client(tmp_path, engine=engine) as c:
+        r = c.post("/v1/contexts", json=body, headers=admin_headers())
+        assert r.status_code == 201, r.text
+        query = {"context_id": r.json()["id"], "query": "zebra crossing " * 500}
+        r = c.post("/v1/classify", json=query, headers=user_headers())
+        assert r.status_code == 200, r.text
+    [text] = engine.texts
+    assert text == (
+        "Yes {exemplars}, No {exemplars}\n"
+        f"Input: {'{query} ' * 50}\nLabel: Yes {{exemplars}}\n{'zebra crossing ' * 500}"
+    )
+
+
+def test_a_chunked_body_over_the_limit_is_413(tmp_path: Path) -> None:
+    """Without a Content-Length the limit is met while reading, inside FastAPI's body
+    parsing, which turned it into 400 "not valid JSON"."""
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"name": "'
+        for _ in range(64):
+            yield b"x" * 1024
+
+    with make_client(tmp_path, max_body_bytes=16 * 1024) as c:
+        headers = admin_headers() | {"content-type": "application/json"}
+        r = c.post("/v1/contexts", content=chunks(), headers=headers)
+        assert r.status_code == 413, r.text
+        assert r.json()["error"]["code"] == "payload_too_large"
+        assert "16384 bytes" in r.json()["error"]["message"]

@@ -222,9 +222,20 @@ def test_the_marked_prefix_does_not_depend_on_the_query(
     assert a.prefix_text == b.prefix_text
     assert a.text.startswith(a.prefix_text)
     assert b.text.startswith(b.prefix_text)
-    if "{query}" not in "".join(f"{i}{o}" for i, o in pairs) + head:
-        # Then the prefix is everything up to the query slot.
-        assert a.text[a.prefix_chars :].startswith(q1)
+    # The prefix is everything up to the query slot, whatever the exemplars hold.
+    assert a.text[a.prefix_chars :].startswith(q1)
+
+
+def test_slot_names_inside_user_text_are_never_filled() -> None:
+    # Slot after slot, "{query}" in an exemplar received the query (the oracle then found
+    # every query among the demonstrations) and "{exemplars}" in a label received every
+    # exemplar, once per label.
+    exemplars = [Exemplar("{query} {labels}", "{exemplars}")]
+    labels = ["{exemplars}", "{query}"]
+    p = render("{labels}|{exemplars}|{query}", exemplars, "Q", task="classification", labels=labels)
+    assert p.text == "{exemplars}, {query}|Input: {query} {labels}\nLabel: {exemplars}|Q"
+    assert p.text[p.prefix_chars :] == "Q"
+    assert p.instructions == "{exemplars}, {query}||"
 
 
 def test_the_default_template_prefix_ends_before_the_query() -> None:

@@ -136,7 +136,14 @@ def _count(value: Any, name: str) -> int:
         raise InvalidAuditInput(f"{name} must be a whole number, got {value!r}")
     if value < 0:
         raise InvalidAuditInput(f"{name} must be non-negative, got {value}")
+    if value > MAX_COUNT:
+        # Past int64 numpy holds counts as Python objects, and past 2^53 floats lose them.
+        raise InvalidAuditInput(f"{name} must be at most {MAX_COUNT} (2^53), got {value}")
     return int(value)
+
+
+#: Largest attack count taken (far beyond any audit; exact as a float).
+MAX_COUNT = 2**53
 
 
 def estimate_from_counts(

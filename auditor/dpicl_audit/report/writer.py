@@ -17,7 +17,7 @@ from dpicl_audit.report.html import render_html
 from dpicl_audit.report.plots import plot_epsilons, plot_tradeoff, plot_trials
 from dpicl_audit.report.table import rich_table
 from dpicl_audit.report.words import noise_findings, run_verdict, verdict_sentence
-from dpicl_audit.results import jsonable, write_results
+from dpicl_audit.results import jsonable, out_directory, write_results
 from dpicl_audit.store import TrialStore
 
 __all__ = ["write_combined_report", "write_report"]
@@ -123,6 +123,7 @@ def write_combined_report(
     ids = list(dict.fromkeys(run_ids))
     if not ids:
         raise InvalidAuditInput("a report needs at least one run id")
+    out_directory(out_dir)  # before any work: an --out that is a file fails at once
     store = TrialStore(db_url)
     try:
         runs = load_runs(store, ids)
@@ -142,8 +143,7 @@ def write_combined_report(
 
     curves = {rd.run_id: trials_curve(rd) for rd in runs}
     dir_name = name or (ids[0] if len(ids) == 1 else f"report-{ids[0]}")
-    out = Path(out_dir) / dir_name
-    out.mkdir(parents=True, exist_ok=True)
+    out = out_directory(Path(out_dir) / dir_name)
     payload = _payload(title, runs, rows, notes)
     payload["trials_curves"] = curves
     text = json.dumps(jsonable(payload), indent=2) + "\n"

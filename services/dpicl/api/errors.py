@@ -34,15 +34,26 @@ def _param(loc: tuple[Any, ...]) -> str | None:
     return ".".join(parts) or None
 
 
-def _validation(exc: RequestValidationError) -> JSONResponse:
+def _validation(exc: RequestValidationError, content_type: str | None) -> JSONResponse:
     errors = list(exc.errors())
     first: dict[str, Any] = (
         dict(errors[0]) if errors else {"loc": (), "msg": "invalid request", "type": ""}
     )
     if first.get("type") == "json_invalid":
         ctx = first.get("ctx") or {}
+        loc = tuple(first.get("loc", ()))
+        at = f" at character {loc[1]}" if len(loc) == 2 and isinstance(loc[1], int) else ""
         return error_response(
-            400, "invalid_json", f"request body is not valid JSON: {ctx.get('error', '')}".strip()
+            400, "invalid_json", f"request body is not valid JSON: {ctx.get('error', '')}{at}"
+        )
+    if tuple(first.get("loc", ())) == ("body",) and isinstance(first.get("input"), bytes):
+        # FastAPI hands the body over unparsed unless it is declared JSON: the body is not
+        # wrong, its Content-Type is (and echoing the raw bytes would help nobody).
+        return error_response(
+            422,
+            "invalid_request",
+            "request body: send JSON with Content-Type: application/json "
+            + (f"(got {content_type!r})" if content_type else "(it has no Content-Type)"),
         )
     param = _param(tuple(first.get("loc", ())))
     msg = str(first.get("msg", "invalid value"))
@@ -55,6 +66,22 @@ def _validation(exc: RequestValidationError) -> JSONResponse:
     if first.get("type") == "missing" and param:
         msg = f"{param}: field required"
     return error_response(422, "invalid_request", msg, param)
+
+
+def _unreadable_json(cause: BaseException | None) -> str:
+    """What made json.loads give up on a body, naming the bad bytes where there are any."""
+    head = "request body is not valid JSON"
+    if isinstance(cause, UnicodeDecodeError):
+        bad = cause.object[cause.start : cause.start + 1]
+        return f"{head}: it is not UTF-8 (byte {bad!r} at position {cause.start})"
+    if isinstance(cause, RecursionError):
+        return f"{head}: it is nested deeper than the parser's limit (a few hundred levels)"
+    if isinstance(cause, ValueError) and "digits" in str(cause):
+        # Python reads at most 4300 digits of an integer (a guard against quadratic time).
+        return f"{head}: a number has more digits than the parser reads ({cause})".replace(
+            "; use sys.set_int_max_str_digits() to increase the limit", ""
+        )
+    return f"{head} (it must be UTF-8 JSON nested at most a few hundred levels deep)"
 
 
 def _allowed_methods(request: Request) -> list[str]:
@@ -75,20 +102,20 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(exc.status_code, exc.code, exc.message, exc.param, headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return _validation(exc)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _validation(exc, request.headers.get("content-type"))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        cause = exc.__cause__
+        if exc.status_code == 400 and isinstance(cause, DpiclError):
+            # FastAPI turns whatever stops it reading the body into a 400: a chunked body
+            # that BodyLimitMiddleware cut off at the limit is a 413, not "invalid JSON".
+            return error_response(cause.status_code, cause.code, cause.message, cause.param)
         if exc.status_code == 400:
-            # FastAPI's answer to a body json.loads could not read at all: bad UTF-8, or
-            # nesting deeper than the parser's recursion limit.
-            return error_response(
-                400,
-                "invalid_json",
-                "request body is not valid JSON (it must be UTF-8 and nested at most a few "
-                "hundred levels deep)",
-            )
+            # FastAPI's answer to a body json.loads could not read at all; the reason is
+            # the exception it chained.
+            return error_response(400, "invalid_json", _unreadable_json(cause))
         codes = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}
         headers = dict(exc.headers or {})
         if exc.status_code == 405:

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dpicl.domain import MAX_TEXT_CHARS, NONBLANK_NO_NUL, Text
+from dpicl.domain import MAX_TEXT_CHARS, NONBLANK_NO_NUL, OptionalInt, Text
 from dpicl.privacy.ledger import BudgetStatus, Cost
 from dpicl.store.repository import StoredContext
 
@@ -154,7 +154,7 @@ class GenerateRequest(BaseModel):
             description="Not blank; at most DPICL_MAX_QUERY_CHARS characters.",
         ),
     ]
-    max_tokens: int | None = Field(default=None, ge=1, le=1024)
+    max_tokens: OptionalInt = Field(default=None, ge=1, le=1024)
 
 
 class GenerateResponse(BaseModel):

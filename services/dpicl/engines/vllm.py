@@ -251,7 +251,10 @@ class VllmEngine:
         except (ValueError, TypeError) as exc:
             raise InvalidRequest(f"vllm rejected the request: {exc}") from exc
         except Exception as exc:
-            raise EngineError(f"vllm failed: {type(exc).__name__}: {exc}") from exc
+            # The type only, to the client and the log: an exception's text may quote the
+            # prompt, which holds private exemplars (the client may be any API key holder).
+            log.warning("vllm failed: %s", type(exc).__name__)
+            raise EngineError(f"vllm failed ({type(exc).__name__})") from exc
         if final is None:  # pragma: no cover - vLLM always yields a final output
             raise EngineError("vllm returned no output")
         return final

@@ -245,8 +245,11 @@ class ContextRepository:
         try:
             upgrade(self.engine)
         except SQLAlchemyError as exc:
+            # The operator's own setting, named so a wrong path is found (password hidden);
+            # the error itself by class and SQLSTATE only, as everywhere.
+            where = self.engine.url.render_as_string(hide_password=True)
             raise StorageUnavailable(
-                f"cannot migrate the database schema ({describe_db_error(exc)})"
+                f"cannot migrate the database schema at {where} ({describe_db_error(exc)})"
             ) from None
 
     def create_schema(self) -> None:
