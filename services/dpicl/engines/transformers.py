@@ -291,7 +291,9 @@ class TransformersEngine:
         return self.encoder.label_ids(rendered_prompt, label)
 
     def _encode_row(self, prompt: PromptSpec) -> Row:
-        rendered, ids = self.encode(prompt)
+        # The prompt that runs may be the fallback (PromptSpec.fallback): its own prefix
+        # and cache key then apply.
+        prompt, rendered, ids = self.encoder.encode_used(prompt)
         prefix = prompt.prefix_text
         if not (prompt.cache_key and prefix and self.prefix_cache.enabled):
             return Row(rendered, ids)
