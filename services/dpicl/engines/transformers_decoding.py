@@ -61,7 +61,9 @@ class TransformersDecodingSession:
         if self.recompute:
             self._last = self._recompute_last()
             return
-        pre = prefill(eng, self._prompt_ids, use_cache=True)
+        # One session is one call (and one context): its rows may share their prefix.
+        scopes = [p.cache_scope for p in self._prompts]
+        pre = prefill(eng, self._prompt_ids, scopes=scopes, use_cache=True)
         self._cache = pre.res.past_key_values
         self._attn = pre.attention_mask
         self._pos = pre.last_pos
