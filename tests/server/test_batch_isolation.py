@@ -152,3 +152,49 @@ def test_contexts_in_one_batch_share_no_prefix(
     shared.clear()
     run([prompts[a.id]])
     assert shared == [{a.id}]
+
+
+# --------------------------------------------------------------------------- DPS-MOZO
+
+
+MOZO_TEMPLATE = "Follow the examples.\n\n{exemplars}\n\nInput: {query}\nOutput:"
+
+
+def _mozo_prompts(exemplar_inputs: Sequence[str]) -> list[PromptSpec]:
+    from dpicl.engines.base import Exemplar
+    from dpicl.prompts import render
+
+    def one(exemplars: list[Exemplar]) -> PromptSpec:
+        return render(MOZO_TEMPLATE, exemplars, "what is up", task="generation", cache_scope="c")
+
+    return [*(one([Exemplar(x, "fine")]) for x in exemplar_inputs), one([])]
+
+
+def test_the_zero_shot_row_is_a_function_of_the_public_prompt_alone() -> None:
+    """DPS-MOZO's proof (docs/privacy.md, proven mode) takes the support S, the zero-shot
+    top-k, and p0 from the zero-shot prompt alone, so they are equal under neighbours.
+    Encoded in one left-padded batch with the one-shot rows, the zero-shot row's logits
+    moved with the longest private exemplar (by ~6e-8 here): a near-tie at the k-th logit
+    could then flip S, and a token in one neighbour's support has probability 0 under the
+    other's, which no eps bounds. Bitwise equality, step after step, is the invariant."""
+    engine = tiny_engine()
+    runs = []
+    for inputs in (["short a", "c"], ["a much longer private exemplar " * 20, "c"], []):
+        prompts = _mozo_prompts(inputs)
+
+        async def decode(prompts: list[PromptSpec] = prompts) -> list[Any]:
+            s = await engine.open_decoding(prompts, zero_shot_index=len(prompts) - 1, top_k=50)
+            rows = []
+            for tok in (65, 66, 67):
+                step = await s.step()
+                rows.append((step.top_ids, step.logits[-1]))
+                await s.advance(tok)
+            await s.aclose()
+            return rows
+
+        runs.append(asyncio.run(decode()))
+    reference = runs[-1]  # the zero-shot prompt alone
+    for run in runs[:-1]:
+        for (ids, zero), (ref_ids, ref_zero) in zip(run, reference, strict=True):
+            assert (ids == ref_ids).all()
+            assert (zero == ref_zero).all(), float(abs(zero - ref_zero).max())

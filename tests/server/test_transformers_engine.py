@@ -321,7 +321,9 @@ async def test_advance_runs_one_token_per_row_and_never_the_prompt(
         await session.aclose()
     finally:
         handle.remove()
-    assert shapes[opened:] == [(len(DECODE), 1)] * 3
+    # Per token: the one-shot rows in one forward, the zero-shot row alone in another
+    # (its logits must not depend on the private rows' batch).
+    assert shapes[opened:] == [(1, 1), (len(DECODE) - 1, 1)] * 3
 
 
 @pytest.mark.slow
