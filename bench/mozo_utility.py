@@ -76,32 +76,33 @@ class Shared:
         self.s = session
         self.c = n_methods
         self.n = session.n_prompts
-        s = session
-        s._cache.batch_repeat_interleave(n_methods)
-        s._attn = s._attn.repeat_interleave(n_methods, dim=0)
-        s._pos = s._pos.repeat_interleave(n_methods, dim=0)
-        s._last = s._last.repeat_interleave(n_methods, dim=0)
-
-    def rows(self, method: int) -> list[int]:
-        return [r * self.c + method for r in range(self.n)]
+        # The session's row groups (the zero-shot row runs apart from the one-shot rows).
+        for g in session._groups:
+            g.cache.batch_repeat_interleave(n_methods)
+            g.attn = g.attn.repeat_interleave(n_methods, dim=0)
+            g.pos = g.pos.repeat_interleave(n_methods, dim=0)
+            g.last = g.last.repeat_interleave(n_methods, dim=0)
 
     def last(self, method: int) -> torch.Tensor:
-        return self.s._last[self.rows(method)]  # type: ignore[no-any-return]
+        groups = self.s._groups
+        first = groups[0].last
+        out = torch.empty((self.n, first.shape[1]), dtype=first.dtype, device=first.device)
+        for g in groups:
+            out[g.at] = g.last[[r * self.c + method for r in range(len(g.at))]]
+        return out
 
     def advance(self, tokens: Sequence[int]) -> None:
-        s = self.s
-        eng = s._engine
-        per_row = torch.tensor(list(tokens) * self.n, dtype=torch.long, device=eng.device)
-        s._attn = torch.cat(
-            [s._attn, torch.ones((s._attn.shape[0], 1), dtype=s._attn.dtype, device=eng.device)],
-            1,
-        )
-        s._pos = s._pos + 1
-        res = eng._forward(
-            per_row[:, None], s._attn, s._pos[:, None], past=s._cache, use_cache=True
-        )
-        s._cache = res.past_key_values
-        s._last = res.logits[:, -1, :].float()
+        eng = self.s._engine
+        for g in self.s._groups:
+            per_row = torch.tensor(list(tokens) * len(g.at), dtype=torch.long, device=eng.device)
+            ones = torch.ones((g.attn.shape[0], 1), dtype=g.attn.dtype, device=eng.device)
+            g.attn = torch.cat([g.attn, ones], 1)
+            g.pos = g.pos + 1
+            res = eng._forward(
+                per_row[:, None], g.attn, g.pos[:, None], past=g.cache, use_cache=True
+            )
+            g.cache = res.past_key_values
+            g.last = res.logits[:, -1, :].float()
 
 
 async def main(args: argparse.Namespace) -> None:

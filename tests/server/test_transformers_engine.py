@@ -282,8 +282,10 @@ async def test_kv_cached_decoding_equals_recompute(
     k = 20
     kv = await engine.open_decoding(DECODE, zero_shot_index=0, top_k=k)
     assert isinstance(kv, decoding.TransformersDecodingSession)
-    assert isinstance(kv._cache, SlotCache)
-    first = kv._cache.layers[0]
+    # The zero-shot row and the one-shot rows each in slots of their own.
+    assert [len(g.at) for g in kv._groups] == [1, len(DECODE) - 1]
+    assert all(isinstance(g.cache, SlotCache) for g in kv._groups)
+    first = kv._groups[-1].cache.layers[0]
     assert isinstance(first, SlotLayer)
     start = first.capacity
     ref = await engine.open_decoding(DECODE, zero_shot_index=0, top_k=k, recompute=True)
@@ -334,7 +336,9 @@ async def test_advance_runs_one_token_per_row_and_never_the_prompt(
         await session.aclose()
     finally:
         handle.remove()
-    assert shapes[opened:] == [(len(DECODE), 1)] * 3
+    # Per token: the one-shot rows in one forward, the zero-shot row alone in another
+    # (its logits must not depend on the private rows' batch).
+    assert shapes[opened:] == [(1, 1), (len(DECODE) - 1, 1)] * 3
 
 
 @pytest.mark.slow

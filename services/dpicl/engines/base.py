@@ -75,6 +75,15 @@ class PromptSpec:
     # (never a client value); an engine with a prefix cache salts it per scope, so one
     # context's cached exemplars cannot be probed by timing from another (DESIGN.md 3).
     cache_scope: str = ""
+    # The prompt to run instead when this one does not fit the model (an engine without a
+    # length limit never uses it). The pipelines set it on every prompt that holds private
+    # exemplars to the public zero-shot prompt of the same query: whether a private prompt
+    # fits is a deterministic function of the exemplars, so refusing it (a 4xx, refunded)
+    # would release that function un-noised and free of charge. Answering that partition
+    # (or DPS-MOZO shot) from the zero-shot prompt keeps its output a function of its own
+    # exemplars and the query only, which is all the sensitivity arguments need (paper 000,
+    # Algorithm 2: one partition's vote; paper 004, Algorithm 1: a shot equal to p0).
+    fallback: PromptSpec | None = None
 
     @property
     def prefix_text(self) -> str:

@@ -48,6 +48,8 @@ class PromptEncoder:
         )
         self.max_positions = max_positions
         self._label_cache: dict[tuple[str, str], list[int]] = {}
+        # Token count of each fallback prompt seen (by text; see encode_used).
+        self._fallback_lengths: dict[str, int] = {}
 
     def render(self, prompt: PromptSpec) -> str:
         """The string the model sees for ``prompt`` (chat template applied if enabled)."""
@@ -77,18 +79,62 @@ class PromptEncoder:
     def encode_text(self, text: str, *, special: bool) -> list[int]:
         return [int(i) for i in self.tokenizer(text, add_special_tokens=special)["input_ids"]]
 
-    def encode(self, prompt: PromptSpec) -> tuple[str, list[int]]:
-        """The rendered prompt and its token ids (a 4xx if the model cannot take it)."""
+    def _tokens(self, prompt: PromptSpec) -> tuple[str, list[int]]:
         rendered = self.render(prompt)
         # A chat template writes its own special tokens; a raw prompt gets the tokenizer's.
         ids = self.encode_text(rendered, special=not self.use_chat_template)
         if not ids:
             ids = [self.empty_prompt_token_id]
-        if self.max_positions is not None and len(ids) >= self.max_positions:
-            raise InvalidRequest(
-                f"the prompt has {len(ids)} tokens; the model {self.model_name!r} accepts "
-                f"fewer than {self.max_positions}"
-            )
+        return rendered, ids
+
+    def _fits(self, ids: list[int]) -> bool:
+        return self.max_positions is None or len(ids) < self.max_positions
+
+    def _too_long(self, n_tokens: int) -> InvalidRequest:
+        return InvalidRequest(
+            f"the prompt has {n_tokens} tokens; the model {self.model_name!r} accepts "
+            f"fewer than {self.max_positions}"
+        )
+
+    def encode_used(self, prompt: PromptSpec) -> tuple[PromptSpec, str, list[int]]:
+        """The prompt that runs (``prompt``, or its ``fallback`` when ``prompt`` does not
+        fit the model), its rendering and its token ids.
+
+        The refusal depends on public text only: when ``prompt`` has a fallback, the call
+        is refused exactly when the fallback does not fit, whether ``prompt`` would have
+        fitted or not, and the message quotes the fallback's length. ``prompt`` holds
+        private exemplars there (:attr:`PromptSpec.fallback`); a refusal, or a message,
+        that depended on it would release its length un-noised and, raised inside the
+        refunded engine call, for free.
+        """
+        if self.max_positions is None:  # nothing is ever too long: no fallback is used
+            return (prompt, *self._tokens(prompt))
+        chain = [prompt]
+        while (nxt := chain[-1].fallback) is not None:
+            chain.append(nxt)
+        last = chain[-1]
+        if len(chain) > 1:
+            # The public check first (memoised: a query's T prompts share one fallback).
+            n = self._fallback_lengths.get(last.text)
+            if n is None:
+                n = len(self._tokens(last)[1])
+                if len(self._fallback_lengths) > _LABEL_CACHE_MAX:
+                    self._fallback_lengths.clear()
+                self._fallback_lengths[last.text] = n
+            if n >= self.max_positions:
+                raise self._too_long(n)
+        for p in chain:
+            rendered, ids = self._tokens(p)
+            if self._fits(ids):
+                return p, rendered, ids
+            if p is last:
+                raise self._too_long(len(ids))
+        raise AssertionError("unreachable: the chain ends with its last prompt")
+
+    def encode(self, prompt: PromptSpec) -> tuple[str, list[int]]:
+        """The rendered prompt and its token ids (a 4xx if the model cannot take it), of
+        ``prompt`` or of its fallback (:meth:`encode_used`)."""
+        _, rendered, ids = self.encode_used(prompt)
         return rendered, ids
 
     def label_ids(self, rendered_prompt: str, label: str) -> list[int]:

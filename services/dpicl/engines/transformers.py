@@ -290,18 +290,24 @@ class TransformersEngine:
         """Token ids of ``label`` as the answer that follows ``rendered_prompt``."""
         return self.encoder.label_ids(rendered_prompt, label)
 
-    def _encode_row(self, prompt: PromptSpec) -> Row:
-        rendered, ids = self.encode(prompt)
+    def _encode_row(self, prompt: PromptSpec, call: str) -> Row:
+        """``prompt`` encoded for a batch; ``call`` marks the call it came in, the scope of
+        a prompt without a context (``PromptSpec.cache_scope``): rows of different scopes
+        never share a prefix (:func:`~dpicl.engines.transformers_past.shared_past`)."""
+        scope = prompt.cache_scope or call
+        # The prompt that runs may be the fallback (PromptSpec.fallback): its own prefix
+        # and cache key then apply.
+        prompt, rendered, ids = self.encoder.encode_used(prompt)
         prefix = prompt.prefix_text
         if not (prompt.cache_key and prefix and self.prefix_cache.enabled):
-            return Row(rendered, ids)
+            return Row(rendered, ids, scope=scope)
         # Where the prompt text sits inside the chat template (the template copies it
         # verbatim; if it did not, the row is simply not cached).
         at = rendered.find(prompt.text)
         if at < 0:
-            return Row(rendered, ids)
+            return Row(rendered, ids, scope=scope)
         head = rendered[: at + len(prefix)]
-        return Row(rendered, ids, (prompt.cache_key, prefix_fingerprint(head)), head)
+        return Row(rendered, ids, (prompt.cache_key, prefix_fingerprint(head)), head, scope)
 
     # ------------------------------------------------------------------ batches
 

@@ -11,6 +11,7 @@ Every model call runs through the engine's lock (:meth:`TransformersEngine._run`
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -30,8 +31,31 @@ __all__ = ["SESSION_ROOM", "TransformersDecodingSession"]
 SESSION_ROOM = 64
 
 
+@dataclass(slots=True)
+class _Rows:
+    """Rows of a session that run together: their positions in the session's prompt order,
+    token ids and KV state."""
+
+    at: list[int]
+    ids: list[list[int]]
+    cache: Any = None
+    attn: torch.Tensor | None = None
+    pos: torch.Tensor | None = None
+    last: torch.Tensor | None = None  # (len(at), V) logits of the next token
+
+
 class TransformersDecodingSession:
-    """A DPS-MOZO session over one :class:`TransformersEngine` (see the module docstring)."""
+    """A DPS-MOZO session over one :class:`TransformersEngine` (see the module docstring).
+
+    The zero-shot row runs on its own (its own forward, no padding, no shared prefix),
+    apart from the one-shot rows. Paper 004's Algorithm 1 takes the support (the zero-shot
+    top-k) and p0 from the public zero-shot prompt, and the proven mode's proof
+    (docs/privacy.md) needs them equal under neighbouring contexts. Batched with the
+    one-shot rows, the zero-shot row's logits moved in their last bits with the longest
+    private prompt (the padding) and the shared prefix; a near-tie at the k-th logit could
+    then change the support, and a token in one neighbour's support has probability 0
+    under the other's. The price is one batch-of-one forward per token.
+    """
 
     def __init__(
         self,
@@ -49,10 +73,7 @@ class TransformersDecodingSession:
         self.recompute = recompute
         self.eos_token_id: int = engine.eos_token_id
         self.suffix: list[int] = []
-        self._prompt_ids: list[list[int]] = []
-        self._cache: Any = None
-        self._attn: torch.Tensor | None = None
-        self._pos: torch.Tensor | None = None
+        self._groups: list[_Rows] = []
         self._last: torch.Tensor | None = None  # (n_prompts, V) logits of the next token
         self._closed = False
 
@@ -62,24 +83,45 @@ class TransformersDecodingSession:
 
     def _start_sync(self) -> None:
         eng = self._engine
-        self._prompt_ids = [eng.encode(p)[1] for p in self._prompts]
-        if self.recompute:
-            self._last = self._recompute_last()
-            return
-        pre = prefill(eng, self._prompt_ids, use_cache=True)
-        # Slots of the session's own (it outlives this engine call, so never the engine's
-        # workspace): each token's keys and values are written in place (slot_cache).
-        cache = pre.res.past_key_values
-        if eng.slot_caches:
-            cache = own_slots([(k, v) for k, v, *_ in cache], SESSION_ROOM)
-        self._cache = cache
-        self._attn = pre.attention_mask
-        self._pos = pre.last_pos
-        self._last = pre.res.logits[:, -1, :].float()
+        ids = [eng.encode(p)[1] for p in self._prompts]
+        zero = self.zero_shot_index
+        others = [i for i in range(self.n_prompts) if i != zero]
+        self._groups = [_Rows([zero], [ids[zero]])]
+        if others:
+            self._groups.append(_Rows(others, [ids[i] for i in others]))
+        for g in self._groups:
+            if self.recompute:
+                g.last = self._recompute_last(g)
+                continue
+            # One session is one call (and one context): its rows may share their prefix.
+            scopes = [self._prompts[i].cache_scope for i in g.at]
+            pre = prefill(eng, g.ids, scopes=scopes, use_cache=True)
+            # Slots of the session's own (it outlives this engine call, so never the
+            # engine's workspace): each token's keys and values are written in place.
+            cache = pre.res.past_key_values
+            if eng.slot_caches:
+                cache = own_slots([(k, v) for k, v, *_ in cache], SESSION_ROOM)
+            g.cache = cache
+            g.attn = pre.attention_mask
+            g.pos = pre.last_pos
+            g.last = pre.res.logits[:, -1, :].float()
+        self._last = self._assemble()
 
-    def _recompute_last(self) -> torch.Tensor:
+    def _assemble(self) -> torch.Tensor:
+        """The groups' next-token logits in the session's prompt order."""
+        lasts: list[torch.Tensor] = []
+        for g in self._groups:
+            assert g.last is not None
+            lasts.append(g.last)
+        first = lasts[0]
+        out = torch.empty((self.n_prompts, first.shape[1]), dtype=first.dtype, device=first.device)
+        for g, last in zip(self._groups, lasts, strict=True):
+            out[g.at] = last
+        return out
+
+    def _recompute_last(self, g: _Rows) -> torch.Tensor:
         eng = self._engine
-        batch = eng._left_pad([ids + self.suffix for ids in self._prompt_ids])
+        batch = eng._left_pad([ids + self.suffix for ids in g.ids])
         res = eng._forward(
             batch.input_ids, batch.attention_mask, batch.position_ids, last_only=True
         )
@@ -111,19 +153,21 @@ class TransformersDecodingSession:
     def _advance_sync(self, tok: int) -> None:
         eng = self._engine
         self.suffix.append(tok)
-        if self.recompute:
-            self._last = self._recompute_last()
-            return
-        assert self._attn is not None and self._pos is not None
-        n = self.n_prompts
-        inp = torch.full((n, 1), tok, dtype=torch.long, device=eng.device)
-        self._attn = torch.cat(
-            [self._attn, torch.ones((n, 1), dtype=self._attn.dtype, device=eng.device)], 1
-        )
-        self._pos = self._pos + 1
-        res = eng._forward(inp, self._attn, self._pos[:, None], past=self._cache, use_cache=True)
-        self._cache = res.past_key_values
-        self._last = res.logits[:, -1, :].float()
+        for g in self._groups:
+            if self.recompute:
+                g.last = self._recompute_last(g)
+                continue
+            assert g.attn is not None and g.pos is not None
+            n = len(g.at)
+            inp = torch.full((n, 1), tok, dtype=torch.long, device=eng.device)
+            g.attn = torch.cat(
+                [g.attn, torch.ones((n, 1), dtype=g.attn.dtype, device=eng.device)], 1
+            )
+            g.pos = g.pos + 1
+            res = eng._forward(inp, g.attn, g.pos[:, None], past=g.cache, use_cache=True)
+            g.cache = res.past_key_values
+            g.last = res.logits[:, -1, :].float()
+        self._last = self._assemble()
 
     def decode(self, token_ids: Sequence[int]) -> str:
         text = self._engine.tokenizer.decode(list(token_ids), skip_special_tokens=True)
@@ -131,7 +175,5 @@ class TransformersDecodingSession:
 
     async def aclose(self) -> None:
         self._closed = True
-        self._cache = None
+        self._groups = []
         self._last = None
-        self._attn = None
-        self._pos = None

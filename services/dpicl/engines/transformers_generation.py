@@ -46,7 +46,8 @@ def generate_jobs(
         for j in members:
             prompts, params = jobs[j]
             try:
-                enc = [engine._encode_row(p) for p in prompts]
+                # A call's unscoped prompts share a scope of their own (no other call's).
+                enc = [engine._encode_row(p, f"call:{j}") for p in prompts]
             except DpiclError as exc:
                 results[j] = exc
                 continue

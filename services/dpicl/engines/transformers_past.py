@@ -4,7 +4,8 @@ Every entry point (label scoring, generation, DPS-MOZO decoding) runs its rows o
 past:
 
 * none, or the rows' common token prefix encoded once and copied to every row
-  (:func:`shared_past`, at least ``MIN_SHARED_PREFIX`` tokens);
+  (:func:`shared_past`, at least ``MIN_SHARED_PREFIX`` tokens, only among rows of one
+  scope: a context, or one call for prompts without a scope);
 * each row's cached per-context prefix (:func:`found_prefixes`; missing ones are encoded in
   one batch by :func:`prefix_entries` and stored in the engine's
   :class:`~dpicl.engines.prefix_cache.PrefixCache`), either stacked in a ``DynamicCache``
@@ -60,12 +61,15 @@ MIN_SHARED_PREFIX = 8
 @dataclass(frozen=True, slots=True)
 class Row:
     """One encoded prompt: the model's text, its token ids and, when its prefix may be
-    cached, the cache key ``(cache_key, fingerprint)`` and the rendered prefix text."""
+    cached, the cache key ``(cache_key, fingerprint)`` and the rendered prefix text.
+    ``scope`` says which rows may share computed state with it (:func:`shared_past`): its
+    context's id (``PromptSpec.cache_scope``), or a marker of the call it came in."""
 
     rendered: str
     ids: list[int]
     slot: tuple[str, str] | None = None
     rendered_prefix: str = ""
+    scope: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,11 +90,24 @@ class Prefill:
     last_pos: torch.Tensor  # (B,) long: position id of each row's last token
 
 
-def shared_past(engine: TransformersEngine, seqs: Sequence[Sequence[int]]) -> Past:
+def shared_past(
+    engine: TransformersEngine, seqs: Sequence[Sequence[int]], scopes: Sequence[str]
+) -> Past:
     """The rows' common token prefix encoded once and copied to every row, when it is
-    at least ``MIN_SHARED_PREFIX`` tokens (and leaves every row a token); else none."""
+    at least ``MIN_SHARED_PREFIX`` tokens (and leaves every row a token) and every row has
+    the same scope; else none.
+
+    Never across scopes: the micro-batchers merge the calls of concurrent requests, so a
+    batch may hold several contexts' prompts. A prefix shared between them is KV state
+    shared across contexts, which DESIGN.md section 3 forbids for the same reason as a
+    shared prefix cache: how long the common prefix is (how far another context's
+    exemplars agree with this one's) shows in every co-batched request's latency, and the
+    encoded state of one context would be computed with (and cached from) another's.
+    """
     n = len(seqs)
-    shared = common_prefix_len(seqs) if n > 1 else 0
+    if len(scopes) != n:
+        raise ValueError(f"{len(scopes)} scopes for {n} rows")
+    shared = common_prefix_len(seqs) if n > 1 and len(set(scopes)) == 1 else 0
     shared = min(shared, min(len(s) for s in seqs) - 1)
     if shared < MIN_SHARED_PREFIX or not engine.share_prefix:
         return Past(None, torch.zeros((n, 0), dtype=torch.long, device=engine.device), [0] * n)
@@ -140,7 +157,7 @@ def rows_past(
                 [e.layers if e is not None else None for e in found], lens, engine.device
             )
         return Past(DynamicCache(ddp_cache_data=layers), mask, lens)
-    return shared_past(engine, [r.ids for r in rows])
+    return shared_past(engine, [r.ids for r in rows], [r.scope for r in rows])
 
 
 def prefill_on(
@@ -172,11 +189,13 @@ def prefill(
     engine: TransformersEngine,
     seqs: Sequence[Sequence[int]],
     *,
+    scopes: Sequence[str],
     use_cache: bool,
     logits: bool = True,
 ) -> Prefill:
     """One forward over ``seqs`` on their shared prefix (see :func:`shared_past`)."""
-    return prefill_on(engine, seqs, shared_past(engine, seqs), use_cache=use_cache, logits=logits)
+    past = shared_past(engine, seqs, scopes)
+    return prefill_on(engine, seqs, past, use_cache=use_cache, logits=logits)
 
 
 def slottable(engine: TransformersEngine, found: Sequence[PrefixEntry | None]) -> bool:
@@ -224,6 +243,7 @@ def prefix_entries(
     and stored. The returned dict keeps them alive for this batch even if evicted."""
     have: dict[tuple[str, str], PrefixEntry] = {}
     todo: dict[tuple[str, str], list[int]] = {}
+    scope: dict[tuple[str, str], str] = {}
     for r in rows:
         if r.slot is None or r.slot in have or r.slot in todo:
             continue
@@ -238,9 +258,16 @@ def prefix_entries(
         n = min(n, len(own) - 1, len(r.ids) - 1)
         if n >= 1:
             todo[r.slot] = r.ids[:n]
+            scope[r.slot] = r.scope
     if todo:
         keys = list(todo)
-        pre = prefill(engine, [todo[k] for k in keys], use_cache=True, logits=False)
+        pre = prefill(
+            engine,
+            [todo[k] for k in keys],
+            scopes=[scope[k] for k in keys],
+            use_cache=True,
+            logits=False,
+        )
         kv = [(k, v) for k, v, *_ in pre.res.past_key_values]
         for b, key in enumerate(keys):
             real = pre.attention_mask[b].nonzero()[:, 0]

@@ -53,9 +53,10 @@ def score_jobs(
     rows: list[Row] = []
     lab_ids: list[list[list[int]]] = []
     outs: list[npt.NDArray[np.float64]] = []
-    for prompts, labels in jobs:
+    for j, (prompts, labels) in enumerate(jobs):
         try:
-            enc = [engine._encode_row(p) for p in prompts]
+            # A call's unscoped prompts share a scope of their own (no other call's).
+            enc = [engine._encode_row(p, f"call:{j}") for p in prompts]
             labs = [[engine.label_ids(r.rendered, lab) for lab in labels] for r in enc]
         except DpiclError as exc:
             results.append(exc)

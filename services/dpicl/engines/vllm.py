@@ -248,13 +248,18 @@ class VllmEngine:
         try:
             async for out in self.llm.generate(prompt, params, uuid.uuid4().hex):
                 final = out
+        # The type only, to the client and the log: vLLM's messages quote the request (the
+        # prompt's length, its text), and the prompt holds private exemplars. The pipelines
+        # pass these errors on verbatim (and refund the call), so a message would release a
+        # function of the exemplars un-noised and for free.
         except (ValueError, TypeError) as exc:
-            raise InvalidRequest(f"vllm rejected the request: {exc}") from exc
+            log.warning("vllm rejected a request: %s", type(exc).__name__)
+            raise InvalidRequest(
+                f"vllm rejected the request ({type(exc).__name__}); see the server log"
+            ) from None
         except Exception as exc:
-            # The type only, to the client and the log: an exception's text may quote the
-            # prompt, which holds private exemplars (the client may be any API key holder).
             log.warning("vllm failed: %s", type(exc).__name__)
-            raise EngineError(f"vllm failed ({type(exc).__name__})") from exc
+            raise EngineError(f"vllm failed ({type(exc).__name__})") from None
         if final is None:  # pragma: no cover - vLLM always yields a final output
             raise EngineError("vllm returned no output")
         return final

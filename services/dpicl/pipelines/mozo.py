@@ -15,7 +15,7 @@ privacy cost (post-processing of DP outputs).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -80,19 +80,28 @@ class _Decoded:
 
 
 def mozo_prompts(context: StoredContext, query: str) -> list[PromptSpec]:
-    """One one-shot prompt per exemplar (in context order), then the zero-shot prompt."""
+    """One one-shot prompt per exemplar (in context order), then the zero-shot prompt.
+
+    A one-shot prompt that does not fit the model falls back to the zero-shot prompt
+    (``PromptSpec.fallback``): that shot's distribution is then p0 itself, within eps0 of p0
+    (and within any Renyi radius), so the guarantee holds, while a refusal would depend on
+    the exemplar's length."""
+    zero = zero_shot_prompt(context, query)
     one_shot = [
-        render(
-            context.template,
-            [e],
-            query,
-            task=context.task,
-            labels=context.labels,
-            cache_scope=context.id,
+        replace(
+            render(
+                context.template,
+                [e],
+                query,
+                task=context.task,
+                labels=context.labels,
+                cache_scope=context.id,
+            ),
+            fallback=zero,
         )
         for e in exemplars_of(context)
     ]
-    return [*one_shot, zero_shot_prompt(context, query)]
+    return [*one_shot, zero]
 
 
 async def mozo_decode(

@@ -47,6 +47,9 @@ def partition_prompts(context: StoredContext, query: str) -> list[PromptSpec]:
         context.exemplars, int(m["partitions"]), int(m["partition_seed"]), str(m["partitioning"])
     )
     exemplars = exemplars_of(context)
+    # A partition whose prompt does not fit the model is answered from the zero-shot prompt
+    # instead of failing the call: a refusal would depend on the exemplars (PromptSpec.fallback).
+    zero = zero_shot_prompt(context, query)
     return [
         replace(
             render(
@@ -58,6 +61,7 @@ def partition_prompts(context: StoredContext, query: str) -> list[PromptSpec]:
                 cache_scope=context.id,
             ),
             cache_key=prefix_cache_key(context, t),
+            fallback=zero,
         )
         for t, group in enumerate(groups)
     ]
