@@ -55,7 +55,7 @@ def stub_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
     ],
 )
 async def test_vllm_errors_do_not_quote_the_request(
-    stub_vllm: None, exc: Exception, kind: type[DpiclError]
+    stub_vllm: None, exc: Exception, kind: type[DpiclError], caplog: pytest.LogCaptureFixture
 ) -> None:
     engine = VllmEngine(
         FailingLLM(exc),
@@ -72,3 +72,4 @@ async def test_vllm_errors_do_not_quote_the_request(
     assert SECRET not in info.value.message
     assert type(exc).__name__ in info.value.message
     assert info.value.__cause__ is None  # nor chained, for any handler that renders it
+    assert SECRET not in caplog.text  # nor in the server's log
