@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,3 +72,19 @@ def make_client(
         **settings,
     )
     return TestClient(build_app(s, engine=engine, embedder=embedder))
+
+
+class CharTokenizer:
+    """A toy tokenizer for engine tests: one token per (ASCII) character, so a prompt's
+    token count is its length."""
+
+    bos_token_id = 1
+    eos_token_id = 2
+    pad_token_id = 0
+    chat_template = None
+
+    def __call__(self, text: str, add_special_tokens: bool) -> dict[str, list[int]]:
+        return {"input_ids": [min(ord(c), 255) for c in text]}
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return "".join(chr(i) for i in ids if i > 2)

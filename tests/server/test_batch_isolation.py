@@ -34,22 +34,7 @@ from dpicl.engines.tuning import EngineTuning
 from dpicl.pipelines.contexts import create_context
 from dpicl.pipelines.partitions import partition_prompts
 from dpicl.store.repository import ContextRepository, StoredContext
-from tests.server.api_helpers import AUDIT_TEMPLATE
-
-
-class CharTokenizer:
-    """One token per (ASCII) character."""
-
-    bos_token_id = 1
-    eos_token_id = 2
-    pad_token_id = 0
-    chat_template = None
-
-    def __call__(self, text: str, add_special_tokens: bool) -> dict[str, list[int]]:
-        return {"input_ids": [min(ord(c), 255) for c in text]}
-
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        return "".join(chr(i) for i in ids if i > 2)
+from tests.server.api_helpers import AUDIT_TEMPLATE, CharTokenizer
 
 
 def tiny_engine(**tuning: Any) -> TransformersEngine:

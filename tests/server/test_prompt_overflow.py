@@ -29,7 +29,7 @@ from dpicl.engines.oracle import OracleDecodingSession, OracleEngine
 from dpicl.engines.prompting import PromptEncoder
 from dpicl.errors import InvalidRequest
 from tests.conftest import admin_headers, user_headers
-from tests.server.api_helpers import make_client, voting_context
+from tests.server.api_helpers import CharTokenizer, make_client, voting_context
 from tests.server.test_api_generate import esa_context
 from tests.server.test_api_mozo import mozo_context
 
@@ -38,18 +38,6 @@ from tests.server.test_api_mozo import mozo_context
 #: for a prompt that holds the long canary.
 MAX_POSITIONS = 900
 LONG = "A very long private record. " * 60  # ~1680 characters
-
-
-class CharTokenizer:
-    """One token per character: a prompt's token count is its length."""
-
-    bos_token_id = 1
-    eos_token_id = 2
-    pad_token_id = 0
-    chat_template = None
-
-    def __call__(self, text: str, add_special_tokens: bool) -> dict[str, list[int]]:
-        return {"input_ids": [ord(c) for c in text]}
 
 
 class TokenLimitedOracle(OracleEngine):
