@@ -254,9 +254,7 @@ class VllmEngine:
         # function of the exemplars un-noised and for free.
         except (ValueError, TypeError) as exc:
             log.warning("vllm rejected a request: %s", type(exc).__name__)
-            raise InvalidRequest(
-                f"vllm rejected the request ({type(exc).__name__}); see the server log"
-            ) from None
+            raise InvalidRequest(f"vllm rejected the request ({type(exc).__name__})") from None
         except Exception as exc:
             log.warning("vllm failed: %s", type(exc).__name__)
             raise EngineError(f"vllm failed ({type(exc).__name__})") from None
