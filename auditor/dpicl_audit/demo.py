@@ -54,7 +54,7 @@ from rich.console import Console
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.report import write_combined_report
 from dpicl_audit.runner import CLEAN_SETTING, bootstrap_audit, run_audit
-from dpicl_audit.store import TrialStore
+from dpicl_audit.store import TrialRecord, TrialStore
 
 __all__ = ["DemoServer", "main"]
 
@@ -336,7 +336,8 @@ async def _audit_model(
     boot_s = time.monotonic() - t_boot
     _summarise(res)
     ids.append(str(res["run_id"]))
-    votes_note = _clean_votes_note(db, str(res["run_id"]))
+    clean = _clean_rows(db, str(res["run_id"]))
+    votes_note = _clean_votes_note(clean)
     console.print(f"    {votes_note}")
     queries = max(1, int(res.get("queries") or 2 * counts.model_n_llm))
     # Wall seconds a real trial takes: the bootstrap's median logged query latency over
@@ -344,7 +345,7 @@ async def _audit_model(
     # misses), so this errs long. (The bootstrap's wall time over its queries, used
     # before, also counts context set-up, model warm-up and the simulation: three times
     # the real trials' rate, which left most of the budget unused.)
-    per_query = _median_latency(db, str(res["run_id"]), boot_s / queries) / _MODEL_CONCURRENCY
+    per_query = _median_latency(clean, boot_s / queries) / _MODEL_CONCURRENCY
     remaining = deadline - time.monotonic() - 45.0  # keep time for the report and shutdown
     fit = math.floor(remaining / (per_query * len(MODEL_EPSILONS))) if remaining > 0 else 0
     trials = max(counts.model_trials_min, min(counts.model_trials_max, fit))
@@ -386,23 +387,23 @@ async def _audit_model(
     return ids
 
 
-def _median_latency(db: Path, run_id: str, default: float) -> float:
-    """The median logged latency of a bootstrap's clean-vote queries (``default``: none)."""
+def _clean_rows(db: Path, run_id: str) -> list[TrialRecord]:
+    """A bootstrap's logged clean-vote queries."""
     store = TrialStore(db)
     try:
-        latencies = sorted(r.latency_s for r in store.trials(run_id, CLEAN_SETTING))
+        return store.trials(run_id, CLEAN_SETTING)
     finally:
         store.dispose()
+
+
+def _median_latency(rows: Sequence[TrialRecord], default: float) -> float:
+    """The median logged latency of ``rows`` (``default``: none)."""
+    latencies = sorted(r.latency_s for r in rows)
     return latencies[len(latencies) // 2] if latencies else default
 
 
-def _clean_votes_note(db: Path, run_id: str) -> str:
+def _clean_votes_note(rows: Sequence[TrialRecord]) -> str:
     """What the collected clean votes look like in each world (the leakage there is)."""
-    store = TrialStore(db)
-    try:
-        rows = store.trials(run_id, CLEAN_SETTING)
-    finally:
-        store.dispose()
     seen: dict[int, Counter[str]] = {0: Counter(), 1: Counter()}
     for r in rows:
         votes = r.observation.get("clean_votes") or {}

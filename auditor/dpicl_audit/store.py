@@ -43,18 +43,23 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
-    create_engine,
-    event,
     func,
     insert,
     select,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Connection, Engine, make_url
-from sqlalchemy.exc import ArgumentError, IntegrityError, SQLAlchemyError
+from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from dpicl_audit.errors import InvalidAuditInput, RunNotFound
+from dpicl_audit.store_db import (
+    DEFAULT_DB,
+    open_engine,
+    resolve_db_url,
+    shown_url,
+    sqlite_file_missing,
+)
 
 __all__ = [
     "DEFAULT_DB",
@@ -65,8 +70,6 @@ __all__ = [
     "resolve_db_url",
     "sqlite_file_missing",
 ]
-
-DEFAULT_DB = "sqlite:///runs/audit.db"
 
 metadata = MetaData()
 
@@ -128,30 +131,6 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-def resolve_db_url(db: str | Path | None) -> str:
-    """A SQLAlchemy URL from ``--db``: a URL as is, a bare path as a SQLite file."""
-    if db is None:
-        db = DEFAULT_DB
-    text = str(db)
-    if "://" not in text:
-        text = f"sqlite:///{text}"
-    try:
-        make_url(text)
-    except ArgumentError as exc:
-        raise InvalidAuditInput(f"--db {text!r} is not a database URL: {exc}") from exc
-    return text
-
-
-def sqlite_file_missing(db: str | Path | None) -> str | None:
-    """The path of a SQLite trial log that does not exist yet (None for one that exists, an
-    in-memory database or another backend): readers check this so as not to create it."""
-    url = make_url(resolve_db_url(db))
-    path = url.database
-    if url.get_backend_name() != "sqlite" or not path or path == ":memory:":
-        return None
-    return None if Path(path).expanduser().exists() else path
-
-
 @dataclass(frozen=True, slots=True)
 class RunRecord:
     id: str
@@ -199,46 +178,19 @@ class TrialStore:
 
     def __init__(self, url: str | Path | None = None, *, schema: str | None = None) -> None:
         self.url = resolve_db_url(url)
-        sa_url = make_url(self.url)
-        self.dialect = sa_url.get_backend_name()
-        if schema is not None and self.dialect == "sqlite":
-            raise InvalidAuditInput("schema= is for PostgreSQL; SQLite files have none")
-        kwargs: dict[str, Any] = {"future": True}
-        shown = sa_url.render_as_string(hide_password=True)
-        if self.dialect == "sqlite":
-            path = sa_url.database
-            if path and path != ":memory:":
-                file = Path(path).expanduser()
-                if file.is_dir():
-                    raise InvalidAuditInput(
-                        f"--db {shown!r} is a directory; give a SQLite file in it, e.g. "
-                        f"{str(file / 'audit.db')!r}"
-                    )
-                try:
-                    file.parent.mkdir(parents=True, exist_ok=True)
-                except OSError as exc:
-                    raise InvalidAuditInput(
-                        f"--db {shown!r}: cannot create its directory ({exc.strerror})"
-                    ) from exc
-            kwargs["connect_args"] = {"timeout": 60}
-        else:
-            kwargs["pool_pre_ping"] = True
-        engine: Engine = create_engine(self.url, **kwargs)
-        if self.dialect == "sqlite":
-            event.listen(engine, "connect", _sqlite_pragmas)
-        if schema is not None:
-            engine = engine.execution_options(schema_translate_map={None: schema})
-        self.engine = engine
+        self.dialect = make_url(self.url).get_backend_name()
+        self.engine = open_engine(self.url, schema)
         self.schema = schema
         try:
             metadata.create_all(self.engine)
         except SQLAlchemyError as exc:
-            engine.dispose()
+            self.engine.dispose()
             # The driver's own words (a file that is not a database, a server that does not
             # answer), without SQLAlchemy's statement and background link.
             reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
             raise InvalidAuditInput(
-                f"--db {shown!r}: cannot open the trial log ({type(exc).__name__}: {reason})"
+                f"--db {self._where()!r}: cannot open the trial log "
+                f"({type(exc).__name__}: {reason})"
             ) from exc
 
     def dispose(self) -> None:
@@ -489,7 +441,7 @@ class TrialStore:
         ]
 
     def _where(self) -> str:
-        return make_url(self.url).render_as_string(hide_password=True)
+        return shown_url(self.url)
 
 
 def _run_record(row: Any) -> RunRecord:
@@ -526,17 +478,6 @@ def _trial_row(run_id: str, r: TrialRecord) -> dict[str, Any]:
         "latency_s": float(r.latency_s),
         "created_at": r.created_at,
     }
-
-
-def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
-    # WAL lets `dpicl-audit list` and report read while a run writes; busy_timeout makes a
-    # second writer wait instead of failing.
-    cur = dbapi_conn.cursor()
-    try:
-        cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute("PRAGMA busy_timeout=60000")
-    finally:
-        cur.close()
 
 
 def iter_chunks(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
