@@ -168,6 +168,37 @@ class FailingEngine(OracleEngine):
         raise EngineError("device lost")
 
 
+class NanOnOnePartition(OracleEngine):
+    """The oracle, except that the first partition's scores are NaN (failed numerics)."""
+
+    async def score_labels(
+        self, prompts: Sequence[PromptSpec], labels: Sequence[str]
+    ) -> np.ndarray:
+        scores = np.array(await super().score_labels(prompts, labels), dtype=np.float64)
+        scores[0] = np.nan
+        return scores
+
+
+def test_a_partition_with_unusable_scores_abstains(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Not a 500: the failure would be a bit computed from the private prompts, released
+    outside the noise. The answer is charged as usual and the operator's log says so."""
+    with make_client(tmp_path, whitebox="internal", engine=NanOnOnePartition()) as c:
+        cid = _create(c, voting_context(budget={"epsilon": 3.0, "delta": 1e-5}))
+        r = c.post(
+            "/v1/debug/classify", json={"context_id": cid, "query": CANARY}, headers=admin_headers()
+        )
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["partition_votes"][0] is None
+        assert None not in body["partition_votes"][1:]
+        assert sum(body["clean_votes"].values()) == 3
+        info = c.get(f"/v1/contexts/{cid}", headers=admin_headers()).json()
+        assert info["spent"]["queries"] == 1
+    assert "1 of 4 partitions" in caplog.text and "abstained" in caplog.text
+
+
 def test_engine_failure_is_503_and_charges_nothing(tmp_path: Path) -> None:
     with make_client(tmp_path, engine=FailingEngine()) as c:
         cid = _create(c, voting_context(budget={"epsilon": 3.0, "delta": 1e-5}))

@@ -16,6 +16,7 @@ from scipy.stats import chi2, chisquare, multivariate_normal, norm
 
 from dpicl.errors import ConfigurationError
 from dpicl.mechanisms.voting import (
+    ABSTAIN,
     VotingRelease,
     noisy_argmax,
     noisy_argmax_probabilities,
@@ -83,14 +84,47 @@ def test_partition_votes_rejects_bad_temperature(temperature: float) -> None:
     assert str(temperature) in info.value.message
 
 
-def test_partition_votes_rejects_bad_scores() -> None:
-    rng = np.random.default_rng(0)
+def test_partition_votes_rejects_bad_shapes() -> None:
     with pytest.raises(ValueError, match="shape"):
-        partition_votes(np.zeros(3), 0.0, rng)
-    with pytest.raises(ValueError, match="NaN"):
-        partition_votes(np.array([[0.0, np.nan]]), 0.0, rng)
-    with pytest.raises(ValueError, match="finite"):
-        partition_votes(np.array([[-np.inf, -np.inf]]), 1.0, rng)
+        partition_votes(np.zeros(3), 0.0, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_unusable_partitions_abstain(temperature: float) -> None:
+    """A row with a NaN or +inf, or with no finite score, votes ABSTAIN; usable rows vote."""
+    s = np.array(
+        [
+            [0.0, -1.0],  # usable: label 0 at temperature 0
+            [0.0, np.nan],
+            [-np.inf, -np.inf],
+            [np.inf, 0.0],
+            [-3.0, -np.inf],  # usable: -inf is an impossible label, not a failure
+        ]
+    )
+    votes = partition_votes(s, temperature, np.random.default_rng(0))
+    assert votes[1:4].tolist() == [ABSTAIN] * 3
+    assert votes[4] == 0
+    if temperature == 0.0:
+        assert votes[0] == 0
+    assert (
+        partition_votes(np.full((3, 2), np.nan), temperature, np.random.default_rng(0)) == ABSTAIN
+    ).all()
+
+
+def test_an_abstaining_partition_keeps_the_sensitivity() -> None:
+    """Neighbours differ in one partition: whether it votes for a label or abstains, the
+    clean histograms differ by at most sqrt(2) in L2 (the sensitivity sigma is set for)."""
+    rng = np.random.default_rng(1)
+    base = np.array([[0.0, -1.0, -2.0], [-1.0, 0.0, -2.0], [-2.0, -1.0, 0.0]])
+    rows = [np.array([0.0, -5.0, -5.0]), np.array([-5.0, 0.0, -5.0]), np.array([np.nan, 0, 0])]
+    hists = []
+    for row in rows:
+        s = np.vstack([base, row])
+        hists.append(vote_histogram(partition_votes(s, 0.0, rng), 3))
+    assert hists[2].sum() == 3  # the NaN partition counted for no label
+    for a in hists:
+        for b in hists:
+            assert np.linalg.norm(a - b) <= np.sqrt(2) + 1e-12
 
 
 def test_vote_histogram() -> None:
@@ -98,6 +132,9 @@ def test_vote_histogram() -> None:
     assert h.dtype == np.float64
     assert h.tolist() == [1.0, 1.0, 3.0, 0.0]
     assert vote_histogram(np.zeros(0, dtype=np.int64), 2).tolist() == [0.0, 0.0]
+    assert vote_histogram(np.array([ABSTAIN, 1, ABSTAIN]), 2).tolist() == [0.0, 1.0]
+    with pytest.raises(ValueError, match="abstain"):
+        vote_histogram(np.array([-2, 1]), 2)
     with pytest.raises(ValueError, match="votes"):
         vote_histogram(np.array([0, 4]), 4)
 

@@ -125,7 +125,9 @@ class DebugClassifyResponse(ClassifyResponse):
     sigma: float
     noisy_votes: dict[str, float]
     clean_votes: dict[str, int] | None = None
-    partition_votes: list[str] | None = None
+    partition_votes: list[str | None] | None = Field(
+        default=None, description="Each partition's vote; null where it abstained."
+    )
 
 
 class Health(BaseModel):

@@ -10,6 +10,13 @@ V changes by -1 and +1 in two coordinates, an L2 change of sqrt(2) (see
 :data:`dpicl.privacy.calibration.VOTING_SENSITIVITY`). The noisy histogram is then the
 Gaussian mechanism and its argmax post-processing of it.
 
+A partition whose scores are unusable (a NaN or +inf, or no finite score: a model whose
+numerics failed on that partition's prompt) abstains (:data:`ABSTAIN`) and adds to no
+count. Its vote is still a function of that partition alone, and moving one vote between
+a label and no label changes V by 1 in one coordinate, so the sensitivity stays sqrt(2).
+Failing the whole query instead would release a bit computed from the private prompts,
+outside the noise: whether some partition's numerics failed.
+
 Ties are broken uniformly at random, never by index: a fixed rule (say, the lowest index)
 would make the released label a deterministic function of exactly-tied scores, which is
 both biased and a side channel on the clean votes.
@@ -31,6 +38,7 @@ from scipy.special import log_ndtr
 from dpicl.errors import ConfigurationError
 
 __all__ = [
+    "ABSTAIN",
     "VotingRelease",
     "noisy_argmax",
     "noisy_argmax_probabilities",
@@ -43,6 +51,9 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
+
+#: The vote of a partition whose label scores are unusable: it counts for no label.
+ABSTAIN = -1
 
 
 def _argmax_uniform_ties(values: FloatArray, rng: np.random.Generator) -> IntArray:
@@ -62,9 +73,10 @@ def partition_votes(scores: FloatArray, temperature: float, rng: np.random.Gener
 
     Temperature 0: the argmax, ties broken uniformly at random. Temperature tau > 0: a
     sample from softmax(scores / tau), drawn exactly with the Gumbel-max trick
-    (argmax of scores/tau + Gumbel(0, 1) noise). Scores may be -inf (impossible label) but
-    every row needs a finite one. This randomness only selects the clean votes; the privacy
-    guarantee does not depend on it.
+    (argmax of scores/tau + Gumbel(0, 1) noise). Scores may be -inf (impossible label). A
+    row with a NaN or +inf, or without a finite score, votes :data:`ABSTAIN` (see the
+    module docstring for why it is not an error). This randomness only selects the clean
+    votes; the privacy guarantee does not depend on it.
     """
     s = np.asarray(scores, dtype=np.float64)
     if s.ndim != 2 or s.shape[1] == 0:
@@ -77,29 +89,37 @@ def partition_votes(scores: FloatArray, temperature: float, rng: np.random.Gener
         )
     if s.shape[0] == 0:
         return np.zeros(0, dtype=np.int64)
-    if not (s < np.inf).all():  # false for NaN too
-        raise ValueError("scores must not contain NaN or +inf")
-    if (s.max(axis=1) == -np.inf).any():
-        raise ValueError("every partition needs at least one finite label score")
+    # (s < inf) is false for NaN too; a usable row also has a finite maximum.
+    usable = (s < np.inf).all(axis=1) & np.isfinite(s).any(axis=1)
+    votes = np.full(s.shape[0], ABSTAIN, dtype=np.int64)
+    u = s[usable]
+    if u.shape[0] == 0:
+        return votes
     if t == 0.0:
-        return _argmax_uniform_ties(s, rng)
+        votes[usable] = _argmax_uniform_ties(u, rng)
+        return votes
     # Shift by the row maximum first: (s - max)/tau <= 0 cannot overflow to +inf, even for
     # tiny tau (the maxima stay at exactly 0, so the tau -> 0 limit is the argmax).
-    shifted = (s - s.max(axis=1, keepdims=True)) / t
-    return _argmax_uniform_ties(shifted + rng.gumbel(size=s.shape), rng)
+    shifted = (u - u.max(axis=1, keepdims=True)) / t
+    votes[usable] = _argmax_uniform_ties(shifted + rng.gumbel(size=u.shape), rng)
+    return votes
 
 
 def vote_histogram(votes: IntArray, n_labels: int) -> FloatArray:
     """The clean vote vector V: V[l] = number of partitions that voted for label l
-    (Algorithm 2, lines 2-6)."""
+    (Algorithm 2, lines 2-6); :data:`ABSTAIN` votes count for none."""
     v = np.asarray(votes)
     if v.ndim != 1 or (v.size and not np.issubdtype(v.dtype, np.integer)):
         raise ValueError(f"votes must be a 1-D integer array, got {v.dtype} {v.shape}")
     if n_labels < 1:
         raise ValueError(f"n_labels must be >= 1, got {n_labels}")
-    if v.size and (v.min() < 0 or v.max() >= n_labels):
-        raise ValueError(f"votes must lie in [0, {n_labels}), got [{v.min()}, {v.max()}]")
-    return np.bincount(v.astype(np.int64), minlength=n_labels).astype(np.float64)
+    if v.size and (v.min() < ABSTAIN or v.max() >= n_labels):
+        raise ValueError(
+            f"votes must lie in [0, {n_labels}) or be {ABSTAIN} (abstain), got "
+            f"[{v.min()}, {v.max()}]"
+        )
+    counted = v[v != ABSTAIN].astype(np.int64)
+    return np.bincount(counted, minlength=n_labels).astype(np.float64)
 
 
 def _check_counts(counts: FloatArray) -> FloatArray:

@@ -7,17 +7,20 @@ refunded if the engine fails, so a failure costs nothing and no answer escapes u
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
 
 from dpicl.engines.base import Engine
-from dpicl.mechanisms.voting import VotingRelease, private_vote
+from dpicl.mechanisms.voting import ABSTAIN, VotingRelease, private_vote
 from dpicl.pipelines.contexts import cost_of
 from dpicl.pipelines.engine_calls import paid_engine_call
 from dpicl.pipelines.partitions import partition_prompts
 from dpicl.privacy.ledger import BudgetStatus, Cost, Ledger
 from dpicl.store.repository import StoredContext
+
+log = logging.getLogger("dpicl.pipelines")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +53,17 @@ async def run_voting(
         float(context.mechanism["temperature"]),
         rng,
     )
+    abstained = int((release.partition_votes == ABSTAIN).sum())
+    if abstained:
+        # The answer stands (an abstaining partition keeps the sensitivity); the operator
+        # should still hear that the model's numerics failed. The count goes to the server
+        # log only, like the other internals, never to the client.
+        log.warning(
+            "%d of %d partitions of context %s abstained: their label scores were not usable",
+            abstained,
+            release.partition_votes.size,
+            context.id,
+        )
     return VotingOutcome(
         context=charged,
         label=context.labels[release.label_index],

@@ -40,7 +40,10 @@ async def debug_classify(req: ClassifyRequest, svc: Svc) -> DebugClassifyRespons
     }
     if svc.settings.whitebox == "internal":
         body["clean_votes"] = {lab: int(v) for lab, v in zip(labels, rel.clean_counts, strict=True)}
-        body["partition_votes"] = [labels[int(v)] for v in rel.partition_votes]
+        # None: the partition abstained (unusable scores; mechanisms.voting.ABSTAIN).
+        body["partition_votes"] = [
+            labels[v] if v >= 0 else None for v in map(int, rel.partition_votes)
+        ]
     return DebugClassifyResponse.model_validate(body)
 
 
