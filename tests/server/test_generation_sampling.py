@@ -10,8 +10,7 @@ import pytest
 import torch
 from scipy import stats
 
-from dpicl.engines.transformers_generation import sample
-from dpicl.errors import EngineError
+from dpicl.engines.transformers_generation import UNUSABLE, sample
 
 P_REJECT = 1e-4
 
@@ -55,5 +54,26 @@ def test_greedy_and_non_finite_distributions() -> None:
     assert sample(logits, 0.0, [torch.Generator()] * 2) == [1, 0]
     one_hot = torch.tensor([[-1e30, 0.0, -1e30]])
     assert sample(one_hot, 1.0, [torch.Generator().manual_seed(0)]) == [1]
-    with pytest.raises(EngineError, match="not finite"):
-        sample(torch.tensor([[float("nan"), 0.0]]), 1.0, [torch.Generator()])
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_row_with_an_unusable_distribution_ends_and_moves_no_other_row(
+    temperature: float,
+) -> None:
+    """Not an error (that would release whether a private prompt's numerics failed): the
+    row gets UNUSABLE, and the other rows draw exactly what they would without it, their
+    generator included."""
+    torch.manual_seed(3)
+    good = torch.randn(3, 30)
+    bad = good.clone()
+    bad[1, 4] = float("nan")
+    seed = 21
+    with_bad = sample(bad, temperature, [torch.Generator().manual_seed(seed)] * 3)
+    clean = sample(good, temperature, [torch.Generator().manual_seed(seed)] * 3)
+    assert with_bad[1] == UNUSABLE
+    assert [with_bad[0], with_bad[2]] == [clean[0], clean[2]]
+    if temperature > 0:
+        inf_row = good.clone()
+        inf_row[2] = float("inf")  # softmax of +inf logits is NaN
+        got = sample(inf_row, temperature, [torch.Generator().manual_seed(seed)] * 3)
+        assert got[2] == UNUSABLE and got[:2] == clean[:2]

@@ -289,6 +289,33 @@ def test_mozo_step() -> None:
     assert info.value.param == "mechanism.beta"
 
 
+@pytest.mark.parametrize("eps0", [None, 0.3])
+def test_a_shot_whose_numerics_fail_is_answered_by_the_zero_shot_logits(
+    eps0: float | None,
+) -> None:
+    """A shot with a NaN or inf on the support mixes to p0 exactly (q_i = p0, as an
+    over-long shot prompt); the step answers and the other shots are untouched. Non-finite
+    zero-shot logits (a public prompt) stay an error."""
+    one, zero = _instance(9, n_shots=3, k=20)
+    top_ids = np.arange(20, dtype=np.int64)
+    broken = one.copy()
+    broken[1, 7] = np.nan
+    broken[2, 0] = np.inf
+    fixed = one.copy()
+    fixed[1] = zero
+    fixed[2] = zero
+    step = mozo_step(broken, zero, top_ids, 0.2, 4.0, np.random.default_rng(3), eps0=eps0)
+    ref = mozo_step(fixed, zero, top_ids, 0.2, 4.0, np.random.default_rng(3), eps0=eps0)
+    assert step.token_id == ref.token_id
+    np.testing.assert_array_equal(step.mixed_probs, ref.mixed_probs)
+    np.testing.assert_allclose(step.mixed_probs[1:], np.tile(step.zero_probs, (2, 1)))
+    np.testing.assert_array_equal(step.lambdas[0], ref.lambdas[0])
+    bad_zero = zero.copy()
+    bad_zero[3] = np.nan
+    with pytest.raises(ValueError, match="finite"):
+        mozo_step(one, bad_zero, top_ids, 0.2, 4.0, np.random.default_rng(3), eps0=eps0)
+
+
 def test_mozo_step_samples_product() -> None:
     """The token is drawn by sample_token from product_probs with the rng passed in (whose
     distribution test_sample_token_chi_square checks), and nothing else consumes randomness."""

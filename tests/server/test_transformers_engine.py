@@ -254,6 +254,39 @@ async def test_generate(engine: TransformersEngine) -> None:
     assert await engine.generate([], greedy) == []
 
 
+@pytest.mark.slow
+async def test_a_row_whose_numerics_fail_ends_its_text_alone(engine: TransformersEngine) -> None:
+    """A row whose next-token logits turn NaN mid-generation ends there (greedy: its clean
+    text's first tokens); the call still answers and the other rows are unchanged.
+    An error instead would release whether some private prompt's numerics failed."""
+    prompts = [plain("Say hello."), sentiment("Great."), plain("Name a colour.")]
+    greedy = GenerationParams(max_tokens=8, temperature=0.0)
+    clean = await engine.generate(prompts, greedy)
+    head = engine.model_obj.get_output_embeddings()
+    calls = 0
+
+    def poison(_module: object, _args: object, out: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls >= 3:  # the prefill and the first decoding step stay clean
+            out = out.clone()
+            out[1] = float("nan")
+        return out
+
+    hook = head.register_forward_hook(poison)
+    try:
+        broken = await engine.generate(prompts, greedy)
+    finally:
+        hook.remove()
+    assert calls >= 3
+    # The engine may order a batch's rows its own way: one row (whichever sat at index 1)
+    # ended after two tokens, and no other moved.
+    changed = [i for i in range(3) if broken[i] != clean[i]]
+    assert len(changed) == 1, (clean, broken)
+    ids = engine.tokenizer(clean[changed[0]], add_special_tokens=False)["input_ids"]
+    assert broken[changed[0]] == engine.tokenizer.decode(ids[:2], skip_special_tokens=True).strip()
+
+
 # --------------------------------------------------------------------- DPS-MOZO decoding
 
 

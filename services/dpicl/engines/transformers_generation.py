@@ -20,7 +20,7 @@ import torch
 
 from dpicl.engines.base import GenerationParams, PromptSpec
 from dpicl.engines.transformers_past import Row, prefill_rows
-from dpicl.errors import DpiclError, EngineError
+from dpicl.errors import DpiclError
 
 if TYPE_CHECKING:
     from dpicl.engines.transformers import TransformersEngine
@@ -77,9 +77,20 @@ def generate_jobs(
     return results
 
 
+#: What :func:`sample` gives a row whose next-token distribution is not finite: the row
+#: ends there, as at an end-of-sequence token.
+UNUSABLE = -1
+
+
 def sample(logits: torch.Tensor, temperature: float, gens: Sequence[torch.Generator]) -> list[int]:
     """One token per row; row b's draw comes from ``gens[b]`` (rows sharing a generator
     are drawn together, in order, as a call batched alone would draw them).
+
+    A row whose distribution is not finite (a NaN logit, or a softmax that is not finite:
+    the model's numerics failed on that row) gets :data:`UNUSABLE` and its uniform is still
+    drawn, so the other rows' draws do not move. A partition's text then ends there, which
+    is still a function of that partition alone (ESA's sensitivity holds); failing the
+    whole call would release whether some private prompt's numerics failed.
 
     Inverse-CDF sampling: one uniform draw per row, located in the row's cumulative
     distribution (float64: the cumulative sum over 49,152 entries is off by at most about
@@ -90,11 +101,17 @@ def sample(logits: torch.Tensor, temperature: float, gens: Sequence[torch.Genera
     machine.
     """
     if temperature == 0:
-        return [int(t) for t in logits.argmax(dim=-1).tolist()]
+        ok = (~torch.isnan(logits).any(dim=-1)).tolist()
+        return [
+            int(t) if o else UNUSABLE
+            for t, o in zip(logits.argmax(dim=-1).tolist(), ok, strict=True)
+        ]
     cdf = torch.softmax(logits.double() / temperature, dim=-1).cumsum_(dim=-1)
     total = cdf[:, -1]
-    if not bool(torch.isfinite(total).all()):
-        raise EngineError("the model's next-token distribution is not finite")
+    usable = torch.isfinite(total) & (total > 0)
+    if not bool(usable.all()):
+        cdf = torch.where(usable[:, None], cdf, torch.ones_like(cdf))  # searchable; unused
+        total = torch.where(usable, total, torch.ones_like(total))
     out = [0] * len(gens)
     last = cdf.shape[-1] - 1
     by_gen: dict[int, list[int]] = {}
@@ -111,6 +128,9 @@ def sample(logits: torch.Tensor, temperature: float, gens: Sequence[torch.Genera
         draws = torch.searchsorted(rows, (u * mass)[:, None], right=True)
         for b, t in zip(idx, draws[:, 0].clamp_(max=last).tolist(), strict=True):
             out[b] = int(t)
+    if not bool(usable.all()):
+        for b in torch.nonzero(~usable).flatten().tolist():
+            out[b] = UNUSABLE
     return out
 
 
@@ -136,7 +156,7 @@ def generate_chunk(
             if done[b]:
                 continue
             tok = nxt[b]
-            if tok in eos:
+            if tok == UNUSABLE or tok in eos:
                 done[b] = True
                 continue
             out[b].append(tok)

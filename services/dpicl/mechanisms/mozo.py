@@ -408,8 +408,18 @@ def mozo_step(
     ``top_ids``: solve the lambdas, mix, multiply, sample. With ``eps0`` given the lambdas
     satisfy the proven mode's max-log-ratio constraint (``beta`` and ``alpha`` unused);
     otherwise the paper's Renyi constraint at ``(beta, alpha)``. Shot sampling (Line 3) is
-    :func:`sample_shots`, done by the caller before computing the one-shot logits."""
-    one, zero = _as_shots(one_shot_logits, zero_logits)
+    :func:`sample_shots`, done by the caller before computing the one-shot logits.
+
+    A shot whose one-shot logits are not finite on the support (the model's numerics failed
+    on its private prompt) is answered by the zero-shot logits, as an over-long shot prompt
+    is (q_i = p0): still a function of that shot alone, where an error would release
+    whether some shot's numerics failed. Non-finite zero-shot logits (a public prompt) are
+    an error."""
+    zero = np.asarray(zero_logits, dtype=np.float64)
+    raw = np.asarray(one_shot_logits, dtype=np.float64)
+    if raw.ndim == 2 and zero.ndim == 1 and raw.shape[1:] == zero.shape:
+        raw = np.where(np.isfinite(raw).all(axis=1, keepdims=True), raw, zero)
+    one, zero = _as_shots(raw, zero)
     ids = np.asarray(top_ids, dtype=np.int64)
     if ids.shape != zero.shape:
         raise ValueError(f"top_ids has shape {ids.shape}, the logits have k={zero.shape[0]}")
