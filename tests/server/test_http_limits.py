@@ -22,7 +22,7 @@ import pytest
 from pydantic import ValidationError
 
 from dpicl.config import Settings
-from tests.servers import ADMIN, ThreadServer
+from tests.servers import ADMIN, ThreadServer, oracle_server_env
 
 #: Short limits, so each refusal comes at once (the defaults are 64 KiB, 10 s and 30 s).
 LIMITS: dict[str, Any] = {
@@ -269,9 +269,10 @@ def test_a_server_at_its_connection_limit_answers_503(tmp_path: Path) -> None:
         idle[0].close()
 
 
-def test_dpicl_serve_bounds_the_head(start_server: Any) -> None:
+def test_dpicl_serve_bounds_the_head(start_server: Any, tmp_path: Path) -> None:
     """The command itself runs the limited protocol (not only the test servers)."""
-    srv = start_server({"DPICL_ENGINE": "oracle", "DPICL_MAX_HEADER_BYTES": "2048"})
+    env = oracle_server_env(tmp_path, whitebox="off") | {"DPICL_MAX_HEADER_BYTES": "2048"}
+    srv = start_server(env)
     sock = socket.create_connection(("127.0.0.1", srv.port), timeout=WAIT_S)
     with sock:
         _send_all(sock, b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 4096 + b"\r\n\r\n")
