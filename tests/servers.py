@@ -214,18 +214,32 @@ class ServerProcess:
 
 class ThreadServer:
     """The real server app (oracle engine) under uvicorn on ``port`` (default: a free one), in
-    a thread of this process; a context manager that waits for ``/healthz`` on entry."""
+    a thread of this process, with ``dpicl serve``'s HTTP limits (``overrides``: settings);
+    a context manager that waits for ``/healthz`` on entry."""
 
-    def __init__(self, db_path: Path, whitebox: str = "internal", port: int | None = None) -> None:
+    def __init__(
+        self,
+        db_path: Path,
+        whitebox: str = "internal",
+        port: int | None = None,
+        **overrides: Any,
+    ) -> None:
         import uvicorn
 
         from dpicl.api.app import build_app
+        from dpicl.api.http_limits import uvicorn_options
 
-        settings = server_settings(f"sqlite:///{db_path}", whitebox=whitebox, log_level="warning")
+        settings = server_settings(
+            f"sqlite:///{db_path}", whitebox=whitebox, log_level="warning", **overrides
+        )
         self.port = free_port() if port is None else port
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(
-            build_app(settings), host="127.0.0.1", port=self.port, log_level="warning"
+            build_app(settings),
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            **uvicorn_options(settings),
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -248,6 +262,7 @@ def serve_with_fault(fault: str, port: int) -> None:
     import uvicorn
 
     from dpicl.api.app import build_app
+    from dpicl.api.http_limits import uvicorn_options
     from dpicl.config import Settings
 
     # "package.module" or "package.module:ATTR" (one module holding several faults).
@@ -265,6 +280,7 @@ def serve_with_fault(fault: str, port: int) -> None:
         port=port,
         log_level=settings.log_level,
         access_log=False,
+        **uvicorn_options(settings),
     )
 
 

@@ -74,6 +74,7 @@ def serve(
     import uvicorn
 
     from dpicl.api.app import build_app
+    from dpicl.api.http_limits import uvicorn_options
 
     update = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     settings = load_settings(**update)
@@ -86,6 +87,7 @@ def serve(
         port=settings.port,
         log_level=settings.log_level,
         access_log=False,  # queries are private data; do not write them to logs
+        **uvicorn_options(settings),
     )
 
 

@@ -40,6 +40,23 @@ class Settings(BaseSettings):
     api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
     whitebox: WhiteBox = "off"
     max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    # What one connection may cost before the app sees a request (api/http_limits.py):
+    # uvicorn's httptools parser has no limit on a request's head (it took a 200 MiB header)
+    # and no deadline on a head or a body short of its Content-Length (a client trickling
+    # bytes held a request forever). 64 KiB of head is 8 times what nginx and Go accept by
+    # default line by line and far beyond any client of this API (its URLs and headers are
+    # short); 100 header fields is Apache's default. A head arrives in one packet from any
+    # real client, so 10 s only cuts off stalled ones; a 4 MiB body in 30 s needs 140 KB/s.
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024, le=16 * 1024 * 1024)
+    max_header_count: int = Field(default=100, ge=1, le=10_000)
+    header_timeout_s: float = Field(default=10.0, gt=0, le=3600)
+    body_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    # Open connections (and requests in progress) past which a new request gets 503
+    # server_busy at once (uvicorn's limit_concurrency). Each request may hold a body of
+    # DPICL_MAX_BODY_BYTES: 512 x 4 MiB bounds that memory at 2 GiB, and 512 file descriptors
+    # stay below the common limit of 1024. One engine answers a few dozen requests at a time;
+    # more would only queue.
+    max_connections: int = Field(default=512, ge=1, le=1_000_000)
     # Limits on what a request may ask for. The request schema holds hard bounds (see
     # dpicl.domain) inside which every computation has bounded cost; these only tighten them.
     max_exemplars: int = Field(default=10_000, gt=0, le=10_000)

@@ -10,9 +10,13 @@ one stable ``code`` in the single error shape ``{"error": {"code", "message", "p
     ├── NotFound                    404 not_found
     ├── BudgetExhausted             403 budget_exhausted  (nothing was charged)
     ├── PayloadTooLarge             413 payload_too_large
+    ├── RequestTimeout              408 request_timeout   (the head or body came too slowly)
+    ├── UriTooLong                  414 uri_too_long
+    ├── HeadersTooLarge             431 headers_too_large
     ├── EngineError                 503 engine_unavailable (nothing was charged)
-    └── StorageUnavailable          503 storage_unavailable (the database failed or timed
-                                        out; nothing was charged)
+    ├── StorageUnavailable          503 storage_unavailable (the database failed or timed
+    │                                   out; nothing was charged)
+    └── ServerBusy                  503 server_busy       (DPICL_MAX_CONNECTIONS reached)
 
 Messages name the value that is wrong; ``param`` is its dotted path in the request body.
 """
@@ -61,6 +65,23 @@ class PayloadTooLarge(DpiclError):
     code = "payload_too_large"
 
 
+class RequestTimeout(DpiclError):
+    """The request's head or body did not arrive within its timeout (a slow or stalled client)."""
+
+    status_code = 408
+    code = "request_timeout"
+
+
+class UriTooLong(DpiclError):
+    status_code = 414
+    code = "uri_too_long"
+
+
+class HeadersTooLarge(DpiclError):
+    status_code = 431
+    code = "headers_too_large"
+
+
 class EngineError(DpiclError):
     status_code = 503
     code = "engine_unavailable"
@@ -69,3 +90,8 @@ class EngineError(DpiclError):
 class StorageUnavailable(DpiclError):
     status_code = 503
     code = "storage_unavailable"
+
+
+class ServerBusy(DpiclError):
+    status_code = 503
+    code = "server_busy"

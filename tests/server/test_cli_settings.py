@@ -21,6 +21,8 @@ from dpicl.cli import app
         (["serve"], {"DPICL_PORT": "abc"}, "DPICL_PORT: Input should be a valid integer"),
         (["serve"], {"DPICL_LOG_LEVEL": "loud"}, "DPICL_LOG_LEVEL: Input should be 'critical'"),
         (["migrate"], {"DPICL_MAX_BODY_BYTES": "-5"}, "DPICL_MAX_BODY_BYTES: Input should be"),
+        (["migrate"], {"DPICL_BODY_TIMEOUT_S": "0"}, "DPICL_BODY_TIMEOUT_S: Input should be"),
+        (["migrate"], {"DPICL_MAX_HEADER_BYTES": "10"}, "DPICL_MAX_HEADER_BYTES: Input should"),
         (["migrate"], {"DPICL_DATABASE_URL": "not a url"}, "DPICL_DATABASE_URL: Value error"),
     ],
 )

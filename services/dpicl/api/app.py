@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from dpicl import __version__
+from dpicl.api.body_timeout import BodyTimeoutMiddleware
 from dpicl.api.deps import Services
 from dpicl.api.errors import BodyLimitMiddleware, install_error_handlers
 from dpicl.api.routes import contexts, debug, health, inference
@@ -32,15 +33,28 @@ DESCRIPTION = (
 )
 
 #: What any route may answer besides its own errors: an unreadable body (400 invalid_json),
-#: one over DPICL_MAX_BODY_BYTES (413), a bad value (422), a database that fails or times out
-#: (503 storage_unavailable; nothing is charged).
+#: a head or body that came too slowly (408), one too large (413, 414, 431; the server's
+#: HTTP protocol answers those of the head, api/http_limits.py), a bad value (422), a database
+#: that fails or times out or a server at its connection limit (503; nothing is charged).
 COMMON_ERRORS: dict[int | str, dict[str, object]] = {
     400: {"model": ErrorResponse, "description": "The body is not valid JSON (invalid_json)."},
+    408: {
+        "model": ErrorResponse,
+        "description": "The head or body did not arrive within DPICL_HEADER_TIMEOUT_S or "
+        "DPICL_BODY_TIMEOUT_S (request_timeout); the connection is closed.",
+    },
     413: {"model": ErrorResponse, "description": "The body exceeds DPICL_MAX_BODY_BYTES."},
+    414: {"model": ErrorResponse, "description": "The URL exceeds DPICL_MAX_HEADER_BYTES."},
     422: {"model": ErrorResponse, "description": "A value is invalid; `param` names it."},
+    431: {
+        "model": ErrorResponse,
+        "description": "The header fields exceed DPICL_MAX_HEADER_BYTES or "
+        "DPICL_MAX_HEADER_COUNT (headers_too_large); the connection is closed.",
+    },
     503: {
         "model": ErrorResponse,
-        "description": "storage_unavailable or engine_unavailable; nothing was charged.",
+        "description": "storage_unavailable or engine_unavailable (nothing was charged), or "
+        "server_busy (DPICL_MAX_CONNECTIONS reached; retry).",
     },
 }
 
@@ -108,6 +122,7 @@ def build_app(
     )
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyTimeoutMiddleware, timeout_s=settings.body_timeout_s)
     app.include_router(health.router)
     app.include_router(contexts.router)
     app.include_router(inference.router)

@@ -14,6 +14,11 @@ from dpicl.errors import EngineError, StorageUnavailable
 
 router = APIRouter(tags=["health"])
 
+#: For the readiness route, whichever method asks.
+_NOT_READY: dict[int | str, dict[str, object]] = {
+    503: {"model": ErrorResponse, "description": "database or engine not ready"}
+}
+
 
 def _health(svc: Svc, status: str = "ok") -> Health:
     return Health(
@@ -26,23 +31,25 @@ def _health(svc: Svc, status: str = "ok") -> Health:
     )
 
 
+# Each route answers HEAD as well as GET (FastAPI, unlike Starlette, does not add it; load
+# balancers and uptime probes ask with HEAD): one decorator per method keeps the OpenAPI
+# operation ids distinct.
 @router.get("/healthz", response_model=Health)
+@router.head("/healthz", response_model=Health, operation_id="healthz_head")
 async def healthz(svc: Svc) -> Health:
     """Liveness, and which engine answers (the oracle is a labelled simulator)."""
     return _health(svc)
 
 
 @router.get("/livez", response_model=Health)
+@router.head("/livez", response_model=Health, operation_id="livez_head")
 async def livez(svc: Svc) -> Health:
     """Liveness: the process is up and its event loop answers (touches nothing else)."""
     return _health(svc)
 
 
-@router.get(
-    "/readyz",
-    response_model=Readiness,
-    responses={503: {"model": ErrorResponse, "description": "database or engine not ready"}},
-)
+@router.get("/readyz", response_model=Readiness, responses=_NOT_READY)
+@router.head("/readyz", response_model=Readiness, responses=_NOT_READY, operation_id="readyz_head")
 async def readyz(svc: Svc) -> Readiness:
     """Readiness: the database answers within DPICL_DB_TIMEOUT_S and the engine is loaded."""
     try:
