@@ -8,9 +8,13 @@ own fresh SQLite file, loaded in turn by the same client):
 * ``before``: the server at ``--baseline`` (a git revision, extracted with ``git archive``;
   default: the commit before the lean path), run by plain uvicorn (asyncio loop, h11), as
   it was installed before ``uvicorn[standard]``;
-* ``lean``: this checkout, uvicorn with uvloop and httptools (``uvicorn[standard]``);
+* ``lean``: this checkout, uvicorn with uvloop and httptools (``uvicorn[standard]``) and
+  the options ``dpicl serve`` passes (``dpicl.api.http_limits``: head limits, a
+  connection limit);
 * ``lean, unserialised``: this checkout with ``DPICL_DB_SERIALIZE_SQLITE_WRITES=false``,
-  for the p99 comparison only.
+  for the p99 comparison only;
+* ``lean, no head limits``: this checkout on uvicorn's own httptools protocol, for the
+  cost of the head limits (CPU per request, served options against none).
 
 Rounds are interleaved (before, lean, unserialised, before, ...) and medians reported, so a
 noisy shared machine loads every variant alike. The client is a minimal keep-alive
@@ -47,13 +51,20 @@ ADMIN = "bench-admin"
 USER = "bench-user"
 TICK = os.sysconf("SC_CLK_TCK")
 
+# http "served": the options `dpicl serve` passes (httptools under the head limits of
+# dpicl.api.http_limits, the connection limit), so "lean" measures what is served.
 SERVE = """
 import sys, uvicorn
 from dpicl.api.app import build_app
 from dpicl.config import Settings
 port, loop, http = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-uvicorn.run(build_app(Settings()), host="127.0.0.1", port=port, loop=loop, http=http,
-            log_level="warning", access_log=False)
+settings = Settings()
+opts = {"http": http}
+if http == "served":
+    from dpicl.api.http_limits import uvicorn_options
+    opts = uvicorn_options(settings)
+uvicorn.run(build_app(settings), host="127.0.0.1", port=port, loop=loop,
+            log_level="warning", access_log=False, **opts)
 """
 
 
@@ -251,15 +262,18 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Round]:
     here = ROOT / "services"
     servers = [
         start("before", base_path, tmp / "before", "asyncio", "h11"),
-        start("lean", here, tmp / "lean", "auto", "auto"),
+        start("lean", here, tmp / "lean", "auto", "served"),
         start(
             "lean, unserialised",
             here,
             tmp / "unserialised",
             "auto",
-            "auto",
+            "served",
             DPICL_DB_SERIALIZE_SQLITE_WRITES="false",
         ),
+        # The served options' own cost: the same checkout on uvicorn's plain httptools
+        # protocol, without the head limits (and without the connection limit).
+        start("lean, no head limits", here, tmp / "plain", "auto", "httptools"),
     ]
     try:
         for s in servers:
@@ -312,6 +326,8 @@ def main() -> None:
     print(f"\nrequests/s, lean / before:              x{lean.rps / before.rps:.2f}")
     print(f"server CPU per request, before / lean:  x{before.cpu_ms / lean.cpu_ms:.2f}")
     print(f"SQLite p99, unserialised / serialised:   x{unser.p99_ms / lean.p99_ms:.2f}")
+    plain = res["lean, no head limits"]
+    print(f"server CPU per request, head limits / none: x{lean.cpu_ms / plain.cpu_ms:.3f}")
 
 
 if __name__ == "__main__":
