@@ -17,6 +17,7 @@ import random
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, Protocol, Self, runtime_checkable
+from urllib.parse import urlencode
 
 import httpx
 
@@ -32,6 +33,9 @@ from dpicl_audit.errors import (
 __all__ = ["AuditTarget", "DpiclClient", "GenerationTarget", "error_from_response"]
 
 JSON = dict[str, Any]
+
+#: Contexts per page of GET /v1/contexts (the server's largest page is 200).
+LIST_PAGE_SIZE = 100
 
 
 @runtime_checkable
@@ -230,11 +234,27 @@ class DpiclClient:
         return info
 
     async def list_contexts(self) -> list[JSON]:
-        payload = await self._json("GET", "/v1/contexts", token=self._admin)
-        data = payload.get("data")
-        if not isinstance(data, list):
-            raise TargetProtocolError("GET /v1/contexts answered without a 'data' list")
-        return [d for d in data if isinstance(d, dict)]
+        """Every context, following the listing's ``next`` cursor page after page (a server
+        answers at most one page per request)."""
+        out: list[JSON] = []
+        seen: set[str] = set()
+        path = f"/v1/contexts?limit={LIST_PAGE_SIZE}"
+        while True:
+            payload = await self._json("GET", path, token=self._admin)
+            data = payload.get("data")
+            if not isinstance(data, list):
+                raise TargetProtocolError("GET /v1/contexts answered without a 'data' list")
+            out += [d for d in data if isinstance(d, dict)]
+            cursor = payload.get("next")
+            if cursor is None:  # the last page (or a server that does not paginate)
+                return out
+            if not isinstance(cursor, str) or cursor in seen:
+                # A cursor seen before would list the same page forever.
+                raise TargetProtocolError(
+                    f"GET /v1/contexts answered a bad or repeated 'next' cursor {cursor!r}"
+                )
+            seen.add(cursor)
+            path = "/v1/contexts?" + urlencode({"limit": LIST_PAGE_SIZE, "cursor": cursor})
 
     async def delete_context(self, context_id: str) -> None:
         await self.request("DELETE", f"/v1/contexts/{context_id}", token=self._admin)

@@ -12,6 +12,8 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from dpicl.domain import MAX_SYNTHESIZE_INPUTS
+
 EngineName = Literal["transformers", "oracle", "vllm"]
 WhiteBox = Literal["off", "noisy", "internal"]
 
@@ -65,6 +67,10 @@ class Settings(BaseSettings):
     max_epsilon: float = Field(default=100.0, gt=0, le=100.0)
     max_budget_epsilon: float = Field(default=1000.0, gt=0, le=1000.0)
     max_query_chars: int = Field(default=8_000, gt=0, le=20_000)
+    # One synthesis request runs one DPS-MOZO generation per input, start to end in one
+    # request: this bounds its time (each input costs what one /v1/generate does). Larger
+    # sets are sent as several requests.
+    max_synthesize_inputs: int = Field(default=100, gt=0, le=MAX_SYNTHESIZE_INPUTS)
     allow_unbudgeted: bool = Field(
         default=False,
         description='Accept contexts created with "budget": null, which answer forever.',

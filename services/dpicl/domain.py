@@ -10,7 +10,7 @@ from __future__ import annotations
 import unicodedata
 from typing import Annotated, Literal, Protocol
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic_core import PydanticCustomError
 
 from dpicl.errors import ConfigurationError
@@ -43,18 +43,51 @@ MAX_LABELS = 1000
 MAX_PARTITIONS = 10_000
 MAX_EXEMPLARS = 10_000
 
+MAX_SYNTHESIZE_INPUTS = 10_000
+MAX_NAME_CHARS = 200  # the store's name column
+#: Contexts per page of GET /v1/contexts: each costs its ledger's accounting (a DPS-MOZO
+#: context's composed epsilon takes up to about 10 ms), so a page stays well under a second.
+MAX_LIST_LIMIT = 200
+
 # PostgreSQL refuses NUL in text; checked by the schema (pydantic-core, no Python per
 # string), which also refuses lone UTF-16 surrogates (JSON's "\ud800") that no driver can
 # encode as UTF-8.
 NO_NUL = r"^[^\x00]*$"
-#: Not blank either (queries, public inputs).
-NONBLANK_NO_NUL = r"^[^\x00]*[^\x00\s][^\x00]*$"
+#: Characters nobody sees: Unicode's Default_Ignorable_Code_Point set (zero-width spaces and
+#: joiners, the word joiner, the BOM, soft hyphens, bidi controls, variation selectors,
+#: Hangul fillers, tags). Spelled out rather than as \p{...}: the pattern must mean the same
+#: to pydantic-core's Rust regex (which checks it) and to Python's re (the OpenAPI
+#: document's fuzzers read it); a test holds it equal to Rust's property.
+INVISIBLE = (
+    r"\xad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u202a-\u202e"
+    r"\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufff8\U0001bca0-\U0001bca3"
+    r"\U0001d173-\U0001d17a\U000e0000-\U000e0fff"
+)
+#: One character a reader can see: not whitespace, not a control character (NUL is one),
+#: not invisible. "\u200b\u2060\ufeff" is as blank as "   ".
+VISIBLE = rf"[^\s\x00-\x1f\x7f-\x9f{INVISIBLE}]"
+#: Not blank either (queries, public inputs, exemplars, labels): at least one visible
+#: character.
+NONBLANK_NO_NUL = rf"^[^\x00]*{VISIBLE}[^\x00]*$"
 
 #: Every free text the server accepts.
 Text = Annotated[str, Field(pattern=NO_NUL)]
 #: Texts that mean nothing when blank: exemplars and labels (a label of spaces is not one a
-#: reader can tell from another, and an exemplar of spaces demonstrates nothing).
+#: reader can tell from another, and an exemplar of spaces demonstrates nothing), queries
+#: and public inputs. Blank means no visible character (:data:`VISIBLE`).
 NonBlankText = Annotated[str, Field(pattern=NONBLANK_NO_NUL)]
+
+_HAS_VISIBLE: TypeAdapter[str] = TypeAdapter(Annotated[str, Field(pattern=VISIBLE)])
+
+
+def is_blank(text: str) -> bool:
+    """Whether ``text`` has no visible character: what :data:`NonBlankText` refuses, by the
+    same regex (pydantic searches a pattern), for checks outside a request schema."""
+    try:
+        _HAS_VISIBLE.validate_python(text)
+    except ValidationError:
+        return True
+    return False
 
 
 def _json_number(value: object) -> object:
@@ -213,7 +246,7 @@ class ContextSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: Annotated[Text, Field(max_length=200)] | None = None
+    name: Annotated[Text, Field(max_length=MAX_NAME_CHARS)] | None = None
     task: Task = "classification"
     labels: list[Annotated[NonBlankText, Field(min_length=1, max_length=MAX_LABEL_CHARS)]] = Field(
         default_factory=list, max_length=MAX_LABELS

@@ -91,6 +91,35 @@ async def test_auth_headers_and_paths() -> None:
     ]
 
 
+async def test_list_contexts_follows_the_cursor() -> None:
+    """The server answers one page per request: the client asks for every page."""
+    pages = {
+        None: {"data": [{"id": "ctx_1"}, {"id": "ctx_2"}], "next": "c2"},
+        "c2": {"data": [{"id": "ctx_3"}], "next": "c3"},
+        "c3": {"data": [], "next": None},
+    }
+    asked: list[tuple[str | None, str | None]] = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        cursor = req.url.params.get("cursor")
+        asked.append((cursor, req.url.params.get("limit")))
+        return httpx.Response(200, json=pages[cursor])
+
+    async with _client(handler)[0] as client:
+        got = await client.list_contexts()
+    assert [c["id"] for c in got] == ["ctx_1", "ctx_2", "ctx_3"]
+    assert asked == [(None, "100"), ("c2", "100"), ("c3", "100")]
+
+
+async def test_list_contexts_refuses_a_cursor_that_goes_round() -> None:
+    def handler(req: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"data": [{"id": "ctx_1"}], "next": "same"})
+
+    async with _client(handler)[0] as client:
+        with pytest.raises(TargetProtocolError, match="repeated 'next' cursor 'same'"):
+            await client.list_contexts()
+
+
 async def test_api_key_defaults_to_admin_token() -> None:
     auth: list[str | None] = []
 

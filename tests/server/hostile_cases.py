@@ -156,6 +156,24 @@ def context_cases() -> list[Case]:
             _with(_esa(partitions=1), exemplars=[{"input": "q", "output": "\u3000"}]),
             "output",
         ),
+        # invisible is blank too: zero-width spaces and joiners, the word joiner, the BOM
+        c(
+            "invisible exemplar input",
+            _with(
+                _voting(partitions=1),
+                exemplars=[{"input": "\u200b\u200c\u2060\ufeff", "output": "Yes"}],
+            ),
+            "exemplars.0.input",
+        ),
+        c(
+            "invisible label",
+            _with(
+                _voting(partitions=1),
+                labels=["Yes", "\u200b\u00ad"],
+                exemplars=[{"input": "a", "output": "Yes"}],
+            ),
+            "labels.1",
+        ),
         # labels a reader cannot tell apart in an answer
         c(
             "labels NFC/NFD",
@@ -246,6 +264,22 @@ def inference_cases(context_id: str) -> list[Case]:
     return [
         q("empty query", {"context_id": context_id, "query": ""}, "query"),
         q("blank query", {"context_id": context_id, "query": " \t\n"}, "query"),
+        q(
+            "invisible query",
+            {"context_id": context_id, "query": "\u200b\u200c\u2060\ufeff"},
+            "query",
+        ),
+        q(
+            "whitespace and invisible query",
+            {"context_id": context_id, "query": " \u200b\t\u3000\ufeff\u200d\n"},
+            "query",
+        ),
+        q(
+            "invisible generate query",
+            {"context_id": context_id, "query": "\u2060\u180e\u3164"},
+            "query",
+            path="/v1/generate",
+        ),
         q("NUL in query", {"context_id": context_id, "query": "a\x00b"}, "query"),
         q("query of 1M chars", {"context_id": context_id, "query": "q" * 1_000_000}, "query"),
         q("query int", {"context_id": context_id, "query": 5}, "query"),
@@ -272,6 +306,20 @@ def inference_cases(context_id: str) -> list[Case]:
             path="/v1/generate",
         ),
         Case("NUL in path id", "GET", "/v1/contexts/ctx_%00", 404, "context_id"),
+        # the listing's page size and cursor
+        Case("list limit 0", "GET", "/v1/contexts?limit=0", 422, "limit"),
+        Case("list limit 1e9", "GET", "/v1/contexts?limit=1000000000", 422, "limit"),
+        Case("list limit abc", "GET", "/v1/contexts?limit=abc", 422, "limit"),
+        Case("list cursor junk", "GET", "/v1/contexts?cursor=not-a-cursor", 422, "cursor"),
+        Case("list cursor long", "GET", "/v1/contexts?cursor=" + "A" * 5000, 422, "cursor"),
+        Case(
+            "list cursor of a bad id",
+            "GET",
+            # base64url of "2026-01-01T00:00:00+00:00 ctx_x": a timestamp, but no context id
+            "/v1/contexts?cursor=MjAyNi0wMS0wMVQwMDowMDowMCswMDowMCBjdHhfeA",
+            422,
+            "cursor",
+        ),
         Case(
             "huge Content-Length",
             "POST",

@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from dpicl.domain import NO_NUL, NONBLANK_NO_NUL
 from dpicl.errors import DpiclError, PayloadTooLarge
 
 log = logging.getLogger("dpicl.api")
@@ -32,6 +33,13 @@ def _param(loc: tuple[Any, ...]) -> str | None:
     parts = [str(p) for p in loc]
     # Discriminated unions add the tag to the location (mechanism.voting.epsilon).
     return ".".join(parts) or None
+
+
+_TEXT_PATTERNS = {
+    NONBLANK_NO_NUL: "must contain a visible character (not only whitespace, control or "
+    "invisible characters such as U+200B ZERO WIDTH SPACE) and no NUL",
+    NO_NUL: "must not contain NUL (U+0000)",
+}
 
 
 def _validation(exc: RequestValidationError, content_type: str | None) -> JSONResponse:
@@ -57,6 +65,9 @@ def _validation(exc: RequestValidationError, content_type: str | None) -> JSONRe
         )
     param = _param(tuple(first.get("loc", ())))
     msg = str(first.get("msg", "invalid value"))
+    if first.get("type") == "string_pattern_mismatch":
+        # The text patterns are long character classes; say what they mean instead.
+        msg = _TEXT_PATTERNS.get(str((first.get("ctx") or {}).get("pattern")), msg)
     if "input" in first and first.get("type") != "missing":
         shown = repr(first["input"])
         if len(shown) > 120:

@@ -8,7 +8,14 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dpicl.domain import MAX_TEXT_CHARS, NONBLANK_NO_NUL, OptionalInt, Text
+from dpicl.domain import (
+    MAX_NAME_CHARS,
+    MAX_SYNTHESIZE_INPUTS,
+    MAX_TEXT_CHARS,
+    NONBLANK_NO_NUL,
+    OptionalInt,
+    Text,
+)
 from dpicl.privacy.ledger import BudgetStatus, Cost
 from dpicl.store.repository import StoredContext
 
@@ -78,13 +85,16 @@ class ContextInfo(BaseModel):
     created_at: datetime
 
     @classmethod
-    def of(cls, ctx: StoredContext, status: BudgetStatus) -> ContextInfo:
+    def of(
+        cls, ctx: StoredContext, status: BudgetStatus, n_exemplars: int | None = None
+    ) -> ContextInfo:
+        """``n_exemplars``: given when ``ctx`` was listed without its exemplars."""
         return cls(
             id=ctx.id,
             name=ctx.name,
             task=ctx.task,
             labels=list(ctx.labels),
-            n_exemplars=len(ctx.exemplars),
+            n_exemplars=len(ctx.exemplars) if n_exemplars is None else n_exemplars,
             template=ctx.template,
             mechanism=ctx.mechanism,
             budget=ctx.budget,
@@ -94,7 +104,13 @@ class ContextInfo(BaseModel):
 
 
 class ContextList(BaseModel):
+    """One page of contexts, oldest first."""
+
     data: list[ContextInfo]
+    next: str | None = Field(
+        default=None,
+        description="Pass as `cursor` for the next page; null on the last page.",
+    )
 
 
 class ClassifyRequest(BaseModel):
@@ -107,7 +123,8 @@ class ClassifyRequest(BaseModel):
             min_length=1,
             max_length=MAX_TEXT_CHARS,
             pattern=NONBLANK_NO_NUL,
-            description="Not blank; at most DPICL_MAX_QUERY_CHARS characters.",
+            description="At least one visible character (not only whitespace or invisible "
+            "characters); at most DPICL_MAX_QUERY_CHARS characters.",
         ),
     ]
 
@@ -153,7 +170,8 @@ class GenerateRequest(BaseModel):
             min_length=1,
             max_length=MAX_TEXT_CHARS,
             pattern=NONBLANK_NO_NUL,
-            description="Not blank; at most DPICL_MAX_QUERY_CHARS characters.",
+            description="At least one visible character (not only whitespace or invisible "
+            "characters); at most DPICL_MAX_QUERY_CHARS characters.",
         ),
     ]
     max_tokens: OptionalInt = Field(default=None, ge=1, le=1024)
@@ -249,8 +267,12 @@ class SynthesizeRequest(BaseModel):
 
     inputs: list[
         Annotated[str, Field(min_length=1, max_length=MAX_TEXT_CHARS, pattern=NONBLANK_NO_NUL)]
-    ] = Field(min_length=1, max_length=10_000, description="Public inputs; one query each.")
-    name: Annotated[Text, Field(max_length=200)] | None = None
+    ] = Field(
+        min_length=1,
+        max_length=MAX_SYNTHESIZE_INPUTS,
+        description="Public inputs; one query each; at most DPICL_MAX_SYNTHESIZE_INPUTS.",
+    )
+    name: Annotated[Text, Field(max_length=MAX_NAME_CHARS)] | None = None
 
 
 class SynthesizeResponse(BaseModel):

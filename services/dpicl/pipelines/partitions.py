@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import lru_cache
 
+from dpicl.domain import is_blank
 from dpicl.engines.base import PromptSpec
 from dpicl.errors import InvalidRequest
 from dpicl.mechanisms.partitioning import assign_partitions, group_by_partition
@@ -14,8 +15,12 @@ from dpicl.store.repository import StoredContext
 
 
 def check_query(query: str, max_chars: int) -> str:
-    if not query.strip():
-        raise InvalidRequest("query must not be empty or whitespace", param="query")
+    if is_blank(query):
+        raise InvalidRequest(
+            "query must contain a visible character (not only whitespace or invisible "
+            f"characters); got {query[:40]!r}",
+            param="query",
+        )
     if len(query) > max_chars:
         raise InvalidRequest(
             f"query has {len(query)} characters; the limit is {max_chars}", param="query"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Float, Integer, String, Text
+from sqlalchemy import JSON, DateTime, Float, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -38,3 +38,7 @@ class ContextRow(Base):
     queries: Mapped[int] = mapped_column(Integer, default=0)
     max_queries: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+    # GET /v1/contexts pages in this order with a keyset cursor: the index makes each page
+    # a range scan of `limit` rows, not a sort of the whole table.
+    __table_args__ = (Index("ix_dpicl_contexts_created_at_id", "created_at", "id"),)

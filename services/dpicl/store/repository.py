@@ -40,12 +40,15 @@ from sqlalchemy import (
     Engine,
     Float,
     Table,
+    and_,
     bindparam,
     case,
     create_engine,
     delete,
     event,
+    func,
     make_url,
+    or_,
     select,
     text,
     update,
@@ -95,11 +98,46 @@ class StoredContext:
             mu2_max=row.mu2_max,
             queries=row.queries,
             max_queries=row.max_queries,
-            # SQLite keeps no offset; every timestamp is written in UTC (models._now).
-            created_at=row.created_at
-            if row.created_at.tzinfo is not None
-            else row.created_at.replace(tzinfo=UTC),
+            created_at=_utc(row.created_at),
         )
+
+
+def _utc(at: datetime) -> datetime:
+    # SQLite keeps no offset; every timestamp is written in UTC (models._now).
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+
+
+#: Where a page of contexts ends: (created_at, id), the listing's order.
+ContextKey = tuple[datetime, str]
+
+
+@dataclass(frozen=True)
+class ListedContext:
+    """A context as listed: its ``context`` has every field but the exemplars (an empty
+    tuple), which a listing never shows; a page of contexts holding megabytes of exemplars
+    each would otherwise load them all. Never charge or query through it."""
+
+    context: StoredContext
+    n_exemplars: int
+
+    @classmethod
+    def from_listing(cls, row: Any) -> ListedContext:
+        ctx = StoredContext(
+            id=row.id,
+            name=row.name,
+            task=row.task,
+            labels=tuple(row.labels),
+            exemplars=(),
+            template=row.template,
+            mechanism=dict(row.mechanism),
+            budget=dict(row.budget) if row.budget is not None else None,
+            mu2_spent=row.mu2_spent,
+            mu2_max=row.mu2_max,
+            queries=row.queries,
+            max_queries=row.max_queries,
+            created_at=_utc(row.created_at),
+        )
+        return cls(context=ctx, n_exemplars=int(row.n_exemplars))
 
 
 def make_engine(url: str, *, timeout_s: float = 30.0) -> Engine:
@@ -197,6 +235,13 @@ REFUND = (
         queries=case((_ROWS.c.queries > 0, _ROWS.c.queries - 1), else_=0),
     )
 )
+
+#: The listing: every column but the exemplars, whose number the database counts
+#: (json_array_length: the same function in SQLite and PostgreSQL), in creation order.
+LISTING = select(
+    *(c for c in _ROWS.c if c.name != "exemplars"),
+    func.json_array_length(_ROWS.c.exemplars).label("n_exemplars"),
+).order_by(_ROWS.c.created_at, _ROWS.c.id)
 
 # One lock per SQLite file, shared by every repository of this process on that file.
 _SQLITE_WRITE_LOCKS: dict[str, threading.Lock] = {}
@@ -340,12 +385,28 @@ class ContextRepository:
         ctx = self.cache.get(context_id)
         return ctx if ctx is not None else await self.get(context_id)
 
-    async def list(self) -> list[StoredContext]:
-        def fn(s: Session) -> list[StoredContext]:
-            rows = s.scalars(select(ContextRow).order_by(ContextRow.created_at, ContextRow.id))
-            return [StoredContext.from_row(r) for r in rows]
+    async def list_page(
+        self, limit: int, after: ContextKey | None = None
+    ) -> tuple[list[ListedContext], ContextKey | None]:
+        """Up to ``limit`` contexts in creation order after ``after`` (keyset pagination on
+        ``(created_at, id)``, served by their index), and the key of the last one when more
+        follow (else None). A context created or deleted meanwhile moves no other one
+        between pages."""
+        stmt = LISTING.limit(limit + 1)
+        if after is not None:
+            at, cid = after
+            stmt = stmt.where(
+                or_(_ROWS.c.created_at > at, and_(_ROWS.c.created_at == at, _ROWS.c.id > cid))
+            )
 
-        return await self._run(fn)
+        def fn(conn: Connection) -> list[ListedContext]:
+            return [ListedContext.from_listing(row) for row in conn.execute(stmt)]
+
+        listed = await self._run_core(fn, write=False)
+        if len(listed) <= limit:
+            return listed, None
+        last = listed[limit - 1].context
+        return listed[:limit], (last.created_at, last.id)
 
     async def delete(self, context_id: str) -> bool:
         def fn(s: Session) -> bool:

@@ -1,6 +1,10 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Response, status
+import base64
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response, status
 
 from dpicl.api.deps import Admin, Svc, load_context
 from dpicl.api.schemas import (
@@ -12,13 +16,17 @@ from dpicl.api.schemas import (
     SynthesizeRequest,
     SynthesizeResponse,
 )
-from dpicl.domain import ContextSpec
+from dpicl.domain import MAX_LIST_LIMIT, ContextSpec
 from dpicl.errors import InvalidRequest, NotFound
 from dpicl.pipelines.contexts import cost_of, create_context
 from dpicl.pipelines.mozo import synthesize
 from dpicl.privacy.ledger import Ledger
 from dpicl.privacy.randomness import secure_rng
-from dpicl.store.repository import StoredContext, is_context_id
+from dpicl.store.repository import ContextKey, StoredContext, is_context_id
+
+#: Contexts per page when `limit` is not given.
+DEFAULT_LIST_LIMIT = 100
+LIST_PARAMS = ("limit", "cursor")
 
 router = APIRouter(
     prefix="/v1/contexts",
@@ -38,10 +46,59 @@ async def create(spec: ContextSpec, svc: Svc) -> ContextInfo:
     return _info(await create_context(spec, svc.repo, svc.settings))
 
 
+def encode_cursor(key: ContextKey) -> str:
+    """An opaque cursor: the (created_at, id) of a page's last context, base64url."""
+    at, cid = key
+    return base64.urlsafe_b64encode(f"{at.isoformat()} {cid}".encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> ContextKey:
+    """The key a cursor from :func:`encode_cursor` holds, or a 422 naming it."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        stamp, cid = raw.split(" ")
+        at = datetime.fromisoformat(stamp)
+        if at.tzinfo is None or not is_context_id(cid):
+            raise ValueError(raw)
+    except ValueError:  # bad base64 (binascii.Error), UTF-8, shape, timestamp or id
+        raise InvalidRequest(
+            f"cursor {cursor[:80]!r} is not one this server issued: pass the `next` of "
+            "the previous page",
+            param="cursor",
+        ) from None
+    return at, cid
+
+
 @router.get("", response_model=ContextList)
-async def list_contexts(svc: Svc) -> ContextList:
-    """List contexts with their mechanisms and budgets (never their exemplars)."""
-    return ContextList(data=[_info(c) for c in await svc.repo.list()])
+async def list_contexts(
+    svc: Svc,
+    request: Request,
+    limit: Annotated[
+        int, Query(ge=1, le=MAX_LIST_LIMIT, description="Contexts per page.")
+    ] = DEFAULT_LIST_LIMIT,
+    cursor: Annotated[
+        str | None,
+        Query(max_length=200, description="The `next` of the previous page; omit for the first."),
+    ] = None,
+) -> ContextList:
+    """List contexts, oldest first, a page at a time (never their exemplars)."""
+    for name in request.query_params:
+        # A misspelt "cursor" would silently list the first page again.
+        if name not in LIST_PARAMS:
+            raise InvalidRequest(
+                f"unknown query parameter {name[:80]!r}; GET /v1/contexts takes "
+                + " and ".join(LIST_PARAMS),
+                param=name[:80] or None,
+            )
+    after = decode_cursor(cursor) if cursor is not None else None
+    listed, last = await svc.repo.list_page(limit, after)
+    return ContextList(
+        data=[
+            ContextInfo.of(c.context, Ledger.status(c.context, cost_of(c.context)), c.n_exemplars)
+            for c in listed
+        ],
+        next=encode_cursor(last) if last is not None else None,
+    )
 
 
 @router.get("/{context_id}", response_model=ContextInfo, responses={404: {"model": ErrorResponse}})
@@ -62,6 +119,11 @@ async def delete(context_id: str, svc: Svc) -> Response:
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
+#: nginx's "client closed request": the status a synthesis stopped by a disconnect is
+#: logged with (nobody is left to read it).
+CLIENT_CLOSED_REQUEST = 499
+
+
 @router.post(
     "/{context_id}/synthesize",
     response_model=SynthesizeResponse,
@@ -69,14 +131,23 @@ async def delete(context_id: str, svc: Svc) -> Response:
     responses={403: {"model": ErrorResponse}, 404: {"model": ErrorResponse}},
 )
 async def synthesize_context(
-    context_id: str, req: SynthesizeRequest, svc: Svc
-) -> SynthesizeResponse:
+    context_id: str, req: SynthesizeRequest, svc: Svc, request: Request
+) -> SynthesizeResponse | Response:
     """DPS-MOZO offline mode: DP outputs for public inputs, stored as a free-to-serve context."""
+    most = svc.settings.max_synthesize_inputs
+    if len(req.inputs) > most:
+        raise InvalidRequest(
+            f"inputs has {len(req.inputs)} items; this server runs at most {most} per "
+            "request (DPICL_MAX_SYNTHESIZE_INPUTS): send them in several requests",
+            param="inputs",
+        )
     limit = svc.settings.max_query_chars
     for i, text in enumerate(req.inputs):
-        if not text.strip() or len(text) > limit:
+        # Blank inputs are refused by the schema (NonBlankText), like blank queries.
+        if len(text) > limit:
             raise InvalidRequest(
-                f"input {i} must be non-blank and at most {limit} characters (it has {len(text)})",
+                f"input {i} has {len(text)} characters; the limit is {limit} "
+                "(DPICL_MAX_QUERY_CHARS)",
                 param=f"inputs.{i}",
             )
     ctx = await load_context(context_id, svc)
@@ -88,8 +159,13 @@ async def synthesize_context(
         repo=svc.repo,
         rng=secure_rng(),
         name=req.name,
+        # Nothing cancels a request whose client left: asked between inputs, so the
+        # inputs nobody waits for are neither run nor charged.
+        stop=request.is_disconnected,
     )
     derived = out.derived
+    if not out.complete or derived is None:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
     return SynthesizeResponse(
         context=ContextInfo.of(derived, Ledger.status(derived, cost_of(derived))),
         derived_from=out.source.id,
