@@ -7,6 +7,7 @@ Every error names the offending value (pydantic reports its location as ``param`
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from typing import Annotated, Literal, Protocol
 
@@ -76,6 +77,9 @@ Text = Annotated[str, Field(pattern=NO_NUL)]
 #: reader can tell from another, and an exemplar of spaces demonstrates nothing), queries
 #: and public inputs. Blank means no visible character (:data:`VISIBLE`).
 NonBlankText = Annotated[str, Field(pattern=NONBLANK_NO_NUL)]
+
+#: The invisible characters themselves (Python's re reads the class as Rust's does).
+_INVISIBLE_RE = re.compile(f"[{INVISIBLE}]")
 
 _HAS_VISIBLE: TypeAdapter[str] = TypeAdapter(Annotated[str, Field(pattern=VISIBLE)])
 
@@ -286,15 +290,15 @@ class ContextSpec(BaseModel):
                     f"labels must be distinct, got {self.labels!r}", param="labels"
                 )
             # Labels a reader cannot tell apart in an answer are not distinct either:
-            # "é" composed and decomposed, or "Yes" and "Yes ".
+            # "é" composed and decomposed, "Yes" and "Yes ", "Yes" and "Ye\u200bs".
             seen: dict[str, int] = {}
             for i, label in enumerate(self.labels):
-                key = unicodedata.normalize("NFC", label).strip()
+                key = _INVISIBLE_RE.sub("", unicodedata.normalize("NFC", label)).strip()
                 if key in seen:
                     j = seen[key]
                     raise ConfigurationError(
                         f"labels {j} ({self.labels[j]!r}) and {i} ({label!r}) differ only in "
-                        "Unicode normalisation or surrounding whitespace",
+                        "Unicode normalisation, invisible characters or surrounding whitespace",
                         param=f"labels.{i}",
                     )
                 seen[key] = i

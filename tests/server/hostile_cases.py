@@ -191,7 +191,16 @@ def context_cases() -> list[Case]:
                 labels=["Yes", "Yes "],
                 exemplars=[{"input": "a", "output": "Yes"}],
             ),
-            "differ only in Unicode normalisation or surrounding whitespace",
+            "differ only in Unicode normalisation, invisible characters or surrounding",
+        ),
+        c(
+            "labels 'Yes' and 'Ye\\u200bs'",
+            _with(
+                _voting(partitions=1),
+                labels=["Yes", "Ye\u200bs"],
+                exemplars=[{"input": "a", "output": "Yes"}],
+            ),
+            "labels.1",
         ),
         # huge strings and lists
         c("name of 10k chars", _with(_voting(), name="n" * 10_000), "name"),

@@ -189,3 +189,33 @@ def test_a_derived_name_fits_the_name_column(tmp_path: Path) -> None:
         assert r.status_code == 201, r.text
         name = r.json()["context"]["name"]
         assert len(name) == 200 and name.endswith(" (synthetic)")
+
+
+def test_a_storage_failure_at_the_end_says_what_was_charged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The repository's own 503 says "nothing was changed or charged"; after a synthesis
+    every answered input was charged, and the message must say so."""
+    from dpicl.errors import StorageUnavailable
+    from dpicl.store.repository import ContextRepository
+
+    with make_client(tmp_path) as c:
+        info = create(c, mozo_context(queries=10))
+
+        async def down(self: ContextRepository, row: object) -> None:
+            raise StorageUnavailable(
+                "the database is unavailable or busy; nothing was changed or charged"
+            )
+
+        monkeypatch.setattr(ContextRepository, "add", down)
+        r = c.post(
+            f"/v1/contexts/{info['id']}/synthesize",
+            json={"inputs": _inputs(3)},
+            headers=admin_headers(),
+        )
+        monkeypatch.undo()
+        assert r.status_code == 503, r.text
+        message = r.json()["error"]["message"]
+        assert "nothing was changed or charged" not in message
+        assert f"3 answered inputs stay charged (3 queries of {info['id']})" in message
+        assert _contexts(c)[info["id"]]["spent"]["queries"] == 3

@@ -332,7 +332,17 @@ async def synthesize(
                 param=exc.param,
             ) from exc
         raise
-    derived = await _store_derived(repo, context, inputs, outputs, name) if outputs else None
+    try:
+        derived = await _store_derived(repo, context, inputs, outputs, name) if outputs else None
+    except DpiclError as exc:
+        # The repository's own message ("nothing was changed or charged") is not true here:
+        # every answered input was charged as it ran.
+        raise type(exc)(
+            f"the database failed while storing the synthesis ({type(exc).__name__}): the "
+            f"{len(outputs)} answered inputs stay charged ({len(outputs)} queries of "
+            f"{context.id}) but their outputs were not stored",
+            param=exc.param,
+        ) from exc
     if len(outputs) < len(inputs):
         log.info(
             "synthesis from %s stopped after %d of %d inputs (client gone): %d queries "
