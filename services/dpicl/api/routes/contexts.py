@@ -19,7 +19,7 @@ from dpicl.api.schemas import (
 from dpicl.domain import MAX_LIST_LIMIT, ContextSpec
 from dpicl.errors import InvalidRequest, NotFound
 from dpicl.pipelines.contexts import cost_of, create_context
-from dpicl.pipelines.mozo import synthesize
+from dpicl.pipelines.mozo_offline import synthesize
 from dpicl.privacy.ledger import Ledger
 from dpicl.privacy.randomness import secure_rng
 from dpicl.store.repository import ContextKey, StoredContext, is_context_id

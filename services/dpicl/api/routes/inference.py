@@ -14,7 +14,8 @@ from dpicl.api.schemas import (
 )
 from dpicl.errors import InvalidRequest
 from dpicl.pipelines.esa import EsaOutcome, run_esa
-from dpicl.pipelines.mozo import MozoOutcome, PublicOutcome, run_mozo, run_public
+from dpicl.pipelines.mozo import MozoOutcome, run_mozo
+from dpicl.pipelines.mozo_offline import PublicOutcome, run_public
 from dpicl.pipelines.partitions import check_query
 from dpicl.pipelines.voting import VotingOutcome, run_voting
 from dpicl.privacy.randomness import secure_rng
