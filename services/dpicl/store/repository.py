@@ -84,13 +84,19 @@ class StoredContext:
     created_at: datetime
 
     @classmethod
-    def from_row(cls, row: ContextRow) -> StoredContext:
+    def from_row(
+        cls, row: ContextRow | Any, *, exemplars: tuple[tuple[str, str], ...] | None = None
+    ) -> StoredContext:
+        """From a stored row (an ORM ``ContextRow`` or a selected row with its columns);
+        ``exemplars`` given replaces the row's (a listing selects none)."""
         return cls(
             id=row.id,
             name=row.name,
             task=row.task,
             labels=tuple(row.labels),
-            exemplars=tuple((e["input"], e["output"]) for e in row.exemplars),
+            exemplars=exemplars
+            if exemplars is not None
+            else tuple((e["input"], e["output"]) for e in row.exemplars),
             template=row.template,
             mechanism=dict(row.mechanism),
             budget=dict(row.budget) if row.budget is not None else None,
@@ -122,21 +128,7 @@ class ListedContext:
 
     @classmethod
     def from_listing(cls, row: Any) -> ListedContext:
-        ctx = StoredContext(
-            id=row.id,
-            name=row.name,
-            task=row.task,
-            labels=tuple(row.labels),
-            exemplars=(),
-            template=row.template,
-            mechanism=dict(row.mechanism),
-            budget=dict(row.budget) if row.budget is not None else None,
-            mu2_spent=row.mu2_spent,
-            mu2_max=row.mu2_max,
-            queries=row.queries,
-            max_queries=row.max_queries,
-            created_at=_utc(row.created_at),
-        )
+        ctx = StoredContext.from_row(row, exemplars=())
         return cls(context=ctx, n_exemplars=int(row.n_exemplars))
 
 
