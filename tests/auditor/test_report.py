@@ -110,6 +110,8 @@ async def test_single_and_combined_reports(tmp_path: Path) -> None:
     # and against simulated trials, kept apart), nothing fetched from elsewhere.
     assert len(re.findall(r"src='data:image/png;base64,", html)) == 4
     assert "number of real trials" in html and "number of simulated trials" in html
+    # A point of those curves is read many times over the same trials: not a claim.
+    assert html.count("not corrected for one another") == 2
     assert "Noise check" in html  # the bootstrap's noise check is shown
     assert not re.search(r"(src|href)=['\"]?https?:", html)
     assert "a note" in html and "consistent with the claimed privacy" in html

@@ -44,6 +44,17 @@ def _write_text(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
+#: What a point of the trials plots is, and is not: the run's claims are the table's
+#: figures, which hold for its tests together; a curve of a figure recomputed on growing
+#: prefixes of the same trials is read many times over, so a point is no claim.
+_CURVE_POINTS = (
+    "Each point is the figure alone, at the run's confidence, on that many trials; the "
+    "points share their trials and are not corrected for one another or for the run's "
+    "other tests. They show how the figure grew, not a claim: the table's figures are the "
+    "claims."
+)
+
+
 def _images(runs: Sequence[RunData], rows: Sequence[ReportRow], curves: Any) -> list[Any]:
     conf = runs[0].plan.confidence
     images = [
@@ -67,7 +78,8 @@ def _images(runs: Sequence[RunData], rows: Sequence[ReportRow], curves: Any) -> 
         images.append(
             (
                 "ε emp against the number of real trials",
-                "The estimator recomputed on the first n logged trials (real queries).",
+                "The estimator recomputed on the first n logged trials (real queries). "
+                + _CURVE_POINTS,
                 plot_trials(runs, curves, simulated=False),
             )
         )
@@ -76,7 +88,7 @@ def _images(runs: Sequence[RunData], rows: Sequence[ReportRow], curves: Any) -> 
             (
                 "ε emp against the number of simulated trials (bootstrap)",
                 "The bootstrap estimator with n simulated trials from the same clean rows; "
-                "no query was sent for these trials.",
+                "no query was sent for these trials. " + _CURVE_POINTS,
                 plot_trials(runs, curves, simulated=True),
             )
         )
