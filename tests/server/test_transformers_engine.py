@@ -255,7 +255,9 @@ async def test_generate(engine: TransformersEngine) -> None:
 
 
 @pytest.mark.slow
-async def test_a_row_whose_numerics_fail_ends_its_text_alone(engine: TransformersEngine) -> None:
+async def test_a_row_whose_numerics_fail_ends_its_text_alone(
+    engine: TransformersEngine, caplog: pytest.LogCaptureFixture
+) -> None:
     """A row whose next-token logits turn NaN mid-generation ends there (greedy: its clean
     text's first tokens); the call still answers and the other rows are unchanged.
     An error instead would release whether some private prompt's numerics failed."""
@@ -285,6 +287,7 @@ async def test_a_row_whose_numerics_fail_ends_its_text_alone(engine: Transformer
     assert len(changed) == 1, (clean, broken)
     ids = engine.tokenizer(clean[changed[0]], add_special_tokens=False)["input_ids"]
     assert broken[changed[0]] == engine.tokenizer.decode(ids[:2], skip_special_tokens=True).strip()
+    assert "1 of 3 generated rows ended early" in caplog.text
 
 
 # --------------------------------------------------------------------- DPS-MOZO decoding

@@ -12,6 +12,7 @@ These functions run under the engine's model lock (:meth:`TransformersEngine._ru
 
 from __future__ import annotations
 
+import logging
 import secrets
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -24,6 +25,8 @@ from dpicl.errors import DpiclError
 
 if TYPE_CHECKING:
     from dpicl.engines.transformers import TransformersEngine
+
+log = logging.getLogger("dpicl.engines")
 
 __all__ = ["GenJob", "generate_chunk", "generate_jobs", "sample"]
 
@@ -149,6 +152,7 @@ def generate_chunk(
     out: list[list[int]] = [[] for _ in range(n)]
     done = [False] * n
     texts: list[str | None] = [None] * n
+    unusable = 0
     eos = engine.eos_token_ids
     for step in range(params.max_tokens):
         nxt = sample(logits, params.temperature, gens)
@@ -156,7 +160,13 @@ def generate_chunk(
             if done[b]:
                 continue
             tok = nxt[b]
-            if tok == UNUSABLE or tok in eos:
+            if tok == UNUSABLE:
+                # The text stands as it is (see sample); the operator should still hear
+                # that the model's numerics failed (a count, never a prompt).
+                unusable += 1
+                done[b] = True
+                continue
+            if tok in eos:
                 done[b] = True
                 continue
             out[b].append(tok)
@@ -177,6 +187,12 @@ def generate_chunk(
         pos = pos + 1
         res = engine._forward(tokens, attn, pos[:, None], past=cache, use_cache=True)
         logits = res.logits[:, -1, :]
+    if unusable:
+        log.warning(
+            "%d of %d generated rows ended early: their next-token distributions were not finite",
+            unusable,
+            n,
+        )
     result = []
     for b in range(n):
         text = texts[b]
