@@ -17,7 +17,6 @@ this project passes to uvicorn.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from dpicl.api.errors import error_response
 from dpicl.errors import DpiclError, HeadersTooLarge, RequestTimeout, ServerBusy, UriTooLong
 
 if TYPE_CHECKING:
@@ -86,12 +86,6 @@ class _HeadRefused(Exception):
     def __init__(self, error: DpiclError) -> None:
         super().__init__(error.message)
         self.error = error
-
-
-def _json_error(error: DpiclError) -> bytes:
-    # The shape of dpicl.api.errors.error_response, rendered as JSONResponse renders it.
-    body = {"error": {"code": error.code, "message": error.message, "param": error.param}}
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 class LimitedHttpToolsProtocol(HttpToolsProtocol):
@@ -230,7 +224,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self.refused = True
         self._cancel_head_timer()
         log.warning("refused a request head: %s", error.message)
-        body = _json_error(error)
+        # The app's own error shape and rendering (dpicl.api.errors.error_response).
+        body = bytes(error_response(error.status_code, error.code, error.message, error.param).body)
         content = [STATUS_LINE[error.status_code]]
         for name, value in self.server_state.default_headers:
             content += [name, b": ", value, b"\r\n"]
@@ -292,8 +287,6 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
 
 def _busy_app(limit: int) -> Any:
-    from dpicl.api.errors import error_response
-
     async def busy(scope: Scope, receive: Receive, send: Send) -> None:
         error = ServerBusy(
             f"the server holds its limit of {limit} connections (DPICL_MAX_CONNECTIONS); "

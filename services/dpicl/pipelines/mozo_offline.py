@@ -88,6 +88,7 @@ async def synthesize(
         )
     outputs: list[str] = []
     current = context
+    failure: BaseException | None = None
     try:
         for text in inputs:
             # Between inputs only: an input is charged as its generation starts and its
@@ -101,42 +102,48 @@ async def synthesize(
     except (Exception, asyncio.CancelledError) as exc:
         if not outputs:
             raise
-        kept = await _keep_partial(repo, context, inputs, outputs, name)
-        if isinstance(exc, DpiclError):
-            done = len(outputs)
-            answered = "input 0" if done == 1 else f"inputs 0 to {done - 1}"
-            where = (
-                f"their outputs were stored as context {kept.id}"
-                if kept is not None
-                else "their outputs could not be stored"
-            )
-            raise type(exc)(
-                f"{exc.message} (at input {done}). The {answered}, answered before, stay "
-                f"charged ({done} queries of {context.id}); {where}",
-                param=exc.param,
-            ) from exc
-        raise
-    try:
-        derived = await _store_derived(repo, context, inputs, outputs, name) if outputs else None
-    except DpiclError as exc:
+        failure = exc
+    # One ending for a finished, stopped or failed synthesis: what was answered is stored.
+    derived, store_error = await _store(repo, context, inputs, outputs, name)
+    done = len(outputs)
+    if done < len(inputs) or store_error is not None:
+        log.warning(
+            "synthesis from %s ended after %d of %d inputs (%s): %d queries charged, %s",
+            context.id,
+            done,
+            len(inputs),
+            "client gone" if failure is None else type(failure).__name__,
+            done,
+            f"outputs stored as {derived.id}"
+            if derived is not None
+            else f"outputs not stored ({type(store_error).__name__})"
+            if store_error is not None
+            else "nothing to store",
+        )
+    charged = f"({done} queries of {context.id})"
+    if failure is not None:
+        if not isinstance(failure, DpiclError):
+            raise failure
+        answered = "input 0" if done == 1 else f"inputs 0 to {done - 1}"
+        where = (
+            f"their outputs were stored as context {derived.id}"
+            if derived is not None
+            else "their outputs could not be stored"
+        )
+        raise type(failure)(
+            f"{failure.message} (at input {done}). The {answered}, answered before, stay "
+            f"charged {charged}; {where}",
+            param=failure.param,
+        ) from failure
+    if store_error is not None:
         # The repository's own message ("nothing was changed or charged") is not true here:
         # every answered input was charged as it ran.
-        raise type(exc)(
-            f"the database failed while storing the synthesis ({type(exc).__name__}): the "
-            f"{len(outputs)} answered inputs stay charged ({len(outputs)} queries of "
-            f"{context.id}) but their outputs were not stored",
-            param=exc.param,
-        ) from exc
-    if len(outputs) < len(inputs):
-        log.info(
-            "synthesis from %s stopped after %d of %d inputs (client gone): %d queries "
-            "charged, outputs stored as %s",
-            context.id,
-            len(outputs),
-            len(inputs),
-            len(outputs),
-            derived.id if derived is not None else "(none)",
-        )
+        raise type(store_error)(
+            f"the database failed while storing the synthesis ({type(store_error).__name__}): "
+            f"the {done} answered inputs stay charged {charged} but their outputs were not "
+            "stored",
+            param=store_error.param,
+        ) from store_error
     cost = cost_of(context)
     return SynthesisOutcome(
         source=current,
@@ -186,35 +193,22 @@ async def _store_derived(
     return await repo.add(row)
 
 
-async def _keep_partial(
+async def _store(
     repo: ContextRepository,
     context: StoredContext,
     inputs: Sequence[str],
     outputs: list[str],
     name: str | None,
-) -> StoredContext | None:
-    """Store the outputs of a synthesis that failed midway; None if that fails too."""
+) -> tuple[StoredContext | None, DpiclError | None]:
+    """:func:`_store_derived` when there is anything to store; a database failure is
+    returned (the caller says what stays charged), not raised."""
+    if not outputs:
+        return None, None
     try:
         # Shielded: a cancelled request (shutdown) still keeps what it paid for.
-        kept = await asyncio.shield(_store_derived(repo, context, inputs, outputs, name))
-    except Exception as exc:
-        log.warning(
-            "synthesis from %s failed after %d paid inputs, whose outputs could not be "
-            "stored either (%s)",
-            context.id,
-            len(outputs),
-            type(exc).__name__,
-        )
-        return None
-    log.warning(
-        "synthesis from %s failed after %d of %d inputs: %d queries charged, outputs stored as %s",
-        context.id,
-        len(outputs),
-        len(inputs),
-        len(outputs),
-        kept.id,
-    )
-    return kept
+        return await asyncio.shield(_store_derived(repo, context, inputs, outputs, name)), None
+    except DpiclError as exc:
+        return None, exc
 
 
 @dataclass(frozen=True, slots=True)
