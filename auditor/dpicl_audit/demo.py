@@ -19,8 +19,11 @@
      white-box run).
 
    On the real model each query scores 4 short prompts (one exemplar per partition), so its
-   counts are chosen to fit the time budget: ``n_llm`` = 6 and as many real trials per
-   epsilon as the remaining budget allows (at the bootstrap's logged query latency).
+   counts are chosen to fit the time budget: ``n_llm`` = 6, then one real run per epsilon,
+   planned by power (:mod:`dpicl_audit.trial_budget`): the bootstrap's figures say about
+   how many real trials each epsilon needs before its verdict can be more than
+   INCONCLUSIVE; every epsilon gets at least 20, and the rest of the time (at the measured
+   rate per trial) goes to the epsilons whose need fits it.
 3. Stops the servers and writes one combined report (table, JSON, HTML with plots) of all
    runs, and prints where it is.
 
@@ -35,116 +38,30 @@ import argparse
 import asyncio
 import datetime as dt
 import math
-import os
 import secrets
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
-import httpx
 from rich.console import Console
 
+from dpicl_audit.demo_server import DemoServer
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.report import write_combined_report
 from dpicl_audit.runner import CLEAN_SETTING, bootstrap_audit, run_audit
 from dpicl_audit.store import TrialRecord, TrialStore
+from dpicl_audit.trial_budget import POWER_MARGIN, plan_trials
 
-__all__ = ["DemoServer", "main"]
+__all__ = ["main"]
 
 EPSILONS = (1.0, 2.0, 4.0, 8.0)
 N_SAMPLE = 400_000
 
 console = Console(stderr=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class DemoServer:
-    """A ``python -m dpicl serve`` subprocess with its own database, tokens and log."""
-
-    engine: str
-    workdir: Path
-    admin_token: str
-    api_key: str
-    port: int = field(default_factory=_free_port)
-    proc: subprocess.Popen[bytes] | None = None
-    _log: TextIO | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def log_path(self) -> Path:
-        return self.workdir / f"server-{self.engine}.log"
-
-    def start(self) -> DemoServer:
-        env = dict(os.environ) | {
-            "DPICL_ENGINE": self.engine,
-            "DPICL_WHITEBOX": "internal",
-            "DPICL_DATABASE_URL": f"sqlite:///{self.workdir / f'server-{self.engine}.db'}",
-            "DPICL_ADMIN_TOKEN": self.admin_token,
-            "DPICL_API_KEYS": self.api_key,
-            "DPICL_LOG_LEVEL": "warning",
-            "DPICL_ALLOW_UNBUDGETED": "true",  # audit contexts are explicitly unbudgeted
-            "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1",
-            "TOKENIZERS_PARALLELISM": "false",
-        }
-        self._log = self.log_path.open("w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dpicl", "serve", "--port", str(self.port)],
-            env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
-        return self
-
-    def wait_ready(self, timeout: float) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"the {self.engine} server exited early:\n{self._log_tail()}")
-            try:
-                r = httpx.get(f"{self.url}/healthz", timeout=2.0)
-                if r.status_code == 200:
-                    return dict(r.json())
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise TimeoutError(
-            f"the {self.engine} server was not ready in {timeout:.0f}s:\n{self._log_tail()}"
-        )
-
-    def _log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text().splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
 
 
 # ====================================================================== audits
@@ -192,11 +109,11 @@ class Counts:
     # The real model at temperature 0 with the identical-text design: its clean votes are
     # deterministic too (measured: 24 of 24 identical per world), so a few vectors suffice.
     model_n_llm: int = 6
-    # Real trials on the model always run (at least this many per epsilon), more if the
-    # budget allows: they show the real pipeline end to end, and their verdict says what
-    # so few trials can and cannot prove.
+    # Real trials on the model always run (at least this many per epsilon): they show the
+    # real pipeline end to end, and their verdict says what so few trials cannot prove.
+    # The rest of the time goes where power needs it (dpicl_audit.trial_budget).
     model_trials_min: int = 20
-    model_trials_max: int = 300
+    model_trials_max: int = 600
     n_sample: int = N_SAMPLE
     esa_oracle_n_llm: int = 4
 
@@ -303,6 +220,11 @@ async def _audit_oracle(
 
 #: The real model's audits ask two queries at a time (the server batches them; 2 cores).
 _MODEL_CONCURRENCY = 2
+#: Seconds kept from the budget for stopping the servers and writing the report (measured:
+#: about 10 s on 2 cores).
+_REPORT_RESERVE_S = 25.0
+#: Seconds a real run spends besides its trials, until one measures it (measured: 2-8 s).
+_RUN_OVERHEAD_S = 10.0
 
 
 async def _audit_model(
@@ -336,62 +258,92 @@ async def _audit_model(
     boot_s = time.monotonic() - t_boot
     _summarise(res)
     ids.append(str(res["run_id"]))
-    clean = _clean_rows(db, str(res["run_id"]))
+    clean = _logged_rows(db, str(res["run_id"]), CLEAN_SETTING)
     votes_note = _clean_votes_note(clean)
     console.print(f"    {votes_note}")
     queries = max(1, int(res.get("queries") or 2 * counts.model_n_llm))
-    # Wall seconds a real trial takes: the bootstrap's median logged query latency over
-    # the concurrency both runs use. Its queries include each context's first (cache
-    # misses), so this errs long. (The bootstrap's wall time over its queries, used
-    # before, also counts context set-up, model warm-up and the simulation: three times
-    # the real trials' rate, which left most of the budget unused.)
-    per_query = _median_latency(clean, boot_s / queries) / _MODEL_CONCURRENCY
-    remaining = deadline - time.monotonic() - 45.0  # keep time for the report and shutdown
-    fit = math.floor(remaining / (per_query * len(MODEL_EPSILONS))) if remaining > 0 else 0
-    trials = max(counts.model_trials_min, min(counts.model_trials_max, fit))
+    # Wall seconds a real trial takes, until the first real run measures it: the
+    # bootstrap's median logged query latency over the concurrency both runs use. Its
+    # queries include each context's first (cache misses), so this errs long.
+    per_trial = _median_latency(clean, boot_s / queries) / _MODEL_CONCURRENCY
+    needs = {float(s["epsilon_theory"]): s["real_trials_for_power"] for s in res["settings"]}
     design = (res.get("design") or {}).get("design", "?")
     note = (
         f"Real model (transformers, CPU), {design} design (docs/auditing.md, 'Designs'): "
         f"bootstrap at epsilon {', '.join(f'{e:g}' for e in MODEL_EPSILONS)} with "
         f"n_llm={counts.model_n_llm} clean vote vectors per world ({queries} queries in "
-        f"{boot_s:.0f} s; a real trial was planned at {per_query:.2f} s of wall time, with 4 "
-        "partitions = 4 LLM calls per query) and "
+        f"{boot_s:.0f} s, 4 partitions = 4 LLM calls per query) and "
         f"n_sample={counts.n_sample:,}. {votes_note}"
     )
-    _say(t0, f"model: {trials} real white-box trials per epsilon")
-    res = await run_audit(
-        _plan(
-            srv,
-            name="demo transformers white-box",
-            threat_model="white-box",
-            trials=trials,
-            concurrency=_MODEL_CONCURRENCY,
-            timeout=600.0,
-            **{"mechanism.epsilons": list(MODEL_EPSILONS)},
-        ),
-        db=db,
-        out_dir=out,
-        console=console,
-    )
-    _summarise(res)
-    ids.append(str(res["run_id"]))
+    # Real white-box trials, one run per epsilon, planned by power (dpicl_audit.trial_budget)
+    # and planned again before each run at the rates the run before it measured: seconds a
+    # trial (its logged latencies) and seconds a run spends besides (contexts, first
+    # queries). The smallest allocations run first, so the large ones are planned at
+    # measured rates.
+    overhead = _RUN_OVERHEAD_S
+    ran: list[str] = []
+    rest = list(needs)
+    while rest:
+        left = deadline - time.monotonic() - _REPORT_RESERVE_S - overhead * len(rest)
+        fit = math.floor(max(0.0, left) / per_trial)
+        alloc = plan_trials(
+            {e: needs[e] for e in rest},
+            fit,
+            minimum=counts.model_trials_min,
+            maximum=counts.model_trials_max,
+        )
+        eps = min(rest, key=lambda e: (alloc[e], e))
+        rest.remove(eps)
+        trials = alloc[eps]
+        _say(
+            t0,
+            f"model: {trials} real white-box trials at epsilon {eps:g} (power needs about "
+            f"{_need_text(needs[eps])}; {fit} fit the time left at {per_trial:.2f} s a trial)",
+        )
+        t_run = time.monotonic()
+        res = await run_audit(
+            _plan(
+                srv,
+                name=f"demo transformers white-box eps={eps:g}",
+                threat_model="white-box",
+                trials=trials,
+                concurrency=_MODEL_CONCURRENCY,
+                timeout=600.0,
+                **{"mechanism.epsilons": [eps]},
+            ),
+            db=db,
+            out_dir=out,
+            console=console,
+        )
+        wall = time.monotonic() - t_run
+        logged = _logged_rows(db, str(res["run_id"]))
+        per_trial = _median_latency(logged, wall / trials * _MODEL_CONCURRENCY)
+        per_trial /= _MODEL_CONCURRENCY
+        overhead = max(0.0, wall - trials * per_trial)
+        _summarise(res)
+        ids.append(str(res["run_id"]))
+        ran.append(f"{trials} at epsilon {eps:g} (power needs about {_need_text(needs[eps])})")
     note += (
-        f" Real trials: {trials} white-box trials per epsilon (at least "
-        f"{counts.model_trials_min}, more when the time budget allows at the measured rate; "
-        "the black-box estimate comes from the same answers' released labels). So few real "
-        "trials cannot reach half of epsilon_exact, and their verdicts say so (INCONCLUSIVE, "
-        "with the reachable bound); the bootstrap from the clean votes is the informative "
-        "audit of the model."
+        f" Real white-box trials (the black-box estimate comes from the same answers' released "
+        f"labels): {'; '.join(ran)}. The need is the verdicts' own power model read off the "
+        f"bootstrap's figures, times {POWER_MARGIN:g} (dpicl_audit.trial_budget): every "
+        f"epsilon gets at least {counts.model_trials_min} trials, and the rest of the time goes "
+        "to the epsilons whose need fits it. A setting with fewer trials than it needs is "
+        "INCONCLUSIVE, and its verdict says how many would do."
     )
     notes.append(note)
     return ids
 
 
-def _clean_rows(db: Path, run_id: str) -> list[TrialRecord]:
-    """A bootstrap's logged clean-vote queries."""
+def _need_text(need: int | None) -> str:
+    return "no count" if need is None else f"{need:,}"
+
+
+def _logged_rows(db: Path, run_id: str, setting: str | None = None) -> list[TrialRecord]:
+    """A run's logged trials (of one setting: a bootstrap's clean-vote queries)."""
     store = TrialStore(db)
     try:
-        return store.trials(run_id, CLEAN_SETTING)
+        return store.trials(run_id, setting)
     finally:
         store.dispose()
 

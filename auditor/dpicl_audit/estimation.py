@@ -19,6 +19,7 @@ from dpicl_audit.mechanisms import Design, get_mechanism
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.schedule import CLEAN_SETTING
 from dpicl_audit.store import RunRecord, TrialRecord, TrialStore
+from dpicl_audit.trial_budget import needs_from_bootstrap
 
 __all__ = ["estimate_run", "estimate_setting", "load_run", "run_design", "run_plan"]
 
@@ -82,6 +83,12 @@ def estimate_run(store: TrialStore, run_id: str) -> dict[str, Any]:
         meta = mech.setting_meta(plan, design, eps, contexts) | {"family": family}
         rows = clean if bootstrap else store.trials(run_id, meta["setting"])
         settings.append(mech.estimate(plan, design, k, rows, meta, bootstrap=bootstrap))
+    if bootstrap:
+        # What a real-trial run of the same design needs before its verdicts have power
+        # (trial_budget): the planning figure a bootstrap exists to give.
+        needs = needs_from_bootstrap({"settings": settings})
+        for s in settings:
+            s["real_trials_for_power"] = needs.get(float(s["epsilon_theory"]))
     run = store.get_run(run_id)
     return {
         "run_id": run_id,

@@ -21,7 +21,6 @@ the dict stored under ``"verdict"`` in every estimate.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -91,37 +90,6 @@ def verdict(
     }
 
 
-def _power(est: Mapping[str, Any], meta: Mapping[str, Any], mu_exact: float | None) -> float | None:
-    """The largest epsilon this audit could have reached (estimators.power), or None."""
-    from dpicl_audit.estimators.power import max_reachable_epsilon, reachable_from_rates
-
-    n_pos, n_neg = est.get("n_pos"), est.get("n_neg")
-    if not n_pos or not n_neg:
-        return None
-    delta, conf = float(meta["delta"]), float(est.get("confidence") or 0.95)
-    rates = meta.get("release_rates")
-    rule = None
-    if rates is not None:  # the black-box rule, of known rates
-        rule = reachable_from_rates(
-            int(n_pos), int(n_neg), float(rates[0]), float(rates[1]), delta=delta,
-            confidence=conf,
-        )  # fmt: skip
-        if "chosen" not in est:
-            return rule
-    flip = meta.get("flip_rate")
-    scored = max_reachable_epsilon(
-        int(n_pos),
-        int(n_neg),
-        delta=delta,
-        confidence=conf,
-        flip_rate=1.0 if flip is None else float(flip),
-        mu=math.inf if mu_exact is None else mu_exact,
-        figure="gdp",
-    ).epsilon
-    # A white-box estimate has the black-box rule among its candidates (estimators.whitebox).
-    return scored if rule is None else max(scored, rule)
-
-
 def gaussian_verdict(est: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
     """Verdict of an audit of a Gaussian claim (voting, ESA) by the rules of
     :func:`~dpicl_audit.estimators.verdict_rules.decide_verdict`: VIOLATION on ``mu_lower >
@@ -132,15 +100,15 @@ def gaussian_verdict(est: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[st
     VIOLATION or BUG stands only if it holds for the run's m figures together
     (:mod:`~dpicl_audit.estimators.family`), else the figure is INCONCLUSIVE and says why."""
     from dpicl_audit.estimators.gdp import gdp_mu
+    from dpicl_audit.estimators.power import trials_for_power
     from dpicl_audit.estimators.verdict_rules import decide_verdict
+    from dpicl_audit.figure_power import exact_mus, reach_model
 
     theory, delta = float(meta["epsilon_theory"]), float(meta["delta"])
     exact = meta.get("epsilon_exact")
-    mu_exact = None if exact is None else gdp_mu(float(exact), delta)
-    # ESA: the canary's actual embedding shift bounds what any attack on it can see.
-    signal = meta.get("epsilon_exact_signal")
-    mu_signal = mu_exact if signal is None else gdp_mu(float(signal), delta)
-    reach = _power(est, meta, mu_signal)
+    mu_exact, mu_signal = exact_mus(meta)
+    found = reach_model(est, meta, mu_signal)
+    reach = None if found is None else found[0](*found[1])
     rules: dict[str, Any] = dict(
         claim="gaussian",
         epsilon_theory=theory,
@@ -155,6 +123,11 @@ def gaussian_verdict(est: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[st
         mu_lower=float(est.get("mu_lower") or 0.0),
         **rules,
     )
+    if found is not None and res.underpowered is not None:
+        model, (n_pos, n_neg) = found
+        res = res.with_trials_needed(
+            trials_for_power(model, res.underpowered, n_pos=n_pos, n_neg=n_neg)
+        )
     family = family_of(meta)
     together = None
     if res.verdict in ("VIOLATION", "BUG") and family is not None:
@@ -180,6 +153,8 @@ def gaussian_verdict(est: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[st
         "reasons": list(res.reasons),
         "advice": list(res.advice),
         "max_reachable": reach,
+        # [with the canary, without]: about what reaches the power the audit lacked.
+        "trials_needed": None if res.trials_needed is None else list(res.trials_needed),
         "family_wise": None if together is None else together.to_dict(),
     }
 

@@ -23,6 +23,7 @@ ceiling that the number of trials alone sets (perfect separation).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -46,6 +47,7 @@ __all__ = [
     "flip_rate_from_signals",
     "max_reachable_epsilon",
     "reachable_from_rates",
+    "trials_for_power",
 ]
 
 Figure = Literal["gdp", "classical"]
@@ -160,6 +162,55 @@ def reachable_from_rates(
     tp, fp = round(float(tpr) * npos), round(float(fpr) * nneg)
     est = estimate_from_counts(tp, npos - tp, fp, nneg - fp, delta=delta, confidence=confidence)
     return est.epsilon_lower if figure == "gdp" else est.epsilon_lower_classic
+
+
+#: The most trials :func:`trials_for_power` looks at (in all, both worlds).
+MAX_SEARCHED_TRIALS = 10**8
+
+
+def trials_for_power(
+    reach: Callable[[int, int], float],
+    target: float,
+    *,
+    n_pos: int,
+    n_neg: int,
+    max_trials: int = MAX_SEARCHED_TRIALS,
+) -> tuple[int, int] | None:
+    """About how many trials the design needs for ``reach(n_pos, n_neg) >= target``: the
+    smallest counts in the proportion ``n_pos : n_neg`` (so an audit's advice scales its own
+    split of the worlds), or ``None`` when ``max_trials`` in all still fall short.
+
+    ``reach`` is the design's reachable bound at given counts (:func:`max_reachable_epsilon`,
+    :func:`reachable_from_rates`, or the better of several tests). It grows with the counts
+    up to the rounding of its expected counts, so the answer is found by doubling and then
+    bisection over a common scale factor, and is "about": a neighbouring count may reach
+    the target too.
+    """
+    npos, nneg = _trials(n_pos, "n_pos"), _trials(n_neg, "n_neg")
+    limit = _trials(max_trials, "max_trials")
+    goal = float(target)
+    if math.isnan(goal):
+        raise InvalidAuditInput("target must be a number, got NaN")
+
+    def counts(scale: float) -> tuple[int, int]:
+        return max(1, math.ceil(scale * npos)), max(1, math.ceil(scale * nneg))
+
+    def enough(scale: float) -> bool:
+        return reach(*counts(scale)) >= goal
+
+    lo, hi = 0.0, 1.0
+    while not enough(hi):
+        lo, hi = hi, 2.0 * hi
+        if sum(counts(lo)) >= limit:
+            return None
+    # Invariant: counts(hi) reach the target, counts(lo) do not (or lo == 0).
+    while sum(counts(hi)) - sum(counts(lo)) > 1:
+        mid = 0.5 * (lo + hi)
+        if counts(mid) in (counts(lo), counts(hi)):
+            break
+        lo, hi = (lo, mid) if enough(mid) else (mid, hi)
+    best = counts(hi)
+    return best if sum(best) <= limit else None
 
 
 def flip_rate_from_signals(signals_with: np.ndarray, signals_without: np.ndarray) -> float:

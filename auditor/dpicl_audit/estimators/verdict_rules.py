@@ -23,10 +23,11 @@ Pure functions over numbers; the caller supplies the figures from the same trial
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from dpicl_audit.errors import InvalidAuditInput
+from dpicl_audit.estimators.power import MAX_SEARCHED_TRIALS
 
 __all__ = [
     "DEFAULT_MIN_POWER_FRACTION",
@@ -51,13 +52,42 @@ _ADVICE_NO_SIGNAL = (
 _ADVICE_TRIALS = "run more trials (the reachable bound grows with log of the trial count)"
 
 
+def _advice_trials(needed: tuple[int, int] | None, target: float) -> str:
+    """The trials advice with the count the design's model asks for (estimators.power)."""
+    if needed is None:
+        return (
+            f"more trials will not do: under the design's model even {MAX_SEARCHED_TRIALS:,} "
+            f"trials in all stay below {target:.4g}; " + _ADVICE_NO_SIGNAL
+        )
+    pos, neg = needed
+    return (
+        f"run more trials: about {pos + neg:,} in all ({pos:,} with the canary, {neg:,} "
+        f"without) would reach {target:.4g} under the design's model (the reachable bound "
+        "grows with log of the trial count)"
+    )
+
+
 @dataclass(frozen=True)
 class VerdictResult:
-    """The verdict, the reasons that decided it, and advice when it is INCONCLUSIVE."""
+    """The verdict, the reasons that decided it, and advice when it is INCONCLUSIVE.
+
+    ``underpowered``: for an INCONCLUSIVE verdict for want of trials, the bound the design
+    fell short of (:meth:`with_trials_needed` then says how many trials reach it)."""
 
     verdict: Verdict
     reasons: tuple[str, ...]
     advice: tuple[str, ...] = ()
+    underpowered: float | None = None
+    trials_needed: tuple[int, int] | None = None
+
+    def with_trials_needed(self, needed: tuple[int, int] | None) -> VerdictResult:
+        """This verdict with its trials advice naming ``needed`` (trials with and without
+        the canary, :func:`~dpicl_audit.estimators.power.trials_for_power`; ``None``: no
+        count reaches it)."""
+        if self.underpowered is None:
+            raise InvalidAuditInput("only an INCONCLUSIVE verdict for want of trials needs more")
+        advice = (_advice_trials(needed, self.underpowered), *self.advice[1:])
+        return replace(self, advice=advice, trials_needed=needed)
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready dict."""
@@ -150,7 +180,7 @@ def decide_verdict(
             (_ADVICE_NO_SIGNAL,),
         )
     if reach is not None and reach < min_power_fraction * reference:
-        advice = [_ADVICE_TRIALS]
+        advice = [_ADVICE_TRIALS]  # first: with_trials_needed replaces it
         if flips is not None and flips < 1.0:
             advice.append(
                 f"the canary changed the clean output in only {flips:.0%} of trials; "
@@ -163,6 +193,7 @@ def decide_verdict(
                 f"below {min_power_fraction:g} x {ref_name} = {min_power_fraction * reference:.4g}",
             ),
             tuple(advice),
+            underpowered=min_power_fraction * reference,
         )
     if reach is None:
         return VerdictResult(

@@ -70,6 +70,7 @@ __all__ = [
     "WhiteBoxEstimate",
     "audit_figures",
     "counts_figures",
+    "figure_test_confidences",
     "roc_hull",
     "whitebox_estimate",
 ]
@@ -237,7 +238,7 @@ def whitebox_estimate(
         s = 0.0
     elif not 0.0 < s < 1.0:
         raise InvalidAuditInput(f"share must lie strictly between 0 and 1, got {share!r}")
-    c_thr = 1.0 - (1.0 - s) * (1.0 - c)
+    c_black, c_thr = _test_shares(c, s)
     c_each = per_interval_confidence(c_thr, 2, split)
 
     def select(sel_pos: FloatArray, sel_neg: FloatArray, n_pos: int, n_neg: int) -> float:
@@ -256,7 +257,7 @@ def whitebox_estimate(
             bfp,
             neg.size - bfp,
             delta=d,
-            confidence=1.0 - s * (1.0 - c),
+            confidence=c_black,
             split=split,
         )
 
@@ -332,6 +333,26 @@ def counts_figures(
     )
 
 
+def _figure_confidence(confidence: float) -> float:
+    """Each of :func:`audit_figures`' two figures holds at this, so that the pair holds at
+    ``confidence``."""
+    return 1.0 - (1.0 - confidence) / 2.0
+
+
+def _test_shares(confidence: float, share: float) -> tuple[float, float]:
+    """The confidences of a white-box figure's two tests, the black-box rule with ``share``
+    of the error and the held-out threshold with the rest (Bonferroni)."""
+    return 1.0 - share * (1.0 - confidence), 1.0 - (1.0 - share) * (1.0 - confidence)
+
+
+def figure_test_confidences(confidence: float, share: float = 0.5) -> tuple[float, float]:
+    """The confidences the black-box rule and the held-out threshold of a white-box figure
+    of :func:`audit_figures` at ``confidence`` are evaluated at (each figure at its half of
+    the error, each test at its ``share`` of the figure's): what a power model of that
+    figure must use."""
+    return _test_shares(_figure_confidence(check_confidence(confidence)), share)
+
+
 def audit_figures(
     scores_pos: npt.ArrayLike,
     scores_neg: npt.ArrayLike,
@@ -348,7 +369,7 @@ def audit_figures(
     with ``objective="mu"`` and ``"epsilon_classic"``), each at ``1 - (1 - confidence) / 2`` so
     that the pair (and any verdict reading either) holds at ``confidence``."""
     c = check_confidence(confidence)
-    each = 1.0 - (1.0 - c) / 2.0
+    each = _figure_confidence(c)
     kw: dict[str, Any] = {
         "delta": delta,
         "confidence": each,
