@@ -211,6 +211,12 @@ def test_run_show_list_resume_bootstrap(oracle_server: ThreadServer, tmp_path: P
     assert boot["kind"] == "bootstrap"
     assert [s["n_sample"] for s in boot["settings"]] == [20000, 20000]
     assert all(s["white_box"]["epsilon_lower"] > 0 for s in boot["settings"])
+    # The planning figure: real trials a run of this design needs (less at larger epsilon).
+    need_1, need_4 = (s["real_trials_for_power"] for s in boot["settings"])
+    assert need_1 > need_4 > 0
+    result = invoke("show", "cli-boot", "--db", db)
+    assert result.exit_code == 0, result.output
+    assert f"eps=1: {need_1:,}, eps=4: {need_4:,}" in " ".join(result.stdout.split())
 
 
 def test_resume_without_token_is_refused(oracle_server: ThreadServer, tmp_path: Path) -> None:
