@@ -86,7 +86,7 @@ def estimate_run(store: TrialStore, run_id: str) -> dict[str, Any]:
     if bootstrap:
         # What a real-trial run of the same design needs before its verdicts have power
         # (trial_budget): the planning figure a bootstrap exists to give.
-        needs = needs_from_bootstrap({"settings": settings})
+        needs = needs_from_bootstrap(settings, confidence=plan.confidence, split=plan.split)
         for s in settings:
             s["real_trials_for_power"] = needs.get(float(s["epsilon_theory"]))
     run = store.get_run(run_id)

@@ -91,7 +91,8 @@ def exact_mus(meta: Mapping[str, Any]) -> tuple[float | None, float | None]:
 
 def trials_for_power_of(est: Mapping[str, Any], meta: Mapping[str, Any]) -> tuple[int, int] | None:
     """About how many trials (with the canary, without, in the proportion of ``est``'s) the
-    design of a Gaussian audit's figure ``est`` needs before :func:`gaussian_verdict` grants
+    design of a Gaussian audit's figure ``est`` needs before
+    :func:`~dpicl_audit.verdicts.gaussian_verdict` grants
     it power: a reachable bound of ``DEFAULT_MIN_POWER_FRACTION`` x epsilon_exact (or
     epsilon_theory). ``None``: no count up to ``MAX_SEARCHED_TRIALS`` does. A bootstrap's
     figure plans real trials this way: same design, same clean signals."""

@@ -19,7 +19,7 @@ Pure functions over numbers; the caller measures the time per trial.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dpicl_audit.errors import InvalidAuditInput
@@ -37,12 +37,17 @@ _SCALE = 100_000
 
 
 def needs_from_bootstrap(
-    results: Mapping[str, Any], *, margin: float = POWER_MARGIN
+    settings: Sequence[Mapping[str, Any]],
+    *,
+    confidence: float,
+    split: float,
+    margin: float = POWER_MARGIN,
 ) -> dict[float, int | None]:
-    """Per ``epsilon_theory`` of a bootstrap's results: about how many real white-box trials
-    (both worlds together) a run of the same plan needs before both its figures have power,
-    times ``margin``. ``None``: no count does, or the bootstrap's black-box figure carries
-    no counts.
+    """Per ``epsilon_theory`` of a bootstrap's ``settings`` (its results' list): about how
+    many real white-box trials (both worlds together) a run of the same plan (its
+    ``confidence``, and ``split``, the share of trials that choose the white-box threshold)
+    needs before both its figures have power, times ``margin``. ``None``: no count does, or
+    the bootstrap's black-box figure carries no counts.
 
     A real white-box run reports two figures of the same trials (estimators.whitebox): the
     black-box rule at the plan's confidence, and the white-box figure, the better of the
@@ -56,8 +61,8 @@ def needs_from_bootstrap(
 
     if not margin >= 1.0:
         raise InvalidAuditInput(f"margin must be >= 1, got {margin!r}")
-    confidence = float(results.get("confidence") or 0.95)
-    split = float((results.get("plan") or {}).get("split") or 0.5)
+    if not 0.0 < split < 1.0:
+        raise InvalidAuditInput(f"split must lie strictly between 0 and 1, got {split!r}")
     c_black, c_held = figure_test_confidences(confidence)
     held = round(_SCALE * (1.0 - split))
     figures = (
@@ -71,7 +76,7 @@ def needs_from_bootstrap(
         },
     )
     out: dict[float, int | None] = {}
-    for setting in results.get("settings") or []:
+    for setting in settings:
         eps = float(setting["epsilon_theory"])
         boot = setting.get("black_box") or {}
         if not boot.get("n_pos") or not boot.get("n_neg"):

@@ -119,13 +119,21 @@ def bootstrap_results(*mus: float) -> dict[str, Any]:
         meta = setting(mu)
         est = estimate_from_counts(900, 100, 300, 700, delta=DELTA).to_dict()
         settings.append(meta | {"black_box": est, "white_box": dict(est, n_pos=500, n_neg=500)})
-    return {"confidence": 0.95, "plan": {"split": 0.5}, "settings": settings}
+    return {"settings": settings}
 
 
 def test_needs_from_a_bootstrap_cover_the_stricter_white_box_figure() -> None:
     res = bootstrap_results(0.83, 1.65)
-    needs = needs_from_bootstrap(res)
-    plain = needs_from_bootstrap(res, margin=1.0)
+    plan = {"confidence": 0.95, "split": 0.5}
+    needs = needs_from_bootstrap(res["settings"], **plan)
+    plain = needs_from_bootstrap(res["settings"], **plan, margin=1.0)
+    # A larger share for the selection leaves the held-out threshold fewer trials: never less.
+    assert all(
+        (n or 0) >= (plain[e] or 0)
+        for e, n in needs_from_bootstrap(
+            res["settings"], confidence=0.95, split=0.8, margin=1.0
+        ).items()
+    )
     for s in res["settings"]:
         eps = s["epsilon_theory"]
         black = trials_for_power_of(s["black_box"], s)  # the black-box figure alone, at 95%
@@ -136,11 +144,16 @@ def test_needs_from_a_bootstrap_cover_the_stricter_white_box_figure() -> None:
         assert needs[eps] == math.ceil(POWER_MARGIN * plain[eps])
     assert needs[res["settings"][0]["epsilon_theory"]] > needs[res["settings"][1]["epsilon_theory"]]
     res["settings"][0]["flip_rate"] = 0.0
-    assert needs_from_bootstrap(res)[res["settings"][0]["epsilon_theory"]] is None
+    assert (
+        needs_from_bootstrap(res["settings"], **plan)[res["settings"][0]["epsilon_theory"]] is None
+    )
     del res["settings"][1]["black_box"]["n_pos"]
-    assert needs_from_bootstrap(res)[res["settings"][1]["epsilon_theory"]] is None
-    with pytest.raises(InvalidAuditInput):
-        needs_from_bootstrap(res, margin=0.5)
+    assert (
+        needs_from_bootstrap(res["settings"], **plan)[res["settings"][1]["epsilon_theory"]] is None
+    )
+    for bad in ({"margin": 0.5}, {"split": 1.0}, {"confidence": 1.5}):
+        with pytest.raises(InvalidAuditInput):
+            needs_from_bootstrap(res["settings"], **(plan | bad))
 
 
 @pytest.mark.parametrize(
