@@ -325,8 +325,9 @@ async def _audit_model(
         ran.append(f"{trials} at epsilon {eps:g} (power needs about {_need_text(needs[eps])})")
     note += (
         f" Real white-box trials (the black-box estimate comes from the same answers' released "
-        f"labels): {'; '.join(ran)}. The need is the verdicts' own power model read off the "
-        f"bootstrap's figures, times {POWER_MARGIN:g} (dpicl_audit.trial_budget): every "
+        f"labels): {'; '.join(ran)}. The need is the bootstrap's real_trials_for_power: the "
+        "verdicts' own power model of the real run's two figures, with the bootstrap's design, "
+        f"times {POWER_MARGIN:g} (dpicl_audit.trial_budget). Every "
         f"epsilon gets at least {counts.model_trials_min} trials, and the rest of the time goes "
         "to the epsilons whose need fits it. A setting with fewer trials than it needs is "
         "INCONCLUSIVE, and its verdict says how many would do."
