@@ -9,6 +9,8 @@ figure's verdict is INCONCLUSIVE for want of trials, whatever the server does.
   same design on the same clean signals as the real trials that follow it, so its setting
   (release rates, flip rate, exact epsilon) gives the real figures' power model; the
   figures' own structure (confidences, the held-out share) comes from the plan.
+* :func:`trials_from_bootstrap` turns them into one run's trials per epsilon
+  (``dpicl-audit run --trials-from BOOTSTRAP``).
 * :func:`plan_trials` gives every setting a minimum (each run shows the real pipeline, and
   an INCONCLUSIVE verdict that names its need), then the rest of the budget to the settings
   whose need fits, the cheapest first, shared in proportion to their needs.
@@ -25,7 +27,7 @@ from typing import Any
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.figure_power import trials_for_power_of
 
-__all__ = ["POWER_MARGIN", "needs_from_bootstrap", "plan_trials"]
+__all__ = ["POWER_MARGIN", "needs_from_bootstrap", "plan_trials", "trials_from_bootstrap"]
 
 #: Factor on the modelled need. The count is "about" (expected counts, rounded, up to 10%
 #: either way), and a real run draws its worlds at random rather than evenly: a split of
@@ -133,3 +135,50 @@ def plan_trials(
     for eps in chosen:
         alloc[eps] = min(maximum, alloc[eps] + left * alloc[eps] // weight)
     return alloc
+
+
+def trials_from_bootstrap(
+    results: Mapping[str, Any],
+    *,
+    mechanism: str,
+    epsilons: Sequence[float],
+    confidence: float,
+    split: float,
+) -> int:
+    """Trials per epsilon for a real run of a plan (its ``mechanism``, ``epsilons``,
+    ``confidence`` and white-box ``split``) from a bootstrap's ``results``: the largest of
+    the bootstrap's ``real_trials_for_power`` over those epsilons, so that each has power.
+    The bootstrap must be of the same mechanism, at the same confidence and split (its
+    need was modelled at them), and have every epsilon."""
+    run = results.get("run_id")
+    if results.get("kind") != "bootstrap":
+        raise InvalidAuditInput(f"run {run!r} is a {results.get('kind')!r} run, not a bootstrap")
+    if results.get("mechanism") != mechanism:
+        raise InvalidAuditInput(
+            f"the bootstrap {run!r} audited {results.get('mechanism')!r}, not {mechanism!r}"
+        )
+    boot_split = (results.get("plan") or {}).get("split", split)
+    for name, theirs, ours in (
+        ("confidence", results.get("confidence"), confidence),
+        ("split", boot_split, split),
+    ):
+        if theirs is None or not math.isclose(float(theirs), ours):
+            raise InvalidAuditInput(
+                f"the bootstrap {run!r} planned at {name} {theirs}, this run asks {ours}"
+            )
+    needs = {
+        float(s["epsilon_theory"]): s.get("real_trials_for_power") for s in results["settings"]
+    }
+    counts = []
+    for eps in epsilons:
+        if eps not in needs:
+            have = ", ".join(f"{e:g}" for e in needs)
+            raise InvalidAuditInput(f"the bootstrap {run!r} has no epsilon {eps:g} (it has {have})")
+        need = needs[eps]
+        if need is None:
+            raise InvalidAuditInput(
+                f"the bootstrap {run!r} found no count of real trials that gives epsilon {eps:g} "
+                "power under this design (no signal, or none in reach): change the design"
+            )
+        counts.append(int(need))
+    return max(counts)

@@ -218,6 +218,32 @@ def test_run_show_list_resume_bootstrap(oracle_server: ThreadServer, tmp_path: P
     assert result.exit_code == 0, result.output
     assert f"eps=1: {need_1:,}, eps=4: {need_4:,}" in " ".join(result.stdout.split())
 
+    # A real run planned from it: the bootstrap's count at epsilon 4, and both figures have
+    # the power it promised (the margin covers the random draw of the worlds).
+    result = invoke(
+        "run",
+        *common,
+        *("--run-id", "cli-planned", "--epsilons", "4", "--threat-model", "white-box"),
+        *("--trials-from", "cli-boot", "--json"),
+        env=env,
+    )
+    assert result.exit_code == 0, result.output
+    assert f"{need_4:,} trials per epsilon" in result.stderr
+    (planned,) = json.loads(result.stdout)["settings"]
+    assert planned["trials"] == need_4
+    for threat in ("black_box", "white_box"):
+        assert planned[threat]["verdict"]["max_reachable"] >= 0.5 * planned["epsilon_exact"]
+    refused = {
+        "not a bootstrap": ("--trials-from", "cli-run", "--epsilons", "4"),
+        "has no epsilon 2": ("--trials-from", "cli-boot", "--epsilons", "2"),
+        "not both": ("--trials-from", "cli-boot", "--epsilons", "4", "--trials", "50"),
+    }
+    for why, flags in refused.items():
+        result = invoke("run", *common, *flags, env=env)
+        assert result.exit_code in (1, 2) and why in result.stderr, (why, result.output)
+    result = invoke("bootstrap", *common, "--trials-from", "cli-boot", env=env)
+    assert result.exit_code == 2 and "only for run" in result.stderr
+
 
 def test_resume_without_token_is_refused(oracle_server: ThreadServer, tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path}/audit.db"

@@ -4,6 +4,7 @@ of an underpowered verdict, and the demo's budget of real trials (trial_budget).
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,12 @@ from dpicl_audit.estimators import estimate_from_counts, gdp_epsilon
 from dpicl_audit.estimators.power import max_reachable_epsilon, trials_for_power
 from dpicl_audit.figure_power import trials_for_power_of
 from dpicl_audit.runner import bootstrap_audit, run_audit
-from dpicl_audit.trial_budget import POWER_MARGIN, needs_from_bootstrap, plan_trials
+from dpicl_audit.trial_budget import (
+    POWER_MARGIN,
+    needs_from_bootstrap,
+    plan_trials,
+    trials_from_bootstrap,
+)
 from dpicl_audit.verdicts import gaussian_verdict
 
 DELTA = 1e-5
@@ -241,3 +247,37 @@ async def test_a_bootstrap_plans_a_real_run_that_has_power(tmp_path: Path) -> No
     assert half["white_box"]["verdict"]["max_reachable"] < 0.5 * half["epsilon_exact"]
     lacking = trials_for_power_of(half["white_box"], half)
     assert lacking is not None and 0.5 * needs[8.0] < sum(lacking) <= needs[8.0]
+
+
+def test_trials_from_a_bootstrap_are_the_most_its_epsilons_ask() -> None:
+    boot: dict[str, Any] = {
+        "run_id": "b",
+        "kind": "bootstrap",
+        "mechanism": "voting",
+        "confidence": 0.95,
+        "plan": {"split": 0.5},
+        "settings": [
+            {"epsilon_theory": 1.0, "real_trials_for_power": None},
+            {"epsilon_theory": 4.0, "real_trials_for_power": 700},
+            {"epsilon_theory": 8.0, "real_trials_for_power": 300},
+        ],
+    }
+    plan: dict[str, Any] = {
+        "mechanism": "voting",
+        "epsilons": [4.0, 8.0],
+        "confidence": 0.95,
+        "split": 0.5,
+    }
+    assert trials_from_bootstrap(boot, **plan) == 700
+    assert trials_from_bootstrap(boot, **(plan | {"epsilons": [8.0]})) == 300
+    refused = {
+        "not a bootstrap": (boot | {"kind": "run"}, plan),
+        "audited 'esa'": (boot | {"mechanism": "esa"}, plan),
+        "confidence 0.95, this run asks 0.99": (boot, plan | {"confidence": 0.99}),
+        "split 0.5, this run asks 0.3": (boot, plan | {"split": 0.3}),
+        "no epsilon 2 (it has 1, 4, 8)": (boot, plan | {"epsilons": [2.0]}),
+        "gives epsilon 1 power": (boot, plan | {"epsilons": [1.0, 8.0]}),
+    }
+    for why, (results, asked) in refused.items():
+        with pytest.raises(InvalidAuditInput, match=re.escape(why)):
+            trials_from_bootstrap(results, **asked)

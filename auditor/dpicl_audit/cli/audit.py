@@ -25,6 +25,8 @@ from dpicl_audit.cli.common import (
     emit,
     err_console,
     guard,
+    load_results,
+    require_log,
     run_async,
 )
 from dpicl_audit.mechanisms import MECHANISMS
@@ -208,6 +210,15 @@ def audit_command(kind: str) -> Callable[..., None]:
         trials: Annotated[
             int | None, typer.Option(help=_h("trials", "Trials per epsilon."))
         ] = None,
+        trials_from: Annotated[
+            str | None,
+            typer.Option(
+                "--trials-from",
+                help="run: trials per epsilon from a bootstrap run in --db, the most its "
+                "real_trials_for_power asks over these epsilons, so each has power. "
+                "(default: none)",
+            ),
+        ] = None,
         confidence: Annotated[
             float | None, typer.Option(help=_h("confidence", "e.g. 0.95"))
         ] = None,
@@ -315,6 +326,9 @@ def audit_command(kind: str) -> Callable[..., None]:
             "bootstrap.n_sample": n_sample,
         }
         audit_plan = guard(lambda: AuditPlan.from_sources(plan, overrides))
+        if trials_from is not None:
+            overrides["trials"] = _trials_from(kind, trials_from, trials, db, audit_plan)
+            audit_plan = guard(lambda: AuditPlan.from_sources(plan, overrides))
         fn = bootstrap_audit if kind == "bootstrap" else run_audit
         results = run_async(
             fn(
@@ -335,6 +349,29 @@ def audit_command(kind: str) -> Callable[..., None]:
         "internal), then n_sample simulated trials per world, both threat models."
     )
     return command
+
+
+def _trials_from(kind: str, boot: str, trials: int | None, db: str, plan: AuditPlan) -> int:
+    """``--trials-from``: a run's trials per epsilon from a bootstrap's planning figure."""
+    from dpicl_audit.trial_budget import trials_from_bootstrap
+
+    if kind != "run" or trials is not None:
+        what = "only for run" if kind != "run" else "give it or --trials, not both"
+        err_console.print(f"[bold red]error:[/bold red] --trials-from: {what}")
+        raise typer.Exit(2)
+    require_log(db, boot)
+    results = guard(lambda: load_results(db, boot))
+    n = guard(
+        lambda: trials_from_bootstrap(
+            results,
+            mechanism=plan.mechanism.name,
+            epsilons=plan.mechanism.epsilons,
+            confidence=plan.confidence,
+            split=plan.split,
+        )
+    )
+    err_console.print(f"{n:,} trials per epsilon: what the bootstrap {boot!r} needs for power")
+    return n
 
 
 app.command("run")(audit_command("run"))

@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 
 from dpicl_audit.errors import AuditError
+from dpicl_audit.store import sqlite_file_missing
 
 __all__ = [
     "AdminOpt",
@@ -26,7 +27,9 @@ __all__ = [
     "emit",
     "err_console",
     "guard",
+    "load_results",
     "out_console",
+    "require_log",
     "run_async",
 ]
 
@@ -123,3 +126,27 @@ def emit(results: dict[str, Any], as_json: bool, path: Path | None = None) -> No
     print_results(results, out_console)
     if path is not None:
         out_console.print(f"results: {path}")
+
+
+def require_log(db: str, run_id: str | None = None) -> None:
+    """Refuse to read a SQLite trial log that does not exist (and so never create it)."""
+    missing = sqlite_file_missing(db)
+    if missing is not None:
+        what = f"no run {run_id!r}: " if run_id else ""
+        err_console.print(f"[bold red]error:[/bold red] {what}there is no trial log at {missing}")
+        raise typer.Exit(1)
+
+
+def load_results(db: str, run_id: str) -> dict[str, Any]:
+    """A run's results: as stored, else recomputed from its log."""
+    from dpicl_audit.estimation import estimate_run, load_run
+    from dpicl_audit.store import TrialStore
+
+    store = TrialStore(db)
+    try:
+        run = load_run(store, run_id)
+        if run.results is not None:
+            return dict(run.results)
+        return estimate_run(store, run_id)
+    finally:
+        store.dispose()

@@ -28,21 +28,14 @@ from dpicl_audit.cli.common import (
     emit,
     err_console,
     guard,
+    load_results,
     out_console,
+    require_log,
     run_async,
 )
 from dpicl_audit.store import DEFAULT_DB, resolve_db_url, sqlite_file_missing
 
 __all__ = ["list_runs", "report", "resume", "show"]
-
-
-def _require_log(db: str, run_id: str | None = None) -> None:
-    """Refuse to read a SQLite trial log that does not exist (and so never create it)."""
-    missing = sqlite_file_missing(db)
-    if missing is not None:
-        what = f"no run {run_id!r}: " if run_id else ""
-        err_console.print(f"[bold red]error:[/bold red] {what}there is no trial log at {missing}")
-        raise typer.Exit(1)
 
 
 @app.command()
@@ -59,7 +52,7 @@ def resume(
     """Continue a run from its trial log: only missing trials are run, none twice."""
     from dpicl_audit.runner import resume_audit
 
-    _require_log(db, run_id)
+    require_log(db, run_id)
     results = run_async(
         resume_audit(
             run_id,
@@ -151,22 +144,8 @@ def show(
     as_json: JsonOpt = False,
 ) -> None:
     """A run's results (recomputed from the log when it has none stored yet)."""
-    from dpicl_audit.estimation import estimate_run, load_run
-    from dpicl_audit.store import TrialStore
-
-    _require_log(db, run_id)
-
-    def load() -> dict[str, Any]:
-        store = TrialStore(db)
-        try:
-            run = load_run(store, run_id)
-            if run.results is not None:
-                return run.results
-            return estimate_run(store, run_id)
-        finally:
-            store.dispose()
-
-    emit(guard(load), as_json)
+    require_log(db, run_id)
+    emit(guard(lambda: load_results(db, run_id)), as_json)
 
 
 @app.command()
@@ -215,7 +194,7 @@ def report(
     except ImportError as exc:
         err_console.print(f"[bold red]error:[/bold red] the report module is unavailable: {exc}")
         raise typer.Exit(1) from exc
-    _require_log(db, run_ids[0] if len(run_ids) == 1 else None)
+    require_log(db, run_ids[0] if len(run_ids) == 1 else None)
     ids: str | list[str] = run_ids[0] if len(run_ids) == 1 else list(run_ids)
     where = guard(lambda: report_mod.write_report(ids, resolve_db_url(db), out))
     if where is not None:
