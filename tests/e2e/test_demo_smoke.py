@@ -4,6 +4,7 @@ full demo, with the CPU model, is ``make demo``)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -33,3 +34,42 @@ def test_demo_quick_oracle(tmp_path: Path) -> None:
     # 40 real trials per epsilon cannot reach half of epsilon_exact: INCONCLUSIVE, not "ok"
     assert set(results["verdicts"].values()) <= {"ok", "inconclusive"}
     assert "servers stopped" in proc.stderr
+
+
+def test_demo_quick_model(tmp_path: Path) -> None:
+    """The demo's real-model part (the bundled SmolLM2 on CPU) with tiny counts: the
+    bootstrap's planning figure per epsilon, one real white-box run per epsilon with the
+    planned minimum, and the report's note saying what each epsilon needed."""
+    argv = [
+        "-m",
+        "dpicl_audit.demo",
+        "--quick",
+        "--engines",
+        "transformers",
+        "--out",
+        str(tmp_path),
+    ]
+    proc = subprocess.run(
+        [sys.executable, *argv],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env=dict(os.environ, HF_HUB_OFFLINE="1"),
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("report: "))
+    results = json.loads(Path(line.removeprefix("report: ")).with_name("results.json").read_text())
+    runs = list(results["runs"].values())
+    (boot,) = [r for r in runs if r["kind"] == "bootstrap"]
+    needs = [s["real_trials_for_power"] for s in boot["settings"]]
+    assert len(needs) == 2 and all(isinstance(n, int) and n > 10 for n in needs), needs
+    real = [r for r in runs if r["kind"] == "run"]
+    assert sorted(s["epsilon_theory"] for r in real for s in r["settings"]) == [4.0, 8.0]
+    assert all(s["trials"] == 10 for r in real for s in r["settings"])
+    # 10 trials are below every need: INCONCLUSIVE, naming the trials that would do.
+    for r in real:
+        for s in r["settings"]:
+            assert s["white_box"]["verdict"]["trials_needed"] is not None
+    note = " ".join(results["notes"])
+    assert all(f"power needs about {n:,}" in note for n in needs), note
