@@ -16,18 +16,17 @@ from scipy.special import softmax
 from dpicl.errors import ConfigurationError
 from dpicl.mechanisms.mozo import (
     MozoStep,
-    exact_shot_divergence,
     log_softmax,
     mixed_logits,
     mozo_step,
     product_distribution,
-    product_divergence,
     renyi_divergence,
     sample_shots,
     sample_token,
     solve_lambdas,
     symmetric_divergence,
 )
+from dpicl.mechanisms.mozo_diagnostics import exact_shot_divergence, product_divergence
 
 # Chi-square tests below reject at p < 1e-4: with fresh randomness a correct sampler fails
 # such a test with probability 1e-4 per test. The generators are seeded, so in CI each test

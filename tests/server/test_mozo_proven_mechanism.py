@@ -24,7 +24,6 @@ from hypothesis.extra.numpy import arrays
 from scipy.special import logsumexp
 
 from dpicl.mechanisms.mozo import (
-    exact_shot_log_ratio,
     log_softmax,
     max_log_ratio,
     mixed_logits,
@@ -34,6 +33,7 @@ from dpicl.mechanisms.mozo import (
     sample_shots,
     solve_lambdas_max_ratio,
 )
+from dpicl.mechanisms.mozo_diagnostics import exact_shot_log_ratio
 from dpicl.privacy.mozo_proven import per_token_epsilon
 
 FloatArray = npt.NDArray[np.float64]

@@ -41,8 +41,8 @@ every order ``g``, but Line 13 bounds one order only: with one shot, alpha = 2, 
 zero-shot logits (0, -20) and neighbouring one-shot logits (0, -10) and (0, -40), both mixed
 distributions satisfy the constraint while ``D_2`` between them is about 15.5 > 0.4. And its
 additivity step (Theorem B.2) is about product measures, whereas Line 16 samples from a
-normalised pointwise product. :func:`exact_shot_divergence` and :func:`product_divergence`
-measure the actual divergences.
+normalised pointwise product. :func:`~dpicl.mechanisms.mozo_diagnostics.exact_shot_divergence` and
+:func:`~dpicl.mechanisms.mozo_diagnostics.product_divergence` measure the actual divergences.
 """
 
 from __future__ import annotations
@@ -57,14 +57,11 @@ from dpicl.errors import ConfigurationError
 
 __all__ = [
     "MozoStep",
-    "exact_shot_divergence",
-    "exact_shot_log_ratio",
     "log_softmax",
     "max_log_ratio",
     "mixed_logits",
     "mozo_step",
     "product_distribution",
-    "product_divergence",
     "renyi_divergence",
     "sample_shots",
     "sample_token",
@@ -447,58 +444,3 @@ def mozo_step(
         product_probs=product,
         top_ids=ids,
     )
-
-
-def _log_neighbours(
-    mixed: npt.ArrayLike, zero_logits: npt.ArrayLike
-) -> tuple[FloatArray, FloatArray]:
-    """``log P`` (``(k,)``), the released product, and ``log P_i`` (``(n_shots, k)``), the
-    product with shot ``i`` replaced by the zero-shot distribution."""
-    m = np.asarray(mixed, dtype=np.float64)
-    zero = np.asarray(zero_logits, dtype=np.float64)
-    if m.ndim != 2 or zero.ndim != 1 or m.shape[1] != zero.shape[0]:
-        raise ValueError(f"expected (n_shots, k) and (k,), got {m.shape} and {zero.shape}")
-    if not (np.all(np.isfinite(m)) and np.all(np.isfinite(zero))):
-        raise ValueError("logits on the top-k support must be finite")
-    log_mixed = log_softmax(m)
-    log_total = log_mixed.sum(axis=0)
-    log_p = log_softmax(log_total)
-    log_neighbours = log_softmax(log_total[None, :] - log_mixed + log_softmax(zero)[None, :])
-    return log_p, log_neighbours
-
-
-def exact_shot_log_ratio(mixed: npt.ArrayLike, zero_logits: npt.ArrayLike) -> FloatArray:
-    """White-box diagnostic of the proven bound: for each shot ``i`` (shape ``(n_shots,)``),
-    ``max_y |log P(y) - log P_i(y)|`` between the released product ``P`` and ``P_i``, the
-    product with shot ``i`` replaced by the zero-shot distribution. In the proven mode it is
-    at most ``2 eps0`` (one factor moves by ``eps0``, the normaliser by at most ``eps0``),
-    half the per-token bound ``4 eps0``, which also covers a neighbour's arbitrary
-    replacement (docs/privacy.md)."""
-    log_p, log_neighbours = _log_neighbours(mixed, zero_logits)
-    return max_log_ratio(log_p[None, :], log_neighbours)
-
-
-def exact_shot_divergence(
-    mixed: npt.ArrayLike, zero_logits: npt.ArrayLike, alpha: float
-) -> FloatArray:
-    """White-box diagnostic: for each shot ``i``, the Renyi divergences at ``alpha`` (both
-    directions, shape ``(n_shots, 2)``) between the released distribution
-    ``P ∝ prod_j mixed_j`` and ``P_i ∝ zero * prod_{j != i} mixed_j``, the same product with
-    shot ``i`` replaced by the zero-shot distribution (a demonstration that moves nothing).
-
-    Theorem B.3 bounds the divergence between neighbouring outputs by ``4 * beta * alpha``
-    through Theorems B.1-B.2, but B.2 (additivity) is about product *measures*, while Line 16
-    samples from a *normalised pointwise* product, for which the normalisers can add to the
-    divergence; this function measures the exact value so the two can be compared.
-    """
-    log_p, log_neighbours = _log_neighbours(mixed, zero_logits)
-    return symmetric_divergence(log_p[None, :], log_neighbours, alpha)
-
-
-def product_divergence(mixed_a: npt.ArrayLike, mixed_b: npt.ArrayLike, alpha: float) -> FloatArray:
-    """``(D_alpha(P_a || P_b), D_alpha(P_b || P_a))`` (shape ``(2,)``) between the released
-    distributions :func:`product_distribution` of two sets of mixed logits, e.g. those of two
-    neighbouring contexts (compare with the claimed per-token RDP ``4 * beta * alpha``)."""
-    log_a = np.log(product_distribution(mixed_a))
-    log_b = np.log(product_distribution(mixed_b))
-    return symmetric_divergence(log_a, log_b, alpha)

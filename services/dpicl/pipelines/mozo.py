@@ -20,13 +20,8 @@ import numpy.typing as npt
 
 from dpicl.engines.base import Engine, PromptSpec
 from dpicl.errors import InvalidRequest
-from dpicl.mechanisms.mozo import (
-    exact_shot_divergence,
-    exact_shot_log_ratio,
-    mixed_logits,
-    mozo_step,
-    sample_shots,
-)
+from dpicl.mechanisms.mozo import mixed_logits, mozo_step, sample_shots
+from dpicl.mechanisms.mozo_diagnostics import exact_shot_divergence, exact_shot_log_ratio
 from dpicl.pipelines.contexts import cost_of, exemplars_of
 from dpicl.pipelines.engine_calls import paid_engine_call
 from dpicl.pipelines.partitions import zero_shot_prompt
