@@ -54,7 +54,7 @@ from dpicl_audit.plan import AuditPlan
 from dpicl_audit.report import write_combined_report
 from dpicl_audit.runner import CLEAN_SETTING, bootstrap_audit, run_audit
 from dpicl_audit.store import TrialRecord, TrialStore
-from dpicl_audit.trial_budget import POWER_MARGIN, plan_trials
+from dpicl_audit.trial_budget import POWER_MARGIN, plan_trials, planned_needs
 
 __all__ = ["main"]
 
@@ -265,8 +265,8 @@ async def _audit_model(
     # Wall seconds a real trial takes, until the first real run measures it: the
     # bootstrap's median logged query latency over the concurrency both runs use. Its
     # queries include each context's first (cache misses), so this errs long.
-    per_trial = _median_latency(clean, boot_s / queries) / _MODEL_CONCURRENCY
-    needs = {float(s["epsilon_theory"]): s["real_trials_for_power"] for s in res["settings"]}
+    per_trial = _wall_per_trial(clean, boot_s / queries / _MODEL_CONCURRENCY)
+    needs = planned_needs(res)
     design = (res.get("design") or {}).get("design", "?")
     note = (
         f"Real model (transformers, CPU), {design} design (docs/auditing.md, 'Designs'): "
@@ -317,8 +317,7 @@ async def _audit_model(
         )
         wall = time.monotonic() - t_run
         logged = _logged_rows(db, str(res["run_id"]))
-        per_trial = _median_latency(logged, wall / trials * _MODEL_CONCURRENCY)
-        per_trial /= _MODEL_CONCURRENCY
+        per_trial = _wall_per_trial(logged, wall / trials)
         overhead = max(0.0, wall - trials * per_trial)
         _summarise(res)
         ids.append(str(res["run_id"]))
@@ -349,10 +348,11 @@ def _logged_rows(db: Path, run_id: str, setting: str | None = None) -> list[Tria
         store.dispose()
 
 
-def _median_latency(rows: Sequence[TrialRecord], default: float) -> float:
-    """The median logged latency of ``rows`` (``default``: none)."""
+def _wall_per_trial(rows: Sequence[TrialRecord], default: float) -> float:
+    """Wall seconds a trial takes at the demo's concurrency: the median logged latency of
+    ``rows`` over the queries in flight (``default``: no rows)."""
     latencies = sorted(r.latency_s for r in rows)
-    return latencies[len(latencies) // 2] if latencies else default
+    return latencies[len(latencies) // 2] / _MODEL_CONCURRENCY if latencies else default
 
 
 def _clean_votes_note(rows: Sequence[TrialRecord]) -> str:

@@ -179,11 +179,11 @@ def print_results(results: Mapping[str, Any], console: Console | None = None) ->
                     f"[{colour}]{s['setting']} {key.replace('_', '-')}: "
                     f"{est['verdict']['message']}[/{colour}]"
                 )
-    needs = {s["setting"]: s.get("real_trials_for_power") for s in results["settings"]}
-    if results.get("kind") == "bootstrap" and any(n is not None for n in needs.values()):
+    needs = [(s["setting"], s.get("real_trials_for_power")) for s in results["settings"]]
+    if results.get("kind") == "bootstrap" and any(n is not None for _, n in needs):
         console.print(
             "real trials a run of this design needs for power (about, both worlds): "
-            + ", ".join(f"{k}: {'no count' if n is None else f'{n:,}'}" for k, n in needs.items())
+            + ", ".join(f"{k}: {'no count' if n is None else f'{n:,}'}" for k, n in needs)
         )
     for s in results["settings"]:
         rdp = s.get("rdp")

@@ -27,7 +27,13 @@ from typing import Any
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.figure_power import trials_for_power_of
 
-__all__ = ["POWER_MARGIN", "needs_from_bootstrap", "plan_trials", "trials_from_bootstrap"]
+__all__ = [
+    "POWER_MARGIN",
+    "needs_from_bootstrap",
+    "plan_trials",
+    "planned_needs",
+    "trials_from_bootstrap",
+]
 
 #: Factor on the modelled need. The count is "about" (expected counts, rounded, up to 10%
 #: either way), and a real run draws its worlds at random rather than evenly: a split of
@@ -137,6 +143,12 @@ def plan_trials(
     return alloc
 
 
+def planned_needs(results: Mapping[str, Any]) -> dict[float, int | None]:
+    """A bootstrap's ``real_trials_for_power`` per ``epsilon_theory`` (set by
+    :func:`~dpicl_audit.estimation.estimate_run` from :func:`needs_from_bootstrap`)."""
+    return {float(s["epsilon_theory"]): s.get("real_trials_for_power") for s in results["settings"]}
+
+
 def trials_from_bootstrap(
     results: Mapping[str, Any],
     *,
@@ -166,9 +178,7 @@ def trials_from_bootstrap(
             raise InvalidAuditInput(
                 f"the bootstrap {run!r} planned at {name} {theirs}, this run asks {ours}"
             )
-    needs = {
-        float(s["epsilon_theory"]): s.get("real_trials_for_power") for s in results["settings"]
-    }
+    needs = planned_needs(results)
     counts = []
     for eps in epsilons:
         if eps not in needs:

@@ -1,5 +1,5 @@
-"""``python -m dpicl_audit.demo`` end to end with tiny counts on the oracle server only (the
-full demo, with the CPU model, is ``make demo``)."""
+"""``python -m dpicl_audit.demo`` end to end with tiny counts, one engine at a time (the
+full demo is ``make demo``)."""
 
 from __future__ import annotations
 
@@ -14,18 +14,24 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-def test_demo_quick_oracle(tmp_path: Path) -> None:
-    argv = ["-m", "dpicl_audit.demo", "--quick", "--engines", "oracle", "--out", str(tmp_path)]
+def _quick_demo(engine: str, out: Path, timeout: float) -> tuple[Path, str]:
+    """Run the demo with ``--quick`` on one engine: the report's path and the stderr."""
+    argv = ["-m", "dpicl_audit.demo", "--quick", "--engines", engine, "--out", str(out)]
     proc = subprocess.run(
         [sys.executable, *argv],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
         check=False,
+        env=dict(os.environ, HF_HUB_OFFLINE="1"),
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     line = next(x for x in proc.stdout.splitlines() if x.startswith("report: "))
-    report = Path(line.removeprefix("report: "))
+    return Path(line.removeprefix("report: ")), proc.stderr
+
+
+def test_demo_quick_oracle(tmp_path: Path) -> None:
+    report, stderr = _quick_demo("oracle", tmp_path, timeout=300)
     # epsilons, trade-off, epsilon against real trials and against simulated trials
     assert report.is_file() and report.read_text().count("data:image/png;base64,") == 4
     results = json.loads(report.with_name("results.json").read_text())
@@ -33,33 +39,15 @@ def test_demo_quick_oracle(tmp_path: Path) -> None:
     assert kinds.count("bootstrap") >= 1 and kinds.count("run") >= 2  # + real trials
     # 40 real trials per epsilon cannot reach half of epsilon_exact: INCONCLUSIVE, not "ok"
     assert set(results["verdicts"].values()) <= {"ok", "inconclusive"}
-    assert "servers stopped" in proc.stderr
+    assert "servers stopped" in stderr
 
 
 def test_demo_quick_model(tmp_path: Path) -> None:
     """The demo's real-model part (the bundled SmolLM2 on CPU) with tiny counts: the
     bootstrap's planning figure per epsilon, one real white-box run per epsilon with the
     planned minimum, and the report's note saying what each epsilon needed."""
-    argv = [
-        "-m",
-        "dpicl_audit.demo",
-        "--quick",
-        "--engines",
-        "transformers",
-        "--out",
-        str(tmp_path),
-    ]
-    proc = subprocess.run(
-        [sys.executable, *argv],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        env=dict(os.environ, HF_HUB_OFFLINE="1"),
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("report: "))
-    results = json.loads(Path(line.removeprefix("report: ")).with_name("results.json").read_text())
+    report, _ = _quick_demo("transformers", tmp_path, timeout=600)
+    results = json.loads(report.with_name("results.json").read_text())
     runs = list(results["runs"].values())
     (boot,) = [r for r in runs if r["kind"] == "bootstrap"]
     needs = [s["real_trials_for_power"] for s in boot["settings"]]

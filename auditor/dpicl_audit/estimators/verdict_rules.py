@@ -49,7 +49,8 @@ _ADVICE_NO_SIGNAL = (
     "pinned so the canary's partition decides), the identical-text design on a real model, or "
     "another model that follows its demonstrations"
 )
-_ADVICE_TRIALS = "run more trials (the reachable bound grows with log of the trial count)"
+_GROWS = "(the reachable bound grows with log of the trial count)"
+_ADVICE_TRIALS = f"run more trials {_GROWS}"
 
 
 def _advice_trials(needed: tuple[int, int] | None, target: float) -> str:
@@ -62,8 +63,7 @@ def _advice_trials(needed: tuple[int, int] | None, target: float) -> str:
     pos, neg = needed
     return (
         f"run more trials: about {pos + neg:,} in all ({pos:,} with the canary, {neg:,} "
-        f"without) would reach {target:.4g} under the design's model (the reachable bound "
-        "grows with log of the trial count)"
+        f"without) would reach {target:.4g} under the design's model {_GROWS}"
     )
 
 
