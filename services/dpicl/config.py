@@ -38,8 +38,11 @@ class Settings(BaseSettings):
     )
     device: str = "cpu"
     cache_dir: Path = Path.home() / ".cache" / "dpicl"
-    admin_token: str | None = None
-    api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # SecretStr: a repr or a log of the settings shows "**********", never a token.
+    admin_token: SecretStr | None = None
+    # Static keys: unscoped, unlimited, no restart-free revocation (database keys,
+    # POST /v1/keys, are all three); their id in the spend record is static-<8 hex of hash>.
+    api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
     whitebox: WhiteBox = "off"
     max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
     # What one connection may cost before the app sees a request (api/http_limits.py):
@@ -138,6 +141,7 @@ class Settings(BaseSettings):
 
     def with_generated_secrets(self) -> tuple[Settings, bool]:
         """Return settings with an admin token, and whether it had to be generated."""
-        if self.admin_token:
+        if self.admin_token is not None and self.admin_token.get_secret_value():
             return self, False
-        return self.model_copy(update={"admin_token": secrets.token_urlsafe(32)}), True
+        token = SecretStr(secrets.token_urlsafe(32))
+        return self.model_copy(update={"admin_token": token}), True

@@ -46,6 +46,15 @@ MAX_EXEMPLARS = 10_000
 
 MAX_SYNTHESIZE_INPUTS = 10_000
 MAX_NAME_CHARS = 200  # the store's name column
+#: A tenant's name: what an operator types, short enough for the store's tenant column.
+TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$"
+Tenant = Annotated[
+    str,
+    Field(
+        pattern=TENANT_PATTERN,
+        description="1-64 characters: letters, digits and _ . : - (not first).",
+    ),
+]
 #: Contexts per page of GET /v1/contexts: each costs its ledger's accounting (a DPS-MOZO
 #: context's composed epsilon takes up to about 10 ms), so a page stays well under a second.
 MAX_LIST_LIMIT = 200
@@ -264,6 +273,10 @@ class ContextSpec(BaseModel):
         "where the server allows unbudgeted contexts (DPICL_ALLOW_UNBUDGETED). DPS-MOZO "
         "contexts are budgeted by the mechanism itself: omit it.",
     )
+    tenant: Tenant | None = Field(
+        default=None,
+        description="The tenant whose keys reach this context (keys scoped to the tenant).",
+    )
 
     def check(self, limits: ContextLimits | None = None) -> None:
         """Cross-field checks and the server's limits; raise :class:`ConfigurationError`
@@ -305,7 +318,8 @@ class ContextSpec(BaseModel):
             for i, e in enumerate(self.exemplars):
                 if e.output not in self.labels:
                     raise ConfigurationError(
-                        f"exemplar output {e.output!r} is not one of the labels {self.labels!r}",
+                        # The exemplar is private: named by its index, never quoted.
+                        f"exemplars.{i}.output is not one of the labels {self.labels!r}",
                         param=f"exemplars.{i}.output",
                     )
         if self.template is not None:

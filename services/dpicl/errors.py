@@ -13,6 +13,7 @@ one stable ``code`` in the single error shape ``{"error": {"code", "message", "p
     ├── RequestTimeout              408 request_timeout   (the head or body came too slowly)
     ├── UriTooLong                  414 uri_too_long
     ├── HeadersTooLarge             431 headers_too_large
+    ├── RateLimited                 429 rate_limited      (a key's rate limit; Retry-After)
     ├── EngineError                 503 engine_unavailable (nothing was charged)
     ├── StorageUnavailable          503 storage_unavailable (the database failed or timed
     │                                   out; nothing was charged)
@@ -95,3 +96,14 @@ class StorageUnavailable(DpiclError):
 class ServerBusy(DpiclError):
     status_code = 503
     code = "server_busy"
+
+
+class RateLimited(DpiclError):
+    """A key's requests per minute are used up; ``retry_after_s`` goes to ``Retry-After``."""
+
+    status_code = 429
+    code = "rate_limited"
+
+    def __init__(self, message: str, *, retry_after_s: int, param: str | None = None) -> None:
+        super().__init__(message, param=param)
+        self.retry_after_s = retry_after_s

@@ -67,10 +67,11 @@ def test_admin_endpoints_need_admin_token(tmp_path: Path) -> None:
         ({"mechanism": {"partitions": 0}}, "mechanism.voting.partitions", "0"),
         ({"mechanism": {"calibration": "magic"}}, "mechanism.voting.calibration", "magic"),
         ({"mechanism": {"name": "laplace"}}, "mechanism", "laplace"),
-        ({"labels": ["Yes", "Maybe"]}, "exemplars.1.output", "'No'"),
+        # An exemplar is private: named by index and field, never quoted (issue 25).
+        ({"labels": ["Yes", "Maybe"]}, "exemplars.1.output", "exemplars.1.output is not"),
         ({"labels": ["Yes"]}, "labels", "['Yes']"),
         ({"template": "no slots here"}, "template", "{exemplars}"),
-        ({"exemplars": []}, "exemplars", "[]"),
+        ({"exemplars": []}, "exemplars", "at least 1 item"),
         ({"budget": {"epsilon": -1, "delta": 1e-5}}, "budget.epsilon", "-1"),
     ],
 )

@@ -70,10 +70,25 @@ def test_concurrent_start_on_a_fresh_postgres_database(pg_url: str) -> None:
     assert _revision(pg_url) == head()
 
 
+def _at_revision(eng: sa.Engine, revision: str) -> None:
+    """Build the schema of ``revision`` (the models now describe the head's)."""
+    from alembic import command
+
+    from dpicl.store.migrations import _config
+
+    with eng.connect() as conn:
+        command.upgrade(_config(conn), revision)
+        conn.commit()
+
+
 def test_create_all_database_is_adopted_without_data_loss(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'old.db'}"
     eng = make_engine(url)
-    Base.metadata.create_all(eng)  # how the schema was built before the migrations
+    # How the schema was built before the migrations: create_all of the models of that time,
+    # the schema of revision 0001, with no alembic_version table.
+    _at_revision(eng, "0001")
+    with eng.begin() as c:
+        c.execute(sa.text("DROP TABLE alembic_version"))
     row = {
         "id": "ctx_" + "a" * 24,
         "name": "old",

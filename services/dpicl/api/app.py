@@ -14,7 +14,7 @@ from dpicl import __version__
 from dpicl.api.body_timeout import BodyTimeoutMiddleware
 from dpicl.api.deps import Services
 from dpicl.api.errors import BodyLimitMiddleware, install_error_handlers
-from dpicl.api.routes import contexts, debug, health, inference
+from dpicl.api.routes import contexts, debug, health, inference, keys
 from dpicl.api.schemas import ErrorResponse
 from dpicl.config import Settings
 from dpicl.engines.base import Embedder, Engine
@@ -67,11 +67,11 @@ def build_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if generated:
+        if generated and settings.admin_token is not None:
             # Printed, not logged at debug: the operator needs it to administer the server.
             print(
                 f"dpicl: no DPICL_ADMIN_TOKEN configured; generated admin token: "
-                f"{settings.admin_token}",
+                f"{settings.admin_token.get_secret_value()}",
                 flush=True,
             )
         if settings.whitebox != "off":
@@ -126,6 +126,7 @@ def build_app(
     app.include_router(health.router)
     app.include_router(contexts.router)
     app.include_router(inference.router)
+    app.include_router(keys.router)
     if settings.whitebox != "off":
         app.include_router(debug.router)
     return app

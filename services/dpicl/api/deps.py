@@ -1,8 +1,16 @@
-"""Request dependencies: the running services and the two kinds of bearer token."""
+"""Request dependencies: the running services, and who a bearer token acts for.
+
+Three kinds of token: the admin token, static keys (``DPICL_API_KEYS``) and database keys
+(``POST /v1/keys``). The first two are compared in memory; a database key is looked up on
+every request (no cache: a revocation holds at once in every process; see
+:mod:`dpicl.store.keys`). Every route that reaches a context goes through
+:func:`load_context`, the one place where a key's scope is checked.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import secrets
 from dataclasses import dataclass, field
@@ -15,9 +23,45 @@ from dpicl.config import Settings
 from dpicl.engines.base import Embedder, Engine
 from dpicl.errors import EngineError, NotFound, Unauthorized
 from dpicl.privacy.ledger import Ledger
+from dpicl.store.keys import ADMIN, KEY_PREFIX, Principal, find_by_secret, static_key_id
 from dpicl.store.repository import ContextRepository, StoredContext, is_context_id
 
 log = logging.getLogger("dpicl.api")
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """The admin token and the static keys, as SHA-256 digests: compared at equal length
+    whatever the token's, so a comparison's time says nothing about its length either."""
+
+    admin: bytes | None
+    static: tuple[tuple[bytes, Principal], ...]
+
+    @classmethod
+    def of(cls, settings: Settings) -> Tokens:
+        admin = settings.admin_token.get_secret_value() if settings.admin_token else None
+        secrets_ = [k.get_secret_value() for k in settings.api_keys]
+        static = tuple((_digest(k), Principal(static_key_id(k), "static")) for k in secrets_)
+        return cls(admin=_digest(admin) if admin else None, static=static)
+
+    def is_admin(self, token: str) -> bool:
+        return self.admin is not None and secrets.compare_digest(_digest(token), self.admin)
+
+    def match(self, token: str) -> Principal | None:
+        """The admin or the static key ``token`` is, or None."""
+        digest = _digest(token)
+        found: Principal | None = None
+        # compare_digest on every candidate: no early exit that would time the key list.
+        if self.admin is not None and secrets.compare_digest(digest, self.admin):
+            found = ADMIN
+        for candidate, principal in self.static:
+            if secrets.compare_digest(digest, candidate) and found is None:
+                found = principal
+        return found
 
 
 @dataclass
@@ -30,6 +74,10 @@ class Services:
     ledger: Ledger
     embedder: Embedder | None = None
     _embedder_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    tokens: Tokens = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.tokens = Tokens.of(self.settings)
 
     async def get_embedder(self) -> Embedder:
         """The sentence embedder, loaded on first use (only ESA needs it)."""
@@ -63,39 +111,53 @@ Creds = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 Svc = Annotated[Services, Depends(get_services)]
 
 
-def _matches(token: str, candidates: list[str]) -> bool:
-    # compare_digest on every candidate: no early exit that would time the key list.
-    ok = False
-    for c in candidates:
-        ok |= secrets.compare_digest(token.encode(), c.encode())
-    return ok
+#: Longer than any token this server issues (a database key has 47 characters): such a
+#: token is refused without a database lookup.
+_MAX_KEY_CHARS = 200
 
 
-async def require_admin(creds: Creds, svc: Svc) -> None:
-    token = svc.settings.admin_token
-    if creds is None or token is None or not _matches(creds.credentials, [token]):
+async def require_admin(request: Request, creds: Creds, svc: Svc) -> Principal:
+    if creds is None or not svc.tokens.is_admin(creds.credentials):
         raise Unauthorized("an admin bearer token is required (Authorization: Bearer <token>)")
+    request.state.key_id = ADMIN.key_id
+    return ADMIN
 
 
-async def require_user(creds: Creds, svc: Svc) -> None:
-    allowed = [*svc.settings.api_keys]
-    if svc.settings.admin_token:
-        allowed.append(svc.settings.admin_token)
-    if creds is None or not _matches(creds.credentials, allowed):
+async def require_user(request: Request, creds: Creds, svc: Svc) -> Principal:
+    """Who the bearer token acts for (the admin token is a key too), or 401. Sets
+    ``request.state.key_id``, the caller's stable, non-secret id (for the access log)."""
+    principal: Principal | None = None
+    if creds is not None:
+        token = creds.credentials
+        principal = svc.tokens.match(token)
+        if principal is None and token.startswith(KEY_PREFIX) and len(token) <= _MAX_KEY_CHARS:
+            key = await svc.repo.run(lambda conn: find_by_secret(conn, token))
+            principal = key.principal() if key is not None else None
+    if principal is None:
         raise Unauthorized("an API key is required (Authorization: Bearer <key>)")
+    request.state.key_id = principal.key_id
+    return principal
 
 
-async def load_context(context_id: str, svc: Services, *, for_query: bool = False) -> StoredContext:
-    """The context ``context_id``, or 404. ``for_query``: a context about to be charged,
-    which may come from the in-process cache (its ledger columns may be stale)."""
+async def load_context(
+    context_id: str, svc: Services, principal: Principal, *, for_query: bool = False
+) -> StoredContext:
+    """The context ``context_id`` if ``principal`` reaches it, or 404: the same 404 as for a
+    context that does not exist, so a key cannot probe for ids outside its scope.
+    ``for_query``: a context about to be charged, which may come from the in-process cache
+    (its ledger columns may be stale)."""
     ctx: StoredContext | None = None
     # An id that no context can have is not looked up (nor sent to the database).
     if is_context_id(context_id):
         ctx = await (svc.repo.get_for_query if for_query else svc.repo.get)(context_id)
-    if ctx is None:
+    if ctx is None or not principal.reaches(ctx.id, ctx.tenant):
         raise NotFound(f"no context with id {context_id[:80]!r}", param="context_id")
     return ctx
 
 
 Admin = Depends(require_admin)
 User = Depends(require_user)
+#: The principal of a user route (``User`` as a parameter): ``caller: Caller``.
+Caller = Annotated[Principal, Depends(require_user)]
+#: The principal of an admin route.
+AdminCaller = Annotated[Principal, Depends(require_admin)]

@@ -14,7 +14,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dpicl.domain import NO_NUL, NONBLANK_NO_NUL
-from dpicl.errors import DpiclError, PayloadTooLarge
+from dpicl.errors import DpiclError, PayloadTooLarge, RateLimited
 
 log = logging.getLogger("dpicl.api")
 
@@ -40,6 +40,21 @@ _TEXT_PATTERNS = {
     "invisible characters such as U+200B ZERO WIDTH SPACE) and no NUL",
     NO_NUL: "must not contain NUL (U+0000)",
 }
+
+
+#: Request fields whose values are private: an error names where the bad value is (its
+#: index and field: ``exemplars.3.input``), never what it is.
+_PRIVATE_FIELDS = frozenset({"exemplars"})
+
+
+def _may_echo(error: dict[str, Any]) -> bool:
+    """Whether an invalid value may be quoted back: a scalar outside every private field. A
+    list or object could hold private text (the whole body, an exemplar's object)."""
+    loc = [str(p) for p in error.get("loc", ())]
+    value = error.get("input")
+    if isinstance(value, dict | list | tuple):
+        return False
+    return not any(p in _PRIVATE_FIELDS for p in loc)
 
 
 def _validation(exc: RequestValidationError, content_type: str | None) -> JSONResponse:
@@ -68,7 +83,7 @@ def _validation(exc: RequestValidationError, content_type: str | None) -> JSONRe
     if first.get("type") == "string_pattern_mismatch":
         # The text patterns are long character classes; say what they mean instead.
         msg = _TEXT_PATTERNS.get(str((first.get("ctx") or {}).get("pattern")), msg)
-    if "input" in first and first.get("type") != "missing":
+    if "input" in first and first.get("type") != "missing" and _may_echo(first):
         shown = repr(first["input"])
         if len(shown) > 120:
             shown = shown[:117] + "..."
@@ -109,7 +124,11 @@ def _allowed_methods(request: Request) -> list[str]:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(DpiclError)
     async def _dpicl(_: Request, exc: DpiclError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+        headers: dict[str, str] | None = None
+        if exc.status_code == 401:
+            headers = {"WWW-Authenticate": "Bearer"}
+        elif isinstance(exc, RateLimited):
+            headers = {"Retry-After": str(exc.retry_after_s)}
         return error_response(exc.status_code, exc.code, exc.message, exc.param, headers)
 
     @app.exception_handler(RequestValidationError)

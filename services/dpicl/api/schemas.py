@@ -83,6 +83,7 @@ class ContextInfo(BaseModel):
     budget: dict[str, float] | None
     spent: BudgetInfo
     created_at: datetime
+    tenant: str | None = Field(default=None, description="The tenant whose keys reach it.")
 
     @classmethod
     def of(
@@ -100,6 +101,7 @@ class ContextInfo(BaseModel):
             budget=ctx.budget,
             spent=BudgetInfo.of(status),
             created_at=ctx.created_at,
+            tenant=ctx.tenant,
         )
 
 

@@ -107,6 +107,7 @@ async def create_context(
         mu2_max=mu2_max,
         queries=0,
         max_queries=max_queries,
+        tenant=spec.tenant,
     )
     return await repo.add(row)
 

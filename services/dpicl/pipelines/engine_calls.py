@@ -29,14 +29,14 @@ async def paid_engine_call(
     output was never seen by anyone).
     """
     try:
-        charged = await ledger.charge(context, cost)
+        receipt = await ledger.charge(context, cost)
     except BaseException:
         work.close()  # never started: do not leave an un-awaited coroutine behind
         raise
     try:
         result = await work
     except Exception as exc:
-        await ledger.refund(context, cost)
+        await ledger.refund(receipt)
         if isinstance(exc, DpiclError):
             raise
         # The exception's text may quote a prompt (private exemplars) or a file path: the
@@ -47,7 +47,7 @@ async def paid_engine_call(
         ) from None
     except BaseException:
         # Cancelled (client gone, shutdown): the output may exist, so the charge stands.
-        await asyncio.shield(ledger.settle(context))
+        await asyncio.shield(ledger.settle(receipt))
         raise
-    await ledger.settle(context)
-    return charged, result
+    await ledger.settle(receipt)
+    return receipt.context, result

@@ -189,6 +189,8 @@ async def _store_derived(
         mu2_max=None,
         queries=0,
         max_queries=None,
+        # Whoever reaches the source reaches what was derived from it.
+        tenant=context.tenant,
     )
     return await repo.add(row)
 

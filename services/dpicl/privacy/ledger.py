@@ -11,7 +11,13 @@ tries again. It is refused only when nothing it waits for could still be refunde
 charge itself stays the one conditional UPDATE, so the no-overspend guarantee across
 processes is untouched: waiting only changes *when* a query asks, never what it may take.
 (Pending charges of other processes are not seen: there a query refused while another
-process's failing call holds the last unit is refused, as before.)
+process's failing call holds the last unit is refused, as before.) The same holds for a
+database key's own budget: a query refused by it waits for this process's pending charges
+of that key.
+
+A key's budget (epsilon, delta) composes like a context's: in mu^2 (``accounting``), summed
+over every context the key queries, whatever their data (a conservative reading: two
+contexts may hold the same records).
 """
 
 from __future__ import annotations
@@ -20,10 +26,12 @@ import asyncio
 from dataclasses import dataclass, replace
 from typing import Any
 
-from dpicl.errors import BudgetExhausted, NotFound
+from dpicl.errors import BudgetExhausted, InvalidRequest, NotFound, RateLimited, Unauthorized
 from dpicl.privacy.accounting import remaining_queries, spent_epsilon
 from dpicl.privacy.mozo_calibration import mozo_epsilon
 from dpicl.privacy.mozo_proven import proven_epsilon
+from dpicl.store.charges import Charged
+from dpicl.store.keys import INTERNAL, Principal
 from dpicl.store.repository import ContextRepository, StoredContext
 
 
@@ -83,36 +91,102 @@ class BudgetStatus:
     remaining_queries: int | None
 
 
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """An admitted charge: the context with its ledger after it, and its spend row."""
+
+    context: StoredContext
+    cost: Cost
+    spend_id: int
+    principal: Principal
+
+
+class _Pending:
+    """Charges made by this process whose engine call has not settled, by context and key,
+    shared by every :meth:`Ledger.billed_to` view of one ledger."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self.settled = asyncio.Condition()
+        self.settlements = 0  # bumped on every settlement; waiters watch it change
+
+
 class Ledger:
-    def __init__(self, repository: ContextRepository) -> None:
+    """Charges answers to a context's budget and, for a database key, to the key's own
+    budget and rate limit, in one transaction (:mod:`dpicl.store.charges`).
+
+    ``billed_to(principal)`` is the same ledger charging on behalf of ``principal`` (whose
+    key id every spend row names); a bare ``Ledger(repo)`` charges as the server itself."""
+
+    def __init__(
+        self,
+        repository: ContextRepository,
+        principal: Principal = INTERNAL,
+        *,
+        _pending: _Pending | None = None,
+    ) -> None:
         self._repo = repository
-        # context id -> charges made here whose engine call has not settled yet.
-        self._pending: dict[str, int] = {}
-        self._settled = asyncio.Condition()
-        self._settlements = 0  # bumped on every settlement; waiters watch it change
+        self.principal = principal
+        self._state = _pending if _pending is not None else _Pending()
+
+    def billed_to(self, principal: Principal) -> Ledger:
+        """This ledger, charging on behalf of ``principal``."""
+        return Ledger(self._repo, principal, _pending=self._state)
 
     def pending(self, context_id: str) -> int:
         """Charges of ``context_id`` made by this process and not yet settled."""
-        return self._pending.get(context_id, 0)
+        return self._state.counts.get(context_id, 0)
 
-    async def charge(self, context: StoredContext, cost: Cost) -> StoredContext:
-        """Charge one answer and return the context with its ledger after the charge.
+    def _pending_key(self) -> int:
+        return self._state.counts.get("key:" + self.principal.key_id, 0)
+
+    async def charge(self, context: StoredContext, cost: Cost) -> Receipt:
+        """Charge one answer; the receipt holds the context with its ledger after the charge.
 
         The charge stays *pending* until :meth:`settle` (released) or :meth:`refund`.
-        Raises :class:`BudgetExhausted` (or :class:`NotFound` if the context was deleted
-        meanwhile) having charged nothing.
+        Raises :class:`BudgetExhausted` (the context's or the key's budget),
+        :class:`RateLimited`, :class:`Unauthorized` (the key was revoked meanwhile) or
+        :class:`NotFound` (the context was deleted meanwhile), having charged nothing.
         """
+        p = self.principal
+        if p.budgeted and cost.mu2 == 0.0 and context.mechanism.get("name") == "dps-mozo":
+            # A key's budget composes Gaussian costs in mu^2; DPS-MOZO is budgeted in
+            # queries by its own accountant and has no mu^2 to add.
+            raise InvalidRequest(
+                f"key {p.key_id} has a privacy budget, which composes the Gaussian (mu^2) "
+                f"costs of voting and ESA answers; context {context.id} uses dps-mozo, "
+                "whose cost it cannot add: query it with a key without a privacy budget",
+                param="context_id",
+            )
+        req = self._repo.charge_request(context.id, p, cost.mu2, cost.epsilon, cost.delta)
         while True:
-            seen = self._settlements
-            after = await self._repo.try_charge(context.id, cost.mu2)
-            if after is not None:
-                self._pending[context.id] = self.pending(context.id) + 1
-                return replace(context, mu2_spent=after[0], queries=after[1])
-            if self.pending(context.id) == 0:
+            seen = self._state.settlements
+            out = await self._repo.charge(req)
+            if isinstance(out, Charged):
+                self._add_pending(context.id, 1)
+                if p.stored:
+                    self._add_pending("key:" + p.key_id, 1)
+                after = replace(context, mu2_spent=out.mu2_spent, queries=out.queries)
+                return Receipt(context=after, cost=cost, spend_id=out.spend_id, principal=p)
+            if out.reason == "revoked":
+                raise Unauthorized("this API key was revoked")
+            if out.reason == "rate":
+                raise RateLimited(
+                    f"key {p.key_id} is over its rate limit; retry in {out.retry_after_s} s",
+                    retry_after_s=out.retry_after_s,
+                )
+            waits = self.pending(context.id) if out.reason == "context" else self._pending_key()
+            if waits == 0:
                 break
-            # Another answer of this context is in flight and may yet be refunded: ask
-            # again once something settled (at once if it settled while we asked).
+            # Another answer of this context (or key) is in flight and may yet be refunded:
+            # ask again once something settled (at once if it settled while we asked).
             await self._wait_settlement_after(seen)
+        await self._repo.record_refusal(req)
+        if out.reason == "key_budget":
+            raise BudgetExhausted(
+                f"key {p.key_id} cannot afford another answer: its own privacy budget is exhausted",
+                param="context_id",
+            )
         if await self._repo.get(context.id) is None:
             raise NotFound(f"no context with id {context.id!r}", param="context_id")
         budget = context.budget or {}
@@ -123,30 +197,39 @@ class Ledger:
             param="context_id",
         )
 
-    async def _wait_settlement_after(self, seen: int) -> None:
-        async with self._settled:
-            await self._settled.wait_for(lambda: self._settlements != seen)
-
-    async def settle(self, context: StoredContext) -> None:
-        """A pending charge's answer was released (or may have been): it stays paid."""
-        await self._done(context.id)
-
-    async def refund(self, context: StoredContext, cost: Cost) -> None:
-        """Undo a pending charge whose answer was never released (the engine failed)."""
-        try:
-            await self._repo.refund(context.id, cost.mu2)
-        finally:
-            await self._done(context.id)
-
-    async def _done(self, context_id: str) -> None:
-        left = self.pending(context_id) - 1
+    def _add_pending(self, name: str, n: int) -> None:
+        left = self._state.counts.get(name, 0) + n
         if left > 0:
-            self._pending[context_id] = left
+            self._state.counts[name] = left
         else:
-            self._pending.pop(context_id, None)
-        async with self._settled:
-            self._settlements += 1
-            self._settled.notify_all()
+            self._state.counts.pop(name, None)
+
+    async def _wait_settlement_after(self, seen: int) -> None:
+        async with self._state.settled:
+            await self._state.settled.wait_for(lambda: self._state.settlements != seen)
+
+    async def settle(self, receipt: Receipt) -> None:
+        """A pending charge's answer was released (or may have been): it stays paid."""
+        await self._done(receipt)
+
+    async def refund(self, receipt: Receipt) -> None:
+        """Undo a pending charge whose answer was never released (the engine failed)."""
+        c = receipt.cost
+        req = self._repo.charge_request(
+            receipt.context.id, receipt.principal, c.mu2, c.epsilon, c.delta
+        )
+        try:
+            await self._repo.refund_charge(req, receipt.spend_id)
+        finally:
+            await self._done(receipt)
+
+    async def _done(self, receipt: Receipt) -> None:
+        self._add_pending(receipt.context.id, -1)
+        if receipt.principal.stored:
+            self._add_pending("key:" + receipt.principal.key_id, -1)
+        async with self._state.settled:
+            self._state.settlements += 1
+            self._state.settled.notify_all()
 
     @staticmethod
     def status(context: StoredContext, cost: Cost) -> BudgetStatus:

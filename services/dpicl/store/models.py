@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Float, Index, Integer, String, Text
+from sqlalchemy import JSON, BigInteger, DateTime, Float, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -38,7 +38,63 @@ class ContextRow(Base):
     queries: Mapped[int] = mapped_column(Integer, default=0)
     max_queries: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    # The tenant whose keys reach this context (set by the admin at creation); NULL: none.
+    tenant: Mapped[str | None] = mapped_column(String(64))
 
     # GET /v1/contexts pages in this order with a keyset cursor: the index makes each page
     # a range scan of `limit` rows, not a sort of the whole table.
-    __table_args__ = (Index("ix_dpicl_contexts_created_at_id", "created_at", "id"),)
+    __table_args__ = (
+        Index("ix_dpicl_contexts_created_at_id", "created_at", "id"),
+        Index("ix_dpicl_contexts_tenant_created_at_id", "tenant", "created_at", "id"),
+    )
+
+
+class KeyRow(Base):
+    """An API key: only the SHA-256 of its secret is stored (see :mod:`dpicl.store.keys`).
+
+    Its own ledger (``mu2_spent``, ``queries``) and rate window live in the row, so the
+    key's charge is one conditional UPDATE, like the context's, in the same transaction.
+    """
+
+    __tablename__ = "dpicl_keys"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    name: Mapped[str | None] = mapped_column(String(200))
+    secret_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    # Scope: exactly one of a tenant or a list of context ids.
+    tenant: Mapped[str | None] = mapped_column(String(64))
+    contexts: Mapped[list[str] | None] = mapped_column(JSON)
+    budget: Mapped[dict[str, float] | None] = mapped_column(JSON)
+    mu2_spent: Mapped[float] = mapped_column(Float, default=0.0)
+    mu2_max: Mapped[float | None] = mapped_column(Float)
+    queries: Mapped[int] = mapped_column(Integer, default=0)
+    # Fixed one-minute window counter: the window (minutes since the epoch, the database's
+    # clock) and the answers admitted in it.
+    rate_limit: Mapped[int | None] = mapped_column(Integer)
+    rate_window: Mapped[int | None] = mapped_column(BigInteger)
+    rate_count: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class SpendRow(Base):
+    """One charge, refusal or refund: who (key id), what (context), how much. Never the
+    query text."""
+
+    __tablename__ = "dpicl_spend"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    key_id: Mapped[str] = mapped_column(String(40))
+    context_id: Mapped[str] = mapped_column(String(40))
+    epsilon: Mapped[float] = mapped_column(Float)
+    delta: Mapped[float] = mapped_column(Float)
+    mu2: Mapped[float] = mapped_column(Float)
+    # answered (charged; the answer was or may have been released), refused (nothing
+    # charged), refunded (charged, then undone: the engine failed).
+    outcome: Mapped[str] = mapped_column(String(16))
+
+    __table_args__ = (
+        Index("ix_dpicl_spend_context_id_id", "context_id", "id"),
+        Index("ix_dpicl_spend_key_id", "key_id"),
+    )

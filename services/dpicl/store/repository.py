@@ -57,7 +57,18 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from dpicl.errors import StorageUnavailable
+from dpicl.store.charges import (
+    Charged,
+    ChargeRequest,
+    ChargeStatements,
+    Refused,
+    Rollback,
+    record_refusal,
+)
+from dpicl.store.charges import charge as charge_tx
+from dpicl.store.charges import refund as refund_tx
 from dpicl.store.context_cache import ContextCache
+from dpicl.store.keys import INTERNAL, Principal
 from dpicl.store.models import ContextRow
 
 log = logging.getLogger("dpicl.store")
@@ -82,6 +93,7 @@ class StoredContext:
     queries: int
     max_queries: int | None
     created_at: datetime
+    tenant: str | None = None
 
     @classmethod
     def from_row(
@@ -105,6 +117,7 @@ class StoredContext:
             queries=row.queries,
             max_queries=row.max_queries,
             created_at=_utc(row.created_at),
+            tenant=row.tenant,
         )
 
 
@@ -271,6 +284,7 @@ class ContextRepository:
         self._timeout_s = timeout_s
         self._write_lock = sqlite_write_lock(url) if serialize_sqlite_writes else None
         self.cache = ContextCache(cache_bytes)
+        self._charges = ChargeStatements(self.engine.url.get_backend_name(), CHARGE, REFUND)
         # Separate pools: writers queued behind a held SQLite write lock cannot delay reads.
         self._reads = ThreadPoolExecutor(threads, thread_name_prefix="dpicl-db-read")
         self._writes = ThreadPoolExecutor(threads, thread_name_prefix="dpicl-db-write")
@@ -346,6 +360,11 @@ class ContextRepository:
         pool = self._writes if write else self._reads
         return await asyncio.get_running_loop().run_in_executor(pool, self._call_core, fn, write)
 
+    async def run(self, fn: Callable[[Connection], T], *, write: bool = False) -> T:
+        """Run ``fn`` in one transaction on this repository's pools (the key store's
+        statements, :mod:`dpicl.store.keys`), with every guard of the repository's own."""
+        return await self._run_core(fn, write=write)
+
     async def add(self, row: ContextRow) -> StoredContext:
         def fn(s: Session) -> StoredContext:
             s.add(row)
@@ -378,13 +397,19 @@ class ContextRepository:
         return ctx if ctx is not None else await self.get(context_id)
 
     async def list_page(
-        self, limit: int, after: ContextKey | None = None
+        self, limit: int, after: ContextKey | None = None, *, principal: Principal = INTERNAL
     ) -> tuple[list[ListedContext], ContextKey | None]:
-        """Up to ``limit`` contexts in creation order after ``after`` (keyset pagination on
-        ``(created_at, id)``, served by their index), and the key of the last one when more
-        follow (else None). A context created or deleted meanwhile moves no other one
-        between pages."""
+        """Up to ``limit`` contexts that ``principal`` reaches (:meth:`Principal.reaches`)
+        in creation order after ``after`` (keyset pagination on ``(created_at, id)``, served
+        by their index), and the key of the last one when more follow (else None). A context
+        created or deleted meanwhile moves no other one between pages."""
         stmt = LISTING.limit(limit + 1)
+        if principal.kind == "key":
+            # The same rule as Principal.reaches, as SQL.
+            if principal.contexts is not None:
+                stmt = stmt.where(_ROWS.c.id.in_(sorted(principal.contexts)))
+            else:
+                stmt = stmt.where(_ROWS.c.tenant == principal.tenant)
         if after is not None:
             at, cid = after
             stmt = stmt.where(
@@ -408,24 +433,48 @@ class ContextRepository:
         self.cache.evict(context_id)
         return await self._run(fn, write=True)
 
-    async def try_charge(self, context_id: str, mu2: float) -> tuple[float, int] | None:
-        """Charge one query of cost ``mu2`` if it fits the budget.
+    def charge_request(
+        self, context_id: str, principal: Principal, mu2: float, epsilon: float, delta: float
+    ) -> ChargeRequest:
+        return ChargeRequest(
+            context_id=context_id,
+            principal=principal,
+            mu2=mu2,
+            epsilon=epsilon,
+            delta=delta,
+            slack=1.0 + self._rtol,
+        )
+
+    async def charge(self, req: ChargeRequest) -> Charged | Refused:
+        """Charge one query to its context and its key in one transaction, with its spend
+        row (:mod:`dpicl.store.charges`); a refusal changes nothing."""
+
+        def fn(conn: Connection) -> Charged:
+            return charge_tx(conn, self._charges, req)
+
+        try:
+            return await self._run_core(fn, write=True)
+        except Rollback as exc:
+            return exc.refused
+
+    async def refund_charge(self, req: ChargeRequest, spend_id: int) -> None:
+        """Undo a charge whose answer was never released (the engine failed)."""
+        await self._run_core(lambda conn: refund_tx(conn, self._charges, req, spend_id), write=True)
+
+    async def record_refusal(self, req: ChargeRequest) -> None:
+        """A spend row saying ``req`` was refused (nothing was charged)."""
+        await self._run_core(lambda conn: record_refusal(conn, self._charges, req), write=True)
+
+    async def try_charge(
+        self, context_id: str, mu2: float, principal: Principal = INTERNAL
+    ) -> tuple[float, int] | None:
+        """Charge one query of cost ``mu2`` (epsilon and delta not recorded) if it fits.
 
         Returns the ledger after the charge, ``(mu2_spent, queries)``, or None when nothing
-        was charged (the budget is exhausted or the context is gone).
+        was charged (a budget is exhausted or the context is gone).
         """
-        params = {"cid": context_id, "mu2": mu2, "slack": 1.0 + self._rtol}
-
-        def fn(conn: Connection) -> tuple[float, int] | None:
-            row = conn.execute(CHARGE, params).first()
-            return (float(row[0]), int(row[1])) if row is not None else None
-
-        return await self._run_core(fn, write=True)
-
-    async def refund(self, context_id: str, mu2: float) -> None:
-        """Undo a charge whose answer was never released (the engine failed)."""
-        params = {"cid": context_id, "mu2": mu2}
-        await self._run_core(lambda conn: conn.execute(REFUND, params), write=True)
+        out = await self.charge(self.charge_request(context_id, principal, mu2, 0.0, 0.0))
+        return (out.mu2_spent, out.queries) if isinstance(out, Charged) else None
 
     def dispose(self) -> None:
         self._reads.shutdown(wait=False, cancel_futures=True)

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response, status
 
-from dpicl.api.deps import Admin, Svc, load_context
+from dpicl.api.deps import Admin, Caller, Svc, load_context
 from dpicl.api.schemas import (
     BudgetInfo,
     ContextInfo,
@@ -16,22 +16,25 @@ from dpicl.api.schemas import (
     SynthesizeRequest,
     SynthesizeResponse,
 )
+from dpicl.api.spend_schemas import SpendReport
 from dpicl.domain import MAX_LIST_LIMIT, ContextSpec
 from dpicl.errors import InvalidRequest, NotFound
 from dpicl.pipelines.contexts import cost_of, create_context
 from dpicl.pipelines.mozo_offline import synthesize
 from dpicl.privacy.ledger import Ledger
 from dpicl.privacy.randomness import secure_rng
-from dpicl.store.repository import ContextKey, StoredContext, is_context_id
+from dpicl.store.keys import ADMIN, Principal, spend_of
+from dpicl.store.repository import ContextKey, ListedContext, StoredContext, is_context_id
 
 #: Contexts per page when `limit` is not given.
 DEFAULT_LIST_LIMIT = 100
 LIST_PARAMS = ("limit", "cursor")
 
+# Every route is the admin's but the listing, which a key may call (it lists what the key
+# reaches).
 router = APIRouter(
     prefix="/v1/contexts",
     tags=["contexts"],
-    dependencies=[Admin],
     responses={401: {"model": ErrorResponse}},
 )
 
@@ -40,7 +43,9 @@ def _info(ctx: StoredContext) -> ContextInfo:
     return ContextInfo.of(ctx, Ledger.status(ctx, cost_of(ctx)))
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=ContextInfo)
+@router.post(
+    "", status_code=status.HTTP_201_CREATED, response_model=ContextInfo, dependencies=[Admin]
+)
 async def create(spec: ContextSpec, svc: Svc) -> ContextInfo:
     """Create a context: private exemplars guarded by a DP mechanism and an optional budget."""
     return _info(await create_context(spec, svc.repo, svc.settings))
@@ -69,9 +74,18 @@ def decode_cursor(cursor: str) -> ContextKey:
     return at, cid
 
 
+async def list_reachable(
+    svc: Svc, principal: Principal, limit: int, after: ContextKey | None
+) -> tuple[list[ListedContext], ContextKey | None]:
+    """One page of the contexts ``principal`` reaches: what ``GET /v1/contexts`` lists (the
+    admin and static keys: all; a database key: its own contexts or its tenant's)."""
+    return await svc.repo.list_page(limit, after, principal=principal)
+
+
 @router.get("", response_model=ContextList)
 async def list_contexts(
     svc: Svc,
+    caller: Caller,
     request: Request,
     limit: Annotated[
         int, Query(ge=1, le=MAX_LIST_LIMIT, description="Contexts per page.")
@@ -81,7 +95,7 @@ async def list_contexts(
         Query(max_length=200, description="The `next` of the previous page; omit for the first."),
     ] = None,
 ) -> ContextList:
-    """List contexts, oldest first, a page at a time (never their exemplars)."""
+    """List the contexts the caller's key reaches, oldest first, a page at a time."""
     for name in request.query_params:
         # A misspelt "cursor" would silently list the first page again.
         if name not in LIST_PARAMS:
@@ -91,7 +105,7 @@ async def list_contexts(
                 param=name[:80] or None,
             )
     after = decode_cursor(cursor) if cursor is not None else None
-    listed, last = await svc.repo.list_page(limit, after)
+    listed, last = await list_reachable(svc, caller, limit, after)
     return ContextList(
         data=[
             ContextInfo.of(c.context, Ledger.status(c.context, cost_of(c.context)), c.n_exemplars)
@@ -101,16 +115,46 @@ async def list_contexts(
     )
 
 
-@router.get("/{context_id}", response_model=ContextInfo, responses={404: {"model": ErrorResponse}})
+@router.get(
+    "/{context_id}",
+    response_model=ContextInfo,
+    responses={404: {"model": ErrorResponse}},
+    dependencies=[Admin],
+)
 async def get(context_id: str, svc: Svc) -> ContextInfo:
     """One context's metadata and the budget it has spent (never its exemplars)."""
-    return _info(await load_context(context_id, svc))
+    return _info(await load_context(context_id, svc, ADMIN))
+
+
+#: Spend rows shown by default and at most.
+DEFAULT_SPEND_ROWS = 100
+MAX_SPEND_ROWS = 1000
+
+
+@router.get(
+    "/{context_id}/spend",
+    response_model=SpendReport,
+    responses={404: {"model": ErrorResponse}},
+    dependencies=[Admin],
+)
+async def spend(
+    context_id: str,
+    svc: Svc,
+    recent: Annotated[
+        int, Query(ge=0, le=MAX_SPEND_ROWS, description="Newest spend rows to return.")
+    ] = DEFAULT_SPEND_ROWS,
+) -> SpendReport:
+    """Who spent a context's budget: totals by key and the newest spend rows."""
+    ctx = await load_context(context_id, svc, ADMIN)
+    totals, rows = await svc.repo.run(lambda conn: spend_of(conn, ctx.id, recent))
+    return SpendReport.of(ctx, cost_of(ctx), totals, rows)
 
 
 @router.delete(
     "/{context_id}",
     status_code=status.HTTP_204_NO_CONTENT,
     responses={404: {"model": ErrorResponse}},
+    dependencies=[Admin],
 )
 async def delete(context_id: str, svc: Svc) -> Response:
     """Delete a context and its ledger."""
@@ -129,6 +173,7 @@ CLIENT_CLOSED_REQUEST = 499
     response_model=SynthesizeResponse,
     status_code=status.HTTP_201_CREATED,
     responses={403: {"model": ErrorResponse}, 404: {"model": ErrorResponse}},
+    dependencies=[Admin],
 )
 async def synthesize_context(
     context_id: str, req: SynthesizeRequest, svc: Svc, request: Request
@@ -150,12 +195,12 @@ async def synthesize_context(
                 "(DPICL_MAX_QUERY_CHARS)",
                 param=f"inputs.{i}",
             )
-    ctx = await load_context(context_id, svc)
+    ctx = await load_context(context_id, svc, ADMIN)
     out = await synthesize(
         ctx,
         req.inputs,
         engine=svc.engine,
-        ledger=svc.ledger,
+        ledger=svc.ledger.billed_to(ADMIN),
         repo=svc.repo,
         rng=secure_rng(),
         name=req.name,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from dpicl.api.deps import Admin, Svc
+from dpicl.api.deps import Admin, AdminCaller, Svc
 from dpicl.api.routes.inference import (
     ERRORS,
     classify_body,
@@ -28,9 +28,11 @@ router = APIRouter(prefix="/v1/debug", tags=["debug"], dependencies=[Admin], res
 
 
 @router.post("/classify", response_model=DebugClassifyResponse)
-async def debug_classify(req: ClassifyRequest, svc: Svc) -> DebugClassifyResponse:
+async def debug_classify(
+    req: ClassifyRequest, svc: Svc, caller: AdminCaller
+) -> DebugClassifyResponse:
     """Private voting with its noisy votes (and, at internal, the clean votes); charged as usual."""
-    out = await classify_outcome(req, svc)
+    out = await classify_outcome(req, svc, principal=caller)
     labels = out.context.labels
     rel = out.release
     body = classify_body(out, svc.engine.name) | {
@@ -48,10 +50,12 @@ async def debug_classify(req: ClassifyRequest, svc: Svc) -> DebugClassifyRespons
 
 
 @router.post("/generate", response_model=DebugGenerateResponse)
-async def debug_generate(req: GenerateRequest, svc: Svc) -> DebugGenerateResponse:
+async def debug_generate(
+    req: GenerateRequest, svc: Svc, caller: AdminCaller
+) -> DebugGenerateResponse:
     """ESA or DPS-MOZO generation with its noisy internals (more at internal); charged as usual."""
     internal = svc.settings.whitebox == "internal"
-    out = await generate_outcome(req, svc, exact=internal)
+    out = await generate_outcome(req, svc, principal=caller, exact=internal)
     if isinstance(out, MozoOutcome):
         return DebugGenerateResponse.model_validate(_mozo_body(out, svc.engine.name, internal))
     if not isinstance(out, EsaOutcome):

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from dpicl.api.deps import Services, Svc, User, load_context
+from dpicl.api.deps import Caller, Services, Svc, User, load_context
 from dpicl.api.schemas import (
     BudgetInfo,
     ClassifyRequest,
@@ -19,19 +19,20 @@ from dpicl.pipelines.mozo_offline import PublicOutcome, run_public
 from dpicl.pipelines.partitions import check_query
 from dpicl.pipelines.voting import VotingOutcome, run_voting
 from dpicl.privacy.randomness import secure_rng
+from dpicl.store.keys import Principal
 from dpicl.store.repository import StoredContext
 
 ERRORS: dict[int | str, dict[str, object]] = {
-    code: {"model": ErrorResponse} for code in (401, 403, 404, 413, 422, 503)
+    code: {"model": ErrorResponse} for code in (401, 403, 404, 413, 422, 429, 503)
 }
 
 router = APIRouter(prefix="/v1", tags=["inference"], responses=ERRORS)
 
 
 async def context_for(
-    context_id: str, svc: Services, mechanisms: tuple[str, ...], path: str
+    context_id: str, svc: Services, principal: Principal, mechanisms: tuple[str, ...], path: str
 ) -> StoredContext:
-    ctx = await load_context(context_id, svc, for_query=True)
+    ctx = await load_context(context_id, svc, principal, for_query=True)
     name = ctx.mechanism.get("name")
     if name not in mechanisms:
         raise InvalidRequest(
@@ -43,11 +44,15 @@ async def context_for(
     return ctx
 
 
-async def classify_outcome(req: ClassifyRequest, svc: Services) -> VotingOutcome:
-    """Shared by the public and the debug route: one private-voting answer."""
+async def classify_outcome(
+    req: ClassifyRequest, svc: Services, *, principal: Principal
+) -> VotingOutcome:
+    """Shared by the public and the debug route: one private-voting answer, within
+    ``principal``'s scope, charged to the context and to ``principal``'s key."""
     query = check_query(req.query, svc.settings.max_query_chars)
-    ctx = await context_for(req.context_id, svc, ("voting",), "/v1/classify")
-    return await run_voting(ctx, query, engine=svc.engine, ledger=svc.ledger, rng=secure_rng())
+    ctx = await context_for(req.context_id, svc, principal, ("voting",), "/v1/classify")
+    ledger = svc.ledger.billed_to(principal)
+    return await run_voting(ctx, query, engine=svc.engine, ledger=ledger, rng=secure_rng())
 
 
 def classify_body(out: VotingOutcome, engine: str) -> dict[str, object]:
@@ -61,9 +66,9 @@ def classify_body(out: VotingOutcome, engine: str) -> dict[str, object]:
 
 
 @router.post("/classify", response_model=ClassifyResponse, dependencies=[User])
-async def classify(req: ClassifyRequest, svc: Svc) -> ClassifyResponse:
+async def classify(req: ClassifyRequest, svc: Svc, caller: Caller) -> ClassifyResponse:
     """Classify a query with private voting; returns the label, its cost and the budget left."""
-    out = await classify_outcome(req, svc)
+    out = await classify_outcome(req, svc, principal=caller)
     return ClassifyResponse.model_validate(classify_body(out, svc.engine.name))
 
 
@@ -71,32 +76,36 @@ GenerateOutcome = EsaOutcome | MozoOutcome | PublicOutcome
 
 
 async def generate_outcome(
-    req: GenerateRequest, svc: Services, *, exact: bool = False
+    req: GenerateRequest, svc: Services, *, principal: Principal, exact: bool = False
 ) -> GenerateOutcome:
-    """Shared by the public and the debug route: one generation, dispatched on the mechanism."""
+    """Shared by the public and the debug route: one generation, dispatched on the mechanism,
+    within ``principal``'s scope, charged to the context and to ``principal``'s key."""
     query = check_query(req.query, svc.settings.max_query_chars)
-    ctx = await context_for(req.context_id, svc, ("esa", "dps-mozo", "public"), "/v1/generate")
+    ctx = await context_for(
+        req.context_id, svc, principal, ("esa", "dps-mozo", "public"), "/v1/generate"
+    )
+    ledger = svc.ledger.billed_to(principal)
     name = ctx.mechanism["name"]
     if name == "dps-mozo":
         return await run_mozo(
             ctx,
             query,
             engine=svc.engine,
-            ledger=svc.ledger,
+            ledger=ledger,
             rng=secure_rng(),
             max_tokens=req.max_tokens,
             exact=exact,
         )
     if name == "public":
         return await run_public(
-            ctx, query, engine=svc.engine, ledger=svc.ledger, max_tokens=req.max_tokens
+            ctx, query, engine=svc.engine, ledger=ledger, max_tokens=req.max_tokens
         )
     return await run_esa(
         ctx,
         query,
         engine=svc.engine,
         embedder=await svc.get_embedder(),
-        ledger=svc.ledger,
+        ledger=ledger,
         rng=secure_rng(),
         max_tokens=req.max_tokens,
     )
@@ -114,7 +123,7 @@ def generate_body(out: GenerateOutcome, engine: str) -> dict[str, object]:
 
 
 @router.post("/generate", response_model=GenerateResponse, dependencies=[User])
-async def generate(req: GenerateRequest, svc: Svc) -> GenerateResponse:
+async def generate(req: GenerateRequest, svc: Svc, caller: Caller) -> GenerateResponse:
     """Generate text (ESA, DPS-MOZO or public few-shot); returns it, its cost and budget left."""
-    out = await generate_outcome(req, svc)
+    out = await generate_outcome(req, svc, principal=caller)
     return GenerateResponse.model_validate(generate_body(out, svc.engine.name))

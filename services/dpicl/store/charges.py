@@ -1,0 +1,220 @@
+"""One charge, one transaction: the key's limits, the context's ledger and the spend row.
+
+A query is admitted only if, in ONE transaction,
+
+1. the key's row (a database key) takes it: not revoked, its own budget
+   (``mu2_spent + mu2 <= mu2_max * slack``) and its rate window (fewer than ``rate_limit``
+   answers in the current minute) allow it; one conditional UPDATE;
+2. the context's row takes it: the context's conditional UPDATE (``repository.CHARGE``);
+3. a spend row records it (``answered``).
+
+Any refusal rolls the whole transaction back, so neither budget is touched. Each UPDATE is
+atomic on both back ends (SQLite: one writer at a time; PostgreSQL: a row lock, the WHERE
+clause re-evaluated on the locked row), and a transaction locks the key's row before the
+context's, always in that order, so two charges cannot deadlock. So no number of server
+processes on one database can overspend either budget or exceed the rate limit.
+
+The rate limit is a fixed one-minute window counted in the key's row, the window read from
+the *database's* clock (so servers whose clocks differ still share one window). A client may
+get up to twice the limit across a window boundary (the end of one minute and the start of
+the next); within any one window it gets at most the limit. Refused requests are not counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal, cast
+
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Float,
+    Integer,
+    Table,
+    bindparam,
+    case,
+    insert,
+    literal_column,
+    select,
+    update,
+)
+from sqlalchemy.sql.elements import ColumnElement
+
+from dpicl.store.keys import Principal
+from dpicl.store.models import ContextRow, KeyRow, SpendRow
+
+_CTX = cast(Table, ContextRow.__table__)
+_KEYS = cast(Table, KeyRow.__table__)
+_SPEND = cast(Table, SpendRow.__table__)
+_MU2 = bindparam("mu2", type_=Float)
+
+RefusalReason = Literal["context", "key_budget", "rate", "revoked"]
+
+
+@dataclass(frozen=True, slots=True)
+class Charged:
+    """The ledger after an admitted charge, and its spend row."""
+
+    mu2_spent: float
+    queries: int
+    spend_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """Nothing was charged. ``retry_after_s``: for ``rate``, the seconds left in the window."""
+
+    reason: RefusalReason
+    retry_after_s: int = 0
+
+
+class Rollback(Exception):
+    """Control flow: the repository rolls the charge's transaction back."""
+
+    def __init__(self, refused: Refused) -> None:
+        super().__init__(refused.reason)
+        self.refused = refused
+
+
+def _clock(backend: str, per: int) -> ColumnElement[Any]:
+    """The database's clock in whole units of ``per`` seconds since the epoch: stable within
+    a statement (SQLite's 'now' is fixed per statement, PostgreSQL's statement_timestamp()
+    too) and shared by every server process."""
+    if backend == "postgresql":
+        return literal_column(
+            f"CAST(floor(extract(epoch from statement_timestamp()) / {per}) AS BIGINT)",
+            BigInteger,
+        )
+    return literal_column(f"(CAST(strftime('%s', 'now') AS INTEGER) / {per})", Integer)
+
+
+class ChargeStatements:
+    """The statements of a charge and a refund for one back end, built once."""
+
+    def __init__(self, backend: str, context_charge: Any, context_refund: Any) -> None:
+        k = _KEYS.c
+        now_s = _clock(backend, 1)
+        window = _clock(backend, 60)
+        self.context_charge = context_charge
+        self.context_refund = context_refund
+        self.key_charge = (
+            update(_KEYS)
+            .where(
+                k.id == bindparam("kid"),
+                k.revoked_at.is_(None),
+                k.mu2_max.is_(None)
+                | (k.mu2_spent + _MU2 <= k.mu2_max * bindparam("slack", type_=Float)),
+                k.rate_limit.is_(None)
+                | k.rate_window.is_(None)
+                | (k.rate_window != window)
+                | (k.rate_count < k.rate_limit),
+            )
+            # Every right-hand side reads the row as it was before this UPDATE.
+            .values(
+                mu2_spent=k.mu2_spent + _MU2,
+                queries=k.queries + 1,
+                rate_window=window,
+                rate_count=case((k.rate_window == window, k.rate_count + 1), else_=1),
+            )
+            .returning(k.id)
+        )
+        self.key_state = select(
+            k.revoked_at,
+            k.rate_limit,
+            k.rate_window,
+            k.rate_count,
+            window.label("window"),
+            now_s.label("now_s"),
+        ).where(k.id == bindparam("kid"))
+        self.key_refund = (
+            update(_KEYS)
+            .where(k.id == bindparam("kid"))
+            .values(
+                mu2_spent=case((k.mu2_spent > _MU2, k.mu2_spent - _MU2), else_=0.0),
+                queries=case((k.queries > 0, k.queries - 1), else_=0),
+            )
+        )
+        self.spend = insert(_SPEND).returning(_SPEND.c.id)
+        self.spend_refunded = (
+            update(_SPEND)
+            .where(_SPEND.c.id == bindparam("sid"), _SPEND.c.outcome == "answered")
+            .values(outcome="refunded")
+        )
+
+
+def _why_key_refused(conn: Connection, st: ChargeStatements, kid: str) -> Refused:
+    row = conn.execute(st.key_state, {"kid": kid}).first()
+    if row is None or row.revoked_at is not None:
+        return Refused("revoked")
+    if (
+        row.rate_limit is not None
+        and row.rate_window is not None
+        and int(row.rate_window) == int(row.window)
+        and int(row.rate_count) >= int(row.rate_limit)
+    ):
+        return Refused("rate", retry_after_s=max(1, 60 - int(row.now_s) % 60))
+    return Refused("key_budget")
+
+
+@dataclass(frozen=True, slots=True)
+class ChargeRequest:
+    context_id: str
+    principal: Principal
+    mu2: float
+    epsilon: float
+    delta: float
+    slack: float
+
+
+def charge(conn: Connection, st: ChargeStatements, req: ChargeRequest) -> Charged:
+    """Run the charge in ``conn``'s transaction; raise :class:`Rollback` (the caller rolls
+    back and reports its :class:`Refused`) when anything refuses it."""
+    p = req.principal
+    if p.stored:
+        params = {"kid": p.key_id, "mu2": req.mu2, "slack": req.slack}
+        if conn.execute(st.key_charge, params).first() is None:
+            raise Rollback(_why_key_refused(conn, st, p.key_id))
+    row = conn.execute(
+        st.context_charge, {"cid": req.context_id, "mu2": req.mu2, "slack": req.slack}
+    ).first()
+    if row is None:
+        raise Rollback(Refused("context"))
+    spend_id = conn.execute(st.spend, [_spend_values(req, "answered")]).scalar_one()
+    return Charged(mu2_spent=float(row[0]), queries=int(row[1]), spend_id=int(spend_id))
+
+
+def refund(conn: Connection, st: ChargeStatements, req: ChargeRequest, spend_id: int) -> None:
+    """Undo an answered charge (the engine failed): both ledgers and its spend row."""
+    conn.execute(st.context_refund, {"cid": req.context_id, "mu2": req.mu2})
+    if req.principal.stored:
+        conn.execute(st.key_refund, {"kid": req.principal.key_id, "mu2": req.mu2})
+    conn.execute(st.spend_refunded, {"sid": spend_id})
+
+
+def record_refusal(conn: Connection, st: ChargeStatements, req: ChargeRequest) -> None:
+    conn.execute(insert(_SPEND).values(**_spend_values(req, "refused")))
+
+
+def _spend_values(req: ChargeRequest, outcome: str) -> dict[str, Any]:
+    return {
+        "at": datetime.now(UTC),
+        "key_id": req.principal.key_id,
+        "context_id": req.context_id,
+        "epsilon": req.epsilon,
+        "delta": req.delta,
+        "mu2": req.mu2,
+        "outcome": outcome,
+    }
+
+
+__all__ = [
+    "ChargeRequest",
+    "ChargeStatements",
+    "Charged",
+    "Refused",
+    "Rollback",
+    "charge",
+    "record_refusal",
+    "refund",
+]
