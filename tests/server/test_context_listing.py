@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from dpicl.store.keys import INTERNAL
 from dpicl.store.models import ContextRow
 from dpicl.store.repository import ContextRepository, new_context_id
 from tests.conftest import admin_headers
@@ -120,7 +121,7 @@ def test_page_query_on_both_back_ends(repo_url: str) -> None:
             seen = []
             after = None
             for _ in range(10):
-                page, after = await repo.list_page(3, after)
+                page, after = await repo.list_page(3, after, principal=INTERNAL)
                 seen += page
                 if after is None:
                     break

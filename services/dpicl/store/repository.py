@@ -397,12 +397,13 @@ class ContextRepository:
         return ctx if ctx is not None else await self.get(context_id)
 
     async def list_page(
-        self, limit: int, after: ContextKey | None = None, *, principal: Principal = INTERNAL
+        self, limit: int, after: ContextKey | None = None, *, principal: Principal
     ) -> tuple[list[ListedContext], ContextKey | None]:
         """Up to ``limit`` contexts that ``principal`` reaches (:meth:`Principal.reaches`)
         in creation order after ``after`` (keyset pagination on ``(created_at, id)``, served
         by their index), and the key of the last one when more follow (else None). A context
-        created or deleted meanwhile moves no other one between pages."""
+        created or deleted meanwhile moves no other one between pages. ``principal`` has no
+        default: a listing that forgot it would list every context to any key."""
         stmt = LISTING.limit(limit + 1)
         if principal.kind == "key":
             # The same rule as Principal.reaches, as SQL.
