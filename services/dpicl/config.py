@@ -41,7 +41,7 @@ class Settings(BaseSettings):
     # SecretStr: a repr or a log of the settings shows "**********", never a token.
     admin_token: SecretStr | None = None
     # Static keys: unscoped, unlimited, no restart-free revocation (database keys,
-    # POST /v1/keys, are all three); their id in the spend record is static-<8 hex of hash>.
+    # POST /v1/keys, are all three); their id in the spend record is static-<8 hex of scrypt>.
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
     whitebox: WhiteBox = "off"
     max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)

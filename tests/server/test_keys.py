@@ -205,3 +205,45 @@ def test_a_database_at_0002_keeps_its_contexts_ledgers_and_static_keys(tmp_path:
 
 def _json(value: object) -> str:
     return json.dumps(value)
+
+
+def test_every_request_names_its_key_for_the_access_log(tmp_path: Path) -> None:
+    seen: list[str | None] = []
+    c = make_client(tmp_path)
+
+    @c.app.middleware("http")  # type: ignore[attr-defined]
+    async def record(request: Any, call_next: Any) -> Any:
+        response = await call_next(request)
+        seen.append(getattr(request.state, "key_id", None))
+        return response
+
+    with c:
+        cid = c.post("/v1/contexts", json=voting_context(), headers=admin_headers()).json()["id"]
+        key = c.post("/v1/keys", json={"contexts": [cid]}, headers=admin_headers()).json()
+        _ask(c, cid, user_headers())
+        _ask(c, cid, bearer(key["secret"]))
+        _ask(c, cid, bearer("dpk_not-a-key"))
+    assert seen == ["admin", "admin", static_key_id(USER), key["id"], None]
+    assert static_key_id(USER).startswith("static-") and len(static_key_id(USER)) == 15
+    assert USER not in static_key_id(USER)
+
+
+def test_a_budgeted_key_is_refused_on_dps_mozo_and_an_unbudgeted_one_answers(
+    tmp_path: Path,
+) -> None:
+    from tests.server.test_api_mozo import QUERY, mozo_context
+
+    with make_client(tmp_path) as c:
+        cid = c.post("/v1/contexts", json=mozo_context(), headers=admin_headers()).json()["id"]
+        budgeted = c.post(
+            "/v1/keys", json={"contexts": [cid], "budget": budget_for(4)}, headers=admin_headers()
+        ).json()
+        plain = c.post("/v1/keys", json={"contexts": [cid]}, headers=admin_headers()).json()
+        ask = {"context_id": cid, "query": QUERY}
+        r = c.post("/v1/generate", json=ask, headers=bearer(budgeted["secret"]))
+        assert r.status_code == 422, r.text
+        assert "dps-mozo" in r.json()["error"]["message"]
+        r = c.post("/v1/generate", json=ask, headers=bearer(plain["secret"]))
+        assert r.status_code == 200, r.text
+        spend = c.get(f"/v1/contexts/{cid}/spend", headers=admin_headers()).json()
+        assert [(t["key_id"], t["answered"]) for t in spend["by_key"]] == [(plain["id"], 1)]
