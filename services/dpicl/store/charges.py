@@ -11,8 +11,9 @@ A query is admitted only if, in ONE transaction,
 Any refusal rolls the whole transaction back, so neither budget is touched. Each UPDATE is
 atomic on both back ends (SQLite: one writer at a time; PostgreSQL: a row lock, the WHERE
 clause re-evaluated on the locked row), and a transaction locks the key's row before the
-context's, always in that order, so two charges cannot deadlock. So no number of server
-processes on one database can overspend either budget or exceed the rate limit.
+context's, always in that order (a refund too), so two charges cannot deadlock. So no
+number of server processes on one database can overspend either budget or exceed the rate
+limit.
 
 The rate limit is a fixed one-minute window counted in the key's row, the window read from
 the *database's* clock (so servers whose clocks differ still share one window). A client may
@@ -186,9 +187,11 @@ def charge(conn: Connection, st: ChargeStatements, req: ChargeRequest) -> Charge
 
 def refund(conn: Connection, st: ChargeStatements, req: ChargeRequest, spend_id: int) -> None:
     """Undo an answered charge (the engine failed): both ledgers and its spend row."""
-    conn.execute(st.context_refund, {"cid": req.context_id, "mu2": req.mu2})
+    # The key's row first, as in a charge: two transactions never lock the two rows in
+    # opposite orders (a deadlock on PostgreSQL).
     if req.principal.stored:
         conn.execute(st.key_refund, {"kid": req.principal.key_id, "mu2": req.mu2})
+    conn.execute(st.context_refund, {"cid": req.context_id, "mu2": req.mu2})
     conn.execute(st.spend_refunded, {"sid": spend_id})
 
 
