@@ -247,3 +247,27 @@ def test_a_budgeted_key_is_refused_on_dps_mozo_and_an_unbudgeted_one_answers(
         assert r.status_code == 200, r.text
         spend = c.get(f"/v1/contexts/{cid}/spend", headers=admin_headers()).json()
         assert [(t["key_id"], t["answered"]) for t in spend["by_key"]] == [(plain["id"], 1)]
+
+
+def test_a_key_revoked_after_its_request_was_authenticated_is_not_charged(
+    tmp_path: Path,
+) -> None:
+    import asyncio
+
+    from dpicl.store.charges import Refused
+    from dpicl.store.keys import find_by_secret, revoke_key
+
+    with make_client(tmp_path) as c:
+        cid = c.post("/v1/contexts", json=voting_context(), headers=admin_headers()).json()["id"]
+        key = c.post("/v1/keys", json={"contexts": [cid]}, headers=admin_headers()).json()
+        repo = c.app.state.services.repo  # type: ignore[attr-defined]
+
+        async def race() -> object:
+            found = await repo.run(lambda conn: find_by_secret(conn, key["secret"]))
+            principal = found.principal()  # authenticated...
+            await repo.run(lambda conn: revoke_key(conn, key["id"]), write=True)  # ...revoked
+            return await repo.charge(repo.charge_request(cid, principal, 0.1, 1.0, 1e-5))
+
+        assert asyncio.run(race()) == Refused("revoked")
+        info = c.get(f"/v1/contexts/{cid}", headers=admin_headers()).json()
+        assert info["spent"]["queries"] == 0
