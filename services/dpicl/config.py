@@ -28,7 +28,9 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     # 0: any free port. (uvicorn took 99999 modulo 65536 and served on port 34463.)
     port: int = Field(default=8000, ge=0, le=65_535)
-    database_url: str = "sqlite:///./dpicl.db"
+    # Not in the settings' repr: a PostgreSQL URL may hold a password. (A str, not a
+    # SecretStr, so every reader keeps working; the CLI never echoes it either.)
+    database_url: str = Field(default="sqlite:///./dpicl.db", repr=False)
     engine: EngineName = "transformers"
     model: str | None = Field(
         default=None, description="Model directory or hub name; None is the bundled SmolLM2."

@@ -32,10 +32,17 @@ def _ask(c: Any, cid: str, headers: dict[str, str], query: str = "q") -> Any:
 
 
 def test_settings_never_show_a_token() -> None:
-    s = Settings(admin_token="admin-secret-1", api_keys="static-secret-2,static-secret-3")
-    shown = repr(s) + str(s) + str(s.model_dump())
-    for secret in ("admin-secret-1", "static-secret-2", "static-secret-3"):
+    s = Settings(
+        admin_token="admin-secret-1",
+        api_keys="static-secret-2,static-secret-3",
+        database_url="postgresql+psycopg://dpicl:db-password-4@db/dpicl",
+        cache_salt_secret="salt-secret-5" * 2,
+    )
+    shown = repr(s) + str(s)
+    for secret in ("admin-secret-1", "static-secret-2", "static-secret-3", "db-password-4"):
         assert secret not in shown
+    assert "salt-secret-5" not in shown + str(s.model_dump())
+    assert "admin-secret-1" not in str(s.model_dump())
     assert [k.get_secret_value() for k in s.api_keys] == ["static-secret-2", "static-secret-3"]
 
 
@@ -47,6 +54,20 @@ def test_a_key_is_shown_once_and_stored_as_its_hash(tmp_path: Path) -> None:
         secret = created["secret"]
         listed = c.get("/v1/keys", headers=admin_headers()).json()["data"]
         assert [k["id"] for k in listed] == [created["id"]]
+        # Pages, in id order.
+        more = [
+            c.post("/v1/keys", json={"tenant": "acme"}, headers=admin_headers()).json()["id"]
+            for _ in range(2)
+        ]
+        ids, after = [], None
+        while True:
+            params = {"limit": 2} | ({"after": after} if after else {})
+            page = c.get("/v1/keys", params=params, headers=admin_headers()).json()
+            ids += [k["id"] for k in page["data"]]
+            if page["next"] is None:
+                break
+            after = page["next"]
+        assert ids == sorted([created["id"], *more])
         assert secret not in str(listed) and "secret" not in listed[0]
         # Keys are the admin's to manage.
         assert c.get("/v1/keys", headers=user_headers()).status_code == 401
@@ -55,9 +76,10 @@ def test_a_key_is_shown_once_and_stored_as_its_hash(tmp_path: Path) -> None:
     with eng.connect() as conn:
         rows = conn.execute(sa.text("SELECT * FROM dpicl_keys")).mappings().all()
     eng.dispose()
-    assert len(rows) == 1
-    assert secret not in str(dict(rows[0]))
-    assert rows[0]["secret_hash"] == hashlib.sha256(secret.encode()).hexdigest()
+    assert len(rows) == 3
+    assert secret not in str([dict(r) for r in rows])
+    mine = next(r for r in rows if r["id"] == created["id"])
+    assert mine["secret_hash"] == hashlib.sha256(secret.encode()).hexdigest()
 
 
 def test_key_specs_are_checked(tmp_path: Path) -> None:

@@ -96,6 +96,9 @@ class KeyCreated(KeyInfo):
 
 class KeyList(BaseModel):
     data: list[KeyInfo]
+    next: str | None = Field(
+        default=None, description="Pass as `after` for the next page; null on the last page."
+    )
 
 
 class SpendByKey(BaseModel):

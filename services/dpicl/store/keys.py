@@ -166,11 +166,20 @@ def find_by_secret(conn: Connection, secret: str) -> StoredKey | None:
     return StoredKey.from_row(row)
 
 
-def list_keys(conn: Connection, *, include_revoked: bool) -> list[StoredKey]:
-    stmt = select(*_COLUMNS).order_by(_KEYS.c.created_at, _KEYS.c.id)
+def list_keys(
+    conn: Connection, *, include_revoked: bool, limit: int, after: str | None
+) -> tuple[list[StoredKey], str | None]:
+    """Up to ``limit`` keys in id order after the id ``after``, and the last one's id when
+    more follow (keyset pagination on the primary key)."""
+    stmt = select(*_COLUMNS).order_by(_KEYS.c.id).limit(limit + 1)
     if not include_revoked:
         stmt = stmt.where(_KEYS.c.revoked_at.is_(None))
-    return [StoredKey.from_row(r) for r in conn.execute(stmt)]
+    if after is not None:
+        stmt = stmt.where(_KEYS.c.id > after)
+    keys = [StoredKey.from_row(r) for r in conn.execute(stmt)]
+    if len(keys) <= limit:
+        return keys, None
+    return keys[:limit], keys[limit - 1].id
 
 
 def revoke_key(conn: Connection, key_id: str) -> bool:

@@ -69,14 +69,28 @@ async def create_key(spec: KeySpec, svc: Svc) -> KeyCreated:
     return KeyCreated(**KeyInfo.of(key).model_dump(), secret=secret)
 
 
+#: Keys per page when `limit` is not given, and at most.
+DEFAULT_KEY_LIMIT = 100
+MAX_KEY_LIMIT = 1000
+
+
 @router.get("", response_model=KeyList)
 async def get_keys(
     svc: Svc,
     revoked: Annotated[bool, Query(description="Include revoked keys.")] = False,
+    limit: Annotated[
+        int, Query(ge=1, le=MAX_KEY_LIMIT, description="Keys per page.")
+    ] = DEFAULT_KEY_LIMIT,
+    after: Annotated[
+        str | None,
+        Query(max_length=40, description="The `next` of the previous page; omit for the first."),
+    ] = None,
 ) -> KeyList:
-    """List keys (never their secrets), oldest first, with what each has spent."""
-    keys = await svc.repo.run(lambda conn: list_keys(conn, include_revoked=revoked))
-    return KeyList(data=[KeyInfo.of(k) for k in keys])
+    """List keys in id order, a page at a time, with what each spent (never a secret)."""
+    keys, last = await svc.repo.run(
+        lambda conn: list_keys(conn, include_revoked=revoked, limit=limit, after=after)
+    )
+    return KeyList(data=[KeyInfo.of(k) for k in keys], next=last)
 
 
 @router.delete(
