@@ -130,9 +130,19 @@ def test_scope_budget_revocation_and_spend_in_process(tmp_path: Path) -> None:
             "answered",
         ]
         assert spend["queries"] == 3
+        assert _ask(c, mine, user_headers(), f"{SECRET} query").status_code == 200
         assert c.delete(f"/v1/keys/{key['id']}", headers=admin_headers()).status_code == 204
         assert _ask(c, mine, h).status_code == 401
         assert c.delete(f"/v1/keys/{key['id']}", headers=admin_headers()).status_code == 404
+    # The spend record holds who, what and how much, never a query's text.
+    eng = sa.create_engine(f"sqlite:///{tmp_path / 'dpicl.db'}")
+    with eng.connect() as conn:
+        rows = conn.execute(sa.text("SELECT * FROM dpicl_spend")).mappings().all()
+    eng.dispose()
+    assert len(rows) == 5  # the key: 2 answers, 1 refusal; the static key: 2 answers
+    columns = {"id", "at", "key_id", "context_id", "epsilon", "delta", "mu2", "outcome"}
+    assert set(rows[0]) == columns
+    assert SECRET not in str([dict(r) for r in rows])
 
 
 def test_an_engine_failure_refunds_the_key_and_marks_its_spend_row(tmp_path: Path) -> None:
