@@ -106,6 +106,10 @@ class Settings(BaseSettings):
     kv_workspace_mib: int = Field(default=128, ge=0, le=1_048_576)
     batch_wait_ms: float = Field(default=2.0, ge=0, le=1000)
     batch_max_prompts: int = Field(default=256, ge=1, le=65_536)
+    # torch's CPU threads (engines/threads.py). Unset: the cores this process may use (its
+    # affinity, capped by a cgroup CPU quota), not torch's default of all the host's CPUs.
+    torch_threads: int | None = Field(default=None, ge=1, le=1024)
+    torch_interop_threads: int | None = Field(default=None, ge=1, le=1024)
 
     @field_validator("database_url")
     @classmethod

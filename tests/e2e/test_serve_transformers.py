@@ -26,8 +26,15 @@ REVIEWS = [
 
 def test_classify_with_real_model_over_http(start_server: Any, tmp_path: Any) -> None:
     srv = start_server(
-        {"DPICL_ENGINE": "transformers", "DPICL_DATABASE_URL": f"sqlite:///{tmp_path}/e2e.db"}
+        {
+            "DPICL_ENGINE": "transformers",
+            "DPICL_DATABASE_URL": f"sqlite:///{tmp_path}/e2e.db",
+            "DPICL_TORCH_THREADS": "2",
+        }
     )
+    ready = httpx.get(f"{srv.url}/readyz").json()
+    # The setting reaches torch, and the inter-op pool defaults to half of it.
+    assert (ready["torch_threads"], ready["torch_interop_threads"]) == (2, 1)
     health = httpx.get(f"{srv.url}/healthz").json()
     assert health["engine"] == "transformers" and health["simulator"] is False
     assert "SmolLM2" in health["model"] or "smollm2" in health["model"].lower()

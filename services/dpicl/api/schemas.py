@@ -158,6 +158,12 @@ class Health(BaseModel):
 
 class Readiness(Health):
     database: str = Field(description="ok: the database answered a query.")
+    torch_threads: int | None = Field(
+        default=None, description="torch's intra-op CPU threads (transformers engine only)."
+    )
+    torch_interop_threads: int | None = Field(
+        default=None, description="torch's inter-op CPU threads (transformers engine only)."
+    )
 
 
 class GenerateRequest(BaseModel):
