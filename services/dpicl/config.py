@@ -110,6 +110,11 @@ class Settings(BaseSettings):
     # affinity, capped by a cgroup CPU quota), not torch's default of all the host's CPUs.
     torch_threads: int | None = Field(default=None, ge=1, le=1024)
     torch_interop_threads: int | None = Field(default=None, ge=1, le=1024)
+    # How torch's idle OpenMP threads wait: "passive" sleeps (spinning threads starve the
+    # others on a shared machine: x15-20 slower generation under load, issue 30), "active"
+    # spins (a machine of the server's own may gain a little), "inherit" leaves
+    # OMP_WAIT_POLICY as the environment has it. An OMP_WAIT_POLICY already set wins.
+    omp_wait_policy: Literal["passive", "active", "inherit"] = "passive"
 
     @field_validator("database_url")
     @classmethod

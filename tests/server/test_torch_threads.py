@@ -5,13 +5,21 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from dpicl.config import Settings
-from dpicl.engines.threads import ThreadPlan, apply_torch_threads, choose_threads, usable_cores
+from dpicl.engines.threads import (
+    ThreadPlan,
+    apply_torch_threads,
+    choose_threads,
+    set_omp_wait_policy,
+    usable_cores,
+)
 
 
 @pytest.mark.parametrize(
@@ -78,3 +86,41 @@ def test_apply_sets_torch_and_logs(caplog: pytest.LogCaptureFixture) -> None:
         assert "torch threads: 1 intra-op" in caplog.text and "(from test)" in caplog.text
     finally:
         torch.set_num_threads(before)
+
+
+def test_wait_policy_is_set_before_torch_loads() -> None:
+    """In a fresh process (torch not loaded), ``passive`` reaches OpenMP's variable; an
+    operator's OMP_WAIT_POLICY wins; ``inherit`` leaves the environment as it is."""
+    code = (
+        "import os, sys\n"
+        "from dpicl.engines.threads import set_omp_wait_policy\n"
+        "assert 'torch' not in sys.modules\n"
+        "print(set_omp_wait_policy(sys.argv[1]), os.environ.get('OMP_WAIT_POLICY', '-'))\n"
+    )
+    base = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+
+    def run(policy: str, **env: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", code, policy],
+            env=base | env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        return done.stdout.strip()
+
+    assert run("passive") == "PASSIVE PASSIVE"
+    assert run("active") == "ACTIVE ACTIVE"
+    assert run("inherit") == "-"  # "" and no variable
+    assert run("passive", OMP_WAIT_POLICY="active") == "active active"
+
+
+def test_wait_policy_after_torch_changes_nothing(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    with caplog.at_level(logging.WARNING, logger="dpicl.engines"):
+        assert set_omp_wait_policy("passive") == ""  # torch is loaded in this process
+    assert "OMP_WAIT_POLICY" not in os.environ
+    assert "too late: torch is already loaded" in caplog.text

@@ -164,6 +164,9 @@ class Readiness(Health):
     torch_interop_threads: int | None = Field(
         default=None, description="torch's inter-op CPU threads (transformers engine only)."
     )
+    omp_wait_policy: str | None = Field(
+        default=None, description="OMP_WAIT_POLICY of the process (None: OpenMP's default)."
+    )
 
 
 class GenerateRequest(BaseModel):

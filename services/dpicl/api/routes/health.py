@@ -4,6 +4,7 @@ database and the engine answer too), for orchestrators and load balancers."""
 from __future__ import annotations
 
 import asyncio
+import os
 
 from fastapi import APIRouter
 
@@ -68,4 +69,5 @@ async def readyz(svc: Svc) -> Readiness:
         database="ok",
         torch_threads=threads.intra if threads else None,
         torch_interop_threads=threads.interop if threads else None,
+        omp_wait_policy=os.environ.get("OMP_WAIT_POLICY") or None,
     )
