@@ -70,7 +70,7 @@ demo: install
 bench: install
 	$(BIN)/python bench/voting.py
 	$(BIN)/python bench/audit.py
-	$(BIN)/python bench/requests.py
+	$(BIN)/python bench/http_load.py
 
 clean:
 	rm -rf $(VENV) $(VVENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,12 +1,26 @@
-"""LLM calls per second for private-voting queries on a GPU, against paper 000's anchor.
+"""LLM calls per second for private-voting queries on a GPU, beside paper 000's figure.
 
-Paper 000 reports about 700 GPU-hours for 8M LLM calls with Llama-3-8B, i.e. about
-3.2 calls/s on one H100 (``ANCHOR``). A voting query with T = 10 partitions is 10 LLM calls
-(one label-scored prompt per partition, scored in one engine call). This prints, for each
-engine (transformers on ``--device``; vLLM where it is installed) and each model (the bundled
-SmolLM2-135M; a Llama-3-8B-shaped model built from its config with random weights, which has
-the compute of the real one and needs no download), the calls/s at each concurrency (queries
-in flight at once) and the ratio to the anchor, all measured in this one run.
+A voting query with T = 10 partitions is 10 LLM calls (one label-scored prompt per
+partition, scored in one engine call). This prints, for each engine and each model (the
+bundled SmolLM2-135M; a Llama-3-8B-shaped model built from its config with random weights,
+which has the compute of the real one and needs no download), the calls/s at each
+concurrency (queries in flight at once), repeated ``--reps`` times (median and range).
+
+What is measured is what the server serves: each partition prompt carries the context's
+prefix-cache key (``cache_key``, as ``dpicl.pipelines.partitions`` sets it), so the
+transformers engine encodes a partition's demonstrations once and reuses their KV state
+across queries (row ``transformers``); row ``transformers-nocache`` is the same engine with
+the cache off, labelled, for the like-for-like comparison with vLLM's own prefix cache
+(row ``vllm``, salted per context the same way).
+
+The column ``/3.2`` divides by paper 000's figure: about 700 GPU-hours for 8M LLM calls with
+Llama-3-8B, 3.2 calls/s on one H100 (``ANCHOR``). That is an average over its whole audit
+workload (prompt lengths, batching and engine as that paper ran them, which it does not
+give in full), so the ratio says how many more calls this server answers per second on its
+own prompts; it is not a comparison of engines on the same prompts.
+
+Each row is printed and appended to ``--out`` (JSON lines) as soon as it is measured, so
+a failure later keeps the rows already measured.
 
 On a CUDA machine::
 
@@ -14,7 +28,9 @@ On a CUDA machine::
     DPICL_DEVICE=cuda python bench/gpu.py --models bundled --engines transformers
 
 ``--tiny`` replaces the 8B shape with a 2-layer toy (the test runs the benchmark that way on
-CPU); the ratios it prints then say nothing about a GPU.
+CPU); the ratios it prints then say nothing about a GPU. ``--check-imports`` imports the
+asked-for engines the way a run does (this file run as a script, ``bench/`` first on
+``sys.path``) and exits.
 """
 
 from __future__ import annotations
@@ -22,11 +38,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import json
 import os
+import statistics
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -78,29 +96,40 @@ TINY = {
 
 @dataclass(frozen=True, slots=True)
 class Row:
+    """One (engine, model, concurrency) level: ``seconds`` of each repetition."""
+
     engine: str
     model: str
     concurrency: int
     queries: int
-    seconds: float
+    seconds: tuple[float, ...]
 
     @property
     def calls_per_s(self) -> float:
-        return self.queries * T / self.seconds
+        """The median repetition's calls/s."""
+        return self.queries * T / statistics.median(self.seconds)
+
+    @property
+    def calls_range(self) -> tuple[float, float]:
+        return self.queries * T / max(self.seconds), self.queries * T / min(self.seconds)
 
 
 def query_prompts(i: int, scope: str) -> list[PromptSpec]:
-    """The T partition prompts of voting query ``i`` (each partition: 2 demonstrations)."""
+    """The T partition prompts of voting query ``i`` (each partition: 2 demonstrations),
+    keyed for the prefix cache as the server keys them (context id and partition)."""
     q = QUERIES[i % len(QUERIES)] + f" (item {i})"
     template = DEFAULT_TEMPLATES["classification"]
     return [
-        render(
-            template,
-            [EXEMPLARS[(p + j) % len(EXEMPLARS)] for j in range(2)],
-            q,
-            task="classification",
-            labels=LABELS,
-            cache_scope=scope,
+        replace(
+            render(
+                template,
+                [EXEMPLARS[(p + j) % len(EXEMPLARS)] for j in range(2)],
+                q,
+                task="classification",
+                labels=LABELS,
+                cache_scope=scope,
+            ),
+            cache_key=f"{scope}/{p}",
         )
         for p in range(T)
     ]
@@ -119,6 +148,29 @@ async def run_load(engine: Engine, concurrency: int, queries: int) -> float:
     t0 = time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(queries)))
     return time.perf_counter() - t0
+
+
+HEADER = (
+    f"{'engine':<22}{'model':<18}{'in flight':>10}{'queries':>9}{'calls/s':>10}"
+    f"{'range':>17}{'/3.2':>7}"
+)
+
+
+def show(row: Row, out: Path | None) -> None:
+    """Print ``row`` and append it to ``out`` (JSON lines) at once."""
+    lo, hi = row.calls_range
+    print(
+        f"{row.engine:<22}{row.model:<18}{row.concurrency:>10}{row.queries:>9}"
+        f"{row.calls_per_s:>10.1f}{f'{lo:.1f}-{hi:.1f}':>17}{row.calls_per_s / ANCHOR:>7.1f}",
+        flush=True,
+    )
+    if out is not None:
+        with out.open("a") as f:
+            record = asdict(row) | {
+                "calls_per_s": row.calls_per_s,
+                "x_anchor": row.calls_per_s / ANCHOR,
+            }
+            f.write(json.dumps(record) + "\n")
 
 
 def random_llama_dir(shape: dict[str, Any], tokenizer_from: Path, root: Path) -> Path:
@@ -141,14 +193,21 @@ def random_llama_dir(shape: dict[str, Any], tokenizer_from: Path, root: Path) ->
     return out
 
 
-def transformers_engine(model_dir: Path, device: str, random_weights: bool) -> Engine:
+def transformers_engine(
+    model_dir: Path, device: str, random_weights: bool, *, cache: bool = True
+) -> Engine:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from dpicl.engines.transformers import TransformersEngine
+    from dpicl.engines.tuning import EngineTuning
 
+    # The served defaults, or the same with the prefix cache off (the labelled row).
+    tuning = EngineTuning() if cache else EngineTuning(prefix_cache_mib=0)
     if not random_weights:
-        return TransformersEngine.load(model_dir, device=device, model_name=model_dir.name)
+        return TransformersEngine.load(
+            model_dir, device=device, model_name=model_dir.name, tuning=tuning
+        )
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     cfg = AutoConfig.from_pretrained(str(model_dir))
     with torch.device(device):
@@ -156,7 +215,7 @@ def transformers_engine(model_dir: Path, device: str, random_weights: bool) -> E
     model.eval()
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     tok.padding_side = "left"
-    return TransformersEngine(model, tok, model_name=model_dir.name, device=device)
+    return TransformersEngine(model, tok, model_name=model_dir.name, device=device, tuning=tuning)
 
 
 def vllm_engine(model_dir: Path, random_weights: bool, eager: bool) -> Engine:
@@ -174,36 +233,84 @@ def vllm_engine(model_dir: Path, random_weights: bool, eager: bool) -> Engine:
 
 
 async def bench_engine(
-    name: str, engine: Engine, model: str, levels: Sequence[int], queries: int
+    name: str,
+    engine: Engine,
+    model: str,
+    levels: Sequence[int],
+    queries: int,
+    reps: int,
+    out: Path | None,
 ) -> list[Row]:
     rows = []
     try:
         for c in levels:
             n = max(queries, c)
-            rows.append(Row(name, model, c, n, await run_load(engine, c, n)))
+            row = Row(name, model, c, n, tuple([await run_load(engine, c, n) for _ in range(reps)]))
+            show(row, out)
+            rows.append(row)
     finally:
         await engine.aclose()
     return rows
 
 
+def build(engine: str, path: Path, device: str, random_weights: bool, eager: bool) -> Engine:
+    if engine == "transformers":
+        return transformers_engine(path, device, random_weights)
+    if engine == "transformers-nocache":
+        return transformers_engine(path, device, random_weights, cache=False)
+    return vllm_engine(path, random_weights, eager)
+
+
+ENGINES = ("transformers", "transformers-nocache", "vllm")
+#: The modules a run of each engine imports (dpicl.engines.vllm imports vLLM's lazily).
+IMPORTS = {
+    "transformers": ("dpicl.engines.transformers", "transformers"),
+    "vllm": (
+        "dpicl.engines.vllm",
+        "vllm",
+        "vllm.engine.arg_utils",
+        "vllm.v1.engine.async_llm",
+        "vllm.inputs",
+    ),
+}
+
+
 def main(argv: Sequence[str] | None = None) -> list[Row]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default=os.environ.get("DPICL_DEVICE", "cuda"))
-    ap.add_argument("--engines", default="transformers,vllm")
+    ap.add_argument("--engines", default="transformers,transformers-nocache,vllm")
     ap.add_argument("--models", default="bundled,8b")
     ap.add_argument("--concurrency", default="1,16,64")
     ap.add_argument("--queries", type=int, default=64, help="queries per level (>= level)")
+    ap.add_argument("--reps", type=int, default=3, help="timed repetitions per level")
+    ap.add_argument("--out", type=Path, default=None, help="append each row here (JSON lines)")
     ap.add_argument("--tiny", action="store_true", help="toy shape instead of the 8B (tests)")
     ap.add_argument("--eager", action="store_true", help="vLLM without CUDA graphs/compile")
+    ap.add_argument("--check-imports", action="store_true", help="import the engines, exit")
     args = ap.parse_args(argv)
     levels = [int(x) for x in args.concurrency.split(",")]
     engines = [e for e in args.engines.split(",") if e]
+    unknown = sorted(set(engines) - set(ENGINES))
+    if unknown:
+        raise SystemExit(f"unknown engine(s) {unknown}; expected some of {', '.join(ENGINES)}")
+    if args.reps < 1:
+        raise SystemExit(f"--reps must be >= 1, got {args.reps}")
     if "vllm" in engines and importlib.util.find_spec("vllm") is None:
         print("vllm is not installed here: the vLLM rows are skipped")
         engines.remove("vllm")
+    if args.check_imports:
+        for e in engines:
+            # What a run imports, from this script's sys.path (bench/ first).
+            for module in IMPORTS["vllm" if e == "vllm" else "transformers"]:
+                importlib.import_module(module)
+            print(f"{e}: imports ok")
+        return []
     cache = Path(os.environ.get("DPICL_CACHE_DIR", str(DEFAULT_CACHE_DIR)))
     bundled = Path(resolve_llm(None, cache))
     rows: list[Row] = []
+    print(f"voting queries with T={T} (LLM calls/query = {T}); device = {args.device}")
+    print(f"/3.2: over paper 000's average {ANCHOR} calls/s (Llama-3-8B, one H100; see --help)")
+    print(HEADER, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         models: list[tuple[str, Path, bool]] = []
         for m in args.models.split(","):
@@ -218,24 +325,12 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
                 raise SystemExit(f"unknown model {m!r}; expected bundled or 8b")
         for label, path, random_weights in models:
             for e in engines:
-                engine = (
-                    transformers_engine(path, args.device, random_weights)
-                    if e == "transformers"
-                    else vllm_engine(path, random_weights, args.eager)
+                engine = build(e, path, args.device, random_weights, args.eager)
+                rows += asyncio.run(
+                    bench_engine(e, engine, label, levels, args.queries, args.reps, args.out)
                 )
-                rows += asyncio.run(bench_engine(e, engine, label, levels, args.queries))
-    print(f"voting queries with T={T} (LLM calls/query = {T}); anchor = {ANCHOR} calls/s")
-    print(f"(paper 000, Llama-3-8B on one H100); device = {args.device}")
-    print(
-        f"{'engine':<13}{'model':<18}{'in flight':>10}{'queries':>9}{'calls/s':>11}{'x anchor':>10}"
-    )
-    for r in rows:
-        print(
-            f"{r.engine:<13}{r.model:<18}{r.concurrency:>10}{r.queries:>9}"
-            f"{r.calls_per_s:>11.1f}{r.calls_per_s / ANCHOR:>10.1f}"
-        )
-    for e in {r.engine for r in rows}:
-        for m in {r.model for r in rows}:
+    for e in dict.fromkeys(r.engine for r in rows):
+        for m in dict.fromkeys(r.model for r in rows):
             mine = sorted(
                 (r for r in rows if r.engine == e and r.model == m), key=lambda r: r.concurrency
             )
@@ -244,6 +339,14 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
                     f"{e} {m}: {mine[-1].concurrency} in flight / 1 in flight = "
                     f"{mine[-1].calls_per_s / mine[0].calls_per_s:.2f}x"
                 )
+    served = {(r.model, r.concurrency): r for r in rows if r.engine == "transformers"}
+    for r in rows:
+        if r.engine == "transformers-nocache" and (r.model, r.concurrency) in served:
+            cached = served[r.model, r.concurrency]
+            print(
+                f"transformers {r.model}, {r.concurrency} in flight: prefix cache on / off = "
+                f"{cached.calls_per_s / r.calls_per_s:.2f}x"
+            )
     return rows
 
 

@@ -5,6 +5,9 @@ CUDA machine; this machine has none.)"""
 from __future__ import annotations
 
 import importlib.util
+import json
+import statistics
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,27 +28,77 @@ def load_bench() -> Any:
     return module
 
 
-def test_gpu_bench_tiny_on_cpu(capsys: pytest.CaptureFixture[str]) -> None:
+def test_gpu_bench_tiny_on_cpu(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     bench = load_bench()
     assert pytest.approx(8e6 / (700 * 3600), rel=0.02) == bench.ANCHOR
+    out_file = tmp_path / "rows.jsonl"
     rows = bench.main(
         [
             "--device=cpu",
-            "--engines=transformers",
+            "--engines=transformers,transformers-nocache",
             "--models=8b",
             "--tiny",
             "--concurrency=1,4",
             "--queries=4",
+            "--reps=2",
+            f"--out={out_file}",
         ]
     )
-    assert [(r.engine, r.model, r.concurrency, r.queries) for r in rows] == [
-        ("transformers", "tiny-llama", 1, 4),
-        ("transformers", "tiny-llama", 4, 4),
+    assert [(r.engine, r.model, r.concurrency, r.queries, len(r.seconds)) for r in rows] == [
+        ("transformers", "tiny-llama", 1, 4, 2),
+        ("transformers", "tiny-llama", 4, 4, 2),
+        ("transformers-nocache", "tiny-llama", 1, 4, 2),
+        ("transformers-nocache", "tiny-llama", 4, 4, 2),
     ]
-    assert all(r.seconds > 0 and r.calls_per_s == 4 * 10 / r.seconds for r in rows)
+    for r in rows:
+        assert all(s > 0 for s in r.seconds)
+        assert r.calls_per_s == pytest.approx(4 * 10 / statistics.median(r.seconds))
+        lo, hi = r.calls_range
+        assert lo <= r.calls_per_s <= hi
+    # Every row reached the file as it was measured.
+    written = [json.loads(line) for line in out_file.read_text().splitlines()]
+    assert [(w["engine"], w["concurrency"]) for w in written] == [
+        (r.engine, r.concurrency) for r in rows
+    ]
     out = capsys.readouterr().out
-    assert "anchor = 3.2 calls/s" in out and "x anchor" in out
+    assert "paper 000's average 3.2 calls/s" in out and "/3.2" in out
     assert "4 in flight / 1 in flight" in out
+    assert "prefix cache on / off" in out
+
+
+def test_served_prompts_are_keyed_for_the_prefix_cache() -> None:
+    """The bench's prompts carry the server's cache key: one per partition of the context,
+    the same for every query (before, only ``cache_scope`` was set and nothing was cached)."""
+    bench = load_bench()
+    a, b = bench.query_prompts(0, "ctx_b"), bench.query_prompts(1, "ctx_b")
+    assert [p.cache_key for p in a] == [f"ctx_b/{t}" for t in range(bench.T)]
+    assert [p.cache_key for p in a] == [p.cache_key for p in b]
+    assert a[0].text != b[0].text
+
+
+def test_no_bench_module_shadows_an_installed_one() -> None:
+    """``python bench/X.py`` puts bench/ first on sys.path: a bench module named like an
+    installed package (bench/requests.py did) breaks every import of it, vllm's included."""
+    names = sorted(p.stem for p in (ROOT / "bench").glob("*.py"))
+    shadowed = [n for n in names if n in sys.stdlib_module_names or importlib.util.find_spec(n)]
+    assert shadowed == []
+
+
+def test_check_imports_runs_as_a_script() -> None:
+    """The bench run as documented (a script, bench/ first on sys.path) imports its engines."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "gpu.py"),
+            "--check-imports",
+            "--engines=transformers",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert "transformers: imports ok" in out.stdout
 
 
 def test_llama_8b_shape_has_8b_parameters() -> None:

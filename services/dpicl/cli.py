@@ -71,16 +71,21 @@ def serve(
     """Start the HTTP server with the settings from DPICL_* variables."""
     import logging
 
-    import uvicorn
-
-    from dpicl.api.app import build_app
-    from dpicl.api.http_limits import uvicorn_options
+    from dpicl.engines.threads import set_omp_wait_policy
 
     update = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     settings = load_settings(**update)
     # uvicorn's "trace" (5) is below logging's DEBUG and has no name there.
     level = 5 if settings.log_level == "trace" else settings.log_level.upper()
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    if settings.engine == "transformers":  # vLLM binds and tunes its own OpenMP threads
+        set_omp_wait_policy(settings.omp_wait_policy)  # before anything loads torch
+
+    import uvicorn
+
+    from dpicl.api.app import build_app
+    from dpicl.api.http_limits import uvicorn_options
+
     uvicorn.run(
         build_app(settings),
         host=settings.host,

@@ -111,6 +111,15 @@ class Settings(BaseSettings):
     kv_workspace_mib: int = Field(default=128, ge=0, le=1_048_576)
     batch_wait_ms: float = Field(default=2.0, ge=0, le=1000)
     batch_max_prompts: int = Field(default=256, ge=1, le=65_536)
+    # torch's CPU threads (engines/threads.py). Unset: the cores this process may use (its
+    # affinity, capped by a cgroup CPU quota), not torch's default of all the host's CPUs.
+    torch_threads: int | None = Field(default=None, ge=1, le=1024)
+    torch_interop_threads: int | None = Field(default=None, ge=1, le=1024)
+    # How torch's idle OpenMP threads wait: "passive" sleeps (spinning threads starve the
+    # others on a shared machine: x15-20 slower generation under load, issue 30), "active"
+    # spins (a machine of the server's own may gain a little), "inherit" leaves
+    # OMP_WAIT_POLICY as the environment has it. An OMP_WAIT_POLICY already set wins.
+    omp_wait_policy: Literal["passive", "active", "inherit"] = "passive"
 
     @field_validator("database_url")
     @classmethod

@@ -3,6 +3,7 @@ SmolLM2 model, classifying over HTTP as a new user would."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import httpx
@@ -26,8 +27,17 @@ REVIEWS = [
 
 def test_classify_with_real_model_over_http(start_server: Any, tmp_path: Any) -> None:
     srv = start_server(
-        {"DPICL_ENGINE": "transformers", "DPICL_DATABASE_URL": f"sqlite:///{tmp_path}/e2e.db"}
+        {
+            "DPICL_ENGINE": "transformers",
+            "DPICL_DATABASE_URL": f"sqlite:///{tmp_path}/e2e.db",
+            "DPICL_TORCH_THREADS": "2",
+        }
     )
+    ready = httpx.get(f"{srv.url}/readyz").json()
+    # The setting reaches torch, and the inter-op pool defaults to half of it.
+    assert (ready["torch_threads"], ready["torch_interop_threads"]) == (2, 1)
+    # `dpicl serve` set OpenMP's passive wait before torch loaded (unless the caller set it).
+    assert ready["omp_wait_policy"] == os.environ.get("OMP_WAIT_POLICY", "PASSIVE")
     health = httpx.get(f"{srv.url}/healthz").json()
     assert health["engine"] == "transformers" and health["simulator"] is False
     assert "SmolLM2" in health["model"] or "smollm2" in health["model"].lower()

@@ -191,7 +191,7 @@ def test_request_benchmark_runs_in_quick_mode() -> None:
     ).returncode:
         pytest.skip("not a git checkout: the benchmark's baseline is a git revision")
     out = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "requests.py"), "--quick", "--baseline", "HEAD"],
+        [sys.executable, str(ROOT / "bench" / "http_load.py"), "--quick", "--baseline", "HEAD"],
         capture_output=True,
         text=True,
         timeout=300,

@@ -93,7 +93,7 @@ def build_app(
         await asyncio.to_thread(repo.migrate)
         eng = engine
         if eng is None:
-            from dpicl.engines.factory import build_engine
+            from dpicl.engines.factory import build_engine, torch_threads_of
 
             eng = build_engine(
                 settings.engine,
@@ -102,6 +102,7 @@ def build_app(
                 device=settings.device,
                 tuning=EngineTuning.from_settings(settings),
                 vllm_options=VllmOptions.from_settings(settings),
+                threads=torch_threads_of(settings.torch_threads, settings.torch_interop_threads),
             )
         if eng.is_simulator:
             log.warning("engine %r is a SIMULATOR, not a language model", eng.name)

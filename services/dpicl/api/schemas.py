@@ -160,6 +160,15 @@ class Health(BaseModel):
 
 class Readiness(Health):
     database: str = Field(description="ok: the database answered a query.")
+    torch_threads: int | None = Field(
+        default=None, description="torch's intra-op CPU threads (transformers engine only)."
+    )
+    torch_interop_threads: int | None = Field(
+        default=None, description="torch's inter-op CPU threads (transformers engine only)."
+    )
+    omp_wait_policy: str | None = Field(
+        default=None, description="OMP_WAIT_POLICY of the process (None: OpenMP's default)."
+    )
 
 
 class GenerateRequest(BaseModel):

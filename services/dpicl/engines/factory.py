@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from dpicl.engines.base import Embedder, Engine
+from dpicl.engines.threads import ThreadPlan, apply_torch_threads, choose_threads, usable_cores
 from dpicl.engines.tuning import EngineTuning
 from dpicl.errors import EngineError
 
 if TYPE_CHECKING:
     from dpicl.engines.vllm import VllmOptions
 
-__all__ = ["build_embedder", "build_engine"]
+__all__ = ["build_embedder", "build_engine", "torch_threads_of"]
 
 EngineName = Literal["transformers", "oracle", "vllm"]
 
@@ -30,6 +31,7 @@ def build_engine(
     device: str = "cpu",
     tuning: EngineTuning | None = None,
     vllm_options: VllmOptions | None = None,
+    threads: ThreadPlan | None = None,
 ) -> Engine:
     """The engine called ``name``.
 
@@ -38,7 +40,9 @@ def build_engine(
     :class:`EngineError` when vllm cannot be imported here; it runs on the platform vLLM
     was built for (``device`` is the transformers engine's) with ``vllm_options``.
     ``tuning`` (prefix cache and micro-batching; the transformers engine only) defaults to
-    the ``DPICL_PREFIX_CACHE_*`` and ``DPICL_BATCH_*`` settings of the environment.
+    the ``DPICL_PREFIX_CACHE_*`` and ``DPICL_BATCH_*`` settings of the environment, and
+    ``threads`` (torch's CPU thread pools; the transformers engine only) to
+    ``DPICL_TORCH_*THREADS`` or the cores this process may use.
     """
     if name == "oracle":
         from dpicl.engines.oracle import OracleEngine
@@ -50,11 +54,16 @@ def build_engine(
 
         path = resolve_llm(model, cache_dir)
         label = "SmolLM2-135M-Instruct (bundled Q4_1)" if model is None else model
-        if tuning is None:
+        if tuning is None or threads is None:
             from dpicl.config import Settings
 
-            tuning = EngineTuning.from_settings(Settings())
-        return TransformersEngine.load(path, device=device, model_name=label, tuning=tuning)
+            env = Settings()
+            tuning = tuning or EngineTuning.from_settings(env)
+            threads = threads or torch_threads_of(env.torch_threads, env.torch_interop_threads)
+        held = apply_torch_threads(threads)
+        engine = TransformersEngine.load(path, device=device, model_name=label, tuning=tuning)
+        engine.threads = held
+        return engine
     if name == "vllm":
         try:
             found = importlib.util.find_spec("vllm") is not None
@@ -72,6 +81,11 @@ def build_engine(
         label = "SmolLM2-135M-Instruct (bundled Q4_1, converted)" if model is None else model
         return VllmEngine.load(path, model_name=label, options=vllm_options)
     raise EngineError(f"unknown engine {name!r}; expected transformers, oracle or vllm")
+
+
+def torch_threads_of(intra: int | None, interop: int | None) -> ThreadPlan:
+    """The thread plan of the settings ``DPICL_TORCH_THREADS`` and ``..._INTEROP_THREADS``."""
+    return choose_threads(intra, interop, usable_cores())
 
 
 def build_embedder(name: str | None = None, device: str = "cpu") -> Embedder:

@@ -78,6 +78,7 @@ from dpicl.engines.prefix_cache import (
 )
 from dpicl.engines.prompting import PromptEncoder
 from dpicl.engines.slot_cache import KVWorkspace
+from dpicl.engines.threads import ThreadPlan
 from dpicl.engines.transformers_decoding import TransformersDecodingSession
 from dpicl.engines.transformers_generation import GenJob, generate_jobs
 from dpicl.engines.transformers_past import Row
@@ -173,6 +174,8 @@ class TransformersEngine:
         )
         self.vocab_size: int = int(model.get_output_embeddings().weight.shape[0])
         self.share_prefix = share_prefix
+        # torch's thread pools as the factory set them (DPICL_TORCH_THREADS); None: untouched.
+        self.threads: ThreadPlan | None = None
         self._lock = threading.Lock()
         self._closed = False
         self.tuning = tuning if tuning is not None else EngineTuning()
@@ -206,19 +209,17 @@ class TransformersEngine:
         use_chat_template: bool = True,
         dtype: torch.dtype | str = "float32",
         model_name: str | None = None,
-        num_threads: int | None = None,
         share_prefix: bool = True,
         tuning: EngineTuning | None = None,
     ) -> TransformersEngine:
         """Load a model directory (or a hub name available offline). Blocking: call it
         before the event loop starts serving, or through :func:`asyncio.to_thread`.
 
-        ``num_threads`` sets torch's intra-op threads (process-wide); ``None`` leaves it.
+        torch's thread pools are process-wide: :func:`dpicl.engines.threads.apply_torch_threads`
+        sets them (the factory does, from ``DPICL_TORCH_THREADS``).
         """
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        if num_threads is not None:
-            torch.set_num_threads(max(1, num_threads))
         dev = torch.device(device)
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise EngineError(f"device {device!r} was asked for but CUDA is not available")

@@ -4,12 +4,14 @@ database and the engine answer too), for orchestrators and load balancers."""
 from __future__ import annotations
 
 import asyncio
+import os
 
 from fastapi import APIRouter
 
 from dpicl import __version__
 from dpicl.api.deps import Svc
 from dpicl.api.schemas import ErrorResponse, Health, Readiness
+from dpicl.engines.threads import ThreadPlan
 from dpicl.errors import EngineError, StorageUnavailable
 
 router = APIRouter(tags=["health"])
@@ -61,4 +63,11 @@ async def readyz(svc: Svc) -> Readiness:
     ready = getattr(svc.engine, "is_ready", None)
     if callable(ready) and not ready():
         raise EngineError(f"the {svc.engine.name} engine is not ready")
-    return Readiness(**_health(svc).model_dump(), database="ok")
+    threads: ThreadPlan | None = getattr(svc.engine, "threads", None)
+    return Readiness(
+        **_health(svc).model_dump(),
+        database="ok",
+        torch_threads=threads.intra if threads else None,
+        torch_interop_threads=threads.interop if threads else None,
+        omp_wait_policy=os.environ.get("OMP_WAIT_POLICY") or None,
+    )

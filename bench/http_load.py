@@ -24,7 +24,7 @@ client, are what is measured. CPU per request is the server process's user+syste
 ``storage_unavailable`` (a charge that waited out SQLite's busy timeout) is counted and
 reported, not hidden: it is what unserialised charges do under load.
 
-    .venv/bin/python bench/requests.py [--quick] [--baseline REV] [--concurrency 16]
+    .venv/bin/python bench/http_load.py [--quick] [--baseline REV] [--concurrency 16]
 """
 
 from __future__ import annotations
