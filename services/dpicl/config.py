@@ -41,6 +41,10 @@ class Settings(BaseSettings):
     admin_token: str | None = None
     api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
     whitebox: WhiteBox = "off"
+    docs: bool = Field(
+        default=True,
+        description="Serve /docs and /redoc (assets served locally, no CDN); false: neither.",
+    )
     max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
     # What one connection may cost before the app sees a request (api/http_limits.py):
     # uvicorn's httptools parser has no limit on a request's head (it took a 200 MiB header)

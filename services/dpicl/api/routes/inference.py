@@ -14,7 +14,7 @@ from dpicl.api.schemas import (
 )
 from dpicl.errors import InvalidRequest
 from dpicl.pipelines.esa import EsaOutcome, run_esa
-from dpicl.pipelines.mozo import MozoOutcome, run_mozo
+from dpicl.pipelines.mozo import MozoOutcome, TokenSink, run_mozo
 from dpicl.pipelines.mozo_offline import PublicOutcome, run_public
 from dpicl.pipelines.partitions import check_query
 from dpicl.pipelines.voting import VotingOutcome, run_voting
@@ -71,9 +71,12 @@ GenerateOutcome = EsaOutcome | MozoOutcome | PublicOutcome
 
 
 async def generate_outcome(
-    req: GenerateRequest, svc: Services, *, exact: bool = False
+    req: GenerateRequest, svc: Services, *, exact: bool = False, sink: TokenSink | None = None
 ) -> GenerateOutcome:
-    """Shared by the public and the debug route: one generation, dispatched on the mechanism."""
+    """Shared by the public and the debug route: one generation, dispatched on the mechanism.
+
+    ``sink``: DPS-MOZO streams its tokens to it as they are sampled (the other mechanisms
+    release their one answer at the end)."""
     query = check_query(req.query, svc.settings.max_query_chars)
     ctx = await context_for(req.context_id, svc, ("esa", "dps-mozo", "public"), "/v1/generate")
     name = ctx.mechanism["name"]
@@ -86,6 +89,7 @@ async def generate_outcome(
             rng=secure_rng(),
             max_tokens=req.max_tokens,
             exact=exact,
+            sink=sink,
         )
     if name == "public":
         return await run_public(
