@@ -370,3 +370,38 @@ def test_disconnect_mid_stream_stops_sampling_and_keeps_the_charge(
         timeout=30,
     )
     assert r.status_code == 200 and ledger(srv, cid)["queries"] == 2
+
+
+def test_readme_snippet_runs_against_dpicl_serve(
+    start_server: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's four lines, as a new user runs them: a fresh server, the README's own
+    classification context, the snippet executed as written (only its URL and key swapped)."""
+    import re
+
+    from tests.servers import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"<!-- openai-snippet.*?```python\n(.*?)```", readme, re.S)
+    assert block is not None, "the README lost its openai snippet"
+    code = block.group(1)
+    assert 'base_url="http://127.0.0.1:8000/v1"' in code and 'api_key="user-key"' in code
+    srv = start_server(oracle_server_env(tmp_path, whitebox="off"))
+    create(
+        srv,
+        {
+            "task": "classification",
+            "labels": ["positive", "negative"],
+            "exemplars": [
+                {"input": "Loved it", "output": "positive"},
+                {"input": "Awful", "output": "negative"},
+            ],
+            "mechanism": {"name": "voting", "epsilon": 1.0, "delta": 1e-5, "partitions": 2},
+            "budget": {"epsilon": 4.0, "delta": 1e-5},
+        },
+    )
+    code = code.replace("http://127.0.0.1:8000/v1", f"{srv.url}/v1").replace("user-key", USER)
+    exec(compile(code, "README.md", "exec"), {})
+    printed = capsys.readouterr().out
+    assert printed.split()[0] in ("positive", "negative")
+    assert "'epsilon': 1.0" in printed and "'remaining_epsilon'" in printed
