@@ -1,4 +1,5 @@
-"""The OpenAI-compatible routes: a context is a model (logic in ``api/openai_surface.py``).
+"""The OpenAI-compatible routes: a context is a model (logic in ``api/openai_surface.py``
+and ``api/openai_stream.py``).
 
 Errors here are in OpenAI's shape (``api/openai_errors.py``); authentication is the native
 inference routes' (a user key, or the admin token).
@@ -20,6 +21,7 @@ from dpicl.api.openai_schemas import (
     ModelList,
     TextCompletion,
 )
+from dpicl.api.openai_stream import stream_answer
 from dpicl.api.openai_surface import (
     Kind,
     OpenAIRequest,
@@ -31,7 +33,6 @@ from dpicl.api.openai_surface import (
     model_page,
     one_model,
     refuse_unsupported,
-    stream_answer,
 )
 from dpicl.domain import MAX_LIST_LIMIT
 
