@@ -19,7 +19,7 @@ from typing import Any
 
 from fastapi.responses import StreamingResponse
 
-from dpicl.api.deps import Services, load_context
+from dpicl.api.deps import Services
 from dpicl.api.openai_errors import openai_status
 from dpicl.api.openai_surface import (
     Answer,
@@ -32,8 +32,7 @@ from dpicl.api.openai_surface import (
     usage_of,
 )
 from dpicl.errors import DpiclError
-from dpicl.pipelines.contexts import cost_of
-from dpicl.privacy.ledger import BudgetStatus
+from dpicl.privacy.ledger import BudgetStatus, Cost
 
 
 def _sse(payload: dict[str, Any] | str) -> str:
@@ -87,8 +86,8 @@ class _QueueSink:
     def __init__(self) -> None:
         self.queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
 
-    async def charged(self, budget: BudgetStatus) -> None:
-        self.queue.put_nowait(("charged", budget))
+    async def charged(self, cost: Cost, budget: BudgetStatus) -> None:
+        self.queue.put_nowait(("charged", (cost, budget)))
 
     async def text(self, delta: str) -> None:
         self.queue.put_nowait(("text", delta))
@@ -117,7 +116,7 @@ async def stream_answer(
     task.add_done_callback(lambda _: sink.queue.put_nowait(("done", None)))
     task.add_done_callback(_retrieve)
     try:
-        event, budget = await sink.queue.get()
+        event, value = await sink.queue.get()
     except BaseException:
         task.cancel()
         raise
@@ -126,8 +125,8 @@ async def stream_answer(
         headers = cost_headers(a.cost, a.budget)
         body = _single(kind, req, a, svc.engine.name)
     else:
-        ctx = await load_context(req.model, svc, for_query=True)
-        headers = cost_headers(cost_of(ctx), budget)
+        cost, budget = value
+        headers = cost_headers(cost, budget)
         body = _tokens(kind, req, sink, task, svc.engine.name)
     headers |= {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return StreamingResponse(body, media_type="text/event-stream", headers=headers)

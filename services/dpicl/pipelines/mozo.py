@@ -65,10 +65,10 @@ class MozoOutcome:
 
 
 class TokenSink(Protocol):
-    """Hears a DPS-MOZO answer as it is released (streaming): the budget after the charge,
-    before the first token, then each piece of text as its token is sampled."""
+    """Hears a DPS-MOZO answer as it is released (streaming): its cost and the budget after
+    the charge, before the first token, then each piece of text as its token is sampled."""
 
-    async def charged(self, budget: BudgetStatus) -> None: ...
+    async def charged(self, cost: Cost, budget: BudgetStatus) -> None: ...
 
     async def text(self, delta: str) -> None: ...
 
@@ -247,7 +247,7 @@ async def run_mozo(
 
     async def on_charged(charged: StoredContext) -> None:
         assert sink is not None
-        await sink.charged(Ledger.status(charged, cost))
+        await sink.charged(cost, Ledger.status(charged, cost))
 
     charged, out = await paid_engine_call(
         ledger,
