@@ -405,3 +405,45 @@ def test_readme_snippet_runs_against_dpicl_serve(
     printed = capsys.readouterr().out
     assert printed.split()[0] in ("positive", "negative")
     assert "'epsilon': 1.0" in printed and "'remaining_epsilon'" in printed
+
+
+def _dom(url: str) -> str:
+    """The page as headless Chromium (Debian's ``chromium``, installed by ``.ci/run`` where
+    apt-get can) renders it, with every host but 127.0.0.1 unresolvable."""
+    import shutil
+    import subprocess
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("chromium is not installed (.ci/run installs Debian's package)")
+    out = subprocess.run(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+            "--virtual-time-budget=15000",
+            "--dump-dom",
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return out.stdout
+
+
+@pytest.mark.slow
+def test_docs_render_in_a_browser_without_internet(server: ServerProcess) -> None:
+    """A page that still needed a CDN would render no operation here: FastAPI's default
+    /docs, which loads Swagger UI from cdn.jsdelivr.net, renders none under the same rules
+    (checked by hand on 2026-11-25)."""
+    import re
+
+    swagger = _dom(f"{server.url}/docs")
+    paths = set(re.findall(r'class="opblock-summary-path" data-path="([^"]+)"', swagger))
+    assert {"/v1/classify", "/v1/models", "/v1/chat/completions", "/v1/completions"} <= paths
+    redoc = _dom(f"{server.url}/redoc")
+    assert "/v1/chat/completions" in redoc and "Something went wrong" not in redoc
