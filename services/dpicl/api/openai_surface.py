@@ -45,7 +45,7 @@ from dpicl.errors import (
     UnsupportedParameter,
 )
 from dpicl.pipelines.contexts import cost_of
-from dpicl.pipelines.mozo import MozoOutcome
+from dpicl.pipelines.mozo import MozoOutcome, TokenSink
 from dpicl.privacy.ledger import BudgetStatus, Cost, Ledger
 from dpicl.store.repository import StoredContext, is_context_id
 
@@ -187,7 +187,7 @@ class Answer:
 
 
 async def answer(
-    req: OpenAIRequest, svc: Services, *, sink: Any = None, query: tuple[str, str]
+    req: OpenAIRequest, svc: Services, *, sink: TokenSink | None = None, query: tuple[str, str]
 ) -> Answer:
     """One answer through the native pipelines (same charge as /v1/classify, /v1/generate)."""
     text, query_param = query
