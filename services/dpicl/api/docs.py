@@ -29,6 +29,8 @@ def assets_dir() -> Path:
 
 
 def docs_router(app: FastAPI) -> APIRouter:
+    # Resolved at start: a missing package fails the start, not a request.
+    static = assets_dir()
     router = APIRouter(include_in_schema=False)
     openapi_url = app.openapi_url or "/openapi.json"
     title = app.title
@@ -58,6 +60,6 @@ def docs_router(app: FastAPI) -> APIRouter:
         media = ASSETS.get(name)
         if media is None:  # a fixed list: no path from the URL reaches the file system
             raise NotFound(f"no documentation asset {name[:80]!r}")
-        return FileResponse(assets_dir() / name, media_type=media)
+        return FileResponse(static / name, media_type=media)
 
     return router
