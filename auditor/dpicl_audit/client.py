@@ -104,6 +104,8 @@ def error_from_response(response: httpx.Response, path: str = "") -> TargetRejec
     cls = _REJECTIONS.get(response.status_code, TargetRejected)
     if response.status_code == 403 and code != "budget_exhausted":
         cls = TargetRejected
+    if response.status_code == 429 and code == "budget_exhausted":
+        cls = TargetBudgetExhausted  # the OpenAI-compatible surface's status for it
     return cls(response.status_code, code, message, param, path=path)
 
 

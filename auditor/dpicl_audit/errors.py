@@ -19,7 +19,8 @@ already guards against ``ValueError`` keeps working::
         │   │   ├── TargetUnauthorized  401: a missing or wrong token
         │   │   ├── TargetNotFound      404: an unknown context, or /v1/debug/* while the
         │   │   │                       server's white-box access is off
-        │   │   └── TargetBudgetExhausted  403: the context's budget is spent
+        │   │   └── TargetBudgetExhausted  403 (429 on the OpenAI surface): the
+        │   │                           context's budget is spent
         │   ├── TargetUnavailable       no answer after every retry (connection errors,
         │   │                           timeouts, 5xx); carries the last ``status``
         │   └── TargetProtocolError     an answer that does not follow HTTP API v1, or a
@@ -97,7 +98,8 @@ class TargetNotFound(TargetRejected):
 
 
 class TargetBudgetExhausted(TargetRejected):
-    """403: the context's privacy budget is spent (nothing was charged)."""
+    """403 (429 ``budget_exhausted`` on the OpenAI surface): the context's privacy budget
+    is spent (nothing was charged)."""
 
 
 class TargetUnavailable(TargetError):

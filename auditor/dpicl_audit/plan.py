@@ -75,6 +75,9 @@ EmbeddingSource = Literal["auto", "server", "local"]
 #: ESA has the same four (mechanisms.esa_designs: the canary's partition decides which signal
 #: text is nearer the noisy mean).
 VotingDesign = Literal["auto", "paper", "pivotal", "identical"]
+#: Which surface the audit queries go through: dpicl's own routes, or the OpenAI-compatible
+#: chat completions (any OpenAI-compatible DP-ICL endpoint, with a context hook).
+TargetApi = Literal["native", "openai"]
 #: Dataset and max_tokens defaults that differ from voting's, per mechanism.
 _MECHANISM_DEFAULTS: dict[str, dict[str, Any]] = {
     "esa": {"dataset": "dialogsum-mini"},
@@ -96,6 +99,18 @@ class TargetSpec(BaseModel):
     api_key: SecretStr | None = Field(
         default=None, description="User key for /v1/classify; the admin token when absent."
     )
+    api: TargetApi = Field(
+        default="native",
+        description="native: /v1/classify and /v1/generate; openai: /v1/chat/completions "
+        "(black-box only), the answer read from `choices`.",
+    )
+    context_hook: str | None = Field(
+        default=None,
+        max_length=2000,
+        description="Creates each neighbouring context instead of POST /v1/contexts: a Python "
+        "entry point `module:function` or a command; it receives the context (JSON) and "
+        "returns the model id to query (openai only).",
+    )
 
     @field_validator("base_url")
     @classmethod
@@ -115,6 +130,17 @@ class TargetSpec(BaseModel):
         if url.port is not None and not 1 <= url.port <= 65_535:
             raise ValueError(f"base_url {v!r} has port {url.port}, outside 1 to 65535")
         return v
+
+    @model_validator(mode="after")
+    def _hook_needs_openai(self) -> Self:
+        if self.context_hook is not None and self.api != "openai":
+            raise ValueError(
+                "context_hook (--context-hook) creates the contexts of an OpenAI-compatible "
+                "endpoint: it needs api = 'openai' (--api openai)"
+            )
+        if self.context_hook is not None and not self.context_hook.strip():
+            raise ValueError("context_hook is blank")
+        return self
 
 
 class MechanismSpec(BaseModel):

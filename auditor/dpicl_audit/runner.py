@@ -229,10 +229,11 @@ async def _start(
     if run_id is not None:
         check_run_id(run_id)
     out_directory(out_dir)
-    if plan.target.admin_token is None:
+    if plan.target.admin_token is None and plan.target.context_hook is None:
         raise InvalidPlan(
             "the audit needs the server's admin token (target.admin_token, --admin-token or "
-            "DPICL_AUDIT_ADMIN_TOKEN) to create its canary contexts"
+            "DPICL_AUDIT_ADMIN_TOKEN) to create its canary contexts, or a context hook "
+            "(--api openai --context-hook) that creates them"
         )
     mechanism = get_mechanism(plan.mechanism.name)
     if kind == "bootstrap" and not mechanism.has_bootstrap:
@@ -361,7 +362,7 @@ async def resume_audit(
         if run.design is None:
             raise InvalidAuditInput(f"run {run_id} has no recorded design; it cannot resume")
         design = run_design(run, plan)
-        if target is None and plan.target.admin_token is None:
+        if target is None and plan.target.admin_token is None and not plan.target.context_hook:
             raise InvalidPlan(
                 f"resuming {run_id} needs the server's admin token (--admin-token or "
                 "DPICL_AUDIT_ADMIN_TOKEN); tokens are never stored in the trial log"

@@ -73,12 +73,20 @@ def opened_store(
 
 
 def client_for(plan: AuditPlan) -> DpiclClient:
+    """The plan's client: dpicl's own routes, or the OpenAI-compatible surface
+    (``target.api``), whose contexts a ``target.context_hook`` may create."""
     t = plan.target
-    return DpiclClient(
-        t.base_url,
-        admin_token=t.admin_token.get_secret_value() if t.admin_token else None,
-        api_key=t.api_key.get_secret_value() if t.api_key else None,
-        concurrency=plan.concurrency,
-        timeout=plan.timeout,
-        retries=plan.retries,
-    )
+    options: dict[str, Any] = {
+        "admin_token": t.admin_token.get_secret_value() if t.admin_token else None,
+        "api_key": t.api_key.get_secret_value() if t.api_key else None,
+        "concurrency": plan.concurrency,
+        "timeout": plan.timeout,
+        "retries": plan.retries,
+    }
+    if t.api == "openai":
+        from dpicl_audit.context_hook import load_hook
+        from dpicl_audit.openai_client import OpenAIClient
+
+        hook = load_hook(t.context_hook, timeout=plan.timeout) if t.context_hook else None
+        return OpenAIClient(t.base_url, hook=hook, **options)
+    return DpiclClient(t.base_url, **options)

@@ -46,6 +46,10 @@ class Settings(BaseSettings):
     # POST /v1/keys, are all three); their id in the spend record is static-<8 hex of scrypt>.
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
     whitebox: WhiteBox = "off"
+    docs: bool = Field(
+        default=True,
+        description="Serve /docs and /redoc (assets served locally, no CDN); false: neither.",
+    )
     max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
     # What one connection may cost before the app sees a request (api/http_limits.py):
     # uvicorn's httptools parser has no limit on a request's head (it took a 200 MiB header)

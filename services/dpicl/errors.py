@@ -5,9 +5,12 @@ one stable ``code`` in the single error shape ``{"error": {"code", "message", "p
 
     DpiclError                      500 internal_error
     ├── InvalidRequest              422 invalid_request   (names the bad value in ``param``)
-    │   └── ConfigurationError      422 invalid_request   (mechanism or budget settings)
+    │   ├── ConfigurationError      422 invalid_request   (mechanism or budget settings)
+    │   └── UnsupportedParameter    400 unsupported_parameter (OpenAI surface: a parameter
+    │                                   that would leak or cannot be honoured)
     ├── Unauthorized                401 unauthorized
     ├── NotFound                    404 not_found
+    │   └── ModelNotFound           404 model_not_found   (OpenAI surface: no such context)
     ├── BudgetExhausted             403 budget_exhausted  (nothing was charged)
     ├── PayloadTooLarge             413 payload_too_large
     ├── RequestTimeout              408 request_timeout   (the head or body came too slowly)
@@ -46,6 +49,14 @@ class ConfigurationError(InvalidRequest):
     """Mechanism or budget settings that cannot be honoured (epsilon <= 0, T > |D|, ...)."""
 
 
+class UnsupportedParameter(InvalidRequest):
+    """An OpenAI parameter the server refuses: it would release un-noised internals
+    (``logprobs``), or the mechanism cannot honour it (``n > 1``, ``tools``, ``seed``)."""
+
+    status_code = 400
+    code = "unsupported_parameter"
+
+
 class Unauthorized(DpiclError):
     status_code = 401
     code = "unauthorized"
@@ -54,6 +65,12 @@ class Unauthorized(DpiclError):
 class NotFound(DpiclError):
     status_code = 404
     code = "not_found"
+
+
+class ModelNotFound(NotFound):
+    """The OpenAI surface's name for an unknown context (a context is a model there)."""
+
+    code = "model_not_found"
 
 
 class BudgetExhausted(DpiclError):

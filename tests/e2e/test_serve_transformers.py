@@ -1,5 +1,7 @@
 """End to end: a real `dpicl serve` process with the transformers engine and the bundled
-SmolLM2 model, classifying over HTTP as a new user would."""
+SmolLM2 model, classifying over HTTP as a new user would, and through the official `openai`
+SDK (one classification, one short streamed DPS-MOZO generation; one server for both, since
+loading the model is most of the time)."""
 
 from __future__ import annotations
 
@@ -7,9 +9,10 @@ import os
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
-from tests.conftest import admin_headers, user_headers
+from tests.conftest import USER, admin_headers, user_headers
 
 pytestmark = pytest.mark.slow
 
@@ -66,3 +69,30 @@ def test_classify_with_real_model_over_http(start_server: Any, tmp_path: Any) ->
         assert out["budget"]["remaining_epsilon"] < 40.0
     info = httpx.get(f"{srv.url}/v1/contexts/{cid}", headers=admin_headers()).json()
     assert info["spent"]["queries"] == 2
+
+    # The same server through the OpenAI SDK: a context is a model.
+    client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key=USER, max_retries=0, timeout=300)
+    reply = client.chat.completions.create(
+        model=cid, messages=[{"role": "user", "content": "What a lovely, happy day."}]
+    )
+    assert reply.choices[0].message.content in ("positive", "negative")
+    ext = reply.model_extra["dpicl"]  # type: ignore[index]
+    assert ext["engine"] == "transformers" and ext["cost"]["epsilon"] == 4.0
+    assert ext["budget"]["queries"] == 3
+    mech = {"name": "dps-mozo", "epsilon": 4.0, "n_shots": 1, "top_k": 20}
+    body = {
+        "task": "generation",
+        "exemplars": [{"input": i, "output": o} for i, o in REVIEWS[:2]],
+        "mechanism": mech | {"max_tokens": 2, "queries": 2},
+    }
+    r = httpx.post(f"{srv.url}/v1/contexts", json=body, headers=admin_headers(), timeout=30)
+    assert r.status_code == 201, r.text
+    chunks = list(
+        client.completions.create(model=r.json()["id"], prompt="A fine film.", stream=True)
+    )
+    final = chunks[-1]
+    assert final.choices[0].finish_reason in ("stop", "length")
+    assert final.model_extra["dpicl"]["budget"]["queries"] == 1  # type: ignore[index]
+    assert len(chunks) <= 2 + 2  # the opening chunk, at most 2 tokens, the closing chunk
+    text = "".join(c.choices[0].text for c in chunks)
+    assert text or final.choices[0].finish_reason == "stop"

@@ -303,3 +303,49 @@ def test_a_key_revoked_after_its_request_was_authenticated_is_not_charged(
         assert asyncio.run(race()) == Refused("revoked")
         info = c.get(f"/v1/contexts/{cid}", headers=admin_headers()).json()
         assert info["spent"]["queries"] == 0
+
+
+def test_the_openai_surface_keeps_a_keys_scope_and_budget(tmp_path: Path) -> None:
+    """A key scoped to a tenant lists only its models, and a model outside its scope reads
+    as unknown (404 model_not_found, the answer for an id that does not exist), also as
+    a listing cursor; its answers are charged to its own budget and its spend rows."""
+    with make_client(tmp_path) as c:
+        mine = c.post(
+            "/v1/contexts", json=voting_context(tenant="acme"), headers=admin_headers()
+        ).json()["id"]
+        other = c.post("/v1/contexts", json=voting_context(), headers=admin_headers()).json()["id"]
+        key = c.post(
+            "/v1/keys", json={"tenant": "acme", "budget": budget_for(1)}, headers=admin_headers()
+        ).json()
+        h = bearer(key["secret"])
+        assert [m["id"] for m in c.get("/v1/models", headers=h).json()["data"]] == [mine]
+        listed = {m["id"] for m in c.get("/v1/models", headers=user_headers()).json()["data"]}
+        assert listed == {mine, other}  # a static key reaches every context
+        missing = "ctx_" + "0" * 24
+        for model in (other, missing):
+            r = c.get(f"/v1/models/{model}", headers=h)
+            assert (r.status_code, r.json()["error"]["code"]) == (404, "model_not_found")
+            chat = {"model": model, "messages": [{"role": "user", "content": "q"}]}
+            r = c.post("/v1/chat/completions", json=chat, headers=h)
+            assert (r.status_code, r.json()["error"]["code"]) == (404, "model_not_found")
+            r = c.get("/v1/models", params={"after": model}, headers=h)
+            assert r.status_code == 400 and r.json()["error"]["param"] == "after"
+        chat = {"model": mine, "messages": [{"role": "user", "content": "q"}]}
+        assert c.post("/v1/chat/completions", json=chat, headers=h).status_code == 200
+        # The key's own budget (one answer) is spent: the next is refused, nothing charged.
+        r = c.post("/v1/chat/completions", json=chat, headers=h)
+        assert (r.status_code, r.json()["error"]["code"]) == (429, "budget_exhausted")
+        assert "Retry-After" not in r.headers and r.headers["x-should-retry"] == "false"
+        spend = c.get(f"/v1/contexts/{mine}/spend", headers=admin_headers()).json()
+        totals = {t["key_id"]: t for t in spend["by_key"]}
+        assert totals[key["id"]]["answered"] == 1 and totals[key["id"]]["refused"] == 1
+        assert spend["queries"] == 1
+        # A rate limit is not a budget: 429 rate_limited keeps its Retry-After.
+        limited = c.post(
+            "/v1/keys", json={"tenant": "acme", "rate_limit": 1}, headers=admin_headers()
+        ).json()
+        hl = bearer(limited["secret"])
+        assert c.post("/v1/chat/completions", json=chat, headers=hl).status_code == 200
+        r = c.post("/v1/chat/completions", json=chat, headers=hl)
+        assert (r.status_code, r.json()["error"]["code"]) == (429, "rate_limited")
+        assert int(r.headers["Retry-After"]) >= 1 and "x-should-retry" not in r.headers

@@ -83,6 +83,24 @@ def audit_command(kind: str) -> Callable[..., None]:
         url: UrlOpt = None,
         admin_token: AdminOpt = None,
         api_key: KeyOpt = None,
+        api: Annotated[
+            str | None,
+            typer.Option(
+                help=_h(
+                    "target.api",
+                    "native: /v1/classify, /v1/generate | openai: chat completions, the "
+                    "answer read from choices (black-box only)",
+                )
+            ),
+        ] = None,
+        context_hook: Annotated[
+            str | None,
+            typer.Option(
+                help="With --api openai: a Python entry point module:function or a command "
+                "that receives each context (JSON) and returns the model id to query, "
+                "instead of POST /v1/contexts. (default: none)"
+            ),
+        ] = None,
         dataset: Annotated[
             str | None,
             typer.Option(
@@ -280,6 +298,8 @@ def audit_command(kind: str) -> Callable[..., None]:
             "target.base_url": url,
             "target.admin_token": admin_token,
             "target.api_key": api_key,
+            "target.api": api,
+            "target.context_hook": context_hook,
             "dataset": dataset,
             "canary": canary,
             "mechanism.epsilons": _floats(epsilons, "--epsilons"),

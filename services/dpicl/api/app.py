@@ -13,8 +13,9 @@ from fastapi import FastAPI
 from dpicl import __version__
 from dpicl.api.body_timeout import BodyTimeoutMiddleware
 from dpicl.api.deps import Services
+from dpicl.api.docs import docs_router
 from dpicl.api.errors import BodyLimitMiddleware, install_error_handlers
-from dpicl.api.routes import contexts, debug, health, inference, keys
+from dpicl.api.routes import contexts, debug, health, inference, keys, openai
 from dpicl.api.schemas import ErrorResponse
 from dpicl.config import Settings
 from dpicl.engines.base import Embedder, Engine
@@ -120,6 +121,9 @@ def build_app(
         description=DESCRIPTION,
         lifespan=lifespan,
         responses=COMMON_ERRORS,
+        # Served by docs_router from local assets (no CDN), or not at all (DPICL_DOCS).
+        docs_url=None,
+        redoc_url=None,
     )
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
@@ -128,6 +132,9 @@ def build_app(
     app.include_router(contexts.router)
     app.include_router(inference.router)
     app.include_router(keys.router)
+    app.include_router(openai.router)
+    if settings.docs:
+        app.include_router(docs_router(app))
     if settings.whitebox != "off":
         app.include_router(debug.router)
     return app

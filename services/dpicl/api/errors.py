@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from dpicl.api.openai_errors import is_openai_path, openai_error_response
 from dpicl.domain import NO_NUL, NONBLANK_NO_NUL
 from dpicl.errors import DpiclError, PayloadTooLarge, RateLimited
 
@@ -20,8 +21,17 @@ log = logging.getLogger("dpicl.api")
 
 
 def error_response(
-    status: int, code: str, message: str, param: str | None = None, headers: Any = None
+    status: int,
+    code: str,
+    message: str,
+    param: str | None = None,
+    headers: Any = None,
+    *,
+    path: str = "",
 ) -> JSONResponse:
+    """The error in dpicl's shape, or in OpenAI's on the OpenAI-compatible ``path``s."""
+    if is_openai_path(path):
+        return openai_error_response(status, code, message, param, headers)
     body = {"error": {"code": code, "message": message, "param": param}}
     return JSONResponse(status_code=status, content=body, headers=headers)
 
@@ -57,7 +67,7 @@ def _may_echo(error: dict[str, Any]) -> bool:
     return not any(p in _PRIVATE_FIELDS for p in loc)
 
 
-def _validation(exc: RequestValidationError, content_type: str | None) -> JSONResponse:
+def _validation(exc: RequestValidationError, content_type: str | None, path: str) -> JSONResponse:
     errors = list(exc.errors())
     first: dict[str, Any] = (
         dict(errors[0]) if errors else {"loc": (), "msg": "invalid request", "type": ""}
@@ -67,7 +77,10 @@ def _validation(exc: RequestValidationError, content_type: str | None) -> JSONRe
         loc = tuple(first.get("loc", ()))
         at = f" at character {loc[1]}" if len(loc) == 2 and isinstance(loc[1], int) else ""
         return error_response(
-            400, "invalid_json", f"request body is not valid JSON: {ctx.get('error', '')}{at}"
+            400,
+            "invalid_json",
+            f"request body is not valid JSON: {ctx.get('error', '')}{at}",
+            path=path,
         )
     if tuple(first.get("loc", ())) == ("body",) and isinstance(first.get("input"), bytes):
         # FastAPI hands the body over unparsed unless it is declared JSON: the body is not
@@ -77,6 +90,7 @@ def _validation(exc: RequestValidationError, content_type: str | None) -> JSONRe
             "invalid_request",
             "request body: send JSON with Content-Type: application/json "
             + (f"(got {content_type!r})" if content_type else "(it has no Content-Type)"),
+            path=path,
         )
     param = _param(tuple(first.get("loc", ())))
     msg = str(first.get("msg", "invalid value"))
@@ -91,7 +105,7 @@ def _validation(exc: RequestValidationError, content_type: str | None) -> JSONRe
     msg = f"{param}: {msg}" if param else f"request body: {msg}"
     if first.get("type") == "missing" and param:
         msg = f"{param}: field required"
-    return error_response(422, "invalid_request", msg, param)
+    return error_response(422, "invalid_request", msg, param, path=path)
 
 
 def _unreadable_json(cause: BaseException | None) -> str:
@@ -123,17 +137,19 @@ def _allowed_methods(request: Request) -> list[str]:
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(DpiclError)
-    async def _dpicl(_: Request, exc: DpiclError) -> JSONResponse:
+    async def _dpicl(request: Request, exc: DpiclError) -> JSONResponse:
         headers: dict[str, str] | None = None
         if exc.status_code == 401:
             headers = {"WWW-Authenticate": "Bearer"}
         elif isinstance(exc, RateLimited):
             headers = {"Retry-After": str(exc.retry_after_s)}
-        return error_response(exc.status_code, exc.code, exc.message, exc.param, headers)
+        return error_response(
+            exc.status_code, exc.code, exc.message, exc.param, headers, path=request.url.path
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return _validation(exc, request.headers.get("content-type"))
+        return _validation(exc, request.headers.get("content-type"), request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -141,11 +157,15 @@ def install_error_handlers(app: FastAPI) -> None:
         if exc.status_code == 400 and isinstance(cause, DpiclError):
             # FastAPI turns whatever stops it reading the body into a 400: a chunked body
             # that BodyLimitMiddleware cut off at the limit is a 413, not "invalid JSON".
-            return error_response(cause.status_code, cause.code, cause.message, cause.param)
+            return error_response(
+                cause.status_code, cause.code, cause.message, cause.param, path=request.url.path
+            )
         if exc.status_code == 400:
             # FastAPI's answer to a body json.loads could not read at all; the reason is
             # the exception it chained.
-            return error_response(400, "invalid_json", _unreadable_json(cause))
+            return error_response(
+                400, "invalid_json", _unreadable_json(cause), path=request.url.path
+            )
         codes = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}
         headers = dict(exc.headers or {})
         if exc.status_code == 405:
@@ -157,15 +177,16 @@ def install_error_handlers(app: FastAPI) -> None:
             codes.get(exc.status_code, "http_error"),
             str(exc.detail),
             headers=headers or None,
+            path=request.url.path,
         )
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         # The type only: an exception's text may quote private data (exemplars, queries).
         # Where it happened (file, line, code) is safe to log; the message is not.
         where = "".join(traceback.format_tb(exc.__traceback__))
         log.error("unhandled error %s at\n%s", type(exc).__name__, where)
-        return error_response(500, "internal_error", "internal server error")
+        return error_response(500, "internal_error", "internal server error", path=request.url.path)
 
 
 class BodyLimitMiddleware:
@@ -205,5 +226,6 @@ class BodyLimitMiddleware:
             PayloadTooLarge.code,
             f"request body of {size} bytes exceeds the limit of {self.max_bytes} bytes "
             "(DPICL_MAX_BODY_BYTES)",
+            path=str(scope.get("path", "")),
         )
         await response(scope, receive, send)

@@ -12,8 +12,9 @@ The offline mode (Algorithm 3) is :mod:`dpicl.pipelines.mozo_offline`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -63,6 +64,15 @@ class MozoOutcome:
     budget: BudgetStatus
 
 
+class TokenSink(Protocol):
+    """Hears a DPS-MOZO answer as it is released (streaming): its cost and the budget after
+    the charge, before the first token, then each piece of text as its token is sampled."""
+
+    async def charged(self, cost: Cost, budget: BudgetStatus) -> None: ...
+
+    async def text(self, delta: str) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class _Decoded:
     token_ids: list[int]
@@ -110,6 +120,7 @@ async def mozo_decode(
     eps0: float | None = None,
     exact: bool = False,
     private: bool = True,
+    on_text: Callable[[str], Awaitable[None]] | None = None,
 ) -> _Decoded:
     """The decoding loop over one session; ``prompts[-1]`` is the zero-shot prompt.
 
@@ -119,12 +130,16 @@ async def mozo_decode(
     ``private=False`` is the non-private ensemble baseline of the benchmark: the same loop
     and the same sampled shots, but the token is drawn from the normalised product of the
     raw one-shot distributions (no lambda search, no mixing).
+
+    ``on_text`` hears the text each sampled token adds, as it is sampled (held back while
+    the decoded text ends in an incomplete character, since a token may carry part of one).
     """
     n_exemplars = len(prompts) - 1
     session = await engine.open_decoding(prompts, zero_shot_index=n_exemplars, top_k=top_k)
     token_ids: list[int] = []
     tokens: list[MozoToken] = []
     eos = False
+    sent = ""
     try:
         for t in range(max_tokens):
             step = await session.step()
@@ -166,12 +181,31 @@ async def mozo_decode(
                 eos = True
                 break
             token_ids.append(token)
+            if on_text is not None:
+                sent = await _emit(session.decode(token_ids), sent, on_text, final=False)
             if t + 1 < max_tokens:
                 await session.advance(token)
         text = session.decode(token_ids)
+        if on_text is not None:
+            await _emit(text, sent, on_text, final=True)
     finally:
         await session.aclose()
     return _Decoded(token_ids=token_ids, tokens=tokens, text=text, eos=eos)
+
+
+async def _emit(
+    now: str, sent: str, on_text: Callable[[str], Awaitable[None]], *, final: bool
+) -> str:
+    """Send what ``now`` adds to the text already ``sent``; return the text sent so far.
+
+    Only an extension of what was sent can be sent (a tokenizer that rewrites earlier text
+    when more follows, e.g. cleaning up spaces, sends the rest once it extends again)."""
+    if not now.startswith(sent) or len(now) == len(sent):
+        return sent
+    if not final and now.endswith("\ufffd"):
+        return sent  # the token ended inside a multi-byte character
+    await on_text(now[len(sent) :])
+    return now
 
 
 def _max_tokens(context: StoredContext, max_tokens: int | None) -> int:
@@ -195,12 +229,26 @@ async def run_mozo(
     rng: np.random.Generator,
     max_tokens: int | None = None,
     exact: bool = False,
+    sink: TokenSink | None = None,
 ) -> MozoOutcome:
-    """One DPS-MOZO answer: charged one query first, refunded if the engine fails."""
+    """One DPS-MOZO answer: charged one query first, refunded if the engine fails before
+    any token left. ``sink`` given: the answer is streamed to it as it is sampled."""
     m = context.mechanism
     tokens = _max_tokens(context, max_tokens)
     cost = cost_of(context)
     proven = guarantee_of(m) == "proven"
+    streamed = False
+
+    async def on_text(delta: str) -> None:
+        nonlocal streamed
+        streamed = True
+        assert sink is not None
+        await sink.text(delta)
+
+    async def on_charged(charged: StoredContext) -> None:
+        assert sink is not None
+        await sink.charged(cost, Ledger.status(charged, cost))
+
     charged, out = await paid_engine_call(
         ledger,
         context,
@@ -218,7 +266,10 @@ async def run_mozo(
             rng=rng,
             eps0=float(m["max_log_ratio"]) if proven else None,
             exact=exact,
+            on_text=on_text if sink is not None else None,
         ),
+        on_charged=on_charged if sink is not None else None,
+        released=lambda: streamed,
     )
     return MozoOutcome(
         context=charged,

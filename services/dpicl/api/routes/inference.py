@@ -14,7 +14,7 @@ from dpicl.api.schemas import (
 )
 from dpicl.errors import InvalidRequest
 from dpicl.pipelines.esa import EsaOutcome, run_esa
-from dpicl.pipelines.mozo import MozoOutcome, run_mozo
+from dpicl.pipelines.mozo import MozoOutcome, TokenSink, run_mozo
 from dpicl.pipelines.mozo_offline import PublicOutcome, run_public
 from dpicl.pipelines.partitions import check_query
 from dpicl.pipelines.voting import VotingOutcome, run_voting
@@ -76,10 +76,17 @@ GenerateOutcome = EsaOutcome | MozoOutcome | PublicOutcome
 
 
 async def generate_outcome(
-    req: GenerateRequest, svc: Services, *, principal: Principal, exact: bool = False
+    req: GenerateRequest,
+    svc: Services,
+    *,
+    principal: Principal,
+    exact: bool = False,
+    sink: TokenSink | None = None,
 ) -> GenerateOutcome:
-    """Shared by the public and the debug route: one generation, dispatched on the mechanism,
-    within ``principal``'s scope, charged to the context and to ``principal``'s key."""
+    """Shared by the public, the OpenAI-compatible and the debug route: one generation,
+    dispatched on the mechanism, within ``principal``'s scope, charged to the context and to
+    ``principal``'s key. ``sink``: DPS-MOZO streams its tokens to it as they are sampled
+    (the other mechanisms release their one answer at the end)."""
     query = check_query(req.query, svc.settings.max_query_chars)
     ctx = await context_for(
         req.context_id, svc, principal, ("esa", "dps-mozo", "public"), "/v1/generate"
@@ -95,6 +102,7 @@ async def generate_outcome(
             rng=secure_rng(),
             max_tokens=req.max_tokens,
             exact=exact,
+            sink=sink,
         )
     if name == "public":
         return await run_public(

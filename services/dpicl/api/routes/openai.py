@@ -1,0 +1,122 @@
+"""The OpenAI-compatible routes: a context is a model (logic in ``api/openai_surface.py``
+and ``api/openai_stream.py``).
+
+Errors here are in OpenAI's shape (``api/openai_errors.py``); authentication is the native
+inference routes' (a user key, or the admin token).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from fastapi.responses import JSONResponse, Response
+
+from dpicl.api.deps import Caller, Svc
+from dpicl.api.openai_schemas import (
+    ChatCompletion,
+    ChatCompletionRequest,
+    CompletionRequest,
+    Model,
+    ModelList,
+    TextCompletion,
+)
+from dpicl.api.openai_stream import stream_answer
+from dpicl.api.openai_surface import (
+    Kind,
+    OpenAIRequest,
+    answer,
+    chat_query,
+    completion_body,
+    completion_query,
+    cost_headers,
+    model_page,
+    one_model,
+    refuse_unsupported,
+)
+from dpicl.domain import MAX_LIST_LIMIT
+from dpicl.store.keys import Principal
+
+_ERROR = {
+    "content": {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "properties": {
+                    "error": {
+                        "type": "object",
+                        "properties": {
+                            "message": {"type": "string"},
+                            "type": {"type": "string"},
+                            "param": {"type": ["string", "null"]},
+                            "code": {"type": "string"},
+                        },
+                    }
+                },
+            }
+        }
+    }
+}
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"description": "A bad or unsupported parameter (OpenAI's error shape)."} | _ERROR,
+    401: {"description": "No valid API key."} | _ERROR,
+    404: {"description": "model_not_found: no context with that id."} | _ERROR,
+    429: {"description": "budget_exhausted: nothing was charged; no Retry-After."} | _ERROR,
+}
+
+_STREAM: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The completion; with `stream: true`, server-sent events of chunks "
+        "ending with `data: [DONE]`. Headers X-DPICL-Epsilon-Spent, X-DPICL-Delta-Spent, "
+        "X-DPICL-Context-Epsilon-Spent, X-DPICL-Delta, X-DPICL-Epsilon-Remaining and "
+        "X-DPICL-Queries-Remaining (the last two when the context has a budget).",
+        "content": {"text/event-stream": {}},
+    }
+}
+
+router = APIRouter(prefix="/v1", tags=["openai"], responses=ERRORS)
+
+
+@router.get("/models", response_model=ModelList)
+async def list_models(
+    svc: Svc,
+    caller: Caller,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIST_LIMIT, description="Models per page.")] = (
+        MAX_LIST_LIMIT
+    ),
+    after: Annotated[
+        str | None, Query(max_length=200, description="The `last_id` of the previous page.")
+    ] = None,
+) -> ModelList:
+    """List the contexts this key may query as OpenAI models, with their budget left."""
+    return await model_page(svc, caller, limit, after)
+
+
+@router.get("/models/{model}", response_model=Model)
+async def get_model(model: str, svc: Svc, caller: Caller) -> Model:
+    """One context as an OpenAI model."""
+    return await one_model(model, svc, caller)
+
+
+async def _complete(kind: Kind, req: OpenAIRequest, svc: Svc, caller: Principal) -> Response:
+    refuse_unsupported(req)
+    query = chat_query(req) if isinstance(req, ChatCompletionRequest) else completion_query(req)
+    if req.stream:
+        return await stream_answer(kind, req, svc, caller, query)
+    a = await answer(req, svc, principal=caller, query=query)
+    return JSONResponse(
+        completion_body(kind, a, svc.engine.name), headers=cost_headers(a.cost, a.budget)
+    )
+
+
+@router.post("/chat/completions", response_model=ChatCompletion, responses=_STREAM)
+async def chat_completions(req: ChatCompletionRequest, svc: Svc, caller: Caller) -> Response:
+    """Answer the last user message with the context `model` (its label or a DP text)."""
+    return await _complete("chat", req, svc, caller)
+
+
+@router.post("/completions", response_model=TextCompletion, responses=_STREAM)
+async def completions(req: CompletionRequest, svc: Svc, caller: Caller) -> Response:
+    """Answer `prompt` with the context `model` (its label or a DP text)."""
+    return await _complete("text", req, svc, caller)

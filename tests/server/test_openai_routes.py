@@ -1,0 +1,145 @@
+"""The OpenAI-compatible routes in process (the SDK tests are tests/e2e/test_openai_sdk.py):
+the model listing's pages, OpenAI's error shape for failures outside the route (body limit,
+bad JSON, wrong method), and the charge rule of a streamed DPS-MOZO answer whose engine fails
+before or after its first token."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from dpicl.engines.base import PromptSpec, StepLogits
+from dpicl.engines.oracle import OracleEngine
+from tests.conftest import admin_headers, user_headers
+from tests.server.api_helpers import make_client, voting_context
+
+MOZO = {
+    "task": "generation",
+    "exemplars": [{"input": f"Dialogue {i}", "output": f"Summary {i}."} for i in range(4)],
+    "mechanism": {"name": "dps-mozo", "epsilon": 4.0, "n_shots": 2, "top_k": 20}
+    | {"max_tokens": 12, "queries": 3},
+}
+
+
+class FailsAtStep:
+    """A decoding session that fails at step ``fail_at`` (0: the first) and never ends."""
+
+    def __init__(self, inner: Any, fail_at: int) -> None:
+        self.inner, self.fail_at, self.steps = inner, fail_at, 0
+        self.eos_token_id = inner.eos_token_id
+
+    async def step(self) -> StepLogits:
+        if self.steps == self.fail_at:
+            raise RuntimeError("the model crashed")
+        self.steps += 1
+        out: StepLogits = await self.inner.step()
+        logits = out.logits.copy()
+        logits[:, out.top_ids == self.eos_token_id] = -1e4
+        return StepLogits(top_ids=out.top_ids, logits=logits)
+
+    async def advance(self, token_id: int) -> None:
+        await self.inner.advance(token_id)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return str(self.inner.decode(token_ids))
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class FailingDecoder(OracleEngine):
+    def __init__(self, fail_at: int) -> None:
+        super().__init__()
+        self.fail_at = fail_at
+
+    async def open_decoding(  # type: ignore[override]
+        self, prompts: Sequence[PromptSpec], *, zero_shot_index: int, top_k: int
+    ) -> FailsAtStep:
+        inner = await super().open_decoding(prompts, zero_shot_index=zero_shot_index, top_k=top_k)
+        return FailsAtStep(inner, self.fail_at)
+
+
+def _events(text: str) -> list[Any]:
+    out = []
+    for line in text.splitlines():
+        if line.startswith("data: "):
+            data = line[len("data: ") :]
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+def test_engine_failure_mid_stream_keeps_the_charge(tmp_path: Path) -> None:
+    with make_client(tmp_path, engine=FailingDecoder(fail_at=3)) as c:
+        cid = c.post("/v1/contexts", json=MOZO, headers=admin_headers()).json()["id"]
+        body = {"model": cid, "prompt": "Summarise.", "stream": True}
+        with c.stream("POST", "/v1/completions", json=body, headers=user_headers()) as r:
+            assert r.status_code == 200
+            assert r.headers["x-dpicl-queries-remaining"] == "2"
+            events = _events(r.read().decode())
+        texts = [e for e in events[1:] if isinstance(e, dict) and "choices" in e]
+        assert len(texts) == 3  # three tokens left before the failure
+        assert events[-2]["error"]["code"] == "engine_unavailable"
+        assert "stays charged" in events[-2]["error"]["message"]
+        assert events[-1] == "[DONE]"
+        spent = c.get(f"/v1/contexts/{cid}", headers=admin_headers()).json()["spent"]
+        assert spent["queries"] == 1  # tokens left: the answer stays charged
+
+
+def test_engine_failure_before_the_first_token_is_refunded(tmp_path: Path) -> None:
+    with make_client(tmp_path, engine=FailingDecoder(fail_at=0)) as c:
+        cid = c.post("/v1/contexts", json=MOZO, headers=admin_headers()).json()["id"]
+        body = {"model": cid, "messages": [{"role": "user", "content": "q"}], "stream": True}
+        r = c.post("/v1/chat/completions", json=body, headers=user_headers())
+        # The charge's headers went out (the stream had started) but no token did.
+        assert r.status_code == 200
+        events = _events(r.text)
+        assert events[-2]["error"]["code"] == "engine_unavailable"
+        assert "nothing was charged" in events[-2]["error"]["message"]
+        spent = c.get(f"/v1/contexts/{cid}", headers=admin_headers()).json()["spent"]
+        assert spent["queries"] == 0
+
+
+def test_model_pages_and_errors_in_openai_shape(tmp_path: Path) -> None:
+    with make_client(tmp_path, max_body_bytes=4096) as c:
+        ids = [
+            c.post("/v1/contexts", json=voting_context(), headers=admin_headers()).json()["id"]
+            for _ in range(3)
+        ]
+        page = c.get("/v1/models?limit=2", headers=user_headers()).json()
+        assert [m["id"] for m in page["data"]] == ids[:2] and page["has_more"] is True
+        assert page["last_id"] == ids[1]
+        rest = c.get(f"/v1/models?limit=2&after={page['last_id']}", headers=user_headers()).json()
+        assert [m["id"] for m in rest["data"]] == ids[2:] and rest["has_more"] is False
+        for r, status, param in [
+            (c.get("/v1/models?after=ctx_nope", headers=user_headers()), 400, "after"),
+            (c.get("/v1/models?limit=0", headers=user_headers()), 400, "limit"),
+            (c.put("/v1/models", headers=user_headers()), 405, None),
+            (
+                c.post(
+                    "/v1/completions",
+                    content=b"{not json",
+                    headers=user_headers() | {"content-type": "application/json"},
+                ),
+                400,
+                None,
+            ),
+            (
+                c.post(
+                    "/v1/completions",
+                    json={"model": ids[0], "prompt": "x" * 5000},
+                    headers=user_headers(),
+                ),
+                413,
+                None,
+            ),
+            (c.get("/v1/models/nope", headers=user_headers()), 404, "model"),
+        ]:
+            assert r.status_code == status, r.text
+            err = r.json()["error"]
+            assert set(err) == {"message", "type", "param", "code"}, err
+            assert err["param"] == param
+        # The native routes keep their own shape.
+        r = c.get("/v1/contexts?limit=0", headers=admin_headers())
+        assert r.status_code == 422 and set(r.json()["error"]) == {"code", "message", "param"}
