@@ -86,6 +86,14 @@ class Settings(BaseSettings):
     context_cache_mb: int = Field(default=64, ge=0, le=65_536)
     db_serialize_sqlite_writes: bool = True
     log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = "info"
+    # Operations (docs/deploy.md): log lines as JSON objects or text; GET /metrics behind the
+    # admin token (its per-context budget metrics name context ids), open, or off.
+    log_format: Literal["json", "text"] = "text"
+    metrics: Literal["admin", "open", "off"] = "admin"
+    # The sentence embedder loads at start (so the first ESA answer is not slow and /readyz
+    # tells whether it loads); None: at start for a language-model engine, on first use
+    # for the oracle simulator (its tests seldom need one).
+    preload_embedder: bool | None = None
     # The vLLM engine (DPICL_ENGINE=vllm; engines/vllm.py). None: vLLM's platform default.
     vllm_block_size: int = Field(default=32, gt=0, description="Prefix-cache block (tokens).")
     vllm_prefix_caching: bool = True

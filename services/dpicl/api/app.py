@@ -11,10 +11,12 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from dpicl import __version__
+from dpicl.api.access_log import AccessLogMiddleware
 from dpicl.api.body_timeout import BodyTimeoutMiddleware
 from dpicl.api.deps import Services
 from dpicl.api.errors import BodyLimitMiddleware, install_error_handlers
 from dpicl.api.routes import contexts, debug, health, inference
+from dpicl.api.routes.metrics import metrics_router
 from dpicl.api.schemas import ErrorResponse
 from dpicl.config import Settings
 from dpicl.engines.base import Embedder, Engine
@@ -123,9 +125,13 @@ def build_app(
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(BodyTimeoutMiddleware, timeout_s=settings.body_timeout_s)
+    # Added last, so outermost: it sees the final status of every answer (api/access_log.py).
+    app.add_middleware(AccessLogMiddleware)
     app.include_router(health.router)
     app.include_router(contexts.router)
     app.include_router(inference.router)
     if settings.whitebox != "off":
         app.include_router(debug.router)
+    if settings.metrics != "off":
+        app.include_router(metrics_router(settings.metrics))
     return app

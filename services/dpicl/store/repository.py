@@ -53,11 +53,13 @@ from sqlalchemy import (
     text,
     update,
 )
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from dpicl.errors import StorageUnavailable
+from dpicl.metrics import db_timer
 from dpicl.store.context_cache import ContextCache
+from dpicl.store.deadline import CallAborted, DbCall
 from dpicl.store.models import ContextRow
 
 log = logging.getLogger("dpicl.store")
@@ -152,12 +154,27 @@ def make_engine(url: str, *, timeout_s: float = 30.0) -> Engine:
     if parsed.get_backend_name() == "postgresql":
         ms = int(timeout_s * 1000)
         connect_args = {
+            # Connecting (TCP and the start-up exchange) gives up after this many seconds.
             "connect_timeout": max(1, math.ceil(timeout_s)),
-            "options": f"-c lock_timeout={ms} -c statement_timeout={ms}",
+            # The server's side: a statement or a lock wait past the deadline is cancelled,
+            # and a transaction whose client went silent mid-way (a frozen network) is
+            # rolled back rather than committed when the client's COMMIT arrives late.
+            "options": f"-c lock_timeout={ms} -c statement_timeout={ms} "
+            f"-c idle_in_transaction_session_timeout={ms}",
+            # The kernel's side, for a peer that vanished: unacknowledged data and silent
+            # idle connections are given up. The deadline that always holds is the
+            # client's own (store/deadline.py).
+            "tcp_user_timeout": ms,
+            "keepalives": 1,
+            "keepalives_idle": max(1, math.ceil(timeout_s)),
+            "keepalives_interval": max(1, math.ceil(timeout_s / 3)),
+            "keepalives_count": 3,
         }
     return create_engine(
         url,
-        pool_pre_ping=True,
+        # No pre-ping: a ping is I/O before the call can be aborted (store/deadline.py); a
+        # pooled connection found dead is retried once instead (ContextRepository._guarded).
+        pool_pre_ping=False,
         pool_size=10,
         max_overflow=20,
         pool_timeout=timeout_s,
@@ -235,6 +252,13 @@ LISTING = select(
     func.json_array_length(_ROWS.c.exemplars).label("n_exemplars"),
 ).order_by(_ROWS.c.created_at, _ROWS.c.id)
 
+#: What a call that missed its deadline answers: it may have committed (a charge then stays
+#: spent, docs/privacy.md), and nothing that depended on it is released.
+_TIMED_OUT = (
+    "the database did not answer within DPICL_DB_TIMEOUT_S; nothing was released (a charge "
+    "that may have reached the database stays spent), retry later"
+)
+
 # One lock per SQLite file, shared by every repository of this process on that file.
 _SQLITE_WRITE_LOCKS: dict[str, threading.Lock] = {}
 _SQLITE_WRITE_LOCKS_GUARD = threading.Lock()
@@ -299,27 +323,42 @@ class ContextRepository:
         def fn(s: Session) -> None:
             s.execute(text("SELECT 1"))
 
-        await self._run(fn)
+        await self._run(fn, op="ping")
 
-    def _call(self, fn: Callable[[Session], T], write: bool = False) -> T:
+    def _call(self, fn: Callable[[Session], T], write: bool, call: DbCall) -> T:
         def in_session() -> T:
-            with self._sessions.begin() as session:
-                return fn(session)
+            with self._sessions() as session:
+                call.attach(session.connection().connection.dbapi_connection)
+                try:
+                    result = fn(session)
+                    call.committing = True
+                    session.commit()
+                    return result
+                finally:
+                    call.detach()
 
-        return self._guarded(in_session, write)
+        return self._guarded(in_session, write, call)
 
-    def _call_core(self, fn: Callable[[Connection], T], write: bool) -> T:
+    def _call_core(self, fn: Callable[[Connection], T], write: bool, call: DbCall) -> T:
         def in_transaction() -> T:
-            with self.engine.begin() as conn:
-                return fn(conn)
+            with self.engine.connect() as conn:
+                call.attach(conn.connection.dbapi_connection)
+                try:
+                    with conn.begin():
+                        result = fn(conn)
+                        call.committing = True
+                    return result
+                finally:
+                    call.detach()
 
-        return self._guarded(in_transaction, write)
+        return self._guarded(in_transaction, write, call)
 
-    def _guarded(self, work: Callable[[], T], write: bool) -> T:
+    def _guarded(self, work: Callable[[], T], write: bool, call: DbCall | None = None) -> T:
+        call = call or DbCall()
         lock = self._write_lock if write else None
         try:
             if lock is None:
-                return work()
+                return self._once_more_if_stale(work, call)
             # Bounded like every other wait for the database (DPICL_DB_TIMEOUT_S).
             t0 = time.monotonic()
             if not lock.acquire(timeout=self._timeout_s):
@@ -329,22 +368,69 @@ class ContextRepository:
                     "was changed or charged, retry later"
                 )
             try:
-                return work()
+                return self._once_more_if_stale(work, call)
             finally:
                 lock.release()
-        except SQLAlchemyError as exc:
+        except (SQLAlchemyError, CallAborted) as exc:
+            if call.aborted:
+                raise StorageUnavailable(_TIMED_OUT) from None
             log.warning("database error: %s", describe_db_error(exc))
+            if call.committing:
+                raise StorageUnavailable(
+                    "the database failed while committing; the outcome is unknown (a charge "
+                    "that may have been made stays spent), retry later"
+                ) from None
             raise StorageUnavailable(
                 "the database is unavailable or busy; nothing was changed or charged, retry later"
             ) from None
 
-    async def _run(self, fn: Callable[[Session], T], *, write: bool = False) -> T:
-        pool = self._writes if write else self._reads
-        return await asyncio.get_running_loop().run_in_executor(pool, self._call, fn, write)
+    @staticmethod
+    def _once_more_if_stale(work: Callable[[], T], call: DbCall) -> T:
+        try:
+            return work()
+        except DBAPIError as exc:
+            # A pooled connection the server closed (a restart): SQLAlchemy discarded it
+            # and the pool's older ones. Nothing was committed (no COMMIT was sent): run
+            # the work again, once, on a fresh connection.
+            if not exc.connection_invalidated or call.aborted or call.committing:
+                raise
+            log.info("database connection was stale; retrying once on a fresh one")
+            return work()
 
-    async def _run_core(self, fn: Callable[[Connection], T], *, write: bool = False) -> T:
+    async def _deadline(self, pool: ThreadPoolExecutor, work: Callable[[DbCall], T], op: str) -> T:
+        call = DbCall()
+        future = asyncio.get_running_loop().run_in_executor(pool, work, call)
+        with db_timer(op):
+            try:
+                async with asyncio.timeout(self._timeout_s):
+                    return await future
+            except TimeoutError:
+                # Cancelled if still queued; aborted if running (store/deadline.py).
+                call.abort()
+                log.warning(
+                    "database call %s missed its deadline of %s s (DPICL_DB_TIMEOUT_S)",
+                    op,
+                    self._timeout_s,
+                )
+                raise
+
+    async def _run(
+        self, fn: Callable[[Session], T], *, write: bool = False, op: str = "other"
+    ) -> T:
         pool = self._writes if write else self._reads
-        return await asyncio.get_running_loop().run_in_executor(pool, self._call_core, fn, write)
+        try:
+            return await self._deadline(pool, lambda call: self._call(fn, write, call), op)
+        except TimeoutError:
+            raise StorageUnavailable(_TIMED_OUT) from None
+
+    async def _run_core(
+        self, fn: Callable[[Connection], T], *, write: bool = False, op: str = "other"
+    ) -> T:
+        pool = self._writes if write else self._reads
+        try:
+            return await self._deadline(pool, lambda call: self._call_core(fn, write, call), op)
+        except TimeoutError:
+            raise StorageUnavailable(_TIMED_OUT) from None
 
     async def add(self, row: ContextRow) -> StoredContext:
         def fn(s: Session) -> StoredContext:
@@ -352,7 +438,7 @@ class ContextRepository:
             s.flush()
             return StoredContext.from_row(row)
 
-        return await self._run(fn, write=True)
+        return await self._run(fn, write=True, op="add")
 
     async def get(self, context_id: str) -> StoredContext | None:
         """The context as stored now (fresh ledger columns); refreshes the cache."""
@@ -361,7 +447,7 @@ class ContextRepository:
             row = s.get(ContextRow, context_id)
             return StoredContext.from_row(row) if row is not None else None
 
-        ctx = await self._run(fn)
+        ctx = await self._run(fn, op="get")
         if ctx is None:
             self.cache.evict(context_id)
         else:
@@ -394,7 +480,7 @@ class ContextRepository:
         def fn(conn: Connection) -> list[ListedContext]:
             return [ListedContext.from_listing(row) for row in conn.execute(stmt)]
 
-        listed = await self._run_core(fn, write=False)
+        listed = await self._run_core(fn, write=False, op="list")
         if len(listed) <= limit:
             return listed, None
         last = listed[limit - 1].context
@@ -406,7 +492,7 @@ class ContextRepository:
             return bool(getattr(res, "rowcount", 0))
 
         self.cache.evict(context_id)
-        return await self._run(fn, write=True)
+        return await self._run(fn, write=True, op="delete")
 
     async def try_charge(self, context_id: str, mu2: float) -> tuple[float, int] | None:
         """Charge one query of cost ``mu2`` if it fits the budget.
@@ -420,12 +506,12 @@ class ContextRepository:
             row = conn.execute(CHARGE, params).first()
             return (float(row[0]), int(row[1])) if row is not None else None
 
-        return await self._run_core(fn, write=True)
+        return await self._run_core(fn, write=True, op="charge")
 
     async def refund(self, context_id: str, mu2: float) -> None:
         """Undo a charge whose answer was never released (the engine failed)."""
         params = {"cid": context_id, "mu2": mu2}
-        await self._run_core(lambda conn: conn.execute(REFUND, params), write=True)
+        await self._run_core(lambda conn: conn.execute(REFUND, params), write=True, op="refund")
 
     def dispose(self) -> None:
         self._reads.shutdown(wait=False, cancel_futures=True)

@@ -13,6 +13,7 @@ from dpicl.api.schemas import (
     GenerateResponse,
 )
 from dpicl.errors import InvalidRequest
+from dpicl.metrics import record_release
 from dpicl.pipelines.esa import EsaOutcome, run_esa
 from dpicl.pipelines.mozo import MozoOutcome, run_mozo
 from dpicl.pipelines.mozo_offline import PublicOutcome, run_public
@@ -47,7 +48,9 @@ async def classify_outcome(req: ClassifyRequest, svc: Services) -> VotingOutcome
     """Shared by the public and the debug route: one private-voting answer."""
     query = check_query(req.query, svc.settings.max_query_chars)
     ctx = await context_for(req.context_id, svc, ("voting",), "/v1/classify")
-    return await run_voting(ctx, query, engine=svc.engine, ledger=svc.ledger, rng=secure_rng())
+    out = await run_voting(ctx, query, engine=svc.engine, ledger=svc.ledger, rng=secure_rng())
+    released(out)
+    return out
 
 
 def classify_body(out: VotingOutcome, engine: str) -> dict[str, object]:
@@ -70,10 +73,23 @@ async def classify(req: ClassifyRequest, svc: Svc) -> ClassifyResponse:
 GenerateOutcome = EsaOutcome | MozoOutcome | PublicOutcome
 
 
+def released(out: VotingOutcome | GenerateOutcome) -> None:
+    """Count an answer's cost in the privacy metrics (dpicl.metrics)."""
+    record_release(
+        out.context.id, out.cost.epsilon, out.budget.spent_epsilon, out.budget.remaining_epsilon
+    )
+
+
 async def generate_outcome(
     req: GenerateRequest, svc: Services, *, exact: bool = False
 ) -> GenerateOutcome:
     """Shared by the public and the debug route: one generation, dispatched on the mechanism."""
+    out = await _generate(req, svc, exact=exact)
+    released(out)
+    return out
+
+
+async def _generate(req: GenerateRequest, svc: Services, *, exact: bool) -> GenerateOutcome:
     query = check_query(req.query, svc.settings.max_query_chars)
     ctx = await context_for(req.context_id, svc, ("esa", "dps-mozo", "public"), "/v1/generate")
     name = ctx.mechanism["name"]
