@@ -69,6 +69,9 @@ class TextFormatter(logging.Formatter):
         )
         rid = getattr(record, "request_id", "-")
         line = f"{record.levelname} {record.name} [{rid}]: {record.getMessage()}"
+        if record.exc_info and record.exc_info[0] is not None:
+            # The type only, as in JSON: an exception's text may quote private data.
+            extras = f"{extras} exception={record.exc_info[0].__name__}".strip()
         return f"{line} {extras}" if extras else line
 
 

@@ -56,7 +56,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from dpicl.errors import StorageUnavailable
+from dpicl.errors import ServerBusy, StorageUnavailable
 from dpicl.metrics import db_timer
 from dpicl.store.context_cache import ContextCache
 from dpicl.store.deadline import CallAborted, DbCall
@@ -399,7 +399,15 @@ class ContextRepository:
 
     async def _deadline(self, pool: ThreadPoolExecutor, work: Callable[[DbCall], T], op: str) -> T:
         call = DbCall()
-        future = asyncio.get_running_loop().run_in_executor(pool, work, call)
+        try:
+            future = asyncio.get_running_loop().run_in_executor(pool, work, call)
+        except RuntimeError:
+            # The pool could not start a thread (memory or the thread limit ran out): the
+            # server's state, answered like a full server, and nothing ran.
+            raise ServerBusy(
+                "the server cannot start a storage thread now (memory or threads exhausted); "
+                "nothing was charged, retry later"
+            ) from None
         with db_timer(op):
             try:
                 async with asyncio.timeout(self._timeout_s):
