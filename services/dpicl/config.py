@@ -144,6 +144,12 @@ class Settings(BaseSettings):
             return [k.strip() for k in value.split(",") if k.strip()]
         return value
 
+    def embedder_at_start(self) -> bool:
+        """Whether the embedder loads at start (DPICL_PRELOAD_EMBEDDER; see the field)."""
+        if self.preload_embedder is not None:
+            return self.preload_embedder
+        return self.engine != "oracle"
+
     def with_generated_secrets(self) -> tuple[Settings, bool]:
         """Return settings with an admin token, and whether it had to be generated."""
         if self.admin_token:

@@ -107,7 +107,13 @@ def build_app(
             )
         if eng.is_simulator:
             log.warning("engine %r is a SIMULATOR, not a language model", eng.name)
-        app.state.services = Services(settings=settings, engine=eng, repo=repo, ledger=Ledger(repo))
+        services = Services(
+            settings=settings, engine=eng, repo=repo, ledger=Ledger(repo), embedder=embedder
+        )
+        app.state.services = services
+        if embedder is None and settings.embedder_at_start():
+            # Now, not on the first ESA request (seconds); /readyz reports a failure.
+            await services.preload_embedder()
         try:
             yield
         finally:

@@ -158,6 +158,8 @@ class Health(BaseModel):
 
 class Readiness(Health):
     database: str = Field(description="ok: the database answered a query.")
+    schema_revision: str = Field(description="The database's schema revision (the code's head).")
+    embedder: str = Field(description="loaded, or on first use (not loaded at start).")
 
 
 class GenerateRequest(BaseModel):

@@ -325,6 +325,16 @@ class ContextRepository:
 
         await self._run(fn, op="ping")
 
+    async def schema_revision(self) -> str | None:
+        """The Alembic revision the database is at (None: no schema), within the deadline."""
+
+        def fn(conn: Connection) -> str | None:
+            from dpicl.store.migrations import current
+
+            return current(conn)
+
+        return await self._run_core(fn, op="schema_revision")
+
     def _call(self, fn: Callable[[Session], T], write: bool, call: DbCall) -> T:
         def in_session() -> T:
             with self._sessions() as session:
