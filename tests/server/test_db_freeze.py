@@ -119,6 +119,7 @@ def charged(direct: sa.Engine, cid: str) -> int:
         return int(conn.execute(q, {"cid": cid}).scalar_one())
 
 
+@pytest.mark.postgres
 def test_frozen_database_gets_503_within_the_deadline_and_no_late_charge(
     frozen_db_server: tuple[Any, FreezableProxy, sa.Engine],
 ) -> None:
