@@ -101,6 +101,10 @@ class Settings(BaseSettings):
     vllm_kv_cache_gib: float | None = Field(default=None, gt=0)
     vllm_max_model_len: int | None = Field(default=None, gt=0)
     vllm_enforce_eager: bool = False
+    # vLLM's parallelism (engine args tensor_parallel_size, data_parallel_size): GPUs per
+    # model copy and copies per server process; the pod then asks for their product of GPUs.
+    vllm_tensor_parallel_size: int = Field(default=1, ge=1, le=64)
+    vllm_data_parallel_size: int = Field(default=1, ge=1, le=64)
     cache_salt_secret: SecretStr | None = Field(
         default=None,
         description="Keys the per-context prefix-cache salt; random per process when unset.",

@@ -70,7 +70,7 @@ def router(pg_url: str, start_server: Any, tmp_path: Path) -> Iterator[tuple[str
     log = (tmp_path / "haproxy.log").open("w")
     proc = subprocess.Popen(
         [HAPROXY, "-db", "-f", str(cfg)],
-        env=os.environ | {"DPICL_ROUTER_PORT": str(port), "DPICL_REPLICAS": "unused:1"},
+        env=os.environ | {"ROUTER_PORT": str(port), "ROUTER_SERVERS": "unused:1"},
         stdout=log,
         stderr=subprocess.STDOUT,
     )
