@@ -10,6 +10,7 @@ what an operator watching budgets needs; exemplars, queries and outputs never ap
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,6 +31,7 @@ __all__ = [
     "REQUESTS",
     "REQUEST_SECONDS",
     "db_timer",
+    "forget_context",
     "record_release",
 ]
 
@@ -124,3 +126,10 @@ def record_release(context_id: str, epsilon: float, spent: float, remaining: flo
     BUDGET_EPSILON_SPENT.labels(context_id).set(spent)
     if remaining is not None:
         BUDGET_EPSILON_REMAINING.labels(context_id).set(remaining)
+
+
+def forget_context(context_id: str) -> None:
+    """A deleted context's series: dropped, so the label set does not grow without bound."""
+    for metric in (EPSILON_CHARGED, BUDGET_EPSILON_SPENT, BUDGET_EPSILON_REMAINING):
+        with contextlib.suppress(KeyError):  # this process never answered it
+            metric.remove(context_id)

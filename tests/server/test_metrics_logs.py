@@ -59,6 +59,10 @@ def test_metrics_count_requests_by_route_template_refusals_and_budgets(tmp_path:
         c.get("/v1/contexts/ctx_000000000000000000000000", headers=admin_headers())
         c.post("/v1/classify", json={"context_id": cid}, headers=user_headers())  # 422
         after = c.get("/metrics", headers=admin_headers())
+        # A deleted context's budget series go with it.
+        assert c.delete(f"/v1/contexts/{cid}", headers=admin_headers()).status_code == 204
+        gone = c.get("/metrics", headers=admin_headers()).text
+        assert cid not in gone
     assert after.headers["content-type"].startswith("text/plain")
     text = after.text
 

@@ -335,7 +335,11 @@ class ContextRepository:
 
         return await self._run_core(fn, op="schema_revision")
 
-    def _call(self, fn: Callable[[Session], T], write: bool, call: DbCall) -> T:
+    def _call(
+        self, fn: Callable[[Session], T], write: bool = False, call: DbCall | None = None
+    ) -> T:
+        call = call or DbCall()
+
         def in_session() -> T:
             with self._sessions() as session:
                 call.attach(session.connection().connection.dbapi_connection)
@@ -349,7 +353,11 @@ class ContextRepository:
 
         return self._guarded(in_session, write, call)
 
-    def _call_core(self, fn: Callable[[Connection], T], write: bool, call: DbCall) -> T:
+    def _call_core(
+        self, fn: Callable[[Connection], T], write: bool = False, call: DbCall | None = None
+    ) -> T:
+        call = call or DbCall()
+
         def in_transaction() -> T:
             with self.engine.connect() as conn:
                 call.attach(conn.connection.dbapi_connection)
