@@ -20,14 +20,24 @@ as unknown, and a charge of unknown outcome as spent (docs/privacy.md).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
 import sqlite3
 import threading
-from typing import Any
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Any, TypeVar
 
-__all__ = ["CallAborted", "DbCall"]
+from sqlalchemy.exc import DBAPIError
+
+from dpicl.errors import ServerBusy
+from dpicl.metrics import db_timer
+
+__all__ = ["CallAborted", "DbCall", "once_more_if_stale", "run_with_deadline"]
+
+T = TypeVar("T")
 
 log = logging.getLogger("dpicl.store")
 
@@ -85,3 +95,46 @@ def _interrupt(conn: Any) -> None:
             sock.shutdown(socket.SHUT_RDWR)
     except OSError as exc:  # already closed: nothing blocks on it
         log.debug("aborting a database call: %s", type(exc).__name__)
+
+
+async def run_with_deadline(
+    pool: Executor, work: Callable[[DbCall], T], timeout_s: float, op: str
+) -> T:
+    """Run ``work`` on ``pool`` and wait at most ``timeout_s``; past it, abort the call and
+    raise ``TimeoutError`` (the caller answers 503). ``op`` names it in the metrics."""
+    call = DbCall()
+    try:
+        future = asyncio.get_running_loop().run_in_executor(pool, work, call)
+    except RuntimeError:
+        # The pool could not start a thread (memory or the thread limit ran out): the
+        # server's state, answered like a full server, and nothing ran.
+        raise ServerBusy(
+            "the server cannot start a storage thread now (memory or threads exhausted); "
+            "nothing was charged, retry later"
+        ) from None
+    with db_timer(op):
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await future
+        except TimeoutError:
+            call.abort()  # cancelled above if still queued; aborted here if running
+            log.warning(
+                "database call %s missed its deadline of %s s (DPICL_DB_TIMEOUT_S)",
+                op,
+                timeout_s,
+            )
+            raise
+
+
+def once_more_if_stale(work: Callable[[], T], call: DbCall) -> T:
+    """Run ``work``; if its pooled connection turns out dead before anything could commit,
+    run it once more on a fresh one."""
+    try:
+        return work()
+    except DBAPIError as exc:
+        # A pooled connection the server closed (a restart): SQLAlchemy discarded it and
+        # the pool's older ones. No COMMIT was sent, so nothing was committed.
+        if not exc.connection_invalidated or call.aborted or call.committing:
+            raise
+        log.info("database connection was stale; retrying once on a fresh one")
+        return work()

@@ -21,7 +21,7 @@ file first: two of its charges then never meet in SQLite's busy handler, whose s
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import logging
 import math
 import re
@@ -53,13 +53,12 @@ from sqlalchemy import (
     text,
     update,
 )
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from dpicl.errors import ServerBusy, StorageUnavailable
-from dpicl.metrics import db_timer
+from dpicl.errors import StorageUnavailable
 from dpicl.store.context_cache import ContextCache
-from dpicl.store.deadline import CallAborted, DbCall
+from dpicl.store.deadline import CallAborted, DbCall, once_more_if_stale, run_with_deadline
 from dpicl.store.models import ContextRow
 
 log = logging.getLogger("dpicl.store")
@@ -376,7 +375,7 @@ class ContextRepository:
         lock = self._write_lock if write else None
         try:
             if lock is None:
-                return self._once_more_if_stale(work, call)
+                return once_more_if_stale(work, call)
             # Bounded like every other wait for the database (DPICL_DB_TIMEOUT_S).
             t0 = time.monotonic()
             if not lock.acquire(timeout=self._timeout_s):
@@ -386,7 +385,7 @@ class ContextRepository:
                     "was changed or charged, retry later"
                 )
             try:
-                return self._once_more_if_stale(work, call)
+                return once_more_if_stale(work, call)
             finally:
                 lock.release()
         except (SQLAlchemyError, CallAborted) as exc:
@@ -402,50 +401,13 @@ class ContextRepository:
                 "the database is unavailable or busy; nothing was changed or charged, retry later"
             ) from None
 
-    @staticmethod
-    def _once_more_if_stale(work: Callable[[], T], call: DbCall) -> T:
-        try:
-            return work()
-        except DBAPIError as exc:
-            # A pooled connection the server closed (a restart): SQLAlchemy discarded it
-            # and the pool's older ones. Nothing was committed (no COMMIT was sent): run
-            # the work again, once, on a fresh connection.
-            if not exc.connection_invalidated or call.aborted or call.committing:
-                raise
-            log.info("database connection was stale; retrying once on a fresh one")
-            return work()
-
-    async def _deadline(self, pool: ThreadPoolExecutor, work: Callable[[DbCall], T], op: str) -> T:
-        call = DbCall()
-        try:
-            future = asyncio.get_running_loop().run_in_executor(pool, work, call)
-        except RuntimeError:
-            # The pool could not start a thread (memory or the thread limit ran out): the
-            # server's state, answered like a full server, and nothing ran.
-            raise ServerBusy(
-                "the server cannot start a storage thread now (memory or threads exhausted); "
-                "nothing was charged, retry later"
-            ) from None
-        with db_timer(op):
-            try:
-                async with asyncio.timeout(self._timeout_s):
-                    return await future
-            except TimeoutError:
-                # Cancelled if still queued; aborted if running (store/deadline.py).
-                call.abort()
-                log.warning(
-                    "database call %s missed its deadline of %s s (DPICL_DB_TIMEOUT_S)",
-                    op,
-                    self._timeout_s,
-                )
-                raise
-
     async def _run(
         self, fn: Callable[[Session], T], *, write: bool = False, op: str = "other"
     ) -> T:
         pool = self._writes if write else self._reads
         try:
-            return await self._deadline(pool, lambda call: self._call(fn, write, call), op)
+            work = functools.partial(self._call, fn, write)
+            return await run_with_deadline(pool, work, self._timeout_s, op)
         except TimeoutError:
             raise StorageUnavailable(_TIMED_OUT) from None
 
@@ -454,7 +416,8 @@ class ContextRepository:
     ) -> T:
         pool = self._writes if write else self._reads
         try:
-            return await self._deadline(pool, lambda call: self._call_core(fn, write, call), op)
+            work = functools.partial(self._call_core, fn, write)
+            return await run_with_deadline(pool, work, self._timeout_s, op)
         except TimeoutError:
             raise StorageUnavailable(_TIMED_OUT) from None
 
