@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi import Request
 from prometheus_client.parser import text_string_to_metric_families
 
 from dpicl.api.access_log import valid_request_id
@@ -179,3 +180,23 @@ def test_served_process_writes_json_logs(start_server: Any, tmp_path: Path) -> N
     text = "\n".join(lines)
     for leaked in (SECRET, QUERY_SECRET, ADMIN, USER):
         assert leaked not in text
+
+
+async def keyed(request: Request) -> dict[str, str]:
+    """A route whose authentication identified a key (as per-key auth does)."""
+    request.state.key_id = "key_0123abcd"
+    return {"ok": "yes"}
+
+
+def test_access_log_carries_the_key_id_the_authentication_set(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Per-key authentication puts the key's id in ``request.state.key_id``; the access log
+    line carries it (and nothing else of the key)."""
+    caplog.set_level(logging.INFO, logger="dpicl.access")
+    with make_client(tmp_path) as c:
+        c.app.add_api_route("/test-keyed", keyed)  # type: ignore[attr-defined]
+        assert c.get("/test-keyed", headers={"X-Request-ID": "keyed-1"}).status_code == 200
+    (rec,) = [r for r in caplog.records if getattr(r, "request_id", None) == "keyed-1"]
+    line = json.loads(JsonFormatter().format(rec))
+    assert line["key_id"] == "key_0123abcd" and line["route"] == "/test-keyed"
