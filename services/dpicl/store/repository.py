@@ -251,6 +251,11 @@ LISTING = select(
     func.json_array_length(_ROWS.c.exemplars).label("n_exemplars"),
 ).order_by(_ROWS.c.created_at, _ROWS.c.id)
 
+#: The client-side deadline is DPICL_DB_TIMEOUT_S plus this: the database's own timeouts
+#: (lock, statement, busy, pool checkout: all DPICL_DB_TIMEOUT_S) answer first when they can,
+#: with their more certain message ("nothing was changed"); the deadline catches the rest.
+DEADLINE_GRACE_S = 0.25
+
 #: What a call that missed its deadline answers: it may have committed (a charge then stays
 #: spent, docs/privacy.md), and nothing that depended on it is released.
 _TIMED_OUT = (
@@ -407,7 +412,7 @@ class ContextRepository:
         pool = self._writes if write else self._reads
         try:
             work = functools.partial(self._call, fn, write)
-            return await run_with_deadline(pool, work, self._timeout_s, op)
+            return await run_with_deadline(pool, work, self._timeout_s + DEADLINE_GRACE_S, op)
         except TimeoutError:
             raise StorageUnavailable(_TIMED_OUT) from None
 
@@ -417,7 +422,7 @@ class ContextRepository:
         pool = self._writes if write else self._reads
         try:
             work = functools.partial(self._call_core, fn, write)
-            return await run_with_deadline(pool, work, self._timeout_s, op)
+            return await run_with_deadline(pool, work, self._timeout_s + DEADLINE_GRACE_S, op)
         except TimeoutError:
             raise StorageUnavailable(_TIMED_OUT) from None
 
