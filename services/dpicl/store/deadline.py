@@ -116,6 +116,11 @@ async def run_with_deadline(
         try:
             async with asyncio.timeout(timeout_s):
                 return await future
+        except asyncio.CancelledError:
+            # Whoever awaited it is gone (a client, an outer timeout): nothing will use the
+            # result, so the thread is not left blocked on a database that may not answer.
+            call.abort()
+            raise
         except TimeoutError:
             call.abort()  # cancelled above if still queued; aborted here if running
             log.warning(
