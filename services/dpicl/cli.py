@@ -69,15 +69,14 @@ def serve(
     port: Annotated[int | None, typer.Option(help="Port (DPICL_PORT).")] = None,
 ) -> None:
     """Start the HTTP server with the settings from DPICL_* variables."""
-    import logging
-
     from dpicl.engines.threads import set_omp_wait_policy
+    from dpicl.logging_setup import configure_logging
 
     update = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     settings = load_settings(**update)
     # uvicorn's "trace" (5) is below logging's DEBUG and has no name there.
     level = 5 if settings.log_level == "trace" else settings.log_level.upper()
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(level, settings.log_format)
     if settings.engine == "transformers":  # vLLM binds and tunes its own OpenMP threads
         set_omp_wait_policy(settings.omp_wait_policy)  # before anything loads torch
 
@@ -91,7 +90,10 @@ def serve(
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        access_log=False,  # queries are private data; do not write them to logs
+        log_config=None,  # uvicorn's loggers go to configure_logging's handler
+        # uvicorn's access log prints paths and query strings (ids, private data); dpicl's
+        # own (api/access_log.py) prints route templates.
+        access_log=False,
         **uvicorn_options(settings),
     )
 

@@ -95,6 +95,14 @@ class Settings(BaseSettings):
     context_cache_mb: int = Field(default=64, ge=0, le=65_536)
     db_serialize_sqlite_writes: bool = True
     log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = "info"
+    # Operations (docs/deploy.md): log lines as JSON objects or text; GET /metrics behind the
+    # admin token (its per-context budget metrics name context ids), open, or off.
+    log_format: Literal["json", "text"] = "text"
+    metrics: Literal["admin", "open", "off"] = "admin"
+    # The sentence embedder loads at start (so the first ESA answer is not slow and /readyz
+    # tells whether it loads); None: at start for a language-model engine, on first use
+    # for the oracle simulator (its tests seldom need one).
+    preload_embedder: bool | None = None
     # The vLLM engine (DPICL_ENGINE=vllm; engines/vllm.py). None: vLLM's platform default.
     vllm_block_size: int = Field(default=32, gt=0, description="Prefix-cache block (tokens).")
     vllm_prefix_caching: bool = True
@@ -102,6 +110,10 @@ class Settings(BaseSettings):
     vllm_kv_cache_gib: float | None = Field(default=None, gt=0)
     vllm_max_model_len: int | None = Field(default=None, gt=0)
     vllm_enforce_eager: bool = False
+    # vLLM's parallelism (engine args tensor_parallel_size, data_parallel_size): GPUs per
+    # model copy and copies per server process; the pod then asks for their product of GPUs.
+    vllm_tensor_parallel_size: int = Field(default=1, ge=1, le=64)
+    vllm_data_parallel_size: int = Field(default=1, ge=1, le=64)
     cache_salt_secret: SecretStr | None = Field(
         default=None,
         description="Keys the per-context prefix-cache salt; random per process when unset.",
@@ -153,6 +165,12 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [k.strip() for k in value.split(",") if k.strip()]
         return value
+
+    def embedder_at_start(self) -> bool:
+        """Whether the embedder loads at start (DPICL_PRELOAD_EMBEDDER; see the field)."""
+        if self.preload_embedder is not None:
+            return self.preload_embedder
+        return self.engine != "oracle"
 
     def with_generated_secrets(self) -> tuple[Settings, bool]:
         """Return settings with an admin token, and whether it had to be generated."""

@@ -14,6 +14,15 @@ from tests.server.api_helpers import voting_context
 SECRET = "SECRET-EXEMPLAR-7f3a"
 
 
+def json_log(records: list[Any]) -> str:
+    """Log records as the server writes them with DPICL_LOG_FORMAT=json (every field of
+    every line, the access log's included): what a leak check must search too."""
+    from dpicl.logging_setup import JsonFormatter
+
+    fmt = JsonFormatter()
+    return "\n".join(fmt.format(r) for r in records)
+
+
 @dataclass(frozen=True)
 class Case:
     name: str

@@ -83,3 +83,18 @@ def test_vllm_options_from_settings() -> None:
     assert cache_salt(a.salt_secret, "ctx_1") != cache_salt(b.salt_secret, "ctx_1")
     with pytest.raises(EngineError, match="16 bytes"):
         VllmOptions.from_settings(Settings(cache_salt_secret="short"))
+
+
+def test_vllm_parallelism_settings_reach_the_engine_args() -> None:
+    from dpicl.config import Settings
+    from dpicl.engines.vllm import VllmOptions, engine_args
+
+    opts = VllmOptions.from_settings(
+        Settings(vllm_tensor_parallel_size=4, vllm_data_parallel_size=2)
+    )
+    args = engine_args(opts, "/models/llm", "llm", on_cpu=False)
+    assert (args["tensor_parallel_size"], args["data_parallel_size"]) == (4, 2)
+    default = engine_args(VllmOptions.from_settings(Settings()), "m", "m", on_cpu=True)
+    assert (default["tensor_parallel_size"], default["data_parallel_size"]) == (1, 1)
+    # The DP settings of the engine are untouched by the refactor into engine_args.
+    assert default["logprobs_mode"] == "raw_logprobs" and default["enable_log_requests"] is False

@@ -19,7 +19,7 @@ from dpicl.engines.base import FloatArray, PromptSpec
 from dpicl.engines.oracle import OracleEngine
 from tests.conftest import admin_headers, user_headers
 from tests.server.api_helpers import make_client, voting_context
-from tests.server.hostile_cases import SECRET
+from tests.server.hostile_cases import SECRET, json_log
 
 
 class FailsOnQuery(OracleEngine):
@@ -76,6 +76,7 @@ def test_failing_call_does_not_hold_the_last_unit_of_budget(
         status, again = ask("one more")
         assert status == 403 and again["error"]["code"] == "budget_exhausted"  # type: ignore[index]
     assert SECRET not in caplog.text
+    assert SECRET not in json_log(caplog.records)
 
 
 def test_database_lock_answers_503_and_logs_no_exemplar(
@@ -124,6 +125,7 @@ def test_database_lock_answers_503_and_logs_no_exemplar(
         assert len(c.get("/v1/contexts", headers=admin_headers()).json()["data"]) == 1
     assert "database error" in caplog.text
     assert SECRET not in caplog.text
+    assert SECRET not in json_log(caplog.records)
 
 
 def test_liveness_and_readiness(tmp_path: Path) -> None:

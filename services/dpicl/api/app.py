@@ -11,11 +11,13 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from dpicl import __version__
+from dpicl.api.access_log import AccessLogMiddleware
 from dpicl.api.body_timeout import BodyTimeoutMiddleware
 from dpicl.api.deps import Services
 from dpicl.api.docs import docs_router
 from dpicl.api.errors import BodyLimitMiddleware, install_error_handlers
 from dpicl.api.routes import contexts, debug, health, inference, keys, openai
+from dpicl.api.routes.metrics import metrics_router
 from dpicl.api.schemas import ErrorResponse
 from dpicl.config import Settings
 from dpicl.engines.base import Embedder, Engine
@@ -107,7 +109,13 @@ def build_app(
             )
         if eng.is_simulator:
             log.warning("engine %r is a SIMULATOR, not a language model", eng.name)
-        app.state.services = Services(settings=settings, engine=eng, repo=repo, ledger=Ledger(repo))
+        services = Services(
+            settings=settings, engine=eng, repo=repo, ledger=Ledger(repo), embedder=embedder
+        )
+        app.state.services = services
+        if embedder is None and settings.embedder_at_start():
+            # Now, not on the first ESA request (seconds); /readyz reports a failure.
+            await services.preload_embedder()
         try:
             yield
         finally:
@@ -128,6 +136,8 @@ def build_app(
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(BodyTimeoutMiddleware, timeout_s=settings.body_timeout_s)
+    # Added last, so outermost: it sees the final status of every answer (api/access_log.py).
+    app.add_middleware(AccessLogMiddleware)
     app.include_router(health.router)
     app.include_router(contexts.router)
     app.include_router(inference.router)
@@ -137,4 +147,6 @@ def build_app(
         app.include_router(docs_router(app))
     if settings.whitebox != "off":
         app.include_router(debug.router)
+    if settings.metrics != "off":
+        app.include_router(metrics_router(settings.metrics))
     return app

@@ -73,11 +73,20 @@ class Services:
     repo: ContextRepository
     ledger: Ledger
     embedder: Embedder | None = None
+    #: Why the embedder failed to load at start (for /readyz); None once it loads.
+    embedder_error: str | None = None
     _embedder_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     tokens: Tokens = field(init=False)
 
     def __post_init__(self) -> None:
         self.tokens = Tokens.of(self.settings)
+
+    async def preload_embedder(self) -> None:
+        """Load the embedder now (at start); a failure is kept for /readyz, not raised."""
+        try:
+            await self.get_embedder()
+        except EngineError as exc:
+            self.embedder_error = exc.message
 
     async def get_embedder(self) -> Embedder:
         """The sentence embedder, loaded on first use (only ESA needs it)."""
@@ -96,6 +105,7 @@ class Services:
                         "the sentence embedder (DPICL_EMBEDDER) cannot be loaded on this "
                         "server; see its log"
                     ) from None
+                self.embedder_error = None
             return self.embedder
 
 

@@ -16,6 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from dpicl.api.openai_errors import is_openai_path, openai_error_response
 from dpicl.domain import NO_NUL, NONBLANK_NO_NUL
 from dpicl.errors import DpiclError, PayloadTooLarge, RateLimited
+from dpicl.metrics import REFUSALS
 
 log = logging.getLogger("dpicl.api")
 
@@ -33,6 +34,7 @@ def error_response(
     if is_openai_path(path):
         return openai_error_response(status, code, message, param, headers)
     body = {"error": {"code": code, "message": message, "param": param}}
+    REFUSALS.labels(code).inc()
     return JSONResponse(status_code=status, content=body, headers=headers)
 
 
@@ -135,6 +137,18 @@ def _allowed_methods(request: Request) -> list[str]:
     return allowed
 
 
+#: What a request that ran the server out of memory gets: the request is not wrong (its body
+#: is within DPICL_MAX_BODY_BYTES), the server is short of memory now (other requests' bodies).
+OUT_OF_MEMORY = (
+    "the server ran out of memory while handling this request; nothing was charged, "
+    "retry later (or send a smaller body)"
+)
+
+
+def out_of_memory() -> JSONResponse:
+    return error_response(503, "server_busy", OUT_OF_MEMORY, headers={"Retry-After": "1"})
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(DpiclError)
     async def _dpicl(request: Request, exc: DpiclError) -> JSONResponse:
@@ -154,6 +168,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         cause = exc.__cause__
+        if exc.status_code == 400 and isinstance(cause, MemoryError):
+            # FastAPI wraps whatever stops it reading the body in a 400; memory running out
+            # while reading or parsing a valid body is the server's state, not bad JSON.
+            return out_of_memory()
         if exc.status_code == 400 and isinstance(cause, DpiclError):
             # FastAPI turns whatever stops it reading the body into a 400: a chunked body
             # that BodyLimitMiddleware cut off at the limit is a 413, not "invalid JSON".
@@ -179,6 +197,13 @@ def install_error_handlers(app: FastAPI) -> None:
             headers=headers or None,
             path=request.url.path,
         )
+
+    @app.exception_handler(MemoryError)
+    async def _memory(_: Request, exc: MemoryError) -> JSONResponse:
+        # Memory ran out outside the body's parsing (validation of a large body, the
+        # engine): 503, and the process goes on (the request's objects are freed with it).
+        log.warning("out of memory while handling a request (answered 503)")
+        return out_of_memory()
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from dpicl.api.errors import error_response
+from dpicl.api.errors import OUT_OF_MEMORY, error_response
 from dpicl.errors import DpiclError, HeadersTooLarge, RequestTimeout, ServerBusy, UriTooLong
 
 if TYPE_CHECKING:
@@ -132,9 +132,17 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         was_in_head = self.in_head
         try:
             self.parser.feed_data(data)
+        except MemoryError:
+            self._out_of_memory()
+            return
         except httptools.HttpParserError as exc:
             if isinstance(exc.__context__, _HeadRefused):
                 self._refuse(exc.__context__.error)
+                return
+            if isinstance(exc.__context__, MemoryError):
+                # Buffering a valid body ran the process out of memory: the server's state,
+                # not a bad request (uvicorn would answer 400 "Invalid HTTP request").
+                self._out_of_memory()
                 return
             msg = "Invalid HTTP request received."
             self.logger.warning(msg)
@@ -216,6 +224,18 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             f"the request's header fields exceed {self.limits.max_header_bytes} bytes "
             f"(got {size} bytes{at} and maybe more; DPICL_MAX_HEADER_BYTES)"
         )
+
+    def _out_of_memory(self) -> None:
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            # The app may be waiting for the rest of the body: it hears the client left.
+            cycle.body = bytearray()
+            cycle.disconnected = True
+            cycle.message_event.set()
+            if cycle.response_started:
+                self.transport.close()  # a second response cannot follow the first
+                return
+        self._refuse(ServerBusy(OUT_OF_MEMORY))
 
     def _refuse(self, error: DpiclError) -> None:
         """Answer ``error`` in the JSON error shape and close the connection (the rest of the

@@ -160,6 +160,8 @@ class Health(BaseModel):
 
 class Readiness(Health):
     database: str = Field(description="ok: the database answered a query.")
+    schema_revision: str = Field(description="The database's schema revision (the code's head).")
+    embedder: str = Field(description="loaded, or on first use (not loaded at start).")
     torch_threads: int | None = Field(
         default=None, description="torch's intra-op CPU threads (transformers engine only)."
     )

@@ -31,6 +31,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from dpicl.metrics import BATCH_SIZE, QUEUE_WAIT_SECONDS
+
 __all__ = ["MicroBatcher"]
 
 J = TypeVar("J")
@@ -42,6 +44,7 @@ class _Pending(Generic[J, R]):
     job: J
     size: int
     future: asyncio.Future[R]
+    queued_at: float = field(default_factory=time.monotonic)
 
 
 @dataclass(slots=True)
@@ -64,6 +67,7 @@ class MicroBatcher(Generic[J, R]):
         max_size: int,
         rejoin_fraction: float = 0.1,
         max_rejoin_s: float = 0.5,
+        name: str = "engine",
     ) -> None:
         if max_wait_s < 0 or max_size < 1:
             raise ValueError(
@@ -79,6 +83,7 @@ class MicroBatcher(Generic[J, R]):
         self.max_size = max_size
         self.rejoin_fraction = rejoin_fraction
         self.max_rejoin_s = max_rejoin_s
+        self.name = name  # the metrics' batcher label
         self.batch_sizes: list[int] = []  # jobs per run, for tests and benchmarks
         self._states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState[J, R]] = (
             weakref.WeakKeyDictionary()
@@ -143,6 +148,10 @@ class MicroBatcher(Generic[J, R]):
                 continue
             self.batch_sizes.append(len(batch))
             t0 = time.monotonic()
+            BATCH_SIZE.labels(self.name).observe(len(batch))
+            waits = QUEUE_WAIT_SECONDS.labels(self.name)
+            for item in batch:
+                waits.observe(t0 - item.queued_at)
             try:
                 results: Sequence[R | BaseException] = await self._run([p.job for p in batch])
                 if len(results) != len(batch):

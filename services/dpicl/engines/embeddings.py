@@ -58,6 +58,7 @@ class SentenceTransformerEmbedder:
         cls, name: str | None = None, *, device: str = "cpu", batch_size: int = 64
     ) -> SentenceTransformerEmbedder:
         """Load ``name`` (``None``: the bundled all-MiniLM-L6-v2). Blocking."""
+        src = resolve_embedder(name)  # first: a missing directory fails before the import
         from sentence_transformers import SentenceTransformer
 
         if device.startswith("cuda"):
@@ -65,7 +66,6 @@ class SentenceTransformerEmbedder:
 
             if not torch.cuda.is_available():
                 raise EngineError(f"device {device!r} was asked for but CUDA is not available")
-        src = resolve_embedder(name)
         try:
             model = SentenceTransformer(src, device=device)
         except (OSError, ValueError) as exc:

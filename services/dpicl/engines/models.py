@@ -194,4 +194,8 @@ def resolve_embedder(name: str | None) -> str:
     local = Path(name).expanduser()
     if local.is_dir():
         return str(local)
+    if local.is_absolute() or name.startswith((".", "~")):
+        # A path that is not there: say so now. Handed to sentence-transformers it would be
+        # taken for a hub name and retried for ~30 s (offline), holding the server's start.
+        raise EngineError(f"the embedder directory {name} does not exist (DPICL_EMBEDDER)")
     return name

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dpicl.metrics import PREFIX_CACHE_HITS, PREFIX_CACHE_MISSES
+
 __all__ = ["PrefixCache", "PrefixEntry", "PrefixStats", "prefix_fingerprint"]
 
 Layers = tuple[tuple[torch.Tensor, torch.Tensor], ...]
@@ -104,9 +106,11 @@ class PrefixCache:
         entry = self._entries.get(key)
         if entry is None:
             self.stats.misses += 1
+            PREFIX_CACHE_MISSES.inc()
             return None
         self._entries.move_to_end(key)
         self.stats.hits += 1
+        PREFIX_CACHE_HITS.inc()
         return entry
 
     def put(self, key: tuple[str, str], entry: PrefixEntry) -> None:

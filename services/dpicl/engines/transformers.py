@@ -190,11 +190,13 @@ class TransformersEngine:
             self._run_score_jobs,
             max_wait_s=self.tuning.batch_wait_ms / 1000,
             max_size=self.tuning.batch_max_prompts,
+            name="score",
         )
         self.generate_batcher: MicroBatcher[GenJob, list[str]] = MicroBatcher(
             self._run_generate_jobs,
             max_wait_s=self.tuning.batch_wait_ms / 1000,
             max_size=self.tuning.batch_max_prompts,
+            name="generate",
         )
 
     # ------------------------------------------------------------------ loading

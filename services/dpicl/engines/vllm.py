@@ -98,6 +98,10 @@ class VllmOptions:
     dtype: str | None = None
     max_logprobs: int = MAX_TOP_K
     load_format: str = "auto"  # "dummy": random weights (benchmarks of a model's shape)
+    # vLLM's own parallelism: shards of one model over GPUs (tensor), and copies of it
+    # (data) behind one AsyncLLM, which balances requests over them.
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
     salt_secret: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
 
     @classmethod
@@ -111,6 +115,8 @@ class VllmOptions:
             kv_cache_gib=settings.vllm_kv_cache_gib,
             max_model_len=settings.vllm_max_model_len,
             enforce_eager=settings.vllm_enforce_eager,
+            tensor_parallel_size=settings.vllm_tensor_parallel_size,
+            data_parallel_size=settings.vllm_data_parallel_size,
             salt_secret=(
                 secret.get_secret_value().encode()
                 if secret is not None
@@ -121,6 +127,11 @@ class VllmOptions:
     def __post_init__(self) -> None:
         if self.block_size < 1:
             raise EngineError(f"vllm block_size must be >= 1, got {self.block_size}")
+        if self.tensor_parallel_size < 1 or self.data_parallel_size < 1:
+            raise EngineError(
+                "vllm tensor_parallel_size and data_parallel_size must be >= 1, got "
+                f"{self.tensor_parallel_size} and {self.data_parallel_size}"
+            )
         if self.max_logprobs < 1:
             raise EngineError(f"vllm max_logprobs must be >= 1, got {self.max_logprobs}")
         if len(self.salt_secret) < 16:
@@ -136,6 +147,37 @@ def _is_cpu_platform() -> bool:
     from vllm.platforms import current_platform
 
     return bool(current_platform.is_cpu())
+
+
+def engine_args(opts: VllmOptions, src: str, name: str, *, on_cpu: bool) -> dict[str, Any]:
+    """The keyword arguments of vLLM's ``AsyncEngineArgs`` for ``opts``."""
+    kwargs: dict[str, Any] = {
+        "model": src,
+        "served_model_name": name,
+        # float32 on the CPU build (DESIGN.md 9); the model's own dtype on a GPU.
+        "dtype": opts.dtype or ("float32" if on_cpu else "auto"),
+        "block_size": opts.block_size,
+        "enable_prefix_caching": opts.prefix_caching,
+        "max_logprobs": opts.max_logprobs,
+        "logprobs_mode": "raw_logprobs",
+        "enable_log_requests": False,
+        "disable_log_stats": True,
+        "enforce_eager": opts.enforce_eager,
+        "load_format": opts.load_format,
+        # On the CPU build this fraction is of host RAM: keep it small by default.
+        "gpu_memory_utilization": opts.gpu_memory_utilization or (0.15 if on_cpu else 0.9),
+    }
+    if opts.max_model_len is not None:
+        kwargs["max_model_len"] = opts.max_model_len
+    # An explicit KV-cache size (1 GiB by default on the CPU build: ~20k tokens of the
+    # bundled model) instead of a fraction of memory, which on CPU is measured from the
+    # process's RSS after a warm-up pass and fails on a busy machine.
+    kv_gib = opts.kv_cache_gib if opts.kv_cache_gib is not None else (1.0 if on_cpu else None)
+    if kv_gib is not None:
+        kwargs["kv_cache_memory_bytes"] = int(kv_gib * 2**30)
+    kwargs["tensor_parallel_size"] = opts.tensor_parallel_size
+    kwargs["data_parallel_size"] = opts.data_parallel_size
+    return kwargs
 
 
 class VllmEngine:
@@ -182,31 +224,7 @@ class VllmEngine:
         opts = options or VllmOptions()
         src = str(model_path)
         name = model_name or (Path(src).name if Path(src).is_dir() else src)
-        on_cpu = _is_cpu_platform()
-        kwargs: dict[str, Any] = {
-            "model": src,
-            "served_model_name": name,
-            # float32 on the CPU build (DESIGN.md 9); the model's own dtype on a GPU.
-            "dtype": opts.dtype or ("float32" if on_cpu else "auto"),
-            "block_size": opts.block_size,
-            "enable_prefix_caching": opts.prefix_caching,
-            "max_logprobs": opts.max_logprobs,
-            "logprobs_mode": "raw_logprobs",
-            "enable_log_requests": False,
-            "disable_log_stats": True,
-            "enforce_eager": opts.enforce_eager,
-            "load_format": opts.load_format,
-            # On the CPU build this fraction is of host RAM: keep it small by default.
-            "gpu_memory_utilization": opts.gpu_memory_utilization or (0.15 if on_cpu else 0.9),
-        }
-        if opts.max_model_len is not None:
-            kwargs["max_model_len"] = opts.max_model_len
-        # An explicit KV-cache size (1 GiB by default on the CPU build: ~20k tokens of the
-        # bundled model) instead of a fraction of memory, which on CPU is measured from the
-        # process's RSS after a warm-up pass and fails on a busy machine.
-        kv_gib = opts.kv_cache_gib if opts.kv_cache_gib is not None else (1.0 if on_cpu else None)
-        if kv_gib is not None:
-            kwargs["kv_cache_memory_bytes"] = int(kv_gib * 2**30)
+        kwargs = engine_args(opts, src, name, on_cpu=_is_cpu_platform())
         try:
             tokenizer = AutoTokenizer.from_pretrained(src)
             llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))

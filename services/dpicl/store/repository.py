@@ -21,7 +21,7 @@ file first: two of its charges then never meet in SQLite's busy handler, whose s
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import logging
 import math
 import re
@@ -68,6 +68,7 @@ from dpicl.store.charges import (
 from dpicl.store.charges import charge as charge_tx
 from dpicl.store.charges import refund as refund_tx
 from dpicl.store.context_cache import ContextCache
+from dpicl.store.deadline import CallAborted, DbCall, once_more_if_stale, run_with_deadline
 from dpicl.store.keys import INTERNAL, Principal
 from dpicl.store.models import ContextRow
 
@@ -165,12 +166,27 @@ def make_engine(url: str, *, timeout_s: float = 30.0) -> Engine:
     if parsed.get_backend_name() == "postgresql":
         ms = int(timeout_s * 1000)
         connect_args = {
+            # Connecting (TCP and the start-up exchange) gives up after this many seconds.
             "connect_timeout": max(1, math.ceil(timeout_s)),
-            "options": f"-c lock_timeout={ms} -c statement_timeout={ms}",
+            # The server's side: a statement or a lock wait past the deadline is cancelled,
+            # and a transaction whose client went silent mid-way (a frozen network) is
+            # rolled back rather than committed when the client's COMMIT arrives late.
+            "options": f"-c lock_timeout={ms} -c statement_timeout={ms} "
+            f"-c idle_in_transaction_session_timeout={ms}",
+            # The kernel's side, for a peer that vanished: unacknowledged data and silent
+            # idle connections are given up. The deadline that always holds is the
+            # client's own (store/deadline.py).
+            "tcp_user_timeout": ms,
+            "keepalives": 1,
+            "keepalives_idle": max(1, math.ceil(timeout_s)),
+            "keepalives_interval": max(1, math.ceil(timeout_s / 3)),
+            "keepalives_count": 3,
         }
     return create_engine(
         url,
-        pool_pre_ping=True,
+        # No pre-ping: a ping is I/O before the call can be aborted (store/deadline.py); a
+        # pooled connection found dead is retried once instead (ContextRepository._guarded).
+        pool_pre_ping=False,
         pool_size=10,
         max_overflow=20,
         pool_timeout=timeout_s,
@@ -248,6 +264,18 @@ LISTING = select(
     func.json_array_length(_ROWS.c.exemplars).label("n_exemplars"),
 ).order_by(_ROWS.c.created_at, _ROWS.c.id)
 
+#: The client-side deadline is DPICL_DB_TIMEOUT_S plus this: the database's own timeouts
+#: (lock, statement, busy, pool checkout: all DPICL_DB_TIMEOUT_S) answer first when they can,
+#: with their more certain message ("nothing was changed"); the deadline catches the rest.
+DEADLINE_GRACE_S = 0.25
+
+#: What a call that missed its deadline answers: it may have committed (a charge then stays
+#: spent, docs/privacy.md), and nothing that depended on it is released.
+_TIMED_OUT = (
+    "the database did not answer within DPICL_DB_TIMEOUT_S; nothing was released (a charge "
+    "that may have reached the database stays spent), retry later"
+)
+
 # One lock per SQLite file, shared by every repository of this process on that file.
 _SQLITE_WRITE_LOCKS: dict[str, threading.Lock] = {}
 _SQLITE_WRITE_LOCKS_GUARD = threading.Lock()
@@ -313,27 +341,60 @@ class ContextRepository:
         def fn(s: Session) -> None:
             s.execute(text("SELECT 1"))
 
-        await self._run(fn)
+        await self._run(fn, op="ping")
 
-    def _call(self, fn: Callable[[Session], T], write: bool = False) -> T:
+    async def schema_revision(self) -> str | None:
+        """The Alembic revision the database is at (None: no schema), within the deadline."""
+
+        def fn(conn: Connection) -> str | None:
+            from dpicl.store.migrations import current
+
+            return current(conn)
+
+        return await self._run_core(fn, op="schema_revision")
+
+    def _call(
+        self, fn: Callable[[Session], T], write: bool = False, call: DbCall | None = None
+    ) -> T:
+        call = call or DbCall()
+
         def in_session() -> T:
-            with self._sessions.begin() as session:
-                return fn(session)
+            with self._sessions() as session:
+                call.attach(session.connection().connection.dbapi_connection)
+                try:
+                    result = fn(session)
+                    call.committing = True
+                    session.commit()
+                    return result
+                finally:
+                    call.detach()
 
-        return self._guarded(in_session, write)
+        return self._guarded(in_session, write, call)
 
-    def _call_core(self, fn: Callable[[Connection], T], write: bool) -> T:
+    def _call_core(
+        self, fn: Callable[[Connection], T], write: bool = False, call: DbCall | None = None
+    ) -> T:
+        call = call or DbCall()
+
         def in_transaction() -> T:
-            with self.engine.begin() as conn:
-                return fn(conn)
+            with self.engine.connect() as conn:
+                call.attach(conn.connection.dbapi_connection)
+                try:
+                    with conn.begin():
+                        result = fn(conn)
+                        call.committing = True
+                    return result
+                finally:
+                    call.detach()
 
-        return self._guarded(in_transaction, write)
+        return self._guarded(in_transaction, write, call)
 
-    def _guarded(self, work: Callable[[], T], write: bool) -> T:
+    def _guarded(self, work: Callable[[], T], write: bool, call: DbCall | None = None) -> T:
+        call = call or DbCall()
         lock = self._write_lock if write else None
         try:
             if lock is None:
-                return work()
+                return once_more_if_stale(work, call)
             # Bounded like every other wait for the database (DPICL_DB_TIMEOUT_S).
             t0 = time.monotonic()
             if not lock.acquire(timeout=self._timeout_s):
@@ -343,27 +404,46 @@ class ContextRepository:
                     "was changed or charged, retry later"
                 )
             try:
-                return work()
+                return once_more_if_stale(work, call)
             finally:
                 lock.release()
-        except SQLAlchemyError as exc:
+        except (SQLAlchemyError, CallAborted) as exc:
+            if call.aborted:
+                raise StorageUnavailable(_TIMED_OUT) from None
             log.warning("database error: %s", describe_db_error(exc))
+            if call.committing:
+                raise StorageUnavailable(
+                    "the database failed while committing; the outcome is unknown (a charge "
+                    "that may have been made stays spent), retry later"
+                ) from None
             raise StorageUnavailable(
                 "the database is unavailable or busy; nothing was changed or charged, retry later"
             ) from None
 
-    async def _run(self, fn: Callable[[Session], T], *, write: bool = False) -> T:
+    async def _run(
+        self, fn: Callable[[Session], T], *, write: bool = False, op: str = "other"
+    ) -> T:
         pool = self._writes if write else self._reads
-        return await asyncio.get_running_loop().run_in_executor(pool, self._call, fn, write)
+        try:
+            work = functools.partial(self._call, fn, write)
+            return await run_with_deadline(pool, work, self._timeout_s + DEADLINE_GRACE_S, op)
+        except TimeoutError:
+            raise StorageUnavailable(_TIMED_OUT) from None
 
-    async def _run_core(self, fn: Callable[[Connection], T], *, write: bool = False) -> T:
+    async def _run_core(
+        self, fn: Callable[[Connection], T], *, write: bool = False, op: str = "other"
+    ) -> T:
         pool = self._writes if write else self._reads
-        return await asyncio.get_running_loop().run_in_executor(pool, self._call_core, fn, write)
+        try:
+            work = functools.partial(self._call_core, fn, write)
+            return await run_with_deadline(pool, work, self._timeout_s + DEADLINE_GRACE_S, op)
+        except TimeoutError:
+            raise StorageUnavailable(_TIMED_OUT) from None
 
     async def run(self, fn: Callable[[Connection], T], *, write: bool = False) -> T:
         """Run ``fn`` in one transaction on this repository's pools (the key store's
         statements, :mod:`dpicl.store.keys`), with every guard of the repository's own."""
-        return await self._run_core(fn, write=write)
+        return await self._run_core(fn, write=write, op="keys")
 
     async def add(self, row: ContextRow) -> StoredContext:
         def fn(s: Session) -> StoredContext:
@@ -371,7 +451,7 @@ class ContextRepository:
             s.flush()
             return StoredContext.from_row(row)
 
-        return await self._run(fn, write=True)
+        return await self._run(fn, write=True, op="add")
 
     async def get(self, context_id: str) -> StoredContext | None:
         """The context as stored now (fresh ledger columns); refreshes the cache."""
@@ -380,7 +460,7 @@ class ContextRepository:
             row = s.get(ContextRow, context_id)
             return StoredContext.from_row(row) if row is not None else None
 
-        ctx = await self._run(fn)
+        ctx = await self._run(fn, op="get")
         if ctx is None:
             self.cache.evict(context_id)
         else:
@@ -420,7 +500,7 @@ class ContextRepository:
         def fn(conn: Connection) -> list[ListedContext]:
             return [ListedContext.from_listing(row) for row in conn.execute(stmt)]
 
-        listed = await self._run_core(fn, write=False)
+        listed = await self._run_core(fn, write=False, op="list")
         if len(listed) <= limit:
             return listed, None
         last = listed[limit - 1].context
@@ -432,7 +512,7 @@ class ContextRepository:
             return bool(getattr(res, "rowcount", 0))
 
         self.cache.evict(context_id)
-        return await self._run(fn, write=True)
+        return await self._run(fn, write=True, op="delete")
 
     def charge_request(
         self, context_id: str, principal: Principal, mu2: float, epsilon: float, delta: float
@@ -454,17 +534,21 @@ class ContextRepository:
             return charge_tx(conn, self._charges, req)
 
         try:
-            return await self._run_core(fn, write=True)
+            return await self._run_core(fn, write=True, op="charge")
         except Rollback as exc:
             return exc.refused
 
     async def refund_charge(self, req: ChargeRequest, spend_id: int) -> None:
         """Undo a charge whose answer was never released (the engine failed)."""
-        await self._run_core(lambda conn: refund_tx(conn, self._charges, req, spend_id), write=True)
+        await self._run_core(
+            lambda conn: refund_tx(conn, self._charges, req, spend_id), write=True, op="refund"
+        )
 
     async def record_refusal(self, req: ChargeRequest) -> None:
         """A spend row saying ``req`` was refused (nothing was charged)."""
-        await self._run_core(lambda conn: record_refusal(conn, self._charges, req), write=True)
+        await self._run_core(
+            lambda conn: record_refusal(conn, self._charges, req), write=True, op="refusal"
+        )
 
     async def try_charge(
         self, context_id: str, mu2: float, principal: Principal = INTERNAL

@@ -19,6 +19,7 @@ from dpicl.api.schemas import (
 from dpicl.api.spend_schemas import SpendReport
 from dpicl.domain import MAX_LIST_LIMIT, ContextSpec
 from dpicl.errors import InvalidRequest, NotFound
+from dpicl.metrics import forget_context, record_release
 from dpicl.pipelines.contexts import cost_of, create_context
 from dpicl.pipelines.mozo_offline import synthesize
 from dpicl.privacy.ledger import Ledger
@@ -160,6 +161,7 @@ async def delete(context_id: str, svc: Svc) -> Response:
     """Delete a context and its ledger."""
     if not is_context_id(context_id) or not await svc.repo.delete(context_id):
         raise NotFound(f"no context with id {context_id[:80]!r}", param="context_id")
+    forget_context(context_id)  # its budget series end with it (dpicl.metrics)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
@@ -208,6 +210,9 @@ async def synthesize_context(
         # inputs nobody waits for are neither run nor charged.
         stop=request.is_disconnected,
     )
+    # Each output was charged as one query of the source context.
+    spent, left = out.budget.spent_epsilon, out.budget.remaining_epsilon
+    record_release(out.source.id, out.cost.epsilon * len(out.outputs), spent, left)
     derived = out.derived
     if not out.complete or derived is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)

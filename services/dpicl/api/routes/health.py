@@ -3,7 +3,6 @@ database and the engine answer too), for orchestrators and load balancers."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 
 from fastapi import APIRouter
@@ -13,12 +12,16 @@ from dpicl.api.deps import Svc
 from dpicl.api.schemas import ErrorResponse, Health, Readiness
 from dpicl.engines.threads import ThreadPlan
 from dpicl.errors import EngineError, StorageUnavailable
+from dpicl.store.migrations import head
 
 router = APIRouter(tags=["health"])
 
 #: For the readiness route, whichever method asks.
 _NOT_READY: dict[int | str, dict[str, object]] = {
-    503: {"model": ErrorResponse, "description": "database or engine not ready"}
+    503: {
+        "model": ErrorResponse,
+        "description": "database, schema revision, engine or embedder not ready",
+    }
 }
 
 
@@ -53,20 +56,27 @@ async def livez(svc: Svc) -> Health:
 @router.get("/readyz", response_model=Readiness, responses=_NOT_READY)
 @router.head("/readyz", response_model=Readiness, responses=_NOT_READY, operation_id="readyz_head")
 async def readyz(svc: Svc) -> Readiness:
-    """Readiness: the database answers within DPICL_DB_TIMEOUT_S and the engine is loaded."""
-    try:
-        await asyncio.wait_for(svc.repo.ping(), timeout=svc.settings.db_timeout_s)
-    except TimeoutError:
+    """Readiness: database at the code's schema revision, engine and embedder loaded."""
+    # Within DPICL_DB_TIMEOUT_S, or 503 storage_unavailable (the repository's deadline).
+    revision = await svc.repo.schema_revision()
+    needed = head()
+    if revision != needed:
         raise StorageUnavailable(
-            f"the database did not answer within {svc.settings.db_timeout_s} s"
-        ) from None
+            f"the database schema is at revision {revision or 'none (no schema)'}; this "
+            f"server needs {needed}: run `dpicl migrate`"
+        )
     ready = getattr(svc.engine, "is_ready", None)
     if callable(ready) and not ready():
         raise EngineError(f"the {svc.engine.name} engine is not ready")
+    if svc.embedder_error is not None:
+        raise EngineError(f"the sentence embedder failed to load at start: {svc.embedder_error}")
+    embedder = "loaded" if svc.embedder is not None else "on first use"
     threads: ThreadPlan | None = getattr(svc.engine, "threads", None)
     return Readiness(
         **_health(svc).model_dump(),
         database="ok",
+        schema_revision=revision,
+        embedder=embedder,
         torch_threads=threads.intra if threads else None,
         torch_interop_threads=threads.interop if threads else None,
         omp_wait_policy=os.environ.get("OMP_WAIT_POLICY") or None,

@@ -13,6 +13,7 @@ from dpicl.api.schemas import (
     GenerateResponse,
 )
 from dpicl.errors import InvalidRequest
+from dpicl.metrics import record_release
 from dpicl.pipelines.esa import EsaOutcome, run_esa
 from dpicl.pipelines.mozo import MozoOutcome, TokenSink, run_mozo
 from dpicl.pipelines.mozo_offline import PublicOutcome, run_public
@@ -52,7 +53,9 @@ async def classify_outcome(
     query = check_query(req.query, svc.settings.max_query_chars)
     ctx = await context_for(req.context_id, svc, principal, ("voting",), "/v1/classify")
     ledger = svc.ledger.billed_to(principal)
-    return await run_voting(ctx, query, engine=svc.engine, ledger=ledger, rng=secure_rng())
+    out = await run_voting(ctx, query, engine=svc.engine, ledger=ledger, rng=secure_rng())
+    released(out)
+    return out
 
 
 def classify_body(out: VotingOutcome, engine: str) -> dict[str, object]:
@@ -75,6 +78,13 @@ async def classify(req: ClassifyRequest, svc: Svc, caller: Caller) -> ClassifyRe
 GenerateOutcome = EsaOutcome | MozoOutcome | PublicOutcome
 
 
+def released(out: VotingOutcome | GenerateOutcome) -> None:
+    """Count an answer's cost in the privacy metrics (dpicl.metrics)."""
+    record_release(
+        out.context.id, out.cost.epsilon, out.budget.spent_epsilon, out.budget.remaining_epsilon
+    )
+
+
 async def generate_outcome(
     req: GenerateRequest,
     svc: Services,
@@ -87,6 +97,19 @@ async def generate_outcome(
     dispatched on the mechanism, within ``principal``'s scope, charged to the context and to
     ``principal``'s key. ``sink``: DPS-MOZO streams its tokens to it as they are sampled
     (the other mechanisms release their one answer at the end)."""
+    out = await _generate(req, svc, principal=principal, exact=exact, sink=sink)
+    released(out)
+    return out
+
+
+async def _generate(
+    req: GenerateRequest,
+    svc: Services,
+    *,
+    principal: Principal,
+    exact: bool,
+    sink: TokenSink | None,
+) -> GenerateOutcome:
     query = check_query(req.query, svc.settings.max_query_chars)
     ctx = await context_for(
         req.context_id, svc, principal, ("esa", "dps-mozo", "public"), "/v1/generate"

@@ -12,6 +12,7 @@ Add a revision: write ``versions/NNNN_<what>.py`` with ``down_revision`` the cur
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,8 +41,9 @@ def _config(connection: Connection) -> Config:
     return cfg
 
 
+@functools.cache
 def head() -> str:
-    """The newest revision."""
+    """The newest revision (read from the scripts once per process)."""
     cfg = Config()
     cfg.set_main_option("script_location", str(Path(__file__).parent))
     rev = ScriptDirectory.from_config(cfg).get_current_head()
