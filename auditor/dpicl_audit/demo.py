@@ -463,7 +463,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     elapsed = time.monotonic() - t0
     print(f"\nreport: {path.resolve()}")
-    print(f"table and results: {path.with_name('results.json').resolve()}")
+    print(f"table and results: {path.with_name('report.json').resolve()}")
     print(f"trial log: {db.resolve()}  (dpicl-audit list --db {db})")
     print(f"demo finished in {elapsed / 60:.1f} min")
     return 0
