@@ -289,15 +289,26 @@ def plot(result: dict[str, Any], path: Path) -> None:
             [x + off for x in xs], y, yerr=err, marker="o", capsize=3,
             color=colours.get(t), label=f"private voting, T = {t}",
         )  # fmt: skip
+    refs: list[tuple[float, str, str]] = []
     for method, style in (("few-shot", "--"), ("zero-shot", ":")):
         r = next(r for r in rows if r["method"] == method)
-        ax.axhline(r["accuracy"], color="black", linestyle=style, linewidth=1.2)
-        ax.axhspan(r["ci_low"], r["ci_high"], color="grey", alpha=0.12)
-        label = f"{method} {r['accuracy']:.2f}"
-        ax.text(xs[-1] + 0.35, r["accuracy"], label, va="center", fontsize=8)
+        ax.axhline(r["accuracy"], color="black", linestyle=style, linewidth=1.2, zorder=5)
+        ax.axhspan(r["ci_low"], r["ci_high"], color="grey", alpha=0.10)
+        refs.append((r["accuracy"], f"{method} {r['accuracy']:.2f}", "black"))
     chance = 1.0 / len(result["labels"])
-    ax.axhline(chance, color="grey", linewidth=0.8)
-    ax.text(xs[-1] + 0.35, chance, f"chance {chance:.2f}", va="center", fontsize=8, color="grey")
+    ax.axhline(chance, color="grey", linewidth=0.8, zorder=4)
+    refs.append((chance, f"chance {chance:.2f}", "grey"))
+    # the labels of lines that lie close together are spread apart, never printed on top
+    # of one another
+    refs.sort()
+    placed: list[float] = []
+    for y, text, colour in refs:
+        at = max(y, placed[-1] + 0.05) if placed else y
+        placed.append(at)
+        ax.text(
+            xs[-1] + 0.35, at, text, va="center", fontsize=8, color=colour,
+            bbox={"facecolor": "white", "edgecolor": "none", "pad": 1}, zorder=6,
+        )  # fmt: skip
     ax.set_xticks(xs, [_eps(e) for e in eps_list])
     ax.set_xlim(-0.4, xs[-1] + 1.4)
     ax.set_ylim(0, 1)
@@ -308,7 +319,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
         f"{result['context_size']} exemplars, {result['model'].split(' ')[0]}",
         fontsize=9,
     )
-    ax.legend(loc="lower left", fontsize=8, frameon=False, bbox_to_anchor=(0.0, 0.0))
+    # below the axes: never over the data
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, fontsize=8, frameon=False)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -320,6 +332,10 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--dataset", default=BBC_NEWS, help="dataset spec (default bbc-news)")
     p.add_argument("--engine", default="transformers", choices=["transformers", "oracle"])
+    p.add_argument("--model", help="model directory or hub name (default: bundled SmolLM2)")
+    p.add_argument(
+        "--from-json", type=Path, help="re-render the table and plot of a saved run (no model)"
+    )
     p.add_argument("--queries", type=int, default=300, help="test items (default 300)")
     p.add_argument("--contexts", type=int, default=6, help="contexts drawn (default 6)")
     p.add_argument("--context", type=int, default=16, help="exemplars per context (default 16)")
@@ -338,7 +354,9 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 async def amain(args: argparse.Namespace) -> dict[str, Any]:
-    engine = build_engine(args.engine, cache_dir=Path.home() / ".cache/dpicl", device="cpu")
+    engine = build_engine(
+        args.engine, model=args.model, cache_dir=Path.home() / ".cache/dpicl", device="cpu"
+    )
     try:
         return await evaluate(args, engine)
     finally:
@@ -347,7 +365,12 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse(argv)
-    result = asyncio.run(amain(args))
+    if args.from_json:
+        result = json.loads(args.from_json.read_text())
+        for r in result["rows"]:
+            r["epsilon"] = INF if r["epsilon"] == "inf" else r["epsilon"]
+    else:
+        result = asyncio.run(amain(args))
     table = markdown(result)
     print(
         f"{result['dataset']} ({result['dataset_size']} items), {result['engine']} "
@@ -355,7 +378,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         f"{result['queries']} queries, {result['seconds']} s; {result['stand_in']}"
     )
     print(table)
-    if args.json:
+    if args.json and not args.from_json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(_finite(result), indent=1) + "\n")
     if args.markdown:
