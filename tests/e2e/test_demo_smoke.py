@@ -54,10 +54,14 @@ def test_demo_quick_model(tmp_path: Path) -> None:
     assert len(needs) == 2 and all(isinstance(n, int) and n > 10 for n in needs), needs
     real = [r for r in runs if r["kind"] == "run"]
     assert sorted(s["epsilon_theory"] for r in real for s in r["settings"]) == [4.0, 8.0]
-    assert all(s["trials"] == 10 for r in real for s in r["settings"])
+    note = " ".join(results["notes"])
+    # Each run gets the planned minimum of 10, unless it overran its share of the time budget
+    # (a loaded machine): the demo then stops it there and the note says so.
+    stopped = note.count("stopped at its time share")
+    assert sum(s["trials"] != 10 for r in real for s in r["settings"]) <= stopped, note
+    assert all(0 < s["trials"] <= 10 for r in real for s in r["settings"])
     # 10 trials are below every need: INCONCLUSIVE, naming the trials that would do.
     for r in real:
         for s in r["settings"]:
             assert s["white_box"]["verdict"]["trials_needed"] is not None
-    note = " ".join(results["notes"])
     assert all(f"power needs about {n:,}" in note for n in needs), note
