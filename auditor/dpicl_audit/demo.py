@@ -23,7 +23,9 @@
    planned by power (:mod:`dpicl_audit.trial_budget`): the bootstrap's figures say about
    how many real trials each epsilon needs before its verdict can be more than
    INCONCLUSIVE; every epsilon gets at least 20, and the rest of the time (at the measured
-   rate per trial) goes to the epsilons whose need fits it.
+   rate per trial) goes to the epsilons whose need fits it. Each run is planned again at the
+   rate the runs before it measured, and a run that overruns its share of the time (the
+   machine got slower) is stopped there; the report uses its logged trials.
 3. Stops the servers and writes one combined report (table, JSON, HTML with plots) of all
    runs, and prints where it is.
 
@@ -53,6 +55,7 @@ from dpicl_audit.demo_server import DemoServer
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.report import write_combined_report
 from dpicl_audit.runner import CLEAN_SETTING, bootstrap_audit, run_audit
+from dpicl_audit.schedule import new_run_id
 from dpicl_audit.store import TrialRecord, TrialStore
 from dpicl_audit.trial_budget import POWER_MARGIN, plan_trials, planned_needs
 
@@ -225,6 +228,8 @@ _MODEL_CONCURRENCY = 2
 _REPORT_RESERVE_S = 25.0
 #: Seconds a real run spends besides its trials, until one measures it (measured: 2-8 s).
 _RUN_OVERHEAD_S = 10.0
+#: How far past its planned time a real run may go before the demo stops it (x the plan).
+_OVERRUN = 1.3
 
 
 async def _audit_model(
@@ -301,27 +306,55 @@ async def _audit_model(
             f"{_need_text(needs[eps])}; {fit} fit the time left at {per_trial:.2f} s a trial)",
         )
         t_run = time.monotonic()
-        res = await run_audit(
-            _plan(
-                srv,
-                name=f"demo transformers white-box eps={eps:g}",
-                threat_model="white-box",
-                trials=trials,
-                concurrency=_MODEL_CONCURRENCY,
-                timeout=600.0,
-                **{"mechanism.epsilons": [eps]},
-            ),
-            db=db,
-            out_dir=out,
-            console=console,
-        )
+        run_id = new_run_id()
+        # Re-planned as it goes: a run that overruns its share of the time (the machine got
+        # slower than the rate it was planned at) is stopped there, and its logged trials
+        # are what the report estimates from. Stopping at a time, whatever the answers were,
+        # does not bias the estimate; a run cut short is INCONCLUSIVE where it lacks power.
+        share = (trials * per_trial + overhead) * _OVERRUN + _RUN_OVERHEAD_S
+        cap = max(_RUN_OVERHEAD_S, min(share, deadline - t_run - _REPORT_RESERVE_S))
+        run_res: dict[str, Any] | None
+        try:
+            run_res = await asyncio.wait_for(
+                run_audit(
+                    _plan(
+                        srv,
+                        name=f"demo transformers white-box eps={eps:g}",
+                        threat_model="white-box",
+                        trials=trials,
+                        concurrency=_MODEL_CONCURRENCY,
+                        timeout=600.0,
+                        **{"mechanism.epsilons": [eps]},
+                    ),
+                    db=db,
+                    run_id=run_id,
+                    out_dir=out,
+                    console=console,
+                ),
+                timeout=cap,
+            )
+        except TimeoutError:
+            run_res = None
         wall = time.monotonic() - t_run
-        logged = _logged_rows(db, str(res["run_id"]))
-        per_trial = _wall_per_trial(logged, wall / trials)
-        overhead = max(0.0, wall - trials * per_trial)
-        _summarise(res)
-        ids.append(str(res["run_id"]))
-        ran.append(f"{trials} at epsilon {eps:g} (power needs about {_need_text(needs[eps])})")
+        logged = _logged_rows(db, run_id)
+        done = len(logged)
+        per_trial = _wall_per_trial(logged, wall / max(1, done))
+        overhead = max(0.0, wall - done * per_trial)
+        if run_res is None:
+            _say(
+                t0,
+                f"model: stopped the epsilon {eps:g} run at {cap:.0f} s, its share of the "
+                f"budget, after {done} of {trials} trials (now {per_trial:.2f} s a trial); "
+                "the report estimates from the logged trials",
+            )
+        else:
+            _summarise(run_res)
+        ids.append(run_id)
+        ran.append(
+            f"{done if run_res is None else trials} at epsilon {eps:g}"
+            + (f" (stopped at its time share, of {trials} planned)" if run_res is None else "")
+            + f" (power needs about {_need_text(needs[eps])})"
+        )
     note += (
         f" Real white-box trials (the black-box estimate comes from the same answers' released "
         f"labels): {'; '.join(ran)}. The need is the bootstrap's real_trials_for_power: the "
@@ -463,7 +496,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     elapsed = time.monotonic() - t0
     print(f"\nreport: {path.resolve()}")
-    print(f"table and results: {path.with_name('results.json').resolve()}")
+    print(f"table and results: {path.with_name('report.json').resolve()}")
     print(f"trial log: {db.resolve()}  (dpicl-audit list --db {db})")
     print(f"demo finished in {elapsed / 60:.1f} min")
     return 0

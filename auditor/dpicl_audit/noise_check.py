@@ -18,7 +18,10 @@ Verdicts, for a claimed sigma ``s``:
   server is less private than it says);
 * ``larger``: ``sigma_lower > s`` (more noise than claimed: not a privacy problem, but the
   reported sigma is wrong);
-* ``consistent``: the interval contains ``s``;
+* ``consistent``: the interval contains ``s`` and is narrower than the measured sigma;
+* ``inconclusive``: the interval contains ``s`` but is wider than the measured sigma itself
+  (too few residuals: it would also have contained a sigma far from ``s``, so it confirms
+  nothing); the claimed sigma is used, as for ``consistent``;
 * ``unchecked``: no residuals (e.g. a log collected before this check existed).
 
 When the check disagrees with the claim (``smaller`` or ``larger``) the bootstrap simulates
@@ -56,7 +59,7 @@ __all__ = [
 DEFAULT_NOISE_CONFIDENCE = 1.0 - 1e-6
 """Two-sided: an honest server is flagged with probability at most 1e-6 per check."""
 
-NoiseStatus = Literal["consistent", "smaller", "larger", "unchecked"]
+NoiseStatus = Literal["consistent", "inconclusive", "smaller", "larger", "unchecked"]
 
 
 @dataclass(frozen=True)
@@ -160,6 +163,13 @@ def check_noise(
         msg = (
             f"noise larger than claimed: reported sigma {s:.4g}, real sigma in {ci}; the "
             f"bootstrap simulates with {upper:.4g}"
+        )
+    elif upper - lower > hat:
+        status, sim = "inconclusive", s
+        msg = (
+            f"INCONCLUSIVE: the reported sigma {s:.4g} lies in the real sigma's interval {ci}, "
+            f"but the interval is wider than the measured sigma {hat:.4g}: too few residuals "
+            "to confirm the noise (more bootstrap rows, n_llm, would narrow it)"
         )
     else:
         status, sim = "consistent", s

@@ -136,7 +136,14 @@ def results_table(results: Mapping[str, Any]) -> Table:
         ("verdict", "left"),
     )
     for col, justify in columns:
-        table.add_column(col, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+        # The verdict keeps its full width (12: "INCONCLUSIVE"); when 80 columns are too few
+        # the numbers give way first.
+        table.add_column(
+            col,
+            justify=justify,  # type: ignore[arg-type]
+            no_wrap=True,
+            min_width=12 if col == "verdict" else None,
+        )
     models = results.get("threat_models", ["black-box"])
     for s in results["settings"]:
         for model in models:

@@ -11,13 +11,15 @@ password hidden.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
-
-from sqlalchemy import create_engine, event
-from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import ArgumentError
+from typing import TYPE_CHECKING, Any
 
 from dpicl_audit.errors import InvalidAuditInput
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+# SQLAlchemy is imported inside the functions: the CLI reads DEFAULT_DB (and checks --db)
+# when it starts, and `dpicl-audit --help` must not pay SQLAlchemy's import (~1 s).
 
 __all__ = ["DEFAULT_DB", "open_engine", "resolve_db_url", "shown_url", "sqlite_file_missing"]
 
@@ -26,6 +28,9 @@ DEFAULT_DB = "sqlite:///runs/audit.db"
 
 def resolve_db_url(db: str | Path | None) -> str:
     """A SQLAlchemy URL from ``--db``: a URL as is, a bare path as a SQLite file."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
     if db is None:
         db = DEFAULT_DB
     text = str(db)
@@ -40,12 +45,16 @@ def resolve_db_url(db: str | Path | None) -> str:
 
 def shown_url(url: str) -> str:
     """``url`` as an error message may show it (password hidden)."""
+    from sqlalchemy.engine import make_url
+
     return make_url(url).render_as_string(hide_password=True)
 
 
 def sqlite_file_missing(db: str | Path | None) -> str | None:
     """The path of a SQLite trial log that does not exist yet (None for one that exists, an
     in-memory database or another backend): readers check this so as not to create it."""
+    from sqlalchemy.engine import make_url
+
     url = make_url(resolve_db_url(db))
     path = url.database
     if url.get_backend_name() != "sqlite" or not path or path == ":memory:":
@@ -56,6 +65,9 @@ def sqlite_file_missing(db: str | Path | None) -> str | None:
 def open_engine(url: str, schema: str | None) -> Engine:
     """The engine of a resolved URL (:func:`resolve_db_url`); a SQLite file's directory is
     created, and a path that cannot hold the file is an :class:`InvalidAuditInput`."""
+    from sqlalchemy import create_engine, event
+    from sqlalchemy.engine import make_url
+
     sa_url = make_url(url)
     dialect = sa_url.get_backend_name()
     if schema is not None and dialect == "sqlite":

@@ -148,5 +148,11 @@ class TrialExecutor:
                 if exc is not None:
                     raise exc
         finally:
+            # Ctrl-C (or any error) cancels this coroutine mid-wait: stop every worker and
+            # collect its outcome, so none is left running or dies later with "Task
+            # exception was never retrieved".
+            for t in workers:
+                t.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
             # Completed trials are kept whatever happened to the others.
             await asyncio.shield(self.flush())

@@ -65,8 +65,14 @@ def load_settings(**overrides: object) -> Settings:
 
 @app.command()
 def serve(
-    host: Annotated[str | None, typer.Option(help="Bind address (DPICL_HOST).")] = None,
-    port: Annotated[int | None, typer.Option(help="Port (DPICL_PORT).")] = None,
+    host: Annotated[
+        str | None,
+        typer.Option(help="Bind address.", show_default="DPICL_HOST, else 127.0.0.1"),
+    ] = None,
+    port: Annotated[
+        int | None,
+        typer.Option(help="Port (0: any free port).", show_default="DPICL_PORT, else 8000"),
+    ] = None,
 ) -> None:
     """Start the HTTP server with the settings from DPICL_* variables."""
     from dpicl.engines.threads import set_omp_wait_policy

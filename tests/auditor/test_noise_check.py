@@ -29,7 +29,23 @@ def test_interval_matches_the_chi_square_closed_form() -> None:
     assert nc.sigma_hat == pytest.approx(math.sqrt(ss / n))
     assert nc.sigma_lower == pytest.approx(math.sqrt(ss / stats.chi2.ppf(1 - a / 2, n)))
     assert nc.sigma_upper == pytest.approx(math.sqrt(ss / stats.chi2.ppf(a / 2, n)))
-    assert nc.status == "consistent" and nc.simulation_sigma == 1.0 and not nc.flagged
+    # 5 residuals: the interval [0.57, 2.80] is wider than the measured sigma 1.08
+    assert nc.status == "inconclusive" and nc.simulation_sigma == 1.0 and not nc.flagged
+    assert nc.message.startswith("INCONCLUSIVE")
+
+
+def test_an_interval_wider_than_its_own_scale_is_inconclusive_not_consistent() -> None:
+    # The same honest noise: 12 residuals cannot confirm sigma (interval ~[0.5, 5] x sigma at
+    # the default 1 - 1e-6), 2,000 can (~[0.9, 1.1] x sigma). Deterministic seeds.
+    rng = np.random.default_rng(16)
+    few = check_noise(3.4 * rng.standard_normal(12), 3.4)
+    assert few.status == "inconclusive" and not few.flagged
+    assert few.sigma_upper is not None and few.sigma_lower is not None and few.sigma_hat
+    assert few.sigma_upper - few.sigma_lower > few.sigma_hat
+    many = check_noise(3.4 * rng.standard_normal(2000), 3.4)
+    assert many.status == "consistent"
+    assert many.sigma_upper is not None and many.sigma_lower is not None and many.sigma_hat
+    assert many.sigma_upper - many.sigma_lower <= many.sigma_hat
 
 
 def test_honest_noise_is_consistent_and_keeps_the_claimed_sigma() -> None:
@@ -37,7 +53,8 @@ def test_honest_noise_is_consistent_and_keeps_the_claimed_sigma() -> None:
     rng = np.random.default_rng(11)
     for sigma, n in ((6.85, 20), (0.857, 80), (3.0, 400)):
         nc = check_noise(sigma * rng.standard_normal(n), sigma)
-        assert nc.status == "consistent", nc
+        # 20 residuals give an interval wider than sigma: inconclusive, never flagged
+        assert nc.status == ("inconclusive" if n == 20 else "consistent"), nc
         assert nc.simulation_sigma == sigma
         assert nc.sigma_lower is not None and nc.sigma_upper is not None
         assert nc.sigma_lower <= sigma <= nc.sigma_upper
@@ -83,7 +100,7 @@ def test_interval_coverage_frequency() -> None:
     misses = 0
     for row in r:
         nc = check_noise(row, sigma, confidence=0.9)
-        misses += nc.status != "consistent"
+        misses += nc.status not in ("consistent", "inconclusive")
     lo, hi = stats.binom.ppf([0.5e-4, 1 - 0.5e-4], reps, 0.1)
     assert lo <= misses <= hi, misses
 

@@ -60,6 +60,23 @@ PROBE = r"""<script>
           over.push(el.tagName + "." + el.className + " right=" + Math.round(r.right));
         }
       });
+      // the verdict cards must be in the first screen; a verdict word never wraps
+      var cards = Array.prototype.slice.call(document.querySelectorAll(".card"));
+      var below = cards.filter(function (c) {
+        return c.getBoundingClientRect().bottom > window.innerHeight;
+      }).map(function (c) { return c.textContent.slice(0, 60); });
+      var broken_words = [];
+      Array.prototype.forEach.call(document.querySelectorAll(".badge, td.nw"), function (el) {
+        var lh = parseFloat(getComputedStyle(el).fontSize) * 1.9;
+        var rects = el.getClientRects();
+        if (rects.length > 1 || (rects.length && rects[0].height > lh + 8 &&
+            el.tagName !== "TD")) {
+          broken_words.push(el.textContent);
+        }
+        if (el.tagName === "TD" && el.scrollWidth > el.clientWidth + 1) {
+          broken_words.push("cut: " + el.textContent);
+        }
+      });
       var out = document.createElement("pre");
       out.id = "dpicl-probe";
       out.textContent = JSON.stringify({
@@ -68,6 +85,9 @@ PROBE = r"""<script>
         images: imgs.length,
         broken: broken,
         overflow: over.slice(0, 20),
+        cards: cards.length,
+        belowFold: below,
+        brokenWords: broken_words.slice(0, 20),
         errors: errors
       });
       document.body.appendChild(out);
@@ -137,11 +157,16 @@ def test_report_in_headless_chromium(report_html: Path, width: int, tmp_path: Pa
     assert res["images"] == 4 and res["broken"] == [], res  # 4 plots, every one decoded
     assert res["overflow"] == [], res["overflow"]
     assert res["scrollWidth"] <= res["width"], res  # type: ignore[operator]
+    # one verdict card per run, all in the first 1000 px; no verdict broken mid-word
+    assert res["cards"] == len(RUNS), res
+    assert res["belowFold"] == [], res["belowFold"]
+    assert res["brokenWords"] == [], res["brokenWords"]
 
 
 def test_the_probe_sees_what_it_must(tmp_path: Path) -> None:
-    """A positive control: a page with a wide block outside a scroll box, a broken image and
-    a console error is caught on all three counts."""
+    """A positive control: a page with a wide block outside a scroll box, a broken image, a
+    console error, a verdict card below the fold and a wrapped verdict badge is caught on
+    all five counts."""
     browser = _browser()
     if browser is None:
         pytest.skip("no Chromium on PATH (see test_report_in_headless_chromium)")
@@ -150,9 +175,13 @@ def test_the_probe_sees_what_it_must(tmp_path: Path) -> None:
         "<!DOCTYPE html><html><head><title>x</title></head><body>"
         "<div style='width:1500px'>wide</div>"
         "<img alt='broken' src='data:image/png;base64,AAAA'>"
+        "<span class='badge' style='display:inline-block;width:3em'>NOT OK HERE</span>"
+        "<div class='card' style='margin-top:1200px'>late card</div>"
         "<script>console.error('boom')</script></body></html>"
     )
     res = _probe(browser, bad, 800, tmp_path)
     assert any("boom" in e for e in res["errors"])  # type: ignore[union-attr]
     assert any("broken" in b for b in res["broken"])  # type: ignore[union-attr]
     assert res["overflow"]
+    assert res["belowFold"] and "late card" in res["belowFold"][0]  # type: ignore[index]
+    assert res["brokenWords"] == ["NOT OK HERE"], res["brokenWords"]

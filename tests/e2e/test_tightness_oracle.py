@@ -56,5 +56,7 @@ def test_bootstrap_white_box_is_tight_on_the_oracle(start_server: Any, tmp_path:
         assert wb["verdict"]["status"] == "ok" and not wb["verdict"]["exceeds_exact"], wb
         assert emp <= exact  # the bound is already at its confidence
         assert s["black_box"]["verdict"]["status"] == "ok"
-        assert s["noise_check"]["status"] == "consistent", s["noise_check"]
+        # never flagged; with 40 clean rows the interval may be wider than the sigma it
+        # measures, which the check calls inconclusive (noise_check.py)
+        assert s["noise_check"]["status"] in ("consistent", "inconclusive"), s["noise_check"]
         assert s["sigma_simulated"] == s["sigma"]

@@ -4,11 +4,11 @@ Every flag overrides the plan's value; ``--help`` shows the plan's default of ea
 left out keeps the TOML file's value, else that default).
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: the options' annotations are evaluated where the
+# command is built, so that each command hides the options that are not its own (`kind`).
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 
@@ -27,51 +27,29 @@ from dpicl_audit.cli.common import (
     guard,
     load_results,
     require_log,
+    resume_command,
     run_async,
 )
-from dpicl_audit.mechanisms import MECHANISMS
-from dpicl_audit.plan import AuditPlan
-from dpicl_audit.store import DEFAULT_DB
+from dpicl_audit.cli.flags import help_text as _h
+from dpicl_audit.cli.flags import parse_floats as _floats
+from dpicl_audit.cli.flags import parse_strings as _strings
+from dpicl_audit.plan import (
+    Attack,
+    AuditPlan,
+    Calibration,
+    CanaryKind,
+    EmbeddingSource,
+    MechanismName,
+    Setting,
+    ThreatModel,
+    VotingDesign,
+)
+from dpicl_audit.store_db import DEFAULT_DB
+
+# The mechanisms' modules (DPS-MOZO's, ESA's, dp-accounting under them) are imported by the
+# runner when a command runs, not here: `--help` reads only the plan's types and defaults.
 
 __all__ = ["audit_command"]
-
-_DEFAULTS = AuditPlan().model_dump(mode="json")
-#: Defaults that depend on the mechanism (the plan fills them in).
-_PER_MECHANISM = {
-    "dataset": "news-mini (esa, dps-mozo: dialogsum-mini)",
-    "mechanism.max_tokens": "64 (dps-mozo: 2)",
-    "mechanism.n_shots": "|D| (mechanism.exemplars)",
-    "mechanism.alpha": "the server's",
-    "neighbour.position": "drawn from the seed",
-    "neighbour.partition_seed": "drawn from the seed",
-}
-
-
-def _h(path: str, text: str) -> str:
-    """Help text with the plan's default for the dotted ``path``."""
-    if path in _PER_MECHANISM:
-        return f"{text} (default: {_PER_MECHANISM[path]})"
-    node: Any = _DEFAULTS
-    for part in path.split("."):
-        node = node[part]
-    if isinstance(node, list):
-        node = ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in node)
-    return f"{text} (default: {node})"
-
-
-def _floats(text: str | None, name: str) -> list[float] | None:
-    if text is None:
-        return None
-    try:
-        return [float(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError as exc:
-        raise typer.BadParameter(f"{name} must be comma-separated numbers, got {text!r}") from exc
-
-
-def _strings(text: str | None) -> list[str] | None:
-    if text is None:
-        return None
-    return [x.strip() for x in text.split(",") if x.strip()]
 
 
 def audit_command(kind: str) -> Callable[..., None]:
@@ -104,11 +82,13 @@ def audit_command(kind: str) -> Callable[..., None]:
         dataset: Annotated[
             str | None,
             typer.Option(
-                help=_h("dataset", "Bundled name (news-mini), JSONL/CSV path, hf:<name>.")
+                help=_h(
+                    "dataset", "news-mini, bbc-news (docs/data.md), a JSONL/CSV path or hf:<name>."
+                )
             ),
         ] = None,
         canary: Annotated[
-            str | None, typer.Option(help=_h("canary", "natural | mislabeled | random"))
+            CanaryKind | None, typer.Option(help=_h("canary", "Canary kind."))
         ] = None,
         epsilons: Annotated[
             str | None,
@@ -127,48 +107,58 @@ def audit_command(kind: str) -> Callable[..., None]:
             float | None, typer.Option(help=_h("mechanism.temperature", "Vote temperature."))
         ] = None,
         calibration: Annotated[
-            str | None, typer.Option(help=_h("mechanism.calibration", "classic | analytic"))
+            Calibration | None, typer.Option(help=_h("mechanism.calibration", "Noise calibration."))
         ] = None,
         setting: Annotated[
-            str | None, typer.Option(help=_h("setting", "audit-template | deployment"))
+            Setting | None, typer.Option(help=_h("setting", "Audit prompt or deployment's."))
         ] = None,
         threat_model: Annotated[
-            str | None, typer.Option(help=_h("threat_model", "black-box | white-box"))
+            ThreatModel | None,
+            typer.Option(
+                help=_h("threat_model", "What the auditor sees."), hidden=kind == "bootstrap"
+            ),
         ] = None,
         attack: Annotated[
-            str | None,
+            Attack | None,
             typer.Option(
+                metavar="<attack>",  # the choices, with their mechanisms, are in the help
                 help=_h(
                     "attack",
                     "; ".join(f"{a.name} ({', '.join(a.mechanisms)})" for a in ATTACKS.values()),
-                )
+                ),
             ),
         ] = None,
         design: Annotated[
-            str | None,
+            VotingDesign | None,
             typer.Option(
                 help=_h(
                     "design",
-                    "voting or ESA inquery design: auto | paper | pivotal | identical (auto: "
-                    "pivotal on a simulator, identical on a real engine)",
+                    "Voting or ESA inquery design (auto: pivotal on a simulator, identical on "
+                    "a real engine).",
                 )
             ),
         ] = None,
         mechanism: Annotated[
-            str | None, typer.Option(help=_h("mechanism.name", " | ".join(MECHANISMS)))
+            MechanismName | None, typer.Option(help=_h("mechanism.name", "Mechanism audited."))
         ] = None,
         adversary: Annotated[
             str | None,
             typer.Option(
+                hidden=kind == "bootstrap",
                 help="Paper 003 adversary (sets --attack): nat-advq | pois-advq | "
-                "pois-natq-{confident,unconfident,all-same,mapping}. (default: none)"
+                "pois-natq-{confident,unconfident,all-same,mapping}. (default: none)",
             ),
         ] = None,
         queries: Annotated[
-            int | None, typer.Option(help=_h("queries", "Paper 003: queries in the sequence."))
+            int | None,
+            typer.Option(
+                help=_h("queries", "Paper 003: queries in the sequence."),
+                hidden=kind == "bootstrap",
+            ),
         ] = None,
         sensitivity: Annotated[
-            str | None, typer.Option(help=_h("mechanism.sensitivity", "ESA: tight | original"))
+            Literal["tight", "original"] | None,
+            typer.Option(help=_h("mechanism.sensitivity", "ESA: Delta2 of the mean.")),
         ] = None,
         candidates: Annotated[
             int | None, typer.Option(help=_h("mechanism.candidates", "ESA: zero-shot candidates."))
@@ -186,8 +176,8 @@ def audit_command(kind: str) -> Callable[..., None]:
             int | None, typer.Option(help=_h("mechanism.top_k", "DPS-MOZO: top-k."))
         ] = None,
         guarantee: Annotated[
-            str | None,
-            typer.Option(help=_h("mechanism.guarantee", "DPS-MOZO: proven | paper (nominal).")),
+            Literal["proven", "paper"] | None,
+            typer.Option(help=_h("mechanism.guarantee", "DPS-MOZO (paper: nominal).")),
         ] = None,
         alpha: Annotated[
             int | None,
@@ -214,24 +204,22 @@ def audit_command(kind: str) -> Callable[..., None]:
             str | None, typer.Option(help="ESA: own 'absent' signal text. (default: none)")
         ] = None,
         embeddings: Annotated[
-            str | None,
-            typer.Option(
-                help=_h(
-                    "generation.embeddings", "ESA: where e(y) comes from: auto | server | local"
-                )
-            ),
+            EmbeddingSource | None,
+            typer.Option(help=_h("generation.embeddings", "ESA: where e(y) comes from.")),
         ] = None,
         embedder: Annotated[
             str | None,
             typer.Option(help="ESA: local sentence-transformers model directory. (default: none)"),
         ] = None,
         trials: Annotated[
-            int | None, typer.Option(help=_h("trials", "Trials per epsilon."))
+            int | None,
+            typer.Option(help=_h("trials", "Trials per epsilon."), hidden=kind == "bootstrap"),
         ] = None,
         trials_from: Annotated[
             str | None,
             typer.Option(
                 "--trials-from",
+                hidden=kind != "run",
                 help="run: trials per epsilon from a bootstrap run in --db, the most its "
                 "real_trials_for_power asks over these epsilons, so each has power. "
                 "(default: none)",
@@ -276,11 +264,16 @@ def audit_command(kind: str) -> Callable[..., None]:
         ] = None,
         n_llm: Annotated[
             int | None,
-            typer.Option(help=_h("bootstrap.n_llm", "Bootstrap: clean votes per world.")),
+            typer.Option(
+                help=_h("bootstrap.n_llm", "Clean votes per world."), hidden=kind != "bootstrap"
+            ),
         ] = None,
         n_sample: Annotated[
             int | None,
-            typer.Option(help=_h("bootstrap.n_sample", "Bootstrap: simulated trials per world.")),
+            typer.Option(
+                help=_h("bootstrap.n_sample", "Simulated trials per world."),
+                hidden=kind != "bootstrap",
+            ),
         ] = None,
         name: Annotated[
             str | None, typer.Option(help="A name for the run. (default: none)")
@@ -292,6 +285,7 @@ def audit_command(kind: str) -> Callable[..., None]:
         as_json: JsonOpt = False,
     ) -> None:
         from dpicl_audit.runner import bootstrap_audit, run_audit
+        from dpicl_audit.schedule import new_run_id
 
         overrides: dict[str, Any] = {
             "name": name,
@@ -350,15 +344,18 @@ def audit_command(kind: str) -> Callable[..., None]:
             overrides["trials"] = _trials_from(kind, trials_from, trials, db, audit_plan)
             audit_plan = guard(lambda: AuditPlan.from_sources(plan, overrides))
         fn = bootstrap_audit if kind == "bootstrap" else run_audit
+        # The id is fixed here, not by the runner, so that Ctrl-C can say what to resume.
+        rid = run_id or new_run_id()
         results = run_async(
             fn(
                 audit_plan,
                 db=db,
-                run_id=run_id,
+                run_id=rid,
                 out_dir=out,
                 progress=progress,
                 console=err_console,
-            )
+            ),
+            resume_hint=resume_command(rid, db),
         )
         emit(results, as_json, Path(out) / str(results["run_id"]) / "results.json")
 

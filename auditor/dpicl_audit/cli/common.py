@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
+import typer.core
 from rich.console import Console
 
 from dpicl_audit.errors import AuditError
-from dpicl_audit.store import sqlite_file_missing
+from dpicl_audit.store_db import sqlite_file_missing
 
 __all__ = [
     "AdminOpt",
@@ -30,8 +31,21 @@ __all__ = [
     "load_results",
     "out_console",
     "require_log",
+    "resume_command",
     "run_async",
 ]
+
+
+def _flag_type(self: typer.core.TyperOption, ctx: Any) -> str | None:
+    """No ``<bool>`` after an on/off flag (``--json``, ``--progress/--no-progress``,
+    ``--help``): a flag takes no value, so a type there reads as if it wanted one."""
+    if self.is_flag and self.metavar is None:
+        return None
+    return _option_type(self, ctx)
+
+
+_option_type = typer.core.TyperOption.display_type_rich
+typer.core.TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign]
 
 app = typer.Typer(
     name="dpicl-audit",
@@ -101,12 +115,28 @@ JsonOpt = Annotated[
 ]
 
 
-def run_async(coro: Coroutine[Any, Any, T]) -> T:
+def resume_command(run_id: str, db: str) -> str:
+    """The command line that continues ``run_id`` (``--db`` only when not the default)."""
+    from dpicl_audit.store_db import DEFAULT_DB
+
+    where = "" if db == DEFAULT_DB else f" --db {db}"
+    return f"dpicl-audit resume {run_id}{where}"
+
+
+def run_async(coro: Coroutine[Any, Any, T], resume_hint: str | None = None) -> T:
+    """Run the command's coroutine. Ctrl-C ends it with one line (how to resume, when there
+    is something to resume) and exit status 130, not a traceback."""
     try:
         return asyncio.run(coro)
     except AuditError as exc:
         err_console.print(f"[bold red]error:[/bold red] {exc}")
         raise typer.Exit(1) from exc
+    except KeyboardInterrupt:
+        line = "interrupted; the trials done so far are in the log"
+        if resume_hint:
+            line += f"; resume with: {resume_hint}"
+        err_console.print(line, soft_wrap=True, highlight=False)
+        raise typer.Exit(130) from None
 
 
 def guard(fn: Callable[[], T]) -> T:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.table import Table
 
 from dpicl_audit.cli.common import (
@@ -31,9 +32,10 @@ from dpicl_audit.cli.common import (
     load_results,
     out_console,
     require_log,
+    resume_command,
     run_async,
 )
-from dpicl_audit.store import DEFAULT_DB, resolve_db_url, sqlite_file_missing
+from dpicl_audit.store_db import DEFAULT_DB, resolve_db_url, sqlite_file_missing
 
 __all__ = ["list_runs", "report", "resume", "show"]
 
@@ -63,7 +65,8 @@ def resume(
             out_dir=out,
             progress=progress,
             console=err_console,
-        )
+        ),
+        resume_hint=resume_command(run_id, db),
     )
     emit(results, as_json, Path(out) / run_id / "results.json")
 
@@ -120,16 +123,23 @@ def list_runs(db: DbOpt = DEFAULT_DB, as_json: JsonOpt = False) -> None:
     if as_json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return
-    table = Table(title=f"runs in {db}")
-    table.add_column("run", overflow="fold", ratio=1)
-    for col in ("what", "status", "trials", "calls"):  # short columns: never wrapped
-        table.add_column(col, no_wrap=True, justify="right" if col != "what" else "left")
+    # Fits 80 columns: the run id is never wrapped (a wrapped id cannot be copied into
+    # `show`/`resume`); the description column takes what is left and wraps.
+    table = Table(title=f"runs in {db}", box=box.SIMPLE_HEAD, pad_edge=False)
+    width = max([len(r["id"]) for r in rows] + [3])
+    table.add_column("run", no_wrap=True, min_width=width, max_width=width)
+    table.add_column("what", overflow="fold", ratio=1)
+    for col in ("status", "trials", "calls"):
+        table.add_column(col, no_wrap=True, justify="left" if col == "status" else "right")
     for r in rows:
         eps = ",".join(f"{e:g}" for e in r["epsilons"] or [])
         threat = "both threat models" if r["kind"] == "bootstrap" else r["threat_model"]
+        name = r["name"] or ""
+        if len(name) > width:
+            name = name[: width - 1] + "…"
         table.add_row(
-            r["id"] + (f"\n{r['name']}" if r["name"] else ""),
-            f"{r['mechanism']} · {r['attack']}\n{r['kind']} · {threat}\nε {eps}",
+            r["id"] + (f"\n{name}" if name else ""),
+            f"{r['mechanism']} · {r['attack']} · {r['kind']} · {threat} · ε {eps}",
             r["status"],
             f"{r['trials_logged']}/{r['trials_planned']}",
             str(r["llm_calls"]),
@@ -187,6 +197,14 @@ def report(
     out: Annotated[
         Path, typer.Option("--out", help="Directory for the report.", show_default=True)
     ] = Path("runs"),
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Print where the report is and each run's verdict as JSON (the table goes "
+            "to stderr). (default: off, the table)",
+        ),
+    ] = False,
 ) -> None:
     """Write one report (table, HTML with plots) of the runs and print where it is."""
     try:
@@ -196,6 +214,16 @@ def report(
         raise typer.Exit(1) from exc
     require_log(db, run_ids[0] if len(run_ids) == 1 else None)
     ids: str | list[str] = run_ids[0] if len(run_ids) == 1 else list(run_ids)
-    where = guard(lambda: report_mod.write_report(ids, resolve_db_url(db), out))
-    if where is not None:
+    # --json: the table goes to stderr, so stdout holds the JSON alone
+    extra = {"console": err_console} if as_json else {}
+    where = guard(lambda: report_mod.write_report(ids, resolve_db_url(db), out, **extra))
+    if as_json:
+        data = json.loads((Path(where).parent / "report.json").read_text(encoding="utf-8"))
+        payload = {
+            "html": str(where),
+            "json": str(Path(where).parent / "report.json"),
+            "verdicts": data.get("verdicts", {}),
+        }
+        sys.stdout.write(json.dumps(payload, indent=2) + "\n")
+    elif where is not None:
         out_console.print(f"report: {where}")

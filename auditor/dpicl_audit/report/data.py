@@ -134,9 +134,12 @@ def load_runs(store: TrialStore, run_ids: Sequence[str]) -> list[RunData]:
         engine = _engine_of(results)
         method = "bootstrap" if run.kind == "bootstrap" else "real trials"
         plan = run_plan(run)
-        label = f"{engine} · {plan.mechanism.name} {plan.attack} {method}"
-        if run.kind != "bootstrap":
-            label += f" ({plan.threat_model} run)"
+        # A run is shown by its name (--name, the demo's names); an unnamed one by what it is.
+        label = (run.name or plan.name or "").strip()
+        if not label:
+            label = f"{engine} · {plan.mechanism.name} {plan.attack} {method}"
+            if run.kind != "bootstrap":
+                label += f" ({plan.threat_model} run)"
         labels[label] = labels.get(label, 0) + 1
         trials: dict[str, list[TrialRecord]] = {}
         for rec in store.trials(rid):
@@ -144,9 +147,11 @@ def load_runs(store: TrialStore, run_ids: Sequence[str]) -> list[RunData]:
         out.append(
             RunData(rid, run.kind, results, plan, run_design(run, plan), engine, label, trials)
         )
-    for rd in out:  # disambiguate identical labels by run id
+    seen: dict[str, int] = {}
+    for rd in out:  # identical labels: numbered in order (#1, #2), not by a hash of the id
         if labels[rd.label] > 1:
-            rd.label = f"{rd.label} ({rd.run_id[-6:]})"
+            seen[rd.label] = seen.get(rd.label, 0) + 1
+            rd.label = f"{rd.label} #{seen[rd.label]}"
     return out
 
 

@@ -12,6 +12,7 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dpicl_audit.report.cards import cards, run_style
 from dpicl_audit.report.data import ReportRow, RunData, num
 from dpicl_audit.report.words import (
     VERDICT_WORDS,
@@ -22,14 +23,14 @@ from dpicl_audit.report.words import (
     verdict_sentence,
 )
 
-__all__ = ["render_html"]
+__all__ = ["noise_status", "render_html"]
 
 _CSS = """
 *{box-sizing:border-box}
-body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;max-width:1180px;
-color:#222;line-height:1.45;padding:0 1em}
-h1{font-size:1.6em;overflow-wrap:anywhere}
-h2{font-size:1.25em;margin-top:1.8em;border-bottom:1px solid #ddd}
+body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:1.2em auto;
+max-width:1180px;color:#222;line-height:1.45;padding:0 1em}
+h1{font-size:1.5em;margin:.2em 0 .3em;overflow-wrap:anywhere}
+h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ddd}
 h3{overflow-wrap:anywhere}
 .scroll{max-width:100%;overflow-x:auto;margin:.6em 0}
 table{border-collapse:collapse;font-size:.86em}
@@ -39,10 +40,32 @@ td.wrap{overflow-wrap:anywhere;max-width:60ch}
 table.kv{max-width:100%}table.kv td{overflow-wrap:anywhere}
 .violation{background:#fde0e0;color:#900;font-weight:bold}
 .bug{background:#fff3cd;color:#7a5b00;font-weight:bold}
-.ok{color:#17652a}.error{color:#777}
+.ok{color:#17652a}.error{color:#777}.inconclusive{color:#6b5900}
+.nw{white-space:nowrap}
 .finding{padding:.45em .8em;margin:.3em 0;border-left:5px solid #999;background:#fafafa;
 overflow-wrap:anywhere}
-.finding.violation{border-color:#c00}.finding.bug{border-color:#d9a400}.finding.ok{border-color:#2a8a3e}.finding.inconclusive{border-color:#888}
+.finding.violation{border-color:#c00}.finding.bug{border-color:#d9a400}
+.finding.ok{border-color:#2a8a3e}.finding.inconclusive{border-color:#888;color:#222}
+.cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(330px,1fr));gap:.6em;
+margin:.6em 0}
+.card{border:1px solid #ddd;border-top:6px solid var(--run);border-radius:4px;
+padding:.45em .7em;background:#fff;min-width:0}
+.card .name{font-weight:bold;overflow-wrap:anywhere}
+.badge{display:inline-block;white-space:nowrap;font-weight:bold;font-size:.82em;
+padding:.05em .5em;border-radius:3px;margin:.25em 0}
+.badge.ok{background:#dff3e3;color:#17652a}.badge.inconclusive{background:#eee;color:#444}
+.badge.violation{background:#c00;color:#fff}.badge.bug{background:#f0c000;color:#222}
+.badge.error{background:#eee;color:#777}
+.bars{font-size:.8em;width:100%;border:0;margin-top:.2em}
+.bars td{border:0;padding:.1em .3em;vertical-align:middle}
+.track{position:relative;height:.8em;background:#eef;border-radius:2px;min-width:6em}
+.track .emp{position:absolute;left:0;top:0;bottom:0;background:var(--run)}
+.track .exact{position:absolute;top:-.2em;bottom:-.2em;width:2px;background:#333}
+.track .theory{position:absolute;top:-.2em;bottom:-.2em;width:0;border-left:2px dashed #c00}
+.swatch{display:inline-block;width:.8em;height:.8em;background:var(--run);margin-right:.3em;
+vertical-align:-.05em;border-radius:2px}
+details{margin:.35em 0;border:1px solid #e4e4e4;border-radius:4px;padding:.2em .6em}
+summary{cursor:pointer;font-weight:bold;overflow-wrap:anywhere}
 img{max-width:100%;height:auto;border:1px solid #eee}code{background:#f4f4f4;padding:0 .25em}
 .small{font-size:.85em;color:#555}
 """
@@ -52,53 +75,77 @@ def _e(text: Any) -> str:
     return html.escape(str(text))
 
 
-def _results_table(rows: Sequence[ReportRow]) -> str:
+def _results_table(
+    rows: Sequence[ReportRow], labels: Mapping[str, str], colors: Mapping[str, str]
+) -> str:
+    shift = any(r.epsilon_exact_shift is not None for r in rows)
     head = (
-        "<tr><th class=l>engine</th><th class=l>mechanism · attack · design</th>"
-        "<th class=l>method</th><th class=l>ε</th>"
-        "<th class=l>threat</th><th>ε theory</th><th>ε exact</th>"
-        "<th title='ESA: exact ε for the canary&#39;s actual embedding shift'>ε exact (shift)</th>"
-        "<th title='GDP figure: epsilon of mu_lower, assumes a Gaussian trade-off'>"
+        "<tr><th class=l>run</th><th class=l>ε</th><th class=l>threat</th><th>ε theory</th>"
+        "<th>ε exact</th>"
+        + (
+            "<th title='ESA: exact ε for the canary&#39;s actual embedding shift'>"
+            "ε exact (shift)</th>"
+            if shift
+            else ""
+        )
+        + "<th title='GDP figure: epsilon of mu_lower, assumes a Gaussian trade-off'>"
         "ε emp (GDP)</th><th title='assumption-free (epsilon, delta) bound, its own threshold'>"
-        "ε classical</th><th>confidence</th><th>μ lower</th><th>trials</th><th>LLM calls</th>"
-        "<th>wall s</th>"
-        "<th class=l>verdict</th></tr>"
+        "ε classical</th><th>μ lower</th><th>trials</th><th class=l>verdict</th></tr>"
     )
     body = []
     for r in rows:
         verdict = VERDICT_WORDS.get(r.status, r.status)
         if r.noise_check and r.noise_check.get("status") == "smaller":
-            verdict += " · noise smaller than claimed"
+            verdict += " · noise < claim"
         trials = "-" if r.trials is None else f"{r.trials:,}"
-        if r.method == "bootstrap" and r.n_llm is not None:
-            trials += f" simulated<br><span class=small>n_llm={r.n_llm} per world</span>"
+        if r.method == "bootstrap":
+            trials += " sim"
         body.append(
-            f"<tr><td class=l>{_e(r.engine)}</td>"
-            f"<td class='l wrap'>{_e(r.mechanism)} · {_e(r.attack)}<br>"
-            f"<span class=small>{_e(r.design)}</span></td><td class=l>{_e(r.method)}</td>"
-            f"<td class=l>{_e(eps_label(r.setting))}</td><td class=l>{_e(r.threat)}</td>"
+            f"<tr><td class='l wrap'{run_style(colors, r.run_id)}><span class=swatch></span>"
+            f"{_e(labels.get(r.run_id, r.run_id))}</td>"
+            f"<td class='l nw'>{_e(eps_label(r.setting))}</td><td class='l nw'>{_e(r.threat)}</td>"
             f"<td>{fmt(r.epsilon_theory, 2)}</td><td>{fmt(r.epsilon_exact)}</td>"
-            f"<td>{fmt(r.epsilon_exact_shift)}</td>"
-            f"<td><b>{fmt(r.epsilon_emp)}</b></td><td>{fmt(r.epsilon_classic)}</td>"
-            f"<td>{r.confidence:.0%}</td>"
-            f"<td>{fmt(r.mu_lower)}</td><td>{trials}</td>"
-            f"<td>{'-' if r.llm_calls is None else f'{r.llm_calls:,}'}</td>"
-            f"<td>{fmt(r.wall_time_s, 1)}{'*' if r.wall_time_shared else ''}</td>"
-            f"<td class='l wrap {_e(r.status)}' title='{_e(r.message)}'>{_e(verdict)}</td></tr>"
+            + (f"<td>{fmt(r.epsilon_exact_shift)}</td>" if shift else "")
+            + f"<td><b>{fmt(r.epsilon_emp)}</b></td><td>{fmt(r.epsilon_classic)}</td>"
+            f"<td>{fmt(r.mu_lower)}</td><td class=nw>{trials}</td>"
+            f"<td class='l nw {_e(r.status)}' title='{_e(r.message)}'>{_e(verdict)}</td></tr>"
         )
     return f"<div class=scroll><table>{head}{''.join(body)}</table></div>"
 
 
-def _esa_status(nc: Mapping[str, Any]) -> str:
-    if nc.get("consistent") is None:
-        return "unchecked"
-    if nc["consistent"]:
-        return "consistent"
-    hi, reported = num((nc.get("sigma_interval") or [0, 0])[1]), num(nc.get("sigma_reported"))
-    return "smaller" if hi is not None and reported is not None and hi < reported else "larger"
+def noise_status(nc: Mapping[str, Any]) -> str:
+    """consistent | inconclusive | smaller | larger | unchecked, for voting's check
+    (noise_check.py) and ESA's (chi-square on the mean), which name things apart. A
+    "consistent" interval wider than the sigma it measured confirms nothing: inconclusive
+    (logs written before noise_check.py said so are read the same way)."""
+    interval = nc.get("sigma_interval") or [nc.get("sigma_lower"), nc.get("sigma_upper")]
+    lo, hi = num(interval[0]), num(interval[1])
+    hat = num(nc.get("sigma_measured", nc.get("sigma_hat")))
+    reported = num(nc.get("sigma_reported", nc.get("claimed_sigma")))
+    status = nc.get("status")
+    if status is None:
+        if nc.get("consistent") is None:
+            return "unchecked"
+        if not nc["consistent"]:
+            small = hi is not None and reported is not None and hi < reported
+            return "smaller" if small else "larger"
+        status = "consistent"
+    wide = lo is not None and hi is not None and hat is not None and hi - lo > hat
+    if status == "consistent" and wide:
+        return "inconclusive"
+    return str(status)
 
 
-def _noise_table(runs: Sequence[RunData]) -> str:
+_NOISE_WORDS = {
+    "consistent": "consistent",
+    "inconclusive": "INCONCLUSIVE",
+    "smaller": "NOISE SMALLER THAN CLAIMED",
+    "larger": "noise larger than claimed",
+    "unchecked": "unchecked",
+}
+
+
+def _noise_table(runs: Sequence[RunData], colors: Mapping[str, str]) -> str:
     """The bootstrap's noise check per (run, epsilon): reported vs measured sigma."""
     body = []
     for rd in runs:
@@ -106,32 +153,40 @@ def _noise_table(runs: Sequence[RunData]) -> str:
             nc = s.get("noise_check")
             if not isinstance(nc, Mapping):
                 continue
-            # voting (noise_check.py) and ESA (chi-square on the mean) name things apart
             interval = nc.get("sigma_interval") or [nc.get("sigma_lower"), nc.get("sigma_upper")]
             lo, hi = interval[0], interval[1]
             measured = nc.get("sigma_measured", nc.get("sigma_hat"))
             reported = nc.get("sigma_reported", nc.get("claimed_sigma"))
-            status = str(nc.get("status") or _esa_status(nc))
-            css = {"smaller": "violation", "consistent": "ok"}.get(status, "")
+            status = noise_status(nc)
+            css = {"smaller": "violation", "consistent": "ok"}.get(status, "inconclusive")
+            message = str(nc.get("message") or "")
+            if status == "inconclusive" and not message.startswith("INCONCLUSIVE"):
+                message = (
+                    f"the interval is wider than the measured sigma {fmt(num(measured))}: too "
+                    f"few residuals to confirm the noise ({message})"
+                )
             body.append(
-                f"<tr><td class='l wrap'>{_e(rd.label)}</td>"
-                f"<td class=l>{_e(eps_label(str(s['setting'])))}</td>"
+                f"<tr><td class='l wrap'{run_style(colors, rd.run_id)}><span class=swatch>"
+                f"</span>{_e(rd.label)}</td>"
+                f"<td class='l nw'>{_e(eps_label(str(s['setting'])))}</td>"
                 f"<td>{fmt(num(reported))}</td>"
                 f"<td>{fmt(num(measured))}</td>"
-                f"<td>[{fmt(num(lo))}, {fmt(num(hi))}]</td>"
+                f"<td class=nw>[{fmt(num(lo))}, {fmt(num(hi))}]</td>"
                 f"<td>{fmt(num(s.get('sigma_simulated')))}</td>"
-                f"<td class='l wrap {css}'>{_e(nc.get('message') or status)}</td></tr>"
+                f"<td class='l nw {css}'>{_e(_NOISE_WORDS.get(status, status))}</td>"
+                f"<td class='l wrap small'>{_e(message)}</td></tr>"
             )
     if not body:
         return ""
     head = (
         "<tr><th class=l>run</th><th class=l>ε</th><th>σ reported</th><th>σ measured</th>"
-        "<th>interval</th><th>σ simulated</th><th class=l>check</th></tr>"
+        "<th>interval</th><th>σ simulated</th><th class=l>check</th><th class=l>why</th></tr>"
     )
     return (
         "<h2>Noise check</h2><p class=small>The bootstrap adds noise itself, so it first "
         "measures the noise the server really adds (noisy − clean residuals) and simulates "
-        "with the conservative value when the measurement is below the claim.</p>"
+        "with the conservative value when the measurement is below the claim. An interval "
+        "wider than the sigma it measured is INCONCLUSIVE: it confirms nothing.</p>"
         f"<div class=scroll><table>{head}{''.join(body)}</table></div>"
     )
 
@@ -211,7 +266,7 @@ def _run_details(rd: RunData, rows: Sequence[ReportRow]) -> str:
     ]
     for note in res.get("notes") or []:
         items.append(("note", _e(note)))
-    return f"<h3>{_e(rd.label)}</h3><div class=scroll>{_kv(items)}</div>"
+    return f"<summary>{_e(rd.label)}</summary><div class=scroll>{_kv(items)}</div>"
 
 
 def render_html(
@@ -220,27 +275,34 @@ def render_html(
     rows: Sequence[ReportRow],
     images: Sequence[tuple[str, str, str]],
     notes: Sequence[str],
+    colors: Mapping[str, str] | None = None,
 ) -> str:
-    findings = [
-        f"<div class='finding {r.status}'>{_e(verdict_sentence(r))}</div>"
-        for r in rows
-        if r.status in ("violation", "bug", "inconclusive")
-    ]
-    findings += [f"<div class='finding violation'>{_e(t)}</div>" for t in noise_findings(rows)]
-    summary = []
+    """The page: one card per run first (name, verdict, ε bars), then the findings grouped
+    by run behind disclosures, the compact table, the noise check, the plots, the details."""
+    colors = colors or {}
+    labels = {rd.run_id: rd.label for rd in runs}
+    groups = []
     for rd in runs:
-        status = run_verdict([r for r in rows if r.run_id == rd.run_id])
-        words = {
-            "violation": "the privacy claim is VIOLATED",
-            "bug": "the server or the auditor has a BUG (epsilon_emp above epsilon_exact)",
-            "inconclusive": "INCONCLUSIVE at some epsilon: the audit could not have seen a "
-            "violation there (see the findings)",
-            "ok": "consistent with the claimed privacy at every epsilon audited, where the "
-            "audit had the power to see a violation",
-        }.get(status, "no estimate")
-        summary.append(f"<div class='finding {status}'><b>{_e(rd.label)}</b>: {_e(words)}.</div>")
-    if not findings:
-        findings.append(
+        mine = [r for r in rows if r.run_id == rd.run_id]
+        items = [
+            f"<div class='finding {r.status}'>{_e(verdict_sentence(r))}</div>"
+            for r in mine
+            if r.status in ("violation", "bug", "inconclusive")
+        ]
+        items += [f"<div class='finding violation'>{_e(t)}</div>" for t in noise_findings(mine)]
+        if not items:
+            continue
+        status = run_verdict(mine)
+        # a violation or a bug is open from the start; the rest wait for a click
+        opened = " open" if status in ("violation", "bug") else ""
+        groups.append(
+            f"<details{opened}><summary{run_style(colors, rd.run_id)}><span class=swatch>"
+            f"</span>{_e(rd.label)}: {len(items)} finding{'s' if len(items) > 1 else ''} "
+            f"<span class='badge {_e(status)}'>{_e(VERDICT_WORDS.get(status, status))}"
+            f"</span></summary>{''.join(items)}</details>"
+        )
+    if not groups:
+        groups.append(
             "<div class='finding ok'>No audit found more leakage than claimed, and each had "
             "the power to see a violation: every epsilon_emp is at most epsilon_exact, which "
             "is at most epsilon_theory.</div>"
@@ -251,7 +313,10 @@ def render_html(
         for h, cap, b64 in images
     )
     note_html = "".join(f"<li>{_e(n)}</li>" for n in notes)
-    details = "".join(_run_details(rd, [r for r in rows if r.run_id == rd.run_id]) for rd in runs)
+    details = "".join(
+        f"<details>{_run_details(rd, [r for r in rows if r.run_id == rd.run_id])}</details>"
+        for rd in runs
+    )
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
@@ -259,17 +324,17 @@ def render_html(
 <title>{_e(title)}</title>
 <style>{_CSS}</style></head><body>
 <h1>{_e(title)}</h1>
-<p class=small>Generated {now} by dpicl-audit from the trial log. ε emp is a lower bound on the
-server's real ε that holds with the stated confidence; ε exact is the true ε of the mechanism
-at the noise the server reports (none for DPS-MOZO, whose claim is nominal); ε theory is the ε
-the context was configured with. A white-box ε emp may approach ε exact; it can exceed ε exact
-only through a bug, and ε theory only through a privacy violation.</p>
-<h2>Verdicts</h2>{"".join(summary)}
-<h2>Findings</h2>{"".join(findings)}
-<h2>Results</h2>{_results_table(rows)}
-<p class=small>* bootstrap: one collection of clean votes serves every ε; the wall time and LLM
-calls shown are the whole run's. Real trials: the wall time of that ε's trials.</p>
-{_noise_table(runs)}
+{cards(runs, rows, colors)}
+<p class=small>Bars, per ε audited: <b>ε emp</b> (filled, the run's largest lower bound at its
+confidence) against <b>ε exact</b> (black tick: the true ε of the mechanism at the noise the
+server reports) and <b>ε theory</b> (dashed red tick: the ε the context was configured with).
+ε emp can exceed ε exact only through a bug, and ε theory only through a privacy violation.
+Generated {now} by dpicl-audit from the trial log.</p>
+<h2>Findings</h2>{"".join(groups)}
+<h2>Results</h2>{_results_table(rows, labels, colors)}
+<p class=small>sim: bootstrap trials, simulated from n_llm clean vote vectors per world. A
+verdict's reason is in its findings above (and in the cell's tooltip).</p>
+{_noise_table(runs, colors)}
 {f"<h2>Notes</h2><ul>{note_html}</ul>" if notes else ""}
 {figs}
 <h2>Runs</h2>{details}

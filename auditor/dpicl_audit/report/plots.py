@@ -28,7 +28,7 @@ from dpicl_audit.estimators import (
 )
 from dpicl_audit.report.data import THREATS, ReportRow, RunData, num
 
-__all__ = ["plot_epsilons", "plot_tradeoff", "plot_trials"]
+__all__ = ["plot_epsilons", "plot_tradeoff", "plot_trials", "run_colors"]
 
 
 def _png(fig: Any) -> str:
@@ -53,8 +53,51 @@ _COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e
 _MARKERS = {"black-box": "o", "white-box": "s"}
 
 
-def _series_style(runs: Sequence[RunData]) -> dict[str, str]:
+def run_colors(runs: Sequence[RunData]) -> dict[str, str]:
+    """One colour per run, fixed over the whole report (cards, tables and every figure):
+    computed once from the report's full list of runs, never from a figure's subset."""
     return {rd.run_id: _COLORS[i % len(_COLORS)] for i, rd in enumerate(runs)}
+
+
+def _series_style(
+    runs: Sequence[RunData], colors: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    return dict(colors) if colors is not None else run_colors(runs)
+
+
+# The reference lines are drawn above the data series (zorder), in styles no series uses:
+# theory dashed black, exact a thick dark-grey dash-dot line. A series lying on a reference
+# line no longer hides it.
+_THEORY = {"color": "k", "ls": "--", "lw": 1.4, "zorder": 6}
+_EXACT = {"color": "0.2", "ls": "-.", "lw": 2.2, "alpha": 0.9, "zorder": 5}
+
+
+def _short(v: float) -> str:
+    if v >= 1e6:
+        return f"{v / 1e6:g}M"
+    if v >= 1e3:
+        return f"{v / 1e3:g}k"
+    return f"{v:g}"
+
+
+def _log_ticks(ax: Any, xs: Sequence[float]) -> None:
+    """Readable log-axis ticks: at most six, at trial counts the curves were drawn at
+    (spread evenly on the log scale), written 500, 2k, 40k; no minor labels. A log locator
+    alone gives no label at all when the counts lie within one decade, and crowded minor
+    labels when they do not."""
+    from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
+
+    vals = sorted({float(x) for x in xs if x > 0})
+    if not vals:
+        return
+    if len(vals) > 6:
+        logs = np.log10(vals)
+        targets = np.linspace(logs[0], logs[-1], 6)
+        vals = sorted({vals[int(np.argmin(np.abs(logs - t)))] for t in targets})
+    ax.xaxis.set_major_locator(FixedLocator(vals))
+    ax.set_xticklabels([_short(v) for v in vals])
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_minor_formatter(NullFormatter())
 
 
 def legend_outside(fig: Any, axes: Sequence[Any]) -> None:
@@ -100,17 +143,21 @@ def _finite(v: float | None, cap: float) -> float | None:
     return min(v, cap)
 
 
-def plot_epsilons(runs: Sequence[RunData], rows: Sequence[ReportRow]) -> str:
+def plot_epsilons(
+    runs: Sequence[RunData],
+    rows: Sequence[ReportRow],
+    colors: Mapping[str, str] | None = None,
+) -> str:
     """epsilon_emp against epsilon_theory and epsilon_exact, per epsilon audited."""
     plt = _pyplot()
-    colors = _series_style(runs)
+    colors = _series_style(runs, colors)
     fig, ax = plt.subplots(figsize=(7.5, 5.2))
     theory = sorted({r.epsilon_theory for r in rows if r.epsilon_theory is not None})
     if not theory:
         ax.text(0.5, 0.5, "no estimates", ha="center")
         return _png(fig)
     top = max(theory) * 1.25
-    ax.plot([0, top], [0, top], "k--", lw=1, label="ε theory (claimed)")
+    ax.plot([0, top], [0, top], label="ε theory (claimed)", **_THEORY)
     exact_curves: set[tuple[tuple[float, float], ...]] = set()
     for rd in runs:
         pts = tuple(
@@ -130,11 +177,8 @@ def plot_epsilons(runs: Sequence[RunData], rows: Sequence[ReportRow]) -> str:
             ax.plot(
                 xs,
                 ys,
-                "-",
-                color="0.35",
-                lw=2,
-                alpha=0.6,
                 label="ε exact (the reported mechanism)" if len(exact_curves) == 1 else None,
+                **_EXACT,
             )
     cap = top * 2
     for rd in runs:
@@ -209,10 +253,10 @@ def _claim_curve(x: np.ndarray[Any, Any], eps: float, delta: float) -> np.ndarra
     return out
 
 
-def plot_tradeoff(runs: Sequence[RunData]) -> str:
+def plot_tradeoff(runs: Sequence[RunData], colors: Mapping[str, str] | None = None) -> str:
     """Per epsilon: (FPR_upper, FNR_upper) points against the exact Gaussian mu curve."""
     plt = _pyplot()
-    colors = _series_style(runs)
+    colors = _series_style(runs, colors)
     eps_all = sorted(
         {float(s["epsilon_theory"]) for rd in runs for s in rd.results.get("settings", [])}
     )
@@ -280,12 +324,18 @@ def plot_tradeoff(runs: Sequence[RunData]) -> str:
     return _png(fig)
 
 
-def plot_trials(runs: Sequence[RunData], curves: Mapping[str, Any], *, simulated: bool) -> str:
+def plot_trials(
+    runs: Sequence[RunData],
+    curves: Mapping[str, Any],
+    *,
+    simulated: bool,
+    colors: Mapping[str, str] | None = None,
+) -> str:
     """Per epsilon: epsilon_emp against the number of trials, with theory and exact lines;
     only the runs whose trials are real (``simulated=False``) or simulated (bootstrap)."""
+    colors = _series_style(runs, colors)  # from every run: a run keeps its colour
     runs = [rd for rd in runs if rd.simulated == simulated]
     plt = _pyplot()
-    colors = _series_style(runs)
     eps_map: dict[float, str] = {}
     for rd in runs:
         for s in rd.results.get("settings", []):
@@ -297,6 +347,7 @@ def plot_trials(runs: Sequence[RunData], curves: Mapping[str, Any], *, simulated
     for ax, eps in zip(panels, eps_all, strict=True):
         exacts: set[float] = set()
         ymax = eps * 1.2
+        counts: list[float] = []
         for rd in runs:
             for s in rd.results.get("settings", []):
                 if float(s["epsilon_theory"]) != eps:
@@ -311,6 +362,7 @@ def plot_trials(runs: Sequence[RunData], curves: Mapping[str, Any], *, simulated
                     if not pts:
                         continue
                     ts, vs = zip(*pts, strict=True)
+                    counts.extend(float(t) for t in ts)
                     ymax = max(ymax, max(vs) * 1.08)
                     ax.plot(
                         ts,
@@ -321,10 +373,11 @@ def plot_trials(runs: Sequence[RunData], curves: Mapping[str, Any], *, simulated
                         color=colors[rd.run_id],
                         label=f"{rd.label}, {threat}",
                     )
-        ax.axhline(eps, color="k", ls="--", lw=1, label="ε theory")
+        ax.axhline(eps, label="ε theory", **_THEORY)
         for i, ex in enumerate(sorted(exacts)):
-            ax.axhline(ex, color="0.35", lw=2, alpha=0.6, label="ε exact" if i == 0 else None)
+            ax.axhline(ex, label="ε exact" if i == 0 else None, **_EXACT)
         ax.set_xscale("log")
+        _log_ticks(ax, counts)
         ax.set_ylim(0, ymax)
         ax.set_xlabel(
             "simulated trials (bootstrap, both worlds)" if simulated else "real trials (queries)"

@@ -1,4 +1,9 @@
-"""Writing a report: ``report.html``, ``report.json`` (and ``results.json``) and the table."""
+"""Writing a report: ``report.html``, ``report.json`` and the table.
+
+One JSON per report: ``report.json`` (the table rows, every run's results, the verdicts).
+A combined report used to write the same bytes again as ``results.json``; that copy is
+gone. A single run's ``<out>/<run>/results.json`` is another file, the runner's results,
+which the report refreshes."""
 
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.report.curves import trials_curve
 from dpicl_audit.report.data import ReportRow, RunData, load_runs, report_rows
 from dpicl_audit.report.html import render_html
-from dpicl_audit.report.plots import plot_epsilons, plot_tradeoff, plot_trials
+from dpicl_audit.report.plots import plot_epsilons, plot_tradeoff, plot_trials, run_colors
 from dpicl_audit.report.table import rich_table
 from dpicl_audit.report.words import noise_findings, run_verdict, verdict_sentence
 from dpicl_audit.results import jsonable, out_directory, write_results
@@ -55,7 +60,9 @@ _CURVE_POINTS = (
 )
 
 
-def _images(runs: Sequence[RunData], rows: Sequence[ReportRow], curves: Any) -> list[Any]:
+def _images(
+    runs: Sequence[RunData], rows: Sequence[ReportRow], curves: Any, colors: dict[str, str]
+) -> list[Any]:
     conf = runs[0].plan.confidence
     images = [
         (
@@ -63,7 +70,7 @@ def _images(runs: Sequence[RunData], rows: Sequence[ReportRow], curves: Any) -> 
             f"Markers: the audit's lower bounds at {conf:.0%} confidence (circles black-box, "
             "squares white-box). Dashed: the claimed ε; grey: the exact ε of the mechanism "
             "the server reports.",
-            plot_epsilons(runs, rows),
+            plot_epsilons(runs, rows, colors),
         ),
         (
             "Empirical trade-off points against the Gaussian μ curve",
@@ -71,7 +78,7 @@ def _images(runs: Sequence[RunData], rows: Sequence[ReportRow], curves: Any) -> 
             "f(x) = Φ(Φ⁻¹(1−x) − μ) for the mechanism's exact μ = Δ/σ. A sound server keeps "
             "every filled point above the grey curve (up to confidence); a point below the "
             "dashed line proves the (ε, δ) claim false.",
-            plot_tradeoff(runs),
+            plot_tradeoff(runs, colors),
         ),
     ]
     if any(not rd.simulated for rd in runs):
@@ -80,7 +87,7 @@ def _images(runs: Sequence[RunData], rows: Sequence[ReportRow], curves: Any) -> 
                 "ε emp against the number of real trials",
                 "The estimator recomputed on the first n logged trials (real queries). "
                 + _CURVE_POINTS,
-                plot_trials(runs, curves, simulated=False),
+                plot_trials(runs, curves, simulated=False, colors=colors),
             )
         )
     if any(rd.simulated for rd in runs):
@@ -89,7 +96,7 @@ def _images(runs: Sequence[RunData], rows: Sequence[ReportRow], curves: Any) -> 
                 "ε emp against the number of simulated trials (bootstrap)",
                 "The bootstrap estimator with n simulated trials from the same clean rows; "
                 "no query was sent for these trials. " + _CURVE_POINTS,
-                plot_trials(runs, curves, simulated=True),
+                plot_trials(runs, curves, simulated=True, colors=colors),
             )
         )
     from dpicl_audit.report.rdp import has_rdp, plot_rdp_bars, plot_rdp_curves
@@ -128,8 +135,8 @@ def write_combined_report(
     """One report over several runs, side by side; returns the HTML file's path.
 
     Writes ``<out_dir>/<name>/report.html`` and ``report.json`` (the table rows, every run's
-    results and the verdicts; also as ``results.json`` for a combined report, while a single
-    run's ``results.json`` keeps the runner's format) and prints the table. ``name``
+    results and the verdicts; a single run's ``results.json`` beside it keeps the runner's
+    format) and prints the table. ``name``
     defaults to the run id for one run and ``report-<first run id>`` for several.
     """
     ids = list(dict.fromkeys(run_ids))
@@ -163,9 +170,13 @@ def write_combined_report(
     if len(runs) == 1 and dir_name == runs[0].run_id:
         write_results(runs[0].results, out_dir)  # the runner's results.json, refreshed
     else:
-        _write_text(out / "results.json", text)
+        stale = out / "results.json"  # the old byte-identical copy of report.json
+        if stale.is_file():
+            stale.unlink()
+    colors = run_colors(runs)
     path = out / "report.html"
-    _write_text(path, render_html(title, runs, rows, _images(runs, rows, curves), notes))
+    images = _images(runs, rows, curves, colors)
+    _write_text(path, render_html(title, runs, rows, images, notes, colors))
     return path
 
 
