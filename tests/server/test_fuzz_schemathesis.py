@@ -5,6 +5,7 @@ server's peak memory stays under a cap."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,12 @@ from typing import Any
 import pytest
 
 schemathesis = pytest.importorskip("schemathesis")
+# schemathesis is a pytest plugin, so pytest rewrites its modules as they are imported; the
+# ones it imports lazily (at the first load of a schema) were once rewritten mid-suite, where
+# CPython 3.11's parser failed ("AST constructor recursion depth mismatch"). Imported here,
+# they are rewritten at collection, with every other module.
+for _lazy in ("schemathesis.specs.openapi.analysis", "schemathesis.specs.openapi.examples"):
+    importlib.import_module(_lazy)
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis.errors import Unsatisfiable  # noqa: E402
 from schemathesis import GenerationMode  # noqa: E402

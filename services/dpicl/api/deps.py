@@ -14,14 +14,14 @@ import hashlib
 import logging
 import secrets
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from dpicl.config import Settings
 from dpicl.engines.base import Embedder, Engine
-from dpicl.errors import EngineError, NotFound, Unauthorized
+from dpicl.errors import EngineError, InvalidRequest, NotFound, Unauthorized
 from dpicl.privacy.ledger import Ledger
 from dpicl.store.keys import ADMIN, KEY_PREFIX, Principal, find_by_secret, static_key_id
 from dpicl.store.repository import ContextRepository, StoredContext, is_context_id
@@ -171,3 +171,19 @@ User = Depends(require_user)
 Caller = Annotated[Principal, Depends(require_user)]
 #: The principal of an admin route.
 AdminCaller = Annotated[Principal, Depends(require_admin)]
+
+
+def only_query_params(*names: str) -> Any:
+    """A dependency that refuses a query parameter other than ``names`` (422 naming it): a
+    misspelt cursor would silently list the first page again."""
+
+    async def check(request: Request) -> None:
+        for name in request.query_params:
+            if name not in names:
+                raise InvalidRequest(
+                    f"unknown query parameter {name[:80]!r}; {request.url.path} takes "
+                    + " and ".join(names),
+                    param=name[:80] or None,
+                )
+
+    return Depends(check)

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response, status
 
-from dpicl.api.deps import Admin, Caller, Svc, load_context
+from dpicl.api.deps import Admin, Caller, Svc, load_context, only_query_params
 from dpicl.api.schemas import (
     BudgetInfo,
     ContextInfo,
@@ -83,11 +83,10 @@ async def list_reachable(
     return await svc.repo.list_page(limit, after, principal=principal)
 
 
-@router.get("", response_model=ContextList)
+@router.get("", response_model=ContextList, dependencies=[only_query_params(*LIST_PARAMS)])
 async def list_contexts(
     svc: Svc,
     caller: Caller,
-    request: Request,
     limit: Annotated[
         int, Query(ge=1, le=MAX_LIST_LIMIT, description="Contexts per page.")
     ] = DEFAULT_LIST_LIMIT,
@@ -97,14 +96,6 @@ async def list_contexts(
     ] = None,
 ) -> ContextList:
     """List the contexts the caller's key reaches, oldest first, a page at a time."""
-    for name in request.query_params:
-        # A misspelt "cursor" would silently list the first page again.
-        if name not in LIST_PARAMS:
-            raise InvalidRequest(
-                f"unknown query parameter {name[:80]!r}; GET /v1/contexts takes "
-                + " and ".join(LIST_PARAMS),
-                param=name[:80] or None,
-            )
     after = decode_cursor(cursor) if cursor is not None else None
     listed, last = await list_reachable(svc, caller, limit, after)
     return ContextList(

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response, status
 
-from dpicl.api.deps import Admin, Svc
+from dpicl.api.deps import Admin, Svc, only_query_params
 from dpicl.api.schemas import ErrorResponse
 from dpicl.api.spend_schemas import KeyCreated, KeyInfo, KeyList, KeySpec
 from dpicl.errors import ConfigurationError, NotFound
@@ -74,7 +74,9 @@ DEFAULT_KEY_LIMIT = 100
 MAX_KEY_LIMIT = 1000
 
 
-@router.get("", response_model=KeyList)
+@router.get(
+    "", response_model=KeyList, dependencies=[only_query_params("revoked", "limit", "after")]
+)
 async def get_keys(
     svc: Svc,
     revoked: Annotated[bool, Query(description="Include revoked keys.")] = False,

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse, Response
 
-from dpicl.api.deps import Caller, Svc
+from dpicl.api.deps import Caller, Svc, only_query_params
 from dpicl.api.openai_schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -78,7 +78,7 @@ _STREAM: dict[int | str, dict[str, Any]] = {
 router = APIRouter(prefix="/v1", tags=["openai"], responses=ERRORS)
 
 
-@router.get("/models", response_model=ModelList)
+@router.get("/models", response_model=ModelList, dependencies=[only_query_params("limit", "after")])
 async def list_models(
     svc: Svc,
     caller: Caller,
