@@ -149,8 +149,17 @@ def results_table(results: Mapping[str, Any]) -> Table:
                 table.add_row(eps, threat, *["-"] * 7, Text(str(est["error"]), style="red"))
                 continue
             status = est.get("verdict", {}).get("status", "")
-            style = {"violation": "bold red", "bug": "bold yellow", "ok": "green"}.get(status, "")
-            status = {"inconclusive": "INCONCLUSIVE", "ok": "consistent"}.get(status, status)
+            style = {
+                "violation": "bold red",
+                "bug": "bold yellow",
+                "nonconforming": "bold yellow",
+                "ok": "green",
+            }.get(status, "")
+            status = {
+                "inconclusive": "INCONCLUSIVE",
+                "nonconforming": "NONCONFORMING",
+                "ok": "consistent",
+            }.get(status, status)
             table.add_row(
                 eps,
                 threat,
@@ -173,7 +182,7 @@ def print_results(results: Mapping[str, Any], console: Console | None = None) ->
         for key in ("black_box", "white_box"):
             est = s.get(key)
             status = (est or {}).get("verdict", {}).get("status")
-            if est and status in ("violation", "bug", "inconclusive"):
+            if est and status in ("violation", "bug", "nonconforming", "inconclusive"):
                 colour = "bold red" if status != "inconclusive" else "yellow"
                 console.print(
                     f"[{colour}]{s['setting']} {key.replace('_', '-')}: "

@@ -11,6 +11,9 @@ INCONCLUSIVE verdict of an audit that could not have seen a violation) extend it
   exceeds alone but not with the run's other tests held together at the same confidence
   (:mod:`~dpicl_audit.estimators.family`; :func:`for_the_family` for DPS-MOZO's figures,
   :func:`claim_for_the_family` for paper 003's RDP cuts); it says why and what to change;
+* ``nonconforming``: the releases depart from the distribution the design predicts
+  (:mod:`~dpicl_audit.estimators.conformance`, applied by each mechanism's estimate after
+  these rules); it replaces ``inconclusive`` and ``ok``, never a violation or bug;
 * ``ok``: neither (CONSISTENT: the audit had power and found nothing above the claim); for
   a *nominal* claim (DPS-MOZO's, whose per-token bound is false) the message says that
   staying below it confirms nothing.
@@ -44,7 +47,15 @@ _TOL = 1e-9
 #: The composed lower bounds an RDP audit (paper 003) states its claims from.
 RDP_CUTS = ("two_cut", "k_cut")
 #: Severity of a status, for the worst status of a run.
-STATUS_ORDER = {"violation": 4, "bug": 3, "inconclusive": 2, "ok": 1, "error": 0, "": 0}
+STATUS_ORDER = {
+    "violation": 5,
+    "bug": 4,
+    "nonconforming": 3,
+    "inconclusive": 2,
+    "ok": 1,
+    "error": 0,
+    "": 0,
+}
 
 
 def verdict(
@@ -271,7 +282,8 @@ def for_the_family(
 
 
 def worst_status(statuses: list[str]) -> str:
-    """violation > bug > inconclusive > ok > error; "error" when there is nothing."""
+    """violation > bug > nonconforming > inconclusive > ok > error; "error" when there is
+    nothing."""
     worst = max(statuses, key=lambda s: STATUS_ORDER.get(s, 0), default="")
     return worst or "error"
 

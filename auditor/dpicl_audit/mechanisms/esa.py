@@ -336,11 +336,14 @@ class EsaAudit(GaussianMechanismAudit):
             if design.signal_embeddings() is not None:
                 score = design.score(noisy)
             clean = out.get("clean_mean")
-            if clean is not None and at.need_clean:
+            if clean is not None:
+                # The noise itself, for the conformance tests (mechanisms.conformance_checks).
                 c = _floats(clean, "clean_mean")
-                observation["clean_mean"] = c.tolist()
+                observation["residual"] = (noisy - c).tolist()
                 observation["residual_ss"] = float(np.sum((noisy - c) ** 2))
                 observation["dim"] = int(noisy.size)
+            if clean is not None and at.need_clean:
+                observation["clean_mean"] = c.tolist()
                 texts = out.get("partition_texts")
                 if isinstance(texts, list):
                     observation["partition_texts"] = [str(t) for t in texts]
@@ -368,9 +371,23 @@ class EsaAudit(GaussianMechanismAudit):
         *,
         bootstrap: bool,
     ) -> dict[str, Any]:
+        from dpicl_audit.mechanisms.conformance_checks import esa_conformance
+
         if bootstrap:
-            return estimate_esa_bootstrap(plan, design, k, rows, meta)
-        return estimate_esa_trials(plan, design, k, rows, meta, self.calls_per_query(plan))
+            out = estimate_esa_bootstrap(plan, design, k, rows, meta)
+            ids = {cid for cid in meta["context_ids"].values() if cid is not None}
+            rows = [r for r in rows if r.context_id in ids]
+        else:
+            out = estimate_esa_trials(plan, design, k, rows, meta, self.calls_per_query(plan))
+        emb = design.signal_embeddings()
+        return esa_conformance(
+            out,
+            rows,
+            meta,
+            signal=None if emb is None else (emb[0], emb[1]),
+            seed=plan.seed,
+            bootstrap=bootstrap,
+        )
 
 
 def _floats(value: Any, name: str) -> FloatArray:

@@ -114,11 +114,25 @@ class AuditDesign(NeighbourPair):
         calls_per_query: int,
     ) -> dict[str, Any]:
         """One setting's estimates: Algorithm 1 of paper 000 (``bootstrap``) or the trials'."""
+        from dpicl_audit.mechanisms.conformance_checks import voting_conformance
+
         if bootstrap:
             from dpicl_audit.mechanisms.voting_bootstrap import estimate_voting_bootstrap
 
-            return estimate_voting_bootstrap(plan, self, k, rows, meta)
-        return estimate_trials(plan, k, rows, meta, calls_per_query=calls_per_query)
+            out = estimate_voting_bootstrap(plan, self, k, rows, meta)
+        else:
+            out = estimate_trials(plan, k, rows, meta, calls_per_query=calls_per_query)
+        if bootstrap:  # the setting's own debug rows (the clean log holds every setting's)
+            ids = {cid for cid in meta["context_ids"].values() if cid is not None}
+            rows = [r for r in rows if r.context_id in ids]
+        return voting_conformance(
+            self,
+            out,
+            rows,
+            meta,
+            temperature=plan.mechanism.temperature,
+            bootstrap=bootstrap,
+        )
 
     def summary_fields(self) -> dict[str, Any]:
         """What a run's summary shows of this design beyond the neighbours."""

@@ -224,7 +224,7 @@ def render_html(
     findings = [
         f"<div class='finding {r.status}'>{_e(verdict_sentence(r))}</div>"
         for r in rows
-        if r.status in ("violation", "bug", "inconclusive")
+        if r.status in ("violation", "bug", "nonconforming", "inconclusive")
     ]
     findings += [f"<div class='finding violation'>{_e(t)}</div>" for t in noise_findings(rows)]
     summary = []
@@ -233,6 +233,8 @@ def render_html(
         words = {
             "violation": "the privacy claim is VIOLATED",
             "bug": "the server or the auditor has a BUG (epsilon_emp above epsilon_exact)",
+            "nonconforming": "NONCONFORMING: the server does not release what the mechanism "
+            "it reports would (see the findings)",
             "inconclusive": "INCONCLUSIVE at some epsilon: the audit could not have seen a "
             "violation there (see the findings)",
             "ok": "consistent with the claimed privacy at every epsilon audited, where the "
