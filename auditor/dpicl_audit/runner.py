@@ -128,6 +128,10 @@ class AuditRunner:
             await self.trials.flush()
             t0 = time.monotonic()
             results = await asyncio.to_thread(estimate_run, self.store, self.run_id)
+            # The ledger audited from outside (dpicl_audit.ledger), where the mechanism can.
+            ledger = await self.mechanism.audit_ledger(self.target, self.design, self.plan)
+            if ledger is not None:
+                results["ledger"] = ledger
             self.store.add_usage(self.run_id, wall_time_s=time.monotonic() - t0)
             results = finish_run(self.store, self.run_id, results)
         except AuditError as exc:

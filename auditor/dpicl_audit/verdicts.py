@@ -24,7 +24,7 @@ the dict stored under ``"verdict"`` in every estimate.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from dpicl_audit.estimators.verdict_rules import VerdictResult
 
 __all__ = [
+    "EXIT_CODES",
     "RDP_CUTS",
     "STATUS_ORDER",
     "claim_for_the_family",
@@ -39,6 +40,8 @@ __all__ = [
     "for_the_family",
     "gaussian_verdict",
     "rdp_verdict",
+    "results_exit_code",
+    "results_statuses",
     "verdict",
     "worst_status",
 ]
@@ -56,6 +59,33 @@ STATUS_ORDER = {
     "error": 0,
     "": 0,
 }
+
+#: The exit status of ``dpicl-audit run``, ``bootstrap`` and ``report`` by a run's worst
+#: verdict, for a deployment pipeline to fail on (docs/auditing.md, "Exit codes"). 1 is an
+#: error and 2 a usage error (click's), so the verdicts start at 3.
+EXIT_CODES = {"violation": 5, "bug": 5, "nonconforming": 4, "inconclusive": 3}
+
+
+def results_statuses(results: Mapping[str, Any]) -> list[str]:
+    """Every verdict status in a run's results (both threat models, RDP audits, the
+    ledger's audit)."""
+    out: list[str] = []
+    for s in results.get("settings") or []:
+        for key in ("black_box", "white_box", "rdp"):
+            est = s.get(key)
+            if isinstance(est, Mapping) and isinstance(est.get("verdict"), Mapping):
+                out.append(str(est["verdict"].get("status") or ""))
+    ledger = results.get("ledger")
+    if isinstance(ledger, Mapping) and ledger.get("status") == "nonconforming":
+        out.append("nonconforming")  # the ledger departs from its own reported costs
+    return out
+
+
+def results_exit_code(results: Sequence[Mapping[str, Any]]) -> int:
+    """The exit status for these runs' results: :data:`EXIT_CODES` of the worst verdict,
+    else 0 (every figure consistent, or no verdict at all)."""
+    worst = worst_status([st for r in results for st in results_statuses(r)])
+    return EXIT_CODES.get(worst, 0)
 
 
 def verdict(

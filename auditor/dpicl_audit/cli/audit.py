@@ -24,6 +24,7 @@ from dpicl_audit.cli.common import (
     app,
     emit,
     err_console,
+    exit_on_verdict,
     guard,
     load_results,
     require_log,
@@ -341,6 +342,7 @@ def audit_command(kind: str) -> Callable[..., None]:
             )
         )
         emit(results, as_json, Path(out) / str(results["run_id"]) / "results.json")
+        exit_on_verdict([results])
 
     command.__doc__ = (
         "Audit with real queries: C1/C0 contexts per epsilon, trials over HTTP, SQL log."

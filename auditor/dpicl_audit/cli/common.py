@@ -26,6 +26,7 @@ __all__ = [
     "app",
     "emit",
     "err_console",
+    "exit_on_verdict",
     "guard",
     "load_results",
     "out_console",
@@ -126,6 +127,16 @@ def emit(results: dict[str, Any], as_json: bool, path: Path | None = None) -> No
     print_results(results, out_console)
     if path is not None:
         out_console.print(f"results: {path}")
+
+
+def exit_on_verdict(results: list[dict[str, Any]]) -> None:
+    """Exit with the worst verdict's code (verdicts.EXIT_CODES: 3 INCONCLUSIVE, 4
+    NONCONFORMING, 5 VIOLATION or BUG), so that a deployment pipeline can fail on it."""
+    from dpicl_audit.verdicts import results_exit_code
+
+    code = results_exit_code(results)
+    if code:
+        raise typer.Exit(code)
 
 
 def require_log(db: str, run_id: str | None = None) -> None:

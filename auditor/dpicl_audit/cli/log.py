@@ -27,6 +27,7 @@ from dpicl_audit.cli.common import (
     app,
     emit,
     err_console,
+    exit_on_verdict,
     guard,
     load_results,
     out_console,
@@ -66,6 +67,7 @@ def resume(
         )
     )
     emit(results, as_json, Path(out) / run_id / "results.json")
+    exit_on_verdict([results])  # a resumed run ends like ``run``
 
 
 def _expected(run: Any, plan: dict[str, Any]) -> int:
@@ -199,3 +201,18 @@ def report(
     where = guard(lambda: report_mod.write_report(ids, resolve_db_url(db), out))
     if where is not None:
         out_console.print(f"report: {where}")
+    exit_on_verdict(_reported_results(db, run_ids))
+
+
+def _reported_results(db: str, run_ids: list[str]) -> list[dict[str, Any]]:
+    """The reported runs' results, for the exit code (a run the log cannot give is skipped:
+    the report itself has said what it could of it)."""
+    from dpicl_audit.errors import AuditError
+
+    out = []
+    for r in run_ids:
+        try:
+            out.append(load_results(db, r))
+        except AuditError:
+            continue
+    return out

@@ -28,6 +28,7 @@ from typing import Any, ClassVar, Protocol
 from dpicl_audit.client import AuditTarget, GenerationTarget
 from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import TargetProtocolError
+from dpicl_audit.ledger import budget_for
 from dpicl_audit.mechanisms.trial_estimates import (
     estimate_trials,
     figure_fields,
@@ -221,6 +222,13 @@ class MechanismAudit:
         """One epsilon's estimates from its logged rows (clean rows for a bootstrap)."""
         raise NotImplementedError
 
+    async def audit_ledger(
+        self, target: AuditTarget, design: Any, plan: AuditPlan
+    ) -> dict[str, Any] | None:
+        """The ledger audited from outside (:mod:`dpicl_audit.ledger`); None where the
+        mechanism has no such audit."""
+        return None
+
     def claims_per_setting(self, design: Any, threat_models: Sequence[str]) -> int:
         """How many statistical tests one epsilon setting may state a VIOLATION or BUG
         from: one figure per threat model. A run's claims hold for all of its settings'
@@ -326,10 +334,44 @@ class GaussianMechanismAudit(MechanismAudit):
                 "calibration": mech.calibration,
                 "temperature": mech.temperature,
             },
-            # An audit asks as many queries as it needs: the server must allow unbudgeted
-            # contexts (DPICL_ALLOW_UNBUDGETED), an explicit operator choice.
-            "budget": None,
+            # Budgeted for the queries the audit plans here (ledger.budget_for), so a server
+            # in production configuration (no DPICL_ALLOW_UNBUDGETED) can be audited.
+            "budget": budget_for(epsilon, mech.delta, self.planned_answers(plan, epsilon, world)),
         }
+
+    async def audit_ledger(
+        self, target: AuditTarget, design: Any, plan: AuditPlan
+    ) -> dict[str, Any] | None:
+        """A probe context of C0's body at the plan's first epsilon, asked the audit query
+        until refused (:func:`dpicl_audit.ledger.audit_ledger`)."""
+        from dpicl_audit.ledger import audit_ledger
+
+        if getattr(design, "attack", None) != "inquery":
+            return None
+        eps = float(plan.mechanism.epsilons[0])
+        body = self.context_body(design, plan, eps, 0, name=f"dpicl-audit {plan.seed} probe")
+        max_tokens = plan.mechanism.max_tokens if self.task == "generation" else None
+
+        async def ask(cid: str) -> Mapping[str, Any]:
+            if max_tokens is None:
+                return await target.classify(cid, design.query)
+            if not isinstance(target, GenerationTarget):
+                raise TargetProtocolError("the target has no generate endpoint")
+            return await target.generate(cid, design.query, max_tokens=max_tokens)
+
+        return await audit_ledger(target, body, design.query, ask=ask)
+
+    @staticmethod
+    def planned_answers(plan: AuditPlan, epsilon: float, world: int) -> int:
+        """The answers one context of ``world`` at ``epsilon`` is asked at most: its
+        trials (or its bootstrap collection), with a margin for retries."""
+        from dpicl_audit.ledger import planned_queries
+        from dpicl_audit.schedule import trial_worlds
+
+        eps = [float(e) for e in plan.mechanism.epsilons]
+        k = eps.index(float(epsilon)) if float(epsilon) in eps else 0
+        n = int((trial_worlds(plan.seed, k, plan.trials) == world).sum())
+        return planned_queries(max(n, plan.bootstrap.n_llm))
 
     @staticmethod
     def neighbour_summary(design: Any) -> dict[str, Any]:

@@ -415,7 +415,9 @@ def _without_signal(found: dict[str, Any], est: Mapping[str, Any]) -> dict[str, 
         "message": f"INCONCLUSIVE: the released text {said} started with the signal, in "
         f"either world ({tp + fn} trials with the canary, {fp + tn} without): the attack "
         "could not have seen a difference (to change: signal words the model answers with, "
-        "a longer --max-tokens, or the white-box audit)",
+        "a longer --max-tokens, or the white-box audit)"
+        # A nominal claim keeps saying so.
+        + (f"; {found['message']}" if "nominal" in str(found.get("message")) else ""),
     }
 
 
