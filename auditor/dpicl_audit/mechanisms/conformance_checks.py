@@ -45,8 +45,8 @@ def finish_conformance(
     black: list[ConformanceTest],
     white: list[ConformanceTest],
 ) -> dict[str, Any]:
-    """Store the setting's conformance and read its verdicts with it: the black-box figure
-    with the release's tests, the white-box one with every test of the setting."""
+    """Store the setting's conformance (the release's tests, the noise's, and both) and read
+    every verdict of the setting with all of them."""
     alpha = conformance_alpha(meta, len(black) + len(white))
     bb = Conformance(alpha, tuple(black)).to_dict()
     both = Conformance(alpha, tuple(black + white)).to_dict()
@@ -58,7 +58,9 @@ def finish_conformance(
         "black_box": bb,
         "white_box": Conformance(alpha, tuple(white)).to_dict(),
     }
-    for key, conf in (("black_box", bb), ("white_box", both)):
+    # A departure anywhere means the server does not run the mechanism it reports: every
+    # figure of the setting reads it (a VIOLATION or BUG stays, naming it too).
+    for key, conf in (("black_box", both), ("white_box", both)):
         est = out.get(key)
         if isinstance(est, dict) and isinstance(est.get("verdict"), dict):
             est["verdict"] = apply_conformance(est["verdict"], conf)
