@@ -158,6 +158,7 @@ def gaussian_verdict(est: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[st
         mu_exact=None if mu_exact is None else mu_exact * (1 + 1e-6) + 1e-9,
         flip_rate=meta.get("flip_rate"),
         max_reachable=reach,
+        **_design_reference(meta, delta),
     )
     res = decide_verdict(
         epsilon_classical=float(est.get("epsilon_lower_classic") or 0.0),
@@ -197,6 +198,21 @@ def gaussian_verdict(est: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[st
         # [with the canary, without]: about what reaches the power the audit lacked.
         "trials_needed": None if res.trials_needed is None else list(res.trials_needed),
         "family_wise": None if together is None else together.to_dict(),
+    }
+
+
+def _design_reference(meta: Mapping[str, Any], delta: float) -> dict[str, Any]:
+    """The design's own exact epsilon (``meta["epsilon_exact_design"]``, below the worst
+    case; with its mu where it is a Gaussian mechanism's), for the BUG rule."""
+    from dpicl_audit.estimators.gdp import gdp_mu
+
+    own = meta.get("epsilon_exact_design")
+    if own is None:
+        return {}
+    mu = gdp_mu(float(own), delta) if meta.get("epsilon_exact_design_gaussian") else None
+    return {
+        "epsilon_exact_design": float(own),
+        "mu_exact_design": None if mu is None else mu * (1 + 1e-6) + 1e-9,
     }
 
 

@@ -137,3 +137,22 @@ def test_exit_codes_by_worst_verdict() -> None:
     assert results_exit_code([res("nonconforming"), res("bug")]) == 5
     assert results_exit_code([res("violation")]) == 5
     assert len({3, 4, 5} - set(EXIT_CODES.values())) == 0
+
+
+def test_roc_figures() -> None:
+    from dpicl_audit.estimators.roc import roc_from_decisions, roc_from_scores
+
+    rng = np.random.default_rng(9)
+    mu = 2.0
+    pos, neg = rng.normal(mu, 1.0, 4000), rng.normal(0.0, 1.0, 4000)
+    roc = roc_from_scores(pos, neg)
+    assert roc is not None
+    # AUROC of two unit Gaussians mu apart: Phi(mu / sqrt 2) = 0.921
+    assert roc["auroc"] == pytest.approx(0.9214, abs=0.01)
+    assert 0.3 < roc["tpr_at_fpr"]["0.01"] < 0.5  # Phi(mu - 2.326) = 0.37
+    assert roc["curve"][0] == [0.0, 0.0] and roc["curve"][-1] == [1.0, 1.0]
+    assert len(roc["curve"]) <= 101
+    point = roc_from_decisions(80, 20, 10, 90)
+    assert point is not None and point["auroc"] == pytest.approx(0.85)
+    assert point["tpr_at_fpr"]["0.1"] == pytest.approx(0.8)
+    assert roc_from_decisions(0, 0, 1, 1) is None

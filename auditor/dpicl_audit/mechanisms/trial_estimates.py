@@ -40,6 +40,7 @@ def estimate_trials(
     white-box from the logged scores (positive above the threshold, or below it), the
     threshold chosen on a seeded held-out split (DESIGN.md section 5)."""
     from dpicl_audit.estimators import estimate_from_counts
+    from dpicl_audit.estimators.roc import roc_from_decisions, roc_from_scores
     from dpicl_audit.estimators.whitebox import (
         CLASSICAL_LABEL,
         GAUSSIAN_LABEL,
@@ -63,6 +64,7 @@ def estimate_trials(
             tp, n1 - tp, fp, n0 - fp, delta=plan.mechanism.delta, confidence=plan.confidence
         ).to_dict()
         bb |= {"gdp_label": GAUSSIAN_LABEL, "classical_label": CLASSICAL_LABEL}
+        bb["roc"] = roc_from_decisions(tp, n1 - tp, fp, n0 - fp)
         out["black_box"] = finish(bb, meta)
     except InvalidAuditInput as exc:
         out["black_box"] = {"error": str(exc)}
@@ -87,6 +89,8 @@ def estimate_trials(
             )
             wb = figs.gdp.to_dict()
             wb |= figure_fields(figs)
+            sign = 1.0 if positive_when == "above" else -1.0
+            wb["roc"] = roc_from_scores(sign * arr[w1], sign * arr[w0])
             out["white_box"] = finish(wb, meta)
         except InvalidAuditInput as exc:
             out["white_box"] = {"error": str(exc)}

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dpicl_audit.report.data import ReportRow, RunData, num
-from dpicl_audit.report.ledger_section import conformance_html, ledger_html
+from dpicl_audit.report.ledger_section import conformance_html, ledger_html, roc_html
 from dpicl_audit.report.words import (
     VERDICT_WORDS,
     eps_label,
@@ -273,7 +273,7 @@ only through a bug, and ε theory only through a privacy violation.</p>
 <p class=small>* bootstrap: one collection of clean votes serves every ε; the wall time and LLM
 calls shown are the whole run's. Real trials: the wall time of that ε's trials.</p>
 {_noise_table(runs)}
-{conformance_html(runs)}{ledger_html(runs)}
+{conformance_html(runs)}{ledger_html(runs)}{roc_html(runs)}
 {f"<h2>Notes</h2><ul>{note_html}</ul>" if notes else ""}
 {figs}
 <h2>Runs</h2>{details}
