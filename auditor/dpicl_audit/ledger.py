@@ -40,6 +40,7 @@ __all__ = [
     "LEDGER_PROBE_ANSWERS",
     "MAX_BUDGET_EPSILON",
     "RETRY_MARGIN",
+    "answers_within_budget",
     "audit_ledger",
     "budget_for",
     "composed_epsilon",
@@ -88,6 +89,20 @@ def budget_for(epsilon: float, delta: float, answers: int) -> dict[str, float] |
     # A hair above the composition: the server's own rounding must not refuse the last one.
     b = float(total * (1.0 + 1e-6) + 1e-9)
     return None if b > MAX_BUDGET_EPSILON else {"epsilon": b, "delta": float(delta)}
+
+
+def answers_within_budget(epsilon: float, delta: float) -> int:
+    """The most trials one context can be planned for (retry margin included) with a budget
+    of at most :data:`MAX_BUDGET_EPSILON`, at (epsilon, delta) per answer."""
+    from dpicl_audit.estimators.gdp import gdp_mu
+
+    mu_claim = gdp_mu(float(epsilon), float(delta))
+    mu_max = gdp_mu(MAX_BUDGET_EPSILON * (1.0 - 1e-6), float(delta))
+    fit = math.floor((mu_max / mu_claim) ** 2)
+    n = max(1, math.floor((fit - _RETRY_EXTRA) / RETRY_MARGIN) - 1)
+    while n > 1 and planned_queries(n) > fit:
+        n -= 1
+    return n
 
 
 def _close(a: float | None, b: float | None) -> bool:

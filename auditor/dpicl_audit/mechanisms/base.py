@@ -297,6 +297,14 @@ def gaussian_setting_meta(
 class GaussianMechanismAudit(MechanismAudit):
     """What voting and ESA share: a partitioned context with a seed and a reported sigma."""
 
+    def queries_per_context(self, plan: AuditPlan) -> int | None:
+        # A world whose trials need more budget than a server takes is spread over several
+        # identical contexts (slots), each budgeted for its share (ESA keeps one pair: its
+        # signal embeddings are learnt from it).
+        if self.name == "esa":
+            return None
+        return self.context_capacity(plan)
+
     def check_context(self, info: Mapping[str, Any], design: Any, epsilon: float) -> None:
         super().check_context(info, design, epsilon)
         sigma_of(info)
@@ -370,8 +378,26 @@ class GaussianMechanismAudit(MechanismAudit):
 
         eps = [float(e) for e in plan.mechanism.epsilons]
         k = eps.index(float(epsilon)) if float(epsilon) in eps else 0
-        n = int((trial_worlds(plan.seed, k, plan.trials) == world).sum())
-        return planned_queries(max(n, plan.bootstrap.n_llm))
+        n = max(int((trial_worlds(plan.seed, k, plan.trials) == world).sum()), 1)
+        cap = GaussianMechanismAudit.context_capacity(plan)
+        return planned_queries(min(max(n, plan.bootstrap.n_llm), cap or n + plan.bootstrap.n_llm))
+
+    @staticmethod
+    def context_capacity(plan: AuditPlan) -> int | None:
+        """The answers one context may be budgeted for within the largest budget a server
+        takes (ledger.answers_within_budget) at the plan's largest epsilon, where some
+        world's trials need more (None: one context per world holds them all)."""
+        from dpicl_audit.ledger import answers_within_budget
+        from dpicl_audit.schedule import trial_worlds
+
+        cap = answers_within_budget(max(plan.mechanism.epsilons), plan.mechanism.delta)
+        most = max(
+            max(int((w == 1).sum()), int((w == 0).sum()))
+            for w in (
+                trial_worlds(plan.seed, k, plan.trials) for k in range(len(plan.mechanism.epsilons))
+            )
+        )
+        return None if most <= cap else cap
 
     @staticmethod
     def neighbour_summary(design: Any) -> dict[str, Any]:
