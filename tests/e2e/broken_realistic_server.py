@@ -21,6 +21,7 @@ charges, the debug endpoint's ``sigma``). The faults:
 * ``CORRELATED``: one Gaussian draw of the claimed sigma added to every count: each count's
   variance is right, the labels' noises are perfectly correlated (the argmax never moves).
 * ``ESA_PARTIAL``: ESA's noise is added to the first half of the embedding's dimensions only.
+* ``LEDGER_REMAINING``: the ledger reports one more remaining answer than its budget holds.
 """
 
 from __future__ import annotations
@@ -36,10 +37,17 @@ import dpicl.mechanisms.voting as voting_mech
 import dpicl.pipelines.esa as esa_pipeline
 import dpicl.pipelines.partitions as partitions_mod
 import dpicl.pipelines.voting as voting_pipeline
+import dpicl.privacy.ledger as ledger_mod
 from dpicl.mechanisms.esa import EsaRelease, nearest
 from dpicl.mechanisms.voting import VotingRelease, partition_votes, vote_histogram
 
 _honest_positions = partitions_mod._partition_positions
+_honest_remaining = ledger_mod.remaining_queries
+
+
+def generous_remaining(mu2_spent: float, mu2_max: float, mu2_per_query: float) -> int:
+    """The ledger's remaining answers, one too many (what it reports, not what it refuses)."""
+    return int(_honest_remaining(mu2_spent, mu2_max, mu2_per_query)) + 1
 
 
 def _overlapping_positions(
@@ -145,11 +153,16 @@ ESA_PARTIAL = Fault(
     ((esa_pipeline, "esa_release", partial_esa_release),),
     "ESA noise covers half of the embedding's dimensions",
 )
+LEDGER_REMAINING = Fault(
+    ((ledger_mod, "remaining_queries", generous_remaining),),
+    "the ledger reports one answer more than the budget holds",
+)
 FAULTS = {
     "two_partitions": TWO_PARTITIONS,
     "deterministic": DETERMINISTIC,
     "tail_bounded": TAIL_BOUNDED,
     "correlated": CORRELATED,
     "esa_partial": ESA_PARTIAL,
+    "ledger_remaining": LEDGER_REMAINING,
 }
 assert voting_mech.private_vote is not None  # the honest mechanism stays importable

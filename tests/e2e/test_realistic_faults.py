@@ -26,6 +26,7 @@ import pytest
 
 from dpicl_audit.client import DpiclClient
 from dpicl_audit.runner import run_audit
+from dpicl_audit.verdicts import results_exit_code
 from tests.conftest import ADMIN, USER
 from tests.e2e import broken_realistic_server as faults
 from tests.servers import target_plan
@@ -150,3 +151,37 @@ async def test_honest_white_box_conforms(tmp_path: Path, monkeypatch: pytest.Mon
         res = await _audit(tmp_path / name, None, monkeypatch, wb, **flags)
         assert not set(_statuses(res)) & set(FLAGGED), (name, res["settings"])
         assert res["settings"][0]["conformance"]["status"] == "conforming"
+
+
+async def test_a_ledger_that_misreports_is_flagged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flags = VOTING_BB | {"trials": 60}
+    res = await _audit(tmp_path, "ledger_remaining", monkeypatch, "off", **flags)
+    led = res["ledger"]
+    assert led["status"] == "nonconforming", led
+    assert "remaining_queries" in led["message"]
+    assert results_exit_code([res]) == 4 or "violation" in _statuses(res)
+
+
+def test_profile_and_budget_sizes() -> None:
+    """The verify profile's tail-gap plan, and budgets that hold exactly the planned answers
+    under the auditor's own composition (mu-GDP composes to sqrt(q) mu)."""
+    from dpicl_audit.estimators.gdp import gdp_delta, gdp_mu
+    from dpicl_audit.ledger import MAX_BUDGET_EPSILON, answers_within_budget, budget_for
+    from dpicl_audit.ledger import planned_queries as planned
+    from dpicl_audit.profiles import tail_plan
+
+    plan = target_plan("http://dpicl.test")
+    tail = tail_plan(plan)
+    assert tail is not None and tail.design == "paper" and tail.mechanism.partitions == 3
+    assert tail.mechanism.epsilons == (8.0,) and tail.trials == 3000
+    assert tail_plan(target_plan("http://dpicl.test", **{"mechanism.name": "esa"})) is None
+    for eps in (1.0, 8.0):
+        b = budget_for(eps, 1e-5, 100)
+        assert b is not None
+        mu = gdp_mu(eps, 1e-5)
+        assert gdp_delta(b["epsilon"], 10.0 * mu) <= 1e-5 * (1 + 1e-6)
+        n = answers_within_budget(eps, 1e-5)
+        fits = budget_for(eps, 1e-5, planned(n))
+        assert fits is not None and fits["epsilon"] <= MAX_BUDGET_EPSILON
