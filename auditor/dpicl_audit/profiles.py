@@ -16,9 +16,18 @@ from __future__ import annotations
 
 from typing import Literal
 
+from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.plan import AuditPlan
 
-__all__ = ["PROFILES", "TAIL_EPSILON", "TAIL_PARTITIONS", "TAIL_TRIALS", "Profile", "tail_plan"]
+__all__ = [
+    "PROFILES",
+    "TAIL_EPSILON",
+    "TAIL_PARTITIONS",
+    "TAIL_TRIALS",
+    "Profile",
+    "companion_plan",
+    "tail_plan",
+]
 
 Profile = Literal["default", "verify"]
 PROFILES: tuple[Profile, ...] = ("default", "verify")
@@ -41,3 +50,15 @@ def tail_plan(plan: AuditPlan) -> AuditPlan | None:
     return plan.model_copy(
         update={"design": "paper", "mechanism": mech, "trials": TAIL_TRIALS, "name": name}
     )
+
+
+def companion_plan(profile: str, kind: str, plan: AuditPlan) -> AuditPlan | None:
+    """The plan of ``--profile``'s companion run for a ``kind`` command ("run" or
+    "bootstrap"); None for none. Refuses an unknown profile and ``verify`` off ``run``."""
+    if profile not in PROFILES:
+        raise InvalidAuditInput(f"--profile {profile!r}: choose one of {list(PROFILES)}")
+    if profile == "default":
+        return None
+    if kind != "run":
+        raise InvalidAuditInput("--profile verify: only for run")
+    return tail_plan(plan)

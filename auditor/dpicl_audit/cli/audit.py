@@ -273,10 +273,10 @@ def audit_command(kind: str) -> Callable[..., None]:
             str,
             typer.Option(
                 "--profile",
-                help="default: the plan as given. verify (run, voting): also a tail-gap run "
-                "(paper design, T=3, epsilon 8, 3,000 trials) that sees noise with bounded "
-                "tails (docs/auditing.md, 'Profiles').",
                 show_default=True,
+                help="default: the plan as given. "
+                "verify (run, voting): also a tail-gap run (paper design, T=3, epsilon 8, "
+                "3,000 trials) that sees noise with bounded tails (docs/auditing.md).",
             ),
         ] = "default",
         db: DbOpt = DEFAULT_DB,
@@ -284,6 +284,7 @@ def audit_command(kind: str) -> Callable[..., None]:
         progress: ProgressOpt = True,
         as_json: JsonOpt = False,
     ) -> None:
+        from dpicl_audit.profiles import companion_plan
         from dpicl_audit.runner import bootstrap_audit, run_audit
 
         overrides: dict[str, Any] = {
@@ -352,24 +353,15 @@ def audit_command(kind: str) -> Callable[..., None]:
             )
         )
         runs = [results]
-        companion = _profile_plan(profile, kind, audit_plan)
-        if companion is not None:
-            tail = run_async(
-                run_audit(
-                    companion,
-                    db=db,
-                    run_id=f"{results['run_id']}-tail",
-                    out_dir=out,
-                    progress=progress,
-                    console=err_console,
-                )
-            )
-            runs.append(tail)
+        companion = guard(lambda: companion_plan(profile, kind, audit_plan))
+        if companion is not None:  # --profile verify: the tail-gap run (profiles.py)
+            tail_id = f"{results['run_id']}-tail"
+            runs.append(run_async(run_audit(companion, db=db, run_id=tail_id, out_dir=out,
+                                            progress=progress, console=err_console)))  # fmt: skip
             if as_json:  # one JSON document: the companion inside the main run's
-                results = results | {"verify": {"tail_gap": tail}}
-        emit(results, as_json, Path(out) / str(results["run_id"]) / "results.json")
-        if len(runs) > 1 and not as_json:
-            emit(runs[1], as_json, Path(out) / str(runs[1]["run_id"]) / "results.json")
+                results = results | {"verify": {"tail_gap": runs[1]}}
+        for res in runs[: 1 if as_json else 2]:
+            emit(res, as_json, Path(out) / str(res["run_id"]) / "results.json")
         exit_on_verdict(runs)
 
     command.__doc__ = (
@@ -379,23 +371,6 @@ def audit_command(kind: str) -> Callable[..., None]:
         "internal), then n_sample simulated trials per world, both threat models."
     )
     return command
-
-
-def _profile_plan(profile: str, kind: str, plan: AuditPlan) -> AuditPlan | None:
-    """The ``--profile`` companion run's plan (dpicl_audit.profiles); None for none."""
-    from dpicl_audit.profiles import PROFILES, tail_plan
-
-    if profile not in PROFILES:
-        err_console.print(
-            f"[bold red]error:[/bold red] --profile {profile!r}: choose one of {list(PROFILES)}"
-        )
-        raise typer.Exit(2)
-    if profile == "default":
-        return None
-    if kind != "run":
-        err_console.print("[bold red]error:[/bold red] --profile verify: only for run")
-        raise typer.Exit(2)
-    return tail_plan(plan)
 
 
 def _trials_from(kind: str, boot: str, trials: int | None, db: str, plan: AuditPlan) -> int:

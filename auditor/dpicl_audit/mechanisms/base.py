@@ -350,54 +350,24 @@ class GaussianMechanismAudit(MechanismAudit):
     async def audit_ledger(
         self, target: AuditTarget, design: Any, plan: AuditPlan
     ) -> dict[str, Any] | None:
-        """A probe context of C0's body at the plan's first epsilon, asked the audit query
-        until refused (:func:`dpicl_audit.ledger.audit_ledger`)."""
-        from dpicl_audit.ledger import audit_ledger
+        """A probe context of C0's body, asked until refused (ledger.probe_ledger)."""
+        from dpicl_audit.budgets import probe_ledger
 
-        if getattr(design, "attack", None) != "inquery":
-            return None
-        eps = float(plan.mechanism.epsilons[0])
-        body = self.context_body(design, plan, eps, 0, name=f"dpicl-audit {plan.seed} probe")
-        max_tokens = plan.mechanism.max_tokens if self.task == "generation" else None
-
-        async def ask(cid: str) -> Mapping[str, Any]:
-            if max_tokens is None:
-                return await target.classify(cid, design.query)
-            if not isinstance(target, GenerationTarget):
-                raise TargetProtocolError("the target has no generate endpoint")
-            return await target.generate(cid, design.query, max_tokens=max_tokens)
-
-        return await audit_ledger(target, body, design.query, ask=ask)
+        return await probe_ledger(self, target, design, plan)
 
     @staticmethod
     def planned_answers(plan: AuditPlan, epsilon: float, world: int) -> int:
-        """The answers one context of ``world`` at ``epsilon`` is asked at most: its
-        trials (or its bootstrap collection), with a margin for retries."""
-        from dpicl_audit.ledger import planned_queries
-        from dpicl_audit.schedule import trial_worlds
+        """The answers one context of ``world`` at ``epsilon`` is budgeted for."""
+        from dpicl_audit.budgets import planned_answers
 
-        eps = [float(e) for e in plan.mechanism.epsilons]
-        k = eps.index(float(epsilon)) if float(epsilon) in eps else 0
-        n = max(int((trial_worlds(plan.seed, k, plan.trials) == world).sum()), 1)
-        cap = GaussianMechanismAudit.context_capacity(plan)
-        return planned_queries(min(max(n, plan.bootstrap.n_llm), cap or n + plan.bootstrap.n_llm))
+        return planned_answers(plan, epsilon, world)
 
     @staticmethod
     def context_capacity(plan: AuditPlan) -> int | None:
-        """The answers one context may be budgeted for within the largest budget a server
-        takes (ledger.answers_within_budget) at the plan's largest epsilon, where some
-        world's trials need more (None: one context per world holds them all)."""
-        from dpicl_audit.ledger import answers_within_budget
-        from dpicl_audit.schedule import trial_worlds
+        """Trials per context where a world's need more than one budget holds."""
+        from dpicl_audit.budgets import context_capacity
 
-        cap = answers_within_budget(max(plan.mechanism.epsilons), plan.mechanism.delta)
-        most = max(
-            max(int((w == 1).sum()), int((w == 0).sum()))
-            for w in (
-                trial_worlds(plan.seed, k, plan.trials) for k in range(len(plan.mechanism.epsilons))
-            )
-        )
-        return None if most <= cap else cap
+        return context_capacity(plan)
 
     @staticmethod
     def neighbour_summary(design: Any) -> dict[str, Any]:

@@ -371,23 +371,9 @@ class EsaAudit(GaussianMechanismAudit):
         *,
         bootstrap: bool,
     ) -> dict[str, Any]:
-        from dpicl_audit.mechanisms.conformance_checks import esa_conformance
-
         if bootstrap:
-            out = estimate_esa_bootstrap(plan, design, k, rows, meta)
-            ids = {cid for cid in meta["context_ids"].values() if cid is not None}
-            rows = [r for r in rows if r.context_id in ids]
-        else:
-            out = estimate_esa_trials(plan, design, k, rows, meta, self.calls_per_query(plan))
-        emb = design.signal_embeddings()
-        return esa_conformance(
-            out,
-            rows,
-            meta,
-            signal=None if emb is None else (emb[0], emb[1]),
-            seed=plan.seed,
-            bootstrap=bootstrap,
-        )
+            return estimate_esa_bootstrap(plan, design, k, rows, meta)
+        return estimate_esa_trials(plan, design, k, rows, meta, self.calls_per_query(plan))
 
 
 def _floats(value: Any, name: str) -> FloatArray:

@@ -114,7 +114,28 @@ def estimate_esa_trials(
         finish=lambda est, m: signal_tightness(with_verdict(est, signal_reference(m)), m),
     )
     out |= note
-    return out
+    return _conformance(out, rows, meta, design, plan.seed, bootstrap=False)
+
+
+def _conformance(
+    out: dict[str, Any],
+    rows: Sequence[TrialRecord],
+    meta: Mapping[str, Any],
+    design: GenerationDesign,
+    seed: int,
+    *,
+    bootstrap: bool,
+) -> dict[str, Any]:
+    """The setting's conformance tests (mechanisms.conformance_checks), read into its
+    verdicts; a bootstrap's rows are the whole clean log, so the setting's own are taken."""
+    from dpicl_audit.mechanisms.conformance_checks import esa_conformance
+
+    if bootstrap:
+        ids = {cid for cid in meta["context_ids"].values() if cid is not None}
+        rows = [r for r in rows if r.context_id in ids]
+    emb = design.signal_embeddings()
+    signal = None if emb is None else (emb[0], emb[1])
+    return esa_conformance(out, rows, meta, signal=signal, seed=seed, bootstrap=bootstrap)
 
 
 def signal_reference(meta: Mapping[str, Any]) -> dict[str, Any]:
@@ -243,7 +264,7 @@ def estimate_esa_bootstrap(
     ref = signal_reference(power)
     out["black_box"] = signal_tightness(with_verdict(res["black_box"], ref), meta)
     out["white_box"] = signal_tightness(with_verdict(res["white_box"], ref), meta)
-    return out
+    return _conformance(out, clean, meta, design, plan.seed, bootstrap=True)
 
 
 def _observed_rates(

@@ -61,7 +61,7 @@ from dpicl_audit.mechanisms.base import (
     exemplar_dicts,
 )
 from dpicl_audit.mechanisms.mozo_check import token_check
-from dpicl_audit.mechanisms.mozo_findings import divergence_check, ratio_check
+from dpicl_audit.mechanisms.mozo_findings import divergence_check, ratio_check, without_signal
 from dpicl_audit.mechanisms.neighbours import NeighbourPair, pair_from_json, pair_to_json
 from dpicl_audit.mechanisms.trial_estimates import Finish
 from dpicl_audit.plan import AuditPlan
@@ -385,40 +385,11 @@ def _verdict_of(*, nominal: bool) -> Finish:
         est["epsilon_emp"] = emp(mu, classical)
         if not nominal:
             est["epsilon_emp_basis"] = "classical"
-        est["verdict"] = _without_signal(
-            for_the_family(
-                judge(mu, classical),
-                est,
-                meta,
-                lambda fw: judge(fw.mu_lower, fw.epsilon_lower_classic),
-            ),
-            est,
-        )
+        again = lambda fw: judge(fw.mu_lower, fw.epsilon_lower_classic)  # noqa: E731
+        est["verdict"] = without_signal(for_the_family(judge(mu, classical), est, meta, again), est)
         return est
 
     return finish
-
-
-def _without_signal(found: dict[str, Any], est: Mapping[str, Any]) -> dict[str, Any]:
-    """A verdict that is not a violation, of an attack whose decision never varied (neither
-    world ever produced the signal, or both always did): INCONCLUSIVE, never "ok": the audit
-    could not have seen a difference between the worlds (issue 27)."""
-    if found.get("status") in ("violation", "bug"):
-        return found
-    tp, fn, fp, tn = (int(est.get(k) or 0) for k in ("tp", "fn", "fp", "tn"))
-    if tp + fp and fn + tn:
-        return found
-    said = "never" if tp + fp == 0 else "always"
-    return found | {
-        "status": "inconclusive",
-        "violation": False,
-        "message": f"INCONCLUSIVE: the released text {said} started with the signal, in "
-        f"either world ({tp + fn} trials with the canary, {fp + tn} without): the attack "
-        "could not have seen a difference (to change: signal words the model answers with, "
-        "a longer --max-tokens, or the white-box audit)"
-        # A nominal claim keeps saying so.
-        + (f"; {found['message']}" if "nominal" in str(found.get("message")) else ""),
-    }
 
 
 MOZO = MozoAudit()
