@@ -207,6 +207,10 @@ def print_results(results: Mapping[str, Any], console: Console | None = None) ->
                 f"{_fmt(eps.get('two_cut'))} [{style}]{rdp.get('verdict', {}).get('message', '')}"
                 f"[/{style}]"
             )
+    ledger = results.get("ledger")
+    if ledger:  # the ledger audited from outside (dpicl_audit.ledger)
+        colour = "green" if ledger.get("status") == "ok" else "bold yellow"
+        console.print(f"[{colour}]ledger: {ledger.get('message', '')}[/{colour}]")
     console.print(
         f"{results.get('queries', 0)} queries, {results.get('llm_calls', 0)} LLM calls, "
         f"{_fmt(results.get('wall_time_s'), 1)} s wall time"

@@ -156,3 +156,33 @@ def test_roc_figures() -> None:
     assert point is not None and point["auroc"] == pytest.approx(0.85)
     assert point["tpr_at_fpr"]["0.1"] == pytest.approx(0.8)
     assert roc_from_decisions(0, 0, 1, 1) is None
+
+
+def test_report_sections() -> None:
+    from types import SimpleNamespace
+
+    from dpicl_audit.report.ledger_section import conformance_html, ledger_html, roc_html
+
+    bad = _conf(rate_tests(200, 200, 164, 200, (0.795, 0.205))).to_dict()
+    results = {
+        "settings": [
+            {
+                "setting": "eps=4",
+                "conformance": bad,
+                "black_box": {"roc": {"auroc": 0.6, "tpr_at_fpr": {"0.1": 0.2}}},
+            }
+        ]
+    }
+    ledger = {
+        "status": "nonconforming",
+        "message": "reported remaining_queries after 1 answers: 3 (expected 2)",
+        "budget": {"epsilon": 1.5, "delta": 1e-5},
+        "checks": [{"check": "refuses exactly", "ok": False, "reported": 4, "expected": 3}],
+    }
+    rd = SimpleNamespace(label="run <1>", results=results, ledger=ledger)
+    html = ledger_html([rd]) + conformance_html([rd]) + roc_html([rd])  # type: ignore[list-item]
+    assert "<h2>Ledger</h2>" in html and "FAILED" in html and "run &lt;1&gt;" in html
+    assert "<h2>Conformance</h2>" in html and "release rate" in html
+    assert "<h2>Attack ROC</h2>" in html and "0.600" in html
+    quiet = SimpleNamespace(label="r", results={"settings": []}, ledger=None)
+    assert ledger_html([quiet]) == conformance_html([quiet]) == roc_html([quiet]) == ""  # type: ignore[list-item]

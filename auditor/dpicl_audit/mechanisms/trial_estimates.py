@@ -21,8 +21,14 @@ Finish = Callable[[dict[str, Any], Mapping[str, Any]], dict[str, Any]]
 
 
 def with_verdict(est: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
-    """The estimate with its verdict against the setting's claims."""
+    """The estimate with its verdict against the setting's claims (and, where it has only
+    its decision counts, e.g. a bootstrap's, the ROC of that operating point)."""
     est["verdict"] = gaussian_verdict(est, meta)
+    counts = [est.get(k) for k in ("tp", "fn", "fp", "tn")]
+    if "roc" not in est and all(isinstance(c, int) for c in counts):
+        from dpicl_audit.estimators.roc import roc_from_decisions
+
+        est["roc"] = roc_from_decisions(*counts)  # type: ignore[arg-type]
     return est
 
 
