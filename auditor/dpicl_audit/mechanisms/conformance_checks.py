@@ -91,12 +91,15 @@ def voting_conformance(
     *,
     temperature: float,
     bootstrap: bool = False,
+    known_votes: bool = True,
 ) -> dict[str, Any]:
-    """Voting's conformance tests of one setting (module docstring)."""
+    """Voting's conformance tests of one setting (module docstring). ``known_votes``: the
+    simulator's votes are the design's (the membership prompt of the audit template; a
+    deployment's classification prompt is answered by the most similar demonstration)."""
     sigma = meta.get("sigma")
     black: list[ConformanceTest] = []
     white: list[ConformanceTest] = []
-    simulator = bool(meta.get("simulator")) and float(temperature) == 0.0
+    simulator = bool(meta.get("simulator")) and float(temperature) == 0.0 and known_votes
     rates = meta.get("release_rates")
     bb = out.get("black_box") or {}
     if (

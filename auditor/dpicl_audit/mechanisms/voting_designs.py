@@ -130,7 +130,9 @@ class AuditDesign(NeighbourPair):
         else:
             out = estimate_trials(plan, k, rows, meta, calls_per_query=calls_per_query)
             bb = out.get("black_box")
-            ref = release_reference(meta, self.attack)
+            ref = release_reference(
+                meta, self.attack, plan.setting if plan.mechanism.temperature == 0 else ""
+            )
             if ref is not None and isinstance(bb, dict) and "verdict" in bb:
                 out["black_box"] = with_verdict(bb, ref)
         if bootstrap:  # the setting's own debug rows (the clean log holds every setting's)
@@ -143,6 +145,7 @@ class AuditDesign(NeighbourPair):
             meta,
             temperature=plan.mechanism.temperature,
             bootstrap=bootstrap,
+            known_votes=plan.setting == "audit-template",
         )
 
     def summary_fields(self) -> dict[str, Any]:
@@ -186,14 +189,18 @@ class AuditDesign(NeighbourPair):
         return cls(**d)
 
 
-def release_reference(meta: Mapping[str, Any], attack: str) -> dict[str, Any] | None:
+def release_reference(meta: Mapping[str, Any], attack: str, setting: str) -> dict[str, Any] | None:
     """The meta the black-box figure reads on the simulator, whose clean votes are exactly
     the design's: the released label's own exact epsilon ``epsilon_exact_release`` is the
     reference where it is below the worst case (issue 27: a bound above the design's own
     exact epsilon is a BUG, e.g. a tail gap that a bounded noise never crosses). None
     elsewhere (a real model's votes may differ from the design's)."""
     rel, exact = meta.get("epsilon_exact_release"), meta.get("epsilon_exact")
-    if not meta.get("simulator") or attack != "inquery" or rel is None or exact is None:
+    # Only the membership prompt's votes are the design's on the simulator (a deployment's
+    # classification prompt is answered by the most similar demonstration's label), and
+    # only at temperature 0 (the caller passes no setting otherwise).
+    known = meta.get("simulator") and attack == "inquery" and setting == "audit-template"
+    if not known or rel is None or exact is None:
         return None
     if float(rel) >= float(exact):
         return None
