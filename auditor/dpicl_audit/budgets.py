@@ -14,16 +14,16 @@ from dpicl_audit.plan import AuditPlan
 __all__ = ["context_capacity", "planned_answers", "probe_ledger"]
 
 
-def planned_answers(plan: AuditPlan, epsilon: float, world: int) -> int:
+def planned_answers(plan: AuditPlan, epsilon: float, world: int, cap: int | None) -> int:
     """The answers one context of ``world`` at ``epsilon`` is asked at most: its trials (or
-    its bootstrap collection), capped by :func:`context_capacity`, with a retry margin."""
+    its bootstrap collection), capped by ``cap`` (the mechanism's queries per context, e.g.
+    :func:`context_capacity`), with a retry margin."""
     from dpicl_audit.ledger import planned_queries
     from dpicl_audit.schedule import trial_worlds
 
     eps = [float(e) for e in plan.mechanism.epsilons]
     k = eps.index(float(epsilon)) if float(epsilon) in eps else 0
     n = max(int((trial_worlds(plan.seed, k, plan.trials) == world).sum()), 1)
-    cap = context_capacity(plan)
     return planned_queries(min(max(n, plan.bootstrap.n_llm), cap or n + plan.bootstrap.n_llm))
 
 

@@ -355,12 +355,11 @@ class GaussianMechanismAudit(MechanismAudit):
 
         return await probe_ledger(self, target, design, plan)
 
-    @staticmethod
-    def planned_answers(plan: AuditPlan, epsilon: float, world: int) -> int:
+    def planned_answers(self, plan: AuditPlan, epsilon: float, world: int) -> int:
         """The answers one context of ``world`` at ``epsilon`` is budgeted for."""
         from dpicl_audit.budgets import planned_answers
 
-        return planned_answers(plan, epsilon, world)
+        return planned_answers(plan, epsilon, world, self.queries_per_context(plan))
 
     @staticmethod
     def context_capacity(plan: AuditPlan) -> int | None:
