@@ -19,6 +19,7 @@ modules are listed in the order data flows through an audit::
       voting.py          private voting (+ voting_bootstrap.py)
       esa.py             embedding space aggregation (+ esa_signals.py, esa_estimates.py)
       mozo.py            DPS-MOZO
+      conformance_checks.py  each mechanism's conformance tests of one setting
     client.py          the async HTTP client (retries, timeouts, concurrency)
     schedule.py        run ids, each trial's world, the random streams
     contexts.py        the run's server contexts: create, adopt (fingerprint-checked), replace
@@ -28,9 +29,13 @@ modules are listed in the order data flows through an audit::
     session.py         what a run opens: trial log, client, /healthz, versions
     runner.py          run, bootstrap and resume: the steps above in order
     estimation.py      a run's results from its log, generic over the mechanism
-    estimators/        the statistics (Clopper-Pearson, GDP, classical, RDP, thresholds)
+    estimators/        the statistics (Clopper-Pearson, GDP, classical, RDP, thresholds,
+                       conformance of the releases to the design's prediction, ROC)
+    ledger.py          budgeted audit contexts, and the server's ledger audited from outside
+    profiles.py        ``run --profile``: the tail-gap companion run of ``verify``
     bootstrap.py       Algorithm 1 of paper 000, vectorised; noise_check.py its guard
-    verdicts.py        what a bound says about the claims (violation, bug, ok)
+    verdicts.py        what a bound says about the claims (violation, bug, nonconforming,
+                       inconclusive, ok) and the CLI's exit code by the worst of them
     results.py         results.json and the run's table
     report/            the report: data, words, table, curves, plots, html, writer
     legacy.py          logs written before the pipeline held every mechanism

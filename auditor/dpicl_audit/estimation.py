@@ -74,13 +74,22 @@ def estimate_run(store: TrialStore, run_id: str) -> dict[str, Any]:
     )
     # The run's claims are stated for its tests together (estimators.family): the tests
     # each setting states claims from (one figure per threat model, for most designs).
+    # One more member: the run's conformance tests together (estimators.conformance).
     family = {
-        "size": len(plan.mechanism.epsilons) * mech.claims_per_setting(design, threat_models),
+        "size": len(plan.mechanism.epsilons) * mech.claims_per_setting(design, threat_models) + 1,
         "confidence": plan.confidence,
+        "settings": len(plan.mechanism.epsilons),
     }
+    # The design's clean outputs are known exactly only on the rule-following simulator:
+    # there the release distribution is predicted in closed form (estimators.conformance).
+    server = (run.versions or {}).get("server") or {}
+    simulator = bool(server.get("simulator")) or server.get("engine") == "oracle"
     settings = []
     for k, eps in enumerate(plan.mechanism.epsilons):
-        meta = mech.setting_meta(plan, design, eps, contexts) | {"family": family}
+        meta = mech.setting_meta(plan, design, eps, contexts) | {
+            "family": family,
+            "simulator": simulator,
+        }
         rows = clean if bootstrap else store.trials(run_id, meta["setting"])
         settings.append(mech.estimate(plan, design, k, rows, meta, bootstrap=bootstrap))
     if bootstrap:

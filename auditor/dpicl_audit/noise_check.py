@@ -7,8 +7,9 @@ The ``internal`` debug endpoint returns, for every query, the clean vote histogr
 noisy one the server actually released, so the residuals ``noisy - clean`` are draws of the
 server's real noise: independent ``N(0, sigma_true^2)``, one per label and query.
 
-With ``N`` residuals and ``S = sum r^2``, ``S / sigma_true^2 ~ chi^2_N`` exactly, which gives the
-two-sided interval (at confidence ``c``, ``a = 1 - c``)::
+With ``N`` distinct residuals (a value repeated exactly counts once: continuous noise never
+repeats, so repeats are one draw) and ``S = sum r^2``, ``S / sigma_true^2 ~ chi^2_N``
+exactly, which gives the two-sided interval (at confidence ``c``, ``a = 1 - c``)::
 
     sigma_lower = sqrt(S / chi2_N.ppf(1 - a/2)),   sigma_upper = sqrt(S / chi2_N.ppf(a/2)).
 
@@ -130,6 +131,10 @@ def check_noise(
     r = np.asarray(residuals, dtype=np.float64).ravel()
     if not np.all(np.isfinite(r)):
         raise InvalidAuditInput("residuals must be finite")
+    # Sized by the true degrees of freedom: a residual value that repeats exactly is one draw
+    # of a continuous noise, not many (a server that reuses its noise would otherwise count
+    # 4 distinct values as hundreds); the repeats themselves are conformance's determinism.
+    r = np.unique(r) if r.size else r
     n = int(r.size)
     if n == 0:
         return NoiseCheck(

@@ -156,8 +156,17 @@ def results_table(results: Mapping[str, Any]) -> Table:
                 table.add_row(eps, threat, *["-"] * 7, Text(str(est["error"]), style="red"))
                 continue
             status = est.get("verdict", {}).get("status", "")
-            style = {"violation": "bold red", "bug": "bold yellow", "ok": "green"}.get(status, "")
-            status = {"inconclusive": "INCONCLUSIVE", "ok": "consistent"}.get(status, status)
+            style = {
+                "violation": "bold red",
+                "bug": "bold yellow",
+                "nonconforming": "bold yellow",
+                "ok": "green",
+            }.get(status, "")
+            status = {
+                "inconclusive": "INCONCLUSIVE",
+                "nonconforming": "NONCONFORMING",
+                "ok": "consistent",
+            }.get(status, status)
             table.add_row(
                 eps,
                 threat,
@@ -180,7 +189,7 @@ def print_results(results: Mapping[str, Any], console: Console | None = None) ->
         for key in ("black_box", "white_box"):
             est = s.get(key)
             status = (est or {}).get("verdict", {}).get("status")
-            if est and status in ("violation", "bug", "inconclusive"):
+            if est and status in ("violation", "bug", "nonconforming", "inconclusive"):
                 colour = "bold red" if status != "inconclusive" else "yellow"
                 console.print(
                     f"[{colour}]{s['setting']} {key.replace('_', '-')}: "
@@ -205,6 +214,10 @@ def print_results(results: Mapping[str, Any], console: Console | None = None) ->
                 f"{_fmt(eps.get('two_cut'))} [{style}]{rdp.get('verdict', {}).get('message', '')}"
                 f"[/{style}]"
             )
+    ledger = results.get("ledger")
+    if ledger:  # the ledger audited from outside (dpicl_audit.ledger)
+        colour = "green" if ledger.get("status") == "ok" else "bold yellow"
+        console.print(f"[{colour}]ledger: {ledger.get('message', '')}[/{colour}]")
     console.print(
         f"{results.get('queries', 0)} queries, {results.get('llm_calls', 0)} LLM calls, "
         f"{_fmt(results.get('wall_time_s'), 1)} s wall time"

@@ -56,7 +56,13 @@ from dpicl_audit.schedule import (
     new_run_id,
     trial_worlds,
 )
-from dpicl_audit.session import client_for, opened_store, run_versions, server_health
+from dpicl_audit.session import (
+    client_for,
+    need_context_maker,
+    opened_store,
+    run_versions,
+    server_health,
+)
 from dpicl_audit.store import ContextRecord, TrialStore
 from dpicl_audit.trials import TrialExecutor
 
@@ -128,6 +134,10 @@ class AuditRunner:
             await self.trials.flush()
             t0 = time.monotonic()
             results = await asyncio.to_thread(estimate_run, self.store, self.run_id)
+            # The ledger audited from outside (dpicl_audit.ledger), where the mechanism can.
+            ledger = await self.mechanism.audit_ledger(self.target, self.design, self.plan)
+            if ledger is not None:
+                results["ledger"] = ledger
             self.store.add_usage(self.run_id, wall_time_s=time.monotonic() - t0)
             results = finish_run(self.store, self.run_id, results)
         except AuditError as exc:
@@ -229,12 +239,7 @@ async def _start(
     if run_id is not None:
         check_run_id(run_id)
     out_directory(out_dir)
-    if plan.target.admin_token is None and plan.target.context_hook is None:
-        raise InvalidPlan(
-            "the audit needs the server's admin token (target.admin_token, --admin-token or "
-            "DPICL_AUDIT_ADMIN_TOKEN) to create its canary contexts, or a context hook "
-            "(--api openai --context-hook) that creates them"
-        )
+    need_context_maker(plan, "the audit")
     mechanism = get_mechanism(plan.mechanism.name)
     if kind == "bootstrap" and not mechanism.has_bootstrap:
         raise InvalidPlan(f"{mechanism.name} has no bootstrap audit; use `dpicl-audit run`")
@@ -362,11 +367,8 @@ async def resume_audit(
         if run.design is None:
             raise InvalidAuditInput(f"run {run_id} has no recorded design; it cannot resume")
         design = run_design(run, plan)
-        if target is None and plan.target.admin_token is None and not plan.target.context_hook:
-            raise InvalidPlan(
-                f"resuming {run_id} needs the server's admin token (--admin-token or "
-                "DPICL_AUDIT_ADMIN_TOKEN); tokens are never stored in the trial log"
-            )
+        if target is None:
+            need_context_maker(plan, f"resuming {run_id}")
         own_client = target is None
         client: AuditTarget = target if target is not None else client_for(plan)
         try:

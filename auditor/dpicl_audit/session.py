@@ -14,11 +14,17 @@ import numpy as np
 
 from dpicl_audit import __version__
 from dpicl_audit.client import AuditTarget, DpiclClient
-from dpicl_audit.errors import TargetError, TargetUnavailable
+from dpicl_audit.errors import InvalidPlan, TargetError, TargetUnavailable
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.store import TrialStore
 
-__all__ = ["client_for", "opened_store", "run_versions", "server_health"]
+__all__ = [
+    "client_for",
+    "need_context_maker",
+    "opened_store",
+    "run_versions",
+    "server_health",
+]
 
 
 def run_versions(health: Mapping[str, Any] | None, error: str | None = None) -> dict[str, Any]:
@@ -90,3 +96,14 @@ def client_for(plan: AuditPlan) -> DpiclClient:
         hook = load_hook(t.context_hook, timeout=plan.timeout) if t.context_hook else None
         return OpenAIClient(t.base_url, hook=hook, **options)
     return DpiclClient(t.base_url, **options)
+
+
+def need_context_maker(plan: AuditPlan, who: str) -> None:
+    """Refuse a plan that cannot create its canary contexts: it needs the admin token (never
+    stored in the trial log) or a context hook."""
+    if plan.target.admin_token is None and not plan.target.context_hook:
+        raise InvalidPlan(
+            f"{who} needs the server's admin token (target.admin_token, --admin-token or "
+            "DPICL_AUDIT_ADMIN_TOKEN; tokens are never stored in the trial log) to create its "
+            "canary contexts, or a context hook (--api openai --context-hook) that creates them"
+        )

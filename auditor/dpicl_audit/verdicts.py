@@ -11,6 +11,9 @@ INCONCLUSIVE verdict of an audit that could not have seen a violation) extend it
   exceeds alone but not with the run's other tests held together at the same confidence
   (:mod:`~dpicl_audit.estimators.family`; :func:`for_the_family` for DPS-MOZO's figures,
   :func:`claim_for_the_family` for paper 003's RDP cuts); it says why and what to change;
+* ``nonconforming``: the releases depart from the distribution the design predicts
+  (:mod:`~dpicl_audit.estimators.conformance`, applied by each mechanism's estimate after
+  these rules); it replaces ``inconclusive`` and ``ok``, never a violation or bug;
 * ``ok``: neither (CONSISTENT: the audit had power and found nothing above the claim); for
   a *nominal* claim (DPS-MOZO's, whose per-token bound is false) the message says that
   staying below it confirms nothing.
@@ -21,7 +24,7 @@ the dict stored under ``"verdict"`` in every estimate.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -29,6 +32,7 @@ if TYPE_CHECKING:
     from dpicl_audit.estimators.verdict_rules import VerdictResult
 
 __all__ = [
+    "EXIT_CODES",
     "RDP_CUTS",
     "STATUS_ORDER",
     "claim_for_the_family",
@@ -36,6 +40,8 @@ __all__ = [
     "for_the_family",
     "gaussian_verdict",
     "rdp_verdict",
+    "results_exit_code",
+    "results_statuses",
     "verdict",
     "worst_status",
 ]
@@ -44,7 +50,42 @@ _TOL = 1e-9
 #: The composed lower bounds an RDP audit (paper 003) states its claims from.
 RDP_CUTS = ("two_cut", "k_cut")
 #: Severity of a status, for the worst status of a run.
-STATUS_ORDER = {"violation": 4, "bug": 3, "inconclusive": 2, "ok": 1, "error": 0, "": 0}
+STATUS_ORDER = {
+    "violation": 5,
+    "bug": 4,
+    "nonconforming": 3,
+    "inconclusive": 2,
+    "ok": 1,
+    "error": 0,
+    "": 0,
+}
+
+#: The exit status of ``dpicl-audit run``, ``bootstrap`` and ``report`` by a run's worst
+#: verdict, for a deployment pipeline to fail on (docs/auditing.md, "Exit codes"). 1 is an
+#: error and 2 a usage error (click's), so the verdicts start at 3.
+EXIT_CODES = {"violation": 5, "bug": 5, "nonconforming": 4, "inconclusive": 3}
+
+
+def results_statuses(results: Mapping[str, Any]) -> list[str]:
+    """Every verdict status in a run's results (both threat models, RDP audits, the
+    ledger's audit)."""
+    out: list[str] = []
+    for s in results.get("settings") or []:
+        for key in ("black_box", "white_box", "rdp"):
+            est = s.get(key)
+            if isinstance(est, Mapping) and isinstance(est.get("verdict"), Mapping):
+                out.append(str(est["verdict"].get("status") or ""))
+    ledger = results.get("ledger")
+    if isinstance(ledger, Mapping) and ledger.get("status") == "nonconforming":
+        out.append("nonconforming")  # the ledger departs from its own reported costs
+    return out
+
+
+def results_exit_code(results: Sequence[Mapping[str, Any]]) -> int:
+    """The exit status for these runs' results: :data:`EXIT_CODES` of the worst verdict,
+    else 0 (every figure consistent, or no verdict at all)."""
+    worst = worst_status([st for r in results for st in results_statuses(r)])
+    return EXIT_CODES.get(worst, 0)
 
 
 def verdict(
@@ -117,6 +158,7 @@ def gaussian_verdict(est: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[st
         mu_exact=None if mu_exact is None else mu_exact * (1 + 1e-6) + 1e-9,
         flip_rate=meta.get("flip_rate"),
         max_reachable=reach,
+        **_design_reference(meta, delta),
     )
     res = decide_verdict(
         epsilon_classical=float(est.get("epsilon_lower_classic") or 0.0),
@@ -156,6 +198,21 @@ def gaussian_verdict(est: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[st
         # [with the canary, without]: about what reaches the power the audit lacked.
         "trials_needed": None if res.trials_needed is None else list(res.trials_needed),
         "family_wise": None if together is None else together.to_dict(),
+    }
+
+
+def _design_reference(meta: Mapping[str, Any], delta: float) -> dict[str, Any]:
+    """The design's own exact epsilon (``meta["epsilon_exact_design"]``, below the worst
+    case; with its mu where it is a Gaussian mechanism's), for the BUG rule."""
+    from dpicl_audit.estimators.gdp import gdp_mu
+
+    own = meta.get("epsilon_exact_design")
+    if own is None:
+        return {}
+    mu = gdp_mu(float(own), delta) if meta.get("epsilon_exact_design_gaussian") else None
+    return {
+        "epsilon_exact_design": float(own),
+        "mu_exact_design": None if mu is None else mu * (1 + 1e-6) + 1e-9,
     }
 
 
@@ -271,7 +328,8 @@ def for_the_family(
 
 
 def worst_status(statuses: list[str]) -> str:
-    """violation > bug > inconclusive > ok > error; "error" when there is nothing."""
+    """violation > bug > nonconforming > inconclusive > ok > error; "error" when there is
+    nothing."""
     worst = max(statuses, key=lambda s: STATUS_ORDER.get(s, 0), default="")
     return worst or "error"
 

@@ -123,6 +123,11 @@ def test_unreachable_server_fails_cleanly(tmp_path: Path) -> None:
     assert "failed after" in result.stderr
 
 
+#: A run's exit status: 0 consistent, 3 INCONCLUSIVE, 4 NONCONFORMING, 5 VIOLATION or BUG
+#: (verdicts.EXIT_CODES); these small runs may be any but 4 and 5 on the honest oracle.
+VERDICT_EXITS = (0, 3)
+
+
 def test_report_is_wired_lazily(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[str, str, Path]] = []
     fake = types.ModuleType("dpicl_audit.report")
@@ -174,7 +179,7 @@ def test_run_show_list_resume_bootstrap(oracle_server: ThreadServer, tmp_path: P
     result = invoke(
         "run", "--plan", str(plan), *common, "--run-id", "cli-run", "--trials", "80", env=env
     )
-    assert result.exit_code == 0, result.output
+    assert result.exit_code in VERDICT_EXITS, result.output
     # 60 trials cannot reach half of epsilon_exact: the verdict says INCONCLUSIVE, not "ok"
     assert "white" in result.stdout and "black" in result.stdout
     assert "INCONCLUSIVE" in result.stdout
@@ -194,7 +199,7 @@ def test_run_show_list_resume_bootstrap(oracle_server: ThreadServer, tmp_path: P
 
     # resuming a finished run runs nothing and keeps the log as it was
     result = invoke("resume", "cli-run", *common, env=env)
-    assert result.exit_code == 0, result.output
+    assert result.exit_code in VERDICT_EXITS, result.output
     store = TrialStore(db)
     assert store.trial_counts("cli-run") == {"eps=2": 80, "eps=8": 80}
     store.dispose()
@@ -206,7 +211,7 @@ def test_run_show_list_resume_bootstrap(oracle_server: ThreadServer, tmp_path: P
         "--json",
         env=env,
     )
-    assert result.exit_code == 0, result.output
+    assert result.exit_code in VERDICT_EXITS, result.output
     boot = json.loads(result.stdout)
     assert boot["kind"] == "bootstrap"
     assert [s["n_sample"] for s in boot["settings"]] == [20000, 20000]
@@ -227,7 +232,7 @@ def test_run_show_list_resume_bootstrap(oracle_server: ThreadServer, tmp_path: P
         *("--trials-from", "cli-boot", "--json"),
         env=env,
     )
-    assert result.exit_code == 0, result.output
+    assert result.exit_code in VERDICT_EXITS, result.output
     assert f"{need_4:,} trials per epsilon" in result.stderr
     (planned,) = json.loads(result.stdout)["settings"]
     assert planned["trials"] == need_4
@@ -254,7 +259,7 @@ def test_resume_without_token_is_refused(oracle_server: ThreadServer, tmp_path: 
         *("--trials", "10", "--epsilons", "8", "--run-id", "r"),
         env=env,
     )
-    assert result.exit_code == 0, result.output
+    assert result.exit_code in VERDICT_EXITS, result.output
     result = invoke("resume", "r", "--db", db, env={})
     assert result.exit_code == 1 and "admin token" in result.stderr
 

@@ -84,7 +84,11 @@ async def test_mozo_run_end_to_end_oracle(tmp_path: Path) -> None:
     assert bb["tp"] + bb["fn"] + bb["fp"] + bb["tn"] == 40
     assert res["mechanism"] == "dps-mozo" and s["epsilon_exact"] is None
     assert s["guarantee"] == "proven" and not s["nominal"]  # the default: a true claim
-    assert bb["verdict"]["status"] == "ok"
+    # Issue 27: an attack whose decision never varied had no power: INCONCLUSIVE, not "ok".
+    constant = bb["tp"] + bb["fp"] == 0 or bb["fn"] + bb["tn"] == 0
+    assert bb["verdict"]["status"] == ("inconclusive" if constant else "ok"), bb["verdict"]
+    if constant:
+        assert "could not have seen a difference" in bb["verdict"]["message"]
     assert bb["epsilon_emp"] == max(bb["epsilon_lower_classic"], 0.0)
     assert bb["epsilon_emp"] <= s["epsilon_theory"]  # nothing to find on the oracle
     store = TrialStore(db)

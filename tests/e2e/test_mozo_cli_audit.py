@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from dpicl_audit.verdicts import results_exit_code
 from tests.conftest import ADMIN, USER
 
 pytestmark = pytest.mark.slow
@@ -47,8 +48,9 @@ def _audit(url: str, tmp_path: Path, *args: str) -> dict[str, Any]:
         text=True,
         timeout=300,
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
     out: dict[str, Any] = json.loads(proc.stdout)
+    # the exit status is the run's worst verdict (verdicts.EXIT_CODES), 0 when consistent
+    assert proc.returncode == results_exit_code([out]), proc.stderr
     return out
 
 
@@ -86,4 +88,4 @@ def test_honest_and_broken_dps_mozo_servers_over_the_cli(start_server: Any, tmp_
         text=True,
         timeout=300,
     )
-    assert rep.returncode == 0 and "VIOLATED" in rep.stdout, rep.stdout + rep.stderr
+    assert rep.returncode == 5 and "VIOLATED" in rep.stdout, rep.stdout + rep.stderr

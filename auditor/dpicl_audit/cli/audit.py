@@ -24,11 +24,11 @@ from dpicl_audit.cli.common import (
     app,
     emit,
     err_console,
+    exit_on_verdict,
     guard,
-    load_results,
-    require_log,
     resume_command,
     run_async,
+    trials_from_option,
 )
 from dpicl_audit.cli.flags import help_text as _h
 from dpicl_audit.cli.flags import parse_floats as _floats
@@ -279,11 +279,22 @@ def audit_command(kind: str) -> Callable[..., None]:
             str | None, typer.Option(help="A name for the run. (default: none)")
         ] = None,
         run_id: Annotated[str | None, typer.Option(help="Run id (default: generated).")] = None,
+        profile: Annotated[
+            str,
+            typer.Option(
+                "--profile",
+                show_default=True,
+                help="default: the plan as given. "
+                "verify (run, voting): also a tail-gap run (paper design, T=3, epsilon 8, "
+                "3,000 trials) that sees noise with bounded tails (docs/auditing.md).",
+            ),
+        ] = "default",
         db: DbOpt = DEFAULT_DB,
         out: OutOpt = Path("runs"),
         progress: ProgressOpt = True,
         as_json: JsonOpt = False,
     ) -> None:
+        from dpicl_audit.profiles import companion_plan
         from dpicl_audit.runner import bootstrap_audit, run_audit
         from dpicl_audit.schedule import new_run_id
 
@@ -341,7 +352,7 @@ def audit_command(kind: str) -> Callable[..., None]:
         }
         audit_plan = guard(lambda: AuditPlan.from_sources(plan, overrides))
         if trials_from is not None:
-            overrides["trials"] = _trials_from(kind, trials_from, trials, db, audit_plan)
+            overrides["trials"] = trials_from_option(kind, trials_from, trials, db, audit_plan)
             audit_plan = guard(lambda: AuditPlan.from_sources(plan, overrides))
         fn = bootstrap_audit if kind == "bootstrap" else run_audit
         # The id is fixed here, not by the runner, so that Ctrl-C can say what to resume.
@@ -357,7 +368,17 @@ def audit_command(kind: str) -> Callable[..., None]:
             ),
             resume_hint=resume_command(rid, db),
         )
-        emit(results, as_json, Path(out) / str(results["run_id"]) / "results.json")
+        runs = [results]
+        companion = guard(lambda: companion_plan(profile, kind, audit_plan))
+        if companion is not None:  # --profile verify: the tail-gap run (profiles.py)
+            tail_id = f"{results['run_id']}-tail"
+            runs.append(run_async(run_audit(companion, db=db, run_id=tail_id, out_dir=out,
+                                            progress=progress, console=err_console)))  # fmt: skip
+            if as_json:  # one JSON document: the companion inside the main run's
+                results = results | {"verify": {"tail_gap": runs[1]}}
+        for res in runs[: 1 if as_json else 2]:
+            emit(res, as_json, Path(out) / str(res["run_id"]) / "results.json")
+        exit_on_verdict(runs)
 
     command.__doc__ = (
         "Audit with real queries: C1/C0 contexts per epsilon, trials over HTTP, SQL log."
@@ -366,29 +387,6 @@ def audit_command(kind: str) -> Callable[..., None]:
         "internal), then n_sample simulated trials per world, both threat models."
     )
     return command
-
-
-def _trials_from(kind: str, boot: str, trials: int | None, db: str, plan: AuditPlan) -> int:
-    """``--trials-from``: a run's trials per epsilon from a bootstrap's planning figure."""
-    from dpicl_audit.trial_budget import trials_from_bootstrap
-
-    if kind != "run" or trials is not None:
-        what = "only for run" if kind != "run" else "give it or --trials, not both"
-        err_console.print(f"[bold red]error:[/bold red] --trials-from: {what}")
-        raise typer.Exit(2)
-    require_log(db, boot)
-    results = guard(lambda: load_results(db, boot))
-    n = guard(
-        lambda: trials_from_bootstrap(
-            results,
-            mechanism=plan.mechanism.name,
-            epsilons=plan.mechanism.epsilons,
-            confidence=plan.confidence,
-            split=plan.split,
-        )
-    )
-    err_console.print(f"{n:,} trials per epsilon: what the bootstrap {boot!r} needs for power")
-    return n
 
 
 app.command("run")(audit_command("run"))

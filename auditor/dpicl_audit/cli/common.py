@@ -7,7 +7,7 @@ import json
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 import typer.core
@@ -15,6 +15,9 @@ from rich.console import Console
 
 from dpicl_audit.errors import AuditError
 from dpicl_audit.store_db import sqlite_file_missing
+
+if TYPE_CHECKING:
+    from dpicl_audit.plan import AuditPlan
 
 __all__ = [
     "AdminOpt",
@@ -27,6 +30,7 @@ __all__ = [
     "app",
     "emit",
     "err_console",
+    "exit_on_verdict",
     "guard",
     "load_results",
     "out_console",
@@ -158,6 +162,16 @@ def emit(results: dict[str, Any], as_json: bool, path: Path | None = None) -> No
         out_console.print(f"results: {path}")
 
 
+def exit_on_verdict(results: list[dict[str, Any]]) -> None:
+    """Exit with the worst verdict's code (verdicts.EXIT_CODES: 3 INCONCLUSIVE, 4
+    NONCONFORMING, 5 VIOLATION or BUG), so that a deployment pipeline can fail on it."""
+    from dpicl_audit.verdicts import results_exit_code
+
+    code = results_exit_code(results)
+    if code:
+        raise typer.Exit(code)
+
+
 def require_log(db: str, run_id: str | None = None) -> None:
     """Refuse to read a SQLite trial log that does not exist (and so never create it)."""
     missing = sqlite_file_missing(db)
@@ -180,3 +194,26 @@ def load_results(db: str, run_id: str) -> dict[str, Any]:
         return estimate_run(store, run_id)
     finally:
         store.dispose()
+
+
+def trials_from_option(kind: str, boot: str, trials: int | None, db: str, plan: AuditPlan) -> int:
+    """``--trials-from``: a run's trials per epsilon from a bootstrap's planning figure."""
+    from dpicl_audit.trial_budget import trials_from_bootstrap
+
+    if kind != "run" or trials is not None:
+        what = "only for run" if kind != "run" else "give it or --trials, not both"
+        err_console.print(f"[bold red]error:[/bold red] --trials-from: {what}")
+        raise typer.Exit(2)
+    require_log(db, boot)
+    results = guard(lambda: load_results(db, boot))
+    n = guard(
+        lambda: trials_from_bootstrap(
+            results,
+            mechanism=plan.mechanism.name,
+            epsilons=plan.mechanism.epsilons,
+            confidence=plan.confidence,
+            split=plan.split,
+        )
+    )
+    err_console.print(f"{n:,} trials per epsilon: what the bootstrap {boot!r} needs for power")
+    return n

@@ -28,6 +28,7 @@ from dpicl_audit.cli.common import (
     app,
     emit,
     err_console,
+    exit_on_verdict,
     guard,
     load_results,
     out_console,
@@ -69,6 +70,7 @@ def resume(
         resume_hint=resume_command(run_id, db),
     )
     emit(results, as_json, Path(out) / run_id / "results.json")
+    exit_on_verdict([results])  # a resumed run ends like ``run``
 
 
 def _expected(run: Any, plan: dict[str, Any]) -> int:
@@ -227,3 +229,18 @@ def report(
         sys.stdout.write(json.dumps(payload, indent=2) + "\n")
     elif where is not None:
         out_console.print(f"report: {where}")
+    exit_on_verdict(_reported_results(db, run_ids))
+
+
+def _reported_results(db: str, run_ids: list[str]) -> list[dict[str, Any]]:
+    """The reported runs' results, for the exit code (a run the log cannot give is skipped:
+    the report itself has said what it could of it)."""
+    from dpicl_audit.errors import AuditError
+
+    out = []
+    for r in run_ids:
+        try:
+            out.append(load_results(db, r))
+        except AuditError:
+            continue
+    return out

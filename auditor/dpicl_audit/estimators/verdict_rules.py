@@ -8,7 +8,9 @@ In order:
    claim only the classical bound counts (the GDP conversion assumes a Gaussian trade-off the
    claim does not make).
 2. ``BUG``: not a violation, but a figure above the mechanism's exact value (``mu_exact`` /
-   ``epsilon_exact``): the server or the auditor is wrong.
+   ``epsilon_exact``), or above the design's own exact value where it is lower
+   (``epsilon_exact_design`` / ``mu_exact_design``: ESA's canary shift, voting's released
+   label on the simulator): the server or the auditor is wrong.
 3. ``INCONCLUSIVE``: the audit could not have seen a violation. Either the clean signals never
    differed between the worlds (``flip_rate == 0``), or the largest epsilon the design could
    reach with these trials (:func:`~dpicl_audit.estimators.power.max_reachable_epsilon`) is
@@ -115,6 +117,8 @@ def decide_verdict(
     flip_rate: float | None = None,
     max_reachable: float | None = None,
     min_power_fraction: float = DEFAULT_MIN_POWER_FRACTION,
+    epsilon_exact_design: float | None = None,
+    mu_exact_design: float | None = None,
 ) -> VerdictResult:
     """Apply the rules of the module docstring.
 
@@ -165,6 +169,15 @@ def decide_verdict(
         bug.append(f"classical bound {classical:.4g} > epsilon_exact = {exact:.4g}")
     if gaussian and mu_l is not None and mu_x is not None and mu_l > mu_x:
         bug.append(f"mu_lower = {mu_l:.4g} > mu_exact = {mu_x:.4g}")
+    own = _finite_or_none(epsilon_exact_design, "epsilon_exact_design")
+    own_mu = _finite_or_none(mu_exact_design, "mu_exact_design")
+    if own is not None and classical > own and not bug:
+        bug.append(
+            f"classical bound {classical:.4g} > the design's own exact epsilon {own:.4g} "
+            "(the most its canary can show on a correct server)"
+        )
+    if gaussian and own_mu is not None and mu_l is not None and mu_l > own_mu and not bug:
+        bug.append(f"mu_lower = {mu_l:.4g} > the design's own mu {own_mu:.4g}")
     if bug:
         return VerdictResult("BUG", (*bug, "the server or the auditor has a bug"))
 

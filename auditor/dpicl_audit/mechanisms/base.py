@@ -28,6 +28,7 @@ from typing import Any, ClassVar, Protocol
 from dpicl_audit.client import AuditTarget, GenerationTarget
 from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import TargetProtocolError
+from dpicl_audit.ledger import budget_for
 from dpicl_audit.mechanisms.trial_estimates import (
     estimate_trials,
     figure_fields,
@@ -221,6 +222,13 @@ class MechanismAudit:
         """One epsilon's estimates from its logged rows (clean rows for a bootstrap)."""
         raise NotImplementedError
 
+    async def audit_ledger(
+        self, target: AuditTarget, design: Any, plan: AuditPlan
+    ) -> dict[str, Any] | None:
+        """The ledger audited from outside (:mod:`dpicl_audit.ledger`); None where the
+        mechanism has no such audit."""
+        return None
+
     def claims_per_setting(self, design: Any, threat_models: Sequence[str]) -> int:
         """How many statistical tests one epsilon setting may state a VIOLATION or BUG
         from: one figure per threat model. A run's claims hold for all of its settings'
@@ -289,6 +297,14 @@ def gaussian_setting_meta(
 class GaussianMechanismAudit(MechanismAudit):
     """What voting and ESA share: a partitioned context with a seed and a reported sigma."""
 
+    def queries_per_context(self, plan: AuditPlan) -> int | None:
+        # A world whose trials need more budget than a server takes is spread over several
+        # identical contexts (slots), each budgeted for its share (ESA keeps one pair: its
+        # signal embeddings are learnt from it).
+        if self.name == "esa":
+            return None
+        return self.context_capacity(plan)
+
     def check_context(self, info: Mapping[str, Any], design: Any, epsilon: float) -> None:
         super().check_context(info, design, epsilon)
         sigma_of(info)
@@ -326,10 +342,31 @@ class GaussianMechanismAudit(MechanismAudit):
                 "calibration": mech.calibration,
                 "temperature": mech.temperature,
             },
-            # An audit asks as many queries as it needs: the server must allow unbudgeted
-            # contexts (DPICL_ALLOW_UNBUDGETED), an explicit operator choice.
-            "budget": None,
+            # Budgeted for the queries the audit plans here (ledger.budget_for), so a server
+            # in production configuration (no DPICL_ALLOW_UNBUDGETED) can be audited.
+            "budget": budget_for(epsilon, mech.delta, self.planned_answers(plan, epsilon, world)),
         }
+
+    async def audit_ledger(
+        self, target: AuditTarget, design: Any, plan: AuditPlan
+    ) -> dict[str, Any] | None:
+        """A probe context of C0's body, asked until refused (ledger.probe_ledger)."""
+        from dpicl_audit.budgets import probe_ledger
+
+        return await probe_ledger(self, target, design, plan)
+
+    def planned_answers(self, plan: AuditPlan, epsilon: float, world: int) -> int:
+        """The answers one context of ``world`` at ``epsilon`` is budgeted for."""
+        from dpicl_audit.budgets import planned_answers
+
+        return planned_answers(plan, epsilon, world, self.queries_per_context(plan))
+
+    @staticmethod
+    def context_capacity(plan: AuditPlan) -> int | None:
+        """Trials per context where a world's need more than one budget holds."""
+        from dpicl_audit.budgets import context_capacity
+
+        return context_capacity(plan)
 
     @staticmethod
     def neighbour_summary(design: Any) -> dict[str, Any]:

@@ -336,11 +336,14 @@ class EsaAudit(GaussianMechanismAudit):
             if design.signal_embeddings() is not None:
                 score = design.score(noisy)
             clean = out.get("clean_mean")
-            if clean is not None and at.need_clean:
+            if clean is not None:
+                # The noise itself, for the conformance tests (mechanisms.conformance_checks).
                 c = _floats(clean, "clean_mean")
-                observation["clean_mean"] = c.tolist()
+                observation["residual"] = (noisy - c).tolist()
                 observation["residual_ss"] = float(np.sum((noisy - c) ** 2))
                 observation["dim"] = int(noisy.size)
+            if clean is not None and at.need_clean:
+                observation["clean_mean"] = c.tolist()
                 texts = out.get("partition_texts")
                 if isinstance(texts, list):
                     observation["partition_texts"] = [str(t) for t in texts]

@@ -24,7 +24,13 @@ from dpicl_audit.store import TrialRecord
 if TYPE_CHECKING:
     from dpicl_audit.mechanisms.esa import GenerationDesign
 
-__all__ = ["esa_meta", "estimate_esa_bootstrap", "estimate_esa_trials", "signal_tightness"]
+__all__ = [
+    "esa_meta",
+    "estimate_esa_bootstrap",
+    "estimate_esa_trials",
+    "signal_reference",
+    "signal_tightness",
+]
 
 
 def esa_meta(
@@ -105,10 +111,45 @@ def estimate_esa_trials(
         power,
         calls_per_query=calls_per_query,
         positive_when="below",
-        finish=lambda est, m: signal_tightness(with_verdict(est, m), m),
+        finish=lambda est, m: signal_tightness(with_verdict(est, signal_reference(m)), m),
     )
     out |= note
-    return out
+    return _conformance(out, rows, meta, design, plan.seed, bootstrap=False)
+
+
+def _conformance(
+    out: dict[str, Any],
+    rows: Sequence[TrialRecord],
+    meta: Mapping[str, Any],
+    design: GenerationDesign,
+    seed: int,
+    *,
+    bootstrap: bool,
+) -> dict[str, Any]:
+    """The setting's conformance tests (mechanisms.conformance_checks), read into its
+    verdicts; a bootstrap's rows are the whole clean log, so the setting's own are taken."""
+    from dpicl_audit.mechanisms.conformance_checks import esa_conformance
+
+    if bootstrap:
+        ids = {cid for cid in meta["context_ids"].values() if cid is not None}
+        rows = [r for r in rows if r.context_id in ids]
+    emb = design.signal_embeddings()
+    signal = None if emb is None else (emb[0], emb[1])
+    return esa_conformance(out, rows, meta, signal=signal, seed=seed, bootstrap=bootstrap)
+
+
+def signal_reference(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The meta a verdict reads: on the simulator, whose canary partition outputs exactly the
+    design's signal texts, the design's own exact epsilon ``epsilon_exact_signal`` (the
+    canary's actual shift ``D / T``) is the reference where it is below the worst case, so a
+    bound above it is a BUG (issue 27); elsewhere the worst-case epsilon_exact (a real model's
+    outputs may move the mean further)."""
+    sig, exact = meta.get("epsilon_exact_signal"), meta.get("epsilon_exact")
+    if not meta.get("simulator") or sig is None or exact is None or float(sig) >= float(exact):
+        return dict(meta)
+    # The signal's shift is itself a Gaussian mechanism: both figures are read against it;
+    # power stays judged against the worst case.
+    return dict(meta) | {"epsilon_exact_design": float(sig), "epsilon_exact_design_gaussian": True}
 
 
 def signal_tightness(est: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
@@ -131,17 +172,37 @@ def _measured_sigma(
     ss = sum(float(r.observation.get("residual_ss", 0.0)) for r in rows)
     df = sum(int(r.observation.get("dim", 0)) for r in rows)
     if df == 0:
-        return {"df": 0, "sigma_reported": reported, "simulation_sigma": reported}
+        return {
+            "df": 0,
+            "sigma_reported": reported,
+            "simulation_sigma": reported,
+            "status": "unchecked",
+            "flagged": False,
+            "message": "no noisy/clean pairs: the reported sigma is used unchecked",
+        }
     alpha = 1.0 - confidence
     lo = math.sqrt(ss / float(chi2.ppf(1.0 - alpha / 2.0, df)))
     hi = math.sqrt(ss / float(chi2.ppf(alpha / 2.0, df)))
     consistent = lo <= reported <= hi
+    status = "consistent" if consistent else ("smaller" if hi < reported else "larger")
+    ci = f"[{lo:.4g}, {hi:.4g}] at {confidence:g} confidence from {df} residuals"
+    message = {
+        "consistent": f"the reported sigma {reported:.4g} lies in the real sigma's interval {ci}",
+        "smaller": f"NOISE SMALLER THAN CLAIMED: the server reports sigma {reported:.4g} but "
+        f"its debug residuals put the real sigma in {ci}",
+        "larger": f"noise larger than claimed: reported sigma {reported:.4g}, real sigma in {ci}",
+    }[status]
     return {
         "df": df,
         "sigma_reported": reported,
         "sigma_measured": math.sqrt(ss / df),
         "sigma_interval": [lo, hi],
         "consistent": consistent,
+        # Like the voting noise check's (noise_check.py): "smaller" decides the verdict
+        # (NONCONFORMING, mechanisms.conformance_checks).
+        "status": status,
+        "flagged": status == "smaller",
+        "message": message,
         # The simulation trusts the reported sigma only if the real noise agrees with it;
         # otherwise it uses the measured noise's upper end (the conservative choice).
         "simulation_sigma": reported if consistent or hi > reported else hi,
@@ -200,9 +261,10 @@ def estimate_esa_bootstrap(
     power = dict(meta) | _observed_rates(c1, c0, emb[0], emb[1], sigma_sim)
     out["release_rates_observed"] = power["release_rates"]
     out["flip_rate"] = power["flip_rate"]
-    out["black_box"] = signal_tightness(with_verdict(res["black_box"], power), meta)
-    out["white_box"] = signal_tightness(with_verdict(res["white_box"], power), meta)
-    return out
+    ref = signal_reference(power)
+    out["black_box"] = signal_tightness(with_verdict(res["black_box"], ref), meta)
+    out["white_box"] = signal_tightness(with_verdict(res["white_box"], ref), meta)
+    return _conformance(out, clean, meta, design, plan.seed, bootstrap=True)
 
 
 def _observed_rates(

@@ -61,7 +61,7 @@ from dpicl_audit.mechanisms.base import (
     exemplar_dicts,
 )
 from dpicl_audit.mechanisms.mozo_check import token_check
-from dpicl_audit.mechanisms.mozo_findings import divergence_check, ratio_check
+from dpicl_audit.mechanisms.mozo_findings import divergence_check, ratio_check, without_signal
 from dpicl_audit.mechanisms.neighbours import NeighbourPair, pair_from_json, pair_to_json
 from dpicl_audit.mechanisms.trial_estimates import Finish
 from dpicl_audit.plan import AuditPlan
@@ -385,9 +385,8 @@ def _verdict_of(*, nominal: bool) -> Finish:
         est["epsilon_emp"] = emp(mu, classical)
         if not nominal:
             est["epsilon_emp_basis"] = "classical"
-        est["verdict"] = for_the_family(
-            judge(mu, classical), est, meta, lambda fw: judge(fw.mu_lower, fw.epsilon_lower_classic)
-        )
+        again = lambda fw: judge(fw.mu_lower, fw.epsilon_lower_classic)  # noqa: E731
+        est["verdict"] = without_signal(for_the_family(judge(mu, classical), est, meta, again), est)
         return est
 
     return finish

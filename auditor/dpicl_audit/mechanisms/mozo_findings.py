@@ -18,7 +18,7 @@ from typing import Any
 from dpicl_audit.mechanisms.mozo_check import exceeds, neighbour_gap
 from dpicl_audit.store import TrialRecord
 
-__all__ = ["divergence_check", "ratio_check"]
+__all__ = ["divergence_check", "ratio_check", "without_signal"]
 
 
 def _max_divergence(rows: Sequence[TrialRecord], key: str) -> float | None:
@@ -204,3 +204,25 @@ def ratio_check(rows: Sequence[TrialRecord], meta: Mapping[str, Any]) -> dict[st
         "message": message,
     }
     return out
+
+
+def without_signal(found: dict[str, Any], est: Mapping[str, Any]) -> dict[str, Any]:
+    """A verdict that is not a violation, of an attack whose decision never varied (neither
+    world ever produced the signal, or both always did): INCONCLUSIVE, never "ok": the audit
+    could not have seen a difference between the worlds (issue 27)."""
+    if found.get("status") in ("violation", "bug"):
+        return found
+    tp, fn, fp, tn = (int(est.get(k) or 0) for k in ("tp", "fn", "fp", "tn"))
+    if tp + fp and fn + tn:
+        return found
+    said = "never" if tp + fp == 0 else "always"
+    return found | {
+        "status": "inconclusive",
+        "violation": False,
+        "message": f"INCONCLUSIVE: the released text {said} started with the signal, in "
+        f"either world ({tp + fn} trials with the canary, {fp + tn} without): the attack "
+        "could not have seen a difference (to change: signal words the model answers with, "
+        "a longer --max-tokens, or the white-box audit)"
+        # A nominal claim keeps saying so.
+        + (f"; {found['message']}" if "nominal" in str(found.get("message")) else ""),
+    }

@@ -21,8 +21,14 @@ Finish = Callable[[dict[str, Any], Mapping[str, Any]], dict[str, Any]]
 
 
 def with_verdict(est: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
-    """The estimate with its verdict against the setting's claims."""
+    """The estimate with its verdict against the setting's claims (and, where it has only
+    its decision counts, e.g. a bootstrap's, the ROC of that operating point)."""
     est["verdict"] = gaussian_verdict(est, meta)
+    counts = [est.get(k) for k in ("tp", "fn", "fp", "tn")]
+    if "roc" not in est and all(isinstance(c, int) for c in counts):
+        from dpicl_audit.estimators.roc import roc_from_decisions
+
+        est["roc"] = roc_from_decisions(*counts)  # type: ignore[arg-type]
     return est
 
 
@@ -40,6 +46,7 @@ def estimate_trials(
     white-box from the logged scores (positive above the threshold, or below it), the
     threshold chosen on a seeded held-out split (DESIGN.md section 5)."""
     from dpicl_audit.estimators import estimate_from_counts
+    from dpicl_audit.estimators.roc import roc_from_decisions, roc_from_scores
     from dpicl_audit.estimators.whitebox import (
         CLASSICAL_LABEL,
         GAUSSIAN_LABEL,
@@ -63,6 +70,7 @@ def estimate_trials(
             tp, n1 - tp, fp, n0 - fp, delta=plan.mechanism.delta, confidence=plan.confidence
         ).to_dict()
         bb |= {"gdp_label": GAUSSIAN_LABEL, "classical_label": CLASSICAL_LABEL}
+        bb["roc"] = roc_from_decisions(tp, n1 - tp, fp, n0 - fp)
         out["black_box"] = finish(bb, meta)
     except InvalidAuditInput as exc:
         out["black_box"] = {"error": str(exc)}
@@ -87,6 +95,8 @@ def estimate_trials(
             )
             wb = figs.gdp.to_dict()
             wb |= figure_fields(figs)
+            sign = 1.0 if positive_when == "above" else -1.0
+            wb["roc"] = roc_from_scores(sign * arr[w1], sign * arr[w0])
             out["white_box"] = finish(wb, meta)
         except InvalidAuditInput as exc:
             out["white_box"] = {"error": str(exc)}

@@ -17,7 +17,13 @@ import numpy as np
 from dpicl_audit.client import AuditTarget
 from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import DatasetError, InvalidPlan, TargetProtocolError
-from dpicl_audit.mechanisms.base import TrialAt, ask, estimate_trials, needs_internal
+from dpicl_audit.mechanisms.base import (
+    TrialAt,
+    ask,
+    estimate_trials,
+    needs_internal,
+    with_verdict,
+)
 from dpicl_audit.mechanisms.neighbours import (
     MIN_ORACLE_CHARS,
     STREAM_DESIGN,
@@ -42,6 +48,7 @@ __all__ = [
     "AuditDesign",
     "build_pinned_design",
     "design_votes",
+    "release_reference",
     "resolve_design",
     "white_box_votes",
 ]
@@ -114,11 +121,32 @@ class AuditDesign(NeighbourPair):
         calls_per_query: int,
     ) -> dict[str, Any]:
         """One setting's estimates: Algorithm 1 of paper 000 (``bootstrap``) or the trials'."""
+        from dpicl_audit.mechanisms.conformance_checks import voting_conformance
+
         if bootstrap:
             from dpicl_audit.mechanisms.voting_bootstrap import estimate_voting_bootstrap
 
-            return estimate_voting_bootstrap(plan, self, k, rows, meta)
-        return estimate_trials(plan, k, rows, meta, calls_per_query=calls_per_query)
+            out = estimate_voting_bootstrap(plan, self, k, rows, meta)
+        else:
+            out = estimate_trials(plan, k, rows, meta, calls_per_query=calls_per_query)
+            bb = out.get("black_box")
+            ref = release_reference(
+                meta, self.attack, plan.setting if plan.mechanism.temperature == 0 else ""
+            )
+            if ref is not None and isinstance(bb, dict) and "verdict" in bb:
+                out["black_box"] = with_verdict(bb, ref)
+        if bootstrap:  # the setting's own debug rows (the clean log holds every setting's)
+            ids = {cid for cid in meta["context_ids"].values() if cid is not None}
+            rows = [r for r in rows if r.context_id in ids]
+        return voting_conformance(
+            self,
+            out,
+            rows,
+            meta,
+            temperature=plan.mechanism.temperature,
+            bootstrap=bootstrap,
+            known_votes=plan.setting == "audit-template",
+        )
 
     def summary_fields(self) -> dict[str, Any]:
         """What a run's summary shows of this design beyond the neighbours."""
@@ -159,6 +187,27 @@ class AuditDesign(NeighbourPair):
         d = pair_from_json(data)
         d["labels"] = tuple(d["labels"])
         return cls(**d)
+
+
+def release_reference(meta: Mapping[str, Any], attack: str, setting: str) -> dict[str, Any] | None:
+    """The meta the black-box figure reads on the simulator, whose clean votes are exactly
+    the design's: the released label's own exact epsilon ``epsilon_exact_release`` is the
+    reference where it is below the worst case (issue 27: a bound above the design's own
+    exact epsilon is a BUG, e.g. a tail gap that a bounded noise never crosses). None
+    elsewhere (a real model's votes may differ from the design's)."""
+    rel, exact = meta.get("epsilon_exact_release"), meta.get("epsilon_exact")
+    # Only the membership prompt's votes are the design's on the simulator (a deployment's
+    # classification prompt is answered by the most similar demonstration's label), and
+    # only at temperature 0 (the caller passes no setting otherwise).
+    known = meta.get("simulator") and attack == "inquery" and setting == "audit-template"
+    if not known or rel is None or exact is None:
+        return None
+    if float(rel) >= float(exact):
+        return None
+    # The classical figure only: the release's trade-off is not a Gaussian's, so the GDP
+    # figure stays read against the mechanism's own mu; power stays judged against the
+    # worst case (a weak design must not read as having power).
+    return dict(meta) | {"epsilon_exact_design": float(rel), "epsilon_exact_design_gaussian": False}
 
 
 def resolve_design(plan: AuditPlan, *, simulator: bool | None) -> VotingDesign:

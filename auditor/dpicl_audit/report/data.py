@@ -48,6 +48,12 @@ class RunData:
         return self.plan.mechanism.name
 
     @property
+    def ledger(self) -> dict[str, Any] | None:
+        """The ledger's audit from outside (:mod:`dpicl_audit.ledger`), where the run had one."""
+        led = self.results.get("ledger")
+        return dict(led) if isinstance(led, Mapping) else None
+
+    @property
     def simulated(self) -> bool:
         """Whether the estimates come from simulated trials (bootstrap)."""
         return self.kind == "bootstrap"

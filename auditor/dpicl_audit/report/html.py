@@ -14,6 +14,7 @@ from typing import Any
 
 from dpicl_audit.report.cards import cards, run_style
 from dpicl_audit.report.data import ReportRow, RunData, num
+from dpicl_audit.report.ledger_section import conformance_html, ledger_html, roc_html
 from dpicl_audit.report.words import (
     VERDICT_WORDS,
     eps_label,
@@ -40,11 +41,13 @@ td.wrap{overflow-wrap:anywhere;max-width:60ch}
 table.kv{max-width:100%}table.kv td{overflow-wrap:anywhere}
 .violation{background:#fde0e0;color:#900;font-weight:bold}
 .bug{background:#fff3cd;color:#7a5b00;font-weight:bold}
+.nonconforming{background:#f3e5f5;color:#5c1a6b;font-weight:bold}
 .ok{color:#17652a}.error{color:#777}.inconclusive{color:#6b5900}
 .nw{white-space:nowrap}
 .finding{padding:.45em .8em;margin:.3em 0;border-left:5px solid #999;background:#fafafa;
 overflow-wrap:anywhere}
 .finding.violation{border-color:#c00}.finding.bug{border-color:#d9a400}
+.finding.nonconforming{border-color:#8e24aa}
 .finding.ok{border-color:#2a8a3e}.finding.inconclusive{border-color:#888;color:#222}
 .cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(330px,1fr));gap:.6em;
 margin:.6em 0}
@@ -55,7 +58,7 @@ padding:.45em .7em;background:#fff;min-width:0}
 padding:.05em .5em;border-radius:3px;margin:.25em 0}
 .badge.ok{background:#dff3e3;color:#17652a}.badge.inconclusive{background:#eee;color:#444}
 .badge.violation{background:#c00;color:#fff}.badge.bug{background:#f0c000;color:#222}
-.badge.error{background:#eee;color:#777}
+.badge.error{background:#eee;color:#777}.badge.nonconforming{background:#8e24aa;color:#fff}
 .bars{font-size:.8em;width:100%;border:0;margin-top:.2em}
 .bars td{border:0;padding:.1em .3em;vertical-align:middle}
 .track{position:relative;height:.8em;background:#eef;border-radius:2px;min-width:6em}
@@ -287,14 +290,14 @@ def render_html(
         items = [
             f"<div class='finding {r.status}'>{_e(verdict_sentence(r))}</div>"
             for r in mine
-            if r.status in ("violation", "bug", "inconclusive")
+            if r.status in ("violation", "bug", "nonconforming", "inconclusive")
         ]
         items += [f"<div class='finding violation'>{_e(t)}</div>" for t in noise_findings(mine)]
         if not items:
             continue
         status = run_verdict(mine)
-        # a violation or a bug is open from the start; the rest wait for a click
-        opened = " open" if status in ("violation", "bug") else ""
+        # a violation, a bug or a nonconformity is open from the start; the rest wait for a click
+        opened = " open" if status in ("violation", "bug", "nonconforming") else ""
         groups.append(
             f"<details{opened}><summary{run_style(colors, rd.run_id)}><span class=swatch>"
             f"</span>{_e(rd.label)}: {len(items)} finding{'s' if len(items) > 1 else ''} "
@@ -335,6 +338,7 @@ Generated {now} by dpicl-audit from the trial log.</p>
 <p class=small>sim: bootstrap trials, simulated from n_llm clean vote vectors per world. A
 verdict's reason is in its findings above (and in the cell's tooltip).</p>
 {_noise_table(runs, colors)}
+{conformance_html(runs)}{ledger_html(runs)}{roc_html(runs)}
 {f"<h2>Notes</h2><ul>{note_html}</ul>" if notes else ""}
 {figs}
 <h2>Runs</h2>{details}

@@ -11,7 +11,13 @@ from dpicl_audit.verdicts import worst_status
 __all__ = ["VERDICT_WORDS", "eps_label", "fmt", "noise_findings", "run_verdict", "verdict_sentence"]
 
 
-VERDICT_WORDS = {"violation": "VIOLATED", "bug": "BUG", "inconclusive": "INCONCLUSIVE", "ok": "ok"}
+VERDICT_WORDS = {
+    "violation": "VIOLATED",
+    "bug": "BUG",
+    "nonconforming": "NONCONFORMING",
+    "inconclusive": "INCONCLUSIVE",
+    "ok": "ok",
+}
 
 
 def fmt(value: float | None, digits: int = 3) -> str:
@@ -70,6 +76,8 @@ def verdict_sentence(row: ReportRow) -> str:
             f"though not the claimed {fmt(row.epsilon_theory, 3)}: the server or the auditor "
             f"has a bug, {chance} (run it again with more trials to tell)."
         )
+    if row.status == "nonconforming":  # the verdict's message starts with the word itself
+        return f"NONCONFORMING ({where}): {row.message.removeprefix('NONCONFORMING')}"
     if row.status == "inconclusive":  # the verdict's message starts with the word itself
         return f"INCONCLUSIVE ({where}): {row.message.removeprefix('INCONCLUSIVE: ')}"
     if row.status == "error":
@@ -82,7 +90,7 @@ def verdict_sentence(row: ReportRow) -> str:
 
 
 def run_verdict(rows: Sequence[ReportRow]) -> str:
-    """The worst status of a run's rows: violation > bug > inconclusive > ok."""
+    """The worst status of a run's rows: violation > bug > nonconforming > inconclusive > ok."""
     return worst_status([r.status for r in rows])
 
 

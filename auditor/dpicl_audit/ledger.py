@@ -1,0 +1,245 @@
+"""The server as deployed: budgeted audit contexts, and the ledger audited from outside.
+
+**Budgets.** A production server refuses unbudgeted contexts (``DPICL_ALLOW_UNBUDGETED`` is
+off by default), so the auditor gives each of its Gaussian contexts (voting, ESA) a budget
+sized to the queries it plans to send there. The composition is re-derived here, not read
+from the server: a Gaussian mechanism whose exact curve meets its claim (epsilon, delta) is
+mu-GDP with ``mu <= mu_claim = gdp_mu(epsilon, delta)``; ``q`` answers compose to
+``sqrt(q) mu``-GDP (Dong, Roth and Su 2019, Cor. 3.3), so the budget
+``(gdp_epsilon(sqrt(q) mu_claim, delta), delta)`` holds ``q`` answers whatever calibration
+the server uses (:func:`budget_for`). The planned ``q`` has a margin for retried queries.
+
+**The ledger from outside** (:func:`audit_ledger`): a small probe context with a budget of a
+few answers, created beside the run's contexts:
+
+1. its reported sigma and sensitivity give the per-answer ``mu = sensitivity / sigma``; the
+   budget's ``mu_max = gdp_mu(B, delta)`` then admits exactly ``N = floor(mu_max^2 / mu^2)``
+   answers;
+2. it is asked until refused: the server must answer exactly ``N`` and refuse the next
+   (403 ``budget_exhausted``);
+3. after each answer the reported ``spent_epsilon`` must equal ``gdp_epsilon(sqrt(k) mu,
+   delta)``, ``remaining_epsilon`` the budget minus it, and ``remaining_queries`` ``N - k``;
+4. the context's record after the refusal must still count ``N`` answers (a refused query
+   is not charged).
+
+The result is stored under ``results["ledger"]`` and shown in the report's "ledger" section
+(:func:`dpicl_audit.report.ledger_section.ledger_html`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from dpicl_audit.client import AuditTarget
+from dpicl_audit.errors import TargetBudgetExhausted, TargetError
+
+__all__ = [
+    "LEDGER_PROBE_ANSWERS",
+    "MAX_BUDGET_EPSILON",
+    "RETRY_MARGIN",
+    "answers_within_budget",
+    "audit_ledger",
+    "budget_for",
+    "composed_epsilon",
+    "planned_queries",
+]
+
+#: Answers the probe's budget is sized for at the claimed mu (a server with more noise than
+#: claimed admits a few more; the probe predicts how many from the sigma it reports).
+LEDGER_PROBE_ANSWERS = 2
+#: The most answers the probe asks for before it stops (bounded in time and cost).
+_PROBE_LIMIT = 64
+#: Relative tolerance between a reported figure and the auditor's own composition.
+_TOL = 1e-6
+#: The largest budget epsilon any dpicl server takes (DPICL_MAX_BUDGET_EPSILON is at most
+#: this). A context that needs more is sent unbudgeted (``"budget": null``), which only a
+#: server with DPICL_ALLOW_UNBUDGETED accepts: run fewer trials per epsilon to audit a
+#: production server at such an epsilon.
+MAX_BUDGET_EPSILON = 1000.0
+#: Planned queries are multiplied by this and given a few more: retries after lost answers.
+RETRY_MARGIN = 1.05
+_RETRY_EXTRA = 8
+
+
+def composed_epsilon(mu: float, answers: int, delta: float) -> float:
+    """The exact epsilon at ``delta`` of ``answers`` mu-GDP answers composed."""
+    from dpicl_audit.estimators.gdp import gdp_epsilon
+
+    if answers <= 0:
+        return 0.0
+    return gdp_epsilon(math.sqrt(answers) * mu, delta)
+
+
+def planned_queries(trials_in_world: int) -> int:
+    """The answers a context is budgeted for: its planned queries, with the retry margin."""
+    return math.ceil(max(1, trials_in_world) * RETRY_MARGIN) + _RETRY_EXTRA
+
+
+def budget_for(epsilon: float, delta: float, answers: int) -> dict[str, float] | None:
+    """The ``budget`` of a context whose mechanism claims (epsilon, delta) per answer and
+    that must hold ``answers`` answers (module docstring); None (unbudgeted) when that is
+    above :data:`MAX_BUDGET_EPSILON`."""
+    from dpicl_audit.estimators.gdp import gdp_mu
+
+    mu_claim = gdp_mu(float(epsilon), float(delta))
+    total = composed_epsilon(mu_claim, answers, float(delta))
+    # A hair above the composition: the server's own rounding must not refuse the last one.
+    b = float(total * (1.0 + 1e-6) + 1e-9)
+    return None if b > MAX_BUDGET_EPSILON else {"epsilon": b, "delta": float(delta)}
+
+
+def answers_within_budget(epsilon: float, delta: float) -> int:
+    """The most trials one context can be planned for (retry margin included) with a budget
+    of at most :data:`MAX_BUDGET_EPSILON`, at (epsilon, delta) per answer."""
+    from dpicl_audit.estimators.gdp import gdp_mu
+
+    mu_claim = gdp_mu(float(epsilon), float(delta))
+    mu_max = gdp_mu(MAX_BUDGET_EPSILON * (1.0 - 1e-6), float(delta))
+    fit = math.floor((mu_max / mu_claim) ** 2)
+    n = max(1, math.floor((fit - _RETRY_EXTRA) / RETRY_MARGIN) - 1)
+    while n > 1 and planned_queries(n) > fit:
+        n -= 1
+    return n
+
+
+def _close(a: float | None, b: float | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return math.isclose(float(a), float(b), rel_tol=_TOL, abs_tol=1e-9)
+
+
+async def audit_ledger(
+    target: AuditTarget,
+    body: Mapping[str, Any],
+    query: str,
+    *,
+    ask: Any,
+) -> dict[str, Any]:
+    """Create a probe context from ``body`` (a Gaussian mechanism's context body) with a
+    budget of :data:`LEDGER_PROBE_ANSWERS` answers, ask it ``query`` through ``ask(cid)``
+    (an awaitable returning the answer's JSON) until refused, and check the ledger's
+    figures (module docstring). Returns the ``ledger`` section of the results."""
+    from dpicl_audit.estimators.gdp import gdp_mu
+
+    mech = dict(body.get("mechanism") or {})
+    eps, delta = float(mech["epsilon"]), float(mech["delta"])
+    budget = budget_for(eps, delta, LEDGER_PROBE_ANSWERS)
+    if budget is None:
+        return {"status": "unchecked", "checks": [], "message": "no budget fits this epsilon"}
+    probe = dict(body) | {"name": f"{body.get('name')} ledger", "budget": budget}
+    out: dict[str, Any] = {"budget": budget, "checks": [], "status": "unchecked"}
+    try:
+        info = await target.create_context(probe)
+    except TargetError as exc:
+        out["message"] = f"the probe context could not be created: {exc}"
+        return out
+    cid = str(info["id"])
+    try:
+        return await _probe(target, cid, info, budget, query, ask, out, gdp_mu(*_b(budget)))
+    finally:
+        with contextlib.suppress(TargetError):  # a probe left behind answers nothing more
+            await target.delete_context(cid)
+
+
+def _b(budget: Mapping[str, float]) -> tuple[float, float]:
+    return float(budget["epsilon"]), float(budget["delta"])
+
+
+async def _probe(
+    target: AuditTarget,
+    cid: str,
+    info: Mapping[str, Any],
+    budget: Mapping[str, float],
+    query: str,
+    ask: Any,
+    out: dict[str, Any],
+    mu_max: float,
+) -> dict[str, Any]:
+    mech = info.get("mechanism") or {}
+    sigma, sens = mech.get("sigma"), mech.get("sensitivity")
+    checks: list[dict[str, Any]] = out["checks"]
+    if sigma is None or sens is None:
+        out["message"] = "the context reports no sigma or sensitivity: nothing to compose"
+        return out
+    mu = float(sens) / float(sigma)
+    delta = float(budget["delta"])
+    expected = math.floor(mu_max**2 / mu**2 * (1.0 + 1e-9))
+    out |= {"mu_per_answer": mu, "answers_expected": expected}
+    if expected > _PROBE_LIMIT:
+        out["message"] = (
+            f"the probe's budget admits {expected} answers at the reported sigma, more than "
+            f"the {_PROBE_LIMIT} the audit asks: the server's noise is far above its claim"
+        )
+        return out
+    answered, refused_at = 0, None
+    mismatches: list[dict[str, Any]] = []
+    for k in range(1, expected + 2):
+        try:
+            ans = await ask(cid)
+        except TargetBudgetExhausted:
+            refused_at = k
+            break
+        answered += 1
+        got = ans.get("budget") or {}
+        spent = composed_epsilon(mu, k, delta)
+        want = {
+            "queries": k,
+            "spent_epsilon": spent,
+            "remaining_epsilon": float(budget["epsilon"]) - spent,
+            "remaining_queries": expected - k,
+        }
+        for key, value in want.items():
+            ok = got.get(key) == value if key.endswith("queries") else _close(got.get(key), value)
+            if not ok:
+                mismatches.append(
+                    {
+                        "check": f"reported {key} after {k} answers",
+                        "ok": False,
+                        "reported": got.get(key),
+                        "expected": value,
+                    }
+                )
+    checks.append(
+        {
+            "check": "reported spend and remaining equal the composition of the reported costs",
+            "ok": not mismatches,
+            "reported": None if not mismatches else mismatches[0]["reported"],
+            "expected": None if not mismatches else mismatches[0]["expected"],
+            "where": None if not mismatches else mismatches[0]["check"],
+        }
+    )
+    checks.append(
+        {
+            "check": "refuses exactly when the budget is spent",
+            "ok": answered == expected and refused_at == expected + 1,
+            "reported": answered,
+            "expected": expected,
+        }
+    )
+    after = await target.get_context(cid)
+    charged = int((after.get("spent") or {}).get("queries", -1))
+    checks.append(
+        {
+            "check": "a refused query is not charged",
+            "ok": charged == answered,
+            "reported": charged,
+            "expected": answered,
+        }
+    )
+    failed = [c for c in checks if not c["ok"]]
+    out["answers"], out["refused_at"] = answered, refused_at
+    out["status"] = "nonconforming" if failed else "ok"
+    out["message"] = (
+        "the ledger departs from the composition of its reported costs: "
+        + "; ".join(
+            f"{c.get('where') or c['check']}: {c['reported']} (expected {c['expected']})"
+            for c in failed
+        )
+        if failed
+        else f"the ledger answered {answered} queries, refused the next and charged nothing "
+        "for it; every reported spend equals the composition of the reported costs"
+    )
+    return out

@@ -1,0 +1,70 @@
+"""Measure how often the auditor's defaults flag each realistic fault (issue 27).
+
+Not a test: a script that prints detection rates, for docs/auditing.md. Each repetition
+audits the real app in this process (oracle engine, production configuration: unbudgeted
+contexts refused) with the fault of ``tests/e2e/broken_realistic_server.py`` patched in, and
+counts a run as flagged when its exit status would be 4 or 5 (NONCONFORMING, VIOLATION, BUG).
+
+    python -m tests.e2e.measure_faults --reps 5 [--whitebox off] [--flags '{"trials": 400}']
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from dpicl_audit.runner import run_audit
+from dpicl_audit.verdicts import results_exit_code
+from tests.e2e import broken_realistic_server as faults
+from tests.e2e.test_realistic_faults import production_client
+from tests.servers import target_plan
+
+
+async def _one(fault: str | None, whitebox: str, flags: dict[str, Any], seed: int) -> int:
+    undo = []
+    if fault is not None:
+        for module, name, value in faults.FAULTS[fault].patches:
+            undo.append((module, name, getattr(module, name)))
+            setattr(module, name, value)
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            async with production_client(Path(d), whitebox) as client:
+                plan = target_plan("http://dpicl.test", **(flags | {"seed": seed}))
+                res = await run_audit(
+                    plan, db=f"sqlite:///{d}/a.db", target=client, out_dir=d, progress=False
+                )
+        return results_exit_code([res])
+    finally:
+        for module, name, value in undo:
+            setattr(module, name, value)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--whitebox", default="off")
+    ap.add_argument("--flags", default="{}")
+    ap.add_argument(
+        "--faults", default="honest,two_partitions,deterministic,correlated,tail_bounded"
+    )
+    args = ap.parse_args()
+    flags = json.loads(args.flags)
+    for name in args.faults.split(","):
+        fault = None if name == "honest" else name
+        t0 = time.monotonic()
+        codes = [asyncio.run(_one(fault, args.whitebox, flags, 1000 + i)) for i in range(args.reps)]
+        flagged = sum(c in (4, 5) for c in codes)
+        print(
+            f"{name}: flagged {flagged}/{args.reps} (exit codes {codes}), "
+            f"{(time.monotonic() - t0) / args.reps:.1f} s per audit",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
