@@ -39,7 +39,7 @@ from dpicl.pipelines.esa import run_esa
 from dpicl.pipelines.partitions import partition_prompts, zero_shot_prompt
 from dpicl.privacy.accounting import MU2_RTOL
 from dpicl.privacy.ledger import Ledger
-from dpicl.store.repository import ContextRepository
+from dpicl.store.repository import ContextRepository, StoredContext
 
 DIALOGUES = [
     ("Ann: Are we still on for lunch? Ben: Yes, 12:30 at the cafe.", "Ann and Ben meet at 12:30."),
@@ -47,6 +47,19 @@ DIALOGUES = [
     ("Kim: The report is late. Lee: I'll finish it tonight.", "Lee will finish the report."),
     ("Max: Movie tonight? Eva: Only if it's a comedy.", "Eva wants a comedy tonight."),
 ]
+
+
+async def dialogue_context(repo: ContextRepository, **mechanism: int) -> StoredContext:
+    """An ESA context (epsilon 2, T = 4) over the dialogues, in ``repo`` (schema created)."""
+    repo.create_schema()
+    spec = ContextSpec.model_validate(
+        {
+            "task": "generation",
+            "exemplars": [{"input": i, "output": o} for i, o in DIALOGUES * 2],
+            "mechanism": {"name": "esa", "epsilon": 2.0, "partitions": 4, **mechanism},
+        }
+    )
+    return await create_context(spec, repo)
 
 
 class TimedEngine:
@@ -81,21 +94,7 @@ async def main(quick: bool) -> None:
     reps = 3 if quick else 8
     with tempfile.TemporaryDirectory() as d:
         repo = ContextRepository(f"sqlite:///{Path(d) / 'esa.db'}", rtol=MU2_RTOL)
-        repo.create_schema()
-        spec = ContextSpec.model_validate(
-            {
-                "task": "generation",
-                "exemplars": [{"input": i, "output": o} for i, o in DIALOGUES * 2],
-                "mechanism": {
-                    "name": "esa",
-                    "epsilon": 2.0,
-                    "partitions": 4,
-                    "candidates": 4,
-                    "max_tokens": 24,
-                },
-            }
-        )
-        ctx = await create_context(spec, repo)
+        ctx = await dialogue_context(repo, candidates=4, max_tokens=24)
         query = "Joe: Can you feed the cat? Mia: Sure, after work."
         rng = np.random.default_rng()
         ledger = Ledger(repo)
@@ -149,15 +148,7 @@ async def parts_of_a_query(queries: int) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {"partitions": [], "candidates": [], "embedding": []}
     with tempfile.TemporaryDirectory() as d:
         repo = ContextRepository(f"sqlite:///{Path(d) / 'esa.db'}", rtol=MU2_RTOL)
-        repo.create_schema()
-        spec = ContextSpec.model_validate(
-            {
-                "task": "generation",
-                "exemplars": [{"input": i, "output": o} for i, o in DIALOGUES * 2],
-                "mechanism": {"name": "esa", "epsilon": 2.0, "partitions": 4, "max_tokens": 16},
-            }
-        )
-        ctx = await create_context(spec, repo)
+        ctx = await dialogue_context(repo, max_tokens=16)
         m = ctx.mechanism
         query = "Joe: Can you feed the cat? Mia: Sure, after work."
         parts, zero = partition_prompts(ctx, query), zero_shot_prompt(ctx, query)
