@@ -220,16 +220,19 @@ async def _probe(
         }
     )
     after = await target.get_context(cid)
-    charged = int((after.get("spent") or {}).get("queries", -1))
+    reported = (after.get("spent") or {}).get("queries")
+    # A deployment that reports no count after the refusal (an OpenAI-compatible one without
+    # dpicl's extension) cannot be checked here: unobserved, not a departure.
+    charged = None if reported is None else int(reported)
     checks.append(
         {
             "check": "a refused query is not charged",
-            "ok": charged == answered,
+            "ok": None if charged is None else charged == answered,
             "reported": charged,
             "expected": answered,
         }
     )
-    failed = [c for c in checks if not c["ok"]]
+    failed = [c for c in checks if c["ok"] is False]
     out["answers"], out["refused_at"] = answered, refused_at
     out["status"] = "nonconforming" if failed else "ok"
     out["message"] = (

@@ -51,7 +51,10 @@ class OpenAIClient(DpiclClient):
         if self._hook is None:
             return await super().get_context(context_id)
         model = await self._json("GET", f"/v1/models/{context_id}", token=self._key)
-        return {"id": context_id} | {"model": model}
+        # dpicl's extension carries the ledger as the native route reports it ("spent").
+        ext = model.get("dpicl") if isinstance(model, dict) else None
+        spent = ext.get("spent") if isinstance(ext, dict) else None
+        return {"id": context_id, "model": model} | ({"spent": spent} if spent else {})
 
     async def list_contexts(self) -> list[JSON]:
         if self._hook is None:

@@ -61,5 +61,7 @@ def test_ctrl_c_stops_cleanly_and_says_how_to_resume(
         text=True,
         timeout=300,
     )
-    assert done.returncode == 0, done.stdout + done.stderr
+    # Completed: 0, or 3 where an epsilon had no power (the verdict exit codes,
+    # docs/auditing.md); the honest simulator is never NONCONFORMING (4) or a VIOLATION (5).
+    assert done.returncode in (0, 3), done.stdout + done.stderr
     assert _count(db_file, "ctrl-c")[1] == 800

@@ -27,7 +27,7 @@ def ledger_html(runs: Sequence[RunData]) -> str:
         if not led:
             continue
         rows = "".join(
-            f"<tr><td>{_e(c.get('check'))}</td><td>{'ok' if c.get('ok') else 'FAILED'}</td>"
+            f"<tr><td>{_e(c.get('check'))}</td><td>{_outcome(c.get('ok'))}</td>"
             f"<td>{_e(c.get('reported'))}</td><td>{_e(c.get('expected'))}</td></tr>"
             for c in led.get("checks") or []
         )
@@ -99,3 +99,8 @@ def roc_html(runs: Sequence[RunData]) -> str:
         "which are the audit's claims.</p><table><tr><th>run</th><th>setting</th><th>threat"
         f"</th><th>AUROC</th>{heads}</tr>{''.join(rows)}</table>"
     )
+
+
+def _outcome(ok: object) -> str:
+    """A check's cell: passed, failed, or not observable on this deployment."""
+    return "not observed" if ok is None else "ok" if ok else "FAILED"
