@@ -119,7 +119,8 @@ def test_broken_server_is_reported_as_violation(start_server: Any, tmp_path: Pat
         html_path = tmp_path / "reports" / results["run_id"] / "report.html"
         text = html_path.read_text()
         assert "PRIVACY CLAIM VIOLATED" in text
-        assert "the privacy claim is VIOLATED" in text
+        # The run's card, above the fold, says it (report/cards.py).
+        assert "<span class='badge violation'>VIOLATED</span>" in text
         report = json.loads((html_path.parent / "report.json").read_text())
         assert report["verdicts"][results["run_id"]] == "violation"
         if name == "bootstrap":
