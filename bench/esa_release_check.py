@@ -235,10 +235,14 @@ def one_run(
     (s,) = results["settings"]
     bb = s["black_box"]
     y1 = signal_pair(plan)[1]
+    # The audit also probes the server's ledger on a context of its own (dpicl_audit.ledger);
+    # its answers are the only requests outside the two worlds' contexts.
+    probe = int((results.get("ledger") or {}).get("answers") or 0)
     checks = {
         "trials_logged": len(log),
         "server_requests": len(reqs),
-        "unknown_context_requests": sum(1 for r in reqs if r.context_id not in world_of),
+        "ledger_probe_answers": probe,
+        "unknown_context_requests": sum(1 for r in reqs if r.context_id not in world_of) - probe,
         "one_context_per_world": len(set(world_of)) == 2 and set(world_of.values()) == {0, 1},
         # Each world's releases in the log equal those the server made on its context.
         "log_matches_server": all(

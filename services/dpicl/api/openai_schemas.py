@@ -77,7 +77,7 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     include_usage: bool | None = Field(
         default=None, description="Send a last chunk with `usage` before `data: [DONE]`."
@@ -86,9 +86,10 @@ class StreamOptions(BaseModel):
 
 
 class _Common(BaseModel):
-    """The fields chat and text completions share."""
+    """The fields chat and text completions share. Strict: ``"max_tokens": true`` or
+    ``"stream": "yes"`` is a 400 naming the field, as OpenAI answers it, not a 1 or a True."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str = Field(min_length=1, max_length=200, description="A context id.")
     stream: bool | None = Field(

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dpicl.domain import MAX_NAME_CHARS, BudgetSpec, Tenant, Text
+from dpicl.domain import MAX_NAME_CHARS, BudgetSpec, JsonNumber, Tenant, Text
 from dpicl.privacy.accounting import spent_epsilon
 from dpicl.privacy.ledger import Cost, mozo_spent_epsilon
 from dpicl.store.keys import SpendEntry, SpendTotal, StoredKey
@@ -41,7 +41,7 @@ class KeySpec(BaseModel):
         description="The key's own privacy budget over every context it queries, composed "
         "like a context's (mu^2 of the Gaussian mechanisms); null: none.",
     )
-    rate_limit: Annotated[int, Field(ge=1, le=MAX_RATE_LIMIT)] | None = Field(
+    rate_limit: Annotated[int, Field(ge=1, le=MAX_RATE_LIMIT), JsonNumber] | None = Field(
         default=None, description="Answers per minute (one-minute window); null: none."
     )
 
