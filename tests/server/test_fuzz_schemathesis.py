@@ -5,7 +5,9 @@ server's peak memory stays under a cap."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import pkgutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,11 +16,14 @@ import pytest
 
 schemathesis = pytest.importorskip("schemathesis")
 # schemathesis is a pytest plugin, so pytest rewrites its modules as they are imported; the
-# ones it imports lazily (at the first load of a schema) were once rewritten mid-suite, where
-# CPython 3.11's parser failed ("AST constructor recursion depth mismatch"). Imported here,
-# they are rewritten at collection, with every other module.
-for _lazy in ("schemathesis.specs.openapi.analysis", "schemathesis.specs.openapi.examples"):
-    importlib.import_module(_lazy)
+# ones it imports lazily (at the first load of a schema) were rewritten mid-suite, where
+# CPython 3.11's parser failed twice ("AST constructor recursion depth mismatch": its AST
+# recursion counter is per interpreter, not per thread, and a server thread of an earlier
+# test may be compiling). Imported here, every module is rewritten at collection, before
+# any server runs.
+for _mod in pkgutil.walk_packages(schemathesis.__path__, "schemathesis."):
+    with contextlib.suppress(Exception):  # optional extras (their dependencies are absent)
+        importlib.import_module(_mod.name)
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis.errors import Unsatisfiable  # noqa: E402
 from schemathesis import GenerationMode  # noqa: E402
