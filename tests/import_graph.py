@@ -105,24 +105,24 @@ def cycles(g: dict[str, set[str]]) -> list[list[str]]:
 
 
 def in_function_imports(root: Path) -> int:
-    """How many imports of the package itself sit inside a function or class body."""
+    """How many imports of the package itself sit inside a function body."""
     prefix = root.name
-    count = 0
+    found: set[tuple[str, int, int]] = set()  # (file, line, column): nested functions once
     for path in root.rglob("*.py"):
         tree = ast.parse(path.read_text())
         for fn in ast.walk(tree):
             if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
                 continue
             for node in ast.walk(fn):
-                if isinstance(node, ast.ImportFrom) and (
-                    node.level > 0 or (node.module or "").split(".")[0] == prefix
-                ):
-                    count += 1
-                elif isinstance(node, ast.Import) and any(
-                    a.name.split(".")[0] == prefix for a in node.names
-                ):
-                    count += 1
-    return count
+                if isinstance(node, ast.ImportFrom):
+                    own = node.level > 0 or (node.module or "").split(".")[0] == prefix
+                elif isinstance(node, ast.Import):
+                    own = any(a.name.split(".")[0] == prefix for a in node.names)
+                else:
+                    continue
+                if own:
+                    found.add((str(path), node.lineno, node.col_offset))
+    return len(found)
 
 
 if __name__ == "__main__":

@@ -63,7 +63,9 @@ CONFORMANCE_ERROR = 1e-3
 _TAIL_K = 2.0
 _TAIL_P = float(2.0 * stats.norm.sf(_TAIL_K))
 
-What = Literal["release rate", "noise scale", "correlation", "tails", "independence", "determinism"]
+What = Literal[
+    "release rate", "noise scale", "correlation", "tails", "independence", "determinism", "sampling"
+]
 
 
 @dataclass(frozen=True, slots=True)
