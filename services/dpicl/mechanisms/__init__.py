@@ -5,7 +5,7 @@ choice takes a ``rng: np.random.Generator`` argument (the pipelines pass one see
 entropy per request, tests pass seeded ones). Modules:
 
 * :mod:`~dpicl.mechanisms.partitioning`: exemplars -> T disjoint partitions.
-* :mod:`~dpicl.mechanisms.voting`: private voting (paper 000, Algorithm 2).
-* :mod:`~dpicl.mechanisms.esa`: embedding space aggregation (paper 000, Algorithm 3).
-* :mod:`~dpicl.mechanisms.mozo`: DPS-MOZO (paper 004, Algorithms 1-3).
+* :mod:`~dpicl.mechanisms.voting.release`: private voting (paper 000, Algorithm 2).
+* :mod:`~dpicl.mechanisms.esa.release`: embedding space aggregation (paper 000, Algorithm 3).
+* :mod:`~dpicl.mechanisms.dps_mozo.release`: DPS-MOZO (paper 004, Algorithms 1-3).
 """

@@ -15,7 +15,7 @@ one, and the token is drawn from the normalised product of the mixed distributio
 * ``"proven"`` (the default, dpicl's repair): ``max_y |log q(y) - log p0(y)| <= eps0`` over
   the released support (:func:`solve_lambdas_max_ratio`). Then every token is pure
   ``4 eps0``-DP (``2 eps0`` with one shot) under replace-one; docs/privacy.md has the proof
-  and :mod:`dpicl.privacy.mozo_proven` the accounting.
+  and :mod:`dpicl.mechanisms.dps_mozo.proven` the accounting.
 * ``"paper"``: ``max(D_alpha(mixed || zero), D_alpha(zero || mixed)) <= beta * alpha``
   (Equation 3, :func:`solve_lambdas`); its claimed per-token bound is false (Caveat below),
   so its epsilon is nominal.
@@ -41,8 +41,8 @@ every order ``g``, but Line 13 bounds one order only: with one shot, alpha = 2, 
 zero-shot logits (0, -20) and neighbouring one-shot logits (0, -10) and (0, -40), both mixed
 distributions satisfy the constraint while ``D_2`` between them is about 15.5 > 0.4. And its
 additivity step (Theorem B.2) is about product measures, whereas Line 16 samples from a
-normalised pointwise product. :func:`~dpicl.mechanisms.mozo_diagnostics.exact_shot_divergence` and
-:func:`~dpicl.mechanisms.mozo_diagnostics.product_divergence` measure the actual divergences.
+normalised pointwise product. :func:`~.diagnostics.exact_shot_divergence` and
+:func:`~.diagnostics.product_divergence` measure the actual divergences.
 """
 
 from __future__ import annotations

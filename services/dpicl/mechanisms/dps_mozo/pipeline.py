@@ -6,7 +6,8 @@ exemplars sampled without replacement, the zero-shot top-k, :func:`mozo_step` on
 rows, advance every row with the chosen token -> stop at EOS or T_max. Each answer is charged
 first (one query of the context's ``max_queries``) and refunded if the engine fails.
 
-The offline mode (Algorithm 3) is :mod:`dpicl.pipelines.mozo_offline`.
+The offline mode (Algorithm 3) is :mod:`dpicl.mechanisms.dps_mozo.offline`. The
+:class:`~dpicl.mechanisms.base.TokenSink` it streams to is defined beside the protocol.
 """
 
 from __future__ import annotations
@@ -14,19 +15,20 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 
 from dpicl.engines.base import Engine, PromptSpec
 from dpicl.errors import InvalidRequest
-from dpicl.mechanisms.mozo import mixed_logits, mozo_step, sample_shots
-from dpicl.mechanisms.mozo_diagnostics import exact_shot_divergence, exact_shot_log_ratio
-from dpicl.pipelines.contexts import cost_of, exemplars_of
+from dpicl.mechanisms.base import TokenSink
+from dpicl.mechanisms.dps_mozo.accounting import guarantee_of, mozo_cost
+from dpicl.mechanisms.dps_mozo.diagnostics import exact_shot_divergence, exact_shot_log_ratio
+from dpicl.mechanisms.dps_mozo.release import mixed_logits, mozo_step, sample_shots
 from dpicl.pipelines.engine_calls import paid_engine_call
-from dpicl.pipelines.partitions import zero_shot_prompt
-from dpicl.privacy.ledger import BudgetStatus, Cost, Ledger, guarantee_of
+from dpicl.pipelines.partitions import exemplars_of, zero_shot_prompt
+from dpicl.privacy.ledger import BudgetStatus, Cost, Ledger
 from dpicl.prompts import render
 from dpicl.store.repository import StoredContext
 
@@ -63,14 +65,13 @@ class MozoOutcome:
     cost: Cost
     budget: BudgetStatus
 
+    @property
+    def finish_reason(self) -> Literal["stop", "length"]:
+        return "stop" if self.stopped_at_eos else "length"
 
-class TokenSink(Protocol):
-    """Hears a DPS-MOZO answer as it is released (streaming): its cost and the budget after
-    the charge, before the first token, then each piece of text as its token is sampled."""
-
-    async def charged(self, cost: Cost, budget: BudgetStatus) -> None: ...
-
-    async def text(self, delta: str) -> None: ...
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.token_ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,7 +236,7 @@ async def run_mozo(
     any token left. ``sink`` given: the answer is streamed to it as it is sampled."""
     m = context.mechanism
     tokens = _max_tokens(context, max_tokens)
-    cost = cost_of(context)
+    cost = mozo_cost(m)
     proven = guarantee_of(m) == "proven"
     streamed = False
 

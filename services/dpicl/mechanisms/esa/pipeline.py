@@ -9,12 +9,13 @@ except through the DP-noised choice among public candidates.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
 from dpicl.engines.base import Embedder, Engine, GenerationParams
-from dpicl.mechanisms.esa import EsaRelease, esa_release
-from dpicl.pipelines.contexts import cost_of
+from dpicl.mechanisms.esa.release import EsaRelease, esa_release
+from dpicl.mechanisms.partitioned import gaussian_cost
 from dpicl.pipelines.engine_calls import paid_engine_call
 from dpicl.pipelines.partitions import partition_prompts, zero_shot_prompt
 from dpicl.privacy.ledger import BudgetStatus, Cost, Ledger
@@ -33,6 +34,8 @@ class EsaOutcome:
     sigma: float
     cost: Cost
     budget: BudgetStatus
+    finish_reason: Literal["stop", "length"] = "stop"
+    completion_tokens: int = 0  # the candidate is released whole
 
 
 async def _generate_and_embed(
@@ -69,7 +72,7 @@ async def run_esa(
     rng: np.random.Generator,
     max_tokens: int | None = None,
 ) -> EsaOutcome:
-    cost = cost_of(context)
+    cost = gaussian_cost(context.mechanism)
     tokens = int(max_tokens or context.mechanism["max_tokens"])
     charged, (part_texts, cand_texts, part_emb, cand_emb) = await paid_engine_call(
         ledger,

@@ -1,8 +1,8 @@
 """DPS-MOZO's offline mode (paper 004, Algorithm 3) as request pipelines.
 
-:func:`synthesize` runs the online pipeline (:func:`dpicl.pipelines.mozo.run_mozo`) once per
-public input, charging one query each, and stores the (input, DP output) pairs as a new
-context with the ``public`` mechanism, which :func:`run_public` serves as ordinary few-shot
+:func:`synthesize` runs the online pipeline (:func:`.pipeline.run_mozo`) once per public
+input, charging one query each, and stores the (input, DP output) pairs as a new
+context with the ``public`` mechanism, which :mod:`.public` serves as ordinary few-shot
 ICL at no further privacy cost (post-processing of DP outputs). It stops between inputs when
 the client has gone; what was answered until then stays charged and is stored.
 """
@@ -16,15 +16,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpicl.domain import MAX_NAME_CHARS, PublicSettings
-from dpicl.engines.base import Engine, Exemplar, GenerationParams
+from dpicl.domain import MAX_NAME_CHARS
+from dpicl.engines.base import Engine
 from dpicl.errors import BudgetExhausted, DpiclError, InvalidRequest
-from dpicl.pipelines.contexts import cost_of
-from dpicl.pipelines.engine_calls import paid_engine_call
-from dpicl.pipelines.mozo import run_mozo
+from dpicl.mechanisms.dps_mozo.accounting import mozo_cost
+from dpicl.mechanisms.dps_mozo.pipeline import run_mozo
+from dpicl.mechanisms.dps_mozo.public import PublicSettings
 from dpicl.privacy.ledger import BudgetStatus, Cost, Ledger
-from dpicl.privacy.randomness import entropy_seed
-from dpicl.prompts import render
 from dpicl.store.models import ContextRow
 from dpicl.store.repository import ContextRepository, StoredContext, new_context_id
 
@@ -144,7 +142,7 @@ async def synthesize(
             "stored",
             param=store_error.param,
         ) from store_error
-    cost = cost_of(context)
+    cost = mozo_cost(context.mechanism)
     return SynthesisOutcome(
         source=current,
         derived=derived,
@@ -211,42 +209,3 @@ async def _store(
         return await asyncio.shield(_store_derived(repo, context, inputs, outputs, name)), None
     except DpiclError as exc:
         return None, exc
-
-
-@dataclass(frozen=True, slots=True)
-class PublicOutcome:
-    context: StoredContext
-    text: str
-    cost: Cost
-    budget: BudgetStatus
-
-
-async def run_public(
-    context: StoredContext,
-    query: str,
-    *,
-    engine: Engine,
-    ledger: Ledger,
-    max_tokens: int | None = None,
-) -> PublicOutcome:
-    """Plain few-shot generation with every (public) exemplar in the prompt; costs nothing."""
-    m = context.mechanism
-    prompt = render(
-        context.template,
-        [Exemplar(input=i, output=o) for i, o in context.exemplars],
-        query,
-        task=context.task,
-        cache_scope=context.id,
-    )
-    params = GenerationParams(
-        max_tokens=int(max_tokens or m["max_tokens"]),
-        temperature=float(m["temperature"]),
-        seed=entropy_seed(),
-    )
-    cost = cost_of(context)
-    charged, texts = await paid_engine_call(
-        ledger, context, cost, engine.name, engine.generate([prompt], params)
-    )
-    return PublicOutcome(
-        context=charged, text=texts[0], cost=cost, budget=Ledger.status(charged, cost)
-    )

@@ -28,7 +28,7 @@ training-set size of Table 3, and ``tokens`` the column ``T_max n_test``. :func:
 reproduces every alpha of that table.
 
 This module implements the paper's accounting faithfully. Step 1 (Theorem B.3) is the paper's
-claim and is not generally true (see :mod:`dpicl.mechanisms.mozo`, "Caveat"); the numbers
+claim and is not generally true (see :mod:`.release`, "Caveat"); the numbers
 here are therefore the paper's nominal epsilon, not a proven bound for Algorithm 1.
 """
 

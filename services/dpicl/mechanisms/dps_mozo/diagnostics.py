@@ -1,11 +1,11 @@
-"""White-box diagnostics of DPS-MOZO (:mod:`dpicl.mechanisms.mozo`): the divergences a
+"""White-box diagnostics of DPS-MOZO (:mod:`dpicl.mechanisms.dps_mozo.release`): the divergences a
 released token actually has, to set beside the guarantees.
 
 * :func:`exact_shot_log_ratio`: the proven mode's per-shot max log-ratio, at most
   ``2 eps0`` when the mechanism is right;
 * :func:`exact_shot_divergence` and :func:`product_divergence`: the Renyi divergences the
   paper's mode actually has, against its false per-token claim (Theorem B.3; the caveat in
-  :mod:`dpicl.mechanisms.mozo`).
+  :mod:`dpicl.mechanisms.dps_mozo.release`).
 
 Pure numpy functions over logits on the public top-k support.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from dpicl.mechanisms.mozo import (
+from dpicl.mechanisms.dps_mozo.release import (
     FloatArray,
     log_softmax,
     max_log_ratio,
