@@ -30,13 +30,20 @@ from dpicl.privacy.calibration import epsilon_exact, sigma_for
 from dpicl.privacy.ledger import Cost
 
 
-class PartitionedSettings(BaseModel):
-    """Settings shared by the partition-and-aggregate mechanisms (voting, ESA)."""
-
+class _Epsilon(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     epsilon: Epsilon = Field(description="Per-query epsilon.")
+
+
+class _Delta(_Epsilon):
     delta: Delta = Field(default=1e-5, description="Per-query delta.")
+
+
+class PartitionedSettings(_Epsilon):
+    """Settings shared by the partition-and-aggregate mechanisms: epsilon and T partitions
+    (a pure epsilon-DP variant has no delta)."""
+
     partitions: Int = Field(
         default=10, ge=1, le=MAX_PARTITIONS, description="Number of disjoint partitions T <= |D|."
     )
@@ -46,8 +53,9 @@ class PartitionedSettings(BaseModel):
     partitioning: Literal["positional", "hash"] = "positional"
 
 
-class PartitionedGaussian(PartitionedSettings):
-    """Settings of the Gaussian partition-and-aggregate mechanisms."""
+class PartitionedGaussian(PartitionedSettings, _Delta):
+    """Settings of the Gaussian partition-and-aggregate mechanisms (voting, ESA): epsilon,
+    delta, the partitions, the calibration formula (fields in that order, as stored)."""
 
     calibration: Literal["classic", "analytic"] = "classic"
 
