@@ -11,9 +11,10 @@ every count, ties broken uniformly at random.
   epsilon-DP (Dwork and Roth 2014, Theorem 3.6).
 * Cost event: pure epsilon-DP, converted to mu-GDP by
   :func:`dpicl.privacy.accounting.pure_dp_mu2` (mu = 2 Phi^-1(e^eps / (1 + e^eps)),
-  exact for randomized response, conservative otherwise), so the ledger composes it in
-  mu^2 with everything else and reports the spent epsilon at the budget's delta. A context
-  therefore needs a budget {epsilon, delta}.
+  exact for randomized response, conservative otherwise), so the ledger admits it in mu^2
+  like every answer; the spent epsilon reported at the budget's delta is the smaller of
+  the composed GDP curve's and n epsilon (basic composition). A context therefore needs a
+  budget {epsilon, delta}.
 """
 
 from __future__ import annotations
@@ -120,7 +121,9 @@ class LaplaceVoting(PartitionedMechanism):
 
     def cost(self, record: Record) -> Cost:
         eps = float(record["epsilon"])
-        return Cost(epsilon=eps, delta=0.0, epsilon_exact=eps, mu2=pure_dp_mu2(eps))
+        return Cost(
+            epsilon=eps, delta=0.0, epsilon_exact=eps, mu2=pure_dp_mu2(eps), pure_epsilon=eps
+        )
 
     async def answer(self, context: StoredContext, query: str, how: Answering) -> Outcome:
         m = context.mechanism

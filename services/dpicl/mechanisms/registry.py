@@ -35,7 +35,8 @@ A mechanism is a subclass of :class:`dpicl.mechanisms.base.Mechanism` with:
   the ledger composes without knowing the mechanism. A Gaussian event carries mu^2; a
   pure epsilon-DP event enters the same sum through
   :func:`dpicl.privacy.accounting.pure_dp_mu2` (conservative, exact for randomized
-  response); a mechanism with its own accountant gives ``curve`` (epsilon of n answers)
+  response) and also gives ``pure_epsilon`` (basic composition bounds what is reported);
+  a mechanism with its own accountant gives ``curve`` (epsilon of n answers)
   and ``own_budget``;
 * ``async answer(context, query, how)``: the pipeline: charge first and refund on failure
   (:func:`dpicl.pipelines.engine_calls.paid_engine_call`), release, and return an

@@ -50,7 +50,10 @@ class Cost:
       budgeted key's) ``mu2_spent``; the spent epsilon is that of the composed GDP curve
       (:mod:`dpicl.privacy.accounting`). A pure epsilon-DP event enters the same sum
       through :func:`dpicl.privacy.accounting.pure_dp_mu2`, a conversion that is exact
-      for the worst case (randomized response) and conservative for the rest.
+      for the worst case (randomized response) and conservative for the rest, and gives
+      ``pure_epsilon``: n such answers are also (n epsilon, 0)-DP (basic composition), so
+      the spent epsilon reported is the smaller of the two valid bounds (admission stays
+      in mu^2, the store's one conditional UPDATE).
     * ``curve`` given: the mechanism keeps its own accountant (DPS-MOZO): the context is
       budgeted in answers (``max_queries``), ``mu2`` is 0 and ``curve(n)`` is the epsilon
       of n answers. A key's mu^2 budget cannot add such a cost.
@@ -62,12 +65,16 @@ class Cost:
     mu2: float
     epsilon_total: float | None = None  # the mechanism's whole-context epsilon (DPS-MOZO)
     curve: SpentCurve | None = None
+    pure_epsilon: float | None = None  # a pure epsilon-DP event's epsilon
 
     def spent_epsilon(self, mu2: float, answers: int, delta: float) -> float:
         """Epsilon spent by ``answers`` answers costing ``mu2`` in all, at ``delta``."""
         if self.curve is not None:
             return self.curve(answers)
-        return spent_epsilon(mu2, delta)
+        gdp = spent_epsilon(mu2, delta)
+        if self.pure_epsilon is not None:
+            return min(gdp, answers * self.pure_epsilon)
+        return gdp
 
 
 @dataclass(frozen=True, slots=True)
