@@ -1,0 +1,12 @@
+"""Old path of :mod:`dpicl.mechanisms.voting.pipeline`
+(moved into its mechanism's folder, issue 28).
+
+Importing this path gives that module itself, so code written against the old layout (a
+positive control that patches a pipeline's names) reaches the module the server runs.
+"""
+
+import sys
+
+from dpicl.mechanisms.voting import pipeline as _moved
+
+sys.modules[__name__] = _moved
