@@ -25,7 +25,8 @@ A mechanism is a subclass of :class:`dpicl.mechanisms.base.Mechanism` with:
 * ``settings``: its schema fragment, a pydantic model with ``name: Literal[<name>]``: the
   ``mechanism`` of ``POST /v1/contexts`` is the union, discriminated on ``name``, of every
   registered mechanism's settings (:func:`settings_models`); None for a mechanism never
-  created from a request;
+  created from a request. It has an ``epsilon`` (held to ``DPICL_MAX_EPSILON``) and, over
+  partitions, a ``partitions`` (held to ``DPICL_MAX_PARTITIONS``);
 * ``check(settings, n_exemplars=, budget=, budget_given=, limits=)``: cross-field checks of
   a new context (default: none);
 * ``calibrate(settings, n_exemplars)``: the stored record, calibrated once at creation;
