@@ -49,9 +49,9 @@ import numpy as np
 import numpy.typing as npt
 from scipy import special, stats
 
-import dpicl.pipelines.esa as esa_pipeline
-from dpicl.mechanisms.esa import EsaRelease
-from dpicl.mechanisms.esa import esa_release as honest_release
+import dpicl.mechanisms.esa.pipeline as esa_pipeline
+from dpicl.mechanisms.esa.release import EsaRelease
+from dpicl.mechanisms.esa.release import esa_release as honest_release
 from dpicl_audit.mechanisms.esa import signal_pair
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.runner import run_audit

@@ -40,15 +40,15 @@ from rouge_score import rouge_scorer  # type: ignore[import-untyped]
 
 from dpicl.engines.base import Exemplar
 from dpicl.engines.factory import build_engine
-from dpicl.mechanisms.mozo import (
+from dpicl.mechanisms.dps_mozo.release import (
     log_softmax,
     mozo_step,
     product_distribution,
     sample_shots,
     sample_token,
 )
-from dpicl.privacy.mozo_calibration import calibrate_beta
-from dpicl.privacy.mozo_proven import calibrate_max_log_ratio
+from dpicl.mechanisms.dps_mozo.calibration import calibrate_beta
+from dpicl.mechanisms.dps_mozo.proven import calibrate_max_log_ratio
 from dpicl.prompts import render
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -33,7 +33,7 @@ import torch
 from dpicl.engines.factory import build_engine
 from dpicl.engines.threads import usable_cores
 from dpicl.engines.transformers import TransformersEngine
-from dpicl.pipelines.voting import run_voting
+from dpicl.mechanisms.voting.pipeline import run_voting
 from dpicl.privacy.ledger import Ledger
 from voting_setup import CACHE_DIR, news_context, query, temp_repo
 

@@ -34,7 +34,7 @@ import numpy as np
 from dpicl.engines.base import Engine
 from dpicl.engines.factory import build_engine
 from dpicl.errors import EngineError
-from dpicl.pipelines.voting import run_voting
+from dpicl.mechanisms.voting.pipeline import run_voting
 from dpicl.privacy.ledger import Ledger
 from dpicl.store.repository import StoredContext
 from voting_setup import CACHE_DIR, interleaved, news_context, query, temp_repo

@@ -46,7 +46,7 @@ from dpicl.domain import DEFAULT_TEMPLATES
 from dpicl.engines.base import Engine, Exemplar, PromptSpec
 from dpicl.engines.factory import build_engine
 from dpicl.mechanisms.partitioning import assign_partitions, group_by_partition
-from dpicl.mechanisms.voting import (
+from dpicl.mechanisms.voting.release import (
     noisy_argmax,
     noisy_argmax_probabilities,
     partition_votes,

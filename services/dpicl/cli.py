@@ -178,7 +178,7 @@ def _calibration(
     n_shots: int = 4,
 ) -> dict[str, object]:
     from dpicl.errors import ConfigurationError
-    from dpicl.mechanisms.esa import esa_sensitivity
+    from dpicl.mechanisms.esa.release import esa_sensitivity
     from dpicl.privacy.calibration import (
         VOTING_SENSITIVITY,
         epsilon_exact,
@@ -190,7 +190,7 @@ def _calibration(
     _check_bounds(epsilon, delta, partitions, alpha)
     out: dict[str, object] = {"mechanism": mechanism.value, "epsilon": epsilon, "delta": delta}
     if mechanism is Mechanism.dps_mozo:
-        from dpicl.privacy.mozo_calibration import calibrate_beta
+        from dpicl.mechanisms.dps_mozo.calibration import calibrate_beta
 
         if tokens is None or sample_rate is None:
             raise ConfigurationError(
@@ -268,7 +268,7 @@ def _proven_calibration(
     n_shots: int,
 ) -> dict[str, object]:
     from dpicl.errors import ConfigurationError
-    from dpicl.privacy.mozo_proven import calibrate_max_log_ratio
+    from dpicl.mechanisms.dps_mozo.proven import calibrate_max_log_ratio
 
     if alpha is not None:
         raise ConfigurationError(

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dpicl.mechanisms.esa import esa_release  # the server's rule, to check the closed form
+from dpicl.mechanisms.esa.release import esa_release  # the server's rule, to check the closed form
 from dpicl_audit.datasets import load_dataset
 from dpicl_audit.estimators.exact import esa_epsilon_exact
 from dpicl_audit.mechanisms.esa import EsaAudit, build_generation_design

@@ -179,8 +179,8 @@ async def test_broken_server_without_1_over_t_is_flagged(
     """Positive control: the server aggregates the partition embeddings by their SUM (it
     forgets the 1/T of the mean) while its noise is calibrated for 2/T and it reports the
     configured epsilon. The bootstrap audit must call it a privacy violation."""
-    import dpicl.pipelines.esa as esa_pipeline
-    from dpicl.mechanisms.esa import esa_release as honest
+    import dpicl.mechanisms.esa.pipeline as esa_pipeline
+    from dpicl.mechanisms.esa.release import esa_release as honest
 
     def broken(part: Any, cand: Any, sigma: float, rng: np.random.Generator) -> Any:
         arr = np.asarray(part, dtype=np.float64)

@@ -224,7 +224,7 @@ async def test_proven_white_box_passes_the_token_check(tmp_path: Path) -> None:
 async def test_broken_server_is_flagged_by_the_white_box_check(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import dpicl.pipelines.mozo as mozo_pipeline
+    import dpicl.mechanisms.dps_mozo.pipeline as mozo_pipeline
     from tests.e2e.broken_mozo_server import broken_mozo_step
 
     monkeypatch.setattr(mozo_pipeline, "mozo_step", broken_mozo_step)

@@ -199,7 +199,7 @@ async def test_oracle_adversary_bounds_ordered(tmp_path: Path, attack: str) -> N
 @pytest.mark.slow
 @pytest.mark.skipif(_server_missing() is not None, reason=str(_server_missing()))
 async def test_broken_server_rdp_violation(tmp_path: Path, monkeypatch: Any) -> None:
-    import dpicl.pipelines.voting as voting_pipeline
+    import dpicl.mechanisms.voting.pipeline as voting_pipeline
     from tests.e2e.broken_voting_server import broken_private_vote
 
     monkeypatch.setattr(voting_pipeline, "private_vote", broken_private_vote)

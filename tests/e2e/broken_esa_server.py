@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-import dpicl.pipelines.esa as esa_pipeline
-from dpicl.mechanisms.esa import EsaRelease
-from dpicl.mechanisms.esa import esa_release as honest_esa_release
+import dpicl.mechanisms.esa.pipeline as esa_pipeline
+from dpicl.mechanisms.esa.release import EsaRelease
+from dpicl.mechanisms.esa.release import esa_release as honest_esa_release
 
 NOISE_SHRINK = 4.0
 

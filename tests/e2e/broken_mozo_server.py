@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-import dpicl.pipelines.mozo as mozo_pipeline
-from dpicl.mechanisms.mozo import MozoStep
-from dpicl.mechanisms.mozo import mozo_step as honest_mozo_step
+import dpicl.mechanisms.dps_mozo.pipeline as mozo_pipeline
+from dpicl.mechanisms.dps_mozo.release import MozoStep
+from dpicl.mechanisms.dps_mozo.release import mozo_step as honest_mozo_step
 
 EPS0_GROWTH = 2.0
 WARNING = f"DPS-MOZO's eps0 is {EPS0_GROWTH:g}x larger than the reported one"

@@ -33,13 +33,13 @@ from typing import Any
 
 import numpy as np
 
-import dpicl.mechanisms.voting as voting_mech
-import dpicl.pipelines.esa as esa_pipeline
+import dpicl.mechanisms.voting.release as voting_mech
+import dpicl.mechanisms.esa.pipeline as esa_pipeline
 import dpicl.pipelines.partitions as partitions_mod
-import dpicl.pipelines.voting as voting_pipeline
+import dpicl.mechanisms.voting.pipeline as voting_pipeline
 import dpicl.privacy.ledger as ledger_mod
-from dpicl.mechanisms.esa import EsaRelease, nearest
-from dpicl.mechanisms.voting import VotingRelease, partition_votes, vote_histogram
+from dpicl.mechanisms.esa.release import EsaRelease, nearest
+from dpicl.mechanisms.voting.release import VotingRelease, partition_votes, vote_histogram
 
 _honest_positions = partitions_mod._partition_positions
 _honest_remaining = ledger_mod.remaining_queries

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 
-import dpicl.pipelines.voting as voting_pipeline
-from dpicl.mechanisms.voting import VotingRelease
-from dpicl.mechanisms.voting import private_vote as honest_private_vote
+import dpicl.mechanisms.voting.pipeline as voting_pipeline
+from dpicl.mechanisms.voting.release import VotingRelease
+from dpicl.mechanisms.voting.release import private_vote as honest_private_vote
 
 NOISE_SHRINK = 4.0
 WARNING = f"voting noise is {NOISE_SHRINK:g}x smaller than the reported sigma"

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from dpicl.domain import ContextSpec
+from dpicl.spec import ContextSpec
 from dpicl.engines.base import GenerationParams, PromptSpec
 from dpicl.engines.transformers import TransformersEngine
 from dpicl.engines.tuning import EngineTuning

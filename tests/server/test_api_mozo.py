@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from dpicl.privacy.mozo_calibration import calibrate_beta
-from dpicl.privacy.mozo_proven import calibrate_max_log_ratio, proven_epsilon
+from dpicl.mechanisms.dps_mozo.calibration import calibrate_beta
+from dpicl.mechanisms.dps_mozo.proven import calibrate_max_log_ratio, proven_epsilon
 from tests.conftest import admin_headers, user_headers
 from tests.server.api_helpers import make_client
 

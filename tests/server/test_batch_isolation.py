@@ -24,7 +24,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from dpicl.domain import ContextSpec
+from dpicl.spec import ContextSpec
 from dpicl.engines import transformers_past
 from dpicl.engines.base import GenerationParams, PromptSpec
 from dpicl.engines.transformers import TransformersEngine

@@ -127,7 +127,7 @@ def test_context_cache_is_bounded_by_bytes(tmp_path: Path) -> None:
     async def contexts() -> list[Any]:
         repo = ContextRepository(f"sqlite:///{tmp_path / 'c.db'}")
         repo.migrate()
-        from dpicl.domain import ContextSpec
+        from dpicl.spec import ContextSpec
         from dpicl.pipelines.contexts import create_context
 
         out = []

@@ -13,7 +13,7 @@ from scipy.optimize import brentq
 from scipy.special import comb
 
 from dpicl.errors import ConfigurationError
-from dpicl.privacy.mozo_calibration import (
+from dpicl.mechanisms.dps_mozo.calibration import (
     MozoCalibration,
     calibrate_beta,
     choose_alpha,

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dpicl.errors import ConfigurationError
-from dpicl.privacy.mozo_proven import (
+from dpicl.mechanisms.dps_mozo.proven import (
     EPS0_MAX,
     amplified_epsilon,
     calibrate_max_log_ratio,

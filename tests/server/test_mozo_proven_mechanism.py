@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from scipy.special import logsumexp
 
-from dpicl.mechanisms.mozo import (
+from dpicl.mechanisms.dps_mozo.release import (
     log_softmax,
     max_log_ratio,
     mixed_logits,
@@ -33,8 +33,8 @@ from dpicl.mechanisms.mozo import (
     sample_shots,
     solve_lambdas_max_ratio,
 )
-from dpicl.mechanisms.mozo_diagnostics import exact_shot_log_ratio
-from dpicl.privacy.mozo_proven import per_token_epsilon
+from dpicl.mechanisms.dps_mozo.diagnostics import exact_shot_log_ratio
+from dpicl.mechanisms.dps_mozo.proven import per_token_epsilon
 
 FloatArray = npt.NDArray[np.float64]
 TOL = 1e-9

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dpicl.domain import ContextSpec
+from dpicl.spec import ContextSpec
 from dpicl.engines.base import GenerationParams, PromptSpec
 from dpicl.engines.lm_head import BlockedLMHead
 from dpicl.engines.transformers import TransformersEngine

@@ -1,4 +1,4 @@
-"""Private voting (dpicl.mechanisms.voting; paper 000, Algorithm 2).
+"""Private voting (dpicl.mechanisms.voting.release; paper 000, Algorithm 2).
 
 Statistical tests use fixed seeds, so they are deterministic; each states the probability
 with which it would fail for a correct implementation under a fresh seed (its false-failure
@@ -15,7 +15,7 @@ import pytest
 from scipy.stats import chi2, chisquare, multivariate_normal, norm
 
 from dpicl.errors import ConfigurationError
-from dpicl.mechanisms.voting import (
+from dpicl.mechanisms.voting.release import (
     ABSTAIN,
     VotingRelease,
     noisy_argmax,

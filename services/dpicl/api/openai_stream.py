@@ -2,7 +2,7 @@
 events in OpenAI's chunk format ending with ``data: [DONE]``.
 
 DPS-MOZO streams its tokens as they are sampled (the pipeline's
-:class:`~dpicl.pipelines.mozo.TokenSink`); voting and ESA (and public contexts) send their
+:class:`~dpicl.mechanisms.base.TokenSink`); voting and ESA (and public contexts) send their
 one answer as one chunk. The response starts once the answer is charged, so a refusal
 (budget, bad value, unknown model) is still an HTTP error and the headers carry the charge.
 A client that disconnects cancels the generation: no further token is sampled, and the
@@ -82,7 +82,7 @@ class _Chunks:
 
 
 class _QueueSink:
-    """The DPS-MOZO pipeline's :class:`~dpicl.pipelines.mozo.TokenSink`, into a queue."""
+    """A :class:`~dpicl.mechanisms.base.TokenSink` (DPS-MOZO streams to it), into a queue."""
 
     def __init__(self) -> None:
         self.queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()

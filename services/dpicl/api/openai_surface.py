@@ -45,8 +45,8 @@ from dpicl.errors import (
     NotFound,
     UnsupportedParameter,
 )
+from dpicl.mechanisms.base import TokenSink
 from dpicl.pipelines.contexts import cost_of
-from dpicl.pipelines.mozo import MozoOutcome, TokenSink
 from dpicl.privacy.ledger import BudgetStatus, Cost, Ledger
 from dpicl.store.keys import Principal
 from dpicl.store.repository import StoredContext
@@ -204,37 +204,25 @@ async def answer(
         if ctx.task == "classification":
             native = _native(ClassifyRequest, {"context_id": req.model, "query": text}, query_param)
             out = await classify_outcome(native, svc, principal=principal)
-            return Answer(
-                context=out.context,
-                text=out.label,
-                label=out.label,
-                mechanism="voting",
-                cost=out.cost,
-                budget=out.budget,
-                finish_reason="stop",
-                completion_tokens=0,
+            label: str | None = out.text
+        else:
+            body: dict[str, Any] = {"context_id": req.model, "query": text}
+            limit = max_tokens_of(req)
+            if limit is not None:
+                body["max_tokens"] = limit
+            out = await generate_outcome(
+                _native(GenerateRequest, body, query_param), svc, principal=principal, sink=sink
             )
-        body: dict[str, Any] = {"context_id": req.model, "query": text}
-        limit = max_tokens_of(req)
-        if limit is not None:
-            body["max_tokens"] = limit
-        gen = await generate_outcome(
-            _native(GenerateRequest, body, query_param), svc, principal=principal, sink=sink
-        )
-    finish: Literal["stop", "length"] = "stop"
-    tokens = 0
-    if isinstance(gen, MozoOutcome):
-        finish = "stop" if gen.stopped_at_eos else "length"
-        tokens = len(gen.token_ids)
+            label = None
     return Answer(
-        context=gen.context,
-        text=gen.text,
-        label=None,
-        mechanism=str(gen.context.mechanism["name"]),
-        cost=gen.cost,
-        budget=gen.budget,
-        finish_reason=finish,
-        completion_tokens=tokens,
+        context=out.context,
+        text=out.text,
+        label=label,
+        mechanism=str(out.context.mechanism["name"]),
+        cost=out.cost,
+        budget=out.budget,
+        finish_reason=out.finish_reason,
+        completion_tokens=out.completion_tokens,
     )
 
 

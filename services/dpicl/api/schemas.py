@@ -1,5 +1,5 @@
-"""Response models and the single error shape. Request models for contexts live in
-:mod:`dpicl.domain` (they are the domain's own validated settings)."""
+"""Response models and the single error shape. The body of ``POST /v1/contexts`` is
+:class:`dpicl.spec.ContextSpec`, each mechanism's settings its own (``dpicl.mechanisms``)."""
 
 from __future__ import annotations
 

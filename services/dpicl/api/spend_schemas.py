@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dpicl.domain import MAX_NAME_CHARS, BudgetSpec, JsonNumber, Tenant, Text
 from dpicl.privacy.accounting import spent_epsilon
-from dpicl.privacy.ledger import Cost, mozo_spent_epsilon
+from dpicl.privacy.ledger import Cost
 from dpicl.store.keys import SpendEntry, SpendTotal, StoredKey
 from dpicl.store.repository import StoredContext
 
@@ -141,12 +141,7 @@ class SpendReport(BaseModel):
 
         def share(t: SpendTotal) -> float:
             # The same composition as Ledger.status, on this key's charges alone.
-            name = ctx.mechanism.get("name")
-            if name == "dps-mozo":
-                return mozo_spent_epsilon(ctx.mechanism, t.answered)
-            if name == "public":
-                return 0.0
-            return spent_epsilon(t.mu2, status.delta)
+            return cost.spent_epsilon(t.mu2, t.answered, status.delta)
 
         return cls(
             context_id=ctx.id,

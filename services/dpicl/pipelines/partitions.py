@@ -1,4 +1,5 @@
-"""Turning a context and a query into the T partition prompts (shared by voting and ESA)."""
+"""Turning a context and a query into prompts: the T partition prompts (voting, ESA and
+their variants), the zero-shot prompt, and the checks of a query."""
 
 from __future__ import annotations
 
@@ -6,12 +7,15 @@ from dataclasses import replace
 from functools import lru_cache
 
 from dpicl.domain import is_blank
-from dpicl.engines.base import PromptSpec
+from dpicl.engines.base import Exemplar, PromptSpec
 from dpicl.errors import InvalidRequest
 from dpicl.mechanisms.partitioning import assign_partitions, group_by_partition
-from dpicl.pipelines.contexts import exemplars_of
 from dpicl.prompts import render
 from dpicl.store.repository import StoredContext
+
+
+def exemplars_of(context: StoredContext) -> list[Exemplar]:
+    return [Exemplar(input=i, output=o) for i, o in context.exemplars]
 
 
 def check_query(query: str, max_chars: int) -> str:

@@ -20,12 +20,16 @@ A ledger in epsilon (adding epsilons, or even the advanced composition theorem) 
 loose by a factor growing with k; in mu^2 the spent epsilon reported after k answers is the
 exact epsilon of the composed mechanism.
 
-DPS-MOZO is not Gaussian and is budgeted in queries instead (see ``mozo_calibration``).
+A pure epsilon-DP answer (a Laplace mechanism, say) enters the same sum through
+:func:`pure_dp_mu2`. DPS-MOZO is not Gaussian and keeps its own accountant, budgeted in
+queries (``dpicl.mechanisms.dps_mozo``).
 """
 
 from __future__ import annotations
 
 import math
+
+from scipy.special import expit, ndtri
 
 from dpicl.privacy.calibration import (
     epsilon_exact,
@@ -40,6 +44,7 @@ __all__ = [
     "fits",
     "gaussian_mu2",
     "mu2_limit",
+    "pure_dp_mu2",
     "remaining_queries",
     "spent_epsilon",
     "spent_epsilon_pld",
@@ -71,6 +76,24 @@ def gaussian_mu2(sigma: float, sensitivity: float) -> float:
     if not (math.isfinite(sens) and sens > 0.0):
         raise ValueError(f"sensitivity must be finite and > 0, got {sensitivity!r}")
     return (sens / s) ** 2
+
+
+def pure_dp_mu2(epsilon: float) -> float:
+    """mu^2 of the smallest mu for which every epsilon-DP mechanism is mu-GDP.
+
+    An epsilon-DP mechanism's trade-off function is at least f_eps(a) = max(0, 1 - e^eps a,
+    e^-eps (1 - a)) (Dong, Roth and Su, Section 2.2; randomized response attains it), a
+    polygon through (0, 1), (a*, a*) and (1, 0) with a* = 1/(1 + e^eps). The Gaussian
+    trade-off G_mu is convex and symmetric with G_mu(0) = 1, G_mu(1) = 0 and fixed point
+    Phi(-mu/2); so G_mu <= f_eps everywhere exactly when Phi(-mu/2) <= a*, i.e.
+    mu >= 2 Phi^-1(e^eps / (1 + e^eps)). At that mu, "epsilon-DP implies mu-GDP" holds,
+    and no smaller mu does (randomized response): the conversion is exact for the worst
+    epsilon-DP mechanism and conservative for the rest, and the event then composes with
+    the Gaussian ones by adding mu^2 (Corollary 3.3)."""
+    eps = _finite_nonnegative("epsilon", epsilon)
+    # Phi^-1(expit(eps)) = -Phi^-1(expit(-eps)): the lower tail keeps its precision.
+    mu = -2.0 * float(ndtri(expit(-eps)))
+    return mu * mu
 
 
 def budget_mu2(epsilon: float, delta: float) -> float:

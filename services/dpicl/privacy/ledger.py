@@ -4,6 +4,9 @@ State lives in the store (``mu2_spent``, ``queries`` per context); the maths liv
 accounting. A charge happens *before* the engine runs and is refunded if the engine fails,
 so nothing is released without being paid for and a failure costs nothing.
 
+What it composes are cost events (:class:`Cost`), which each mechanism declares
+(``dpicl.mechanisms``): the ledger never asks which mechanism made one.
+
 A charge that is later refunded must not make a concurrent query fail: when a charge is
 refused while other charges of the same context are still *pending* in this process (their
 engine call has not finished), the refused query waits until one of them settles, then
@@ -23,61 +26,55 @@ contexts may hold the same records).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
 
 from dpicl.errors import BudgetExhausted, InvalidRequest, NotFound, RateLimited, Unauthorized
 from dpicl.privacy.accounting import remaining_queries, spent_epsilon
-from dpicl.privacy.mozo_calibration import mozo_epsilon
-from dpicl.privacy.mozo_proven import proven_epsilon
 from dpicl.store.charges import Charged
 from dpicl.store.keys import INTERNAL, Principal
 from dpicl.store.repository import ContextRepository, StoredContext
 
+#: A mechanism's own accountant: the epsilon spent after ``n`` answers of a context.
+SpentCurve = Callable[[int], float]
+
 
 @dataclass(frozen=True, slots=True)
 class Cost:
-    """What one answer costs: as configured, exactly, and in ledger units (mu^2)."""
+    """One answer's cost event, as a mechanism declares it (``Mechanism.cost``): as
+    configured, exactly, and in ledger units.
+
+    The ledger composes events of two kinds, without knowing which mechanism made them:
+
+    * ``curve`` None: a Gaussian-DP event of ``mu2`` = mu^2, added to the context's (and a
+      budgeted key's) ``mu2_spent``; the spent epsilon is that of the composed GDP curve
+      (:mod:`dpicl.privacy.accounting`). A pure epsilon-DP event enters the same sum
+      through :func:`dpicl.privacy.accounting.pure_dp_mu2`, a conversion that is exact
+      for the worst case (randomized response) and conservative for the rest, and gives
+      ``pure_epsilon``: n such answers are also (n epsilon, 0)-DP (basic composition), so
+      the spent epsilon reported is the smaller of the two valid bounds (admission stays
+      in mu^2, the store's one conditional UPDATE).
+    * ``curve`` given: the mechanism keeps its own accountant (DPS-MOZO): the context is
+      budgeted in answers (``max_queries``), ``mu2`` is 0 and ``curve(n)`` is the epsilon
+      of n answers. A key's mu^2 budget cannot add such a cost.
+    """
 
     epsilon: float
     delta: float
     epsilon_exact: float | None
     mu2: float
     epsilon_total: float | None = None  # the mechanism's whole-context epsilon (DPS-MOZO)
+    curve: SpentCurve | None = None
+    pure_epsilon: float | None = None  # a pure epsilon-DP event's epsilon
 
-
-def guarantee_of(mechanism: dict[str, Any]) -> str:
-    """``"proven"`` or ``"paper"``; contexts stored before the proven mode existed are
-    paper-mode contexts."""
-    return str(mechanism.get("guarantee", "paper"))
-
-
-def mozo_spent_epsilon(mechanism: dict[str, Any], queries: int) -> float:
-    """(epsilon, delta)-DP epsilon of ``queries`` DPS-MOZO answers of T_max tokens each.
-
-    Every answer is charged its full T_max tokens whatever it generated (stopping early is a
-    function of the released tokens), so after all ``mechanism["queries"]`` answers this is
-    at most the configured epsilon. Proven mode: the exact optimal composition of the
-    amplified per-token pure DP (:mod:`dpicl.privacy.mozo_proven`). Paper mode (nominal): the
-    conversion takes the best order up to alpha.
-    """
-    tokens = queries * int(mechanism["max_tokens"])
-    if guarantee_of(mechanism) == "proven":
-        return proven_epsilon(
-            float(mechanism["max_log_ratio"]),
-            int(mechanism["n_shots"]),
-            float(mechanism["sample_rate"]),
-            tokens,
-            float(mechanism["delta"]),
-        )
-    return mozo_epsilon(
-        float(mechanism["beta"]),
-        int(mechanism["alpha"]),
-        tokens,
-        float(mechanism["sample_rate"]),
-        float(mechanism["delta"]),
-        optimize_order=True,
-    )
+    def spent_epsilon(self, mu2: float, answers: int, delta: float) -> float:
+        """Epsilon spent by ``answers`` answers costing ``mu2`` in all, at ``delta``."""
+        if self.curve is not None:
+            return self.curve(answers)
+        gdp = spent_epsilon(mu2, delta)
+        if self.pure_epsilon is not None:
+            return min(gdp, answers * self.pure_epsilon)
+        return gdp
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,13 +146,14 @@ class Ledger:
         :class:`NotFound` (the context was deleted meanwhile), having charged nothing.
         """
         p = self.principal
-        if p.budgeted and cost.mu2 == 0.0 and context.mechanism.get("name") == "dps-mozo":
-            # A key's budget composes Gaussian costs in mu^2; DPS-MOZO is budgeted in
-            # queries by its own accountant and has no mu^2 to add.
+        if p.budgeted and cost.curve is not None:
+            # A key's budget composes Gaussian costs in mu^2; a mechanism with its own
+            # accountant (budgeted in queries) has no mu^2 to add.
             raise InvalidRequest(
                 f"key {p.key_id} has a privacy budget, which composes the Gaussian (mu^2) "
-                f"costs of voting and ESA answers; context {context.id} uses dps-mozo, "
-                "whose cost it cannot add: query it with a key without a privacy budget",
+                f"costs of voting and ESA answers; context {context.id} uses "
+                f"{context.mechanism.get('name')}, whose cost it cannot add: query it with a "
+                "key without a privacy budget",
                 param="context_id",
             )
         req = self._repo.charge_request(context.id, p, cost.mu2, cost.epsilon, cost.delta)
@@ -233,21 +231,16 @@ class Ledger:
 
     @staticmethod
     def status(context: StoredContext, cost: Cost) -> BudgetStatus:
+        """The context's spent and remaining budget, composed from ``cost`` (one answer's
+        event: every answer of a context costs the same)."""
         delta = context.budget["delta"] if context.budget else cost.delta
-        name = context.mechanism.get("name")
-        if name == "dps-mozo":
-            spent = mozo_spent_epsilon(context.mechanism, context.queries)
-        elif name == "public":
-            spent = 0.0
-        else:
-            spent = spent_epsilon(context.mu2_spent, delta)
+        spent = cost.spent_epsilon(context.mu2_spent, context.queries, delta)
         remaining_eps: float | None = None
         left: int | None = None
-        if context.mu2_max is not None and context.budget is not None:
+        if context.budget is not None:
             remaining_eps = max(context.budget["epsilon"] - spent, 0.0)
-            left = remaining_queries(context.mu2_spent, context.mu2_max, cost.mu2)
-        elif name == "dps-mozo" and context.budget is not None:
-            remaining_eps = max(context.budget["epsilon"] - spent, 0.0)
+            if context.mu2_max is not None:
+                left = remaining_queries(context.mu2_spent, context.mu2_max, cost.mu2)
         if context.max_queries is not None:
             by_count = max(context.max_queries - context.queries, 0)
             left = by_count if left is None else min(left, by_count)

@@ -17,13 +17,14 @@ from dpicl.api.schemas import (
     SynthesizeResponse,
 )
 from dpicl.api.spend_schemas import SpendReport
-from dpicl.domain import MAX_LIST_LIMIT, ContextSpec
+from dpicl.domain import MAX_LIST_LIMIT
 from dpicl.errors import InvalidRequest, NotFound
+from dpicl.mechanisms.dps_mozo.offline import synthesize
 from dpicl.metrics import forget_context, record_release
 from dpicl.pipelines.contexts import cost_of, create_context
-from dpicl.pipelines.mozo_offline import synthesize
 from dpicl.privacy.ledger import Ledger
 from dpicl.privacy.randomness import secure_rng
+from dpicl.spec import ContextSpec
 from dpicl.store.keys import ADMIN, Principal, spend_of
 from dpicl.store.repository import ContextKey, ListedContext, StoredContext, is_context_id
 

@@ -13,12 +13,10 @@ from dpicl.api.schemas import (
     GenerateResponse,
 )
 from dpicl.errors import InvalidRequest
+from dpicl.mechanisms.base import Answering, Outcome, TokenSink
+from dpicl.mechanisms.registry import mechanism_of, serving
 from dpicl.metrics import record_release
-from dpicl.pipelines.esa import EsaOutcome, run_esa
-from dpicl.pipelines.mozo import MozoOutcome, TokenSink, run_mozo
-from dpicl.pipelines.mozo_offline import PublicOutcome, run_public
 from dpicl.pipelines.partitions import check_query
-from dpicl.pipelines.voting import VotingOutcome, run_voting
 from dpicl.privacy.randomness import secure_rng
 from dpicl.store.keys import Principal
 from dpicl.store.repository import StoredContext
@@ -31,37 +29,68 @@ router = APIRouter(prefix="/v1", tags=["inference"], responses=ERRORS)
 
 
 async def context_for(
-    context_id: str, svc: Services, principal: Principal, mechanisms: tuple[str, ...], path: str
+    context_id: str, svc: Services, principal: Principal, task: str, path: str
 ) -> StoredContext:
+    """The context, when its mechanism answers ``task`` (the mechanisms ``path`` serves)."""
     ctx = await load_context(context_id, svc, principal, for_query=True)
     name = ctx.mechanism.get("name")
-    if name not in mechanisms:
+    if name not in serving(task):
         raise InvalidRequest(
             f"context {ctx.id} uses mechanism {name!r}; {path} serves "
-            + " or ".join(repr(m) for m in mechanisms)
+            + " or ".join(repr(m) for m in serving(task))
             + " contexts",
             param="context_id",
         )
     return ctx
 
 
-async def classify_outcome(
-    req: ClassifyRequest, svc: Services, *, principal: Principal
-) -> VotingOutcome:
-    """Shared by the public and the debug route: one private-voting answer, within
+async def answer_outcome(
+    context_id: str,
+    query: str,
+    svc: Services,
+    *,
+    principal: Principal,
+    task: str,
+    path: str,
+    max_tokens: int | None = None,
+    exact: bool = False,
+    sink: TokenSink | None = None,
+) -> Outcome:
+    """One answer of the context's mechanism (looked up in the registry), within
     ``principal``'s scope, charged to the context and to ``principal``'s key."""
-    query = check_query(req.query, svc.settings.max_query_chars)
-    ctx = await context_for(req.context_id, svc, principal, ("voting",), "/v1/classify")
-    ledger = svc.ledger.billed_to(principal)
-    out = await run_voting(ctx, query, engine=svc.engine, ledger=ledger, rng=secure_rng())
+    query = check_query(query, svc.settings.max_query_chars)
+    ctx = await context_for(context_id, svc, principal, task, path)
+    how = Answering(
+        runtime=svc,
+        ledger=svc.ledger.billed_to(principal),
+        rng=secure_rng(),
+        max_tokens=max_tokens,
+        exact=exact,
+        sink=sink,
+    )
+    out = await mechanism_of(ctx).answer(ctx, query, how)
     released(out)
     return out
 
 
-def classify_body(out: VotingOutcome, engine: str) -> dict[str, object]:
+async def classify_outcome(req: ClassifyRequest, svc: Services, *, principal: Principal) -> Outcome:
+    """Shared by the public and the debug route: one answer of a classification mechanism
+    (private voting), within ``principal``'s scope, charged to the context and to
+    ``principal``'s key."""
+    return await answer_outcome(
+        req.context_id,
+        req.query,
+        svc,
+        principal=principal,
+        task="classification",
+        path="/v1/classify",
+    )
+
+
+def classify_body(out: Outcome, engine: str) -> dict[str, object]:
     return {
         "context_id": out.context.id,
-        "label": out.label,
+        "label": out.text,
         "engine": engine,
         "cost": CostInfo.of(out.cost),
         "budget": BudgetInfo.of(out.budget),
@@ -75,10 +104,7 @@ async def classify(req: ClassifyRequest, svc: Svc, caller: Caller) -> ClassifyRe
     return ClassifyResponse.model_validate(classify_body(out, svc.engine.name))
 
 
-GenerateOutcome = EsaOutcome | MozoOutcome | PublicOutcome
-
-
-def released(out: VotingOutcome | GenerateOutcome) -> None:
+def released(out: Outcome) -> None:
     """Count an answer's cost in the privacy metrics (dpicl.metrics)."""
     record_release(
         out.context.id, out.cost.epsilon, out.budget.spent_epsilon, out.budget.remaining_epsilon
@@ -92,57 +118,25 @@ async def generate_outcome(
     principal: Principal,
     exact: bool = False,
     sink: TokenSink | None = None,
-) -> GenerateOutcome:
-    """Shared by the public, the OpenAI-compatible and the debug route: one generation,
-    dispatched on the mechanism, within ``principal``'s scope, charged to the context and to
-    ``principal``'s key. ``sink``: DPS-MOZO streams its tokens to it as they are sampled
-    (the other mechanisms release their one answer at the end)."""
-    out = await _generate(req, svc, principal=principal, exact=exact, sink=sink)
-    released(out)
-    return out
-
-
-async def _generate(
-    req: GenerateRequest,
-    svc: Services,
-    *,
-    principal: Principal,
-    exact: bool,
-    sink: TokenSink | None,
-) -> GenerateOutcome:
-    query = check_query(req.query, svc.settings.max_query_chars)
-    ctx = await context_for(
-        req.context_id, svc, principal, ("esa", "dps-mozo", "public"), "/v1/generate"
-    )
-    ledger = svc.ledger.billed_to(principal)
-    name = ctx.mechanism["name"]
-    if name == "dps-mozo":
-        return await run_mozo(
-            ctx,
-            query,
-            engine=svc.engine,
-            ledger=ledger,
-            rng=secure_rng(),
-            max_tokens=req.max_tokens,
-            exact=exact,
-            sink=sink,
-        )
-    if name == "public":
-        return await run_public(
-            ctx, query, engine=svc.engine, ledger=ledger, max_tokens=req.max_tokens
-        )
-    return await run_esa(
-        ctx,
-        query,
-        engine=svc.engine,
-        embedder=await svc.get_embedder(),
-        ledger=ledger,
-        rng=secure_rng(),
+) -> Outcome:
+    """Shared by the public, the OpenAI-compatible and the debug route: one generation by
+    the context's mechanism, within ``principal``'s scope, charged to the context and to
+    ``principal``'s key. ``sink``: a mechanism that releases token by token (DPS-MOZO)
+    streams to it as it samples (the others release their one answer at the end)."""
+    return await answer_outcome(
+        req.context_id,
+        req.query,
+        svc,
+        principal=principal,
+        task="generation",
+        path="/v1/generate",
         max_tokens=req.max_tokens,
+        exact=exact,
+        sink=sink,
     )
 
 
-def generate_body(out: GenerateOutcome, engine: str) -> dict[str, object]:
+def generate_body(out: Outcome, engine: str) -> dict[str, object]:
     return {
         "context_id": out.context.id,
         "text": out.text,

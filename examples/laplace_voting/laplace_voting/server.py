@@ -1,0 +1,167 @@
+"""The server half of ``laplace-voting``: private voting with Laplace noise, written against
+:mod:`dpicl.mechanisms.registry`'s protocol from outside the ``dpicl`` package.
+
+Each of the T partitions votes for a label, as in private voting (paper 000, Algorithm 2),
+and the released label is the noisy argmax of the vote histogram with Lap(b) noise on
+every count, ties broken uniformly at random.
+
+* Sensitivity: replacing one exemplar changes one partition, which moves its vote from one
+  label to another: one count falls by 1 and one rises by 1, so Delta1 = 2.
+* Calibration: b = Delta1 / epsilon makes the noisy histogram (hence its argmax) pure
+  epsilon-DP (Dwork and Roth 2014, Theorem 3.6).
+* Cost event: pure epsilon-DP, converted to mu-GDP by
+  :func:`dpicl.privacy.accounting.pure_dp_mu2` (mu = 2 Phi^-1(e^eps / (1 + e^eps)),
+  exact for randomized response, conservative otherwise), so the ledger admits it in mu^2
+  like every answer; the spent epsilon reported at the budget's delta is the smaller of
+  the composed GDP curve's and n epsilon (basic composition). A context therefore needs a
+  budget {epsilon, delta}.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import Field
+
+from dpicl.domain import BudgetSpec, ContextLimits, Float
+from dpicl.errors import ConfigurationError
+from dpicl.mechanisms.base import Answering, Outcome, Record
+from dpicl.mechanisms.partitioned import PartitionedMechanism, PartitionedSettings
+from dpicl.mechanisms.voting.pipeline import paid_scores, warn_abstained
+from dpicl.mechanisms.voting.release import partition_votes, vote_histogram
+from dpicl.privacy.accounting import pure_dp_mu2
+from dpicl.privacy.ledger import BudgetStatus, Cost, Ledger
+from dpicl.store.repository import StoredContext
+
+#: L1 sensitivity of the vote histogram under replace-one adjacency.
+L1_SENSITIVITY = 2.0
+
+
+class LaplaceVotingSettings(PartitionedSettings):
+    """Private voting with Laplace noise of scale 2/epsilon on every count (pure DP)."""
+
+    name: Literal["laplace-voting"] = "laplace-voting"
+    temperature: Float = Field(default=0.0, ge=0.0, le=10.0)
+
+
+def laplace_vote(
+    scores: npt.NDArray[np.float64], scale: float, temperature: float, rng: np.random.Generator
+) -> tuple[int, npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """(label index, partition votes, clean counts, noisy counts) from (T, L) label scores."""
+    votes = partition_votes(scores, temperature, rng)
+    clean = vote_histogram(votes, scores.shape[1])
+    noisy = clean + rng.laplace(0.0, scale, size=clean.shape)
+    best = np.flatnonzero(noisy == noisy.max())  # ties: uniformly at random, never by index
+    return int(rng.choice(best)), votes, clean, noisy
+
+
+@dataclass(frozen=True, slots=True)
+class LaplaceOutcome:
+    context: StoredContext
+    label: str
+    scale: float
+    partition_votes: npt.NDArray[np.int64]
+    clean_counts: npt.NDArray[np.float64]
+    noisy_counts: npt.NDArray[np.float64]
+    cost: Cost
+    budget: BudgetStatus
+    finish_reason: Literal["stop", "length"] = "stop"
+    completion_tokens: int = 0
+
+    @property
+    def text(self) -> str:
+        return self.label
+
+
+class LaplaceVoting(PartitionedMechanism):
+    """Noisy argmax of the partitions' vote histogram under Laplace noise."""
+
+    name = "laplace-voting"
+    task = "classification"
+    settings = LaplaceVotingSettings
+
+    def check(
+        self,
+        settings: Any,
+        *,
+        n_exemplars: int,
+        budget: BudgetSpec | None,
+        budget_given: bool,
+        limits: ContextLimits | None,
+    ) -> None:
+        super().check(
+            settings,
+            n_exemplars=n_exemplars,
+            budget=budget,
+            budget_given=budget_given,
+            limits=limits,
+        )
+        if budget is None:
+            raise ConfigurationError(
+                "a laplace-voting context needs budget {epsilon, delta}: its answers compose "
+                "in mu^2 and the spent epsilon is reported at the budget's delta",
+                param="budget",
+            )
+
+    def calibrate(self, settings: Any, n_exemplars: int) -> dict[str, Any]:
+        seed = settings.partition_seed
+        record: dict[str, Any] = settings.model_dump()
+        return record | {
+            "partition_seed": seed if seed is not None else secrets.randbits(63),
+            "scale": L1_SENSITIVITY / settings.epsilon,
+            "sensitivity": L1_SENSITIVITY,
+            "delta": 0.0,
+            "epsilon_exact": settings.epsilon,
+        }
+
+    def cost(self, record: Record) -> Cost:
+        eps = float(record["epsilon"])
+        return Cost(
+            epsilon=eps, delta=0.0, epsilon_exact=eps, mu2=pure_dp_mu2(eps), pure_epsilon=eps
+        )
+
+    async def answer(self, context: StoredContext, query: str, how: Answering) -> Outcome:
+        m = context.mechanism
+        cost = self.cost(m)
+        charged, scores = await paid_scores(
+            context, query, cost, engine=how.runtime.engine, ledger=how.ledger
+        )
+        scale = float(m["scale"])
+        index, votes, clean, noisy = laplace_vote(scores, scale, float(m["temperature"]), how.rng)
+        warn_abstained(votes, context)
+        return LaplaceOutcome(
+            context=charged,
+            label=context.labels[index],
+            scale=scale,
+            partition_votes=votes,
+            clean_counts=clean,
+            noisy_counts=noisy,
+            cost=cost,
+            budget=Ledger.status(charged, cost),
+        )
+
+    def debug_view(self, outcome: Any, whitebox: str) -> dict[str, Any] | None:
+        """``sigma`` is the noise's standard deviation, b sqrt(2) (the scale is sigma/sqrt 2)."""
+        out: LaplaceOutcome = outcome
+        labels = out.context.labels
+        body: dict[str, Any] = {
+            "sigma": out.scale * math.sqrt(2.0),
+            "noisy_votes": {lab: float(v) for lab, v in zip(labels, out.noisy_counts, strict=True)},
+        }
+        if whitebox == "internal":
+            body["clean_votes"] = {
+                lab: int(v) for lab, v in zip(labels, out.clean_counts, strict=True)
+            }
+            body["partition_votes"] = [
+                labels[v] if v >= 0 else None for v in map(int, out.partition_votes)
+            ]
+        return body
+
+
+#: The entry point's object: ``laplace-voting = "laplace_voting.server:LAPLACE_VOTING"``.
+LAPLACE_VOTING = LaplaceVoting()

@@ -1,0 +1,138 @@
+"""What a mechanism is to the server: the :class:`Mechanism` base class and the types its
+methods pass (documented as a whole in :mod:`dpicl.mechanisms.registry`).
+
+This module sits below every mechanism folder and below the registry: a mechanism
+subclasses :class:`Mechanism` without importing the registry that lists it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, Protocol
+
+import numpy as np
+from pydantic import BaseModel
+
+from dpicl.domain import BudgetSpec, ContextLimits, Task
+from dpicl.engines.base import Embedder, Engine
+from dpicl.privacy.ledger import BudgetStatus, Cost, Ledger
+from dpicl.store.repository import StoredContext
+
+#: The stored mechanism record: the user's settings plus what calibration derived.
+Record = Mapping[str, Any]
+
+
+class Runtime(Protocol):
+    """What a pipeline may use of the running server (``dpicl.api.deps.Services``)."""
+
+    @property
+    def engine(self) -> Engine: ...
+
+    async def get_embedder(self) -> Embedder: ...
+
+
+class TokenSink(Protocol):
+    """Hears an answer as it is released (streaming): its cost and the budget after the
+    charge, before the first token, then each piece of text as its token is sampled.
+    Mechanisms that release their answer whole never call it."""
+
+    async def charged(self, cost: Cost, budget: BudgetStatus) -> None: ...
+
+    async def text(self, delta: str) -> None: ...
+
+
+class Outcome(Protocol):
+    """One released answer, as the routes read it."""
+
+    @property
+    def context(self) -> StoredContext: ...  # with its ledger after the charge
+
+    @property
+    def text(self) -> str: ...  # the released text; a classification's label
+
+    @property
+    def cost(self) -> Cost: ...
+
+    @property
+    def budget(self) -> BudgetStatus: ...
+
+    @property
+    def finish_reason(self) -> Literal["stop", "length"]: ...
+
+    @property
+    def completion_tokens(self) -> int: ...  # tokens released one by one (0: whole)
+
+
+@dataclass(frozen=True, slots=True)
+class Answering:
+    """The per-request arguments of :meth:`Mechanism.answer`."""
+
+    runtime: Runtime
+    ledger: Ledger  # billed to the caller's key
+    rng: np.random.Generator  # DP randomness, seeded from OS entropy per request
+    max_tokens: int | None = None  # the request's max_tokens (generation)
+    exact: bool = False  # compute exact white-box diagnostics (DPICL_WHITEBOX=internal)
+    sink: TokenSink | None = None  # stream the answer to it, where the mechanism can
+
+
+@dataclass(frozen=True, slots=True)
+class OwnBudget:
+    """A mechanism that budgets itself (DPS-MOZO): the context's (epsilon, delta) and the
+    answers it may give, instead of a ``budget`` from the request."""
+
+    epsilon: float
+    delta: float
+    max_queries: int
+
+
+class Mechanism(ABC):
+    """One DP mechanism the server serves. Subclass it, set the class attributes and
+    implement the abstract methods; the registry documents the contract."""
+
+    #: The mechanism's name: the ``name`` of its settings and of its stored record.
+    name: ClassVar[str]
+    #: ``classification`` (served by /v1/classify) or ``generation`` (/v1/generate).
+    task: ClassVar[Task]
+    #: The settings model of ``POST /v1/contexts`` (its schema fragment; a pydantic model
+    #: whose ``name`` field is ``Literal[<name>]``), or None for a mechanism that is never
+    #: created from a request (``public`` contexts are derived by a synthesis).
+    settings: ClassVar[type[BaseModel] | None]
+
+    def check(
+        self,
+        settings: Any,
+        *,
+        n_exemplars: int,
+        budget: BudgetSpec | None,
+        budget_given: bool,
+        limits: ContextLimits | None,
+    ) -> None:
+        """Cross-field checks of a new context beyond the settings' own schema (raise
+        :class:`dpicl.errors.ConfigurationError` naming the bad value). ``budget_given``:
+        the request named ``budget`` (possibly as null); ``limits`` None: a library caller."""
+        return None
+
+    @abstractmethod
+    def calibrate(self, settings: Any, n_exemplars: int) -> dict[str, Any]:
+        """The stored record: ``settings.model_dump()`` plus what calibration derived, once,
+        at creation (every answer and report quotes the same numbers)."""
+
+    def own_budget(self, record: Record) -> OwnBudget | None:
+        """The context's budget when the mechanism sets it itself; None: the request's."""
+        return None
+
+    @abstractmethod
+    def cost(self, record: Record) -> Cost:
+        """The cost event of one answer, which the ledger composes (:class:`Cost`)."""
+
+    @abstractmethod
+    async def answer(self, context: StoredContext, query: str, how: Answering) -> Outcome:
+        """One answer: charge the ledger first (``dpicl.pipelines.engine_calls``), run the
+        engine, release, and report the outcome with the budget after the charge."""
+
+    def debug_view(self, outcome: Any, whitebox: str) -> dict[str, Any] | None:
+        """The white-box fields of ``outcome`` for ``/v1/debug/*`` at ``whitebox``
+        (``noisy`` or ``internal``); None: the mechanism has no private internals."""
+        return None

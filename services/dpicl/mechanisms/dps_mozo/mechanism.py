@@ -1,0 +1,225 @@
+"""DPS-MOZO as the server serves it: its settings (the schema fragment of
+``POST /v1/contexts``), calibration (eps0 proven, or the paper's beta), its own budget in
+queries, cost event (:mod:`.accounting`), pipeline (:mod:`.pipeline`) and white-box view."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dpicl.domain import BudgetSpec, ContextLimits, Delta, Epsilon, Float, Int, OptionalInt
+from dpicl.errors import ConfigurationError
+from dpicl.mechanisms.base import Answering, Mechanism, Outcome, OwnBudget, Record
+from dpicl.mechanisms.dps_mozo.accounting import guarantee_of, mozo_cost
+from dpicl.mechanisms.dps_mozo.calibration import calibrate_beta
+from dpicl.mechanisms.dps_mozo.pipeline import MozoOutcome, run_mozo
+from dpicl.mechanisms.dps_mozo.proven import calibrate_max_log_ratio
+from dpicl.privacy.ledger import Cost
+from dpicl.store.repository import StoredContext
+
+
+class MozoSettings(BaseModel):
+    """DPS-MOZO (paper 004, Algorithm 1): per-token private decoding, budgeted in queries.
+
+    ``epsilon`` and ``delta`` are the guarantee for the whole context: ``queries`` answers of
+    at most ``max_tokens`` tokens each, calibrated once, at creation. ``guarantee: "proven"``
+    (default) bounds each mixed distribution's max log-ratio to the zero-shot one by eps0,
+    which makes the epsilon true (docs/privacy.md); ``"paper"`` is paper 004's Renyi
+    constraint at (beta, alpha), whose epsilon is nominal (Theorem B.3 does not hold).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: Literal["dps-mozo"] = "dps-mozo"
+    epsilon: Epsilon = Field(description="Total epsilon over all `queries` answers.")
+    delta: Delta | None = Field(
+        default=None, description="Total delta; default 1/|D| (|D| exemplars)."
+    )
+    guarantee: Literal["proven", "paper"] = Field(
+        default="proven",
+        description="proven: max-log-ratio constraint, true (epsilon, delta); paper: paper "
+        "004's Renyi constraint, nominal epsilon.",
+    )
+    alpha: OptionalInt = Field(
+        default=None,
+        ge=2,
+        le=1024,
+        description="guarantee paper only: Renyi order; default: the smallest whose "
+        "RDP-to-DP conversion costs at most epsilon/2 (paper 004, Section 5.1).",
+    )
+    n_shots: Int = Field(
+        default=4, ge=1, le=1024, description="Exemplars sampled per token (<= |D|)."
+    )
+    top_k: Int = Field(default=100, ge=1, le=1000, description="Zero-shot top-k support.")
+    max_tokens: Int = Field(default=48, ge=1, le=1024, description="T_max per answer.")
+    queries: Int = Field(ge=1, le=1_000_000, description="Answers the context will give.")
+    lambda_max: Float = Field(default=1.5, ge=0.0, le=10.0, description="Upper end of lambda.")
+
+    def resolved_delta(self, n_exemplars: int) -> float:
+        return self.delta if self.delta is not None else 1.0 / n_exemplars
+
+
+def calibrate_mozo(mech: MozoSettings, n_exemplars: int) -> dict[str, Any]:
+    """For ``queries * max_tokens`` tokens at q = n_shots/|D|: eps0 in the proven mode
+    (:mod:`dpicl.mechanisms.dps_mozo.proven`), beta in the paper's (paper 004, Eq. 8)."""
+    delta = mech.resolved_delta(n_exemplars)
+    if mech.guarantee == "proven":
+        proven = calibrate_max_log_ratio(
+            mech.epsilon,
+            delta,
+            n_shots=mech.n_shots,
+            sample_rate=mech.n_shots / n_exemplars,
+            tokens=mech.queries * mech.max_tokens,
+        )
+        return mech.model_dump() | {
+            "delta": delta,
+            "max_log_ratio": proven.max_log_ratio,
+            "per_token_epsilon": proven.per_token_epsilon,
+            "amplified_per_token_epsilon": proven.amplified_epsilon,
+            "sample_rate": proven.sample_rate,
+            "tokens": proven.tokens,
+        }
+    cal = calibrate_beta(
+        mech.epsilon,
+        delta,
+        mech.alpha,
+        tokens=mech.queries * mech.max_tokens,
+        sample_rate=mech.n_shots / n_exemplars,
+    )
+    return mech.model_dump() | {
+        "delta": delta,
+        "max_log_ratio": None,
+        "per_token_epsilon": None,
+        "alpha": cal.alpha,
+        "beta": cal.beta,
+        "radius": cal.radius,
+        "rdp_epsilon": cal.rdp_epsilon,
+        "per_token_rdp": cal.per_token_rdp,
+        "sample_rate": cal.sample_rate,
+        "tokens": cal.tokens,
+    }
+
+
+class Mozo(Mechanism):
+    """Per-token private decoding over one-shot distributions mixed with the zero-shot one."""
+
+    name = "dps-mozo"
+    task = "generation"
+    settings = MozoSettings
+
+    def check(
+        self,
+        settings: Any,
+        *,
+        n_exemplars: int,
+        budget: BudgetSpec | None,
+        budget_given: bool,
+        limits: ContextLimits | None,
+    ) -> None:
+        mech: MozoSettings = settings
+        n = n_exemplars
+        if mech.n_shots > n:
+            raise ConfigurationError(
+                f"n_shots={mech.n_shots} is larger than the number of exemplars ({n})",
+                param="mechanism.n_shots",
+            )
+        if mech.guarantee == "proven" and mech.alpha is not None:
+            raise ConfigurationError(
+                f"alpha={mech.alpha} only applies to guarantee 'paper'; the proven mode "
+                "has no Renyi order",
+                param="mechanism.alpha",
+            )
+        if mech.delta is None and n < 2:
+            raise ConfigurationError(
+                f"the default delta 1/|D| needs at least 2 exemplars, got {n}; give delta",
+                param="mechanism.delta",
+            )
+        if budget is not None:
+            raise ConfigurationError(
+                "a dps-mozo context is budgeted by mechanism.epsilon over mechanism.queries "
+                f"answers; omit budget (got {budget!r})",
+                param="budget",
+            )
+
+    def calibrate(self, settings: Any, n_exemplars: int) -> dict[str, Any]:
+        return calibrate_mozo(settings, n_exemplars)
+
+    def own_budget(self, record: Record) -> OwnBudget | None:
+        """The mechanism's own (epsilon, delta) is the context's budget, spent in queries."""
+        return OwnBudget(
+            epsilon=float(record["epsilon"]),
+            delta=float(record["delta"]),
+            max_queries=int(record["queries"]),
+        )
+
+    def cost(self, record: Record) -> Cost:
+        return mozo_cost(record)
+
+    async def answer(self, context: StoredContext, query: str, how: Answering) -> Outcome:
+        return await run_mozo(
+            context,
+            query,
+            engine=how.runtime.engine,
+            ledger=how.ledger,
+            rng=how.rng,
+            max_tokens=how.max_tokens,
+            exact=how.exact,
+            sink=how.sink,
+        )
+
+    def debug_view(self, outcome: Any, whitebox: str) -> dict[str, Any] | None:
+        """Per token: the top-k, lambdas, log-ratios (and divergences in the paper's mode);
+        at ``internal`` also the sampled shots, the distributions and the exact values."""
+        out: MozoOutcome = outcome
+        internal = whitebox == "internal"
+        m = out.context.mechanism
+        proven = guarantee_of(m) == "proven"
+        tokens: list[dict[str, object]] = []
+        worst_div = 0.0
+        worst_ratio = 0.0
+        for t in out.tokens:
+            tok: dict[str, object] = {
+                "token_id": t.token_id,
+                "top_ids": t.top_ids.tolist(),
+                "lambdas": t.lambdas.tolist(),
+                "log_ratios": t.log_ratios.tolist(),
+                "divergences": None if t.divergences is None else t.divergences.tolist(),
+            }
+            if internal:
+                tok["shots"] = t.shots.tolist()
+                tok["mixed_probs"] = t.mixed_probs.tolist()
+                tok["zero_shot_probs"] = t.zero_probs.tolist()
+                tok["product_probs"] = t.product_probs.tolist()
+                if t.exact is not None:
+                    tok["exact_divergences"] = t.exact.tolist()
+                    worst_div = max(worst_div, float(t.exact.max(initial=0.0)))
+                if t.exact_log_ratios is not None:
+                    tok["exact_log_ratios"] = t.exact_log_ratios.tolist()
+                    worst_ratio = max(worst_ratio, float(t.exact_log_ratios.max(initial=0.0)))
+            tokens.append(tok)
+        body: dict[str, Any] = {"guarantee": guarantee_of(m), "tokens": tokens}
+        if proven:
+            eps0 = float(m["max_log_ratio"])
+            body |= {
+                "max_log_ratio": eps0,
+                "per_token_epsilon": float(m["per_token_epsilon"]),
+                "radius": eps0,
+                "per_token_bound": float(m["per_token_epsilon"]),
+            }
+        else:
+            alpha, beta = int(m["alpha"]), float(m["beta"])
+            body |= {
+                "alpha": alpha,
+                "beta": beta,
+                "radius": beta * alpha,
+                "per_token_bound": 4.0 * beta * alpha,
+            }
+        if internal:
+            body["max_exact_log_ratio"] = worst_ratio
+            if not proven:
+                body["max_exact_divergence"] = worst_div
+        return body
+
+
+DPS_MOZO = Mozo()

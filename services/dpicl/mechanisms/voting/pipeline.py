@@ -1,0 +1,92 @@
+"""Private voting (Algorithm 2 of paper 000) as a request pipeline.
+
+query -> T partition prompts (one engine batch) -> label scores -> per-partition votes ->
+Gaussian-noised histogram -> noisy argmax. The ledger is charged before the engine runs and
+refunded if the engine fails, so a failure costs nothing and no answer escapes unpaid.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from dpicl.engines.base import Engine
+from dpicl.mechanisms.partitioned import gaussian_cost
+from dpicl.mechanisms.voting.release import ABSTAIN, VotingRelease, private_vote
+from dpicl.pipelines.engine_calls import paid_engine_call
+from dpicl.pipelines.partitions import partition_prompts
+from dpicl.privacy.ledger import BudgetStatus, Cost, Ledger
+from dpicl.store.repository import StoredContext
+
+log = logging.getLogger("dpicl.pipelines")
+
+
+@dataclass(frozen=True, slots=True)
+class VotingOutcome:
+    context: StoredContext
+    label: str
+    release: VotingRelease
+    sigma: float
+    cost: Cost
+    budget: BudgetStatus
+
+    @property
+    def text(self) -> str:
+        return self.label
+
+    finish_reason: Literal["stop", "length"] = "stop"
+    completion_tokens: int = 0
+
+
+async def paid_scores(
+    context: StoredContext, query: str, cost: Cost, *, engine: Engine, ledger: Ledger
+) -> tuple[StoredContext, npt.NDArray[np.float64]]:
+    """Charge ``cost``, then score every label in each of the T partition prompts (one
+    engine batch): the context after the charge and the (T, L) log-likelihoods. Shared by
+    every voting variant (refunded if the engine fails, like every paid call)."""
+    prompts = partition_prompts(context, query)
+    charged, scores = await paid_engine_call(
+        ledger, context, cost, engine.name, engine.score_labels(prompts, context.labels)
+    )
+    return charged, np.asarray(scores, dtype=np.float64)
+
+
+def warn_abstained(partition_votes: npt.NDArray[np.int64], context: StoredContext) -> None:
+    """Tell the operator (the server log, never the client) how many partitions abstained."""
+    abstained = int((partition_votes == ABSTAIN).sum())
+    if abstained:
+        # The answer stands (an abstaining partition keeps the sensitivity); the operator
+        # should still hear that the model's numerics failed.
+        log.warning(
+            "%d of %d partitions of context %s abstained: their label scores were not usable",
+            abstained,
+            partition_votes.size,
+            context.id,
+        )
+
+
+async def run_voting(
+    context: StoredContext,
+    query: str,
+    *,
+    engine: Engine,
+    ledger: Ledger,
+    rng: np.random.Generator,
+) -> VotingOutcome:
+    cost = gaussian_cost(context.mechanism)
+    charged, scores = await paid_scores(context, query, cost, engine=engine, ledger=ledger)
+    sigma = float(context.mechanism["sigma"])
+    release = private_vote(scores, sigma, float(context.mechanism["temperature"]), rng)
+    warn_abstained(release.partition_votes, context)
+    return VotingOutcome(
+        context=charged,
+        label=context.labels[release.label_index],
+        release=release,
+        sigma=sigma,
+        cost=cost,
+        budget=Ledger.status(charged, cost),
+    )
