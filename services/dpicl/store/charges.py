@@ -5,7 +5,7 @@ A query is admitted only if, in ONE transaction,
 1. the key's row (a database key) takes it: not revoked, its own budget
    (``mu2_spent + mu2 <= mu2_max * slack``) and its rate window (fewer than ``rate_limit``
    answers in the current minute) allow it; one conditional UPDATE;
-2. the context's row takes it: the context's conditional UPDATE (``repository.CHARGE``);
+2. the context's row takes it: the context's conditional UPDATE (:data:`CHARGE`);
 3. a spend row records it (``answered``).
 
 Any refusal rolls the whole transaction back, so neither budget is touched. Each UPDATE is
@@ -23,6 +23,7 @@ the next); within any one window it gets at most the limit. Refused requests are
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, cast
@@ -40,7 +41,7 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.elements import BindParameter, ColumnElement
 
 from dpicl.store.keys import Principal
 from dpicl.store.models import ContextRow, KeyRow, SpendRow
@@ -49,6 +50,31 @@ _CTX = cast(Table, ContextRow.__table__)
 _KEYS = cast(Table, KeyRow.__table__)
 _SPEND = cast(Table, SpendRow.__table__)
 _MU2 = bindparam("mu2", type_=Float)
+
+#: The charge, built once: bound parameters only, so every request reuses one compiled
+#: statement. Both conditions and the increment are one UPDATE of one row (atomic; see the
+#: module docstring); ``slack`` is 1 + the relative tolerance of the budget's mu^2.
+CHARGE = (
+    update(_CTX)
+    .where(
+        _CTX.c.id == bindparam("cid"),
+        _CTX.c.mu2_max.is_(None)
+        | (_CTX.c.mu2_spent + _MU2 <= _CTX.c.mu2_max * bindparam("slack", type_=Float)),
+        _CTX.c.max_queries.is_(None) | (_CTX.c.queries < _CTX.c.max_queries),
+    )
+    .values(mu2_spent=_CTX.c.mu2_spent + _MU2, queries=_CTX.c.queries + 1)
+    .returning(_CTX.c.mu2_spent, _CTX.c.queries)
+)
+
+#: Undo a charge whose answer was never released, never below zero.
+REFUND = (
+    update(_CTX)
+    .where(_CTX.c.id == bindparam("cid"))
+    .values(
+        mu2_spent=case((_CTX.c.mu2_spent > _MU2, _CTX.c.mu2_spent - _MU2), else_=0.0),
+        queries=case((_CTX.c.queries > 0, _CTX.c.queries - 1), else_=0),
+    )
+)
 
 RefusalReason = Literal["context", "key_budget", "rate", "revoked"]
 
@@ -93,7 +119,9 @@ def _clock(backend: str, per: int) -> ColumnElement[Any]:
 class ChargeStatements:
     """The statements of a charge and a refund for one back end, built once."""
 
-    def __init__(self, backend: str, context_charge: Any, context_refund: Any) -> None:
+    def __init__(
+        self, backend: str, context_charge: Any = CHARGE, context_refund: Any = REFUND
+    ) -> None:
         k = _KEYS.c
         now_s = _clock(backend, 1)
         window = _clock(backend, 60)
@@ -137,6 +165,19 @@ class ChargeStatements:
             )
         )
         self.spend = insert(_SPEND).returning(_SPEND.c.id)
+        # A group's rows locked up front, keys before contexts, each in id order: the lock
+        # order every transaction follows (see charge_group). SQLite locks the database.
+        self.backend = backend
+        ids: BindParameter[Any] = bindparam("ids", expanding=True)
+        self.lock_keys = (
+            select(k.id).where(k.id.in_(ids)).order_by(k.id).with_for_update(key_share=True)
+        )
+        self.lock_contexts = (
+            select(_CTX.c.id)
+            .where(_CTX.c.id.in_(ids))
+            .order_by(_CTX.c.id)
+            .with_for_update(key_share=True)
+        )
         self.spend_refunded = (
             update(_SPEND)
             .where(_SPEND.c.id == bindparam("sid"), _SPEND.c.outcome == "answered")
@@ -185,6 +226,41 @@ def charge(conn: Connection, st: ChargeStatements, req: ChargeRequest) -> Charge
     return Charged(mu2_spent=float(row[0]), queries=int(row[1]), spend_id=int(spend_id))
 
 
+def charge_group(
+    conn: Connection, st: ChargeStatements, reqs: Sequence[ChargeRequest]
+) -> list[Charged | Refused]:
+    """Run several charges in ``conn``'s one transaction, in order, each as :func:`charge`
+    inside a SAVEPOINT: a refused one is rolled back to its savepoint (exactly: nothing it
+    wrote stays) and the next sees the rows as the members before it left them. Any other
+    error leaves the transaction to fail whole (every member gets it; nothing is charged).
+
+    Locks: on PostgreSQL the members' key rows, then their context rows, each in id order,
+    are locked first (``FOR NO KEY UPDATE``, the lock an UPDATE takes), so two groups, or a
+    group and a single charge or refund (key row, then context row), never wait for each
+    other in a cycle. On SQLite the transaction takes the database's write lock at once
+    (``BEGIN IMMEDIATE``; it also keeps the driver from starting the transaction at the
+    first savepoint, whose RELEASE would then commit it).
+    """
+    if st.backend == "sqlite":
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+    else:
+        keys = sorted({r.principal.key_id for r in reqs if r.principal.stored})
+        if keys:
+            conn.execute(st.lock_keys, {"ids": keys}).all()
+        conn.execute(st.lock_contexts, {"ids": sorted({r.context_id for r in reqs})}).all()
+    out: list[Charged | Refused] = []
+    for req in reqs:
+        savepoint = conn.begin_nested()
+        try:
+            out.append(charge(conn, st, req))
+        except Rollback as exc:
+            savepoint.rollback()
+            out.append(exc.refused)
+        else:
+            savepoint.commit()
+    return out
+
+
 def refund(conn: Connection, st: ChargeStatements, req: ChargeRequest, spend_id: int) -> None:
     """Undo an answered charge (the engine failed): both ledgers and its spend row."""
     # The key's row first, as in a charge: two transactions never lock the two rows in
@@ -212,12 +288,15 @@ def _spend_values(req: ChargeRequest, outcome: str) -> dict[str, Any]:
 
 
 __all__ = [
+    "CHARGE",
+    "REFUND",
     "ChargeRequest",
     "ChargeStatements",
     "Charged",
     "Refused",
     "Rollback",
     "charge",
+    "charge_group",
     "record_refusal",
     "refund",
 ]
