@@ -151,23 +151,23 @@ def test_a_failed_transaction_fails_every_member_and_charges_nothing(url: str) -
     repo = _repo(url)
     inserts = 0
 
-    def fail_the_third_spend_row(conn: Any, cursor: Any, sql: str, *args: Any) -> None:
+    def fail_after_the_first_spend_row(conn: Any, cursor: Any, sql: str, *args: Any) -> None:
         nonlocal inserts
         if sql.lstrip().upper().startswith("INSERT INTO DPICL_SPEND "):
             inserts += 1
-            if inserts == 3:
+            if inserts >= 2:
                 raise OperationalError(sql, None, RuntimeError("the database failed mid-group"))
 
     async def main() -> tuple[list[Any], str]:
         cid = await _context(repo, mu2_max=None)
         reqs = [repo.charge_request(cid, INTERNAL, 1.0, 0.1, 0.0) for _ in range(8)]
-        event.listen(repo.engine, "before_cursor_execute", fail_the_third_spend_row)
+        event.listen(repo.engine, "before_cursor_execute", fail_after_the_first_spend_row)
         try:
             # The first charge is written alone; the other 7 queue behind it as one group,
-            # whose second spend row (the third in all) fails.
+            # whose spend rows (written after every member's UPDATEs) fail.
             outs = await asyncio.gather(*(repo.charge(r) for r in reqs), return_exceptions=True)
         finally:
-            event.remove(repo.engine, "before_cursor_execute", fail_the_third_spend_row)
+            event.remove(repo.engine, "before_cursor_execute", fail_after_the_first_spend_row)
         return outs, cid
 
     try:

@@ -165,6 +165,8 @@ class ChargeStatements:
             )
         )
         self.spend = insert(_SPEND).returning(_SPEND.c.id)
+        # A group's spend rows in one INSERT, their ids in the order of the parameters.
+        self.spend_many = insert(_SPEND).returning(_SPEND.c.id, sort_by_parameter_order=True)
         # A group's rows locked up front, keys before contexts, each in id order: the lock
         # order every transaction follows (see charge_group). SQLite locks the database.
         self.backend = backend
@@ -209,9 +211,9 @@ class ChargeRequest:
     slack: float
 
 
-def charge(conn: Connection, st: ChargeStatements, req: ChargeRequest) -> Charged:
-    """Run the charge in ``conn``'s transaction; raise :class:`Rollback` (the caller rolls
-    back and reports its :class:`Refused`) when anything refuses it."""
+def _admit(conn: Connection, st: ChargeStatements, req: ChargeRequest) -> Any:
+    """The key's and the context's conditional UPDATEs; the context's row after them, or
+    :class:`Rollback` (the key's UPDATE may then have been made: the caller rolls back)."""
     p = req.principal
     if p.stored:
         params = {"kid": p.key_id, "mu2": req.mu2, "slack": req.slack}
@@ -222,6 +224,13 @@ def charge(conn: Connection, st: ChargeStatements, req: ChargeRequest) -> Charge
     ).first()
     if row is None:
         raise Rollback(Refused("context"))
+    return row
+
+
+def charge(conn: Connection, st: ChargeStatements, req: ChargeRequest) -> Charged:
+    """Run the charge in ``conn``'s transaction; raise :class:`Rollback` (the caller rolls
+    back and reports its :class:`Refused`) when anything refuses it."""
+    row = _admit(conn, st, req)
     spend_id = conn.execute(st.spend, [_spend_values(req, "answered")]).scalar_one()
     return Charged(mu2_spent=float(row[0]), queries=int(row[1]), spend_id=int(spend_id))
 
@@ -229,35 +238,55 @@ def charge(conn: Connection, st: ChargeStatements, req: ChargeRequest) -> Charge
 def charge_group(
     conn: Connection, st: ChargeStatements, reqs: Sequence[ChargeRequest]
 ) -> list[Charged | Refused]:
-    """Run several charges in ``conn``'s one transaction, in order, each as :func:`charge`
-    inside a SAVEPOINT: a refused one is rolled back to its savepoint (exactly: nothing it
-    wrote stays) and the next sees the rows as the members before it left them. Any other
-    error leaves the transaction to fail whole (every member gets it; nothing is charged).
+    """Run several charges in ``conn``'s one transaction, in order, each admitted as by
+    :func:`charge`: each member sees the rows as the members before it left them.
 
-    Locks: on PostgreSQL the members' key rows, then their context rows, each in id order,
-    are locked first (``FOR NO KEY UPDATE``, the lock an UPDATE takes), so two groups, or a
-    group and a single charge or refund (key row, then context row), never wait for each
-    other in a cycle. On SQLite the transaction takes the database's write lock at once
-    (``BEGIN IMMEDIATE``; it also keeps the driver from starting the transaction at the
-    first savepoint, whose RELEASE would then commit it).
+    A refused member changes nothing: without a key row its only write is the context's
+    conditional UPDATE, which a refusal does not apply; with one (two conditional UPDATEs:
+    the key's may be applied before the context's refuses) it runs inside a SAVEPOINT,
+    rolled back on refusal. The answered members' spend rows are then written in one
+    multi-row INSERT (their ids returned in the members' order). Any other error leaves the
+    transaction to fail whole (every member gets it; nothing is charged).
+
+    Locks: on PostgreSQL, when the group touches more than one row, the members' key rows,
+    then their context rows, each in id order, are locked first (``FOR NO KEY UPDATE``, the
+    lock an UPDATE takes), so two groups, or a group and a single charge or refund (key
+    row, then context row), never wait for each other in a cycle. On SQLite the
+    transaction takes the database's write lock at once (``BEGIN IMMEDIATE``; it also keeps
+    the driver from starting the transaction at a first savepoint, whose RELEASE would then
+    commit it).
     """
+    keys = sorted({r.principal.key_id for r in reqs if r.principal.stored})
+    contexts = sorted({r.context_id for r in reqs})
     if st.backend == "sqlite":
         conn.exec_driver_sql("BEGIN IMMEDIATE")
-    else:
-        keys = sorted({r.principal.key_id for r in reqs if r.principal.stored})
+    elif len(keys) + len(contexts) > 1:
         if keys:
             conn.execute(st.lock_keys, {"ids": keys}).all()
-        conn.execute(st.lock_contexts, {"ids": sorted({r.context_id for r in reqs})}).all()
+        conn.execute(st.lock_contexts, {"ids": contexts}).all()
     out: list[Charged | Refused] = []
+    admitted: list[tuple[int, ChargeRequest, Any]] = []
     for req in reqs:
-        savepoint = conn.begin_nested()
+        savepoint = conn.begin_nested() if req.principal.stored else None
         try:
-            out.append(charge(conn, st, req))
+            row = _admit(conn, st, req)
         except Rollback as exc:
-            savepoint.rollback()
+            if savepoint is not None:
+                savepoint.rollback()
             out.append(exc.refused)
-        else:
+            continue
+        if savepoint is not None:
             savepoint.commit()
+        admitted.append((len(out), req, row))
+        out.append(Refused("context"))  # replaced below, once its spend row is written
+    if admitted:
+        ids = (
+            conn.execute(st.spend_many, [_spend_values(req, "answered") for _, req, _ in admitted])
+            .scalars()
+            .all()
+        )
+        for (at, _, row), spend_id in zip(admitted, ids, strict=True):
+            out[at] = Charged(mu2_spent=float(row[0]), queries=int(row[1]), spend_id=int(spend_id))
     return out
 
 
