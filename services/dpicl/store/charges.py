@@ -1,4 +1,4 @@
-"""One charge, one transaction: the key's limits, the context's ledger and the spend row.
+"""A charge's SQL: the key's limits, the context's ledger and the spend row, in one transaction.
 
 A query is admitted only if, in ONE transaction,
 
@@ -8,7 +8,8 @@ A query is admitted only if, in ONE transaction,
 2. the context's row takes it: the context's conditional UPDATE (:data:`CHARGE`);
 3. a spend row records it (``answered``).
 
-Any refusal rolls the whole transaction back, so neither budget is touched. Each UPDATE is
+Any refusal rolls the whole transaction back, so neither budget is touched (in a group of
+concurrent charges, :func:`charge_group`, it rolls back only that member's writes). Each UPDATE is
 atomic on both back ends (SQLite: one writer at a time; PostgreSQL: a row lock, the WHERE
 clause re-evaluated on the locked row), and a transaction locks the key's row before the
 context's, always in that order (a refund too), so two charges cannot deadlock. So no

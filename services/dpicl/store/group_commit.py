@@ -18,9 +18,11 @@ Why it stays exact:
   context's), in the group's transaction, so it is checked against its context's (and key's)
   remaining budget and rate window as the members before it left them: the outcome of a
   group is that of its members charged one after another, in order;
-* a refused member is rolled back to its own SAVEPOINT, so nothing it wrote stays and no
-  other member is touched; it gets its own :class:`~dpicl.store.charges.Refused` (and the
-  ledger records its refusal as before, in a transaction of its own);
+* a refused member leaves nothing behind and touches no other member: its only write is
+  the context's conditional UPDATE, which a refusal does not apply, or, with a key row (two
+  conditional UPDATEs), it runs inside a SAVEPOINT that the refusal rolls back. It gets its
+  own :class:`~dpicl.store.charges.Refused` (and the ledger records its refusal as before,
+  in a transaction of its own); the admitted members' spend rows follow in one INSERT;
 * across processes nothing changed: the conditional UPDATEs are still atomic on the locked
   row (PostgreSQL re-evaluates their WHERE clause after another transaction commits; SQLite
   has one writer), the group's rows are locked keys first, then contexts, each in id order,
