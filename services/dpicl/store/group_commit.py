@@ -32,9 +32,10 @@ Why it stays exact:
   members' changes were all in the one transaction. Its outcome is unknown only where a
   single charge's was (a commit that failed or ran past the deadline), and then every
   member's charge stays spent, as a single one does (docs/privacy.md);
-* a member whose caller is gone (cancelled) before its group starts is dropped, charged
-  nothing; one cancelled later may be charged, its answer never released: spent, never
-  overspent.
+* a charge written alone runs in its caller's task, so a caller that is cancelled aborts
+  its database call as before (store/deadline.py); a grouped member whose caller is gone
+  before its group starts is dropped, charged nothing; one cancelled later may be charged,
+  its answer never released: spent, never overspent.
 
 ``window_s`` 0 turns grouping off: one transaction per charge (``DPICL_LEDGER_GROUP_COMMIT_MS``).
 """
@@ -111,6 +112,20 @@ class GroupCommit:
         loop = asyncio.get_running_loop()
         if self._loop is not loop:  # a new event loop (tests run several): nothing carries
             self._loop, self._queue, self._in_flight, self._timer = loop, deque(), 0, None
+        if self._in_flight == 0 and not self._queue:
+            # Alone: written at once, in the caller's own task, so that a caller cancelled
+            # meanwhile aborts its database call exactly as without grouping.
+            self._in_flight += 1
+            try:
+                out = await self._one(req)
+            finally:
+                if self._loop is loop:
+                    self._in_flight -= 1
+                    if self._queue:  # they waited for this charge: they go now
+                        self._start(loop)
+            self.groups += 1
+            self.grouped += 1
+            return out
         fut: asyncio.Future[Charged | Refused] = loop.create_future()
         self._queue.append((req, fut))
         if self._in_flight == 0 or len(self._queue) >= self.max_group:
