@@ -25,6 +25,14 @@ client, are what is measured. CPU per request is the server process's user+syste
 reported, not hidden: it is what unserialised charges do under load.
 
     .venv/bin/python bench/http_load.py [--quick] [--baseline REV] [--concurrency 16]
+
+``--ledger`` measures the ledger under concurrency instead (issue 30, item 3): requests/s at
+concurrency 16 against 1 on the oracle engine, on SQLite and on PostgreSQL, with one
+transaction per charge (``single``: ``DPICL_LEDGER_GROUP_COMMIT_MS=0``, the charge path
+before group commit) against group commit (``group``: the default window), all servers of
+this checkout, interleaved rounds, the load average printed beside them:
+
+    .venv/bin/python bench/http_load.py --ledger [--requests 600] [--rounds 3] [--pg-url URL]
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 from io import BytesIO
 from pathlib import Path
@@ -298,6 +307,106 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Round]:
             s.stop()
 
 
+#: The PostgreSQL server the ledger benchmark creates its databases on (as the tests do).
+PG_ADMIN_URL = os.environ.get("DPICL_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+#: The charge paths compared by --ledger: DPICL_LEDGER_GROUP_COMMIT_MS of each.
+CHARGE_PATHS = {"single": "0", "group": "5"}
+
+
+def pg_databases(admin_url: str, names: list[str], *, drop: bool) -> list[str]:
+    """Create (or drop) fresh databases on ``admin_url``'s server; their URLs."""
+    import sqlalchemy as sa
+
+    eng = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    try:
+        with eng.connect() as conn:
+            for name in names:
+                if drop:
+                    conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+                else:
+                    conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    finally:
+        eng.dispose()
+    return [admin_url.rsplit("/", 1)[0] + "/" + name for name in names]
+
+
+def load_average() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} CPUs"
+
+
+async def run_ledger(args: argparse.Namespace, tmp: Path, pg_urls: dict[str, str]) -> None:
+    here = ROOT / "services"
+    servers = []
+    for db in ("sqlite", "postgresql"):
+        for path, window_ms in CHARGE_PATHS.items():
+            name = f"{db}, {path}"
+            env = {"DPICL_LEDGER_GROUP_COMMIT_MS": window_ms}
+            if db == "postgresql":
+                env["DPICL_DATABASE_URL"] = pg_urls[name]
+            servers.append(
+                start(name, here, tmp / name.replace(", ", "-"), "auto", "served", **env)
+            )
+    levels = (1, args.concurrency)
+    try:
+        for s in servers:
+            await wait_ready(s)
+        cids = {s.name: await create_context(s) for s in servers}
+        for s in servers:  # warm-up: imports, first charge, caches
+            await load(s, cids[s.name], max(50, args.requests // 10), args.concurrency)
+        rounds: dict[tuple[str, int], list[Round]] = {}
+        for r in range(args.rounds):
+            for s in servers:
+                for c in levels:
+                    res = await load(s, cids[s.name], args.requests, c)
+                    rounds.setdefault((s.name, c), []).append(res)
+                    print(
+                        f"  round {r + 1} {s.name:>18} c={c:<3}: {res.rps:7.0f} req/s  "
+                        f"{res.cpu_ms:5.2f} ms CPU/req  p50 {res.p50_ms:6.1f} ms  "
+                        f"p99 {res.p99_ms:6.1f} ms  503s {res.busy}  load {load_average()}",
+                        flush=True,
+                    )
+    finally:
+        for s in servers:
+            s.stop()
+    med = {k: median_round(v) for k, v in rounds.items()}
+    print(f"\nmedians (requests/s), load average now {load_average()}:")
+    print(f"  {'':>18}  {'c=1':>8}  {f'c={args.concurrency}':>8}  ratio c={args.concurrency}/c=1")
+    for s in servers:
+        one, many = med[(s.name, 1)], med[(s.name, args.concurrency)]
+        print(
+            f"  {s.name:>18}  {one.rps:8.0f}  {many.rps:8.0f}  x{many.rps / one.rps:.2f}"
+            f"   (p99 c={args.concurrency}: {many.p99_ms:.1f} ms, 503s {many.busy})"
+        )
+    for db in ("sqlite", "postgresql"):
+        single, group = (
+            med[(f"{db}, single", args.concurrency)],
+            med[(f"{db}, group", args.concurrency)],
+        )
+        print(
+            f"requests/s at c={args.concurrency}, group / single, {db}: "
+            f"x{group.rps / single.rps:.2f}"
+        )
+
+
+def main_ledger(args: argparse.Namespace) -> None:
+    print(
+        f"ledger: oracle /v1/classify, T=4, {args.requests} requests x {args.rounds} "
+        f"interleaved rounds at concurrency 1 and {args.concurrency}; charge paths "
+        f"{CHARGE_PATHS} (DPICL_LEDGER_GROUP_COMMIT_MS); SQLite and PostgreSQL "
+        f"({args.pg_url.rsplit('@', 1)[-1]}); load average {load_average()}",
+        flush=True,
+    )
+    names = [f"{db}, {path}" for db in ("postgresql",) for path in CHARGE_PATHS]
+    dbs = [f"dpicl_bench_{uuid.uuid4().hex[:12]}" for _ in names]
+    pg_urls = dict(zip(names, pg_databases(args.pg_url, dbs, drop=False), strict=True))
+    try:
+        with tempfile.TemporaryDirectory(prefix="dpicl-bench-ledger-") as tmp:
+            asyncio.run(run_ledger(args, Path(tmp), pg_urls))
+    finally:
+        pg_databases(args.pg_url, dbs, drop=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="a few hundred requests (tests)")
@@ -305,9 +414,19 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=3000, help="requests per round")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument(
+        "--ledger",
+        action="store_true",
+        help="concurrency 16 against 1, one transaction per charge against group commit, "
+        "on SQLite and PostgreSQL",
+    )
+    p.add_argument("--pg-url", default=PG_ADMIN_URL, help="PostgreSQL for --ledger")
     args = p.parse_args()
     if args.quick:
         args.requests, args.rounds, args.concurrency = 200, 1, 4
+    if args.ledger:
+        main_ledger(args)
+        return
     print(
         f"oracle /v1/classify on SQLite, T=4, {args.requests} requests x {args.rounds} "
         f"interleaved rounds, {args.concurrency} keep-alive connections; before = "

@@ -98,7 +98,7 @@ class Shared:
             ones = torch.ones((g.attn.shape[0], 1), dtype=g.attn.dtype, device=eng.device)
             g.attn = torch.cat([g.attn, ones], 1)
             g.pos = g.pos + 1
-            res = eng._forward(
+            res = eng.forward(
                 per_row[:, None], g.attn, g.pos[:, None], past=g.cache, use_cache=True
             )
             g.cache = res.past_key_values

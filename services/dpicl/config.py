@@ -94,6 +94,10 @@ class Settings(BaseSettings):
     # time (two charges never meet in SQLite's sleeping busy handler; off only to compare).
     context_cache_mb: int = Field(default=64, ge=0, le=65_536)
     db_serialize_sqlite_writes: bool = True
+    # Group commit (issue 30): charges that arrive while this process writes another group
+    # go together in one transaction once it is done, or after waiting this long
+    # (dpicl.store.group_commit); 0: one transaction per charge.
+    ledger_group_commit_ms: float = Field(default=5.0, ge=0, le=1000)
     log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = "info"
     # Operations (docs/deploy.md): log lines as JSON objects or text; GET /metrics behind the
     # admin token (its per-context budget metrics name context ids), open, or off.

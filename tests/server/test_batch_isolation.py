@@ -121,12 +121,12 @@ def test_contexts_in_one_batch_share_no_prefix(
 
     def run(jobs_prompts: list[list[PromptSpec]]) -> None:
         if call == "score":
-            results: list[Any] = engine._locked(
+            results: list[Any] = engine.locked(
                 score_jobs, engine, [(p, ["Yes", "No"]) for p in jobs_prompts]
             )
         else:
             params = GenerationParams(max_tokens=2, temperature=0.0, seed=1)
-            results = engine._locked(generate_jobs, engine, [(p, params) for p in jobs_prompts])
+            results = engine.locked(generate_jobs, engine, [(p, params) for p in jobs_prompts])
         assert not any(isinstance(r, BaseException) for r in results), results
 
     # Two contexts' calls merged into one batch: no prefix is shared across them.

@@ -91,6 +91,7 @@ def build_app(
             threads=settings.db_threads,
             cache_bytes=settings.context_cache_mb * 2**20,
             serialize_sqlite_writes=settings.db_serialize_sqlite_writes,
+            group_commit_s=settings.ledger_group_commit_ms / 1000,
         )
         # Off the event loop, like every other database call (it may wait for a lock).
         await asyncio.to_thread(repo.migrate)

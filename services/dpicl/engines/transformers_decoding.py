@@ -5,25 +5,23 @@ single-token forward per generated token; ``recompute=True`` opens a reference s
 re-runs the full prompts plus the suffix at every step (no cache); the benchmark
 (``bench/mozo.py``) and the tests compare the two. Sessions never use the per-context prefix
 cache; their KV lives in slots of their own (:func:`~dpicl.engines.slot_cache.own_slots`).
-Every model call runs through the engine's lock (:meth:`TransformersEngine._run`).
+Every model call runs through the engine's lock (:meth:`~dpicl.engines.runner.ModelRunner.run`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from dpicl.engines.base import PromptSpec, StepLogits
+from dpicl.engines.runner import ModelRunner
 from dpicl.engines.slot_cache import own_slots
 from dpicl.engines.transformers_past import prefill
 from dpicl.errors import EngineError, InvalidRequest
-
-if TYPE_CHECKING:
-    from dpicl.engines.transformers import TransformersEngine
 
 __all__ = ["SESSION_ROOM", "TransformersDecodingSession"]
 
@@ -45,7 +43,8 @@ class _Rows:
 
 
 class TransformersDecodingSession:
-    """A DPS-MOZO session over one :class:`TransformersEngine` (see the module docstring).
+    """A DPS-MOZO session over the transformers engine's model runner (see the module
+    docstring).
 
     The zero-shot row runs on its own (its own forward, no padding, no shared prefix),
     apart from the one-shot rows. Paper 004's Algorithm 1 takes the support (the zero-shot
@@ -59,7 +58,7 @@ class TransformersDecodingSession:
 
     def __init__(
         self,
-        engine: TransformersEngine,
+        engine: ModelRunner,
         prompts: list[PromptSpec],
         *,
         zero_shot_index: int,
@@ -121,10 +120,8 @@ class TransformersDecodingSession:
 
     def _recompute_last(self, g: _Rows) -> torch.Tensor:
         eng = self._engine
-        batch = eng._left_pad([ids + self.suffix for ids in g.ids])
-        res = eng._forward(
-            batch.input_ids, batch.attention_mask, batch.position_ids, last_only=True
-        )
+        batch = eng.left_pad([ids + self.suffix for ids in g.ids])
+        res = eng.forward(batch.input_ids, batch.attention_mask, batch.position_ids, last_only=True)
         return res.logits[:, -1, :].float()  # type: ignore[no-any-return]
 
     def _check_open(self) -> None:
@@ -133,7 +130,7 @@ class TransformersDecodingSession:
 
     async def step(self) -> StepLogits:
         self._check_open()
-        return await self._engine._run(self._step_sync)
+        return await self._engine.run(self._step_sync)
 
     def _step_sync(self) -> StepLogits:
         last = self._last
@@ -148,7 +145,7 @@ class TransformersDecodingSession:
         tok = int(token_id)
         if not 0 <= tok < self._engine.vocab_size:
             raise InvalidRequest(f"token id {tok} is outside the vocabulary")
-        await self._engine._run(self._advance_sync, tok)
+        await self._engine.run(self._advance_sync, tok)
 
     def _advance_sync(self, tok: int) -> None:
         eng = self._engine
@@ -164,7 +161,7 @@ class TransformersDecodingSession:
                 [g.attn, torch.ones((n, 1), dtype=g.attn.dtype, device=eng.device)], 1
             )
             g.pos = g.pos + 1
-            res = eng._forward(inp, g.attn, g.pos[:, None], past=g.cache, use_cache=True)
+            res = eng.forward(inp, g.attn, g.pos[:, None], past=g.cache, use_cache=True)
             g.cache = res.past_key_values
             g.last = res.logits[:, -1, :].float()
         self._last = self._assemble()

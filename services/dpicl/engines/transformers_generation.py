@@ -7,7 +7,7 @@ their own in the same engine run. Every job samples from its own generator, seed
 in the order they would be drawn were the job alone, so a job's text does not depend on what
 it was batched with (up to float rounding of the batched forward). Each batch is encoded on
 top of its rows' cached prefixes, then decoded one token per forward over the KV cache.
-These functions run under the engine's model lock (:meth:`TransformersEngine._run`).
+These functions run under the engine's model lock (:meth:`~dpicl.engines.runner.ModelRunner.run`).
 """
 
 from __future__ import annotations
@@ -15,16 +15,13 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
 from dpicl.engines.base import GenerationParams, PromptSpec
-from dpicl.engines.transformers_past import Row, prefill_rows
+from dpicl.engines.runner import ModelRunner, Row
+from dpicl.engines.transformers_past import prefill_rows
 from dpicl.errors import DpiclError
-
-if TYPE_CHECKING:
-    from dpicl.engines.transformers import TransformersEngine
 
 log = logging.getLogger("dpicl.engines")
 
@@ -33,9 +30,7 @@ __all__ = ["GenJob", "generate_chunk", "generate_jobs", "sample"]
 GenJob = tuple[list[PromptSpec], GenerationParams]
 
 
-def generate_jobs(
-    engine: TransformersEngine, jobs: list[GenJob]
-) -> list[list[str] | BaseException]:
+def generate_jobs(engine: ModelRunner, jobs: list[GenJob]) -> list[list[str] | BaseException]:
     """Generate for several calls: calls with the same settings (all but the seed) run
     as one batch; every call samples from its own generator."""
     results: list[list[str] | BaseException] = [[] for _ in jobs]
@@ -50,7 +45,7 @@ def generate_jobs(
             prompts, params = jobs[j]
             try:
                 # A call's unscoped prompts share a scope of their own (no other call's).
-                enc = [engine._encode_row(p, f"call:{j}") for p in prompts]
+                enc = [engine.encode_row(p, f"call:{j}") for p in prompts]
             except DpiclError as exc:
                 results[j] = exc
                 continue
@@ -66,7 +61,7 @@ def generate_jobs(
         first = {j: owner.index(j) for j in gens}
         widths = [len(r.ids) + params.max_tokens for r in rows]
         try:
-            for chunk in engine._chunks([1] * len(rows), widths):
+            for chunk in engine.chunks([1] * len(rows), widths):
                 outs = generate_chunk(
                     engine, [rows[i] for i in chunk], params, [gens[owner[i]] for i in chunk]
                 )
@@ -138,7 +133,7 @@ def sample(logits: torch.Tensor, temperature: float, gens: Sequence[torch.Genera
 
 
 def generate_chunk(
-    engine: TransformersEngine,
+    engine: ModelRunner,
     rows: list[Row],
     params: GenerationParams,
     gens: Sequence[torch.Generator],
@@ -185,7 +180,7 @@ def generate_chunk(
         )[:, None]
         attn = torch.cat([attn, torch.ones((n, 1), dtype=attn.dtype, device=attn.device)], 1)
         pos = pos + 1
-        res = engine._forward(tokens, attn, pos[:, None], past=cache, use_cache=True)
+        res = engine.forward(tokens, attn, pos[:, None], past=cache, use_cache=True)
         logits = res.logits[:, -1, :]
     if unusable:
         log.warning(

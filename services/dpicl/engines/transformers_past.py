@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -34,16 +34,13 @@ from dpicl.engines.kv_layout import (
     stack_prefixes,
 )
 from dpicl.engines.prefix_cache import PrefixEntry, prefix_lens
+from dpicl.engines.runner import ModelRunner, Row
 from dpicl.engines.slot_cache import SlotCache
-
-if TYPE_CHECKING:
-    from dpicl.engines.transformers import TransformersEngine
 
 __all__ = [
     "MIN_SHARED_PREFIX",
     "Past",
     "Prefill",
-    "Row",
     "found_prefixes",
     "prefill",
     "prefill_on",
@@ -56,20 +53,6 @@ __all__ = [
 ]
 
 MIN_SHARED_PREFIX = 8
-
-
-@dataclass(frozen=True, slots=True)
-class Row:
-    """One encoded prompt: the model's text, its token ids and, when its prefix may be
-    cached, the cache key ``(cache_key, fingerprint)`` and the rendered prefix text.
-    ``scope`` says which rows may share computed state with it (:func:`shared_past`): its
-    context's id (``PromptSpec.cache_scope``), or a marker of the call it came in."""
-
-    rendered: str
-    ids: list[int]
-    slot: tuple[str, str] | None = None
-    rendered_prefix: str = ""
-    scope: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,9 +73,7 @@ class Prefill:
     last_pos: torch.Tensor  # (B,) long: position id of each row's last token
 
 
-def shared_past(
-    engine: TransformersEngine, seqs: Sequence[Sequence[int]], scopes: Sequence[str]
-) -> Past:
+def shared_past(engine: ModelRunner, seqs: Sequence[Sequence[int]], scopes: Sequence[str]) -> Past:
     """The rows' common token prefix encoded once and copied to every row, when it is
     at least ``MIN_SHARED_PREFIX`` tokens (and leaves every row a token) and every row has
     the same scope; else none.
@@ -113,7 +94,7 @@ def shared_past(
         return Past(None, torch.zeros((n, 0), dtype=torch.long, device=engine.device), [0] * n)
     prefix = torch.tensor([list(seqs[0][:shared])], dtype=torch.long, device=engine.device)
     ones = torch.ones((1, shared), dtype=torch.long, device=engine.device)
-    res0 = engine._forward(
+    res0 = engine.forward(
         prefix,
         ones,
         torch.arange(shared, device=engine.device)[None, :],
@@ -125,7 +106,7 @@ def shared_past(
     return Past(cache, ones.expand(n, shared), [shared] * n)
 
 
-def found_prefixes(engine: TransformersEngine, rows: Sequence[Row]) -> list[PrefixEntry | None]:
+def found_prefixes(engine: ModelRunner, rows: Sequence[Row]) -> list[PrefixEntry | None]:
     """Each row's cached prefix (encoded now when missing), or None: the row has no
     cache slot, or its tokens do not start with the entry's."""
     if not any(r.slot is not None for r in rows):
@@ -138,7 +119,7 @@ def found_prefixes(engine: TransformersEngine, rows: Sequence[Row]) -> list[Pref
 
 
 def rows_past(
-    engine: TransformersEngine,
+    engine: ModelRunner,
     rows: Sequence[Row],
     found: Sequence[PrefixEntry | None],
 ) -> Past:
@@ -161,7 +142,7 @@ def rows_past(
 
 
 def prefill_on(
-    engine: TransformersEngine,
+    engine: ModelRunner,
     seqs: Sequence[Sequence[int]],
     past: Past,
     *,
@@ -170,10 +151,10 @@ def prefill_on(
 ) -> Prefill:
     """One forward over each row's tokens after its past (logits of the last only, or
     none with ``logits=False``)."""
-    rest = engine._left_pad([s[o:] for s, o in zip(seqs, past.offsets, strict=True)])
+    rest = engine.left_pad([s[o:] for s, o in zip(seqs, past.offsets, strict=True)])
     offset = torch.tensor(past.offsets, dtype=torch.long, device=engine.device)
     attn = torch.cat([past.mask, rest.attention_mask], dim=1)
-    res = engine._forward(
+    res = engine.forward(
         rest.input_ids,
         attn,
         rest.position_ids + offset[:, None],
@@ -186,7 +167,7 @@ def prefill_on(
 
 
 def prefill(
-    engine: TransformersEngine,
+    engine: ModelRunner,
     seqs: Sequence[Sequence[int]],
     *,
     scopes: Sequence[str],
@@ -198,7 +179,7 @@ def prefill(
     return prefill_on(engine, seqs, past, use_cache=use_cache, logits=logits)
 
 
-def slottable(engine: TransformersEngine, found: Sequence[PrefixEntry | None]) -> bool:
+def slottable(engine: ModelRunner, found: Sequence[PrefixEntry | None]) -> bool:
     """Whether :func:`slot_past` can lay out these rows' cached prefixes: some row has
     one, every one is packed, and slot caches are on."""
     return (
@@ -208,7 +189,7 @@ def slottable(engine: TransformersEngine, found: Sequence[PrefixEntry | None]) -
     )
 
 
-def slot_past(engine: TransformersEngine, found: Sequence[PrefixEntry | None], room: int) -> Past:
+def slot_past(engine: ModelRunner, found: Sequence[PrefixEntry | None], room: int) -> Past:
     """The rows' cached prefixes (``found``, :func:`slottable`) laid out in a
     :class:`~dpicl.engines.slot_cache.SlotCache` with ``room`` slots after them, in the
     engine's workspace: valid only until the workspace's next use, so only for a cache
@@ -222,7 +203,7 @@ def slot_past(engine: TransformersEngine, found: Sequence[PrefixEntry | None], r
     return Past(SlotCache(slots, max(lens)), prefix_mask(lens, engine.device), lens)
 
 
-def prefill_rows(engine: TransformersEngine, rows: Sequence[Row], *, decode_steps: int) -> Prefill:
+def prefill_rows(engine: ModelRunner, rows: Sequence[Row], *, decode_steps: int) -> Prefill:
     """:func:`prefill` over encoded rows, on top of their cached prefixes if any, with
     the cache kept for ``decode_steps`` more tokens per row (in the engine's workspace
     when the prefixes are cached: for decoding within the current engine call only)."""
@@ -236,9 +217,7 @@ def prefill_rows(engine: TransformersEngine, rows: Sequence[Row], *, decode_step
     return prefill_on(engine, [r.ids for r in rows], past, use_cache=True)
 
 
-def prefix_entries(
-    engine: TransformersEngine, rows: Sequence[Row]
-) -> dict[tuple[str, str], PrefixEntry]:
+def prefix_entries(engine: ModelRunner, rows: Sequence[Row]) -> dict[tuple[str, str], PrefixEntry]:
     """The cache entries for the rows' prefixes; missing ones are encoded (one batch)
     and stored. The returned dict keeps them alive for this batch even if evicted."""
     have: dict[tuple[str, str], PrefixEntry] = {}

@@ -9,12 +9,10 @@ where a label token is read. Rows with cached prefixes continue from them in a
 (:func:`~dpicl.engines.transformers_past.slot_past`); other batches from a ``DynamicCache``
 (:func:`~dpicl.engines.transformers_past.rows_past`). A call whose prompts fail to
 encode fails alone; a model failure fails every call of the batch. These functions run under
-the engine's model lock (:meth:`TransformersEngine._run`).
+the engine's model lock (:meth:`~dpicl.engines.runner.ModelRunner.run`).
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -23,11 +21,9 @@ import torch
 from dpicl.engines.base import FloatArray, PromptSpec
 from dpicl.engines.kv_layout import attention_mask_for, plan_scoring, prefix_mask
 from dpicl.engines.prefix_cache import prefix_lens
-from dpicl.engines.transformers_past import Row, found_prefixes, rows_past, slot_past, slottable
+from dpicl.engines.runner import ModelRunner, Row
+from dpicl.engines.transformers_past import found_prefixes, rows_past, slot_past, slottable
 from dpicl.errors import DpiclError
-
-if TYPE_CHECKING:
-    from dpicl.engines.transformers import TransformersEngine
 
 __all__ = ["ScoreJob", "score_chunk", "score_jobs"]
 
@@ -45,9 +41,7 @@ except ImportError:  # pragma: no cover - depends on the installed transformers
     _BOOL_LOGITS_TO_KEEP = False
 
 
-def score_jobs(
-    engine: TransformersEngine, jobs: list[ScoreJob]
-) -> list[FloatArray | BaseException]:
+def score_jobs(engine: ModelRunner, jobs: list[ScoreJob]) -> list[FloatArray | BaseException]:
     """Score several calls' prompts as one batch; one result (or error) per call."""
     results: list[FloatArray | BaseException] = []
     rows: list[Row] = []
@@ -56,7 +50,7 @@ def score_jobs(
     for j, (prompts, labels) in enumerate(jobs):
         try:
             # A call's unscoped prompts share a scope of their own (no other call's).
-            enc = [engine._encode_row(p, f"call:{j}") for p in prompts]
+            enc = [engine.encode_row(p, f"call:{j}") for p in prompts]
             labs = [[engine.label_ids(r.rendered, lab) for lab in labels] for r in enc]
         except DpiclError as exc:
             results.append(exc)
@@ -73,7 +67,7 @@ def score_jobs(
         len(r.ids) + sum(len(x) - 1 for x in labs) for r, labs in zip(rows, lab_ids, strict=True)
     ]
     try:
-        for chunk in engine._chunks([1] * len(rows), widths):
+        for chunk in engine.chunks([1] * len(rows), widths):
             score_chunk(
                 engine,
                 [rows[i] for i in chunk],
@@ -86,7 +80,7 @@ def score_jobs(
 
 
 def score_chunk(
-    engine: TransformersEngine,
+    engine: ModelRunner,
     rows: list[Row],
     lab_ids: list[list[list[int]]],
     outs: list[npt.NDArray[np.float64]],
@@ -110,7 +104,7 @@ def score_chunk(
     model = engine.model_obj
     res = model(
         input_ids=plan.input_ids,
-        attention_mask=attention_mask_for(plan.mask, engine._attention, model.dtype),
+        attention_mask=attention_mask_for(plan.mask, engine.attention, model.dtype),
         position_ids=plan.position_ids,
         past_key_values=cache,
         use_cache=cache is not None,

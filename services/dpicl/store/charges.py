@@ -1,14 +1,15 @@
-"""One charge, one transaction: the key's limits, the context's ledger and the spend row.
+"""A charge's SQL: the key's limits, the context's ledger and the spend row, in one transaction.
 
 A query is admitted only if, in ONE transaction,
 
 1. the key's row (a database key) takes it: not revoked, its own budget
    (``mu2_spent + mu2 <= mu2_max * slack``) and its rate window (fewer than ``rate_limit``
    answers in the current minute) allow it; one conditional UPDATE;
-2. the context's row takes it: the context's conditional UPDATE (``repository.CHARGE``);
+2. the context's row takes it: the context's conditional UPDATE (:data:`CHARGE`);
 3. a spend row records it (``answered``).
 
-Any refusal rolls the whole transaction back, so neither budget is touched. Each UPDATE is
+Any refusal rolls the whole transaction back, so neither budget is touched (in a group of
+concurrent charges, :func:`charge_group`, it rolls back only that member's writes). Each UPDATE is
 atomic on both back ends (SQLite: one writer at a time; PostgreSQL: a row lock, the WHERE
 clause re-evaluated on the locked row), and a transaction locks the key's row before the
 context's, always in that order (a refund too), so two charges cannot deadlock. So no
@@ -23,6 +24,7 @@ the next); within any one window it gets at most the limit. Refused requests are
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, cast
@@ -40,7 +42,7 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.elements import BindParameter, ColumnElement
 
 from dpicl.store.keys import Principal
 from dpicl.store.models import ContextRow, KeyRow, SpendRow
@@ -49,6 +51,31 @@ _CTX = cast(Table, ContextRow.__table__)
 _KEYS = cast(Table, KeyRow.__table__)
 _SPEND = cast(Table, SpendRow.__table__)
 _MU2 = bindparam("mu2", type_=Float)
+
+#: The charge, built once: bound parameters only, so every request reuses one compiled
+#: statement. Both conditions and the increment are one UPDATE of one row (atomic; see the
+#: module docstring); ``slack`` is 1 + the relative tolerance of the budget's mu^2.
+CHARGE = (
+    update(_CTX)
+    .where(
+        _CTX.c.id == bindparam("cid"),
+        _CTX.c.mu2_max.is_(None)
+        | (_CTX.c.mu2_spent + _MU2 <= _CTX.c.mu2_max * bindparam("slack", type_=Float)),
+        _CTX.c.max_queries.is_(None) | (_CTX.c.queries < _CTX.c.max_queries),
+    )
+    .values(mu2_spent=_CTX.c.mu2_spent + _MU2, queries=_CTX.c.queries + 1)
+    .returning(_CTX.c.mu2_spent, _CTX.c.queries)
+)
+
+#: Undo a charge whose answer was never released, never below zero.
+REFUND = (
+    update(_CTX)
+    .where(_CTX.c.id == bindparam("cid"))
+    .values(
+        mu2_spent=case((_CTX.c.mu2_spent > _MU2, _CTX.c.mu2_spent - _MU2), else_=0.0),
+        queries=case((_CTX.c.queries > 0, _CTX.c.queries - 1), else_=0),
+    )
+)
 
 RefusalReason = Literal["context", "key_budget", "rate", "revoked"]
 
@@ -93,7 +120,9 @@ def _clock(backend: str, per: int) -> ColumnElement[Any]:
 class ChargeStatements:
     """The statements of a charge and a refund for one back end, built once."""
 
-    def __init__(self, backend: str, context_charge: Any, context_refund: Any) -> None:
+    def __init__(
+        self, backend: str, context_charge: Any = CHARGE, context_refund: Any = REFUND
+    ) -> None:
         k = _KEYS.c
         now_s = _clock(backend, 1)
         window = _clock(backend, 60)
@@ -137,6 +166,21 @@ class ChargeStatements:
             )
         )
         self.spend = insert(_SPEND).returning(_SPEND.c.id)
+        # A group's spend rows in one INSERT, their ids in the order of the parameters.
+        self.spend_many = insert(_SPEND).returning(_SPEND.c.id, sort_by_parameter_order=True)
+        # A group's rows locked up front, keys before contexts, each in id order: the lock
+        # order every transaction follows (see charge_group). SQLite locks the database.
+        self.backend = backend
+        ids: BindParameter[Any] = bindparam("ids", expanding=True)
+        self.lock_keys = (
+            select(k.id).where(k.id.in_(ids)).order_by(k.id).with_for_update(key_share=True)
+        )
+        self.lock_contexts = (
+            select(_CTX.c.id)
+            .where(_CTX.c.id.in_(ids))
+            .order_by(_CTX.c.id)
+            .with_for_update(key_share=True)
+        )
         self.spend_refunded = (
             update(_SPEND)
             .where(_SPEND.c.id == bindparam("sid"), _SPEND.c.outcome == "answered")
@@ -168,9 +212,9 @@ class ChargeRequest:
     slack: float
 
 
-def charge(conn: Connection, st: ChargeStatements, req: ChargeRequest) -> Charged:
-    """Run the charge in ``conn``'s transaction; raise :class:`Rollback` (the caller rolls
-    back and reports its :class:`Refused`) when anything refuses it."""
+def _admit(conn: Connection, st: ChargeStatements, req: ChargeRequest) -> Any:
+    """The key's and the context's conditional UPDATEs; the context's row after them, or
+    :class:`Rollback` (the key's UPDATE may then have been made: the caller rolls back)."""
     p = req.principal
     if p.stored:
         params = {"kid": p.key_id, "mu2": req.mu2, "slack": req.slack}
@@ -181,8 +225,70 @@ def charge(conn: Connection, st: ChargeStatements, req: ChargeRequest) -> Charge
     ).first()
     if row is None:
         raise Rollback(Refused("context"))
+    return row
+
+
+def charge(conn: Connection, st: ChargeStatements, req: ChargeRequest) -> Charged:
+    """Run the charge in ``conn``'s transaction; raise :class:`Rollback` (the caller rolls
+    back and reports its :class:`Refused`) when anything refuses it."""
+    row = _admit(conn, st, req)
     spend_id = conn.execute(st.spend, [_spend_values(req, "answered")]).scalar_one()
     return Charged(mu2_spent=float(row[0]), queries=int(row[1]), spend_id=int(spend_id))
+
+
+def charge_group(
+    conn: Connection, st: ChargeStatements, reqs: Sequence[ChargeRequest]
+) -> list[Charged | Refused]:
+    """Run several charges in ``conn``'s one transaction, in order, each admitted as by
+    :func:`charge`: each member sees the rows as the members before it left them.
+
+    A refused member changes nothing: without a key row its only write is the context's
+    conditional UPDATE, which a refusal does not apply; with one (two conditional UPDATEs:
+    the key's may be applied before the context's refuses) it runs inside a SAVEPOINT,
+    rolled back on refusal. The answered members' spend rows are then written in one
+    multi-row INSERT (their ids returned in the members' order). Any other error leaves the
+    transaction to fail whole (every member gets it; nothing is charged).
+
+    Locks: on PostgreSQL, when the group touches more than one row, the members' key rows,
+    then their context rows, each in id order, are locked first (``FOR NO KEY UPDATE``, the
+    lock an UPDATE takes), so two groups, or a group and a single charge or refund (key
+    row, then context row), never wait for each other in a cycle. On SQLite the
+    transaction takes the database's write lock at once (``BEGIN IMMEDIATE``; it also keeps
+    the driver from starting the transaction at a first savepoint, whose RELEASE would then
+    commit it).
+    """
+    keys = sorted({r.principal.key_id for r in reqs if r.principal.stored})
+    contexts = sorted({r.context_id for r in reqs})
+    if st.backend == "sqlite":
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+    elif len(keys) + len(contexts) > 1:
+        if keys:
+            conn.execute(st.lock_keys, {"ids": keys}).all()
+        conn.execute(st.lock_contexts, {"ids": contexts}).all()
+    out: list[Charged | Refused] = []
+    admitted: list[tuple[int, ChargeRequest, Any]] = []
+    for req in reqs:
+        savepoint = conn.begin_nested() if req.principal.stored else None
+        try:
+            row = _admit(conn, st, req)
+        except Rollback as exc:
+            if savepoint is not None:
+                savepoint.rollback()
+            out.append(exc.refused)
+            continue
+        if savepoint is not None:
+            savepoint.commit()
+        admitted.append((len(out), req, row))
+        out.append(Refused("context"))  # replaced below, once its spend row is written
+    if admitted:
+        ids = (
+            conn.execute(st.spend_many, [_spend_values(req, "answered") for _, req, _ in admitted])
+            .scalars()
+            .all()
+        )
+        for (at, _, row), spend_id in zip(admitted, ids, strict=True):
+            out[at] = Charged(mu2_spent=float(row[0]), queries=int(row[1]), spend_id=int(spend_id))
+    return out
 
 
 def refund(conn: Connection, st: ChargeStatements, req: ChargeRequest, spend_id: int) -> None:
@@ -212,12 +318,15 @@ def _spend_values(req: ChargeRequest, outcome: str) -> dict[str, Any]:
 
 
 __all__ = [
+    "CHARGE",
+    "REFUND",
     "ChargeRequest",
     "ChargeStatements",
     "Charged",
     "Refused",
     "Rollback",
     "charge",
+    "charge_group",
     "record_refusal",
     "refund",
 ]

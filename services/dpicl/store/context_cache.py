@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from dpicl.store.repository import StoredContext
+from dpicl.store.records import StoredContext
 
 #: Python's per-string overhead, counted for every cached text.
 _STR_OVERHEAD = 64

@@ -1,0 +1,248 @@
+"""The model runner of the transformers engine: the loaded model, its tokenizer and device,
+and the calls every entry point (scoring, generation, DPS-MOZO decoding) runs it through.
+
+:class:`ModelRunner` holds what a batch needs: the model, the prompt encoder, the pad and
+end-of-sequence ids, the per-context prefix cache and the reused KV workspace, and the
+model lock. Its calls are the forward (:meth:`ModelRunner.forward`), left padding and the
+cutting of batches to ``max_batch_tokens``, the encoding of a prompt into a batch row, and
+:meth:`ModelRunner.run`, which runs a function in a worker thread under the lock and
+``torch.inference_mode``. The helpers (:mod:`~dpicl.engines.transformers_past`,
+``_scoring``, ``_generation``, ``_decoding``) take a runner; the engine
+(:class:`~dpicl.engines.transformers.TransformersEngine`) is a runner plus the
+:class:`~dpicl.engines.base.Engine` protocol (micro-batchers, sessions, loading), so the
+helpers never import the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+
+from dpicl.engines.attention import SHARED_KV_SDPA, use_shared_kv_sdpa
+from dpicl.engines.base import PromptSpec
+from dpicl.engines.kv_layout import Batch, chunks, left_pad
+from dpicl.engines.lm_head import use_blocked_lm_head
+from dpicl.engines.prefix_cache import PrefixCache, prefix_fingerprint
+from dpicl.engines.prompting import PromptEncoder
+from dpicl.engines.slot_cache import KVWorkspace
+from dpicl.engines.threads import ThreadPlan
+from dpicl.engines.tuning import EngineTuning
+from dpicl.errors import EngineError
+
+__all__ = ["DEFAULT_MAX_BATCH_TOKENS", "ModelRunner", "Row"]
+
+T = TypeVar("T")
+
+DEFAULT_MAX_BATCH_TOKENS = 16_384
+#: Attention implementations that take a dense 4D mask (the scoring branches need one).
+_DENSE_MASK_ATTENTION = ("sdpa", SHARED_KV_SDPA, "eager")
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One encoded prompt: the model's text, its token ids and, when its prefix may be
+    cached, the cache key ``(cache_key, fingerprint)`` and the rendered prefix text.
+    ``scope`` says which rows may share computed state with it (:func:`shared_past`): its
+    context's id (``PromptSpec.cache_scope``), or a marker of the call it came in."""
+
+    rendered: str
+    ids: list[int]
+    slot: tuple[str, str] | None = None
+    rendered_prefix: str = ""
+    scope: str = ""
+
+
+def _device_of(model: Any) -> torch.device:
+    """The device of the model's first parameter (CPU for a model without any)."""
+    for param in model.parameters():
+        return torch.device(param.device)
+    return torch.device("cpu")
+
+
+class ModelRunner:
+    """A loaded causal LM and the calls that run it (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        model_name: str,
+        device: str | None = None,
+        max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+        use_chat_template: bool = True,
+        share_prefix: bool = True,
+        tuning: EngineTuning | None = None,
+    ) -> None:
+        if max_batch_tokens < 1:
+            raise EngineError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
+        # The inputs go where the weights are: a second engine over a loaded model (another
+        # tuning, a benchmark's sibling) cannot end up feeding CPU tensors to a GPU model.
+        where = torch.device(device) if device is not None else _device_of(model)
+        attn = getattr(model.config, "_attn_implementation", None) or "eager"
+        if attn == "sdpa" and where.type == "cpu":
+            attn = use_shared_kv_sdpa(model)  # grouped K/V heads not copied per layer
+        if where.type == "cpu":
+            use_blocked_lm_head(model)  # the vocabulary projection in cache-sized blocks
+        if attn not in _DENSE_MASK_ATTENTION:
+            raise EngineError(
+                f"attention implementation {attn!r} is not supported: the engine needs one "
+                f"of {', '.join(_DENSE_MASK_ATTENTION)} (dense 4D attention masks)"
+            )
+        #: The attention implementation the model runs (one that takes a dense 4D mask).
+        self.attention: str = attn
+        self.model_obj: Any = model
+        self.tokenizer: Any = tokenizer
+        self.model: str = model_name
+        self.device = where
+        self.max_batch_tokens = max_batch_tokens
+        max_pos = getattr(model.config, "max_position_embeddings", None)
+        self.max_positions: int | None = int(max_pos) if max_pos else None
+        self.encoder = PromptEncoder(
+            tokenizer,
+            model_name=model_name,
+            use_chat_template=use_chat_template,
+            max_positions=self.max_positions,
+        )
+        pad = tokenizer.pad_token_id
+        if pad is None:
+            pad = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
+        self.pad_token_id: int = int(pad)
+        self.eos_token_ids: frozenset[int] = self._collect_eos(model, tokenizer)
+        eos = tokenizer.eos_token_id
+        self.eos_token_id: int = (
+            int(eos) if eos is not None else min(self.eos_token_ids, default=self.pad_token_id)
+        )
+        self.vocab_size: int = int(model.get_output_embeddings().weight.shape[0])
+        self.share_prefix = share_prefix
+        # torch's thread pools as the factory set them (DPICL_TORCH_THREADS); None: untouched.
+        self.threads: ThreadPlan | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self.tuning = tuning if tuning is not None else EngineTuning()
+        self.prefix_cache = PrefixCache(
+            self.tuning.prefix_cache_bytes, self.tuning.prefix_cache_entries
+        )
+        self.kv_workspace = KVWorkspace(self.tuning.kv_workspace_bytes)
+        # False: scoring and generation batches stack cached prefixes in a DynamicCache
+        # instead of a SlotCache (the path before; bench/voting.py compares the two).
+        self.slot_caches = True
+
+    @staticmethod
+    def _collect_eos(model: Any, tokenizer: Any) -> frozenset[int]:
+        ids: set[int] = set()
+        if tokenizer.eos_token_id is not None:
+            ids.add(int(tokenizer.eos_token_id))
+        gen = getattr(model, "generation_config", None)
+        gen_eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+        if isinstance(gen_eos, int):
+            ids.add(gen_eos)
+        elif isinstance(gen_eos, list | tuple):
+            ids.update(int(i) for i in gen_eos)
+        return frozenset(ids)
+
+    # ------------------------------------------------------------------ plumbing
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in a worker thread under the model lock (:meth:`locked`)."""
+        if self._closed:
+            raise EngineError("the transformers engine is closed")
+        return await asyncio.to_thread(self.locked, fn, *args)
+
+    def locked(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in this thread, under the model lock and ``torch.inference_mode``:
+        the model sees one batch at a time."""
+        with self._lock, torch.inference_mode():
+            if self._closed:
+                raise EngineError("the transformers engine is closed")
+            try:
+                return fn(*args)
+            except torch.cuda.OutOfMemoryError as exc:  # pragma: no cover - GPU only
+                raise EngineError(f"the model ran out of GPU memory: {exc}") from exc
+
+    # ------------------------------------------------------------------ prompts
+
+    @property
+    def use_chat_template(self) -> bool:
+        return self.encoder.use_chat_template
+
+    def render(self, prompt: PromptSpec) -> str:
+        """The string the model sees for ``prompt`` (chat template applied if enabled)."""
+        return self.encoder.render(prompt)
+
+    def encode(self, prompt: PromptSpec) -> tuple[str, list[int]]:
+        """The rendered prompt and its token ids (a 4xx if the model cannot take it)."""
+        return self.encoder.encode(prompt)
+
+    def label_ids(self, rendered_prompt: str, label: str) -> list[int]:
+        """Token ids of ``label`` as the answer that follows ``rendered_prompt``."""
+        return self.encoder.label_ids(rendered_prompt, label)
+
+    def encode_row(self, prompt: PromptSpec, call: str) -> Row:
+        """``prompt`` encoded for a batch; ``call`` marks the call it came in, the scope of
+        a prompt without a context (``PromptSpec.cache_scope``): rows of different scopes
+        never share a prefix (:func:`~dpicl.engines.transformers_past.shared_past`)."""
+        scope = prompt.cache_scope or call
+        # The prompt that runs may be the fallback (PromptSpec.fallback): its own prefix
+        # and cache key then apply.
+        prompt, rendered, ids = self.encoder.encode_used(prompt)
+        prefix = prompt.prefix_text
+        if not (prompt.cache_key and prefix and self.prefix_cache.enabled):
+            return Row(rendered, ids, scope=scope)
+        # Where the prompt text sits inside the chat template (the template copies it
+        # verbatim; if it did not, the row is simply not cached).
+        at = rendered.find(prompt.text)
+        if at < 0:
+            return Row(rendered, ids, scope=scope)
+        head = rendered[: at + len(prefix)]
+        return Row(rendered, ids, (prompt.cache_key, prefix_fingerprint(head)), head, scope)
+
+    # ------------------------------------------------------------------ batches
+
+    def left_pad(self, seqs: Sequence[Sequence[int]]) -> Batch:
+        """``seqs`` left padded on the model's device
+        (:func:`~dpicl.engines.kv_layout.left_pad`)."""
+        return left_pad(seqs, self.pad_token_id, self.device)
+
+    def chunks(self, costs: Sequence[int], widths: Sequence[int]) -> list[list[int]]:
+        """Row indices cut into batches of at most ``max_batch_tokens`` (rows x width)."""
+        return chunks(costs, widths, self.max_batch_tokens)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        *,
+        past: Any = None,
+        use_cache: bool = False,
+        last_only: bool = False,
+        logits: bool = True,
+    ) -> Any:
+        """The model's forward; ``logits=False`` runs only its decoder (``base_model``:
+        hidden states and cache), skipping the vocabulary projection a prefix encoding never
+        reads."""
+        kwargs: dict[str, Any] = {}
+        if not logits:
+            return self.model_obj.base_model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                past_key_values=past,
+                use_cache=use_cache,
+            )
+        if last_only:
+            kwargs["logits_to_keep"] = 1
+        return self.model_obj(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past,
+            use_cache=use_cache,
+            **kwargs,
+        )
