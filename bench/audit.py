@@ -2,9 +2,9 @@
 
 Run: ``python bench/audit.py`` (about 1.5 min on 2 cores). Sections:
 
-* ``bench_bootstrap``: Algorithm 1 of paper 000 at 400,000 trials per world, the vectorised
-  :func:`dpicl_audit.bootstrap.bootstrap_voting_audit` against a straightforward per-trial
-  Python loop feeding the same estimators.
+* ``bench_bootstrap``: Algorithm 1 of paper 000 at 400,000 trials per world, the
+  vectorised :func:`dpicl_audit.estimators.bootstrap.bootstrap_voting_audit` against a
+  straightforward per-trial Python loop feeding the same estimators.
 * ``bench_http``: HTTP trials per second that the audit runner sustains against a real
   ``dpicl serve`` process (oracle engine) with its SQL trial log on, against the same runner,
   client, contexts and concurrency with the log writes dropped. Rounds alternate (logged,
@@ -28,13 +28,13 @@ from typing import Any
 import httpx
 import numpy as np
 
-from dpicl_audit.bootstrap import bootstrap_voting_audit
 from dpicl_audit.estimators import (
     classic_sigma,
     estimate_from_counts,
     split_threshold_estimate,
     voting_epsilon_exact,
 )
+from dpicl_audit.estimators.bootstrap import bootstrap_voting_audit
 
 N_SAMPLE = 400_000
 DELTA = 1e-5
@@ -162,7 +162,7 @@ async def _http_rounds(url: str, admin: str, workdir: Path) -> dict[str, list[fl
 
     from dpicl_audit.client import DpiclClient
     from dpicl_audit.datasets import load_dataset
-    from dpicl_audit.mechanisms.voting import build_design
+    from dpicl_audit.mechanisms.voting.build import build_design
     from dpicl_audit.plan import AuditPlan
     from dpicl_audit.progress import open_progress
     from dpicl_audit.runner import AuditRunner, trial_worlds

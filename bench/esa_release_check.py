@@ -52,7 +52,7 @@ from scipy import special, stats
 import dpicl.pipelines.esa as esa_pipeline
 from dpicl.mechanisms.esa import EsaRelease
 from dpicl.mechanisms.esa import esa_release as honest_release
-from dpicl_audit.mechanisms.esa import signal_pair
+from dpicl_audit.mechanisms.esa.design import signal_pair
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.runner import run_audit
 

@@ -30,7 +30,7 @@ from rich.console import Console
 
 from dpicl_audit.client import AuditTarget
 from dpicl_audit.errors import TargetError, TargetNotFound, TargetProtocolError
-from dpicl_audit.mechanisms import MechanismAudit
+from dpicl_audit.mechanisms.base import MechanismAudit
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.store import ContextRecord, TrialStore
 

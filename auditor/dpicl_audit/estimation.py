@@ -5,7 +5,7 @@ For every epsilon of the plan, the mechanism module supplies the setting's facts
 setting_meta`) and the estimates from the logged rows (real trials, or the clean rows of a
 bootstrap run: :meth:`~dpicl_audit.mechanisms.base.MechanismAudit.estimate`); each estimate
 carries its verdict (:mod:`dpicl_audit.verdicts`). The estimators themselves live in
-:mod:`dpicl_audit.estimators` and :mod:`dpicl_audit.bootstrap`.
+:mod:`dpicl_audit.estimators` and :mod:`dpicl_audit.estimators.bootstrap`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from typing import Any
 
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.legacy import is_legacy_mozo, upgrade_run
-from dpicl_audit.mechanisms import Design, get_mechanism
+from dpicl_audit.mechanisms.base import Design
+from dpicl_audit.mechanisms.registry import get_mechanism
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.schedule import CLEAN_SETTING
 from dpicl_audit.store import RunRecord, TrialRecord, TrialStore

@@ -54,7 +54,7 @@ def _plan(old: dict[str, Any]) -> dict[str, Any]:
 
 def _design(plan: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
     from dpicl_audit.datasets import load_dataset
-    from dpicl_audit.mechanisms.mozo import mozo_design
+    from dpicl_audit.mechanisms.dps_mozo.design import mozo_design
     from dpicl_audit.plan import AuditPlan
 
     p = AuditPlan.from_mapping(plan)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -29,6 +30,7 @@ from pydantic import (
 
 from dpicl_audit.attacks import check_attack
 from dpicl_audit.errors import InvalidPlan
+from dpicl_audit.mechanisms.names import check_mechanism_name
 from dpicl_audit.prompts import SIGNAL_PAIRS
 
 __all__ = [
@@ -65,7 +67,9 @@ RdpAttack = Literal[
 ]
 Attack = Literal["inquery", "brainwash", "repeat", "reference-vector", RdpAttack]
 Calibration = Literal["classic", "analytic"]
-MechanismName = Literal["voting", "esa", "dps-mozo"]
+#: A mechanism with an audit: built in (``voting``, ``esa``, ``dps-mozo``) or registered through
+#: the ``dpicl_audit.mechanisms`` entry points (mechanisms.names, read without loading them).
+MechanismName = Annotated[str, AfterValidator(check_mechanism_name)]
 EmbeddingSource = Literal["auto", "server", "local"]
 #: Voting's neighbour designs (docs/auditing.md, "Designs"): ``paper`` = paper 000's
 #: [1, T-1] against [0, T]; ``pivotal`` = the other partitions pinned so the canary's

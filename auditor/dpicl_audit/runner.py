@@ -43,8 +43,9 @@ from dpicl_audit.errors import (
 )
 from dpicl_audit.estimation import estimate_run, run_design
 from dpicl_audit.legacy import is_legacy_mozo
-from dpicl_audit.mechanisms import Design, get_mechanism
-from dpicl_audit.mechanisms.voting import resolve_design
+from dpicl_audit.mechanisms.base import Design
+from dpicl_audit.mechanisms.neighbours import resolve_design
+from dpicl_audit.mechanisms.registry import get_mechanism
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.progress import ProgressSink, open_progress
 from dpicl_audit.results import finish_run, out_directory, write_results

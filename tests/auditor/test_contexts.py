@@ -6,7 +6,7 @@ from typing import Any
 
 from dpicl_audit.contexts import fingerprint, mismatches
 from dpicl_audit.datasets import load_dataset
-from dpicl_audit.mechanisms import MECHANISMS
+from dpicl_audit.mechanisms.registry import MECHANISMS
 from dpicl_audit.plan import AuditPlan
 
 

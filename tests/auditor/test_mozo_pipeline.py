@@ -14,7 +14,7 @@ import pytest
 
 from dpicl_audit.datasets import load_dataset
 from dpicl_audit.errors import InvalidPlan
-from dpicl_audit.mechanisms.mozo import decide, mozo_design
+from dpicl_audit.mechanisms.dps_mozo.design import decide, mozo_design
 from dpicl_audit.runner import bootstrap_audit, resume_audit, run_audit
 from dpicl_audit.schedule import context_slots, trial_worlds
 from dpicl_audit.store import TrialStore

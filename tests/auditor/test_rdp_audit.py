@@ -27,7 +27,7 @@ from dpicl_audit.estimators.rdp_audit import (
     simulate_label_counts,
     two_cut_from_labels,
 )
-from dpicl_audit.mechanisms.voting_rdp import RDP_ATTACKS
+from dpicl_audit.mechanisms.voting.rdp import RDP_ATTACKS
 
 H1, H0 = [14, 12, 10, 8, 6], [13, 13, 10, 8, 6]
 FIG6_ORDERS = [2.0, 5.0, 10.0, 20.0, 50.0]

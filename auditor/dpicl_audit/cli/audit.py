@@ -39,7 +39,6 @@ from dpicl_audit.plan import (
     Calibration,
     CanaryKind,
     EmbeddingSource,
-    MechanismName,
     Setting,
     ThreatModel,
     VotingDesign,
@@ -139,7 +138,14 @@ def audit_command(kind: str) -> Callable[..., None]:
             ),
         ] = None,
         mechanism: Annotated[
-            MechanismName | None, typer.Option(help=_h("mechanism.name", "Mechanism audited."))
+            str | None,
+            typer.Option(
+                help=_h(
+                    "mechanism.name",
+                    "Mechanism audited: voting | esa | dps-mozo | a "
+                    "registered one (entry points of dpicl_audit.mechanisms).",
+                )
+            ),
         ] = None,
         adversary: Annotated[
             str | None,

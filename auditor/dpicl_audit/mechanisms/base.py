@@ -1,7 +1,8 @@
 """The protocol every audited mechanism implements, and the helpers they share.
 
-A mechanism module (``voting``, ``esa``, ``mozo``) is the only place that knows, for its
-mechanism:
+A mechanism's package (:mod:`.voting`, :mod:`.esa`, :mod:`.dps_mozo`, or one outside this
+package registered through an entry point: :mod:`.registry`) is the only place that knows,
+for its mechanism:
 
 1. how the neighbouring contexts are built (:meth:`MechanismAudit.build_design`,
    :meth:`~MechanismAudit.context_body`);
@@ -11,10 +12,20 @@ mechanism:
 4. the mechanism's exact epsilon for the design (:meth:`~MechanismAudit.setting_meta`);
 5. how a bootstrap simulates it, where one exists (:meth:`~MechanismAudit.estimate`).
 
+**A subclass must provide** the class attributes ``name`` (the plan's and the server's
+``mechanism.name``; a registered audit's entry point has the same name), ``task``
+(``"classification"`` or ``"generation"``) and ``design_type`` (a frozen dataclass with
+``to_json``/``from_json``, stored with the run), and the methods ``build_design``,
+``summary``, ``context_body``, ``trial``, ``setting_meta`` and ``estimate``. It may override
+``has_bootstrap``, ``attacks`` (a registered mechanism: the attacks it takes, by name of
+:data:`dpicl_audit.attacks.ATTACKS`), ``calls_per_query``, ``queries_per_context``,
+``check_context``, ``check_pair``, ``prepare``, ``audit_ledger`` and ``claims_per_setting``.
+A variant of a built-in mechanism subclasses its audit and overrides what differs (the
+Laplace-noise voting of ``examples/laplace_voting``: the exact epsilon).
+
 The pipeline (:mod:`dpicl_audit.contexts`, :mod:`dpicl_audit.trials`,
 :mod:`dpicl_audit.estimation`, :mod:`dpicl_audit.runner`) and the report are generic over
-this class. A new mechanism is one module with a subclass, registered in
-:data:`dpicl_audit.mechanisms.MECHANISMS`.
+this class.
 """
 
 from __future__ import annotations
@@ -133,6 +144,8 @@ class MechanismAudit:
     clean_name: ClassVar[str] = "clean rows"
     #: the design dataclass (stored with the run through ``to_json``/``from_json``).
     design_type: ClassVar[Any]
+    #: the attacks a registered mechanism takes (None: those ``attacks.ATTACKS`` lists for it).
+    attacks: ClassVar[tuple[str, ...] | None] = None
 
     # ---------------------------------------------------------------- design
 
@@ -299,10 +312,8 @@ class GaussianMechanismAudit(MechanismAudit):
 
     def queries_per_context(self, plan: AuditPlan) -> int | None:
         # A world whose trials need more budget than a server takes is spread over several
-        # identical contexts (slots), each budgeted for its share (ESA keeps one pair: its
-        # signal embeddings are learnt from it).
-        if self.name == "esa":
-            return None
+        # identical contexts (slots), each budgeted for its share (ESA overrides: it keeps one
+        # pair, its signal embeddings are learnt from it).
         return self.context_capacity(plan)
 
     def check_context(self, info: Mapping[str, Any], design: Any, epsilon: float) -> None:

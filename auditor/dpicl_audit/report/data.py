@@ -13,7 +13,7 @@ from typing import Any
 
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.estimation import estimate_run, load_run, run_design, run_plan
-from dpicl_audit.mechanisms import Design
+from dpicl_audit.mechanisms.base import Design
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.store import TrialRecord, TrialStore
 

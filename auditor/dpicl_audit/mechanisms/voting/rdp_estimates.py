@@ -38,7 +38,7 @@ from dpicl_audit.estimators.rdp_audit import (
     simulate_label_counts,
     two_cut_from_labels,
 )
-from dpicl_audit.mechanisms.voting_rdp import RdpDesign
+from dpicl_audit.mechanisms.voting.rdp import RdpDesign
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.store import TrialRecord
 from dpicl_audit.verdicts import RDP_CUTS, claim_for_the_family, family_of, rdp_verdict

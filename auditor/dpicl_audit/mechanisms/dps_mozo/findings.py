@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dpicl_audit.mechanisms.mozo_check import exceeds, neighbour_gap
+from dpicl_audit.mechanisms.dps_mozo.check import exceeds, neighbour_gap
 from dpicl_audit.store import TrialRecord
 
 __all__ = ["divergence_check", "ratio_check", "without_signal"]

@@ -1,20 +1,19 @@
 """Private voting's bootstrap (paper 000, Algorithm 1): clean vote vectors resampled with
-noise of the server's sigma, after the noise check (:mod:`dpicl_audit.noise_check`)."""
+noise of the server's sigma, after the noise check (:mod:`dpicl_audit.noise_check`); the
+simulation is :func:`dpicl_audit.estimators.bootstrap.bootstrap_voting_audit`."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from dpicl_audit.mechanisms.base import with_verdict
+from dpicl_audit.mechanisms.trial_estimates import with_verdict
+from dpicl_audit.mechanisms.voting.design import AuditDesign
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.schedule import STREAM_BOOTSTRAP
 from dpicl_audit.store import TrialRecord
-
-if TYPE_CHECKING:
-    from dpicl_audit.mechanisms.voting import AuditDesign
 
 __all__ = ["estimate_voting_bootstrap"]
 
@@ -26,7 +25,9 @@ def estimate_voting_bootstrap(
     clean: Sequence[TrialRecord],
     meta: dict[str, Any],
 ) -> dict[str, Any]:
-    from dpicl_audit.bootstrap import bootstrap_voting_audit  # slow imports: only when needed
+    from dpicl_audit.estimators.bootstrap import (
+        bootstrap_voting_audit,  # slow imports: only when needed
+    )
     from dpicl_audit.noise_check import check_noise, residuals_from_observations
 
     out = dict(meta)

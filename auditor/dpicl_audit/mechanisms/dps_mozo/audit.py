@@ -16,12 +16,12 @@
   false).
 * **Observation.** Black-box: the released text; decision 1 when it starts with s1 (case,
   leading blanks and quotes ignored). White-box (``/v1/debug/generate``): the per-token
-  internals. Proven mode: at ``internal``, :mod:`dpicl_audit.mechanisms.mozo_check`
+  internals. Proven mode: at ``internal``, :mod:`.check`
   recomputes from the reported probabilities each token's radius ``max |log q_i - log p0|``
   (claim: ``<= max_log_ratio``) and realised worst case ``max |log P - log P_i|`` (claim:
   ``<= per_token_epsilon``); only those summaries are logged, plus the first token's shots
   and released distribution, so that C1 and C0 answers drawn with the same shots (the
-  replace-one pair itself) are compared too (:mod:`.mozo_findings`). Paper mode: the
+  replace-one pair itself) are compared too (:mod:`.findings`). Paper mode: the
   lambdas and divergences each shot reached and, at ``internal``, the exact per-shot
   divergences of the released distribution against ``4 beta alpha``.
 * **Verdicts.** Proven mode: ``epsilon_emp`` is the classical lower bound (assumption-free;
@@ -44,14 +44,11 @@ so the audit measures about nothing there (it checks the plumbing); the results 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from dpicl_audit.client import AuditTarget
-from dpicl_audit.datasets import Example, LabelledDataset
-from dpicl_audit.errors import DatasetError, InvalidAuditInput, TargetProtocolError
+from dpicl_audit.datasets import LabelledDataset
+from dpicl_audit.errors import InvalidAuditInput, TargetProtocolError
 from dpicl_audit.estimators.gdp import gdp_epsilon
 from dpicl_audit.mechanisms.base import (
     MechanismAudit,
@@ -60,84 +57,19 @@ from dpicl_audit.mechanisms.base import (
     estimate_trials,
     exemplar_dicts,
 )
-from dpicl_audit.mechanisms.mozo_check import token_check
-from dpicl_audit.mechanisms.mozo_findings import divergence_check, ratio_check, without_signal
-from dpicl_audit.mechanisms.neighbours import NeighbourPair, pair_from_json, pair_to_json
+from dpicl_audit.mechanisms.dps_mozo.check import token_check
+from dpicl_audit.mechanisms.dps_mozo.design import MozoDesign, decide, mozo_design
+from dpicl_audit.mechanisms.dps_mozo.findings import (
+    divergence_check,
+    ratio_check,
+    without_signal,
+)
 from dpicl_audit.mechanisms.trial_estimates import Finish
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.prompts import MOZO_TEMPLATE, mozo_question
 from dpicl_audit.store import ContextRecord, TrialRecord
 from dpicl_audit.verdicts import for_the_family, verdict
 
-__all__ = ["MozoAudit", "MozoDesign", "decide", "mozo_design"]
-
-_CANARY_RECORD = "7F3Q"
-_REPLACEMENT_RECORD = "2K8M"
-_LEADING = " \t\r\n\"'“‘`*("
-
-
-def decide(text: str, signal1: str) -> int:
-    """1 when the released text starts with signal 1, ignoring case and leading whitespace
-    or quotes (the question quotes the signals, so a model may answer ``"red"``)."""
-    return int(text.lstrip(_LEADING).casefold().startswith(signal1.casefold()))
-
-
-@dataclass(frozen=True, slots=True)
-class MozoDesign(NeighbourPair):
-    """The DPS-MOZO neighbour pair and audit query (JSON round-trip)."""
-
-    attack: str
-    position: int
-    query: str
-    signals: tuple[str, str]
-    template: str
-    canary: Example
-    replacement: Example
-    exemplars_c0: tuple[Example, ...]
-
-    def decide_text(self, text: str) -> int:
-        return decide(text, self.signals[0])
-
-    def to_json(self) -> dict[str, Any]:
-        return pair_to_json(self) | {"design_kind": "dps-mozo"}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> MozoDesign:
-        d = pair_from_json(data)
-        d["signals"] = tuple(d["signals"])
-        return cls(**d)
-
-
-def mozo_design(plan: AuditPlan, dataset: LabelledDataset) -> MozoDesign:
-    """Replace-one neighbours: the canary ``(x_c, s1)`` against ``(x_r, s0)`` at one seeded
-    position among ``exemplars - 1`` fillers from the dataset."""
-    n = plan.mechanism.exemplars
-    signals = plan.mozo.signals
-    rng = np.random.default_rng(plan.seed)
-    fillers: list[Example] = []
-    if n > 1:
-        pool = dataset.examples
-        if len(pool) < n - 1:
-            raise DatasetError(
-                f"dataset {dataset.name!r} has {len(pool)} examples, fewer than {n - 1}"
-            )
-        pick = rng.choice(len(pool), size=n - 1, replace=False)
-        fillers = [pool[int(j)] for j in pick]
-    drawn = int(rng.integers(n))
-    position = plan.neighbour.position if plan.neighbour.position is not None else drawn
-    query = mozo_question(_CANARY_RECORD, signals)
-    replacement = Example(mozo_question(_REPLACEMENT_RECORD, signals), signals[1])
-    c0 = (*fillers[:position], replacement, *fillers[position:])
-    return MozoDesign(
-        attack=plan.attack,
-        position=position,
-        query=query,
-        signals=signals,
-        template=MOZO_TEMPLATE,
-        canary=Example(query, signals[0]),
-        replacement=replacement,
-        exemplars_c0=c0,
-    )
+__all__ = ["MOZO", "MozoAudit"]
 
 
 def _starts_with(text: str, signals: tuple[str, str]) -> str:

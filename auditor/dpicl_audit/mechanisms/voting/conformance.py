@@ -1,70 +1,34 @@
-"""The conformance tests of one setting, per mechanism (:mod:`dpicl_audit.estimators.conformance`).
+"""Private voting's conformance tests of one setting (:mod:`dpicl_audit.estimators.conformance`).
 
-* voting, black-box: on the simulator (clean votes known: the design's), the positive answer's
+* black-box: on the simulator (clean votes known: the design's), the positive answer's
   release rate in each world against the closed form ``meta["release_rates"]``;
-* voting, white-box: the noise ``noisy - clean`` per label (clean from the ``internal`` debug
+* white-box: the noise ``noisy - clean`` per label (clean from the ``internal`` debug
   endpoint, else the design's on the simulator); without either, determinism alone (a
   continuous noise never repeats a noisy histogram);
-* ESA, white-box: the noise of the mean embedding ``noisy - clean`` per dimension and along
-  fixed directions (the signal direction, the all-ones one, seeded random ones);
 * bootstrap runs: the same noise tests on the collected debug rows; a noise check that says
   "smaller than claimed" is NONCONFORMING (noise scale) too.
 
-Each function adds ``out["conformance"]`` and reads every verdict of the setting with it.
+:func:`voting_conformance` adds ``out["conformance"]`` and reads every verdict of the setting
+with it (:func:`~dpicl_audit.mechanisms.trial_estimates.finish_conformance`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from dpicl_audit.estimators.conformance import (
-    Conformance,
     ConformanceTest,
-    apply_conformance,
-    conformance_alpha,
     rate_tests,
     residual_tests,
 )
+from dpicl_audit.mechanisms.trial_estimates import finish_conformance
+from dpicl_audit.mechanisms.voting.design import AuditDesign, design_votes
 from dpicl_audit.store import TrialRecord
 
-if TYPE_CHECKING:
-    from dpicl_audit.mechanisms.voting_designs import AuditDesign
-
-__all__ = ["esa_conformance", "finish_conformance", "voting_conformance"]
-
-#: Seeded random directions for ESA's joint scale test (plus the signal and all-ones ones).
-_N_RANDOM_DIRECTIONS = 8
-
-
-def finish_conformance(
-    out: dict[str, Any],
-    meta: Mapping[str, Any],
-    black: list[ConformanceTest],
-    white: list[ConformanceTest],
-) -> dict[str, Any]:
-    """Store the setting's conformance (the release's tests, the noise's, and both) and read
-    every verdict of the setting with all of them."""
-    alpha = conformance_alpha(meta, len(black) + len(white))
-    bb = Conformance(alpha, tuple(black)).to_dict()
-    both = Conformance(alpha, tuple(black + white)).to_dict()
-    out["conformance"] = {
-        "status": both["status"],
-        "alpha": alpha,
-        "differs": both["differs"],
-        "message": both["message"],
-        "black_box": bb,
-        "white_box": Conformance(alpha, tuple(white)).to_dict(),
-    }
-    # A departure anywhere means the server does not run the mechanism it reports: every
-    # figure of the setting reads it (a VIOLATION or BUG stays, naming it too).
-    for key, conf in (("black_box", both), ("white_box", both)):
-        est = out.get(key)
-        if isinstance(est, dict) and isinstance(est.get("verdict"), dict):
-            est["verdict"] = apply_conformance(est["verdict"], conf)
-    return out
+__all__ = ["voting_conformance"]
 
 
 def _noise_check_test(check: Mapping[str, Any] | None) -> list[ConformanceTest]:
@@ -146,8 +110,6 @@ def _clean_votes(
         return np.array([design.clean_vector(r.observation["clean_votes"]) for r in rows])
     if not simulator or design.attack != "inquery" or len(labels) != 2 or partitions < 1:
         return None
-    from dpicl_audit.mechanisms.voting_designs import design_votes
-
     with_v, without_v = design_votes(design, partitions)
     return np.array([with_v if r.world == 1 else without_v for r in rows], dtype=np.float64)
 
@@ -168,46 +130,3 @@ def _determinism(values: np.ndarray) -> list[ConformanceTest]:
             "noise never does)",
         )
     ]
-
-
-def esa_conformance(
-    out: dict[str, Any],
-    rows: Sequence[TrialRecord],
-    meta: Mapping[str, Any],
-    *,
-    signal: tuple[np.ndarray, np.ndarray] | None,
-    seed: int,
-    bootstrap: bool = False,
-) -> dict[str, Any]:
-    """ESA's conformance tests of one setting (module docstring)."""
-    sigma = meta.get("sigma")
-    white: list[ConformanceTest] = []
-    if bootstrap:
-        check = out.get("noise_check") or {}
-        if check.get("status") == "smaller":
-            white += [
-                ConformanceTest(
-                    "noise scale",
-                    "noise_check",
-                    0.0,
-                    float((check.get("sigma_interval") or [0.0, 0.0])[1]),
-                    int(check.get("df") or 0),
-                    str(check.get("message")),
-                )
-            ]
-    res = [
-        r
-        for r in rows
-        if isinstance(r.observation.get("residual"), list) and r.observation.get("residual")
-    ]
-    if res and sigma is not None:
-        mat = np.array([r.observation["residual"] for r in res], dtype=np.float64)
-        d = mat.shape[1]
-        rng = np.random.default_rng([seed, 27])
-        dirs = [np.ones(d), *rng.standard_normal((_N_RANDOM_DIRECTIONS, d))]
-        if signal is not None and float(np.linalg.norm(signal[0] - signal[1])) > 0:
-            dirs.insert(0, signal[0] - signal[1])
-        white += residual_tests(
-            mat, float(sigma), groups=[r.context_id for r in res], directions=np.array(dirs)
-        )
-    return finish_conformance(out, meta, [], white)

@@ -22,8 +22,9 @@ each label to the next one in the label list (the paper learns the map from seco
 votes, which needs the teachers first).
 
 Trial ``i`` asks query ``i mod N``, so the trials of a sequence are logged, resumed and
-split between worlds by the generic pipeline. :func:`estimate_rdp` groups them by query and
-computes the RDP audit of :mod:`dpicl_audit.estimators.rdp_audit`.
+split between worlds by the generic pipeline (the trial is :mod:`.audit`'s).
+:func:`~.rdp_estimates.estimate_rdp` groups them by query and computes the RDP audit of
+:mod:`dpicl_audit.estimators.rdp_audit`.
 """
 
 from __future__ import annotations
@@ -35,10 +36,8 @@ from typing import Any, get_args
 
 import numpy as np
 
-from dpicl_audit.client import AuditTarget
 from dpicl_audit.datasets import Example, LabelledDataset
-from dpicl_audit.errors import DatasetError, InvalidPlan
-from dpicl_audit.mechanisms.base import TrialAt, ask
+from dpicl_audit.errors import DatasetError
 from dpicl_audit.mechanisms.neighbours import (
     STREAM_DESIGN,
     NeighbourPair,
@@ -47,10 +46,8 @@ from dpicl_audit.mechanisms.neighbours import (
     pair_to_json,
     pick_exemplars,
 )
-from dpicl_audit.mechanisms.voting_designs import white_box_votes
 from dpicl_audit.plan import AuditPlan, RdpAttack
 from dpicl_audit.prompts import CLASSIFY_TEMPLATE
-from dpicl_audit.store import TrialRecord
 
 __all__ = ["RDP_ATTACKS", "RdpDesign", "build_rdp_design"]
 
@@ -84,42 +81,6 @@ class RdpDesign(NeighbourPair):
     def clean_vector(self, votes: Mapping[str, float]) -> list[float]:
         return [float(votes.get(lab, 0.0)) for lab in self.labels]
 
-    async def trial(self, target: AuditTarget, at: TrialAt) -> TrialRecord:
-        """Trial ``at.index``: query ``index mod N``; the label, and (white-box) the votes."""
-        query = self.query_of(at.index)
-        out, latency = await ask(target, at, query)
-        label = str(out["label"])
-        observation: dict[str, Any] = {"label": label, "q": at.index % len(self.queries)}
-        if at.white:
-            observation |= white_box_votes(out, at)
-        return at.record(query, observation, int(label == self.poison_label), latency)
-
-    def estimate(
-        self,
-        plan: AuditPlan,
-        k: int,
-        rows: Sequence[TrialRecord],
-        meta: dict[str, Any],
-        *,
-        bootstrap: bool,
-        calls_per_query: int,
-    ) -> dict[str, Any]:
-        """One setting's RDP estimates (paper 003); there is no bootstrap of a sequence."""
-        from dpicl_audit.mechanisms.voting_rdp_estimates import estimate_rdp
-
-        if bootstrap:
-            raise InvalidPlan("paper 003's adversaries are audited with `run`, not bootstrap")
-        n1 = sum(1 for r in rows if r.world == 1)
-        return dict(meta) | {
-            "trials": len(rows),
-            "n_with": n1,
-            "n_without": len(rows) - n1,
-            "llm_calls": len(rows) * calls_per_query,
-            "black_box": None,
-            "white_box": None,
-            "rdp": estimate_rdp(plan, self, rows, meta),
-        }
-
     def summary_fields(self) -> dict[str, Any]:
         """What a run's summary shows of this design beyond the neighbours."""
         return {
@@ -128,11 +89,6 @@ class RdpDesign(NeighbourPair):
             "queries": len(self.queries),
             "distinct_queries": len(set(self.queries)),
         }
-
-    def release_meta(self, plan: AuditPlan, sigma: float | None) -> dict[str, Any]:
-        """A setting's meta from this design: paper 003's query sequences have no single
-        release (so no release epsilon), only the adversary's name."""
-        return {"design": f"rdp:{self.attack}"}
 
     def to_json(self) -> dict[str, Any]:
         return pair_to_json(self) | {"design_kind": "rdp"}

@@ -1,10 +1,11 @@
-"""ESA's pinned neighbour designs and the released candidate's closed-form rates.
+"""Building ESA's neighbour designs, and the released candidate's closed-form rates.
 
 ``paper`` (paper 000's design: the canary in one partition of ``shots`` exemplars, the others
-answering y0, built in :mod:`.esa`), ``pivotal`` and ``identical`` (docs/auditing.md, "ESA:
-the balanced design"): one exemplar per partition, the other ``T - 1`` partitions pinned so
-that ``m`` answer y1 and ``m`` answer y0 (T = 2m + 1; :func:`pivotal_design`'s split for even
-T), so the canary's partition decides which signal text is nearer the noisy mean.
+answering y0: :func:`build_generation_design`), ``pivotal`` and ``identical``
+(docs/auditing.md, "ESA: the balanced design"): one exemplar per partition, the other
+``T - 1`` partitions pinned so that ``m`` answer y1 and ``m`` answer y0 (T = 2m + 1;
+:func:`pivotal_design`'s split for even T), so the canary's partition decides which signal
+text is nearer the noisy mean.
 
 **The black-box release.** Let ``e1, e0`` be the (unit) embeddings of y1, y0,
 ``D = ||e1 - e0||``, and a clean mean ``c = (a e1 + b e0) / T`` (a + b = T partitions answer
@@ -31,33 +32,39 @@ with probability ``2^-T_cand`` all are y1 (released in both worlds) and as often
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy import special
 
 from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import DatasetError, InvalidPlan
+from dpicl_audit.mechanisms.esa.design import GenerationDesign, signal_pair
 from dpicl_audit.mechanisms.neighbours import (
     MIN_ORACLE_CHARS,
     STREAM_DESIGN,
     neighbour_slot,
     pick_exemplars,
     random_canary_text,
+    resolve_design,
 )
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.prompts import (
     GENERATION_AUDIT_TEMPLATE,
+    REFERENCE_PAIR,
+    REFERENCE_VECTOR_CANARY,
+    REFERENCE_VECTOR_TEMPLATE,
+    REPEAT_TEMPLATE,
+    SIGNAL_PAIRS,
     generation_blackbox_query,
     generation_whitebox_query,
+    reference_vector_query,
+    repeat_query,
 )
-
-if TYPE_CHECKING:
-    from dpicl_audit.mechanisms.esa import GenerationDesign
 
 __all__ = [
     "ESA_IDENTICAL_TEMPLATE",
     "build_esa_pinned_design",
+    "build_generation_design",
     "esa_design_gaps",
     "esa_release_rates",
     "identical_template",
@@ -122,7 +129,6 @@ def build_esa_pinned_design(
       the query is x; the canary partition holds (x, y1) in C1 and (x, y0) in C0.
     """
     from dpicl_audit.estimators.label_release import pivotal_design
-    from dpicl_audit.mechanisms.esa import GenerationDesign
 
     rng = np.random.default_rng([plan.seed, STREAM_DESIGN, 3 if layout == "pivotal" else 4])
     t = plan.mechanism.partitions
@@ -207,3 +213,62 @@ def release_epsilon_meta(
         "release_rates": [p1, p0],
         "epsilon_exact_release": eps if math.isfinite(eps) else None,
     }
+
+
+def build_generation_design(plan: AuditPlan, dataset: LabelledDataset) -> GenerationDesign:
+    """Draw the canary, replacement, exemplars, position and seed; write the audit query.
+
+    ``plan.design`` must be resolved (``auto`` builds the pivotal design, a simulator's)."""
+    layout = resolve_design(plan, simulator=True)
+    if layout != "paper":
+        return build_esa_pinned_design(plan, dataset, layout, signal_pair(plan))
+    rng = np.random.default_rng([plan.seed, STREAM_DESIGN])
+    k = plan.mechanism.n_exemplars
+    order = rng.permutation(len(dataset))
+    examples = [dataset.examples[int(i)] for i in order]
+    name, y1, y0 = signal_pair(plan)
+    if plan.attack == "reference-vector":
+        name, (y1, y0) = REFERENCE_PAIR, SIGNAL_PAIRS[REFERENCE_PAIR]
+        canary_text, canary_out, pool = REFERENCE_VECTOR_CANARY, None, examples
+    elif plan.canary == "random":
+        canary_text, canary_out, pool = random_canary_text(rng), None, examples
+    else:
+        canary_text, canary_out, pool = examples[0].input, examples[0].output, examples[1:]
+    if len(canary_text.strip()) < MIN_ORACLE_CHARS:
+        raise DatasetError(f"canary text {canary_text!r} is too short to be named in a query")
+
+    suffix: str | None = None
+    if plan.attack == "repeat":
+        words = canary_text.split()
+        cut = max(1, len(words) // 2)
+        prefix, suffix = " ".join(words[:cut]), " ".join(words[cut:])
+        template, query = REPEAT_TEMPLATE, repeat_query(prefix)
+    elif plan.attack == "reference-vector":
+        template, query = REFERENCE_VECTOR_TEMPLATE, reference_vector_query(canary_text)
+    elif plan.threat_model == "white-box":
+        template, query = GENERATION_AUDIT_TEMPLATE, generation_whitebox_query(canary_text, y1, y0)
+    else:
+        template, query = GENERATION_AUDIT_TEMPLATE, generation_blackbox_query(canary_text, y1, y0)
+
+    chosen = pick_exemplars(
+        pool, canary_text=canary_text, query=query, k=k, dataset=dataset, exclude=(y1,)
+    )
+    position, partition_seed = neighbour_slot(plan, rng, k)
+    replacement = chosen[position]
+    if canary_out is None or plan.canary == "mislabeled":
+        canary_out = replacement.output  # a summary of another dialogue
+    return GenerationDesign(
+        attack=plan.attack,
+        canary_kind=plan.canary,
+        template=template,
+        position=position,
+        partition_seed=partition_seed,
+        canary=Example(canary_text, canary_out),
+        replacement=replacement,
+        exemplars_c0=tuple(chosen),
+        query=query,
+        y1=y1,
+        y0=y0,
+        signal=name,
+        repeat_suffix=suffix,
+    )

@@ -14,18 +14,15 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from dpicl_audit.client import AuditTarget, GenerationTarget
 from dpicl_audit.errors import InvalidAuditInput, TargetError, TargetProtocolError
+from dpicl_audit.mechanisms.esa.design import GenerationDesign
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.store import ContextRecord
-
-if TYPE_CHECKING:
-    from dpicl_audit.mechanisms.esa import GenerationDesign
 
 __all__ = ["embed_locally", "resolve_signal_embeddings"]
 
