@@ -7,7 +7,8 @@ and are never written to the trial log: :meth:`AuditPlan.public_dump` masks them
 resumed run takes them from flags or the environment again.
 
 Where plans come from (a TOML file, CLI flags on top of it, the JSON stored with a run) and
-the TOML layout are :mod:`dpicl_audit.plan_sources`'s; the classmethods here call it.
+the TOML layout are :mod:`dpicl_audit.plan_sources`'s (data in, data out); the classmethods
+here validate what it reads.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pydantic import (
 from dpicl_audit.attacks import check_attack
 from dpicl_audit.errors import InvalidPlan
 from dpicl_audit.mechanisms.names import check_mechanism_name
+from dpicl_audit.plan_sources import MASK, plan_data_from_sources, public_plan_data
 from dpicl_audit.prompts import SIGNAL_PAIRS
 
 __all__ = [
@@ -51,7 +53,6 @@ __all__ = [
     "VotingDesign",
 ]
 
-MASK = "**********"
 """What :meth:`AuditPlan.public_dump` writes in place of a token."""
 CanaryKind = Literal["natural", "mislabeled", "random"]
 Setting = Literal["audit-template", "deployment"]
@@ -456,9 +457,7 @@ class AuditPlan(BaseModel):
         ``overrides`` maps dotted paths (``"mechanism.epsilons"``, ``"target.base_url"``) to
         values; ``None`` values are ignored so unset flags keep the file's values.
         """
-        from dpicl_audit.plan_sources import plan_from_sources
-
-        return plan_from_sources(path, overrides)
+        return cls.from_mapping(plan_data_from_sources(path, overrides))
 
     # ----------------------------------------------------------------- views
 
@@ -481,9 +480,9 @@ class AuditPlan(BaseModel):
         base_url: str | None = None,
     ) -> AuditPlan:
         """Rebuild a plan stored by :meth:`public_dump`, with fresh credentials."""
-        from dpicl_audit.plan_sources import plan_from_public
-
-        return plan_from_public(data, admin_token=admin_token, api_key=api_key, base_url=base_url)
+        return cls.from_mapping(
+            public_plan_data(data, admin_token=admin_token, api_key=api_key, base_url=base_url)
+        )
 
     def with_credentials(
         self, *, admin_token: str | None = None, api_key: str | None = None

@@ -75,18 +75,21 @@ from pathlib import Path
 from typing import Any
 
 from dpicl_audit.errors import InvalidPlan
-from dpicl_audit.plan import MASK, AuditPlan
 
-__all__ = ["MAX_PLAN_BYTES", "plan_from_public", "plan_from_sources"]
+__all__ = ["MASK", "MAX_PLAN_BYTES", "plan_data_from_sources", "public_plan_data"]
+
+#: What a stored plan shows in place of a credential.
+MASK = "**********"
 
 #: Largest plan file read (a plan is a few kilobytes).
 MAX_PLAN_BYTES = 1024 * 1024
 
 
-def plan_from_sources(
+def plan_data_from_sources(
     path: str | Path | None, overrides: Mapping[str, Any] | None = None
-) -> AuditPlan:
-    """A TOML file (optional) with dotted-key ``overrides`` (CLI flags) applied on top.
+) -> dict[str, Any]:
+    """A TOML file (optional) with dotted-key ``overrides`` (CLI flags) applied on top: the
+    plan's data, which :meth:`~dpicl_audit.plan.AuditPlan.from_sources` validates.
 
     ``overrides`` maps dotted paths (``"mechanism.epsilons"``, ``"target.base_url"``) to
     values; ``None`` values are ignored so unset flags keep the file's values.
@@ -119,18 +122,18 @@ def plan_from_sources(
         if value is None:
             continue
         _set_dotted(data, key, value)
-    return AuditPlan.from_mapping(data)
+    return data
 
 
-def plan_from_public(
+def public_plan_data(
     data: Mapping[str, Any],
     *,
     admin_token: str | None = None,
     api_key: str | None = None,
     base_url: str | None = None,
-) -> AuditPlan:
-    """Rebuild a plan stored by :meth:`~dpicl_audit.plan.AuditPlan.public_dump`, with fresh
-    credentials."""
+) -> dict[str, Any]:
+    """The data of a plan stored by :meth:`~dpicl_audit.plan.AuditPlan.public_dump`, with
+    fresh credentials (:meth:`~dpicl_audit.plan.AuditPlan.from_public` validates it)."""
     payload = dict(data)
     target = dict(payload.get("target") or {})
     for key, value in (("admin_token", admin_token), ("api_key", api_key)):
@@ -145,7 +148,7 @@ def plan_from_public(
     if isinstance(mech, Mapping) and mech.get("name") == "dps-mozo":
         # Plans stored before DPS-MOZO had a proven mode audited the paper's mode.
         payload["mechanism"] = {"guarantee": "paper", **mech}
-    return AuditPlan.from_mapping(payload)
+    return payload
 
 
 def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:

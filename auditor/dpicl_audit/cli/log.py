@@ -175,7 +175,7 @@ def estimate(
 ) -> None:
     """Lower bounds from attack counts obtained elsewhere, as JSON: mu_lower, epsilon_lower
     (Gaussian-DP) and epsilon_lower_classic (paper 003, Section 2.2)."""
-    from dpicl_audit.estimators import estimate_from_counts
+    from dpicl_audit.estimators.counts import estimate_from_counts
 
     est = guard(lambda: estimate_from_counts(tp, fn, fp, tn, delta=delta, confidence=confidence))
     out = est.to_dict()

@@ -29,14 +29,10 @@ import numpy as np
 import numpy.typing as npt
 
 from dpicl_audit.errors import InvalidAuditInput
-from dpicl_audit.estimators import (
-    AuditEstimate,
-    ThresholdEstimate,
-    estimate_from_counts,
-    split_threshold_estimate,
-)
+from dpicl_audit.estimators.counts import AuditEstimate, estimate_from_counts
 from dpicl_audit.estimators.held_out import PositiveWhen
 from dpicl_audit.estimators.stats import BoolArray, ConfidenceSplit, FloatArray
+from dpicl_audit.estimators.thresholds import ThresholdEstimate, split_threshold_estimate
 
 __all__ = [
     "BootstrapResult",

@@ -58,7 +58,7 @@ def estimate_trials(
     """Per-epsilon estimates of a real-query run: black-box from the logged decisions,
     white-box from the logged scores (positive above the threshold, or below it), the
     threshold chosen on a seeded held-out split (DESIGN.md section 5)."""
-    from dpicl_audit.estimators import estimate_from_counts
+    from dpicl_audit.estimators.counts import estimate_from_counts
     from dpicl_audit.estimators.roc import roc_from_decisions, roc_from_scores
     from dpicl_audit.estimators.whitebox import (
         CLASSICAL_LABEL,

@@ -124,7 +124,7 @@ class VotingAudit(GaussianMechanismAudit):
         meta, mech = gaussian_setting_meta(plan, epsilon, contexts)
         sigma: float | None = None
         if mech is not None:
-            from dpicl_audit.estimators import voting_epsilon_exact  # dp-accounting: slow
+            from dpicl_audit.estimators.exact import voting_epsilon_exact
 
             # Both designs' clean vote vectors differ by (+1, -1): the noisy votes are the
             # Gaussian mechanism at full sensitivity sqrt(2), so this is also the design's.
