@@ -163,11 +163,11 @@ async def _http_rounds(url: str, admin: str, workdir: Path) -> dict[str, list[fl
     from dpicl_audit.client import DpiclClient
     from dpicl_audit.datasets import load_dataset
     from dpicl_audit.mechanisms.voting.build import build_design
+    from dpicl_audit.pipeline.progress import open_progress
+    from dpicl_audit.pipeline.runner import AuditRunner, trial_worlds
+    from dpicl_audit.pipeline.trials import TrialExecutor
     from dpicl_audit.plan import AuditPlan
-    from dpicl_audit.progress import open_progress
-    from dpicl_audit.runner import AuditRunner, trial_worlds
     from dpicl_audit.store import ContextRecord, TrialStore
-    from dpicl_audit.trials import TrialExecutor
 
     class UnloggedTrials(TrialExecutor):
         """The same trial executor with the trial log's writes dropped."""

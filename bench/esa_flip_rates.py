@@ -42,7 +42,7 @@ import httpx
 from scipy import stats
 
 from dpicl_audit.datasets import load_dataset
-from dpicl_audit.demo_server import DemoServer  # a `dpicl serve` subprocess, white-box internal
+from dpicl_audit.demo.servers import DemoServer  # a `dpicl serve` subprocess, white-box internal
 from dpicl_audit.mechanisms.esa.audit import ESA
 from dpicl_audit.mechanisms.esa.build import build_generation_design
 from dpicl_audit.mechanisms.esa.design import GenerationDesign

@@ -77,7 +77,7 @@ EmbeddingSource = Literal["auto", "server", "local"]
 #: partition decides (Prompt 1); ``identical`` = pivotal with one text in every partition,
 #: made-up word labels and a minimal template (the strongest on a real model); ``auto`` =
 #: pivotal on a simulator, identical on a real engine (inquery in the audit template only).
-#: ESA has the same four (mechanisms.esa_designs: the canary's partition decides which signal
+#: ESA has the same four (mechanisms.esa.build: the canary's partition decides which signal
 #: text is nearer the noisy mean).
 VotingDesign = Literal["auto", "paper", "pivotal", "identical"]
 #: Which surface the audit queries go through: dpicl's own routes, or the OpenAI-compatible

@@ -1,4 +1,4 @@
-"""ESA's pinned designs (mechanisms.esa_designs): structure, the closed-form release rates
+"""ESA's pinned designs (mechanisms.esa.build): structure, the closed-form release rates
 against a simulation of the server's own release rule, and the INCONCLUSIVE path of a model
 whose zero-shot candidates never (or always) give the signal texts."""
 

@@ -1,6 +1,6 @@
 """DPS-MOZO's proven mode as the auditor reads it: a true (epsilon, delta) claim.
 
-* The auditor's own recomputation (:mod:`dpicl_audit.mechanisms.mozo_check`) against
+* The auditor's own recomputation (:mod:`dpicl_audit.mechanisms.dps_mozo.check`) against
   brute-force products of probabilities, and its handling of zeros and of a server that lies
   about its ``log_ratios``.
 * Against the real server app in-process (oracle engine: its decoding logits are
@@ -24,8 +24,8 @@ from dpicl_audit.client import DpiclClient
 from dpicl_audit.errors import InvalidPlan, TargetProtocolError
 from dpicl_audit.mechanisms.dps_mozo.check import token_check
 from dpicl_audit.mechanisms.dps_mozo.findings import ratio_check
+from dpicl_audit.pipeline.runner import run_audit
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.runner import run_audit
 from dpicl_audit.store import TrialRecord
 from tests.auditor.test_runner import _plan, _server_missing
 from tests.servers import app_client

@@ -43,7 +43,7 @@ from dpicl_audit.plan import (
     ThreatModel,
     VotingDesign,
 )
-from dpicl_audit.store_db import DEFAULT_DB
+from dpicl_audit.store.db import DEFAULT_DB
 
 # The mechanisms' modules (DPS-MOZO's, ESA's, dp-accounting under them) are imported by the
 # runner when a command runs, not here: `--help` reads only the plan's types and defaults.
@@ -300,9 +300,9 @@ def audit_command(kind: str) -> Callable[..., None]:
         progress: ProgressOpt = True,
         as_json: JsonOpt = False,
     ) -> None:
-        from dpicl_audit.profiles import companion_plan
-        from dpicl_audit.runner import bootstrap_audit, run_audit
-        from dpicl_audit.schedule import new_run_id
+        from dpicl_audit.pipeline.profiles import companion_plan
+        from dpicl_audit.pipeline.runner import bootstrap_audit, run_audit
+        from dpicl_audit.planning.schedule import new_run_id
 
         overrides: dict[str, Any] = {
             "name": name,

@@ -11,7 +11,14 @@
 * :mod:`.label_release` exact epsilon of voting's released label; the pivotal canary design;
 * :mod:`.whitebox` white-box bounds never weaker than black-box; both figures (GDP, classical);
 * :mod:`.power` the largest epsilon a design could reach with its trials;
-* :mod:`.verdict_rules` VIOLATION / BUG / INCONCLUSIVE / CONSISTENT from the figures.
+* :mod:`.figure_power` the power model the verdicts read; :mod:`.trial_budget` real trials
+  under a time budget, spent where they can prove something;
+* :mod:`.verdict_rules` VIOLATION / BUG / INCONCLUSIVE / CONSISTENT from the figures;
+* :mod:`.family` a run's claims held for all of its tests together;
+* :mod:`.conformance` whether the releases follow the mechanism the server reports;
+* :mod:`.rdp_audit` paper 003's RDP audit of a query sequence; :mod:`.roc` ROC curves;
+* :mod:`.bootstrap` Algorithm 1 of paper 000, vectorised, and :mod:`.noise_check` its guard
+  (does the server add the noise it claims?).
 
 :func:`~.counts.estimate_from_counts` is the black-box estimator (it backs ``dpicl-audit
 estimate``). This module only re-exports: no module of the package imports it back.

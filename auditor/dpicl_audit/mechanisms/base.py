@@ -23,9 +23,9 @@ for its mechanism:
 A variant of a built-in mechanism subclasses its audit and overrides what differs (the
 Laplace-noise voting of ``examples/laplace_voting``: the exact epsilon).
 
-The pipeline (:mod:`dpicl_audit.contexts`, :mod:`dpicl_audit.trials`,
-:mod:`dpicl_audit.estimation`, :mod:`dpicl_audit.runner`) and the report are generic over
-this class.
+The pipeline (:mod:`dpicl_audit.pipeline.contexts`, :mod:`dpicl_audit.pipeline.trials`,
+:mod:`dpicl_audit.pipeline.estimation`, :mod:`dpicl_audit.pipeline.runner`) and the report
+are generic over this class.
 """
 
 from __future__ import annotations
@@ -39,13 +39,13 @@ from typing import Any, ClassVar, Protocol
 from dpicl_audit.client import AuditTarget, GenerationTarget
 from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import TargetProtocolError
-from dpicl_audit.ledger import budget_for
 from dpicl_audit.mechanisms.trial_estimates import (
     estimate_trials,
     figure_fields,
     with_verdict,
 )
 from dpicl_audit.plan import AuditPlan
+from dpicl_audit.planning.ledger import budget_for
 from dpicl_audit.store import ContextRecord, TrialRecord
 
 __all__ = [
@@ -238,7 +238,7 @@ class MechanismAudit:
     async def audit_ledger(
         self, target: AuditTarget, design: Any, plan: AuditPlan
     ) -> dict[str, Any] | None:
-        """The ledger audited from outside (:mod:`dpicl_audit.ledger`); None where the
+        """The ledger audited from outside (:mod:`dpicl_audit.planning.ledger`); None where the
         mechanism has no such audit."""
         return None
 
@@ -362,20 +362,20 @@ class GaussianMechanismAudit(MechanismAudit):
         self, target: AuditTarget, design: Any, plan: AuditPlan
     ) -> dict[str, Any] | None:
         """A probe context of C0's body, asked until refused (ledger.probe_ledger)."""
-        from dpicl_audit.budgets import probe_ledger
+        from dpicl_audit.planning.budgets import probe_ledger
 
         return await probe_ledger(self, target, design, plan)
 
     def planned_answers(self, plan: AuditPlan, epsilon: float, world: int) -> int:
         """The answers one context of ``world`` at ``epsilon`` is budgeted for."""
-        from dpicl_audit.budgets import planned_answers
+        from dpicl_audit.planning.budgets import planned_answers
 
         return planned_answers(plan, epsilon, world, self.queries_per_context(plan))
 
     @staticmethod
     def context_capacity(plan: AuditPlan) -> int | None:
         """Trials per context where a world's need more than one budget holds."""
-        from dpicl_audit.budgets import context_capacity
+        from dpicl_audit.planning.budgets import context_capacity
 
         return context_capacity(plan)
 

@@ -18,7 +18,7 @@ from dpicl_audit.estimators.conformance import (
     conformance_alpha,
 )
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.schedule import STREAM_SPLIT
+from dpicl_audit.planning.schedule import STREAM_SPLIT
 from dpicl_audit.store import TrialRecord
 from dpicl_audit.verdicts import gaussian_verdict
 

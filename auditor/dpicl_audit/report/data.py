@@ -1,7 +1,7 @@
 """The report's data: each run's results and trials, and the table's rows.
 
 Everything comes from the trial log: a run's stored results when it completed, else a fresh
-:func:`~dpicl_audit.estimation.estimate_run`. Every row names the run's mechanism, attack,
+:func:`~dpicl_audit.pipeline.estimation.estimate_run`. Every row names the run's mechanism, attack,
 design (canary kind and setting), method (real trials or bootstrap) and threat model.
 """
 
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dpicl_audit.errors import InvalidAuditInput
-from dpicl_audit.estimation import estimate_run, load_run, run_design, run_plan
 from dpicl_audit.mechanisms.base import Design
+from dpicl_audit.pipeline.estimation import estimate_run, load_run, run_design, run_plan
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.store import TrialRecord, TrialStore
 
@@ -49,7 +49,8 @@ class RunData:
 
     @property
     def ledger(self) -> dict[str, Any] | None:
-        """The ledger's audit from outside (:mod:`dpicl_audit.ledger`), where the run had one."""
+        """The ledger's audit from outside (:mod:`dpicl_audit.planning.ledger`), where the run
+        had one."""
         led = self.results.get("ledger")
         return dict(led) if isinstance(led, Mapping) else None
 

@@ -32,7 +32,7 @@
   so no ``bug`` branch on epsilon.
 * **Contexts.** A DPS-MOZO context answers ``queries_per_context`` queries and is then
   ``budget_exhausted``, so trial ``j`` of a world goes to that world's context
-  ``j // queries_per_context`` (:func:`dpicl_audit.schedule.context_slots`), created when
+  ``j // queries_per_context`` (:func:`dpicl_audit.planning.schedule.context_slots`), created when
   first needed; a context found spent on resume (a query answered but never logged) is
   replaced by a fresh identical one. Spent contexts are deleted when the run completes.
 * **Bootstrap.** None (there is no clean internal state to resample).
@@ -80,7 +80,7 @@ def _starts_with(text: str, signals: tuple[str, str]) -> str:
 
 def _token_internals(out: Mapping[str, Any], guarantee: str) -> dict[str, Any]:
     """The white-box observation. Proven mode: per token the lambdas and the auditor's own
-    :func:`~dpicl_audit.mechanisms.mozo_check.token_check` figures (not the probabilities,
+    :func:`~dpicl_audit.mechanisms.dps_mozo.check.token_check` figures (not the probabilities,
     which would make the log ~1 kB per token and shot). Paper mode: per-token lambdas and
     divergences (and, at internal, the exact per-shot divergences)."""
     tokens = out.get("tokens")

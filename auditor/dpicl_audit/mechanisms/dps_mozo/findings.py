@@ -2,7 +2,7 @@
 trials (not epsilon estimates; direct checks of the premises the claimed epsilon rests on).
 
 * :func:`ratio_check`, proven mode: the auditor's own per-token figures
-  (:func:`dpicl_audit.mechanisms.mozo_check.token_check`, logged with each trial) against
+  (:func:`dpicl_audit.mechanisms.dps_mozo.check.token_check`, logged with each trial) against
   ``max_log_ratio`` and ``per_token_epsilon``, and the first token's released distributions
   of C1 and C0 answers drawn with the same shot set against ``per_token_epsilon``; a token
   outside a bound is a VIOLATION naming the trial(s), world and token.

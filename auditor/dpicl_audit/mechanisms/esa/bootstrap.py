@@ -18,7 +18,7 @@ from dpicl_audit.mechanisms.esa.estimates import (
 )
 from dpicl_audit.mechanisms.trial_estimates import with_verdict
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.schedule import STREAM_BOOTSTRAP
+from dpicl_audit.planning.schedule import STREAM_BOOTSTRAP
 from dpicl_audit.store import TrialRecord
 
 __all__ = ["estimate_esa_bootstrap"]
@@ -134,7 +134,7 @@ def _observed_rates(
 ) -> dict[str, Any]:
     """The simulated black-box rule's rates averaged over the collected clean means
     (``Phi(<c - (e1 + e0)/2, u> / sigma)``, u the unit vector along e1 - e0: both signal
-    texts among the candidates, as simulated; mechanisms.esa_designs), and the fraction of
+    texts among the candidates, as simulated; mechanisms.esa.build), and the fraction of
     row-aligned pairs whose clean means differ."""
     from scipy import special
 

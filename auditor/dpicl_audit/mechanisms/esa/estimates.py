@@ -65,7 +65,7 @@ def esa_meta(
             meta["epsilon_exact_signal"] = esa_epsilon_exact(sigma, dist / t, plan.mechanism.delta)
     if design.attack == "inquery":
         # The released candidate's closed-form rates at the design's intended clean gaps,
-        # fair-coin zero-shot candidates (mechanisms.esa_designs): the black-box ceiling.
+        # fair-coin zero-shot candidates (mechanisms.esa.build): the black-box ceiling.
         meta |= release_epsilon_meta(
             design.layout, dist, t, sigma, plan.mechanism.candidates, plan.mechanism.delta
         )

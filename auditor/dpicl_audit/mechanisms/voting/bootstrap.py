@@ -1,5 +1,5 @@
 """Private voting's bootstrap (paper 000, Algorithm 1): clean vote vectors resampled with
-noise of the server's sigma, after the noise check (:mod:`dpicl_audit.noise_check`); the
+noise of the server's sigma, after the noise check (:mod:`dpicl_audit.estimators.noise_check`); the
 simulation is :func:`dpicl_audit.estimators.bootstrap.bootstrap_voting_audit`."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 from dpicl_audit.mechanisms.trial_estimates import with_verdict
 from dpicl_audit.mechanisms.voting.design import AuditDesign
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.schedule import STREAM_BOOTSTRAP
+from dpicl_audit.planning.schedule import STREAM_BOOTSTRAP
 from dpicl_audit.store import TrialRecord
 
 __all__ = ["estimate_voting_bootstrap"]
@@ -28,7 +28,7 @@ def estimate_voting_bootstrap(
     from dpicl_audit.estimators.bootstrap import (
         bootstrap_voting_audit,  # slow imports: only when needed
     )
-    from dpicl_audit.noise_check import check_noise, residuals_from_observations
+    from dpicl_audit.estimators.noise_check import check_noise, residuals_from_observations
 
     out = dict(meta)
     with_rows = [design.clean_vector(r.observation["clean_votes"]) for r in clean if r.world == 1]

@@ -14,13 +14,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from dpicl_audit.errors import InvalidAuditInput
-from dpicl_audit.legacy import is_legacy_mozo, upgrade_run
+from dpicl_audit.estimators.trial_budget import needs_from_bootstrap
 from dpicl_audit.mechanisms.base import Design
 from dpicl_audit.mechanisms.registry import get_mechanism
+from dpicl_audit.pipeline.legacy import is_legacy_mozo, upgrade_run
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.schedule import CLEAN_SETTING
+from dpicl_audit.planning.schedule import CLEAN_SETTING
 from dpicl_audit.store import RunRecord, TrialRecord, TrialStore
-from dpicl_audit.trial_budget import needs_from_bootstrap
 
 __all__ = ["estimate_run", "estimate_setting", "load_run", "run_design", "run_plan"]
 

@@ -90,8 +90,8 @@ def client_for(plan: AuditPlan) -> DpiclClient:
         "retries": plan.retries,
     }
     if t.api == "openai":
-        from dpicl_audit.context_hook import load_hook
-        from dpicl_audit.openai_client import OpenAIClient
+        from dpicl_audit.client.context_hook import load_hook
+        from dpicl_audit.client.openai import OpenAIClient
 
         hook = load_hook(t.context_hook, timeout=plan.timeout) if t.context_hook else None
         return OpenAIClient(t.base_url, hook=hook, **options)

@@ -3,7 +3,7 @@ could reach at given trials, :mod:`~dpicl_audit.estimators.power`) and the trial
 
 :func:`~dpicl_audit.verdicts.gaussian_verdict` grants a figure power when its reach is at
 least half of epsilon_exact, and names the count that would do where it is not
-(:func:`trials_for_power_of`); :mod:`~dpicl_audit.trial_budget` plans real runs with it.
+(:func:`trials_for_power_of`); :mod:`~dpicl_audit.estimators.trial_budget` plans real runs with it.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A real-model audit costs seconds per trial, so a time-boxed run (``make demo``) cannot give
 every epsilon setting the trials its verdict needs. The verdicts' own power model says how
-many it needs (:func:`~dpicl_audit.figure_power.trials_for_power_of`): below that count a
+many it needs (:func:`~dpicl_audit.estimators.figure_power.trials_for_power_of`): below that count a
 figure's verdict is INCONCLUSIVE for want of trials, whatever the server does.
 
 * :func:`needs_from_bootstrap` reads those counts off a bootstrap. A bootstrap runs the
@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dpicl_audit.errors import InvalidAuditInput
-from dpicl_audit.figure_power import trials_for_power_of
+from dpicl_audit.estimators.figure_power import trials_for_power_of
 
 __all__ = [
     "POWER_MARGIN",
@@ -145,7 +145,7 @@ def plan_trials(
 
 def planned_needs(results: Mapping[str, Any]) -> dict[float, int | None]:
     """A bootstrap's ``real_trials_for_power`` per ``epsilon_theory`` (set by
-    :func:`~dpicl_audit.estimation.estimate_run` from :func:`needs_from_bootstrap`)."""
+    :func:`~dpicl_audit.pipeline.estimation.estimate_run` from :func:`needs_from_bootstrap`)."""
     return {float(s["epsilon_theory"]): s.get("real_trials_for_power") for s in results["settings"]}
 
 

@@ -2,15 +2,15 @@
 
 The run's life, one module per step::
 
-    plan (plan.py) -> design (mechanisms/<name>.py) -> contexts (contexts.py)
+    plan (plan.py) -> design (mechanisms/<name>/) -> contexts (contexts.py)
       -> trials (trials.py, schedule.py) -> SQL trial log (store.py)
       -> estimates (estimation.py, estimators/, bootstrap.py) -> verdicts (verdicts.py)
       -> results (results.py) and reports (report/)
 
 A **run** (``kind="run"``) audits with real queries: for every epsilon of the plan it gets
-the neighbour contexts C1 and C0 (:class:`~dpicl_audit.contexts.ContextBook`) and sends
+the neighbour contexts C1 and C0 (:class:`~dpicl_audit.pipeline.contexts.ContextBook`) and sends
 ``plan.trials`` audit queries, each to the world the seeded schedule says
-(:func:`~dpicl_audit.schedule.trial_worlds`). A **bootstrap** run (``kind="bootstrap"``)
+(:func:`~dpicl_audit.planning.schedule.trial_worlds`). A **bootstrap** run (``kind="bootstrap"``)
 collects ``bootstrap.n_llm`` clean rows per world from the debug endpoint at ``internal``
 (logged as the setting ``clean``) and simulates ``bootstrap.n_sample`` noisy trials per world
 and epsilon. What a trial sends and observes, and how it is estimated, is the mechanism
@@ -34,22 +34,30 @@ from typing import Any, Literal
 from rich.console import Console
 
 from dpicl_audit.client import AuditTarget, DpiclClient
-from dpicl_audit.contexts import ContextBook
 from dpicl_audit.datasets import load_dataset
 from dpicl_audit.errors import (
     AuditError,
     InvalidAuditInput,
     InvalidPlan,
 )
-from dpicl_audit.estimation import estimate_run, run_design
-from dpicl_audit.legacy import is_legacy_mozo
 from dpicl_audit.mechanisms.base import Design
 from dpicl_audit.mechanisms.neighbours import resolve_design
 from dpicl_audit.mechanisms.registry import get_mechanism
+from dpicl_audit.pipeline.contexts import ContextBook
+from dpicl_audit.pipeline.estimation import estimate_run, run_design
+from dpicl_audit.pipeline.legacy import is_legacy_mozo
+from dpicl_audit.pipeline.progress import ProgressSink, open_progress
+from dpicl_audit.pipeline.results import finish_run, out_directory, write_results
+from dpicl_audit.pipeline.session import (
+    client_for,
+    need_context_maker,
+    opened_store,
+    run_versions,
+    server_health,
+)
+from dpicl_audit.pipeline.trials import TrialExecutor
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.progress import ProgressSink, open_progress
-from dpicl_audit.results import finish_run, out_directory, write_results
-from dpicl_audit.schedule import (
+from dpicl_audit.planning.schedule import (
     CLEAN_SETTING,
     check_run_id,
     clean_worlds,
@@ -57,15 +65,7 @@ from dpicl_audit.schedule import (
     new_run_id,
     trial_worlds,
 )
-from dpicl_audit.session import (
-    client_for,
-    need_context_maker,
-    opened_store,
-    run_versions,
-    server_health,
-)
 from dpicl_audit.store import ContextRecord, TrialStore
-from dpicl_audit.trials import TrialExecutor
 
 __all__ = [
     "CLEAN_SETTING",
@@ -135,7 +135,7 @@ class AuditRunner:
             await self.trials.flush()
             t0 = time.monotonic()
             results = await asyncio.to_thread(estimate_run, self.store, self.run_id)
-            # The ledger audited from outside (dpicl_audit.ledger), where the mechanism can.
+            # The ledger audited from outside (pipeline.ledger), where the mechanism can.
             ledger = await self.mechanism.audit_ledger(self.target, self.design, self.plan)
             if ledger is not None:
                 results["ledger"] = ledger
@@ -206,7 +206,7 @@ class AuditRunner:
         async def pick(index: int, world: int, spent: ContextRecord | None) -> ContextRecord:
             # Clean votes do not depend on epsilon, so pair j (indices 2j, 2j+1) goes to the
             # contexts of epsilon j mod K: the same clean rows serve every epsilon, and every
-            # epsilon's noisy votes feed its own noise check (dpicl_audit.noise_check).
+            # epsilon's noisy votes feed its own noise check (dpicl_audit.estimators.noise_check).
             return per_eps[(index // 2) % len(per_eps)][world]
 
         await self.trials.run(

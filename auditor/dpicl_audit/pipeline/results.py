@@ -215,7 +215,7 @@ def print_results(results: Mapping[str, Any], console: Console | None = None) ->
                 f"[/{style}]"
             )
     ledger = results.get("ledger")
-    if ledger:  # the ledger audited from outside (dpicl_audit.ledger)
+    if ledger:  # the ledger audited from outside (dpicl_audit.planning.ledger)
         colour = "green" if ledger.get("status") == "ok" else "bold yellow"
         console.print(f"[{colour}]ledger: {ledger.get('message', '')}[/{colour}]")
     console.print(

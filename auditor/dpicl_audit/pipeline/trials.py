@@ -24,8 +24,8 @@ import numpy.typing as npt
 from dpicl_audit.client import AuditTarget
 from dpicl_audit.errors import TargetBudgetExhausted
 from dpicl_audit.mechanisms.base import MechanismAudit, TrialAt
+from dpicl_audit.pipeline.progress import ProgressSink
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.progress import ProgressSink
 from dpicl_audit.store import ContextRecord, TrialRecord, TrialStore
 
 __all__ = ["ContextPick", "TrialExecutor"]

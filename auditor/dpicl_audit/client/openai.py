@@ -1,13 +1,13 @@
 """The audit's queries through an OpenAI-compatible surface (``dpicl-audit run --api openai``).
 
-:class:`OpenAIClient` is the :class:`~dpicl_audit.client.DpiclClient` (same transport,
+:class:`OpenAIClient` is the :class:`~dpicl_audit.client.http.DpiclClient` (same transport,
 concurrency, retries and error handling) with the queries sent as chat completions: the
 audit query is the one user message, ``model`` is the context, and the released label or
 text is read from ``choices[0].message.content``. dpicl's cost extension (``dpicl``), when
 the server sends one, is kept as the native routes' ``cost`` and ``budget``.
 
 The neighbouring contexts are created as for the native routes (``POST /v1/contexts`` with
-the admin token), or by a context hook (:mod:`dpicl_audit.context_hook`) for a deployment
+the admin token), or by a context hook (:mod:`dpicl_audit.client.context_hook`) for a deployment
 that is not dpicl: the hook creates each context and names its model; the client then
 checks a recorded model still exists with ``GET /v1/models/{id}``, adopts nothing by name and
 deletes nothing (the deployment is its operator's).
@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dpicl_audit.client import JSON, DpiclClient
-from dpicl_audit.context_hook import ContextHook
+from dpicl_audit.client.context_hook import ContextHook
+from dpicl_audit.client.http import JSON, DpiclClient
 from dpicl_audit.errors import TargetProtocolError
 
 __all__ = ["OpenAIClient"]

@@ -53,7 +53,7 @@ from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from dpicl_audit.errors import InvalidAuditInput, RunNotFound
-from dpicl_audit.store_db import (
+from dpicl_audit.store.db import (
     DEFAULT_DB,
     open_engine,
     resolve_db_url,

@@ -1,47 +1,11 @@
-"""``python -m dpicl_audit.demo`` (``make demo``): audit a real dpicl server end to end.
-
-1. Starts two real ``dpicl serve`` processes on free ports, each with a temporary SQLite
-   database, freshly generated tokens and ``DPICL_WHITEBOX=internal``:
-   ``DPICL_ENGINE=transformers`` (the bundled SmolLM2-135M-Instruct on CPU) and
-   ``DPICL_ENGINE=oracle`` (the labelled rule-following *simulator*, the tight case).
-2. Audits private voting through the runner's public API over HTTP only, with the design
-   ``auto`` (pivotal canary on the oracle, identical-text design on the real model), at
-   epsilon 1, 2, 4 and 8 on the oracle and 4 and 8 on the real model (plus ESA on the
-   oracle):
-
-   * bootstrap (Algorithm 1 of paper 000): ``n_llm`` clean vote vectors per world from
-     ``/v1/debug/classify``, then 400,000 simulated trials per world, black-box and
-     white-box; the noise check confirms the server's reported sigma first;
-   * real trials, white-box (noisy votes; the same answers' released labels give the
-     black-box estimate too);
-   * real trials, black-box through the public ``/v1/classify`` (oracle only: on the CPU
-     model every query costs seconds, and its released labels are already in the
-     white-box run).
-
-   On the real model each query scores 4 short prompts (one exemplar per partition), so its
-   counts are chosen to fit the time budget: ``n_llm`` = 6, then one real run per epsilon,
-   planned by power (:mod:`dpicl_audit.trial_budget`): the bootstrap's figures say about
-   how many real trials each epsilon needs before its verdict can be more than
-   INCONCLUSIVE; every epsilon gets at least 20, and the rest of the time (at the measured
-   rate per trial) goes to the epsilons whose need fits it. Each run is planned again at the
-   rate the runs before it measured, and a run that overruns its share of the time (the
-   machine got slower) is stopped there; the report uses its logged trials.
-3. Stops the servers and writes one combined report (table, JSON, HTML with plots) of all
-   runs, and prints where it is.
-
-Options: ``--out DIR`` (default ``runs``), ``--budget SECONDS`` (default 250: the audits,
-report and shutdown within the demo's 5 minutes on 2 cores), ``--engines oracle,transformers``,
-``--quick`` (tiny counts, for a smoke test).
-"""
+"""The demo's audits (:mod:`.main` runs them): the oracle's bootstrap and real-trial runs, ESA
+on the oracle, and the real model's runs planned by power to fit the time budget
+(:mod:`dpicl_audit.estimators.trial_budget`)."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import datetime as dt
 import math
-import secrets
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -51,15 +15,14 @@ from typing import Any
 
 from rich.console import Console
 
-from dpicl_audit.demo_server import DemoServer
+from dpicl_audit.demo.servers import DemoServer
+from dpicl_audit.estimators.trial_budget import POWER_MARGIN, plan_trials, planned_needs
+from dpicl_audit.pipeline.runner import CLEAN_SETTING, bootstrap_audit, run_audit
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.report import write_combined_report
-from dpicl_audit.runner import CLEAN_SETTING, bootstrap_audit, run_audit
-from dpicl_audit.schedule import new_run_id
+from dpicl_audit.planning.schedule import new_run_id
 from dpicl_audit.store import TrialRecord, TrialStore
-from dpicl_audit.trial_budget import POWER_MARGIN, plan_trials, planned_needs
 
-__all__ = ["main"]
+__all__ = ["Counts", "audit_esa", "audit_model", "audit_oracle", "say"]
 
 EPSILONS = (1.0, 2.0, 4.0, 8.0)
 N_SAMPLE = 400_000
@@ -81,7 +44,7 @@ def _plan(srv: DemoServer, **overrides: Any) -> AuditPlan:
     return AuditPlan.from_sources(None, base | overrides)
 
 
-def _say(t0: float, text: str) -> None:
+def say(t0: float, text: str) -> None:
     console.print(f"[bold cyan][{time.monotonic() - t0:6.1f}s][/bold cyan] {text}")
 
 
@@ -114,7 +77,7 @@ class Counts:
     model_n_llm: int = 6
     # Real trials on the model always run (at least this many per epsilon): they show the
     # real pipeline end to end, and their verdict says what so few trials cannot prove.
-    # The rest of the time goes where power needs it (dpicl_audit.trial_budget).
+    # The rest of the time goes where power needs it (dpicl_audit.estimators.trial_budget).
     model_trials_min: int = 20
     model_trials_max: int = 600
     n_sample: int = N_SAMPLE
@@ -142,11 +105,11 @@ def _esa_overrides(n_llm: int, n_sample: int, *, model: bool) -> dict[str, Any]:
     return out
 
 
-async def _audit_esa(
+async def audit_esa(
     srv: DemoServer, db: Path, out: Path, n_llm: int, n_sample: int, t0: float, *, model: bool
 ) -> tuple[str, str]:
     label = "transformers" if model else "oracle"
-    _say(t0, f"{label}: ESA bootstrap, n_llm={n_llm}, n_sample={n_sample:,}")
+    say(t0, f"{label}: ESA bootstrap, n_llm={n_llm}, n_sample={n_sample:,}")
     res = await bootstrap_audit(
         _plan(
             srv,
@@ -178,11 +141,11 @@ async def _audit_esa(
     return str(res["run_id"]), note
 
 
-async def _audit_oracle(
+async def audit_oracle(
     srv: DemoServer, db: Path, out: Path, counts: Counts, t0: float, notes: list[str]
 ) -> list[str]:
     ids = []
-    _say(t0, f"oracle: bootstrap, n_llm={counts.oracle_n_llm}, n_sample={counts.n_sample:,}")
+    say(t0, f"oracle: bootstrap, n_llm={counts.oracle_n_llm}, n_sample={counts.n_sample:,}")
     res = await bootstrap_audit(
         _plan(
             srv,
@@ -196,7 +159,7 @@ async def _audit_oracle(
     _summarise(res)
     ids.append(str(res["run_id"]))
     for threat in ("white-box", "black-box"):
-        _say(t0, f"oracle: {counts.oracle_trials} real {threat} trials per epsilon")
+        say(t0, f"oracle: {counts.oracle_trials} real {threat} trials per epsilon")
         res = await run_audit(
             _plan(
                 srv,
@@ -232,7 +195,7 @@ _RUN_OVERHEAD_S = 10.0
 _OVERRUN = 1.3
 
 
-async def _audit_model(
+async def audit_model(
     srv: DemoServer,
     db: Path,
     out: Path,
@@ -242,7 +205,7 @@ async def _audit_model(
     notes: list[str],
 ) -> list[str]:
     ids = []
-    _say(t0, f"model: bootstrap, n_llm={counts.model_n_llm}, n_sample={counts.n_sample:,}")
+    say(t0, f"model: bootstrap, n_llm={counts.model_n_llm}, n_sample={counts.n_sample:,}")
     t_boot = time.monotonic()
     res = await bootstrap_audit(
         _plan(
@@ -280,7 +243,8 @@ async def _audit_model(
         f"{boot_s:.0f} s, 4 partitions = 4 LLM calls per query) and "
         f"n_sample={counts.n_sample:,}. {votes_note}"
     )
-    # Real white-box trials, one run per epsilon, planned by power (dpicl_audit.trial_budget)
+    # Real white-box trials, one run per epsilon, planned by power
+    # (dpicl_audit.estimators.trial_budget)
     # and planned again before each run at the rates the run before it measured: seconds a
     # trial (its logged latencies) and seconds a run spends besides (contexts, first
     # queries). The smallest allocations run first, so the large ones are planned at
@@ -300,7 +264,7 @@ async def _audit_model(
         eps = min(rest, key=lambda e: (alloc[e], e))
         rest.remove(eps)
         trials = alloc[eps]
-        _say(
+        say(
             t0,
             f"model: {trials} real white-box trials at epsilon {eps:g} (power needs about "
             f"{_need_text(needs[eps])}; {fit} fit the time left at {per_trial:.2f} s a trial)",
@@ -341,7 +305,7 @@ async def _audit_model(
         per_trial = _wall_per_trial(logged, wall / max(1, done))
         overhead = max(0.0, wall - done * per_trial)
         if run_res is None:
-            _say(
+            say(
                 t0,
                 f"model: stopped the epsilon {eps:g} run at {cap:.0f} s, its share of the "
                 f"budget, after {done} of {trials} trials (now {per_trial:.2f} s a trial); "
@@ -359,7 +323,7 @@ async def _audit_model(
         f" Real white-box trials (the black-box estimate comes from the same answers' released "
         f"labels): {'; '.join(ran)}. The need is the bootstrap's real_trials_for_power: the "
         "verdicts' own power model of the real run's two figures, with the bootstrap's design, "
-        f"times {POWER_MARGIN:g} (dpicl_audit.trial_budget). Every "
+        f"times {POWER_MARGIN:g} (dpicl_audit.estimators.trial_budget). Every "
         f"epsilon gets at least {counts.model_trials_min} trials, and the rest of the time goes "
         "to the epsilons whose need fits it. A setting with fewer trials than it needs is "
         "INCONCLUSIVE, and its verdict says how many would do."
@@ -405,102 +369,3 @@ def _clean_votes_note(rows: Sequence[TrialRecord]) -> str:
             "the truth for this canary, far below the guarantee (the noise only adds privacy)."
         )
     return f"Clean votes collected: {desc}."
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dpicl_audit.demo", description=__doc__)
-    parser.add_argument("--out", type=Path, default=Path("runs"), help="output directory")
-    parser.add_argument("--budget", type=float, default=250.0, help="seconds for the audits")
-    parser.add_argument("--engines", default="oracle,transformers", help="engines to audit")
-    parser.add_argument("--quick", action="store_true", help="tiny counts (smoke test)")
-    args = parser.parse_args(argv)
-    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    for e in engines:
-        if e not in ("oracle", "transformers"):
-            parser.error(f"--engines: unknown engine {e!r} (oracle, transformers)")
-    counts = Counts()
-    if args.quick:
-        counts = Counts(
-            oracle_n_llm=10,
-            oracle_trials=40,
-            model_n_llm=4,
-            model_trials_min=10,
-            model_trials_max=10,
-            n_sample=20_000,
-            esa_oracle_n_llm=2,
-        )
-    t0 = time.monotonic()
-    deadline = t0 + args.budget
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
-    out = args.out / f"demo-{stamp}"
-    out.mkdir(parents=True, exist_ok=True)
-    db = out / "audit.db"
-    workdir = Path(tempfile.mkdtemp(prefix="dpicl-demo-"))
-    admin, user = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
-    servers = {e: DemoServer(e, workdir, admin, user) for e in engines}
-    notes: list[str] = []
-    run_ids: list[str] = []
-    _say(t0, f"starting servers ({', '.join(engines)}); logs and databases in {workdir}")
-    for srv in servers.values():
-        srv.start()
-    try:
-        if "oracle" in servers:
-            health = servers["oracle"].wait_ready(120)
-            _say(t0, f"oracle server ready at {servers['oracle'].url}: {health}")
-            run_ids += asyncio.run(_audit_oracle(servers["oracle"], db, out, counts, t0, notes))
-            rid, note = asyncio.run(
-                _audit_esa(
-                    servers["oracle"],
-                    db,
-                    out,
-                    counts.esa_oracle_n_llm,
-                    counts.n_sample,
-                    t0,
-                    model=False,
-                )
-            )
-            run_ids.append(rid)
-            notes.append(note)
-            servers["oracle"].stop()
-        if "transformers" in servers:
-            _say(t0, "waiting for the transformers server (first load of the model)")
-            health = servers["transformers"].wait_ready(600)
-            _say(t0, f"transformers server ready at {servers['transformers'].url}: {health}")
-            run_ids += asyncio.run(
-                _audit_model(servers["transformers"], db, out, counts, t0, deadline, notes)
-            )
-    finally:
-        for srv in servers.values():
-            srv.stop()
-        _say(t0, "servers stopped")
-    notes.append(
-        "Every server ran as a separate `python -m dpicl serve` process with "
-        "DPICL_WHITEBOX=internal, a temporary SQLite database and generated tokens; the "
-        "auditor talked to it over HTTP only. Mechanism: private voting, T=4 partitions, "
-        "delta=1e-5, classic calibration, temperature 0, design 'auto': the pivotal canary "
-        "(Prompt 1 of paper 000, the other partitions pinned so the canary's partition decides) "
-        "on the oracle, the identical-text design (one text in every partition, made-up word "
-        "labels, minimal template, pivotal pinning) on the real model. ESA is audited on the "
-        "oracle only: on the CPU model each ESA query generates text in every partition, which "
-        "does not fit the demo's 5 minutes (see docs/auditing.md)."
-    )
-    _say(t0, "writing the report")
-    path = write_combined_report(
-        run_ids,
-        f"sqlite:///{db}",
-        out,
-        name="report",
-        title="dpicl demo: private voting and ESA audited on the real CPU model and the oracle",
-        notes=notes,
-        console=Console(width=max(Console().width, 160)),
-    )
-    elapsed = time.monotonic() - t0
-    print(f"\nreport: {path.resolve()}")
-    print(f"table and results: {path.with_name('report.json').resolve()}")
-    print(f"trial log: {db.resolve()}  (dpicl-audit list --db {db})")
-    print(f"demo finished in {elapsed / 60:.1f} min")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
