@@ -12,7 +12,6 @@ inside a function, closes a cycle)::
     errors.py          the exception tree (below)
     prompts.py         the audit prompts of paper 000 (Appendix B) and DPS-MOZO's
     datasets.py        bundled corpora, bbc-news (docs/data.md), JSONL/CSV/Hugging Face
-    plan_sources.py    where plans come from: TOML file, CLI flags, the stored JSON
     client/            the server under audit over HTTP: http (retries, timeouts,
                        concurrency), openai (an OpenAI-compatible surface), context_hook
     store/             the SQL trial log (SQLite or PostgreSQL): db, log
@@ -24,7 +23,8 @@ inside a function, closes a cycle)::
     attacks.py         which attack applies to which mechanism and threat model
     verdicts.py        what a bound says about the claims (violation, bug, nonconforming,
                        inconclusive, ok) and the CLI's exit code by the worst of them
-    plan.py            the audit plan model, validated once
+    plan/              the audit plan, validated once: sources (TOML file, CLI flags, the
+                       stored JSON), specs (its sections), model (AuditPlan)
     planning/          what a plan implies: schedule (worlds, streams), ledger (a
                        context's budget, the ledger probe), budgets
     mechanisms/        one package per audited mechanism, one protocol:
