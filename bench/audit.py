@@ -164,9 +164,11 @@ async def _http_rounds(url: str, admin: str, workdir: Path) -> dict[str, list[fl
     from dpicl_audit.datasets import load_dataset
     from dpicl_audit.mechanisms.voting.build import build_design
     from dpicl_audit.pipeline.progress import open_progress
-    from dpicl_audit.pipeline.runner import AuditRunner, trial_worlds
+    from dpicl_audit.pipeline.run_context import RunContext
+    from dpicl_audit.pipeline.runner import AuditRunner
     from dpicl_audit.pipeline.trials import TrialExecutor
     from dpicl_audit.plan import AuditPlan
+    from dpicl_audit.planning.schedule import trial_worlds
     from dpicl_audit.store import ContextRecord, TrialStore
 
     class UnloggedTrials(TrialExecutor):
@@ -202,14 +204,10 @@ async def _http_rounds(url: str, admin: str, workdir: Path) -> dict[str, list[fl
         for side in ("logged", "unlogged"):
             run_id = f"bench-http-{side}-{secrets.token_hex(3)}"
             store.create_run(run_id, plan=plan.public_dump(), versions={}, design=design.to_json())
-            runners[side] = AuditRunner(
-                store, client, run_id=run_id, plan=plan, design=design, kind="run", progress=False
-            )
+            run = RunContext(store, client, run_id, plan, design, "run")
+            runners[side] = AuditRunner(run, progress=False)
             if side == "unlogged":
-                runners[side].trials = UnloggedTrials(
-                    store, client, run_id=run_id, plan=plan, mechanism=runners[side].mechanism
-                )
-            runners[side].trials.design = design
+                runners[side].trials = UnloggedTrials(run)
         contexts = await runners["logged"].contexts.pair("bench", EPSILON)
         worlds = trial_worlds(plan.seed, 0, HTTP_TRIALS)
 

@@ -53,7 +53,7 @@ import dpicl.pipelines.esa as esa_pipeline
 from dpicl.mechanisms.esa import EsaRelease
 from dpicl.mechanisms.esa import esa_release as honest_release
 from dpicl_audit.mechanisms.esa.design import signal_pair
-from dpicl_audit.pipeline.runner import run_audit
+from dpicl_audit.pipeline.run import run_audit
 from dpicl_audit.plan import AuditPlan
 
 # The test servers' helpers (tokens, settings, in-thread uvicorn), from the repository root.

@@ -37,9 +37,10 @@ inside a function, closes a cycle)::
                          bootstrap, audit
       dps_mozo/          DPS-MOZO: design, check, findings, audit
       registry.py        MECHANISMS: the built-in audits and those of entry points
-    pipeline/          a run: progress, profiles, session, contexts, trials, legacy (old
-                       logs upgraded), estimation, results, runner (run, bootstrap, resume:
-                       the steps in order)
+    pipeline/          a run: progress, profiles, session, legacy (old logs upgraded),
+                       estimation, results, run_context (the run's one state), contexts,
+                       trials, runner (the steps in order), run (one life for run,
+                       bootstrap and resume)
     report/            the report: data, rows, rdp, words, table, figure, curves, plots,
                        cards, ledger_section, html, writer
     cli/               ``dpicl-audit``: common, flags, audit (run/bootstrap), log (resume,

@@ -16,7 +16,7 @@ from dpicl_audit.datasets import load_dataset
 from dpicl_audit.errors import InvalidPlan
 from dpicl_audit.mechanisms.esa.build import build_generation_design
 from dpicl_audit.mechanisms.esa.design import SIGNAL_PAIRS, esa_score
-from dpicl_audit.pipeline.runner import bootstrap_audit, run_audit
+from dpicl_audit.pipeline.run import bootstrap_audit, run_audit
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.report import write_report
 from tests.auditor.test_runner import _server_missing, oracle_server

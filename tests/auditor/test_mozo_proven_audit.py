@@ -24,7 +24,7 @@ from dpicl_audit.client import DpiclClient
 from dpicl_audit.errors import InvalidPlan, TargetProtocolError
 from dpicl_audit.mechanisms.dps_mozo.check import token_check
 from dpicl_audit.mechanisms.dps_mozo.findings import ratio_check
-from dpicl_audit.pipeline.runner import run_audit
+from dpicl_audit.pipeline.run import run_audit
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.store import TrialRecord
 from tests.auditor.test_runner import _plan, _server_missing

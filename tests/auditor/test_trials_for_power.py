@@ -20,7 +20,7 @@ from dpicl_audit.estimators.trial_budget import (
     plan_trials,
     trials_from_bootstrap,
 )
-from dpicl_audit.pipeline.runner import bootstrap_audit, run_audit
+from dpicl_audit.pipeline.run import bootstrap_audit, run_audit
 from dpicl_audit.verdicts import gaussian_verdict
 
 DELTA = 1e-5

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from dpicl_audit.pipeline.runner import run_audit
+from dpicl_audit.pipeline.run import run_audit
 from tests.servers import oracle_server_env, target_plan
 
 pytestmark = pytest.mark.slow

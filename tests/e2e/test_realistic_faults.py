@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from dpicl_audit.client import DpiclClient
-from dpicl_audit.pipeline.runner import run_audit
+from dpicl_audit.pipeline.run import run_audit
 from dpicl_audit.verdicts import results_exit_code
 from tests.conftest import ADMIN, USER
 from tests.e2e import broken_realistic_server as faults

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from dpicl_audit.pipeline.runner import bootstrap_audit
+from dpicl_audit.pipeline.run import bootstrap_audit
 from dpicl_audit.plan import AuditPlan
 from tests.conftest import ADMIN, USER
 

@@ -301,7 +301,7 @@ def audit_command(kind: str) -> Callable[..., None]:
         as_json: JsonOpt = False,
     ) -> None:
         from dpicl_audit.pipeline.profiles import companion_plan
-        from dpicl_audit.pipeline.runner import bootstrap_audit, run_audit
+        from dpicl_audit.pipeline.run import bootstrap_audit, run_audit
         from dpicl_audit.planning.schedule import new_run_id
 
         overrides: dict[str, Any] = {

@@ -53,7 +53,7 @@ def resume(
     as_json: JsonOpt = False,
 ) -> None:
     """Continue a run from its trial log: only missing trials are run, none twice."""
-    from dpicl_audit.pipeline.runner import resume_audit
+    from dpicl_audit.pipeline.run import resume_audit
 
     require_log(db, run_id)
     results = run_async(

@@ -26,13 +26,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from rich.console import Console
-
-from dpicl_audit.client import AuditTarget
 from dpicl_audit.errors import TargetError, TargetNotFound, TargetProtocolError
-from dpicl_audit.mechanisms.base import MechanismAudit
-from dpicl_audit.plan import AuditPlan
-from dpicl_audit.store import ContextRecord, TrialStore
+from dpicl_audit.pipeline.run_context import RunContext
+from dpicl_audit.store import ContextRecord
 
 __all__ = ["ContextBook", "fingerprint", "mismatches"]
 
@@ -76,24 +72,8 @@ def _differs(got: Any, want: Any) -> bool:
 class ContextBook:
     """The contexts of one run: lookup, creation, adoption and replacement."""
 
-    def __init__(
-        self,
-        store: TrialStore,
-        target: AuditTarget,
-        *,
-        run_id: str,
-        plan: AuditPlan,
-        mechanism: MechanismAudit,
-        design: Any,
-        console: Console,
-    ) -> None:
-        self.store = store
-        self.target = target
-        self.run_id = run_id
-        self.plan = plan
-        self.mechanism = mechanism
-        self.design = design
-        self.console = console
+    def __init__(self, run: RunContext) -> None:
+        self.run_ctx = run
         self._listing: list[dict[str, Any]] | None = None
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._cache: dict[tuple[str, int], ContextRecord] = {}
@@ -104,7 +84,7 @@ class ContextBook:
         return setting if slot == 0 else f"{setting}#{slot}"
 
     def name(self, setting: str, world: int, slot: int = 0, generation: int = 0) -> str:
-        base = f"dpicl-audit {self.run_id} {setting} C{world}"
+        base = f"dpicl-audit {self.run_ctx.run_id} {setting} C{world}"
         if slot:
             base += f" #{slot}"
         return base + (f" r{generation}" if generation else "")
@@ -112,7 +92,7 @@ class ContextBook:
     async def pair(self, setting: str, epsilon: float) -> dict[int, ContextRecord]:
         """C1 and C0 of one epsilon (slot 0), checked to share one mechanism."""
         out = {w: await self.get(setting, epsilon, w) for w in (1, 0)}
-        self.mechanism.check_pair(setting, out[1], out[0])
+        self.run_ctx.mechanism.check_pair(setting, out[1], out[0])
         return out
 
     async def get(self, setting: str, epsilon: float, world: int, slot: int = 0) -> ContextRecord:
@@ -144,7 +124,7 @@ class ContextBook:
 
     async def _resolve(self, setting: str, epsilon: float, world: int, slot: int) -> ContextRecord:
         body = self._body(epsilon, world, setting, slot)
-        rec = self.store.contexts(self.run_id).get((self.key(setting, slot), world))
+        rec = self.run_ctx.store.contexts(self.run_ctx.run_id).get((self.key(setting, slot), world))
         if rec is not None:
             stored = rec.info.get(_FINGERPRINT_KEY)
             if stored is not None and stored != fingerprint(body):
@@ -153,10 +133,10 @@ class ContextBook:
                     "settings than this audit's (fingerprint differs); start a new run"
                 )
             try:
-                await self.target.get_context(rec.context_id)
+                await self.run_ctx.target.get_context(rec.context_id)
                 return rec
             except TargetNotFound:
-                self.console.print(
+                self.run_ctx.console.print(
                     f"[yellow]context {rec.context_id} ({setting}, C{world}) is gone from "
                     "the server; creating an identical one[/yellow]"
                 )
@@ -174,20 +154,22 @@ class ContextBook:
     async def _adoptable(self, name: str) -> dict[str, Any] | None:
         if self._listing is None:
             try:
-                self._listing = await self.target.list_contexts()
+                self._listing = await self.run_ctx.target.list_contexts()
             except TargetError:
                 self._listing = []
         return next((c for c in self._listing if c.get("name") == name), None)
 
     def _body(self, epsilon: float, world: int, setting: str, slot: int) -> dict[str, Any]:
         name = self.name(setting, world, slot)
-        return self.mechanism.context_body(self.design, self.plan, epsilon, world, name=name)
+        return self.run_ctx.mechanism.context_body(
+            self.run_ctx.design, self.run_ctx.plan, epsilon, world, name=name
+        )
 
     async def _create(
         self, setting: str, epsilon: float, world: int, slot: int, name: str, generation: int = 0
     ) -> ContextRecord:
         body = self._body(epsilon, world, setting, slot) | {"name": name}
-        info = await self.target.create_context(body)
+        info = await self.run_ctx.target.create_context(body)
         return self._save(setting, epsilon, world, slot, info, body, generation=generation)
 
     def _save(
@@ -201,27 +183,27 @@ class ContextBook:
         *,
         generation: int,
     ) -> ContextRecord:
-        self.mechanism.check_context(info, self.design, epsilon)
+        self.run_ctx.mechanism.check_context(info, self.run_ctx.design, epsilon)
         # The fingerprint ignores the name, so a replacement carries its slot's fingerprint.
         stored = dict(info) | {
             _FINGERPRINT_KEY: fingerprint(self._body(epsilon, world, setting, slot)),
             "audit_generation": generation,
         }
-        self.store.save_context(
-            self.run_id,
+        self.run_ctx.store.save_context(
+            self.run_ctx.run_id,
             setting=self.key(setting, slot),
             world=world,
             epsilon=epsilon,
             context_id=str(info["id"]),
             info=stored,
         )
-        return self.store.contexts(self.run_id)[(self.key(setting, slot), world)]
+        return self.run_ctx.store.contexts(self.run_ctx.run_id)[(self.key(setting, slot), world)]
 
     async def delete_all(self) -> int:
         """Delete every context the run recorded (best effort); how many went."""
         gone = 0
-        for rec in self.store.contexts(self.run_id).values():
+        for rec in self.run_ctx.store.contexts(self.run_ctx.run_id).values():
             with contextlib.suppress(TargetError):
-                await self.target.delete_context(rec.context_id)
+                await self.run_ctx.target.delete_context(rec.context_id)
                 gone += 1
         return gone

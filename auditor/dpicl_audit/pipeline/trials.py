@@ -16,17 +16,15 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from dpicl_audit.client import AuditTarget
 from dpicl_audit.errors import TargetBudgetExhausted
-from dpicl_audit.mechanisms.base import MechanismAudit, TrialAt
+from dpicl_audit.mechanisms.base import TrialAt
 from dpicl_audit.pipeline.progress import ProgressSink
-from dpicl_audit.plan import AuditPlan
-from dpicl_audit.store import ContextRecord, TrialRecord, TrialStore
+from dpicl_audit.pipeline.run_context import RunContext
+from dpicl_audit.store import ContextRecord, TrialRecord
 
 __all__ = ["ContextPick", "TrialExecutor"]
 
@@ -38,21 +36,8 @@ ContextPick = Callable[[int, int, ContextRecord | None], Awaitable[ContextRecord
 class TrialExecutor:
     """Runs and logs the trials of one run."""
 
-    def __init__(
-        self,
-        store: TrialStore,
-        target: AuditTarget,
-        *,
-        run_id: str,
-        plan: AuditPlan,
-        mechanism: MechanismAudit,
-    ) -> None:
-        self.store = store
-        self.target = target
-        self.run_id = run_id
-        self.plan = plan
-        self.mechanism = mechanism
-        self.design: Any = None  # set by the runner (it may learn more before the trials)
+    def __init__(self, run: RunContext) -> None:
+        self.run_ctx = run
         self._records: list[TrialRecord] = []
         self._lock = asyncio.Lock()
         self._last_flush = time.monotonic()
@@ -69,11 +54,11 @@ class TrialExecutor:
             if not batch and wall <= 0:
                 return
             await asyncio.to_thread(
-                self.store.add_trials,
-                self.run_id,
+                self.run_ctx.store.add_trials,
+                self.run_ctx.run_id,
                 batch,
                 wall_time_s=wall,
-                llm_calls_per_trial=self.mechanism.calls_per_query(self.plan),
+                llm_calls_per_trial=self.run_ctx.mechanism.calls_per_query(self.run_ctx.plan),
             )
 
     async def _one(
@@ -91,9 +76,11 @@ class TrialExecutor:
         for attempt in (0, 1):
             at = TrialAt(setting, epsilon, index, world, context, white, need_clean)
             try:
-                return await self.mechanism.trial(self.target, self.design, self.plan, at)
+                return await self.run_ctx.mechanism.trial(
+                    self.run_ctx.target, self.run_ctx.design, self.run_ctx.plan, at
+                )
             except TargetBudgetExhausted:
-                if attempt or self.mechanism.queries_per_context(self.plan) is None:
+                if attempt or self.run_ctx.mechanism.queries_per_context(self.run_ctx.plan) is None:
                     raise
                 context = await pick(index, world, context)
         raise AssertionError("unreachable")
@@ -111,7 +98,7 @@ class TrialExecutor:
         description: str,
     ) -> None:
         """Run the indices of ``worlds`` that the log lacks, with bounded concurrency."""
-        done = self.store.trial_indices(self.run_id, setting)
+        done = self.run_ctx.store.trial_indices(self.run_ctx.run_id, setting)
         missing = [i for i in range(len(worlds)) if i not in done]
         task = progress.add_task(description, total=len(worlds), completed=len(done))
         if not missing:
@@ -119,7 +106,7 @@ class TrialExecutor:
         queue: asyncio.Queue[int] = asyncio.Queue()
         for i in missing:
             queue.put_nowait(i)
-        batch = self.plan.batch_size
+        batch = self.run_ctx.plan.batch_size
 
         async def worker() -> None:
             while True:
@@ -135,7 +122,7 @@ class TrialExecutor:
                 if len(self._records) >= batch:
                     await self.flush()
 
-        n_workers = min(self.plan.concurrency, len(missing))
+        n_workers = min(self.run_ctx.plan.concurrency, len(missing))
         workers = [asyncio.create_task(worker()) for _ in range(n_workers)]
         try:
             finished, pending = await asyncio.wait(workers, return_when=asyncio.FIRST_EXCEPTION)
