@@ -232,8 +232,8 @@ async def _http_rounds(url: str, admin: str, workdir: Path) -> dict[str, list[fl
                     )
                     await runner.trials.flush()
                     rates[side].append(HTTP_TRIALS / (time.perf_counter() - start))
-        logged_rows = sum(store.trial_counts(runners["logged"].run_id).values())
-        unlogged_rows = sum(store.trial_counts(runners["unlogged"].run_id).values())
+        logged_rows = sum(store.trial_counts(runners["logged"].run_ctx.run_id).values())
+        unlogged_rows = sum(store.trial_counts(runners["unlogged"].run_ctx.run_id).values())
         assert logged_rows == HTTP_TRIALS * HTTP_ROUNDS and unlogged_rows == 0
     finally:
         await client.aclose()
