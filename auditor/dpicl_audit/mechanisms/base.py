@@ -53,6 +53,7 @@ __all__ = [
     "MechanismAudit",
     "TrialAt",
     "ask",
+    "check_partition_seed",
     "estimate_trials",
     "exemplar_dicts",
     "figure_fields",
@@ -265,6 +266,16 @@ def exemplar_dicts(exemplars: Sequence[Example]) -> list[dict[str, str]]:
     return [{"input": e.input, "output": e.output} for e in exemplars]
 
 
+def check_partition_seed(info: Mapping[str, Any], design: Any) -> None:
+    """Refuse a partitioned context whose seed is not the design's (voting, ESA)."""
+    seed = info["mechanism"].get("partition_seed")
+    if seed is not None and int(seed) != design.partition_seed:
+        raise TargetProtocolError(
+            f"context {info.get('id')} has partition_seed {seed}, the audit asked for "
+            f"{design.partition_seed}: the neighbours would not differ in one partition"
+        )
+
+
 def sigma_of(info: Mapping[str, Any]) -> float:
     """The noise sigma a Gaussian mechanism's context reports (voting, ESA)."""
     mech = info.get("mechanism")
@@ -319,12 +330,7 @@ class GaussianMechanismAudit(MechanismAudit):
     def check_context(self, info: Mapping[str, Any], design: Any, epsilon: float) -> None:
         super().check_context(info, design, epsilon)
         sigma_of(info)
-        seed = info["mechanism"].get("partition_seed")
-        if seed is not None and int(seed) != design.partition_seed:
-            raise TargetProtocolError(
-                f"context {info.get('id')} has partition_seed {seed}, the audit asked for "
-                f"{design.partition_seed}: the neighbours would not differ in one partition"
-            )
+        check_partition_seed(info, design)
 
     def check_pair(self, setting: str, c1: ContextRecord, c0: ContextRecord) -> None:
         s1, s0 = sigma_of(c1.info), sigma_of(c0.info)

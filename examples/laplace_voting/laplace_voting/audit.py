@@ -32,7 +32,7 @@ import dp_accounting
 from dp_accounting.pld import PLDAccountant
 
 from dpicl_audit.errors import InvalidAuditInput, TargetProtocolError
-from dpicl_audit.mechanisms.base import MechanismAudit
+from dpicl_audit.mechanisms.base import MechanismAudit, check_partition_seed
 from dpicl_audit.mechanisms.trial_estimates import estimate_trials
 from dpicl_audit.mechanisms.voting.audit import VotingAudit
 from dpicl_audit.plan import AuditPlan
@@ -81,14 +81,10 @@ class LaplaceVotingAudit(VotingAudit):
     attacks = ("inquery", "brainwash")
 
     def check_context(self, info: Mapping[str, Any], design: Any, epsilon: float) -> None:
+        # Voting's checks without the Gaussian one (a reported sigma): the Laplace scale.
         MechanismAudit.check_context(self, info, design, epsilon)
         _scale_of(info, epsilon)
-        seed = info["mechanism"].get("partition_seed")
-        if seed is not None and int(seed) != design.partition_seed:
-            raise TargetProtocolError(
-                f"context {info.get('id')} has partition_seed {seed}, the audit asked for "
-                f"{design.partition_seed}: the neighbours would not differ in one partition"
-            )
+        check_partition_seed(info, design)
 
     def check_pair(self, setting: str, c1: ContextRecord, c0: ContextRecord) -> None:
         s1, s0 = (_scale_of(c.info, c.epsilon) for c in (c1, c0))
