@@ -141,3 +141,13 @@ def test_the_laplace_voting_example_registers_from_outside(tmp_path: Path) -> No
         # Pure eps-DP, and tight: the two changed counts' loss reaches 2 / b = eps, so at a
         # small delta the exact epsilon is just below the claim.
         assert eps * 0.99 < exact <= eps + 1e-9
+    code = """
+        import json
+        from dpicl_audit.plan import AuditPlan
+        from laplace_voting.audit import LAPLACE_VOTING as L
+        plan = AuditPlan.from_mapping({"mechanism": {"name": "laplace-voting"}, "trials": 50})
+        print(json.dumps([L.planned_answers(plan, 2.0, 1), L.context_budget(plan, 2.0, 1)]))
+    """
+    answers, budget = _json(_run([tmp_path, EXAMPLE], code))
+    # Budgeted by basic composition, which no pure-DP ledger exceeds.
+    assert budget["epsilon"] >= 2.0 * answers

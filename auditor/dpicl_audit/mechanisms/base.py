@@ -361,8 +361,16 @@ class GaussianMechanismAudit(MechanismAudit):
             },
             # Budgeted for the queries the audit plans here (ledger.budget_for), so a server
             # in production configuration (no DPICL_ALLOW_UNBUDGETED) can be audited.
-            "budget": budget_for(epsilon, mech.delta, self.planned_answers(plan, epsilon, world)),
+            "budget": self.context_budget(plan, epsilon, world),
         }
+
+    def context_budget(
+        self, plan: AuditPlan, epsilon: float, world: int
+    ) -> dict[str, float] | None:
+        """The ``budget`` of a context: the planned answers composed as mu-GDP answers (the
+        Gaussian mechanism's own composition); None (unbudgeted) past the largest budget."""
+        answers = self.planned_answers(plan, epsilon, world)
+        return budget_for(epsilon, plan.mechanism.delta, answers)
 
     async def audit_ledger(
         self, target: AuditTarget, design: Any, plan: AuditPlan

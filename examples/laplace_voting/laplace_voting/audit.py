@@ -36,6 +36,7 @@ from dpicl_audit.mechanisms.base import MechanismAudit, check_partition_seed
 from dpicl_audit.mechanisms.trial_estimates import estimate_trials
 from dpicl_audit.mechanisms.voting.audit import VotingAudit
 from dpicl_audit.plan import AuditPlan
+from dpicl_audit.planning.ledger import MAX_BUDGET_EPSILON
 from dpicl_audit.store import ContextRecord, TrialRecord
 from dpicl_audit.verdicts import for_the_family, verdict
 
@@ -90,6 +91,22 @@ class LaplaceVotingAudit(VotingAudit):
         s1, s0 = (_scale_of(c.info, c.epsilon) for c in (c1, c0))
         if not math.isclose(s1, s0, rel_tol=1e-9):
             raise TargetProtocolError(f"C1 and C0 of {setting} differ in Laplace scale")
+
+    def context_budget(
+        self, plan: AuditPlan, epsilon: float, world: int
+    ) -> dict[str, float] | None:
+        # Pure epsilon-DP answers compose to at most answers x epsilon (basic composition),
+        # which no ledger's accounting exceeds: the planned answers always fit.
+        total = self.planned_answers(plan, epsilon, world) * epsilon * (1.0 + 1e-6)
+        return (
+            None
+            if total > MAX_BUDGET_EPSILON
+            else {"epsilon": total, "delta": plan.mechanism.delta}
+        )
+
+    async def audit_ledger(self, target: Any, design: Any, plan: AuditPlan) -> None:
+        # The ledger probe expects mu-GDP composition (planning.ledger); not this ledger's.
+        return None
 
     def setting_meta(
         self,
