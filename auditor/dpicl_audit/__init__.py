@@ -28,7 +28,8 @@ inside a function, closes a cycle)::
     planning/          what a plan implies: schedule (worlds, streams), ledger (a
                        context's budget, the ledger probe), budgets
     mechanisms/        one package per audited mechanism, one protocol:
-      base.py            the protocol; helpers shared by the Gaussian mechanisms
+      base.py            the protocol, and helpers every audit may use
+      gaussian.py        what the Gaussian mechanisms' audits share (voting, ESA)
       neighbours.py      replace-one helpers (canary texts, exemplars, slot, design)
       trial_estimates.py the trials' figures, verdicts and conformance every audit reads
       voting/            private voting: design, build, rdp, conformance, bootstrap,

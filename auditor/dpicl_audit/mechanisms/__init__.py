@@ -11,7 +11,8 @@ dps-mozo      :mod:`.dps_mozo`   a text: tokens from mixed one-shot products
 Each package holds its design (data, ``design.py``), its audit (context bodies, trials,
 estimates, ``audit.py``), its bootstrap where one exists, and its extras. Beside them:
 
-* :mod:`.base`: the protocol and the Gaussian-mechanism helpers voting and ESA share;
+* :mod:`.base`: the protocol and the helpers every audit may use;
+* :mod:`.gaussian`: what the Gaussian mechanisms' audits share (voting, ESA);
 * :mod:`.neighbours`: the replace-one helpers every design uses;
 * :mod:`.trial_estimates`: the trials' figures and verdicts every audit reads;
 * :mod:`.names`: the mechanism names, known without importing the audits (plan validation);
@@ -19,7 +20,7 @@ estimates, ``audit.py``), its bootstrap where one exists, and its extras. Beside
   :func:`~.registry.get_mechanism`, :func:`~.registry.load_design`), with the audits other
   packages register through the ``dpicl_audit.mechanisms`` entry point group.
 
-Imports run one way: ``names``, ``neighbours``, ``trial_estimates`` <- ``base`` <- each
-package (design <- estimates <- audit) <- ``registry``. This module imports nothing, so that
-importing a submodule never loads them all.
+Imports run one way: ``names``, ``neighbours``, ``trial_estimates`` <- ``base`` <-
+``gaussian`` <- each package (design <- estimates <- audit) <- ``registry``. This module
+imports nothing, so that importing a submodule never loads them all.
 """

@@ -32,7 +32,8 @@ import dp_accounting
 from dp_accounting.pld import PLDAccountant
 
 from dpicl_audit.errors import InvalidAuditInput, TargetProtocolError
-from dpicl_audit.mechanisms.base import MechanismAudit, check_partition_seed
+from dpicl_audit.mechanisms.base import MechanismAudit
+from dpicl_audit.mechanisms.gaussian import check_partition_seed
 from dpicl_audit.mechanisms.trial_estimates import estimate_trials
 from dpicl_audit.mechanisms.voting.audit import VotingAudit
 from dpicl_audit.plan import AuditPlan

@@ -49,18 +49,13 @@ import numpy as np
 from dpicl_audit.client import AuditTarget
 from dpicl_audit.datasets import LabelledDataset
 from dpicl_audit.errors import TargetProtocolError
-from dpicl_audit.mechanisms.base import (
-    GaussianMechanismAudit,
-    TrialAt,
-    ask,
-    gaussian_setting_meta,
-    needs_internal,
-)
+from dpicl_audit.mechanisms.base import TrialAt, ask, needs_internal
 from dpicl_audit.mechanisms.esa.bootstrap import estimate_esa_bootstrap
 from dpicl_audit.mechanisms.esa.build import build_generation_design
 from dpicl_audit.mechanisms.esa.design import FloatArray, GenerationDesign
 from dpicl_audit.mechanisms.esa.estimates import esa_meta, estimate_esa_trials
 from dpicl_audit.mechanisms.esa.signals import resolve_signal_embeddings
+from dpicl_audit.mechanisms.gaussian import GaussianMechanismAudit, gaussian_setting_meta
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.store import ContextRecord, TrialRecord
 

@@ -31,13 +31,8 @@ from typing import Any
 from dpicl_audit.client import AuditTarget
 from dpicl_audit.datasets import LabelledDataset
 from dpicl_audit.errors import TargetProtocolError
-from dpicl_audit.mechanisms.base import (
-    GaussianMechanismAudit,
-    TrialAt,
-    ask,
-    gaussian_setting_meta,
-    needs_internal,
-)
+from dpicl_audit.mechanisms.base import TrialAt, ask, needs_internal
+from dpicl_audit.mechanisms.gaussian import GaussianMechanismAudit, gaussian_setting_meta
 from dpicl_audit.mechanisms.voting.build import build_design
 from dpicl_audit.mechanisms.voting.design import AuditDesign
 from dpicl_audit.mechanisms.voting.estimates import (
