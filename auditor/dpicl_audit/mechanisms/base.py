@@ -1,7 +1,8 @@
 """The protocol every audited mechanism implements, and the helpers they share.
 
-A mechanism module (``voting``, ``esa``, ``mozo``) is the only place that knows, for its
-mechanism:
+A mechanism's package (:mod:`.voting`, :mod:`.esa`, :mod:`.dps_mozo`, or one outside this
+package registered through an entry point: :mod:`.registry`) is the only place that knows,
+for its mechanism:
 
 1. how the neighbouring contexts are built (:meth:`MechanismAudit.build_design`,
    :meth:`~MechanismAudit.context_body`);
@@ -11,10 +12,20 @@ mechanism:
 4. the mechanism's exact epsilon for the design (:meth:`~MechanismAudit.setting_meta`);
 5. how a bootstrap simulates it, where one exists (:meth:`~MechanismAudit.estimate`).
 
-The pipeline (:mod:`dpicl_audit.contexts`, :mod:`dpicl_audit.trials`,
-:mod:`dpicl_audit.estimation`, :mod:`dpicl_audit.runner`) and the report are generic over
-this class. A new mechanism is one module with a subclass, registered in
-:data:`dpicl_audit.mechanisms.MECHANISMS`.
+**A subclass must provide** the class attributes ``name`` (the plan's and the server's
+``mechanism.name``; a registered audit's entry point has the same name), ``task``
+(``"classification"`` or ``"generation"``) and ``design_type`` (a frozen dataclass with
+``to_json``/``from_json``, stored with the run), and the methods ``build_design``,
+``summary``, ``context_body``, ``trial``, ``setting_meta`` and ``estimate``. It may override
+``has_bootstrap``, ``attacks`` (a registered mechanism: the attacks it takes, by name of
+:data:`dpicl_audit.attacks.ATTACKS`), ``calls_per_query``, ``queries_per_context``,
+``check_context``, ``check_pair``, ``prepare``, ``audit_ledger`` and ``claims_per_setting``.
+A variant of a built-in mechanism subclasses its audit and overrides what differs (the
+Laplace-noise voting of ``examples/laplace_voting``: the exact epsilon).
+
+The pipeline (:mod:`dpicl_audit.pipeline.contexts`, :mod:`dpicl_audit.pipeline.trials`,
+:mod:`dpicl_audit.pipeline.estimation`, :mod:`dpicl_audit.pipeline.runner`) and the report
+are generic over this class.
 """
 
 from __future__ import annotations
@@ -28,7 +39,6 @@ from typing import Any, ClassVar, Protocol
 from dpicl_audit.client import AuditTarget, GenerationTarget
 from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import TargetProtocolError
-from dpicl_audit.ledger import budget_for
 from dpicl_audit.mechanisms.trial_estimates import (
     estimate_trials,
     figure_fields,
@@ -46,7 +56,6 @@ __all__ = [
     "exemplar_dicts",
     "figure_fields",
     "needs_internal",
-    "sigma_of",
     "with_verdict",
 ]
 
@@ -133,6 +142,8 @@ class MechanismAudit:
     clean_name: ClassVar[str] = "clean rows"
     #: the design dataclass (stored with the run through ``to_json``/``from_json``).
     design_type: ClassVar[Any]
+    #: the attacks a registered mechanism takes (None: those ``attacks.ATTACKS`` lists for it).
+    attacks: ClassVar[tuple[str, ...] | None] = None
 
     # ---------------------------------------------------------------- design
 
@@ -225,7 +236,7 @@ class MechanismAudit:
     async def audit_ledger(
         self, target: AuditTarget, design: Any, plan: AuditPlan
     ) -> dict[str, Any] | None:
-        """The ledger audited from outside (:mod:`dpicl_audit.ledger`); None where the
+        """The ledger audited from outside (:mod:`dpicl_audit.planning.ledger`); None where the
         mechanism has no such audit."""
         return None
 
@@ -250,132 +261,3 @@ def needs_internal(endpoint: str, field: str) -> TargetProtocolError:
 def exemplar_dicts(exemplars: Sequence[Example]) -> list[dict[str, str]]:
     """Exemplars as the API's ``{"input", "output"}`` objects."""
     return [{"input": e.input, "output": e.output} for e in exemplars]
-
-
-def sigma_of(info: Mapping[str, Any]) -> float:
-    """The noise sigma a Gaussian mechanism's context reports (voting, ESA)."""
-    mech = info.get("mechanism")
-    try:
-        sigma = float(mech["sigma"])  # type: ignore[index]
-    except (TypeError, KeyError, ValueError) as exc:
-        raise TargetProtocolError(
-            f"context {info.get('id')} reports no mechanism.sigma; the audit needs the noise "
-            "the server uses"
-        ) from exc
-    if not (sigma > 0 and math.isfinite(sigma)):
-        raise TargetProtocolError(f"context {info.get('id')} reports sigma {sigma}")
-    return sigma
-
-
-def gaussian_setting_meta(
-    plan: AuditPlan, epsilon: float, contexts: Mapping[tuple[str, int], ContextRecord]
-) -> tuple[dict[str, Any], Mapping[str, Any] | None]:
-    """The part of a Gaussian mechanism's per-epsilon facts that voting and ESA share;
-    with C1's mechanism record (None before contexts exist)."""
-    setting = plan.setting_key(epsilon)
-    c1, c0 = contexts.get((setting, 1)), contexts.get((setting, 0))
-    meta: dict[str, Any] = {
-        "setting": setting,
-        "epsilon_theory": epsilon,
-        "delta": plan.mechanism.delta,
-        "partitions": plan.mechanism.partitions,
-        "calibration": plan.mechanism.calibration,
-        "context_ids": {"C1": c1.context_id if c1 else None, "C0": c0.context_id if c0 else None},
-        "sigma": None,
-        "epsilon_exact": None,
-        "epsilon_exact_server": None,
-    }
-    if c1 is None:
-        return meta, None
-    mech = c1.info.get("mechanism", {})
-    meta["sigma"] = sigma_of(c1.info)
-    meta["sensitivity"] = mech.get("sensitivity")
-    meta["epsilon_exact_server"] = mech.get("epsilon_exact")
-    return meta, mech
-
-
-class GaussianMechanismAudit(MechanismAudit):
-    """What voting and ESA share: a partitioned context with a seed and a reported sigma."""
-
-    def queries_per_context(self, plan: AuditPlan) -> int | None:
-        # A world whose trials need more budget than a server takes is spread over several
-        # identical contexts (slots), each budgeted for its share (ESA keeps one pair: its
-        # signal embeddings are learnt from it).
-        if self.name == "esa":
-            return None
-        return self.context_capacity(plan)
-
-    def check_context(self, info: Mapping[str, Any], design: Any, epsilon: float) -> None:
-        super().check_context(info, design, epsilon)
-        sigma_of(info)
-        seed = info["mechanism"].get("partition_seed")
-        if seed is not None and int(seed) != design.partition_seed:
-            raise TargetProtocolError(
-                f"context {info.get('id')} has partition_seed {seed}, the audit asked for "
-                f"{design.partition_seed}: the neighbours would not differ in one partition"
-            )
-
-    def check_pair(self, setting: str, c1: ContextRecord, c0: ContextRecord) -> None:
-        s1, s0 = sigma_of(c1.info), sigma_of(c0.info)
-        if not math.isclose(s1, s0, rel_tol=1e-9):
-            raise TargetProtocolError(
-                f"C1 and C0 of {setting} report different sigma ({s1} and {s0}); the "
-                "neighbouring contexts must share one mechanism"
-            )
-
-    def base_body(
-        self, design: Any, plan: AuditPlan, epsilon: float, world: int, *, name: str
-    ) -> dict[str, Any]:
-        """The body fields voting and ESA share."""
-        mech = plan.mechanism
-        return {
-            "name": name,
-            "task": self.task,
-            "exemplars": exemplar_dicts(design.exemplars(world)),
-            "mechanism": {
-                "name": self.name,
-                "epsilon": float(epsilon),
-                "delta": mech.delta,
-                "partitions": mech.partitions,
-                "partition_seed": design.partition_seed,
-                "partitioning": "positional",
-                "calibration": mech.calibration,
-                "temperature": mech.temperature,
-            },
-            # Budgeted for the queries the audit plans here (ledger.budget_for), so a server
-            # in production configuration (no DPICL_ALLOW_UNBUDGETED) can be audited.
-            "budget": budget_for(epsilon, mech.delta, self.planned_answers(plan, epsilon, world)),
-        }
-
-    async def audit_ledger(
-        self, target: AuditTarget, design: Any, plan: AuditPlan
-    ) -> dict[str, Any] | None:
-        """A probe context of C0's body, asked until refused (ledger.probe_ledger)."""
-        from dpicl_audit.budgets import probe_ledger
-
-        return await probe_ledger(self, target, design, plan)
-
-    def planned_answers(self, plan: AuditPlan, epsilon: float, world: int) -> int:
-        """The answers one context of ``world`` at ``epsilon`` is budgeted for."""
-        from dpicl_audit.budgets import planned_answers
-
-        return planned_answers(plan, epsilon, world, self.queries_per_context(plan))
-
-    @staticmethod
-    def context_capacity(plan: AuditPlan) -> int | None:
-        """Trials per context where a world's need more than one budget holds."""
-        from dpicl_audit.budgets import context_capacity
-
-        return context_capacity(plan)
-
-    @staticmethod
-    def neighbour_summary(design: Any) -> dict[str, Any]:
-        """The design facts voting and ESA report alike."""
-        return {
-            "attack": design.attack,
-            "canary_kind": design.canary_kind,
-            "canary": design.canary.input,
-            "canary_label": design.canary.output,
-            "position": design.position,
-            "partition_seed": design.partition_seed,
-        }

@@ -1,0 +1,163 @@
+"""What the Gaussian mechanisms' audits share (voting and ESA): a partitioned context with a
+seed and a reported noise sigma, budgeted for the queries the audit plans, and the part of a
+setting's facts (epsilon_theory, sigma, the server's exact epsilon) they report alike."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from dpicl_audit.client import AuditTarget
+from dpicl_audit.errors import TargetProtocolError
+from dpicl_audit.mechanisms.base import MechanismAudit, exemplar_dicts
+from dpicl_audit.plan import AuditPlan
+from dpicl_audit.planning.ledger import budget_for
+from dpicl_audit.store import ContextRecord
+
+__all__ = [
+    "GaussianMechanismAudit",
+    "check_partition_seed",
+    "gaussian_setting_meta",
+    "sigma_of",
+]
+
+
+def check_partition_seed(info: Mapping[str, Any], design: Any) -> None:
+    """Refuse a partitioned context whose seed is not the design's (voting, ESA)."""
+    seed = info["mechanism"].get("partition_seed")
+    if seed is not None and int(seed) != design.partition_seed:
+        raise TargetProtocolError(
+            f"context {info.get('id')} has partition_seed {seed}, the audit asked for "
+            f"{design.partition_seed}: the neighbours would not differ in one partition"
+        )
+
+
+def sigma_of(info: Mapping[str, Any]) -> float:
+    """The noise sigma a Gaussian mechanism's context reports (voting, ESA)."""
+    mech = info.get("mechanism")
+    try:
+        sigma = float(mech["sigma"])  # type: ignore[index]
+    except (TypeError, KeyError, ValueError) as exc:
+        raise TargetProtocolError(
+            f"context {info.get('id')} reports no mechanism.sigma; the audit needs the noise "
+            "the server uses"
+        ) from exc
+    if not (sigma > 0 and math.isfinite(sigma)):
+        raise TargetProtocolError(f"context {info.get('id')} reports sigma {sigma}")
+    return sigma
+
+
+def gaussian_setting_meta(
+    plan: AuditPlan, epsilon: float, contexts: Mapping[tuple[str, int], ContextRecord]
+) -> tuple[dict[str, Any], Mapping[str, Any] | None]:
+    """The part of a Gaussian mechanism's per-epsilon facts that voting and ESA share;
+    with C1's mechanism record (None before contexts exist)."""
+    setting = plan.setting_key(epsilon)
+    c1, c0 = contexts.get((setting, 1)), contexts.get((setting, 0))
+    meta: dict[str, Any] = {
+        "setting": setting,
+        "epsilon_theory": epsilon,
+        "delta": plan.mechanism.delta,
+        "partitions": plan.mechanism.partitions,
+        "calibration": plan.mechanism.calibration,
+        "context_ids": {"C1": c1.context_id if c1 else None, "C0": c0.context_id if c0 else None},
+        "sigma": None,
+        "epsilon_exact": None,
+        "epsilon_exact_server": None,
+    }
+    if c1 is None:
+        return meta, None
+    mech = c1.info.get("mechanism", {})
+    meta["sigma"] = sigma_of(c1.info)
+    meta["sensitivity"] = mech.get("sensitivity")
+    meta["epsilon_exact_server"] = mech.get("epsilon_exact")
+    return meta, mech
+
+
+class GaussianMechanismAudit(MechanismAudit):
+    """What voting and ESA share: a partitioned context with a seed and a reported sigma."""
+
+    def queries_per_context(self, plan: AuditPlan) -> int | None:
+        # A world whose trials need more budget than a server takes is spread over several
+        # identical contexts (slots), each budgeted for its share (ESA overrides: it keeps one
+        # pair, its signal embeddings are learnt from it).
+        return self.context_capacity(plan)
+
+    def check_context(self, info: Mapping[str, Any], design: Any, epsilon: float) -> None:
+        super().check_context(info, design, epsilon)
+        sigma_of(info)
+        check_partition_seed(info, design)
+
+    def check_pair(self, setting: str, c1: ContextRecord, c0: ContextRecord) -> None:
+        s1, s0 = sigma_of(c1.info), sigma_of(c0.info)
+        if not math.isclose(s1, s0, rel_tol=1e-9):
+            raise TargetProtocolError(
+                f"C1 and C0 of {setting} report different sigma ({s1} and {s0}); the "
+                "neighbouring contexts must share one mechanism"
+            )
+
+    def base_body(
+        self, design: Any, plan: AuditPlan, epsilon: float, world: int, *, name: str
+    ) -> dict[str, Any]:
+        """The body fields voting and ESA share."""
+        mech = plan.mechanism
+        return {
+            "name": name,
+            "task": self.task,
+            "exemplars": exemplar_dicts(design.exemplars(world)),
+            "mechanism": {
+                "name": self.name,
+                "epsilon": float(epsilon),
+                "delta": mech.delta,
+                "partitions": mech.partitions,
+                "partition_seed": design.partition_seed,
+                "partitioning": "positional",
+                "calibration": mech.calibration,
+                "temperature": mech.temperature,
+            },
+            # Budgeted for the queries the audit plans here (ledger.budget_for), so a server
+            # in production configuration (no DPICL_ALLOW_UNBUDGETED) can be audited.
+            "budget": self.context_budget(plan, epsilon, world),
+        }
+
+    def context_budget(
+        self, plan: AuditPlan, epsilon: float, world: int
+    ) -> dict[str, float] | None:
+        """The ``budget`` of a context: the planned answers composed as mu-GDP answers (the
+        Gaussian mechanism's own composition); None (unbudgeted) past the largest budget."""
+        answers = self.planned_answers(plan, epsilon, world)
+        return budget_for(epsilon, plan.mechanism.delta, answers)
+
+    async def audit_ledger(
+        self, target: AuditTarget, design: Any, plan: AuditPlan
+    ) -> dict[str, Any] | None:
+        """A probe context of C0's body, asked until refused (ledger.probe_ledger)."""
+        from dpicl_audit.planning.budgets import probe_ledger
+
+        return await probe_ledger(self, target, design, plan)
+
+    def planned_answers(self, plan: AuditPlan, epsilon: float, world: int) -> int:
+        """The answers one context of ``world`` at ``epsilon`` is budgeted for."""
+        from dpicl_audit.planning.budgets import planned_answers
+
+        return planned_answers(plan, epsilon, world, self.queries_per_context(plan))
+
+    @staticmethod
+    def context_capacity(plan: AuditPlan) -> int | None:
+        """Trials per context where a world's need more than one budget holds."""
+        from dpicl_audit.planning.budgets import context_capacity
+
+        return context_capacity(plan)
+
+    @staticmethod
+    def neighbour_summary(design: Any) -> dict[str, Any]:
+        """The design facts voting and ESA report alike."""
+        return {
+            "attack": design.attack,
+            "canary_kind": design.canary_kind,
+            "canary": design.canary.input,
+            "canary_label": design.canary.output,
+            "position": design.position,
+            "partition_seed": design.partition_seed,
+        }
