@@ -44,8 +44,8 @@ $(VSTAMP): services/pyproject.toml auditor/pyproject.toml requirements-vllm.txt 
 	touch $(VSTAMP)
 
 lint: install
-	$(BIN)/ruff check services auditor tests bench
-	$(BIN)/ruff format --check services auditor tests bench
+	$(BIN)/ruff check services auditor tests bench examples
+	$(BIN)/ruff format --check services auditor tests bench examples
 
 typecheck: install
 	$(BIN)/mypy

@@ -33,10 +33,10 @@ from typing import Any
 
 import numpy as np
 
-import dpicl.mechanisms.voting.release as voting_mech
 import dpicl.mechanisms.esa.pipeline as esa_pipeline
-import dpicl.pipelines.partitions as partitions_mod
 import dpicl.mechanisms.voting.pipeline as voting_pipeline
+import dpicl.mechanisms.voting.release as voting_mech
+import dpicl.pipelines.partitions as partitions_mod
 import dpicl.privacy.ledger as ledger_mod
 from dpicl.mechanisms.esa.release import EsaRelease, nearest
 from dpicl.mechanisms.voting.release import VotingRelease, partition_votes, vote_histogram

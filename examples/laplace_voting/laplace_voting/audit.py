@@ -30,6 +30,7 @@ from typing import Any
 
 import dp_accounting
 from dp_accounting.pld import PLDAccountant
+from scipy import stats
 
 from dpicl_audit.errors import InvalidAuditInput, TargetProtocolError
 from dpicl_audit.mechanisms.base import MechanismAudit
@@ -37,7 +38,7 @@ from dpicl_audit.mechanisms.gaussian import check_partition_seed
 from dpicl_audit.mechanisms.trial_estimates import estimate_trials
 from dpicl_audit.mechanisms.voting.audit import VotingAudit
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.planning.ledger import MAX_BUDGET_EPSILON
+from dpicl_audit.planning.ledger import MAX_BUDGET_EPSILON, composed_epsilon
 from dpicl_audit.store import ContextRecord, TrialRecord
 from dpicl_audit.verdicts import for_the_family, verdict
 
@@ -93,17 +94,28 @@ class LaplaceVotingAudit(VotingAudit):
         if not math.isclose(s1, s0, rel_tol=1e-9):
             raise TargetProtocolError(f"C1 and C0 of {setting} differ in Laplace scale")
 
+    def context_body(
+        self, design: Any, plan: AuditPlan, epsilon: float, world: int, *, name: str
+    ) -> dict[str, Any]:
+        body = super().context_body(design, plan, epsilon, world, name=name)
+        # Pure epsilon-DP settings: no delta, no Gaussian calibration formula.
+        for gaussian_only in ("delta", "calibration"):
+            body["mechanism"].pop(gaussian_only, None)
+        return body
+
     def context_budget(
         self, plan: AuditPlan, epsilon: float, world: int
     ) -> dict[str, float] | None:
-        # Pure epsilon-DP answers compose to at most answers x epsilon (basic composition),
-        # which no ledger's accounting exceeds: the planned answers always fit.
-        total = self.planned_answers(plan, epsilon, world) * epsilon * (1.0 + 1e-6)
-        return (
-            None
-            if total > MAX_BUDGET_EPSILON
-            else {"epsilon": total, "delta": plan.mechanism.delta}
-        )
+        # The planned answers must fit however the server composes pure epsilon-DP answers:
+        # basic composition (answers x epsilon), or as mu-GDP with mu = 2 Phi^-1(e^eps /
+        # (1 + e^eps)) (Dong, Roth and Su 2022, Corollary 2.13: epsilon-DP implies that
+        # mu-GDP, exactly for randomized response), which is the looser of the two for few
+        # answers. The budget is the larger, so neither accounting refuses a planned answer.
+        answers = self.planned_answers(plan, epsilon, world)
+        delta = plan.mechanism.delta
+        mu = 2.0 * float(stats.norm.ppf(math.exp(epsilon) / (1.0 + math.exp(epsilon))))
+        total = max(answers * epsilon, composed_epsilon(mu, answers, delta)) * (1.0 + 1e-6)
+        return None if total > MAX_BUDGET_EPSILON else {"epsilon": total, "delta": delta}
 
     async def audit_ledger(self, target: Any, design: Any, plan: AuditPlan) -> None:
         # The ledger probe expects mu-GDP composition (planning.ledger); not this ledger's.
