@@ -40,6 +40,8 @@ from rouge_score import rouge_scorer  # type: ignore[import-untyped]
 
 from dpicl.engines.base import Exemplar
 from dpicl.engines.factory import build_engine
+from dpicl.mechanisms.dps_mozo.calibration import calibrate_beta
+from dpicl.mechanisms.dps_mozo.proven import calibrate_max_log_ratio
 from dpicl.mechanisms.dps_mozo.release import (
     log_softmax,
     mozo_step,
@@ -47,8 +49,6 @@ from dpicl.mechanisms.dps_mozo.release import (
     sample_shots,
     sample_token,
 )
-from dpicl.mechanisms.dps_mozo.calibration import calibrate_beta
-from dpicl.mechanisms.dps_mozo.proven import calibrate_max_log_ratio
 from dpicl.prompts import render
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -46,10 +46,10 @@ from dpicl.engines.factory import build_engine
 from dpicl.engines.transformers import TransformersEngine
 from dpicl.engines.transformers_generation import sample
 from dpicl.engines.tuning import EngineTuning
+from dpicl.mechanisms.voting.pipeline import run_voting
 from dpicl.mechanisms.voting.release import private_vote
 from dpicl.pipelines.contexts import cost_of
 from dpicl.pipelines.partitions import partition_prompts
-from dpicl.mechanisms.voting.pipeline import run_voting
 from dpicl.privacy.ledger import Ledger
 from voting_setup import CACHE_DIR, interleaved, news_context, query, temp_repo
 

@@ -11,9 +11,9 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from dpicl.spec import ContextSpec
 from dpicl.pipelines.contexts import create_context
 from dpicl.privacy.accounting import MU2_RTOL
+from dpicl.spec import ContextSpec
 from dpicl.store.repository import ContextRepository, StoredContext
 
 CACHE_DIR = Path.home() / ".cache" / "dpicl"

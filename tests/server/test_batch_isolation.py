@@ -24,7 +24,6 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from dpicl.spec import ContextSpec
 from dpicl.engines import transformers_past
 from dpicl.engines.base import GenerationParams, PromptSpec
 from dpicl.engines.transformers import TransformersEngine
@@ -33,6 +32,7 @@ from dpicl.engines.transformers_scoring import score_jobs
 from dpicl.engines.tuning import EngineTuning
 from dpicl.pipelines.contexts import create_context
 from dpicl.pipelines.partitions import partition_prompts
+from dpicl.spec import ContextSpec
 from dpicl.store.repository import ContextRepository, StoredContext
 from tests.server.api_helpers import AUDIT_TEMPLATE, CharTokenizer
 

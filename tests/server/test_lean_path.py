@@ -127,8 +127,8 @@ def test_context_cache_is_bounded_by_bytes(tmp_path: Path) -> None:
     async def contexts() -> list[Any]:
         repo = ContextRepository(f"sqlite:///{tmp_path / 'c.db'}")
         repo.migrate()
-        from dpicl.spec import ContextSpec
         from dpicl.pipelines.contexts import create_context
+        from dpicl.spec import ContextSpec
 
         out = []
         for _ in range(4):

@@ -14,6 +14,7 @@ from scipy import stats
 from scipy.special import softmax
 
 from dpicl.errors import ConfigurationError
+from dpicl.mechanisms.dps_mozo.diagnostics import exact_shot_divergence, product_divergence
 from dpicl.mechanisms.dps_mozo.release import (
     MozoStep,
     log_softmax,
@@ -26,7 +27,6 @@ from dpicl.mechanisms.dps_mozo.release import (
     solve_lambdas,
     symmetric_divergence,
 )
-from dpicl.mechanisms.dps_mozo.diagnostics import exact_shot_divergence, product_divergence
 
 # Chi-square tests below reject at p < 1e-4: with fresh randomness a correct sampler fails
 # such a test with probability 1e-4 per test. The generators are seeded, so in CI each test

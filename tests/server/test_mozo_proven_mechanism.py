@@ -23,6 +23,8 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from scipy.special import logsumexp
 
+from dpicl.mechanisms.dps_mozo.diagnostics import exact_shot_log_ratio
+from dpicl.mechanisms.dps_mozo.proven import per_token_epsilon
 from dpicl.mechanisms.dps_mozo.release import (
     log_softmax,
     max_log_ratio,
@@ -33,8 +35,6 @@ from dpicl.mechanisms.dps_mozo.release import (
     sample_shots,
     solve_lambdas_max_ratio,
 )
-from dpicl.mechanisms.dps_mozo.diagnostics import exact_shot_log_ratio
-from dpicl.mechanisms.dps_mozo.proven import per_token_epsilon
 
 FloatArray = npt.NDArray[np.float64]
 TOL = 1e-9

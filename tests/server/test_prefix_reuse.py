@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dpicl.spec import ContextSpec
 from dpicl.engines.base import GenerationParams, PromptSpec
 from dpicl.engines.lm_head import BlockedLMHead
 from dpicl.engines.transformers import TransformersEngine
@@ -24,6 +23,7 @@ from dpicl.engines.tuning import EngineTuning
 from dpicl.errors import InvalidRequest
 from dpicl.pipelines.contexts import create_context
 from dpicl.pipelines.partitions import partition_prompts, zero_shot_prompt
+from dpicl.spec import ContextSpec
 from dpicl.store.repository import ContextRepository, StoredContext
 from tests.server.real_model import cpu_only, load_bundled
 from tests.server.reference_scores import whole_prompt_scores
