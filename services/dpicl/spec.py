@@ -32,6 +32,7 @@ from dpicl.domain import (
     Text,
 )
 from dpicl.errors import ConfigurationError
+from dpicl.mechanisms.base import NewContext
 from dpicl.mechanisms.registry import get_mechanism, settings_models
 
 #: The settings of every mechanism ``POST /v1/contexts`` accepts, told apart by ``name``.
@@ -119,13 +120,13 @@ class ContextSpec(BaseModel):
                         f"the template must contain the slot {slot} {times} (it has {count})",
                         param="template",
                     )
-        mechanism.check(
-            self.mechanism,
+        new = NewContext(
             n_exemplars=len(self.exemplars),
             budget=self.budget,
             budget_given="budget" in self.model_fields_set,
             limits=limits,
         )
+        mechanism.check(self.mechanism, new)
 
     def _check_limits(self, limits: ContextLimits) -> None:
         checks: list[tuple[str, float, float, str]] = [

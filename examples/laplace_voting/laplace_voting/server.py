@@ -28,9 +28,9 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import Field
 
-from dpicl.domain import BudgetSpec, ContextLimits, Float
+from dpicl.domain import Float
 from dpicl.errors import ConfigurationError
-from dpicl.mechanisms.base import Answering, Outcome, Record
+from dpicl.mechanisms.base import Answering, NewContext, Outcome, Record
 from dpicl.mechanisms.partitioned import PartitionedMechanism, PartitionedSettings
 from dpicl.mechanisms.voting.pipeline import paid_scores, warn_abstained
 from dpicl.mechanisms.voting.release import partition_votes, vote_histogram
@@ -85,23 +85,9 @@ class LaplaceVoting(PartitionedMechanism):
     task = "classification"
     settings = LaplaceVotingSettings
 
-    def check(
-        self,
-        settings: Any,
-        *,
-        n_exemplars: int,
-        budget: BudgetSpec | None,
-        budget_given: bool,
-        limits: ContextLimits | None,
-    ) -> None:
-        super().check(
-            settings,
-            n_exemplars=n_exemplars,
-            budget=budget,
-            budget_given=budget_given,
-            limits=limits,
-        )
-        if budget is None:
+    def check(self, settings: Any, new: NewContext) -> None:
+        super().check(settings, new)
+        if new.budget is None:
             raise ConfigurationError(
                 "a laplace-voting context needs budget {epsilon, delta}: its answers compose "
                 "in mu^2 and the spent epsilon is reported at the budget's delta",

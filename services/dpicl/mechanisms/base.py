@@ -78,6 +78,18 @@ class Answering:
 
 
 @dataclass(frozen=True, slots=True)
+class NewContext:
+    """What a mechanism's :meth:`Mechanism.check` sees of a new context besides its settings."""
+
+    n_exemplars: int
+    budget: BudgetSpec | None
+    #: The request named ``budget`` (possibly as null).
+    budget_given: bool
+    #: The server's limits; None for a library caller, who is its own operator.
+    limits: ContextLimits | None
+
+
+@dataclass(frozen=True, slots=True)
 class OwnBudget:
     """A mechanism that budgets itself (DPS-MOZO): the context's (epsilon, delta) and the
     answers it may give, instead of a ``budget`` from the request."""
@@ -100,18 +112,9 @@ class Mechanism(ABC):
     #: created from a request (``public`` contexts are derived by a synthesis).
     settings: ClassVar[type[BaseModel] | None]
 
-    def check(
-        self,
-        settings: Any,
-        *,
-        n_exemplars: int,
-        budget: BudgetSpec | None,
-        budget_given: bool,
-        limits: ContextLimits | None,
-    ) -> None:
+    def check(self, settings: Any, new: NewContext) -> None:
         """Cross-field checks of a new context beyond the settings' own schema (raise
-        :class:`dpicl.errors.ConfigurationError` naming the bad value). ``budget_given``:
-        the request named ``budget`` (possibly as null); ``limits`` None: a library caller."""
+        :class:`dpicl.errors.ConfigurationError` naming the bad value)."""
         return None
 
     @abstractmethod

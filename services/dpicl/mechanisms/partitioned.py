@@ -16,15 +16,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dpicl.domain import (
     MAX_PARTITIONS,
-    BudgetSpec,
-    ContextLimits,
     Delta,
     Epsilon,
     Int,
     OptionalInt,
 )
 from dpicl.errors import ConfigurationError
-from dpicl.mechanisms.base import Mechanism, Record
+from dpicl.mechanisms.base import Mechanism, NewContext, Record
 from dpicl.privacy.accounting import gaussian_mu2
 from dpicl.privacy.calibration import epsilon_exact, sigma_for
 from dpicl.privacy.ledger import Cost
@@ -63,32 +61,24 @@ class PartitionedGaussian(PartitionedSettings, _Delta):
 class PartitionedMechanism(Mechanism):
     """A mechanism over T disjoint partitions, budgeted by the request's ``budget``."""
 
-    def check(
-        self,
-        settings: Any,
-        *,
-        n_exemplars: int,
-        budget: BudgetSpec | None,
-        budget_given: bool,
-        limits: ContextLimits | None,
-    ) -> None:
+    def check(self, settings: Any, new: NewContext) -> None:
         # Both schemes: hash partitioning leaves some partitions empty beyond |D|, and T is
         # the size of every answer's engine batch.
-        if settings.partitions > n_exemplars:
+        if settings.partitions > new.n_exemplars:
             raise ConfigurationError(
                 f"partitions T={settings.partitions} is larger than the number of exemplars "
-                f"({n_exemplars})",
+                f"({new.n_exemplars})",
                 param="mechanism.partitions",
             )
-        if limits is None:  # a library caller is its own operator
+        if new.limits is None:  # a library caller is its own operator
             return
-        if not budget_given:
+        if not new.budget_given:
             raise ConfigurationError(
                 "budget is required: give budget {epsilon, delta}, or an explicit "
                 '"budget": null where the server allows unbudgeted contexts',
                 param="budget",
             )
-        if budget is None and not limits.allow_unbudgeted:
+        if new.budget is None and not new.limits.allow_unbudgeted:
             raise ConfigurationError(
                 '"budget": null (a context that answers forever) is refused by this server; '
                 "give budget {epsilon, delta} or set DPICL_ALLOW_UNBUDGETED=true",

@@ -27,8 +27,9 @@ A mechanism is a subclass of :class:`dpicl.mechanisms.base.Mechanism` with:
   registered mechanism's settings (:func:`settings_models`); None for a mechanism never
   created from a request. It has an ``epsilon`` (held to ``DPICL_MAX_EPSILON``) and, over
   partitions, a ``partitions`` (held to ``DPICL_MAX_PARTITIONS``);
-* ``check(settings, n_exemplars=, budget=, budget_given=, limits=)``: cross-field checks of
-  a new context (default: none);
+* ``check(settings, new)``: cross-field checks of a new context (``new``: a
+  :class:`~dpicl.mechanisms.base.NewContext`: its exemplar count, budget, whether the
+  request named one, the server's limits; default: none);
 * ``calibrate(settings, n_exemplars)``: the stored record, calibrated once at creation;
 * ``own_budget(record)``: the context's budget when the mechanism sets it itself
   (DPS-MOZO: epsilon over ``queries`` answers); default None: the request's ``budget``;

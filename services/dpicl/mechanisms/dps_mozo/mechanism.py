@@ -8,9 +8,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dpicl.domain import BudgetSpec, ContextLimits, Delta, Epsilon, Float, Int, OptionalInt
+from dpicl.domain import Delta, Epsilon, Float, Int, OptionalInt
 from dpicl.errors import ConfigurationError
-from dpicl.mechanisms.base import Answering, Mechanism, Outcome, OwnBudget, Record
+from dpicl.mechanisms.base import Answering, Mechanism, NewContext, Outcome, OwnBudget, Record
 from dpicl.mechanisms.dps_mozo.accounting import guarantee_of, mozo_cost
 from dpicl.mechanisms.dps_mozo.calibration import calibrate_beta
 from dpicl.mechanisms.dps_mozo.pipeline import MozoOutcome, run_mozo
@@ -108,17 +108,9 @@ class Mozo(Mechanism):
     task = "generation"
     settings = MozoSettings
 
-    def check(
-        self,
-        settings: Any,
-        *,
-        n_exemplars: int,
-        budget: BudgetSpec | None,
-        budget_given: bool,
-        limits: ContextLimits | None,
-    ) -> None:
+    def check(self, settings: Any, new: NewContext) -> None:
         mech: MozoSettings = settings
-        n = n_exemplars
+        n = new.n_exemplars
         if mech.n_shots > n:
             raise ConfigurationError(
                 f"n_shots={mech.n_shots} is larger than the number of exemplars ({n})",
@@ -135,10 +127,10 @@ class Mozo(Mechanism):
                 f"the default delta 1/|D| needs at least 2 exemplars, got {n}; give delta",
                 param="mechanism.delta",
             )
-        if budget is not None:
+        if new.budget is not None:
             raise ConfigurationError(
                 "a dps-mozo context is budgeted by mechanism.epsilon over mechanism.queries "
-                f"answers; omit budget (got {budget!r})",
+                f"answers; omit budget (got {new.budget!r})",
                 param="budget",
             )
 
