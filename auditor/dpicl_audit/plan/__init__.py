@@ -15,46 +15,9 @@ the modules of this package import each other directly.
 
 from __future__ import annotations
 
+from dpicl_audit.plan import specs
 from dpicl_audit.plan.model import AuditPlan
 from dpicl_audit.plan.sources import MASK
-from dpicl_audit.plan.specs import (
-    Attack,
-    BootstrapSpec,
-    Calibration,
-    CanaryKind,
-    DeploymentSpec,
-    EmbeddingSource,
-    GenerationSpec,
-    MechanismName,
-    MechanismSpec,
-    MozoSpec,
-    NeighbourSpec,
-    RdpAttack,
-    Setting,
-    TargetApi,
-    TargetSpec,
-    ThreatModel,
-    VotingDesign,
-)
+from dpicl_audit.plan.specs import *  # noqa: F403
 
-__all__ = [
-    "MASK",
-    "Attack",
-    "AuditPlan",
-    "BootstrapSpec",
-    "Calibration",
-    "CanaryKind",
-    "DeploymentSpec",
-    "EmbeddingSource",
-    "GenerationSpec",
-    "MechanismName",
-    "MechanismSpec",
-    "MozoSpec",
-    "NeighbourSpec",
-    "RdpAttack",
-    "Setting",
-    "TargetApi",
-    "TargetSpec",
-    "ThreatModel",
-    "VotingDesign",
-]
+__all__ = ["MASK", "AuditPlan", *specs.__all__]

@@ -14,22 +14,7 @@ TrialStore``); the modules of this package import each other directly.
 
 from __future__ import annotations
 
-from dpicl_audit.store.log import (
-    DEFAULT_DB,
-    ContextRecord,
-    RunRecord,
-    TrialRecord,
-    TrialStore,
-    resolve_db_url,
-    sqlite_file_missing,
-)
+from dpicl_audit.store import log
+from dpicl_audit.store.log import *  # noqa: F403
 
-__all__ = [
-    "DEFAULT_DB",
-    "ContextRecord",
-    "RunRecord",
-    "TrialRecord",
-    "TrialStore",
-    "resolve_db_url",
-    "sqlite_file_missing",
-]
+__all__ = log.__all__

@@ -9,6 +9,7 @@
 The release maths' names are importable from the package itself, as before the folder.
 """
 
-from dpicl.mechanisms.esa.release import EsaRelease, esa_release, esa_sensitivity, nearest
+from dpicl.mechanisms.esa import release
+from dpicl.mechanisms.esa.release import *  # noqa: F403
 
-__all__ = ["EsaRelease", "esa_release", "esa_sensitivity", "nearest"]
+__all__ = release.__all__

@@ -11,6 +11,8 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+__all__ = ["EsaRelease", "esa_release", "esa_sensitivity", "nearest"]
+
 FloatArray = npt.NDArray[np.float64]
 SensitivityMode = Literal["tight", "original"]
 

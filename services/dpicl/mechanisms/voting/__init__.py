@@ -8,22 +8,7 @@
 The release maths' names are importable from the package itself, as before the folder.
 """
 
-from dpicl.mechanisms.voting.release import (
-    ABSTAIN,
-    VotingRelease,
-    noisy_argmax,
-    noisy_argmax_probabilities,
-    partition_votes,
-    private_vote,
-    vote_histogram,
-)
+from dpicl.mechanisms.voting import release
+from dpicl.mechanisms.voting.release import *  # noqa: F403
 
-__all__ = [
-    "ABSTAIN",
-    "VotingRelease",
-    "noisy_argmax",
-    "noisy_argmax_probabilities",
-    "partition_votes",
-    "private_vote",
-    "vote_histogram",
-]
+__all__ = release.__all__
