@@ -2,9 +2,9 @@
 
 Run: ``python bench/audit.py`` (about 1.5 min on 2 cores). Sections:
 
-* ``bench_bootstrap``: Algorithm 1 of paper 000 at 400,000 trials per world, the vectorised
-  :func:`dpicl_audit.bootstrap.bootstrap_voting_audit` against a straightforward per-trial
-  Python loop feeding the same estimators.
+* ``bench_bootstrap``: Algorithm 1 of paper 000 at 400,000 trials per world, the
+  vectorised :func:`dpicl_audit.estimators.bootstrap.bootstrap_voting_audit` against a
+  straightforward per-trial Python loop feeding the same estimators.
 * ``bench_http``: HTTP trials per second that the audit runner sustains against a real
   ``dpicl serve`` process (oracle engine) with its SQL trial log on, against the same runner,
   client, contexts and concurrency with the log writes dropped. Rounds alternate (logged,
@@ -28,13 +28,13 @@ from typing import Any
 import httpx
 import numpy as np
 
-from dpicl_audit.bootstrap import bootstrap_voting_audit
 from dpicl_audit.estimators import (
     classic_sigma,
     estimate_from_counts,
     split_threshold_estimate,
     voting_epsilon_exact,
 )
+from dpicl_audit.estimators.bootstrap import bootstrap_voting_audit
 
 N_SAMPLE = 400_000
 DELTA = 1e-5
@@ -162,12 +162,14 @@ async def _http_rounds(url: str, admin: str, workdir: Path) -> dict[str, list[fl
 
     from dpicl_audit.client import DpiclClient
     from dpicl_audit.datasets import load_dataset
-    from dpicl_audit.mechanisms.voting import build_design
+    from dpicl_audit.mechanisms.voting.build import build_design
+    from dpicl_audit.pipeline.progress import open_progress
+    from dpicl_audit.pipeline.run_context import RunContext
+    from dpicl_audit.pipeline.runner import AuditRunner
+    from dpicl_audit.pipeline.trials import TrialExecutor
     from dpicl_audit.plan import AuditPlan
-    from dpicl_audit.progress import open_progress
-    from dpicl_audit.runner import AuditRunner, trial_worlds
+    from dpicl_audit.planning.schedule import trial_worlds
     from dpicl_audit.store import ContextRecord, TrialStore
-    from dpicl_audit.trials import TrialExecutor
 
     class UnloggedTrials(TrialExecutor):
         """The same trial executor with the trial log's writes dropped."""
@@ -202,14 +204,10 @@ async def _http_rounds(url: str, admin: str, workdir: Path) -> dict[str, list[fl
         for side in ("logged", "unlogged"):
             run_id = f"bench-http-{side}-{secrets.token_hex(3)}"
             store.create_run(run_id, plan=plan.public_dump(), versions={}, design=design.to_json())
-            runners[side] = AuditRunner(
-                store, client, run_id=run_id, plan=plan, design=design, kind="run", progress=False
-            )
+            run = RunContext(store, client, run_id, plan, design, "run")
+            runners[side] = AuditRunner(run, progress=False)
             if side == "unlogged":
-                runners[side].trials = UnloggedTrials(
-                    store, client, run_id=run_id, plan=plan, mechanism=runners[side].mechanism
-                )
-            runners[side].trials.design = design
+                runners[side].trials = UnloggedTrials(run)
         contexts = await runners["logged"].contexts.pair("bench", EPSILON)
         worlds = trial_worlds(plan.seed, 0, HTTP_TRIALS)
 
@@ -234,8 +232,8 @@ async def _http_rounds(url: str, admin: str, workdir: Path) -> dict[str, list[fl
                     )
                     await runner.trials.flush()
                     rates[side].append(HTTP_TRIALS / (time.perf_counter() - start))
-        logged_rows = sum(store.trial_counts(runners["logged"].run_id).values())
-        unlogged_rows = sum(store.trial_counts(runners["unlogged"].run_id).values())
+        logged_rows = sum(store.trial_counts(runners["logged"].run_ctx.run_id).values())
+        unlogged_rows = sum(store.trial_counts(runners["unlogged"].run_ctx.run_id).values())
         assert logged_rows == HTTP_TRIALS * HTTP_ROUNDS and unlogged_rows == 0
     finally:
         await client.aclose()

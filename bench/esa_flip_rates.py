@@ -42,8 +42,10 @@ import httpx
 from scipy import stats
 
 from dpicl_audit.datasets import load_dataset
-from dpicl_audit.demo_server import DemoServer  # a `dpicl serve` subprocess, white-box internal
-from dpicl_audit.mechanisms.esa import ESA, GenerationDesign, build_generation_design
+from dpicl_audit.demo.servers import DemoServer  # a `dpicl serve` subprocess, white-box internal
+from dpicl_audit.mechanisms.esa.audit import ESA
+from dpicl_audit.mechanisms.esa.build import build_generation_design
+from dpicl_audit.mechanisms.esa.design import GenerationDesign
 from dpicl_audit.plan import AuditPlan
 
 ADMIN = "bench-admin-token"

@@ -10,7 +10,7 @@ index, the clean and noisy means, and the embeddings of the texts seen.
 
 Then, per world, it checks the chain that the closed form
 
-    P(y1) = 2^-Tc + (1 - 2^(1 - Tc)) Phi(g D / (2 T sigma))      (mechanisms.esa_designs)
+    P(y1) = 2^-Tc + (1 - 2^(1 - Tc)) Phi(g D / (2 T sigma))      (mechanisms.esa.build)
 
 rests on, link by link:
 
@@ -52,9 +52,9 @@ from scipy import special, stats
 import dpicl.pipelines.esa as esa_pipeline
 from dpicl.mechanisms.esa import EsaRelease
 from dpicl.mechanisms.esa import esa_release as honest_release
-from dpicl_audit.mechanisms.esa import signal_pair
+from dpicl_audit.mechanisms.esa.design import signal_pair
+from dpicl_audit.pipeline.run import run_audit
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.runner import run_audit
 
 # The test servers' helpers (tokens, settings, in-thread uvicorn), from the repository root.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -235,7 +235,8 @@ def one_run(
     (s,) = results["settings"]
     bb = s["black_box"]
     y1 = signal_pair(plan)[1]
-    # The audit also probes the server's ledger on a context of its own (dpicl_audit.ledger);
+    # The audit also probes the server's ledger on a context of its own
+    # (dpicl_audit.planning.ledger);
     # its answers are the only requests outside the two worlds' contexts.
     probe = int((results.get("ledger") or {}).get("answers") or 0)
     checks = {

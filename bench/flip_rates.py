@@ -50,7 +50,7 @@ import numpy as np
 from scipy import stats
 
 from dpicl_audit.datasets import load_dataset
-from dpicl_audit.demo_server import DemoServer  # a `dpicl serve` subprocess, white-box internal
+from dpicl_audit.demo.servers import DemoServer  # a `dpicl serve` subprocess, white-box internal
 from dpicl_audit.prompts import (
     AUDIT_TEMPLATE,
     CLASSIFY_TEMPLATE,

@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from dpicl_audit.demo_server import DemoServer  # a `dpicl serve` subprocess, white-box internal
+from dpicl_audit.demo.servers import DemoServer  # a `dpicl serve` subprocess, white-box internal
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "auditor" / "dpicl_audit" / "data" / "dialogsum_mini.jsonl"

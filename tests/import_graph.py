@@ -114,12 +114,12 @@ def in_function_imports(root: Path) -> int:
             if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
                 continue
             for node in ast.walk(fn):
-                if isinstance(node, ast.ImportFrom) and (
-                    node.level > 0 or (node.module or "").split(".")[0] == prefix
-                ):
-                    count += 1
-                elif isinstance(node, ast.Import) and any(
-                    a.name.split(".")[0] == prefix for a in node.names
+                if (
+                    isinstance(node, ast.ImportFrom)
+                    and (node.level > 0 or (node.module or "").split(".")[0] == prefix)
+                ) or (
+                    isinstance(node, ast.Import)
+                    and any(a.name.split(".")[0] == prefix for a in node.names)
                 ):
                     count += 1
     return count

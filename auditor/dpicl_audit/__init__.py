@@ -4,48 +4,55 @@ An independent implementation: it never imports the server package ``dpicl`` and
 server only through HTTP API v1 (docs/architecture.md). "Paper 000", "paper 003" and "paper
 004" in the docstrings are the three papers the project implements (Xia, Liu, Xiong 2025;
 Chadha et al., ICML 2024; Flemings et al. 2025): docs/references.md gives their full
-citations and every other work cited. The folder tree is the architecture;
-modules are listed in the order data flows through an audit::
+citations and every other work cited. The folder tree is the architecture. Packages and
+modules are listed from the bottom up: each imports only those above it (its own package
+aside; ``tests/auditor/test_structure.py`` checks these layers and that no import, even one
+inside a function, closes a cycle)::
 
-    plan.py            the audit plan model, validated once
-    plan_sources.py    where plans come from: TOML file, CLI flags, the stored JSON
-    attacks.py         which attack applies to which mechanism and threat model
-    datasets.py        bundled corpora, bbc-news (docs/data.md), JSONL/CSV/Hugging Face
+    errors.py          the exception tree (below)
     prompts.py         the audit prompts of paper 000 (Appendix B) and DPS-MOZO's
-    mechanisms/        one module per audited mechanism, one protocol (base.py):
-      base.py            neighbours, query, observation -> decision/score, exact epsilon,
-                         bootstrap; helpers shared by the Gaussian mechanisms
-      neighbours.py      replace-one helpers (canary texts, exemplars, slot)
-      voting.py          private voting (+ voting_bootstrap.py)
-      esa.py             embedding space aggregation (+ esa_signals.py, esa_estimates.py)
-      mozo.py            DPS-MOZO
-      conformance_checks.py  each mechanism's conformance tests of one setting
-    client.py          the async HTTP client (retries, timeouts, concurrency)
-    schedule.py        run ids, each trial's world, the random streams
-    contexts.py        the run's server contexts: create, adopt (fingerprint-checked), replace
-    trials.py          missing trials run concurrently, logged in idempotent batches
-    progress.py        progress bars on a terminal, a line every few seconds elsewhere
-    store.py           the SQL trial log (SQLite or PostgreSQL)
-    session.py         what a run opens: trial log, client, /healthz, versions
-    runner.py          run, bootstrap and resume: the steps above in order
-    estimation.py      a run's results from its log, generic over the mechanism
-    estimators/        the statistics (Clopper-Pearson, GDP, classical, RDP, thresholds,
-                       conformance of the releases to the design's prediction, ROC)
-    ledger.py          budgeted audit contexts, and the server's ledger audited from outside
-    profiles.py        ``run --profile``: the tail-gap companion run of ``verify``
-    bootstrap.py       Algorithm 1 of paper 000, vectorised; noise_check.py its guard
+    datasets.py        bundled corpora, bbc-news (docs/data.md), JSONL/CSV/Hugging Face
+    client/            the server under audit over HTTP: http (retries, timeouts,
+                       concurrency), openai (an OpenAI-compatible surface), context_hook
+    store/             the SQL trial log (SQLite or PostgreSQL): db, log
+    estimators/        the statistics: counts, Clopper-Pearson, GDP, classical, exact,
+                       RDP, thresholds, white-box figures, power, conformance, family-wise
+                       claims; bootstrap.py (Algorithm 1 of paper 000, vectorised) and
+                       noise_check.py its guard; figure_power.py, trial_budget.py
+    mechanisms/names.py  the mechanism names, known without importing the audits
+    attacks.py         which attack applies to which mechanism and threat model
     verdicts.py        what a bound says about the claims (violation, bug, nonconforming,
                        inconclusive, ok) and the CLI's exit code by the worst of them
-    results.py         results.json and the run's table
-    report/            the report: data, words, table, curves, plots, html, writer
-    legacy.py          logs written before the pipeline held every mechanism
-    cli/               ``dpicl-audit``: common, audit (run/bootstrap), log (resume, list, ...)
-    demo.py            ``make demo``
+    plan/              the audit plan, validated once: sources (TOML file, CLI flags, the
+                       stored JSON), specs (its sections), model (AuditPlan)
+    planning/          what a plan implies: schedule (worlds, streams), ledger (a
+                       context's budget, the ledger probe), budgets
+    mechanisms/        one package per audited mechanism, one protocol:
+      base.py            the protocol; helpers shared by the Gaussian mechanisms
+      neighbours.py      replace-one helpers (canary texts, exemplars, slot, design)
+      trial_estimates.py the trials' figures, verdicts and conformance every audit reads
+      voting/            private voting: design, build, rdp, conformance, bootstrap,
+                         rdp_estimates, estimates, audit
+      esa/               embedding space aggregation: design, build, signals, estimates,
+                         bootstrap, audit
+      dps_mozo/          DPS-MOZO: design, check, findings, audit
+      registry.py        MECHANISMS: the built-in audits and those of entry points
+    pipeline/          a run: progress, profiles, session, legacy (old logs upgraded),
+                       estimation, results, run_context (the run's one state), contexts,
+                       trials, runner (the steps in order), run (one life for run,
+                       bootstrap and resume)
+    report/            the report: data, rows, rdp, words, table, figure, curves, plots,
+                       cards, ledger_section, html, writer
+    cli/               ``dpicl-audit``: common, flags, audit (run/bootstrap), log (resume,
+                       list, ...), rdp (divergence)
+    demo/              ``make demo``: servers, audits, main
 
-A new mechanism is one module in ``mechanisms/`` registered in
-:data:`dpicl_audit.mechanisms.MECHANISMS`; a new attack is an entry in
-:data:`dpicl_audit.attacks.ATTACKS` handled by the mechanisms it applies to; a new verdict
-is a branch in :mod:`dpicl_audit.verdicts`.
+A new mechanism is one package in ``mechanisms/`` registered in
+:data:`dpicl_audit.mechanisms.registry.MECHANISMS`, or one outside this package registered
+through the ``dpicl_audit.mechanisms`` entry point group (:mod:`dpicl_audit.mechanisms.registry`,
+``examples/laplace_voting``); a new attack is an entry in :data:`dpicl_audit.attacks.ATTACKS`
+handled by the mechanisms it applies to; a new verdict is a branch in
+:mod:`dpicl_audit.verdicts`.
 
 Every error the auditor raises on purpose belongs to one tree (:mod:`dpicl_audit.errors`)::
 

@@ -1,18 +1,21 @@
 """The attack registry: which attack applies to which mechanism under which threat model.
 
 An attack is the auditor's choice of audit query and decision rule (paper 000, Section 3 and
-Appendix B). Its *mechanics* live in the mechanism module it applies to
+Appendix B). Its *mechanics* live in the mechanism package it applies to
 (:mod:`dpicl_audit.mechanisms`), which builds the query and turns an observation into a
 decision or a score; this table is what the plan validates against, what ``--help`` lists and
 what the report names. To add an attack: add an :class:`AttackSpec` here, then handle its name
 in the ``build_design`` (and, if it decides differently, ``decide``/``score``) of each
 mechanism listed in ``mechanisms``. Issue 10's RDP query sequences (paper 003) are planned as
-attacks of ``voting``.
+attacks of ``voting``. A mechanism registered from outside (an entry point of
+``dpicl_audit.mechanisms``) names the attacks it takes in its audit's ``attacks``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from dpicl_audit.mechanisms.names import BUILTIN, load_external
 
 __all__ = ["ATTACKS", "AttackSpec", "attacks_for", "check_attack"]
 
@@ -79,7 +82,12 @@ ATTACKS |= {
 
 
 def attacks_for(mechanism: str) -> tuple[str, ...]:
-    """The attacks that apply to ``mechanism``."""
+    """The attacks that apply to ``mechanism`` (a registered one's: its audit's ``attacks``)."""
+    if mechanism not in BUILTIN:
+        audit = load_external(mechanism)
+        declared = getattr(audit, "attacks", None)
+        if declared is not None:
+            return tuple(declared)
     return tuple(a.name for a in ATTACKS.values() if mechanism in a.mechanisms)
 
 
@@ -88,7 +96,7 @@ def check_attack(attack: str, mechanism: str, threat_model: str) -> None:
     spec = ATTACKS.get(attack)
     if spec is None:
         raise ValueError(f"unknown attack {attack!r}; known: {sorted(ATTACKS)}")
-    if mechanism not in spec.mechanisms:
+    if attack not in attacks_for(mechanism):
         raise ValueError(
             f"attack {attack!r} does not apply to {mechanism}; {mechanism} takes "
             f"{attacks_for(mechanism)}"

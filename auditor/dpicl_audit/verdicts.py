@@ -140,10 +140,10 @@ def gaussian_verdict(est: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[st
     ``meta["family"]`` (``{"size": m, "confidence": c}``, set by the run's estimation): a
     VIOLATION or BUG stands only if it holds for the run's m figures together
     (:mod:`~dpicl_audit.estimators.family`), else the figure is INCONCLUSIVE and says why."""
+    from dpicl_audit.estimators.figure_power import exact_mus, reach_model
     from dpicl_audit.estimators.gdp import gdp_mu
     from dpicl_audit.estimators.power import trials_for_power
     from dpicl_audit.estimators.verdict_rules import decide_verdict
-    from dpicl_audit.figure_power import exact_mus, reach_model
 
     theory, delta = float(meta["epsilon_theory"]), float(meta["delta"])
     exact = meta.get("epsilon_exact")

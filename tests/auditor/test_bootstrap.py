@@ -16,19 +16,19 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dpicl_audit import bootstrap
-from dpicl_audit.bootstrap import (
-    bootstrap_esa_audit,
-    bootstrap_voting_audit,
-    simulate_esa,
-    simulate_voting,
-)
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.estimators import (
+    bootstrap,
     classic_sigma,
     esa_epsilon_exact,
     estimate_from_counts,
     voting_epsilon_exact,
+)
+from dpicl_audit.estimators.bootstrap import (
+    bootstrap_esa_audit,
+    bootstrap_voting_audit,
+    simulate_esa,
+    simulate_voting,
 )
 
 DELTA = 1e-5
@@ -314,7 +314,7 @@ def test_bootstrap_esa_audit_bounds_and_tightness() -> None:
 
 def test_auditor_math_never_imports_the_server() -> None:
     code = (
-        "import sys, dpicl_audit.bootstrap, dpicl_audit.estimators; "
+        "import sys, dpicl_audit.estimators.bootstrap, dpicl_audit.estimators; "
         "print(any(m == 'dpicl' or m.startswith('dpicl.') for m in sys.modules))"
     )
     out = subprocess.run(

@@ -22,7 +22,7 @@ from dpicl_audit.estimators.conformance import (
     rate_tests,
     residual_tests,
 )
-from dpicl_audit.noise_check import check_noise
+from dpicl_audit.estimators.noise_check import check_noise
 from dpicl_audit.verdicts import EXIT_CODES, results_exit_code, worst_status
 
 SIGMA = 1.7

@@ -1,12 +1,12 @@
-"""Context adoption is checked by settings, not only by name (dpicl_audit.contexts)."""
+"""Context adoption is checked by settings, not only by name (dpicl_audit.pipeline.contexts)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from dpicl_audit.contexts import fingerprint, mismatches
 from dpicl_audit.datasets import load_dataset
-from dpicl_audit.mechanisms import MECHANISMS
+from dpicl_audit.mechanisms.registry import MECHANISMS
+from dpicl_audit.pipeline.contexts import fingerprint, mismatches
 from dpicl_audit.plan import AuditPlan
 
 

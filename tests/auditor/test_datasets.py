@@ -13,7 +13,9 @@ import pytest
 from dpicl_audit.datasets import BUNDLED, Example, LabelledDataset, load_dataset
 from dpicl_audit.errors import DatasetError
 from dpicl_audit.mechanisms.neighbours import random_canary_text
-from dpicl_audit.mechanisms.voting import AuditDesign, build_design, context_body
+from dpicl_audit.mechanisms.voting.audit import VOTING
+from dpicl_audit.mechanisms.voting.build import build_design
+from dpicl_audit.mechanisms.voting.design import AuditDesign
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.prompts import (
     AUDIT_TEMPLATE,
@@ -177,8 +179,8 @@ def test_neighbour_pair_is_replace_one(canary: str, setting: str) -> None:
     assert d.canary.input != d.replacement.input
     assert all(e.output in d.labels for e in (*c1, *c0))
     # the same partition seed goes to both contexts
-    b1 = context_body(d, plan, 2.0, 1, name="c1")
-    b0 = context_body(d, plan, 2.0, 0, name="c0")
+    b1 = VOTING.context_body(d, plan, 2.0, 1, name="c1")
+    b0 = VOTING.context_body(d, plan, 2.0, 0, name="c0")
     assert b1["mechanism"] == b0["mechanism"]
     assert b1["mechanism"]["partition_seed"] == d.partition_seed
     assert b1["mechanism"]["epsilon"] == 2.0

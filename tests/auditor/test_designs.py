@@ -8,7 +8,9 @@ import pytest
 
 from dpicl_audit.datasets import load_dataset
 from dpicl_audit.estimators.label_release import pivotal_design
-from dpicl_audit.mechanisms.voting import build_design, design_votes, resolve_design
+from dpicl_audit.mechanisms.neighbours import resolve_design
+from dpicl_audit.mechanisms.voting.build import build_design
+from dpicl_audit.mechanisms.voting.design import design_votes
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.prompts import MINIMAL_TEMPLATE
 from dpicl_audit.verdicts import gaussian_verdict

@@ -1,4 +1,4 @@
-"""ESA's pinned designs (mechanisms.esa_designs): structure, the closed-form release rates
+"""ESA's pinned designs (mechanisms.esa.build): structure, the closed-form release rates
 against a simulation of the server's own release rule, and the INCONCLUSIVE path of a model
 whose zero-shot candidates never (or always) give the signal texts."""
 
@@ -14,9 +14,13 @@ from scipy import stats
 from dpicl.mechanisms.esa import esa_release  # the server's rule, to check the closed form
 from dpicl_audit.datasets import load_dataset
 from dpicl_audit.estimators.exact import esa_epsilon_exact
-from dpicl_audit.mechanisms.esa import EsaAudit, build_generation_design
-from dpicl_audit.mechanisms.esa_designs import esa_design_gaps, esa_release_rates
-from dpicl_audit.mechanisms.esa_estimates import esa_meta
+from dpicl_audit.mechanisms.esa.audit import EsaAudit
+from dpicl_audit.mechanisms.esa.build import (
+    build_generation_design,
+    esa_design_gaps,
+    esa_release_rates,
+)
+from dpicl_audit.mechanisms.esa.estimates import esa_meta
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.store import TrialRecord
 

@@ -25,10 +25,10 @@ from dpicl_audit.estimators.rdp_audit import (
     two_cut_from_labels,
 )
 from dpicl_audit.estimators.whitebox import whitebox_estimate
-from dpicl_audit.mechanisms.mozo import MOZO
-from dpicl_audit.mechanisms.voting import VOTING
-from dpicl_audit.mechanisms.voting_rdp import RdpDesign
-from dpicl_audit.mechanisms.voting_rdp_estimates import estimate_rdp
+from dpicl_audit.mechanisms.dps_mozo.audit import MOZO
+from dpicl_audit.mechanisms.voting.audit import VOTING
+from dpicl_audit.mechanisms.voting.rdp import RdpDesign
+from dpicl_audit.mechanisms.voting.rdp_estimates import estimate_rdp
 from dpicl_audit.store import TrialRecord
 from dpicl_audit.verdicts import gaussian_verdict
 from tests.auditor.test_runner import _plan as _runner_plan

@@ -14,10 +14,11 @@ import pytest
 
 from dpicl_audit.datasets import load_dataset
 from dpicl_audit.errors import InvalidPlan
-from dpicl_audit.mechanisms.esa import SIGNAL_PAIRS, build_generation_design, esa_score
+from dpicl_audit.mechanisms.esa.build import build_generation_design
+from dpicl_audit.mechanisms.esa.design import SIGNAL_PAIRS, esa_score
+from dpicl_audit.pipeline.run import bootstrap_audit, run_audit
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.report import write_report
-from dpicl_audit.runner import bootstrap_audit, run_audit
 from tests.auditor.test_runner import _server_missing, oracle_server
 from tests.conftest import ADMIN, USER
 

@@ -1,6 +1,6 @@
 """DPS-MOZO's proven mode as the auditor reads it: a true (epsilon, delta) claim.
 
-* The auditor's own recomputation (:mod:`dpicl_audit.mechanisms.mozo_check`) against
+* The auditor's own recomputation (:mod:`dpicl_audit.mechanisms.dps_mozo.check`) against
   brute-force products of probabilities, and its handling of zeros and of a server that lies
   about its ``log_ratios``.
 * Against the real server app in-process (oracle engine: its decoding logits are
@@ -22,10 +22,10 @@ import pytest
 
 from dpicl_audit.client import DpiclClient
 from dpicl_audit.errors import InvalidPlan, TargetProtocolError
-from dpicl_audit.mechanisms.mozo_check import token_check
-from dpicl_audit.mechanisms.mozo_findings import ratio_check
+from dpicl_audit.mechanisms.dps_mozo.check import token_check
+from dpicl_audit.mechanisms.dps_mozo.findings import ratio_check
+from dpicl_audit.pipeline.run import run_audit
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.runner import run_audit
 from dpicl_audit.store import TrialRecord
 from tests.auditor.test_runner import _plan, _server_missing
 from tests.servers import app_client
@@ -253,7 +253,7 @@ async def test_paper_mode_stays_nominal(tmp_path: Path) -> None:
 async def test_a_context_in_the_other_mode_is_refused(tmp_path: Path) -> None:
     async with _server(tmp_path) as client:
         plan = _mozo(**{"mechanism.guarantee": "paper", "mechanism.epsilons": [8.0]})
-        from dpicl_audit.mechanisms.mozo import MOZO, _check_guarantee
+        from dpicl_audit.mechanisms.dps_mozo.audit import MOZO, _check_guarantee
         from dpicl_audit.store import ContextRecord
 
         info = {"id": "c", "mechanism": {"name": "dps-mozo", "guarantee": "proven"}}

@@ -1,5 +1,5 @@
-"""The noise check (dpicl_audit.noise_check): chi-square interval for the real sigma from the
-debug residuals, its verdicts, and what the bootstrap simulates with.
+"""The noise check (dpicl_audit.estimators.noise_check): chi-square interval for the real
+sigma from the debug residuals, its verdicts, and what the bootstrap simulates with.
 
 Statistical tests use seeded generators; each states the chance it would fail on a fresh
 draw with a correct implementation (all below 1e-4).
@@ -14,7 +14,7 @@ import pytest
 from scipy import stats
 
 from dpicl_audit.errors import InvalidAuditInput
-from dpicl_audit.noise_check import (
+from dpicl_audit.estimators.noise_check import (
     DEFAULT_NOISE_CONFIDENCE,
     check_noise,
     residuals_from_observations,

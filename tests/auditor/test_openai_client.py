@@ -12,14 +12,14 @@ import httpx
 import pytest
 
 from dpicl_audit.client import GenerationTarget
-from dpicl_audit.context_hook import context_info, load_hook
+from dpicl_audit.client.context_hook import context_info, load_hook
+from dpicl_audit.client.openai import OpenAIClient
 from dpicl_audit.errors import (
     InvalidPlan,
     TargetBudgetExhausted,
     TargetNotFound,
     TargetProtocolError,
 )
-from dpicl_audit.openai_client import OpenAIClient
 from dpicl_audit.plan import AuditPlan
 
 BODY: dict[str, Any] = {

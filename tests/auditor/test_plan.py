@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from dpicl_audit.errors import InvalidAuditInput, InvalidPlan
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.plan_sources import MAX_PLAN_BYTES
+from dpicl_audit.plan.sources import MAX_PLAN_BYTES
 
 PLAN_TOML = """
 name = "nightly"

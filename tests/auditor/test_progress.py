@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from dpicl_audit.progress import LineProgress, open_progress
+from dpicl_audit.pipeline.progress import LineProgress, open_progress
 
 
 def test_a_pipe_gets_plain_lines_at_most_every_interval() -> None:

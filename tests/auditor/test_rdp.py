@@ -9,7 +9,6 @@ import pytest
 from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import integrate, special, stats
 
-from dpicl_audit.bootstrap import simulate_voting
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.estimators import (
     noisy_argmax_log_probabilities,
@@ -17,6 +16,7 @@ from dpicl_audit.estimators import (
     rdp_two_cut_lower,
     renyi_noisy_argmax_exact,
 )
+from dpicl_audit.estimators.bootstrap import simulate_voting
 
 ORDERS = np.array([1.5, 2.0, 4.0, 8.0, 16.0, 32.0])
 

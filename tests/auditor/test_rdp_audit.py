@@ -27,7 +27,7 @@ from dpicl_audit.estimators.rdp_audit import (
     simulate_label_counts,
     two_cut_from_labels,
 )
-from dpicl_audit.mechanisms.voting_rdp import RDP_ATTACKS
+from dpicl_audit.mechanisms.voting.rdp import RDP_ATTACKS
 
 H1, H0 = [14, 12, 10, 8, 6], [13, 13, 10, 8, 6]
 FIG6_ORDERS = [2.0, 5.0, 10.0, 20.0, 50.0]
@@ -133,8 +133,8 @@ def _server_missing() -> str | None:
 
 
 async def _audit(tmp_path: Path, attack: str, **extra: Any) -> dict[str, Any]:
+    from dpicl_audit.pipeline.run import run_audit
     from dpicl_audit.plan import AuditPlan
-    from dpicl_audit.runner import run_audit
     from tests.auditor.test_runner import oracle_server
     from tests.conftest import ADMIN, USER
 
@@ -186,7 +186,7 @@ async def test_oracle_adversary_bounds_ordered(tmp_path: Path, attack: str) -> N
         ratio = np.array(rdp["two_cut_simulated"]) / exact
         assert np.max(ratio) >= 0.5, ratio
         # the trials are logged: re-estimating from the log gives the same audit
-        from dpicl_audit.runner import estimate_run
+        from dpicl_audit.pipeline.estimation import estimate_run
         from dpicl_audit.store import TrialStore
 
         store = TrialStore(f"sqlite:///{tmp_path}/a.db")

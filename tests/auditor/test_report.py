@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from dpicl_audit.pipeline.run import bootstrap_audit, run_audit
 from dpicl_audit.report import ReportRow, run_verdict, verdict_sentence, write_report
-from dpicl_audit.runner import bootstrap_audit, run_audit
 from tests.auditor.test_runner import _plan, _server_missing, oracle_server
 
 pytestmark = pytest.mark.skipif(_server_missing() is not None, reason=str(_server_missing()))

@@ -22,15 +22,10 @@ from dpicl_audit.errors import (
     TargetProtocolError,
     TargetUnavailable,
 )
+from dpicl_audit.pipeline.estimation import estimate_run
+from dpicl_audit.pipeline.run import bootstrap_audit, resume_audit, run_audit
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.runner import (
-    CLEAN_SETTING,
-    bootstrap_audit,
-    estimate_run,
-    resume_audit,
-    run_audit,
-    trial_worlds,
-)
+from dpicl_audit.planning.schedule import CLEAN_SETTING, trial_worlds
 from dpicl_audit.store import TrialStore
 from tests.conftest import ADMIN, USER
 from tests.servers import app_client
@@ -281,7 +276,7 @@ async def test_orphan_context_is_adopted_on_resume(tmp_path: Path) -> None:
         store = TrialStore(db)
         rec = store.contexts("o")[("eps=4", 1)]
         # forget it locally, as if the process died between create and record
-        from dpicl_audit.store import run_contexts
+        from dpicl_audit.store.log import run_contexts
 
         with store.engine.begin() as conn:
             conn.execute(run_contexts.delete())

@@ -1,99 +1,126 @@
-"""The auditor's structure: no import cycles, small modules, the exception tree drawn in the
+"""The auditor's structure: no import cycles (every import counted: inside functions, under
+``TYPE_CHECKING``, relative), one-way layers, small modules, the exception tree drawn in the
 package docstring, registries that agree with the plan, one protocol per mechanism."""
 
 from __future__ import annotations
 
-import ast
 import inspect
+import re
 from pathlib import Path
 from typing import get_args
+
+import pytest
 
 import dpicl_audit
 from dpicl_audit import errors
 from dpicl_audit.attacks import ATTACKS, attacks_for
-from dpicl_audit.mechanisms import MECHANISMS
 from dpicl_audit.mechanisms.base import MechanismAudit
-from dpicl_audit.plan import Attack, MechanismName
+from dpicl_audit.mechanisms.names import BUILTIN, mechanism_names
+from dpicl_audit.mechanisms.registry import MECHANISMS
+from dpicl_audit.plan import Attack
+from tests.import_graph import cycles, graph
 
 PACKAGE = Path(dpicl_audit.__file__).parent
 #: Modules allowed past ~400 lines because they are one idea each.
 ONE_IDEA = {
-    "plan.py": "the plan model and its validation",
-    "store.py": "the SQL trial log",
-    "demo.py": "the demo script",
+    "store/log.py": "the SQL trial log",
 }
 MAX_LINES = 400
 
+#: The layers, bottom up (the module map of ``dpicl_audit/__init__.py``): a module imports
+#: only modules of lower layers, or of its own package. A module is placed by its longest
+#: prefix listed here.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("dpicl_audit", "errors"),
+    ("prompts", "datasets", "client", "store", "estimators"),
+    # The names a plan validates, known without importing the audits (mechanisms.registry).
+    ("mechanisms.names",),
+    ("attacks", "verdicts"),
+    ("plan",),
+    ("planning",),
+    ("mechanisms",),
+    ("pipeline",),
+    ("report",),
+    ("cli", "demo"),
+)
 
-def _module_name(path: Path) -> str:
-    rel = path.relative_to(PACKAGE.parent).with_suffix("")
-    parts = list(rel.parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
+
+def _unit(module: str) -> tuple[int, str]:
+    """(layer, the listed prefix ``module`` belongs to)."""
+    rel = module.removeprefix("dpicl_audit").removeprefix(".") or "dpicl_audit"
+    best: tuple[int, str] | None = None
+    for depth, names in enumerate(LAYERS):
+        for name in names:
+            if (rel == name or rel.startswith(name + ".")) and (
+                best is None or len(name) > len(best[1])
+            ):
+                best = (depth, name)
+    if best is None:
+        raise AssertionError(f"module {module} is in no layer of LAYERS")
+    return best
 
 
-def _top_level_imports(path: Path, known: set[str]) -> set[str]:
-    """Modules of the package imported when ``path`` is imported (TYPE_CHECKING excluded,
-    imports inside functions excluded: they run later)."""
-    tree = ast.parse(path.read_text())
-    out: set[str] = set()
-    for node in tree.body:
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            continue
-        if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names if a.name in known}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module in known:
-                out.add(node.module)
-            for a in node.names:
-                sub = f"{node.module}.{a.name}"
-                if sub in known:
-                    out.add(sub)
+def layer_violations(g: dict[str, set[str]]) -> list[str]:
+    """Every import of a higher layer, or of another package of the same layer."""
+    out = []
+    for a in sorted(g):
+        la, pa = _unit(a)
+        for b in sorted(g[a]):
+            lb, pb = _unit(b)
+            if lb > la or (lb == la and pa != pb):
+                out.append(f"{a} -> {b}")
     return out
 
 
-def _graph() -> dict[str, set[str]]:
-    files = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
-    known = set(files)
-    return {name: _top_level_imports(path, known) - {name} for name, path in files.items()}
-
-
-def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    state: dict[str, int] = {}
-    stack: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        stack.append(node)
-        for nxt in sorted(graph.get(node, ())):
-            if state.get(nxt) == 1:
-                return [*stack[stack.index(nxt) :], nxt]
-            if nxt not in state:
-                found = visit(nxt)
-                if found:
-                    return found
-        stack.pop()
-        state[node] = 2
-        return None
-
-    for node in sorted(graph):
-        if node not in state:
-            found = visit(node)
-            if found:
-                return found
-    return None
-
-
 def test_no_import_cycles() -> None:
-    graph = _graph()
-    assert len(graph) > 30 and "dpicl_audit.mechanisms.voting" in graph
-    assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+    g = graph(PACKAGE)
+    assert len(g) > 60 and "dpicl_audit.mechanisms.voting.audit" in g
+    assert cycles(g) == [], "\n".join(" <-> ".join(c) for c in cycles(g))
 
 
-def test_the_cycle_check_can_fail() -> None:
-    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
-    assert _cycle({"a": {"b"}, "b": set()}) is None
+def test_layers_run_one_way() -> None:
+    assert layer_violations(graph(PACKAGE)) == []
+
+
+def _package(root: Path, modules: dict[str, str]) -> Path:
+    pkg = root / "pkg"
+    for name, text in modules.items():
+        path = pkg / f"{name.replace('.', '/')}.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return pkg
+
+
+def test_the_cycle_check_can_fail(tmp_path: Path) -> None:
+    """A cycle hidden in a function, under TYPE_CHECKING or in a relative import is found."""
+    pkg = _package(
+        tmp_path,
+        {
+            "__init__": "",
+            "a": "def f():\n    from pkg import b\n",
+            "b": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.c import x\n",
+            "c": "from .a import f\nx = 1\n",
+            "d": "from pkg.a import f\n",
+        },
+    )
+    assert cycles(graph(pkg)) == [["pkg.a", "pkg.b", "pkg.c"]]
+    (pkg / "c.py").write_text("x = 1\n")
+    assert cycles(graph(pkg)) == []
+
+
+@pytest.mark.parametrize(
+    ("edge", "bad"),
+    [
+        (("dpicl_audit.plan.model", "dpicl_audit.mechanisms.registry"), True),
+        (("dpicl_audit.mechanisms.base", "dpicl_audit.pipeline.runner"), True),
+        (("dpicl_audit.store.log", "dpicl_audit.estimators.gdp"), True),
+        (("dpicl_audit.attacks", "dpicl_audit.mechanisms.names"), False),
+        (("dpicl_audit.mechanisms.voting.audit", "dpicl_audit.mechanisms.base"), False),
+    ],
+)
+def test_the_layer_check_can_fail(edge: tuple[str, str], bad: bool) -> None:
+    a, b = edge
+    assert bool(layer_violations({a: {b}, b: set()})) is bad
 
 
 def test_modules_are_small() -> None:
@@ -104,6 +131,27 @@ def test_modules_are_small() -> None:
     }
     assert set(big) <= set(ONE_IDEA), f"modules over {MAX_LINES} lines: {big}"
     assert all(n < 1.5 * MAX_LINES for n in big.values()), big
+
+
+def test_every_package_docstring_maps_its_modules() -> None:
+    """Each package's docstring names every module and subpackage in it (the module map)."""
+    missing = []
+    for init in sorted(PACKAGE.rglob("__init__.py")):
+        doc = ast_doc(init)
+        for child in sorted(init.parent.iterdir()):
+            name = child.stem if child.suffix == ".py" else child.name
+            is_module = child.suffix == ".py" and name not in ("__init__", "__main__")
+            if not (is_module or (child / "__init__.py").exists()):
+                continue
+            if not re.search(rf"(?<![\w]){re.escape(name)}(?![\w])", doc):
+                missing.append(f"{child.relative_to(PACKAGE)} (in {init.relative_to(PACKAGE)})")
+    assert missing == [], missing
+
+
+def ast_doc(path: Path) -> str:
+    import ast
+
+    return ast.get_docstring(ast.parse(path.read_text())) or ""
 
 
 def test_exception_tree_is_drawn_in_the_package_docstring() -> None:
@@ -117,7 +165,8 @@ def test_exception_tree_is_drawn_in_the_package_docstring() -> None:
 
 def test_registries_agree_with_the_plan() -> None:
     assert set(get_args(Attack)) == set(ATTACKS)
-    assert set(get_args(MechanismName)) == set(MECHANISMS)
+    # Without entry points installed, the registry holds the built-in audits only.
+    assert set(mechanism_names()) == set(MECHANISMS) == set(BUILTIN)
     for name in MECHANISMS:
         assert attacks_for(name), f"no attack applies to {name}"
     for spec in ATTACKS.values():

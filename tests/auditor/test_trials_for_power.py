@@ -12,15 +12,15 @@ import pytest
 
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.estimators import estimate_from_counts, gdp_epsilon
+from dpicl_audit.estimators.figure_power import trials_for_power_of
 from dpicl_audit.estimators.power import max_reachable_epsilon, trials_for_power
-from dpicl_audit.figure_power import trials_for_power_of
-from dpicl_audit.runner import bootstrap_audit, run_audit
-from dpicl_audit.trial_budget import (
+from dpicl_audit.estimators.trial_budget import (
     POWER_MARGIN,
     needs_from_bootstrap,
     plan_trials,
     trials_from_bootstrap,
 )
+from dpicl_audit.pipeline.run import bootstrap_audit, run_audit
 from dpicl_audit.verdicts import gaussian_verdict
 
 DELTA = 1e-5

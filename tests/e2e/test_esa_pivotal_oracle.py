@@ -15,7 +15,7 @@ clock/foxborough pair with MiniLM).
   3-4% of mu = 0.146 at T = 3, so the 0.9 margin fails only on a many-sigma deviation.
 * Real queries, black-box (``DPICL_WHITEBOX=off``), epsilon 8, T = 3, 8 zero-shot candidates
   (each y1 or y0 by the oracle's fair coin), 2,000 trials. Expected rates 0.718 / 0.282
-  (mechanisms.esa_designs). Over 2,000 simulated repetitions of the counts the ratio
+  (mechanisms.esa.build). Over 2,000 simulated repetitions of the counts the ratio
   epsilon_emp / epsilon_exact_signal has mean 0.826, standard deviation 0.057, minimum 0.64;
   the 0.6 bound is 4 standard deviations down (false-failure rate about 4e-5). The bound
   exceeded epsilon_exact_signal in 0.1% of repetitions (the 5% confidence allows it) and
@@ -35,7 +35,7 @@ from typing import Any
 
 import pytest
 
-from dpicl_audit.runner import bootstrap_audit, run_audit
+from dpicl_audit.pipeline.run import bootstrap_audit, run_audit
 from tests.servers import oracle_server_env, target_plan
 
 pytestmark = pytest.mark.slow

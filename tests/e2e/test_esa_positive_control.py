@@ -10,7 +10,7 @@ white-box debug endpoint OFF, so the auditor sees only the released texts:
 
 Each is audited with the balanced (pivotal canary) ESA design, black-box, T = 3 partitions,
 8 zero-shot candidates (the oracle's fair coin between y1 and y0), epsilon 8, 300 trials.
-The release rates (mechanisms.esa_designs) are 0.956 / 0.044 (sum) and 0.986 / 0.014
+The release rates (mechanisms.esa.build) are 0.956 / 0.044 (sum) and 0.986 / 0.014
 (noise), against 0.718 / 0.282 for an honest server. Over 4,000 simulated repetitions of the
 counts, mu_lower had mean 2.71 (sd 0.20) and 3.39 (sd 0.22) against the claimed mu 1.67 of
 epsilon 8: every repetition was a VIOLATION (the claim sits 5.2 and 8 standard deviations
@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from dpicl_audit.runner import run_audit
+from dpicl_audit.pipeline.run import run_audit
 from tests.servers import oracle_server_env, target_plan
 
 pytestmark = pytest.mark.slow

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from dpicl_audit.runner import bootstrap_audit, run_audit
+from dpicl_audit.pipeline.run import bootstrap_audit, run_audit
 from tests.servers import oracle_server_env, target_plan
 
 pytestmark = pytest.mark.slow

@@ -17,7 +17,8 @@ Each audit is run with settings under which its attack has power (DESIGN.md sect
   always (expected mu_lower about 4, against a claimed mu of 0.9 and 1.7);
 * bootstrap (Algorithm 1) at epsilon 1, 2, 4 and 8, n_llm = 48, 400,000 samples. The
   simulation alone would add the *claimed* noise and see nothing; the noise check
-  (``dpicl_audit.noise_check``) measures the real noise from the debug residuals, flags it,
+  (``dpicl_audit.estimators.noise_check``) measures the real noise from the debug residuals,
+  flags it,
   and the simulation uses its upper confidence bound instead (48 residuals per epsilon: the
   bound stays low enough for a violation at epsilon 1 except with probability ~2e-7).
 

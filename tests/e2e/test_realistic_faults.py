@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from dpicl_audit.client import DpiclClient
-from dpicl_audit.runner import run_audit
+from dpicl_audit.pipeline.run import run_audit
 from dpicl_audit.verdicts import results_exit_code
 from tests.conftest import ADMIN, USER
 from tests.e2e import broken_realistic_server as faults
@@ -168,9 +168,9 @@ def test_profile_and_budget_sizes() -> None:
     """The verify profile's tail-gap plan, and budgets that hold exactly the planned answers
     under the auditor's own composition (mu-GDP composes to sqrt(q) mu)."""
     from dpicl_audit.estimators.gdp import gdp_delta, gdp_mu
-    from dpicl_audit.ledger import MAX_BUDGET_EPSILON, answers_within_budget, budget_for
-    from dpicl_audit.ledger import planned_queries as planned
-    from dpicl_audit.profiles import tail_plan
+    from dpicl_audit.pipeline.profiles import tail_plan
+    from dpicl_audit.planning.ledger import MAX_BUDGET_EPSILON, answers_within_budget, budget_for
+    from dpicl_audit.planning.ledger import planned_queries as planned
 
     plan = target_plan("http://dpicl.test")
     tail = tail_plan(plan)

@@ -31,7 +31,7 @@ import sqlalchemy as sa
 
 from dpicl.privacy.accounting import gaussian_mu2
 from dpicl.privacy.calibration import gaussian_epsilon
-from dpicl_audit.runner import run_audit
+from dpicl_audit.pipeline.run import run_audit
 from tests.conftest import admin_headers, free_port, user_headers
 from tests.server.api_helpers import voting_context
 from tests.servers import ROOT, target_plan

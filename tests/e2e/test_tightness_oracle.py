@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
+from dpicl_audit.pipeline.run import bootstrap_audit
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.runner import bootstrap_audit
 from tests.conftest import ADMIN, USER
 
 pytestmark = pytest.mark.slow

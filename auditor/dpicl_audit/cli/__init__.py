@@ -17,8 +17,9 @@ Every command takes ``--db`` (a SQLAlchemy URL or a SQLite file path; default
 environment (``DPICL_AUDIT_ADMIN_TOKEN``, ``DPICL_AUDIT_API_KEY``) and are never stored.
 Exit status: 0 on success, 1 when the audit fails (the message says why), 2 on bad usage.
 
-:mod:`.common` holds the app and shared options, :mod:`.audit` the ``run``/``bootstrap``
-flags, :mod:`.log` the commands over the trial log.
+:mod:`.common` holds the app and shared options, :mod:`.flags` the ``run``/``bootstrap``
+flags' help texts and parsers, :mod:`.audit` those commands, :mod:`.log` the commands over the
+trial log, :mod:`.rdp` ``divergence``.
 """
 
 from __future__ import annotations

@@ -39,12 +39,11 @@ from dpicl_audit.plan import (
     Calibration,
     CanaryKind,
     EmbeddingSource,
-    MechanismName,
     Setting,
     ThreatModel,
     VotingDesign,
 )
-from dpicl_audit.store_db import DEFAULT_DB
+from dpicl_audit.store.db import DEFAULT_DB
 
 # The mechanisms' modules (DPS-MOZO's, ESA's, dp-accounting under them) are imported by the
 # runner when a command runs, not here: `--help` reads only the plan's types and defaults.
@@ -139,7 +138,14 @@ def audit_command(kind: str) -> Callable[..., None]:
             ),
         ] = None,
         mechanism: Annotated[
-            MechanismName | None, typer.Option(help=_h("mechanism.name", "Mechanism audited."))
+            str | None,
+            typer.Option(
+                help=_h(
+                    "mechanism.name",
+                    "Mechanism audited: voting | esa | dps-mozo | a "
+                    "registered one (entry points of dpicl_audit.mechanisms).",
+                )
+            ),
         ] = None,
         adversary: Annotated[
             str | None,
@@ -294,9 +300,9 @@ def audit_command(kind: str) -> Callable[..., None]:
         progress: ProgressOpt = True,
         as_json: JsonOpt = False,
     ) -> None:
-        from dpicl_audit.profiles import companion_plan
-        from dpicl_audit.runner import bootstrap_audit, run_audit
-        from dpicl_audit.schedule import new_run_id
+        from dpicl_audit.pipeline.profiles import companion_plan
+        from dpicl_audit.pipeline.run import bootstrap_audit, run_audit
+        from dpicl_audit.planning.schedule import new_run_id
 
         overrides: dict[str, Any] = {
             "name": name,

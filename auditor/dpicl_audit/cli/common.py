@@ -14,7 +14,7 @@ import typer.core
 from rich.console import Console
 
 from dpicl_audit.errors import AuditError
-from dpicl_audit.store_db import sqlite_file_missing
+from dpicl_audit.store.db import sqlite_file_missing
 
 if TYPE_CHECKING:
     from dpicl_audit.plan import AuditPlan
@@ -121,7 +121,7 @@ JsonOpt = Annotated[
 
 def resume_command(run_id: str, db: str) -> str:
     """The command line that continues ``run_id`` (``--db`` only when not the default)."""
-    from dpicl_audit.store_db import DEFAULT_DB
+    from dpicl_audit.store.db import DEFAULT_DB
 
     where = "" if db == DEFAULT_DB else f" --db {db}"
     return f"dpicl-audit resume {run_id}{where}"
@@ -152,7 +152,7 @@ def guard(fn: Callable[[], T]) -> T:
 
 
 def emit(results: dict[str, Any], as_json: bool, path: Path | None = None) -> None:
-    from dpicl_audit.results import jsonable, print_results
+    from dpicl_audit.pipeline.results import jsonable, print_results
 
     if as_json:
         sys.stdout.write(json.dumps(jsonable(results), indent=2) + "\n")
@@ -183,7 +183,7 @@ def require_log(db: str, run_id: str | None = None) -> None:
 
 def load_results(db: str, run_id: str) -> dict[str, Any]:
     """A run's results: as stored, else recomputed from its log."""
-    from dpicl_audit.estimation import estimate_run, load_run
+    from dpicl_audit.pipeline.estimation import estimate_run, load_run
     from dpicl_audit.store import TrialStore
 
     store = TrialStore(db)
@@ -198,7 +198,7 @@ def load_results(db: str, run_id: str) -> dict[str, Any]:
 
 def trials_from_option(kind: str, boot: str, trials: int | None, db: str, plan: AuditPlan) -> int:
     """``--trials-from``: a run's trials per epsilon from a bootstrap's planning figure."""
-    from dpicl_audit.trial_budget import trials_from_bootstrap
+    from dpicl_audit.estimators.trial_budget import trials_from_bootstrap
 
     if kind != "run" or trials is not None:
         what = "only for run" if kind != "run" else "give it or --trials, not both"

@@ -36,7 +36,7 @@ from dpicl_audit.cli.common import (
     resume_command,
     run_async,
 )
-from dpicl_audit.store_db import DEFAULT_DB, resolve_db_url, sqlite_file_missing
+from dpicl_audit.store.db import DEFAULT_DB, resolve_db_url, sqlite_file_missing
 
 __all__ = ["list_runs", "report", "resume", "show"]
 
@@ -53,7 +53,7 @@ def resume(
     as_json: JsonOpt = False,
 ) -> None:
     """Continue a run from its trial log: only missing trials are run, none twice."""
-    from dpicl_audit.runner import resume_audit
+    from dpicl_audit.pipeline.run import resume_audit
 
     require_log(db, run_id)
     results = run_async(
@@ -82,7 +82,7 @@ def _expected(run: Any, plan: dict[str, Any]) -> int:
 @app.command("list")
 def list_runs(db: DbOpt = DEFAULT_DB, as_json: JsonOpt = False) -> None:
     """The runs in the trial log: mechanism, kind, status and progress."""
-    from dpicl_audit.legacy import upgrade_run
+    from dpicl_audit.pipeline.legacy import upgrade_run
     from dpicl_audit.store import TrialStore
 
     missing = sqlite_file_missing(db)
@@ -175,7 +175,7 @@ def estimate(
 ) -> None:
     """Lower bounds from attack counts obtained elsewhere, as JSON: mu_lower, epsilon_lower
     (Gaussian-DP) and epsilon_lower_classic (paper 003, Section 2.2)."""
-    from dpicl_audit.estimators import estimate_from_counts
+    from dpicl_audit.estimators.counts import estimate_from_counts
 
     est = guard(lambda: estimate_from_counts(tp, fn, fp, tn, delta=delta, confidence=confidence))
     out = est.to_dict()

@@ -1,5 +1,6 @@
 """Estimators: from an attack's counts (or scores) to empirical privacy bounds.
 
+* :mod:`.counts` the black-box estimate from an attack's confusion counts;
 * :mod:`.stats` Clopper-Pearson bounds and how a joint confidence is split between intervals;
 * :mod:`.gdp` the mu-GDP curve and the lower bound on mu (paper 000, Section 2);
 * :mod:`.classic` the classical (epsilon, delta) lower bound (paper 003, Section 2.2);
@@ -10,20 +11,23 @@
 * :mod:`.label_release` exact epsilon of voting's released label; the pivotal canary design;
 * :mod:`.whitebox` white-box bounds never weaker than black-box; both figures (GDP, classical);
 * :mod:`.power` the largest epsilon a design could reach with its trials;
-* :mod:`.verdict_rules` VIOLATION / BUG / INCONCLUSIVE / CONSISTENT from the figures.
+* :mod:`.figure_power` the power model the verdicts read; :mod:`.trial_budget` real trials
+  under a time budget, spent where they can prove something;
+* :mod:`.verdict_rules` VIOLATION / BUG / INCONCLUSIVE / CONSISTENT from the figures;
+* :mod:`.family` a run's claims held for all of its tests together;
+* :mod:`.conformance` whether the releases follow the mechanism the server reports;
+* :mod:`.rdp_audit` paper 003's RDP audit of a query sequence; :mod:`.roc` ROC curves;
+* :mod:`.bootstrap` Algorithm 1 of paper 000, vectorised, and :mod:`.noise_check` its guard
+  (does the server add the noise it claims?).
 
-:func:`estimate_from_counts` is the black-box estimator (it backs ``dpicl-audit estimate``).
+:func:`~.counts.estimate_from_counts` is the black-box estimator (it backs ``dpicl-audit
+estimate``). This module only re-exports: no module of the package imports it back.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
-
-import numpy as np
-
-from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.estimators.classic import classic_epsilon_from_rates, epsilon_lower_classic
+from dpicl_audit.estimators.counts import MAX_COUNT, AuditEstimate, estimate_from_counts
 from dpicl_audit.estimators.exact import (
     VOTING_SENSITIVITY,
     analytic_sigma,
@@ -56,6 +60,7 @@ from dpicl_audit.estimators.thresholds import (
 )
 
 __all__ = [
+    "MAX_COUNT",
     "VOTING_SENSITIVITY",
     "AuditEstimate",
     "ConfidenceSplit",
@@ -87,106 +92,3 @@ __all__ = [
     "split_threshold_estimate",
     "voting_epsilon_exact",
 ]
-
-
-@dataclass(frozen=True)
-class AuditEstimate:
-    """Empirical lower bounds from one attack's confusion counts.
-
-    ``tp``/``fn`` count the trials run with the canary (positives), ``fp``/``tn`` those
-    without. ``mu_lower`` is the GDP lower bound, ``epsilon_lower`` its epsilon at ``delta``,
-    ``epsilon_lower_classic`` the classical bound (paper 003, Section 2.2); all three hold
-    jointly with probability ``confidence`` (the two one-sided Clopper-Pearson intervals share
-    it as ``split`` says). ``tpr``/``fpr`` are the point estimates.
-    """
-
-    tp: int
-    fn: int
-    fp: int
-    tn: int
-    confidence: float
-    delta: float
-    mu_lower: float
-    epsilon_lower: float
-    epsilon_lower_classic: float
-    tpr: float
-    fpr: float
-    split: str = "bonferroni"
-
-    @property
-    def n_pos(self) -> int:
-        """Trials run with the canary."""
-        return self.tp + self.fn
-
-    @property
-    def n_neg(self) -> int:
-        """Trials run without the canary."""
-        return self.fp + self.tn
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-ready dict of every field (and ``n_pos``, ``n_neg``)."""
-        out = asdict(self)
-        out["n_pos"] = self.n_pos
-        out["n_neg"] = self.n_neg
-        return out
-
-
-def _count(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise InvalidAuditInput(f"{name} must be a whole number, got {value!r}")
-    if value < 0:
-        raise InvalidAuditInput(f"{name} must be non-negative, got {value}")
-    if value > MAX_COUNT:
-        # Past int64 numpy holds counts as Python objects, and past 2^53 floats lose them.
-        raise InvalidAuditInput(f"{name} must be at most {MAX_COUNT} (2^53), got {value}")
-    return int(value)
-
-
-#: Largest attack count taken (far beyond any audit; exact as a float).
-MAX_COUNT = 2**53
-
-
-def estimate_from_counts(
-    tp: int,
-    fn: int,
-    fp: int,
-    tn: int,
-    *,
-    delta: float,
-    confidence: float = 0.95,
-    split: ConfidenceSplit = "bonferroni",
-) -> AuditEstimate:
-    """Lower bounds (GDP mu and epsilon, classical epsilon) from an attack's counts.
-
-    Raises :class:`~dpicl_audit.errors.InvalidAuditInput` (a ``ValueError``) for negative or
-    non-integer counts, no positive or no negative trials, or ``confidence``/``delta`` outside
-    (0, 1).
-    """
-    counts = {name: _count(v, name) for name, v in (("tp", tp), ("fn", fn), ("fp", fp), ("tn", tn))}
-    c = check_confidence(confidence)
-    d = check_delta(delta)
-    per_interval_confidence(c, 2, split)  # validates split
-    n_pos = counts["tp"] + counts["fn"]
-    n_neg = counts["fp"] + counts["tn"]
-    if n_pos == 0 or n_neg == 0:
-        raise InvalidAuditInput(
-            f"need at least one trial with and one without the canary, got "
-            f"tp+fn={n_pos}, fp+tn={n_neg}"
-        )
-    mu = mu_lower(counts["fp"], n_neg, counts["fn"], n_pos, c, split=split)
-    return AuditEstimate(
-        tp=counts["tp"],
-        fn=counts["fn"],
-        fp=counts["fp"],
-        tn=counts["tn"],
-        confidence=c,
-        delta=d,
-        mu_lower=mu,
-        epsilon_lower=gdp_epsilon(mu, d),
-        epsilon_lower_classic=epsilon_lower_classic(
-            counts["fp"], n_neg, counts["fn"], n_pos, d, c, split=split
-        ),
-        tpr=counts["tp"] / n_pos,
-        fpr=counts["fp"] / n_neg,
-        split=split,
-    )

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from dpicl_audit.errors import InvalidAuditInput
+from dpicl_audit.estimators.counts import estimate_from_counts
 
 __all__ = ["FamilyWise", "family_wise_figures", "figure_tests"]
 
@@ -51,8 +52,6 @@ def figure_tests(est: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 
 def _at(test: Mapping[str, Any], size: int, delta: float) -> tuple[float, float] | None:
-    from dpicl_audit.estimators import estimate_from_counts
-
     if any(not isinstance(test.get(k), int) for k in _COUNTS) or "confidence" not in test:
         return None
     alpha = (1.0 - float(test["confidence"])) / size

@@ -14,18 +14,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.estimators.classic import classic_epsilon_from_rates
+from dpicl_audit.estimators.counts import AuditEstimate, estimate_from_counts
 from dpicl_audit.estimators.gdp import mu_from_rates
 from dpicl_audit.estimators.stats import ConfidenceSplit, FloatArray
-
-if TYPE_CHECKING:
-    from dpicl_audit.estimators import AuditEstimate
 
 __all__ = [
     "BoundFields",
@@ -147,8 +145,6 @@ def held_out_bound(
     held-out part at ``confidence``. The held-out part never reaches ``select``, so ``tau`` is a
     fixed test for it and the Clopper-Pearson guarantee holds whatever ``select`` does.
     """
-    from dpicl_audit.estimators import estimate_from_counts  # the package imports this module
-
     f = float(fraction)
     if not 0.0 < f < 1.0:
         raise InvalidAuditInput(f"fraction must lie strictly between 0 and 1, got {fraction!r}")

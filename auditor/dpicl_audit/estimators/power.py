@@ -32,6 +32,7 @@ from scipy import special
 
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.estimators.classic import classic_epsilon_from_rates
+from dpicl_audit.estimators.counts import estimate_from_counts
 from dpicl_audit.estimators.gdp import gdp_epsilon, mu_from_rates
 from dpicl_audit.estimators.stats import (
     ConfidenceSplit,
@@ -151,8 +152,6 @@ def reachable_from_rates(
     """The bound a *fixed* decision with true rates ``tpr``/``fpr`` reports at its rounded
     expected counts: the reachable epsilon of a black-box design whose rates are known in
     closed form (e.g. :func:`~dpicl_audit.estimators.label_release.pivotal_rates`)."""
-    from dpicl_audit.estimators import estimate_from_counts  # the package imports this module
-
     npos, nneg = _trials(n_pos, "n_pos"), _trials(n_neg, "n_neg")
     for name, v in (("tpr", tpr), ("fpr", fpr)):
         if not 0.0 <= float(v) <= 1.0:

@@ -27,11 +27,12 @@ The split, the held-out bound and the checks of the inputs are :mod:`.held_out`'
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from dpicl_audit.estimators.counts import AuditEstimate, estimate_from_counts
 from dpicl_audit.estimators.held_out import (
     BoundFields,
     Objective,
@@ -51,9 +52,6 @@ from dpicl_audit.estimators.stats import (
     clopper_pearson_upper,
     per_interval_confidence,
 )
-
-if TYPE_CHECKING:
-    from dpicl_audit.estimators import AuditEstimate
 
 __all__ = [
     "SELECTION_CONFIDENCE",
@@ -276,8 +274,6 @@ def split_threshold_estimate(
     with a threshold chosen on all samples and evaluated on them (labelled optimistic).
     ``rng`` draws the split.
     """
-    from dpicl_audit.estimators import estimate_from_counts  # the package imports this module
-
     sign = orientation(positive_when)
     raw_pos = check_scores(scores_pos, "scores_pos")
     raw_neg = check_scores(scores_neg, "scores_neg")

@@ -34,12 +34,13 @@ with its own threshold and half of the error budget.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
 from dpicl_audit.errors import InvalidAuditInput
+from dpicl_audit.estimators.counts import AuditEstimate, estimate_from_counts
 from dpicl_audit.estimators.held_out import (
     BoundFields,
     Objective,
@@ -59,9 +60,6 @@ from dpicl_audit.estimators.stats import (
     clopper_pearson_upper,
     per_interval_confidence,
 )
-
-if TYPE_CHECKING:
-    from dpicl_audit.estimators import AuditEstimate
 
 __all__ = [
     "CLASSICAL_LABEL",
@@ -221,8 +219,6 @@ def whitebox_estimate(
     error budget goes to the held-out threshold. ``fraction`` of each world's trials choose
     the threshold. ``split`` shares each test's confidence between its two intervals.
     """
-    from dpicl_audit.estimators import estimate_from_counts  # the package imports this module
-
     sign = orientation(positive_when)
     pos = sign * check_scores(scores_pos, "scores_pos", min_size=2)
     neg = sign * check_scores(scores_neg, "scores_neg", min_size=2)
@@ -319,8 +315,6 @@ def counts_figures(
 ) -> AuditFigures:
     """Both figures of a black-box (fixed-rule) audit: one pair of intervals serves both, so
     they hold jointly at ``confidence`` with no further split."""
-    from dpicl_audit.estimators import estimate_from_counts
-
     est = estimate_from_counts(tp, fn, fp, tn, delta=delta, confidence=confidence)
     return AuditFigures(
         confidence=est.confidence,

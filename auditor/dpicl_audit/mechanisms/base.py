@@ -1,7 +1,8 @@
 """The protocol every audited mechanism implements, and the helpers they share.
 
-A mechanism module (``voting``, ``esa``, ``mozo``) is the only place that knows, for its
-mechanism:
+A mechanism's package (:mod:`.voting`, :mod:`.esa`, :mod:`.dps_mozo`, or one outside this
+package registered through an entry point: :mod:`.registry`) is the only place that knows,
+for its mechanism:
 
 1. how the neighbouring contexts are built (:meth:`MechanismAudit.build_design`,
    :meth:`~MechanismAudit.context_body`);
@@ -11,10 +12,20 @@ mechanism:
 4. the mechanism's exact epsilon for the design (:meth:`~MechanismAudit.setting_meta`);
 5. how a bootstrap simulates it, where one exists (:meth:`~MechanismAudit.estimate`).
 
-The pipeline (:mod:`dpicl_audit.contexts`, :mod:`dpicl_audit.trials`,
-:mod:`dpicl_audit.estimation`, :mod:`dpicl_audit.runner`) and the report are generic over
-this class. A new mechanism is one module with a subclass, registered in
-:data:`dpicl_audit.mechanisms.MECHANISMS`.
+**A subclass must provide** the class attributes ``name`` (the plan's and the server's
+``mechanism.name``; a registered audit's entry point has the same name), ``task``
+(``"classification"`` or ``"generation"``) and ``design_type`` (a frozen dataclass with
+``to_json``/``from_json``, stored with the run), and the methods ``build_design``,
+``summary``, ``context_body``, ``trial``, ``setting_meta`` and ``estimate``. It may override
+``has_bootstrap``, ``attacks`` (a registered mechanism: the attacks it takes, by name of
+:data:`dpicl_audit.attacks.ATTACKS`), ``calls_per_query``, ``queries_per_context``,
+``check_context``, ``check_pair``, ``prepare``, ``audit_ledger`` and ``claims_per_setting``.
+A variant of a built-in mechanism subclasses its audit and overrides what differs (the
+Laplace-noise voting of ``examples/laplace_voting``: the exact epsilon).
+
+The pipeline (:mod:`dpicl_audit.pipeline.contexts`, :mod:`dpicl_audit.pipeline.trials`,
+:mod:`dpicl_audit.pipeline.estimation`, :mod:`dpicl_audit.pipeline.runner`) and the report
+are generic over this class.
 """
 
 from __future__ import annotations
@@ -28,13 +39,13 @@ from typing import Any, ClassVar, Protocol
 from dpicl_audit.client import AuditTarget, GenerationTarget
 from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import TargetProtocolError
-from dpicl_audit.ledger import budget_for
 from dpicl_audit.mechanisms.trial_estimates import (
     estimate_trials,
     figure_fields,
     with_verdict,
 )
 from dpicl_audit.plan import AuditPlan
+from dpicl_audit.planning.ledger import budget_for
 from dpicl_audit.store import ContextRecord, TrialRecord
 
 __all__ = [
@@ -42,6 +53,7 @@ __all__ = [
     "MechanismAudit",
     "TrialAt",
     "ask",
+    "check_partition_seed",
     "estimate_trials",
     "exemplar_dicts",
     "figure_fields",
@@ -133,6 +145,8 @@ class MechanismAudit:
     clean_name: ClassVar[str] = "clean rows"
     #: the design dataclass (stored with the run through ``to_json``/``from_json``).
     design_type: ClassVar[Any]
+    #: the attacks a registered mechanism takes (None: those ``attacks.ATTACKS`` lists for it).
+    attacks: ClassVar[tuple[str, ...] | None] = None
 
     # ---------------------------------------------------------------- design
 
@@ -225,7 +239,7 @@ class MechanismAudit:
     async def audit_ledger(
         self, target: AuditTarget, design: Any, plan: AuditPlan
     ) -> dict[str, Any] | None:
-        """The ledger audited from outside (:mod:`dpicl_audit.ledger`); None where the
+        """The ledger audited from outside (:mod:`dpicl_audit.planning.ledger`); None where the
         mechanism has no such audit."""
         return None
 
@@ -250,6 +264,16 @@ def needs_internal(endpoint: str, field: str) -> TargetProtocolError:
 def exemplar_dicts(exemplars: Sequence[Example]) -> list[dict[str, str]]:
     """Exemplars as the API's ``{"input", "output"}`` objects."""
     return [{"input": e.input, "output": e.output} for e in exemplars]
+
+
+def check_partition_seed(info: Mapping[str, Any], design: Any) -> None:
+    """Refuse a partitioned context whose seed is not the design's (voting, ESA)."""
+    seed = info["mechanism"].get("partition_seed")
+    if seed is not None and int(seed) != design.partition_seed:
+        raise TargetProtocolError(
+            f"context {info.get('id')} has partition_seed {seed}, the audit asked for "
+            f"{design.partition_seed}: the neighbours would not differ in one partition"
+        )
 
 
 def sigma_of(info: Mapping[str, Any]) -> float:
@@ -299,21 +323,14 @@ class GaussianMechanismAudit(MechanismAudit):
 
     def queries_per_context(self, plan: AuditPlan) -> int | None:
         # A world whose trials need more budget than a server takes is spread over several
-        # identical contexts (slots), each budgeted for its share (ESA keeps one pair: its
-        # signal embeddings are learnt from it).
-        if self.name == "esa":
-            return None
+        # identical contexts (slots), each budgeted for its share (ESA overrides: it keeps one
+        # pair, its signal embeddings are learnt from it).
         return self.context_capacity(plan)
 
     def check_context(self, info: Mapping[str, Any], design: Any, epsilon: float) -> None:
         super().check_context(info, design, epsilon)
         sigma_of(info)
-        seed = info["mechanism"].get("partition_seed")
-        if seed is not None and int(seed) != design.partition_seed:
-            raise TargetProtocolError(
-                f"context {info.get('id')} has partition_seed {seed}, the audit asked for "
-                f"{design.partition_seed}: the neighbours would not differ in one partition"
-            )
+        check_partition_seed(info, design)
 
     def check_pair(self, setting: str, c1: ContextRecord, c0: ContextRecord) -> None:
         s1, s0 = sigma_of(c1.info), sigma_of(c0.info)
@@ -344,27 +361,35 @@ class GaussianMechanismAudit(MechanismAudit):
             },
             # Budgeted for the queries the audit plans here (ledger.budget_for), so a server
             # in production configuration (no DPICL_ALLOW_UNBUDGETED) can be audited.
-            "budget": budget_for(epsilon, mech.delta, self.planned_answers(plan, epsilon, world)),
+            "budget": self.context_budget(plan, epsilon, world),
         }
+
+    def context_budget(
+        self, plan: AuditPlan, epsilon: float, world: int
+    ) -> dict[str, float] | None:
+        """The ``budget`` of a context: the planned answers composed as mu-GDP answers (the
+        Gaussian mechanism's own composition); None (unbudgeted) past the largest budget."""
+        answers = self.planned_answers(plan, epsilon, world)
+        return budget_for(epsilon, plan.mechanism.delta, answers)
 
     async def audit_ledger(
         self, target: AuditTarget, design: Any, plan: AuditPlan
     ) -> dict[str, Any] | None:
         """A probe context of C0's body, asked until refused (ledger.probe_ledger)."""
-        from dpicl_audit.budgets import probe_ledger
+        from dpicl_audit.planning.budgets import probe_ledger
 
         return await probe_ledger(self, target, design, plan)
 
     def planned_answers(self, plan: AuditPlan, epsilon: float, world: int) -> int:
         """The answers one context of ``world`` at ``epsilon`` is budgeted for."""
-        from dpicl_audit.budgets import planned_answers
+        from dpicl_audit.planning.budgets import planned_answers
 
         return planned_answers(plan, epsilon, world, self.queries_per_context(plan))
 
     @staticmethod
     def context_capacity(plan: AuditPlan) -> int | None:
         """Trials per context where a world's need more than one budget holds."""
-        from dpicl_audit.budgets import context_capacity
+        from dpicl_audit.planning.budgets import context_capacity
 
         return context_capacity(plan)
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import DatasetError
-from dpicl_audit.plan import AuditPlan
+from dpicl_audit.plan import AuditPlan, VotingDesign
 
 __all__ = [
     "MIN_ORACLE_CHARS",
@@ -29,6 +29,7 @@ __all__ = [
     "pick_exemplars",
     "random_canary_text",
     "replace_at",
+    "resolve_design",
 ]
 
 # Independent random stream derived from the plan's seed.
@@ -145,3 +146,16 @@ def pair_from_json(data: Mapping[str, Any]) -> dict[str, Any]:
     d["replacement"] = Example(**d["replacement"])
     d["exemplars_c0"] = tuple(Example(**e) for e in d["exemplars_c0"])
     return d
+
+
+def resolve_design(plan: AuditPlan, *, simulator: bool | None) -> VotingDesign:
+    """The design ``auto`` stands for: pivotal on a simulator, identical-text on a real
+    engine (``simulator`` False or unknown), paper's for attacks and settings the pinned
+    designs do not cover (voting and ESA alike; ESA's in :mod:`.esa.build`)."""
+    if plan.design != "auto":
+        return plan.design
+    if plan.mechanism.name not in ("voting", "esa") or plan.attack != "inquery":
+        return "paper"
+    if plan.setting != "audit-template":
+        return "paper"
+    return "pivotal" if simulator else "identical"

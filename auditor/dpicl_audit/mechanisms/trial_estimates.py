@@ -1,6 +1,7 @@
 """Estimates of a real-query run shared by the mechanisms: the black-box rule's counts and the
 white-box figures (:func:`~dpicl_audit.estimators.whitebox.audit_figures`: never weaker than
-the black-box rule, GDP and classical figures each with its own threshold), with verdicts."""
+the black-box rule, GDP and classical figures each with its own threshold), with verdicts;
+and the last step of every setting, its conformance read into those verdicts."""
 
 from __future__ import annotations
 
@@ -10,12 +11,24 @@ from typing import Any, Literal
 import numpy as np
 
 from dpicl_audit.errors import InvalidAuditInput
+from dpicl_audit.estimators.conformance import (
+    Conformance,
+    ConformanceTest,
+    apply_conformance,
+    conformance_alpha,
+)
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.schedule import STREAM_SPLIT
+from dpicl_audit.planning.schedule import STREAM_SPLIT
 from dpicl_audit.store import TrialRecord
 from dpicl_audit.verdicts import gaussian_verdict
 
-__all__ = ["Finish", "estimate_trials", "figure_fields", "with_verdict"]
+__all__ = [
+    "Finish",
+    "estimate_trials",
+    "figure_fields",
+    "finish_conformance",
+    "with_verdict",
+]
 
 Finish = Callable[[dict[str, Any], Mapping[str, Any]], dict[str, Any]]
 
@@ -45,7 +58,7 @@ def estimate_trials(
     """Per-epsilon estimates of a real-query run: black-box from the logged decisions,
     white-box from the logged scores (positive above the threshold, or below it), the
     threshold chosen on a seeded held-out split (DESIGN.md section 5)."""
-    from dpicl_audit.estimators import estimate_from_counts
+    from dpicl_audit.estimators.counts import estimate_from_counts
     from dpicl_audit.estimators.roc import roc_from_decisions, roc_from_scores
     from dpicl_audit.estimators.whitebox import (
         CLASSICAL_LABEL,
@@ -118,3 +131,31 @@ def figure_fields(figs: Any) -> dict[str, Any]:
         "gdp_label": GAUSSIAN_LABEL,
         "classical_label": CLASSICAL_LABEL,
     }
+
+
+def finish_conformance(
+    out: dict[str, Any],
+    meta: Mapping[str, Any],
+    black: list[ConformanceTest],
+    white: list[ConformanceTest],
+) -> dict[str, Any]:
+    """Store the setting's conformance (the release's tests, the noise's, and both) and read
+    every verdict of the setting with all of them."""
+    alpha = conformance_alpha(meta, len(black) + len(white))
+    bb = Conformance(alpha, tuple(black)).to_dict()
+    both = Conformance(alpha, tuple(black + white)).to_dict()
+    out["conformance"] = {
+        "status": both["status"],
+        "alpha": alpha,
+        "differs": both["differs"],
+        "message": both["message"],
+        "black_box": bb,
+        "white_box": Conformance(alpha, tuple(white)).to_dict(),
+    }
+    # A departure anywhere means the server does not run the mechanism it reports: every
+    # figure of the setting reads it (a VIOLATION or BUG stays, naming it too).
+    for key, conf in (("black_box", both), ("white_box", both)):
+        est = out.get(key)
+        if isinstance(est, dict) and isinstance(est.get("verdict"), dict):
+            est["verdict"] = apply_conformance(est["verdict"], conf)
+    return out

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpicl_audit.estimation import estimate_setting
+from dpicl_audit.pipeline.estimation import estimate_setting
+from dpicl_audit.planning.schedule import CLEAN_SETTING
 from dpicl_audit.report.data import THREATS, RunData, num
-from dpicl_audit.schedule import CLEAN_SETTING
 
 __all__ = ["trials_curve"]
 

@@ -1,7 +1,7 @@
 """The report's data: each run's results and trials, and the table's rows.
 
 Everything comes from the trial log: a run's stored results when it completed, else a fresh
-:func:`~dpicl_audit.estimation.estimate_run`. Every row names the run's mechanism, attack,
+:func:`~dpicl_audit.pipeline.estimation.estimate_run`. Every row names the run's mechanism, attack,
 design (canary kind and setting), method (real trials or bootstrap) and threat model.
 """
 
@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from dpicl_audit.errors import InvalidAuditInput
-from dpicl_audit.estimation import estimate_run, load_run, run_design, run_plan
-from dpicl_audit.mechanisms import Design
+from dpicl_audit.mechanisms.base import Design
+from dpicl_audit.pipeline.estimation import estimate_run, load_run, run_design, run_plan
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.store import TrialRecord, TrialStore
 
-__all__ = ["THREATS", "ReportRow", "RunData", "load_run_results", "load_runs", "num", "report_rows"]
+__all__ = ["THREATS", "ReportRow", "RunData", "load_run_results", "load_runs", "num"]
 
 THREATS = (("black-box", "black_box"), ("white-box", "white_box"))
 
@@ -49,7 +49,8 @@ class RunData:
 
     @property
     def ledger(self) -> dict[str, Any] | None:
-        """The ledger's audit from outside (:mod:`dpicl_audit.ledger`), where the run had one."""
+        """The ledger's audit from outside (:mod:`dpicl_audit.planning.ledger`), where the run
+        had one."""
         led = self.results.get("ledger")
         return dict(led) if isinstance(led, Mapping) else None
 
@@ -159,75 +160,3 @@ def load_runs(store: TrialStore, run_ids: Sequence[str]) -> list[RunData]:
             seen[rd.label] = seen.get(rd.label, 0) + 1
             rd.label = f"{rd.label} #{seen[rd.label]}"
     return out
-
-
-def _setting_wall_time(rows: Sequence[TrialRecord]) -> float | None:
-    """Wall time of one setting's real trials: first completion to last, plus one latency."""
-    if not rows:
-        return None
-    times = [r.created_at for r in rows]
-    span = (max(times) - min(times)).total_seconds()
-    first = min(rows, key=lambda r: r.created_at)
-    return float(span + first.latency_s)
-
-
-def report_rows(runs: Sequence[RunData]) -> list[ReportRow]:
-    """The table: one row per (run, epsilon, threat model) the run estimated."""
-    rows: list[ReportRow] = []
-    for rd in runs:
-        res = rd.results
-        conf = float(res.get("confidence", rd.plan.confidence))
-        method = "bootstrap" if rd.kind == "bootstrap" else "real trials"
-        models = res.get("threat_models") or ["black-box"]
-        layout = (res.get("design") or {}).get("design")
-        design = f"{rd.plan.canary} canary, {rd.plan.setting}"
-        if layout:
-            design = f"{layout} design, {design}"
-        if rd.mechanism == "dps-mozo":
-            design = f"signal canary ({'/'.join(rd.plan.mozo.signals)})"
-        for s in res.get("settings", []):
-            for threat, key in THREATS:
-                est = s.get(key)
-                if threat not in models or not est:
-                    continue
-                if rd.kind == "bootstrap":
-                    wall, shared = num(res.get("wall_time_s")), True
-                else:
-                    wall, shared = _setting_wall_time(rd.trials.get(s["setting"], [])), False
-                verdict = est.get("verdict") or {}
-                status = "error" if "error" in est else str(verdict.get("status", ""))
-                rows.append(
-                    ReportRow(
-                        run_id=rd.run_id,
-                        engine=rd.engine,
-                        method=method,
-                        setting=str(s["setting"]),
-                        threat=threat,
-                        epsilon_theory=num(s.get("epsilon_theory")),
-                        epsilon_exact=num(s.get("epsilon_exact")),
-                        epsilon_emp=num(est.get("epsilon_emp", est.get("epsilon_lower"))),
-                        mu_lower=num(est.get("mu_lower")),
-                        confidence=conf,
-                        trials=int(s["trials"]) if s.get("trials") is not None else None,
-                        n_llm=int(s["n_llm"]) if s.get("n_llm") is not None else None,
-                        llm_calls=int(s["llm_calls"]) if s.get("llm_calls") is not None else None,
-                        wall_time_s=wall,
-                        wall_time_shared=shared,
-                        status=status,
-                        message=str(est.get("error") or verdict.get("message", "")),
-                        noise_check=s.get("noise_check"),
-                        error=est.get("error"),
-                        epsilon_exact_shift=num(s.get("epsilon_exact_signal")),
-                        mechanism=rd.mechanism,
-                        attack=rd.plan.attack,
-                        design=design,
-                        epsilon_classic=num(est.get("epsilon_lower_classic")),
-                        family_size=(res.get("family") or {}).get("size"),
-                    )
-                )
-            if s.get("rdp"):  # paper 003's RDP audit of the setting: its own row
-                from dpicl_audit.report.rdp import rdp_row
-
-                wall = _setting_wall_time(rd.trials.get(s["setting"], []))
-                rows.append(rdp_row(rd, s, conf=conf, method=method, wall_time_s=wall))
-    return rows

@@ -12,8 +12,6 @@ Legends sit below the plot area, never over the data.
 
 from __future__ import annotations
 
-import base64
-import io
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -21,32 +19,12 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from dpicl_audit.estimators import (
-    VOTING_SENSITIVITY,
-    clopper_pearson_upper,
-    per_interval_confidence,
-)
+from dpicl_audit.estimators.exact import VOTING_SENSITIVITY
+from dpicl_audit.estimators.stats import clopper_pearson_upper, per_interval_confidence
 from dpicl_audit.report.data import THREATS, ReportRow, RunData, num
+from dpicl_audit.report.figure import png, pyplot
 
 __all__ = ["plot_epsilons", "plot_tradeoff", "plot_trials", "run_colors"]
-
-
-def _png(fig: Any) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 _COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
@@ -122,7 +100,7 @@ def legend_outside(fig: Any, axes: Sequence[Any]) -> None:
 def _no_estimates(plt: Any) -> str:
     fig, ax = plt.subplots()
     ax.text(0.5, 0.5, "no estimates", ha="center")
-    return _png(fig)
+    return png(fig)
 
 
 def _panels(plt: Any, n: int, height: float) -> tuple[Any, list[Any], list[Any]]:
@@ -149,13 +127,13 @@ def plot_epsilons(
     colors: Mapping[str, str] | None = None,
 ) -> str:
     """epsilon_emp against epsilon_theory and epsilon_exact, per epsilon audited."""
-    plt = _pyplot()
+    plt = pyplot()
     colors = _series_style(runs, colors)
     fig, ax = plt.subplots(figsize=(7.5, 5.2))
     theory = sorted({r.epsilon_theory for r in rows if r.epsilon_theory is not None})
     if not theory:
         ax.text(0.5, 0.5, "no estimates", ha="center")
-        return _png(fig)
+        return png(fig)
     top = max(theory) * 1.25
     ax.plot([0, top], [0, top], label="ε theory (claimed)", **_THEORY)
     exact_curves: set[tuple[tuple[float, float], ...]] = set()
@@ -222,7 +200,7 @@ def plot_epsilons(
     ax.set_title("Empirical ε (lower bounds) vs the claimed and the exact ε")
     ax.grid(alpha=0.3)
     legend_outside(fig, [ax])
-    return _png(fig)
+    return png(fig)
 
 
 def _rate_bounds(est: Mapping[str, Any]) -> tuple[float, float, float, float] | None:
@@ -255,7 +233,7 @@ def _claim_curve(x: np.ndarray[Any, Any], eps: float, delta: float) -> np.ndarra
 
 def plot_tradeoff(runs: Sequence[RunData], colors: Mapping[str, str] | None = None) -> str:
     """Per epsilon: (FPR_upper, FNR_upper) points against the exact Gaussian mu curve."""
-    plt = _pyplot()
+    plt = pyplot()
     colors = _series_style(runs, colors)
     eps_all = sorted(
         {float(s["epsilon_theory"]) for rd in runs for s in rd.results.get("settings", [])}
@@ -321,7 +299,7 @@ def plot_tradeoff(runs: Sequence[RunData], colors: Mapping[str, str] | None = No
         fontsize=9,
     )
     legend_outside(fig, every)
-    return _png(fig)
+    return png(fig)
 
 
 def plot_trials(
@@ -335,7 +313,7 @@ def plot_trials(
     only the runs whose trials are real (``simulated=False``) or simulated (bootstrap)."""
     colors = _series_style(runs, colors)  # from every run: a run keeps its colour
     runs = [rd for rd in runs if rd.simulated == simulated]
-    plt = _pyplot()
+    plt = pyplot()
     eps_map: dict[float, str] = {}
     for rd in runs:
         for s in rd.results.get("settings", []):
@@ -387,4 +365,4 @@ def plot_trials(
         ax.grid(alpha=0.3)
     fig.subplots_adjust(left=0.07, right=0.98, bottom=0.08, top=0.95, hspace=0.35, wspace=0.2)
     legend_outside(fig, every)
-    return _png(fig)
+    return png(fig)

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from dpicl_audit.report.data import ReportRow, RunData, num
+from dpicl_audit.report.figure import png, pyplot
 
 __all__ = ["has_rdp", "plot_rdp_bars", "plot_rdp_curves", "rdp_row"]
 
@@ -72,9 +73,7 @@ def _settings(runs: Sequence[RunData]) -> list[tuple[str, Mapping[str, Any]]]:
 
 
 def plot_rdp_bars(runs: Sequence[RunData]) -> str:
-    from dpicl_audit.report.plots import _png, _pyplot
-
-    plt = _pyplot()
+    plt = pyplot()
     items = _settings(runs)
     fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(items)), 4.0))
     width = 0.8 / len(_BARS)
@@ -87,13 +86,11 @@ def plot_rdp_bars(runs: Sequence[RunData]) -> str:
     ax.set_xticks(x + 0.4 - width / 2, [n for n, _ in items], rotation=20, ha="right")
     ax.set_ylabel("privacy leakage ε (Theorem 1)")
     ax.legend(fontsize=8)
-    return _png(fig)
+    return png(fig)
 
 
 def plot_rdp_curves(runs: Sequence[RunData]) -> str:
-    from dpicl_audit.report.plots import _png, _pyplot
-
-    plt = _pyplot()
+    plt = pyplot()
     items = _settings(runs)
     fig, axes = plt.subplots(1, len(items), figsize=(4.5 * len(items), 3.8), squeeze=False)
     for ax, (name, r) in zip(axes[0], items, strict=True):
@@ -116,4 +113,4 @@ def plot_rdp_curves(runs: Sequence[RunData]) -> str:
         ax.set_ylabel(f"RDP over {r.get('queries')} queries")
         ax.set_title(name, fontsize=9)
         ax.legend(fontsize=7)
-    return _png(fig)
+    return png(fig)

@@ -1,0 +1,16 @@
+"""DPS-MOZO (paper 004, Algorithm 1): a text decoded token by token from mixed one-shot
+distributions, each token pure ``per_token_epsilon``-DP (proven mode).
+
+Imports run one way, top to bottom of this table (the registry imports :mod:`.audit`):
+
+==================  ============================================================
+module              what it holds
+==================  ============================================================
+:mod:`.design`      the neighbour design as data, its builder and decision rule
+:mod:`.check`       the auditor's own recomputation of a token's bounds
+:mod:`.findings`    divergence and neighbour-ratio findings over a setting's rows
+:mod:`.audit`       :class:`~.audit.MozoAudit`: context bodies, trials, estimates
+==================  ============================================================
+
+There is no bootstrap: DPS-MOZO has no clean internal state to resample.
+"""

@@ -1,0 +1,327 @@
+"""Auditing DPS-MOZO (paper 004, Algorithm 1) in the audit pipeline.
+
+* **Neighbours.** C1 holds the canary ``(x_c, s1)`` at position ``i``; C0 the replacement
+  ``(x_r, s0)`` there, everything else equal (replace-one; the exemplars' *outputs* are
+  private). ``x_c`` asks which colour "is present" in record ``7F3Q``, quoting the two
+  signal words (``plan.mozo.signals``, default ``red`` then ``blue``); ``x_r`` asks the same
+  about another record. The other exemplars are drawn from the dataset (``dialogsum-mini``).
+* **Query.** ``x_c`` itself: in C1 the canary's one-shot prompt shows ``x_c`` answered with
+  s1 right before the query, which pushes the first token to s1; in C0 the replacement's
+  shot shows the same question answered s0. The zero-shot prompt sees both words quoted, so
+  both are in its top-k (Line 5: tokens outside it can never be released).
+* **Guarantee** (``plan.mechanism.guarantee``, sent as ``mechanism.guarantee``).
+  ``"proven"`` (the default, as on the server): the configured (epsilon, delta) is a true
+  claim (each token pure ``per_token_epsilon``-DP, docs/privacy.md). ``"paper"``: the
+  paper's RDP-derived figure, which is **nominal** (its per-token bound, Theorem B.3, is
+  false).
+* **Observation.** Black-box: the released text; decision 1 when it starts with s1 (case,
+  leading blanks and quotes ignored). White-box (``/v1/debug/generate``): the per-token
+  internals. Proven mode: at ``internal``, :mod:`.check`
+  recomputes from the reported probabilities each token's radius ``max |log q_i - log p0|``
+  (claim: ``<= max_log_ratio``) and realised worst case ``max |log P - log P_i|`` (claim:
+  ``<= per_token_epsilon``); only those summaries are logged, plus the first token's shots
+  and released distribution, so that C1 and C0 answers drawn with the same shots (the
+  replace-one pair itself) are compared too (:mod:`.findings`). Paper mode: the
+  lambdas and divergences each shot reached and, at ``internal``, the exact per-shot
+  divergences of the released distribution against ``4 beta alpha``.
+* **Verdicts.** Proven mode: ``epsilon_emp`` is the classical lower bound (assumption-free;
+  the GDP figure assumes a Gaussian trade-off, which a pure-DP claim is not), compared with
+  the claimed epsilon: above it is a VIOLATION; a white-box token outside either bound is a
+  VIOLATION naming the trial and token. Paper mode: ``epsilon_emp`` is the larger of the GDP
+  and classical lower bounds, worded against the nominal claim. No exact epsilon either way,
+  so no ``bug`` branch on epsilon.
+* **Contexts.** A DPS-MOZO context answers ``queries_per_context`` queries and is then
+  ``budget_exhausted``, so trial ``j`` of a world goes to that world's context
+  ``j // queries_per_context`` (:func:`dpicl_audit.planning.schedule.context_slots`), created when
+  first needed; a context found spent on resume (a query answered but never logged) is
+  replaced by a fresh identical one. Spent contexts are deleted when the run completes.
+* **Bootstrap.** None (there is no clean internal state to resample).
+
+On the oracle simulator DPS-MOZO decodes the oracle's pseudo-random logits, not its rules,
+so the audit measures about nothing there (it checks the plumbing); the results say so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dpicl_audit.client import AuditTarget
+from dpicl_audit.datasets import LabelledDataset
+from dpicl_audit.errors import InvalidAuditInput, TargetProtocolError
+from dpicl_audit.estimators.gdp import gdp_epsilon
+from dpicl_audit.mechanisms.base import (
+    MechanismAudit,
+    TrialAt,
+    ask,
+    estimate_trials,
+    exemplar_dicts,
+)
+from dpicl_audit.mechanisms.dps_mozo.check import token_check
+from dpicl_audit.mechanisms.dps_mozo.design import MozoDesign, decide, mozo_design
+from dpicl_audit.mechanisms.dps_mozo.findings import (
+    divergence_check,
+    ratio_check,
+    without_signal,
+)
+from dpicl_audit.mechanisms.trial_estimates import Finish
+from dpicl_audit.plan import AuditPlan
+from dpicl_audit.store import ContextRecord, TrialRecord
+from dpicl_audit.verdicts import for_the_family, verdict
+
+__all__ = ["MOZO", "MozoAudit"]
+
+
+def _starts_with(text: str, signals: tuple[str, str]) -> str:
+    if decide(text, signals[0]):
+        return "signal1"
+    return "signal0" if decide(text, signals[1]) else "other"
+
+
+def _token_internals(out: Mapping[str, Any], guarantee: str) -> dict[str, Any]:
+    """The white-box observation. Proven mode: per token the lambdas and the auditor's own
+    :func:`~dpicl_audit.mechanisms.dps_mozo.check.token_check` figures (not the probabilities,
+    which would make the log ~1 kB per token and shot). Paper mode: per-token lambdas and
+    divergences (and, at internal, the exact per-shot divergences)."""
+    tokens = out.get("tokens")
+    if not isinstance(tokens, list):
+        raise TargetProtocolError("/v1/debug/generate returned no DPS-MOZO tokens[]")
+    got = out.get("guarantee", "paper")
+    if got != guarantee:
+        raise TargetProtocolError(
+            f"/v1/debug/generate reports guarantee {got!r}, the audit asked for {guarantee!r}"
+        )
+    kept = []
+    first: dict[str, Any] | None = None
+    for tok in tokens:
+        if not isinstance(tok, Mapping):
+            raise TargetProtocolError("/v1/debug/generate: a tokens[] entry is not an object")
+        if first is None and tok.get("shots") is not None and tok.get("product_probs"):
+            # The first token's released distribution and shot set: C1 and C0 answers drawn
+            # with the same shots are then the replace-one pair itself (mozo_findings).
+            first = {
+                "shots": sorted(int(i) for i in tok["shots"]),
+                "top_ids": tok.get("top_ids"),
+                "product_probs": tok["product_probs"],
+            }
+        if guarantee == "proven":
+            kept.append({"token_id": tok.get("token_id"), "lambdas": tok.get("lambdas")})
+            kept[-1] |= token_check(tok)
+            continue
+        kept.append(
+            {
+                key: tok.get(key)
+                for key in ("token_id", "lambdas", "divergences", "exact_divergences")
+                if tok.get(key) is not None
+            }
+        )
+    return {
+        "tokens": kept,
+        "first_token": first if guarantee == "proven" and kept else None,
+        "whitebox": out.get("whitebox"),
+        "alpha": out.get("alpha"),
+        "beta": out.get("beta"),
+        "max_log_ratio": out.get("max_log_ratio"),
+        "radius": out.get("radius"),
+        "per_token_bound": out.get("per_token_bound"),
+        "max_exact_divergence": out.get("max_exact_divergence"),
+        "max_exact_log_ratio": out.get("max_exact_log_ratio"),
+    }
+
+
+class MozoAudit(MechanismAudit):
+    """DPS-MOZO: tokens sampled from the product of mixed one-shot distributions."""
+
+    name = "dps-mozo"
+    task = "generation"
+    design_type = MozoDesign
+    has_bootstrap = False
+
+    def build_design(self, plan: AuditPlan, dataset: LabelledDataset) -> MozoDesign:
+        return mozo_design(plan, dataset)
+
+    def summary(self, design: MozoDesign) -> dict[str, Any]:
+        return {
+            "attack": design.attack,
+            "canary_kind": "signal",
+            "canary": design.canary.input,
+            "canary_label": design.canary.output,
+            "position": design.position,
+            "labels": list(design.signals),
+            "positive": design.signals[0],
+            "negative": design.signals[1],
+            "query": design.query,
+        }
+
+    def context_body(
+        self, design: MozoDesign, plan: AuditPlan, epsilon: float, world: int, *, name: str
+    ) -> dict[str, Any]:
+        m = plan.mechanism
+        mechanism: dict[str, Any] = {
+            "name": self.name,
+            "guarantee": m.guarantee,
+            "epsilon": float(epsilon),
+            "delta": m.delta,
+            "n_shots": m.n_shots or m.exemplars,
+            "top_k": m.top_k,
+            "max_tokens": m.max_tokens,
+            "queries": m.queries_per_context,
+        }
+        if m.alpha is not None:
+            mechanism["alpha"] = m.alpha
+        return {
+            "name": name,
+            "task": self.task,
+            "template": design.template,
+            "exemplars": exemplar_dicts(design.exemplars(world)),
+            "mechanism": mechanism,
+        }
+
+    def calls_per_query(self, plan: AuditPlan) -> int:
+        return plan.mechanism.exemplars + 1  # |D| one-shot prompts and the zero-shot one
+
+    def claims_per_setting(self, design: Any, threat_models: Sequence[str]) -> int:
+        # The black-box figure only: the white-box findings (mozo_findings) are direct
+        # checks of the logged internals, not statistical tests.
+        return 1
+
+    def queries_per_context(self, plan: AuditPlan) -> int | None:
+        return plan.mechanism.queries_per_context
+
+    async def trial(
+        self, target: AuditTarget, design: MozoDesign, plan: AuditPlan, at: TrialAt
+    ) -> TrialRecord:
+        _check_guarantee(at.context, plan.mechanism.guarantee)
+        out, latency = await ask(target, at, design.query, max_tokens=plan.mechanism.max_tokens)
+        text = str(out["text"])
+        cost = out.get("cost") if isinstance(out.get("cost"), Mapping) else {}
+        observation: dict[str, Any] = {
+            "text": text,
+            "starts_with": _starts_with(text, design.signals),
+            "cost_epsilon": (cost or {}).get("epsilon"),
+        }
+        if at.white:
+            observation |= _token_internals(out, plan.mechanism.guarantee)
+        return at.record(design.query, observation, design.decide_text(text), latency)
+
+    def setting_meta(
+        self,
+        plan: AuditPlan,
+        design: MozoDesign,
+        epsilon: float,
+        contexts: Mapping[tuple[str, int], ContextRecord],
+    ) -> dict[str, Any]:
+        setting = plan.setting_key(epsilon)
+        mine = [c for (s, _w), c in contexts.items() if s.split("#")[0] == setting]
+        c1 = contexts.get((setting, 1)) or (mine[0] if mine else None)
+        mech: Mapping[str, Any] = c1.info.get("mechanism", {}) if c1 is not None else {}
+        alpha, beta = mech.get("alpha"), mech.get("beta")
+        proven = plan.mechanism.guarantee == "proven"
+        eps0, per_token = mech.get("max_log_ratio"), mech.get("per_token_epsilon")
+        if proven and c1 is not None and (eps0 is None or per_token is None):
+            raise TargetProtocolError(
+                f"context {c1.context_id} reports no max_log_ratio/per_token_epsilon: it is "
+                "not in DPS-MOZO's proven mode"
+            )
+        return {
+            "setting": setting,
+            "epsilon_theory": epsilon,
+            "delta": float(mech.get("delta") or plan.mechanism.delta),
+            "context_ids": {
+                f"C{w}": sorted(
+                    c.context_id
+                    for (s, ww), c in contexts.items()
+                    if ww == w and s.split("#")[0] == setting
+                )
+                for w in (1, 0)
+            },
+            "contexts_used": len(mine),
+            "sigma": None,
+            "epsilon_exact": None,
+            "nominal": not proven,
+            "guarantee": plan.mechanism.guarantee,
+            "alpha": alpha,
+            "beta": beta,
+            "max_log_ratio": None if eps0 is None else float(eps0),
+            "per_token_epsilon": None if per_token is None else float(per_token),
+            "per_token_bound": (
+                (None if per_token is None else float(per_token))
+                if proven
+                else (None if alpha is None or beta is None else 4 * beta * alpha)
+            ),
+        }
+
+    def estimate(
+        self,
+        plan: AuditPlan,
+        design: MozoDesign,
+        k: int,
+        rows: Sequence[TrialRecord],
+        meta: dict[str, Any],
+        *,
+        bootstrap: bool,
+    ) -> dict[str, Any]:
+        if bootstrap:
+            raise InvalidAuditInput("DPS-MOZO has no bootstrap audit; use a run")
+        proven = plan.mechanism.guarantee == "proven"
+        out = estimate_trials(
+            plan,
+            k,
+            rows,
+            meta,
+            calls_per_query=self.calls_per_query(plan),
+            finish=_verdict_of(nominal=not proven),
+        )
+        starts: dict[str, dict[str, int]] = {"C1": {}, "C0": {}}
+        for r in rows:
+            key = starts[f"C{r.world}"]
+            s = str(r.observation.get("starts_with"))
+            key[s] = key.get(s, 0) + 1
+        per_answer = [r.observation.get("cost_epsilon") for r in rows]
+        out["starts_with"] = starts
+        out["epsilon_theory_per_answer"] = next(
+            (float(v) for v in per_answer if isinstance(v, int | float)), None
+        )
+        if plan.threat_model == "white-box":
+            out["white_box"] = (ratio_check if proven else divergence_check)(rows, meta)
+        return out
+
+
+def _check_guarantee(context: ContextRecord, guarantee: str) -> None:
+    """Refuse a context whose mechanism record is not in the audited mode (a server from
+    before the proven mode reports no guarantee: it ran the paper's)."""
+    mech = context.info.get("mechanism")
+    got = (mech.get("guarantee") or "paper") if isinstance(mech, Mapping) else None
+    if got != guarantee:
+        raise TargetProtocolError(
+            f"context {context.context_id} has DPS-MOZO guarantee {got!r}, the audit asked "
+            f"for {guarantee!r} (--guarantee)"
+        )
+
+
+def _verdict_of(*, nominal: bool) -> Finish:
+    """epsilon_emp and its verdict: proven mode reads the classical lower bound against the
+    true claim; paper mode the larger of the GDP and classical figures against the nominal
+    one. A VIOLATION holds for the run's tests together (verdicts.for_the_family)."""
+
+    def finish(est: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
+        theory, delta = float(meta["epsilon_theory"]), float(meta["delta"])
+
+        def emp(mu: float, classical: float) -> float:
+            return max(gdp_epsilon(mu, delta) if nominal else 0.0, classical, 0.0)
+
+        def judge(mu: float, classical: float) -> dict[str, Any]:
+            return verdict(emp(mu, classical), theory, None, nominal=nominal)
+
+        mu, classical = float(est["mu_lower"]), float(est["epsilon_lower_classic"])
+        est["epsilon_emp"] = emp(mu, classical)
+        if not nominal:
+            est["epsilon_emp_basis"] = "classical"
+        again = lambda fw: judge(fw.mu_lower, fw.epsilon_lower_classic)  # noqa: E731
+        est["verdict"] = without_signal(for_the_family(judge(mu, classical), est, meta, again), est)
+        return est
+
+    return finish
+
+
+MOZO = MozoAudit()

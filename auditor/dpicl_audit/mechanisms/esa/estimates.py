@@ -1,0 +1,211 @@
+"""ESA's privacy figures, its trials' estimates and its conformance tests.
+
+* :func:`esa_meta`: epsilon_exact for the worst-case shift 2/T (or 1) and
+  ``epsilon_exact_signal`` for the shift the canary actually causes, ``||e(y1) - e(y0)|| / T``;
+* :func:`signal_tightness`: how a bound compares with the latter;
+* :func:`esa_conformance`: the noise of the mean embedding ``noisy - clean`` per dimension and
+  along fixed directions (the signal direction, the all-ones one, seeded random ones); on a
+  bootstrap also a noise check that says "smaller than claimed" (NONCONFORMING: noise scale).
+
+The bootstrap's estimates are :mod:`.bootstrap`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from dpicl_audit.estimators.conformance import ConformanceTest, residual_tests
+from dpicl_audit.mechanisms.esa.build import release_epsilon_meta
+from dpicl_audit.mechanisms.esa.design import GenerationDesign
+from dpicl_audit.mechanisms.trial_estimates import (
+    estimate_trials,
+    finish_conformance,
+    with_verdict,
+)
+from dpicl_audit.plan import AuditPlan
+from dpicl_audit.store import TrialRecord
+
+__all__ = [
+    "esa_conformance",
+    "esa_meta",
+    "esa_setting_conformance",
+    "estimate_esa_trials",
+    "signal_reference",
+    "signal_tightness",
+]
+
+#: Seeded random directions for ESA's joint scale test (plus the signal and all-ones ones).
+_N_RANDOM_DIRECTIONS = 8
+
+
+def esa_meta(
+    plan: AuditPlan, design: GenerationDesign, meta: dict[str, Any], sigma: float | None
+) -> dict[str, Any]:
+    """ESA's epsilon_exact (worst-case shift) and epsilon_exact_signal (the actual shift)."""
+    from dpicl_audit.estimators.exact import esa_epsilon_exact, esa_mean_sensitivity
+
+    t = plan.mechanism.partitions
+    sens = esa_mean_sensitivity(t, original=plan.mechanism.sensitivity == "original")
+    dist = design.signal_distance()
+    meta |= {
+        "mechanism": "esa",
+        "sensitivity_bound": sens,
+        "signal": design.signal,
+        "signal_distance": dist,
+        "signal_shift": None if dist is None else dist / t,
+        "epsilon_exact_signal": None,
+        "design": design.layout,
+    }
+    if sigma is not None:
+        meta["epsilon_exact"] = esa_epsilon_exact(sigma, sens, plan.mechanism.delta)
+        if dist is not None:
+            meta["epsilon_exact_signal"] = esa_epsilon_exact(sigma, dist / t, plan.mechanism.delta)
+    if design.attack == "inquery":
+        # The released candidate's closed-form rates at the design's intended clean gaps,
+        # fair-coin zero-shot candidates (mechanisms.esa.build): the black-box ceiling.
+        meta |= release_epsilon_meta(
+            design.layout, dist, t, sigma, plan.mechanism.candidates, plan.mechanism.delta
+        )
+    return meta
+
+
+def estimate_esa_trials(
+    plan: AuditPlan,
+    design: GenerationDesign,
+    k: int,
+    rows: Sequence[TrialRecord],
+    meta: dict[str, Any],
+    calls_per_query: int,
+) -> dict[str, Any]:
+    """Real-query estimates; the black-box power counts only the signal releases observed.
+
+    The design's release rates assume zero-shot candidates that are y1 or y0 by a fair coin
+    (Prompt 3 asks for that). A model may answer something else (neither is released) or
+    always the same text (greedy decoding: one signal text in both worlds). So the rates are
+    scaled by ``w = min(1, U1 / f1, U0 / f0)``, where ``f1``, ``f0`` are the fractions of
+    trials the design expects to release y1, y0 and ``U1``, ``U0`` the one-sided 97.5%
+    Clopper-Pearson upper bounds of the observed fractions: a model that never releases one
+    of the two gets a reachable bound near 0 and an INCONCLUSIVE verdict, never "consistent";
+    an oracle that follows the design keeps ``w = 1`` except by chance.
+    """
+    from scipy.stats import beta
+
+    power = dict(meta)
+    note: dict[str, Any] = {}
+    rates = meta.get("release_rates")
+    if rows and design.attack == "inquery" and rates is not None:
+        n = len(rows)
+        sig = [design.signal_text(str(r.observation.get("text", ""))) for r in rows]
+        k1, k0 = sig.count(design.y1), sig.count(design.y0)
+        n1 = sum(1 for r in rows if r.world == 1)
+        f1 = (n1 * float(rates[0]) + (n - n1) * float(rates[1])) / n
+        w = 1.0
+        for k_obs, f in ((k1, f1), (k0, 1.0 - f1)):
+            upper = 1.0 if k_obs == n else float(beta.ppf(0.975, k_obs + 1, n - k_obs))
+            if f > 0.0:
+                w = min(w, upper / f)
+        power["release_rates"] = [w * float(r) for r in rates]
+        note = {
+            "signal_releases": {"y1": k1, "y0": k0, "trials": n},
+            "signal_release_weight": w,
+        }
+    out = estimate_trials(
+        plan,
+        k,
+        rows,
+        power,
+        calls_per_query=calls_per_query,
+        positive_when="below",
+        finish=lambda est, m: signal_tightness(with_verdict(est, signal_reference(m)), m),
+    )
+    out |= note
+    return esa_setting_conformance(out, rows, meta, design, plan.seed, bootstrap=False)
+
+
+def esa_setting_conformance(
+    out: dict[str, Any],
+    rows: Sequence[TrialRecord],
+    meta: Mapping[str, Any],
+    design: GenerationDesign,
+    seed: int,
+    *,
+    bootstrap: bool,
+) -> dict[str, Any]:
+    """The setting's conformance tests (:func:`esa_conformance`), read into its verdicts; a
+    bootstrap's rows are the whole clean log, so the setting's own are taken."""
+    if bootstrap:
+        ids = {cid for cid in meta["context_ids"].values() if cid is not None}
+        rows = [r for r in rows if r.context_id in ids]
+    emb = design.signal_embeddings()
+    signal = None if emb is None else (emb[0], emb[1])
+    return esa_conformance(out, rows, meta, signal=signal, seed=seed, bootstrap=bootstrap)
+
+
+def signal_reference(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The meta a verdict reads: on the simulator, whose canary partition outputs exactly the
+    design's signal texts, the design's own exact epsilon ``epsilon_exact_signal`` (the
+    canary's actual shift ``D / T``) is the reference where it is below the worst case, so a
+    bound above it is a BUG (issue 27); elsewhere the worst-case epsilon_exact (a real model's
+    outputs may move the mean further)."""
+    sig, exact = meta.get("epsilon_exact_signal"), meta.get("epsilon_exact")
+    if not meta.get("simulator") or sig is None or exact is None or float(sig) >= float(exact):
+        return dict(meta)
+    # The signal's shift is itself a Gaussian mechanism: both figures are read against it;
+    # power stays judged against the worst case.
+    return dict(meta) | {"epsilon_exact_design": float(sig), "epsilon_exact_design_gaussian": True}
+
+
+def signal_tightness(est: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
+    """Add how the bound compares with the exact epsilon of the canary's actual shift."""
+    sig = meta.get("epsilon_exact_signal")
+    low = float(est["epsilon_lower"])
+    if sig is not None:
+        est["ratio_to_exact_signal"] = low / sig if sig > 0 else None
+        est["exceeds_exact_signal"] = low > float(sig) + 1e-3
+    return est
+
+
+def esa_conformance(
+    out: dict[str, Any],
+    rows: Sequence[TrialRecord],
+    meta: Mapping[str, Any],
+    *,
+    signal: tuple[np.ndarray, np.ndarray] | None,
+    seed: int,
+    bootstrap: bool = False,
+) -> dict[str, Any]:
+    """ESA's conformance tests of one setting (module docstring)."""
+    sigma = meta.get("sigma")
+    white: list[ConformanceTest] = []
+    if bootstrap:
+        check = out.get("noise_check") or {}
+        if check.get("status") == "smaller":
+            white += [
+                ConformanceTest(
+                    "noise scale",
+                    "noise_check",
+                    0.0,
+                    float((check.get("sigma_interval") or [0.0, 0.0])[1]),
+                    int(check.get("df") or 0),
+                    str(check.get("message")),
+                )
+            ]
+    res = [
+        r
+        for r in rows
+        if isinstance(r.observation.get("residual"), list) and r.observation.get("residual")
+    ]
+    if res and sigma is not None:
+        mat = np.array([r.observation["residual"] for r in res], dtype=np.float64)
+        d = mat.shape[1]
+        rng = np.random.default_rng([seed, 27])
+        dirs = [np.ones(d), *rng.standard_normal((_N_RANDOM_DIRECTIONS, d))]
+        if signal is not None and float(np.linalg.norm(signal[0] - signal[1])) > 0:
+            dirs.insert(0, signal[0] - signal[1])
+        white += residual_tests(
+            mat, float(sigma), groups=[r.context_id for r in res], directions=np.array(dirs)
+        )
+    return finish_conformance(out, meta, [], white)

@@ -1,0 +1,17 @@
+"""Private voting (paper 000, Algorithm 2): a label released by a noisy argmax of T votes.
+
+Imports run one way, top to bottom of this table (the registry imports :mod:`.audit`):
+
+==================  ============================================================
+module              what it holds
+==================  ============================================================
+:mod:`.design`      the neighbour design as data (stored with a run as JSON)
+:mod:`.build`       building the ``paper``, ``pivotal`` and ``identical`` designs
+:mod:`.rdp`         paper 003's adversaries: the query-sequence design, built
+:mod:`.conformance` the setting's conformance tests (noise, release rates)
+:mod:`.bootstrap`   Algorithm 1: clean votes resampled with the server's noise
+:mod:`.rdp_estimates`  paper 003's RDP audit of a sequence's votes
+:mod:`.estimates`   one setting's estimates and the exact epsilons beside them
+:mod:`.audit`       :class:`~.audit.VotingAudit`: context bodies, trials, estimates
+==================  ============================================================
+"""

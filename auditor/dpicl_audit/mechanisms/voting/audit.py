@@ -1,0 +1,189 @@
+"""Auditing private voting (paper 000, Algorithm 2; audits of Section 3.2 and Appendix B).
+
+* **Neighbours.** C1 and C0 hold ``partitions x shots`` exemplars in the same order with the
+  same ``partition_seed`` and differ at one position (:mod:`..neighbours`). Canary kinds:
+  ``natural`` (an example with its own label), ``mislabeled`` (another label, drawn),
+  ``random`` (made-up words, a random label). Exemplar outputs must be labels of the context
+  (the server checks this): in the ``audit-template`` setting the labels are Prompt 1's
+  ``Yes``/``No`` and each exemplar's output is a seeded coin (the verification prompt asks
+  about the text, not the topic); the canary takes the replacement's output when
+  ``natural``, the other one when ``mislabeled``. Brainwash and the ``deployment`` setting
+  keep the dataset's own labels.
+* **Query.** ``inquery``: Prompt 1 (or, in a deployment, one of two of its labels);
+  ``brainwash``: the canary repeated with a wrong label.
+* **Observation.** Black-box: the released label; decision 1 when it is the positive answer.
+  White-box (``/v1/debug/classify``): the noisy votes; score ``noisy[pos] - noisy[neg]``
+  (Brainwash: the margin over the best other label), "present" above a threshold.
+* **Exact epsilon.** The Gaussian mechanism with Delta2 = sqrt(2) at the sigma the server
+  reports (dp-accounting PLD).
+* **Bootstrap.** Clean vote vectors from ``/v1/debug/classify`` at ``internal``, resampled
+  with the server's sigma (:mod:`.bootstrap`), after the noise check.
+
+The design is stored with the run, so a resumed run needs neither the dataset nor the seed
+logic of the version that started it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dpicl_audit.client import AuditTarget
+from dpicl_audit.datasets import LabelledDataset
+from dpicl_audit.errors import TargetProtocolError
+from dpicl_audit.mechanisms.base import (
+    GaussianMechanismAudit,
+    TrialAt,
+    ask,
+    gaussian_setting_meta,
+    needs_internal,
+)
+from dpicl_audit.mechanisms.voting.build import build_design
+from dpicl_audit.mechanisms.voting.design import AuditDesign
+from dpicl_audit.mechanisms.voting.estimates import (
+    estimate_sequence,
+    estimate_votes,
+    release_meta,
+)
+from dpicl_audit.mechanisms.voting.rdp import RDP_ATTACKS, RdpDesign, build_rdp_design
+from dpicl_audit.plan import AuditPlan
+from dpicl_audit.store import ContextRecord, TrialRecord
+from dpicl_audit.verdicts import RDP_CUTS
+
+__all__ = ["VOTING", "VotingAudit", "white_box_votes"]
+
+
+class VotingAudit(GaussianMechanismAudit):
+    """Private voting: labels released by a noisy argmax over T partition votes."""
+
+    name = "voting"
+    task = "classification"
+    design_type = AuditDesign
+    clean_name = "clean votes"
+
+    def build_design(self, plan: AuditPlan, dataset: LabelledDataset) -> AuditDesign | RdpDesign:
+        if plan.attack in RDP_ATTACKS:  # paper 003's adversaries: query sequences
+            return build_rdp_design(plan, dataset)
+        return build_design(plan, dataset)
+
+    def load_design(self, data: Mapping[str, Any]) -> AuditDesign | RdpDesign:
+        if data.get("design_kind") == "rdp":
+            return RdpDesign.from_json(data)
+        return AuditDesign.from_json(data)
+
+    def summary(self, design: AuditDesign | RdpDesign) -> dict[str, Any]:
+        return self.neighbour_summary(design) | design.summary_fields()
+
+    def context_body(
+        self,
+        design: AuditDesign | RdpDesign,
+        plan: AuditPlan,
+        epsilon: float,
+        world: int,
+        *,
+        name: str,
+    ) -> dict[str, Any]:
+        body = self.base_body(design, plan, epsilon, world, name=name)
+        body["labels"] = list(design.labels)
+        if design.template is not None:
+            body["template"] = design.template
+        return body
+
+    async def trial(
+        self, target: AuditTarget, design: AuditDesign | RdpDesign, plan: AuditPlan, at: TrialAt
+    ) -> TrialRecord:
+        """Trial ``at.index``: the label, and (white-box) the votes and the design's score;
+        a paper-003 sequence asks its query ``index mod N``."""
+        if isinstance(design, RdpDesign):
+            query = design.query_of(at.index)
+            out, latency = await ask(target, at, query)
+            label = str(out["label"])
+            seq_obs: dict[str, Any] = {"label": label, "q": at.index % len(design.queries)}
+            if at.white:
+                seq_obs |= white_box_votes(out, at)
+            return at.record(query, seq_obs, int(label == design.poison_label), latency)
+        out, latency = await ask(target, at, design.query)
+        label = str(out["label"])
+        observation: dict[str, Any] = {"label": label}
+        score: float | None = None
+        if at.white:
+            observation |= white_box_votes(out, at)
+            try:
+                score = design.score(observation["noisy_votes"])
+            except KeyError as exc:
+                raise TargetProtocolError(f"/v1/debug/classify: {exc.args[0]}") from exc
+        return at.record(design.query, observation, design.decide_label(label), latency, score)
+
+    def setting_meta(
+        self,
+        plan: AuditPlan,
+        design: AuditDesign | RdpDesign,
+        epsilon: float,
+        contexts: Mapping[tuple[str, int], ContextRecord],
+    ) -> dict[str, Any]:
+        meta, mech = gaussian_setting_meta(plan, epsilon, contexts)
+        sigma: float | None = None
+        if mech is not None:
+            from dpicl_audit.estimators.exact import voting_epsilon_exact
+
+            # Both designs' clean vote vectors differ by (+1, -1): the noisy votes are the
+            # Gaussian mechanism at full sensitivity sqrt(2), so this is also the design's.
+            sigma = meta["sigma"]
+            meta["epsilon_exact"] = voting_epsilon_exact(meta["sigma"], plan.mechanism.delta)
+        meta.update(release_meta(design, plan, sigma))
+        return meta
+
+    def estimate(
+        self,
+        plan: AuditPlan,
+        design: AuditDesign | RdpDesign,
+        k: int,
+        rows: Sequence[TrialRecord],
+        meta: dict[str, Any],
+        *,
+        bootstrap: bool,
+    ) -> dict[str, Any]:
+        calls = self.calls_per_query(plan)
+        if isinstance(design, RdpDesign):
+            return estimate_sequence(
+                plan, design, rows, meta, bootstrap=bootstrap, calls_per_query=calls
+            )
+        return estimate_votes(
+            plan, design, k, rows, meta, bootstrap=bootstrap, calls_per_query=calls
+        )
+
+    def claims_per_setting(
+        self, design: AuditDesign | RdpDesign, threat_models: Sequence[str]
+    ) -> int:
+        # Paper 003's sequences state theirs from two composed bounds (the 2-cut and the
+        # k-cut, each at the plan's confidence: .rdp_estimates), not per threat model.
+        if isinstance(design, RdpDesign):
+            return len(RDP_CUTS)
+        return len(threat_models)
+
+
+def _votes(value: Any, name: str) -> dict[str, float]:
+    if not isinstance(value, Mapping):
+        raise TargetProtocolError(f"/v1/debug/classify returned no {name} mapping")
+    try:
+        return {str(k): float(v) for k, v in value.items()}
+    except (TypeError, ValueError) as exc:
+        raise TargetProtocolError(f"/v1/debug/classify: {name} holds non-numbers") from exc
+
+
+def white_box_votes(out: Mapping[str, Any], at: TrialAt) -> dict[str, Any]:
+    """What a white-box voting trial logs of ``/v1/debug/classify``: the noisy votes, sigma,
+    and the clean votes (required when ``at.need_clean``: bootstrap needs them)."""
+    observation: dict[str, Any] = {
+        "noisy_votes": _votes(out.get("noisy_votes"), "noisy_votes"),
+        "sigma": out.get("sigma"),
+    }
+    clean = out.get("clean_votes")
+    if clean is not None:
+        observation["clean_votes"] = _votes(clean, "clean_votes")
+    elif at.need_clean:
+        raise needs_internal("/v1/debug/classify", "clean_votes")
+    return observation
+
+
+VOTING = VotingAudit()

@@ -1,0 +1,127 @@
+"""Private voting's estimates of one setting: the exact epsilons beside them, the trials'
+figures (or the bootstrap's, :mod:`.bootstrap`), the conformance tests (:mod:`.conformance`),
+and paper 003's RDP audit of a query sequence (:mod:`.rdp_estimates`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dpicl_audit.errors import InvalidPlan
+from dpicl_audit.mechanisms.trial_estimates import estimate_trials, with_verdict
+from dpicl_audit.mechanisms.voting.bootstrap import estimate_voting_bootstrap
+from dpicl_audit.mechanisms.voting.conformance import voting_conformance
+from dpicl_audit.mechanisms.voting.design import AuditDesign, design_votes
+from dpicl_audit.mechanisms.voting.rdp import RdpDesign
+from dpicl_audit.mechanisms.voting.rdp_estimates import estimate_rdp
+from dpicl_audit.plan import AuditPlan
+from dpicl_audit.store import TrialRecord
+
+__all__ = ["estimate_sequence", "estimate_votes", "release_meta", "release_reference"]
+
+
+def release_meta(
+    design: AuditDesign | RdpDesign, plan: AuditPlan, sigma: float | None
+) -> dict[str, Any]:
+    """A setting's meta from the design: the layout, and where the noise ``sigma`` is known
+    the released label's own exact epsilon at the design's intended clean votes (the ceiling
+    of the assumption-free black-box bound) and its release rates. Paper 003's query
+    sequences have no single release (so no release epsilon), only the adversary's name."""
+    if isinstance(design, RdpDesign):
+        return {"design": f"rdp:{design.attack}"}
+    meta: dict[str, Any] = {}
+    if sigma is not None:
+        from dpicl_audit.estimators.label_release import (
+            label_release_epsilon,
+            label_release_probabilities,
+        )
+
+        with_v, without_v = design_votes(design, plan.mechanism.partitions)
+        meta["epsilon_exact_release"] = label_release_epsilon(
+            with_v, without_v, sigma, plan.mechanism.delta
+        )
+        meta["release_rates"] = [
+            float(label_release_probabilities(v, sigma)[0]) for v in (with_v, without_v)
+        ]
+    meta["design"] = design.layout
+    return meta
+
+
+def release_reference(meta: Mapping[str, Any], attack: str, setting: str) -> dict[str, Any] | None:
+    """The meta the black-box figure reads on the simulator, whose clean votes are exactly
+    the design's: the released label's own exact epsilon ``epsilon_exact_release`` is the
+    reference where it is below the worst case (issue 27: a bound above the design's own
+    exact epsilon is a BUG, e.g. a tail gap that a bounded noise never crosses). None
+    elsewhere (a real model's votes may differ from the design's)."""
+    rel, exact = meta.get("epsilon_exact_release"), meta.get("epsilon_exact")
+    # Only the membership prompt's votes are the design's on the simulator (a deployment's
+    # classification prompt is answered by the most similar demonstration's label), and
+    # only at temperature 0 (the caller passes no setting otherwise).
+    known = meta.get("simulator") and attack == "inquery" and setting == "audit-template"
+    if not known or rel is None or exact is None:
+        return None
+    if float(rel) >= float(exact):
+        return None
+    # The classical figure only: the release's trade-off is not a Gaussian's, so the GDP
+    # figure stays read against the mechanism's own mu; power stays judged against the
+    # worst case (a weak design must not read as having power).
+    return dict(meta) | {"epsilon_exact_design": float(rel), "epsilon_exact_design_gaussian": False}
+
+
+def estimate_votes(
+    plan: AuditPlan,
+    design: AuditDesign,
+    k: int,
+    rows: Sequence[TrialRecord],
+    meta: dict[str, Any],
+    *,
+    bootstrap: bool,
+    calls_per_query: int,
+) -> dict[str, Any]:
+    """One setting's estimates: Algorithm 1 of paper 000 (``bootstrap``) or the trials'."""
+    if bootstrap:
+        out = estimate_voting_bootstrap(plan, design, k, rows, meta)
+    else:
+        out = estimate_trials(plan, k, rows, meta, calls_per_query=calls_per_query)
+        bb = out.get("black_box")
+        ref = release_reference(
+            meta, design.attack, plan.setting if plan.mechanism.temperature == 0 else ""
+        )
+        if ref is not None and isinstance(bb, dict) and "verdict" in bb:
+            out["black_box"] = with_verdict(bb, ref)
+    if bootstrap:  # the setting's own debug rows (the clean log holds every setting's)
+        ids = {cid for cid in meta["context_ids"].values() if cid is not None}
+        rows = [r for r in rows if r.context_id in ids]
+    return voting_conformance(
+        design,
+        out,
+        rows,
+        meta,
+        temperature=plan.mechanism.temperature,
+        bootstrap=bootstrap,
+        known_votes=plan.setting == "audit-template",
+    )
+
+
+def estimate_sequence(
+    plan: AuditPlan,
+    design: RdpDesign,
+    rows: Sequence[TrialRecord],
+    meta: dict[str, Any],
+    *,
+    bootstrap: bool,
+    calls_per_query: int,
+) -> dict[str, Any]:
+    """One setting's RDP estimates (paper 003); there is no bootstrap of a sequence."""
+    if bootstrap:
+        raise InvalidPlan("paper 003's adversaries are audited with `run`, not bootstrap")
+    n1 = sum(1 for r in rows if r.world == 1)
+    return dict(meta) | {
+        "trials": len(rows),
+        "n_with": n1,
+        "n_without": len(rows) - n1,
+        "llm_calls": len(rows) * calls_per_query,
+        "black_box": None,
+        "white_box": None,
+        "rdp": estimate_rdp(plan, design, rows, meta),
+    }

@@ -1,0 +1,121 @@
+"""Estimation: a run's results from its trial log, generic over the audited mechanism.
+
+For every epsilon of the plan, the mechanism module supplies the setting's facts
+(epsilon_theory, epsilon_exact, noise: :meth:`~dpicl_audit.mechanisms.base.MechanismAudit.
+setting_meta`) and the estimates from the logged rows (real trials, or the clean rows of a
+bootstrap run: :meth:`~dpicl_audit.mechanisms.base.MechanismAudit.estimate`); each estimate
+carries its verdict (:mod:`dpicl_audit.verdicts`). The estimators themselves live in
+:mod:`dpicl_audit.estimators` and :mod:`dpicl_audit.estimators.bootstrap`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from dpicl_audit.errors import InvalidAuditInput
+from dpicl_audit.estimators.trial_budget import needs_from_bootstrap
+from dpicl_audit.mechanisms.base import Design
+from dpicl_audit.mechanisms.registry import get_mechanism
+from dpicl_audit.pipeline.legacy import is_legacy_mozo, upgrade_run
+from dpicl_audit.plan import AuditPlan
+from dpicl_audit.planning.schedule import CLEAN_SETTING
+from dpicl_audit.store import RunRecord, TrialRecord, TrialStore
+
+__all__ = ["estimate_run", "estimate_setting", "load_run", "run_design", "run_plan"]
+
+
+def load_run(store: TrialStore, run_id: str) -> RunRecord:
+    """A run as the pipeline reads it, whichever version logged it (:mod:`.legacy`)."""
+    return upgrade_run(store.get_run(run_id))
+
+
+def run_plan(run: RunRecord) -> AuditPlan:
+    """The plan a run was started with (credentials masked)."""
+    return AuditPlan.from_public(run.plan)
+
+
+def run_design(run: RunRecord, plan: AuditPlan) -> Design:
+    """The design a run recorded, read by its mechanism's module."""
+    if run.design is None:
+        raise InvalidAuditInput(f"run {run.id} has no design recorded")
+    return get_mechanism(plan.mechanism.name).load_design(run.design)
+
+
+def estimate_setting(
+    plan: AuditPlan,
+    design: Design,
+    k: int,
+    rows: Sequence[TrialRecord],
+    meta: dict[str, Any],
+    *,
+    bootstrap: bool,
+) -> dict[str, Any]:
+    """One epsilon setting's estimates from its logged rows (clean rows for bootstrap runs,
+    trials otherwise)."""
+    mech = get_mechanism(plan.mechanism.name)
+    return mech.estimate(plan, design, k, rows, meta, bootstrap=bootstrap)
+
+
+def estimate_run(store: TrialStore, run_id: str) -> dict[str, Any]:
+    """Results of a run from its log: per-epsilon estimates next to theory and exact."""
+    run = load_run(store, run_id)
+    if is_legacy_mozo(store.get_run(run_id)) and run.results is not None:
+        return dict(run.results)  # the old audit's estimate, in the pipeline's shape
+    plan = run_plan(run)
+    design = run_design(run, plan)
+    mech = get_mechanism(plan.mechanism.name)
+    contexts = store.contexts(run_id)
+    bootstrap = run.kind == "bootstrap"
+    clean = store.trials(run_id, CLEAN_SETTING) if bootstrap else []
+    threat_models = (
+        ["black-box", "white-box"]
+        if bootstrap or plan.threat_model == "white-box"
+        else ["black-box"]
+    )
+    # The run's claims are stated for its tests together (estimators.family): the tests
+    # each setting states claims from (one figure per threat model, for most designs).
+    # One more member: the run's conformance tests together (estimators.conformance).
+    family = {
+        "size": len(plan.mechanism.epsilons) * mech.claims_per_setting(design, threat_models) + 1,
+        "confidence": plan.confidence,
+        "settings": len(plan.mechanism.epsilons),
+    }
+    # The design's clean outputs are known exactly only on the rule-following simulator:
+    # there the release distribution is predicted in closed form (estimators.conformance).
+    server = (run.versions or {}).get("server") or {}
+    simulator = bool(server.get("simulator")) or server.get("engine") == "oracle"
+    settings = []
+    for k, eps in enumerate(plan.mechanism.epsilons):
+        meta = mech.setting_meta(plan, design, eps, contexts) | {
+            "family": family,
+            "simulator": simulator,
+        }
+        rows = clean if bootstrap else store.trials(run_id, meta["setting"])
+        settings.append(mech.estimate(plan, design, k, rows, meta, bootstrap=bootstrap))
+    if bootstrap:
+        # What a real-trial run of the same design needs before its verdicts have power
+        # (trial_budget): the planning figure a bootstrap exists to give.
+        needs = needs_from_bootstrap(settings, confidence=plan.confidence, split=plan.split)
+        for s in settings:
+            s["real_trials_for_power"] = needs.get(float(s["epsilon_theory"]))
+    run = store.get_run(run_id)
+    return {
+        "run_id": run_id,
+        "kind": run.kind,
+        "name": run.name,
+        "status": run.status,
+        "created_at": run.created_at.isoformat(),
+        "plan": run.plan,
+        "versions": run.versions,
+        "mechanism": plan.mechanism.name,
+        "design": mech.summary(design),
+        "confidence": plan.confidence,
+        "delta": plan.mechanism.delta,
+        "threat_models": threat_models,
+        "family": family,
+        "settings": settings,
+        "queries": run.queries,
+        "llm_calls": run.llm_calls,
+        "wall_time_s": run.wall_time_s,
+    }

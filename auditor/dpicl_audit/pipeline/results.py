@@ -1,0 +1,224 @@
+"""Results of a run: the JSON written beside it, and the table printed after it.
+
+Every table row names the mechanism, the attack, the design (canary kind, setting) and the
+threat model, so rows of different runs can be told apart on their own. The report
+(:mod:`dpicl_audit.report`) builds richer views from the same results.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from dpicl_audit.errors import InvalidAuditInput
+from dpicl_audit.store import TrialStore
+
+__all__ = [
+    "describe_run",
+    "finish_run",
+    "jsonable",
+    "out_directory",
+    "print_results",
+    "results_table",
+    "write_results",
+]
+
+
+def describe_run(results: Mapping[str, Any]) -> str:
+    """``mechanism · attack · design · kind``, e.g. ``voting · inquery · natural canary,
+    audit-template · bootstrap``."""
+    plan = results.get("plan") or {}
+    design = results.get("design") or {}
+    mech = results.get("mechanism") or (plan.get("mechanism") or {}).get("name", "voting")
+    attack = design.get("attack") or plan.get("attack", "?")
+    canary = design.get("canary_kind") or plan.get("canary", "?")
+    setting = plan.get("setting", "audit-template")
+    kind = "bootstrap" if results.get("kind") == "bootstrap" else "real trials"
+    return f"{mech} · {attack} · {canary} canary, {setting} · {kind}"
+
+
+def finish_run(store: TrialStore, run_id: str, results: dict[str, Any]) -> dict[str, Any]:
+    store.update_run(run_id, status="completed", results=jsonable(results))
+    run = store.get_run(run_id)
+    results |= {
+        "status": run.status,
+        "queries": run.queries,
+        "llm_calls": run.llm_calls,
+        "wall_time_s": run.wall_time_s,
+    }
+    store.update_run(run_id, results=jsonable(results))
+    return results
+
+
+def jsonable(value: Any) -> Any:
+    """Replace non-finite floats (JSON has none) by strings, recursively."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "inf" if value > 0 else ("-inf" if value < 0 else "nan")
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, np.generic):
+        return jsonable(value.item())
+    return value
+
+
+def out_directory(path: str | Path) -> Path:
+    """``path`` as a directory, created if need be; :class:`InvalidAuditInput` naming it
+    when it cannot be one. Runs call it before they start, so an --out that is a file does
+    not fail (with a traceback) only when the audit's results are written."""
+    out = Path(path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise InvalidAuditInput(f"--out {str(out)!r} is a file, not a directory") from None
+    except OSError as exc:
+        raise InvalidAuditInput(
+            f"--out {str(out)!r} cannot be a directory: {exc.strerror}"
+            + (f" ({exc.filename})" if exc.filename and str(exc.filename) != str(out) else "")
+        ) from None
+    return out
+
+
+def write_results(results: Mapping[str, Any], out_dir: str | Path) -> Path:
+    """``<out_dir>/<run_id>/results.json``."""
+    path = out_directory(Path(out_dir) / str(results["run_id"])) / "results.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(jsonable(results), indent=2, sort_keys=False) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value
+    v = float(value)
+    if math.isinf(v):
+        return "inf"
+    return f"{v:.{digits}f}"
+
+
+def results_table(results: Mapping[str, Any]) -> Table:
+    """One row per (epsilon, threat model); fits an 80-column terminal."""
+    conf = float(results.get("confidence", 0.95))
+    table = Table(
+        title=f"dpicl audit {results['run_id']}\n{describe_run(results)}",
+        caption=(
+            "ε: as configured; exact: the mechanism's true ε (PLD)\n"
+            f"ε emp: GDP figure (assumes a Gaussian trade-off); classic: assumption-free bound "
+            f"(its own threshold); both at {conf:.0%} confidence, δ={results.get('delta')}\n"
+            "white-box: the better of the black-box rule and a held-out threshold"
+        ),
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    columns = (
+        ("ε", "left"),
+        ("threat", "left"),
+        ("exact", "right"),
+        ("ε emp", "right"),
+        ("μ low", "right"),
+        ("classic", "right"),
+        ("TPR", "right"),
+        ("FPR", "right"),
+        ("n", "right"),
+        ("verdict", "left"),
+    )
+    for col, justify in columns:
+        # The verdict keeps its full width (12: "INCONCLUSIVE"); when 80 columns are too few
+        # the numbers give way first.
+        table.add_column(
+            col,
+            justify=justify,  # type: ignore[arg-type]
+            no_wrap=True,
+            min_width=12 if col == "verdict" else None,
+        )
+    models = results.get("threat_models", ["black-box"])
+    for s in results["settings"]:
+        for model in models:
+            est = s.get("black_box" if model == "black-box" else "white_box")
+            if not est:
+                continue
+            threat = model.removesuffix("-box")
+            eps = f"{float(s.get('epsilon_theory', 0.0)):g}"
+            if "error" in est:
+                table.add_row(eps, threat, *["-"] * 7, Text(str(est["error"]), style="red"))
+                continue
+            status = est.get("verdict", {}).get("status", "")
+            style = {
+                "violation": "bold red",
+                "bug": "bold yellow",
+                "nonconforming": "bold yellow",
+                "ok": "green",
+            }.get(status, "")
+            status = {
+                "inconclusive": "INCONCLUSIVE",
+                "nonconforming": "NONCONFORMING",
+                "ok": "consistent",
+            }.get(status, status)
+            table.add_row(
+                eps,
+                threat,
+                _fmt(s.get("epsilon_exact")),
+                _fmt(est.get("epsilon_emp", est.get("epsilon_lower"))),
+                _fmt(est.get("mu_lower")),
+                _fmt(est.get("epsilon_lower_classic")),
+                _fmt(est.get("tpr"), 2),
+                _fmt(est.get("fpr"), 2),
+                str(s.get("trials", "-")),
+                Text(status, style=style),
+            )
+    return table
+
+
+def print_results(results: Mapping[str, Any], console: Console | None = None) -> None:
+    console = console or Console()
+    console.print(results_table(results))
+    for s in results["settings"]:
+        for key in ("black_box", "white_box"):
+            est = s.get(key)
+            status = (est or {}).get("verdict", {}).get("status")
+            if est and status in ("violation", "bug", "nonconforming", "inconclusive"):
+                colour = "bold red" if status != "inconclusive" else "yellow"
+                console.print(
+                    f"[{colour}]{s['setting']} {key.replace('_', '-')}: "
+                    f"{est['verdict']['message']}[/{colour}]"
+                )
+    needs = [(s["setting"], s.get("real_trials_for_power")) for s in results["settings"]]
+    if results.get("kind") == "bootstrap" and any(n is not None for _, n in needs):
+        console.print(
+            "real trials a run of this design needs for power (about, both worlds): "
+            + ", ".join(f"{k}: {'no count' if n is None else f'{n:,}'}" for k, n in needs)
+        )
+    for s in results["settings"]:
+        rdp = s.get("rdp")
+        if rdp:  # paper 003's RDP audit
+            eps = rdp.get("epsilons", {})
+            status = rdp.get("verdict", {}).get("status", "")
+            style = "bold red" if status in ("violation", "bug") else "green"
+            console.print(
+                f"{s['setting']} RDP over {rdp.get('queries')} queries, ε via Theorem 1 at "
+                f"δ={eps.get('delta')}: theory {_fmt(eps.get('theory'))}, exact "
+                f"{_fmt(eps.get('exact'))}, k-cut {_fmt(eps.get('k_cut'))}, 2-cut "
+                f"{_fmt(eps.get('two_cut'))} [{style}]{rdp.get('verdict', {}).get('message', '')}"
+                f"[/{style}]"
+            )
+    ledger = results.get("ledger")
+    if ledger:  # the ledger audited from outside (dpicl_audit.planning.ledger)
+        colour = "green" if ledger.get("status") == "ok" else "bold yellow"
+        console.print(f"[{colour}]ledger: {ledger.get('message', '')}[/{colour}]")
+    console.print(
+        f"{results.get('queries', 0)} queries, {results.get('llm_calls', 0)} LLM calls, "
+        f"{_fmt(results.get('wall_time_s'), 1)} s wall time"
+    )

@@ -1,0 +1,147 @@
+"""Executing one run: its trials (a real-query run) or its clean rows (a bootstrap run, Algorithm
+1 of paper 000), then its estimates and results.
+
+A **run** (``kind="run"``) audits with real queries: for every epsilon of the plan it gets
+the neighbour contexts C1 and C0 (:class:`~dpicl_audit.pipeline.contexts.ContextBook`) and sends
+``plan.trials`` audit queries, each to the world the seeded schedule says
+(:func:`~dpicl_audit.planning.schedule.trial_worlds`). A **bootstrap** run (``kind="bootstrap"``)
+collects ``bootstrap.n_llm`` clean rows per world from the debug endpoint at ``internal``
+(logged as the setting ``clean``) and simulates ``bootstrap.n_sample`` noisy trials per world
+and epsilon. What a trial sends and observes, and how it is estimated, is the mechanism
+package's business (:mod:`dpicl_audit.mechanisms`); this module only drives the steps, on the
+run's one :class:`~dpicl_audit.pipeline.run_context.RunContext`. Its life (opening, starting or
+resuming, results written) is :mod:`.run`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from dpicl_audit.errors import AuditError
+from dpicl_audit.pipeline.contexts import ContextBook
+from dpicl_audit.pipeline.estimation import estimate_run
+from dpicl_audit.pipeline.progress import ProgressSink, open_progress
+from dpicl_audit.pipeline.results import finish_run
+from dpicl_audit.pipeline.run_context import RunContext
+from dpicl_audit.pipeline.trials import TrialExecutor
+from dpicl_audit.planning.schedule import CLEAN_SETTING, clean_worlds, context_slots, trial_worlds
+from dpicl_audit.store import ContextRecord
+
+__all__ = ["AuditRunner"]
+
+
+class AuditRunner:
+    """Executes one run of the trial log against one target (its :class:`RunContext`).
+
+    Use :func:`~dpicl_audit.pipeline.run.run_audit`, :func:`~.run.bootstrap_audit` and
+    :func:`~.run.resume_audit` rather than this class directly; it is public for tests,
+    benchmarks and embedding.
+    """
+
+    def __init__(self, run: RunContext, *, progress: bool = True) -> None:
+        self.run_ctx = run
+        self.show_progress = progress
+        self.contexts = ContextBook(run)
+        self.trials = TrialExecutor(run)
+
+    async def execute(self) -> dict[str, Any]:
+        """Run (or continue) every missing part of this run, then estimate and save."""
+        run = self.run_ctx
+        run.store.update_run(run.run_id, status="running", error=None)
+        self.trials.restart_clock()
+        try:
+            with open_progress(run.console, self.show_progress) as progress:
+                if run.kind == "run":
+                    await self._execute_trials(progress)
+                else:
+                    await self._execute_bootstrap_collection(progress)
+            await self.trials.flush()
+            t0 = time.monotonic()
+            results = await asyncio.to_thread(estimate_run, run.store, run.run_id)
+            # The ledger audited from outside (planning.ledger), where the mechanism can.
+            ledger = await run.mechanism.audit_ledger(run.target, run.design, run.plan)
+            if ledger is not None:
+                results["ledger"] = ledger
+            run.store.add_usage(run.run_id, wall_time_s=time.monotonic() - t0)
+            results = finish_run(run.store, run.run_id, results)
+        except AuditError as exc:
+            await self.trials.flush()
+            run.store.update_run(run.run_id, status="failed", error=str(exc))
+            raise
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            await asyncio.shield(self.trials.flush())
+            run.store.update_run(run.run_id, status="interrupted")
+            raise
+        if run.mechanism.queries_per_context(run.plan) is not None:
+            await self.contexts.delete_all()  # spent contexts: nothing left to answer
+        return results
+
+    async def _prepare(self, contexts: Mapping[int, ContextRecord]) -> None:
+        """Let the mechanism learn what it needs before the trials (recorded in the run)."""
+        run = self.run_ctx
+        design = await run.mechanism.prepare(
+            run.target, run.design, run.plan, contexts, bootstrap=run.kind == "bootstrap"
+        )
+        if design is not run.design:
+            run.design = design  # the contexts and the trials read it from the run
+            run.store.update_run(run.run_id, design=design.to_json())
+
+    async def _execute_trials(self, progress: ProgressSink) -> None:
+        plan = self.run_ctx.plan
+        white = plan.threat_model == "white-box"
+        per_context = self.run_ctx.mechanism.queries_per_context(plan)
+        for k, eps in enumerate(plan.mechanism.epsilons):
+            setting = plan.setting_key(eps)
+            worlds = trial_worlds(plan.seed, k, plan.trials)
+            if per_context is None:
+                await self._prepare(await self.contexts.pair(setting, eps))
+            slots = context_slots(worlds, per_context)
+
+            async def pick(
+                index: int,
+                world: int,
+                spent: ContextRecord | None,
+                setting: str = setting,
+                eps: float = eps,
+                slots: list[int] = slots,
+            ) -> ContextRecord:
+                if spent is not None:
+                    return await self.contexts.replace(setting, eps, world, slots[index], spent)
+                return await self.contexts.get(setting, eps, world, slots[index])
+
+            await self.trials.run(
+                setting,
+                eps,
+                worlds,
+                pick,
+                white=white,
+                progress=progress,
+                description=f"{setting} {plan.threat_model}",
+            )
+
+    async def _execute_bootstrap_collection(self, progress: ProgressSink) -> None:
+        plan = self.run_ctx.plan
+        per_eps: list[dict[int, ContextRecord]] = []
+        for eps in plan.mechanism.epsilons:
+            per_eps.append(await self.contexts.pair(plan.setting_key(eps), eps))
+        await self._prepare(per_eps[0])
+
+        async def pick(index: int, world: int, spent: ContextRecord | None) -> ContextRecord:
+            # Clean votes do not depend on epsilon, so pair j (indices 2j, 2j+1) goes to the
+            # contexts of epsilon j mod K: the same clean rows serve every epsilon, and every
+            # epsilon's noisy votes feed its own noise check (dpicl_audit.estimators.noise_check).
+            return per_eps[(index // 2) % len(per_eps)][world]
+
+        await self.trials.run(
+            CLEAN_SETTING,
+            None,
+            clean_worlds(plan.bootstrap.n_llm),
+            pick,
+            white=True,
+            need_clean=True,
+            progress=progress,
+            description=self.run_ctx.mechanism.clean_name,
+        )

@@ -1,0 +1,244 @@
+"""Audit plans: everything one audit needs (any mechanism), validated once.
+
+A plan is a frozen pydantic model. It comes from a TOML file (:meth:`AuditPlan.from_toml`),
+from CLI flags (:meth:`AuditPlan.from_sources`, flags override the file), or from the JSON
+stored with a run (:meth:`AuditPlan.model_validate`). Tokens are :class:`~pydantic.SecretStr`
+and are never written to the trial log: :meth:`AuditPlan.public_dump` masks them, and a
+resumed run takes them from flags or the environment again.
+
+Where plans come from (a TOML file, CLI flags on top of it, the JSON stored with a run) and
+the TOML layout are :mod:`dpicl_audit.plan.sources`'s (data in, data out); the classmethods
+here validate what it reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Self
+
+from pydantic import (
+    BaseModel,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from dpicl_audit.attacks import check_attack
+from dpicl_audit.errors import InvalidPlan
+from dpicl_audit.plan.sources import MASK, plan_data_from_sources, public_plan_data
+from dpicl_audit.plan.specs import (
+    FROZEN,
+    MECHANISM_DEFAULTS,
+    Attack,
+    BootstrapSpec,
+    CanaryKind,
+    DeploymentSpec,
+    GenerationSpec,
+    MechanismSpec,
+    MozoSpec,
+    NeighbourSpec,
+    Setting,
+    TargetSpec,
+    ThreatModel,
+    VotingDesign,
+)
+
+__all__ = ["AuditPlan"]
+
+
+class AuditPlan(BaseModel):
+    """One audit: target, data, canary, neighbour relation, mechanism, attack and statistics."""
+
+    model_config = FROZEN
+
+    name: str | None = Field(default=None, max_length=200)
+    target: TargetSpec = Field(default_factory=TargetSpec)
+    dataset: str = "news-mini"
+    canary: CanaryKind = "natural"
+    neighbour: NeighbourSpec = Field(default_factory=NeighbourSpec)
+    mechanism: MechanismSpec = Field(default_factory=MechanismSpec)
+    setting: Setting = "audit-template"
+    deployment: DeploymentSpec = Field(default_factory=DeploymentSpec)
+    threat_model: ThreatModel = "black-box"
+    attack: Attack = "inquery"
+    design: VotingDesign = "auto"
+    trials: int = Field(default=1000, ge=10, le=10_000_000, description="Per epsilon.")
+    queries: int = Field(
+        default=1, ge=1, le=10_000, description="Paper 003 adversaries: queries in the sequence."
+    )
+    confidence: float = 0.95
+    split: float = Field(
+        default=0.5,
+        gt=0.0,
+        lt=1.0,
+        description="White-box: share of trials used to choose the threshold.",
+    )
+    seed: int = Field(default=0, ge=0, lt=2**63, description="Seeds the auditor's own choices.")
+    concurrency: int = Field(default=8, ge=1, le=1024)
+    timeout: float = Field(default=60.0, gt=0.0, le=3600.0, description="Seconds per request.")
+    retries: int = Field(default=5, ge=0, le=20)
+    batch_size: Annotated[int, Field(ge=1, le=100_000)] = 200
+    bootstrap: BootstrapSpec = Field(default_factory=BootstrapSpec)
+    generation: GenerationSpec = Field(default_factory=GenerationSpec)
+    mozo: MozoSpec = Field(default_factory=MozoSpec)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mechanism_defaults(cls, data: Any) -> Any:
+        # Generation audits default to the bundled dialogue-summarisation set; DPS-MOZO's
+        # audit needs only the first tokens (T_max = 2).
+        if not isinstance(data, Mapping):
+            return data
+        mech = data.get("mechanism")
+        name = mech.get("name") if isinstance(mech, Mapping) else getattr(mech, "name", None)
+        defaults = MECHANISM_DEFAULTS.get(str(name), {})
+        if "dataset" in defaults and "dataset" not in data:
+            data = {**data, "dataset": defaults["dataset"]}
+        if "max_tokens" in defaults and isinstance(mech, Mapping) and "max_tokens" not in mech:
+            data = {**data, "mechanism": {**mech, "max_tokens": defaults["max_tokens"]}}
+        return data
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset(cls, v: str) -> str:
+        v = v.strip()
+        if not v:
+            raise ValueError("dataset must name a bundled corpus, a file or hf:<name>")
+        if v.startswith("hf:") and not v[3:].strip():
+            raise ValueError(f"hf: datasets need a name after the prefix, got {v!r}")
+        return v
+
+    @field_validator("confidence")
+    @classmethod
+    def _confidence(cls, v: float) -> float:
+        if not 0.5 <= v < 1.0:
+            raise ValueError(f"confidence must lie in [0.5, 1), got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _cross(self) -> Self:
+        pos = self.neighbour.position
+        if pos is not None and pos >= self.mechanism.n_exemplars:
+            raise ValueError(
+                f"neighbour.position {pos} is outside the context of "
+                f"{self.mechanism.n_exemplars} exemplars (partitions x shots)"
+            )
+        name = self.mechanism.name
+        check_attack(self.attack, name, self.threat_model)
+        if self.design in ("pivotal", "identical") and not (
+            name in ("voting", "esa")
+            and self.attack == "inquery"
+            and self.setting == "audit-template"
+        ):
+            raise ValueError(
+                f"design {self.design!r} is a voting or ESA inquery design in the audit template; "
+                f"this plan audits {name} with attack {self.attack!r} in {self.setting!r}"
+            )
+        if name != "voting" and self.setting != "audit-template":
+            raise ValueError(f"{name} audits support only setting = 'audit-template'")
+        n_shots = self.mechanism.n_shots
+        if name == "dps-mozo" and n_shots is not None and n_shots > self.mechanism.exemplars:
+            raise ValueError(
+                f"mechanism.n_shots {n_shots} exceeds mechanism.exemplars "
+                f"{self.mechanism.exemplars}"
+            )
+        alpha = self.mechanism.alpha
+        if name == "dps-mozo" and alpha is not None and self.mechanism.guarantee != "paper":
+            raise ValueError(
+                f"mechanism.alpha {alpha} applies only to mechanism.guarantee = 'paper' "
+                "(the proven mode has no Renyi order)"
+            )
+        return self
+
+    # ----------------------------------------------------------------- construction
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> AuditPlan:
+        """Validate a nested mapping; raise :class:`InvalidPlan` naming every bad field."""
+        try:
+            return cls.model_validate(dict(data))
+        except ValidationError as exc:
+            raise InvalidPlan(_describe(exc)) from exc
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> AuditPlan:
+        """Read a plan from a TOML file (the layout: :mod:`dpicl_audit.plan.sources`)."""
+        return cls.from_sources(path, {})
+
+    @classmethod
+    def from_sources(
+        cls, path: str | Path | None, overrides: Mapping[str, Any] | None = None
+    ) -> AuditPlan:
+        """A TOML file (optional) with dotted-key ``overrides`` (CLI flags) applied on top.
+
+        ``overrides`` maps dotted paths (``"mechanism.epsilons"``, ``"target.base_url"``) to
+        values; ``None`` values are ignored so unset flags keep the file's values.
+        """
+        return cls.from_mapping(plan_data_from_sources(path, overrides))
+
+    # ----------------------------------------------------------------- views
+
+    def public_dump(self) -> dict[str, Any]:
+        """The plan as JSON-ready data with the tokens masked (what the trial log stores)."""
+        data = self.model_dump(mode="json")
+        target = data["target"]
+        for key in ("admin_token", "api_key"):
+            if target.get(key) is not None:
+                target[key] = MASK
+        return data
+
+    @classmethod
+    def from_public(
+        cls,
+        data: Mapping[str, Any],
+        *,
+        admin_token: str | None = None,
+        api_key: str | None = None,
+        base_url: str | None = None,
+    ) -> AuditPlan:
+        """Rebuild a plan stored by :meth:`public_dump`, with fresh credentials."""
+        return cls.from_mapping(
+            public_plan_data(data, admin_token=admin_token, api_key=api_key, base_url=base_url)
+        )
+
+    def with_credentials(
+        self, *, admin_token: str | None = None, api_key: str | None = None
+    ) -> AuditPlan:
+        """A copy with credentials filled in where given."""
+        update: dict[str, Any] = {}
+        if admin_token is not None:
+            update["admin_token"] = SecretStr(admin_token)
+        if api_key is not None:
+            update["api_key"] = SecretStr(api_key)
+        if not update:
+            return self
+        return self.model_copy(update={"target": self.target.model_copy(update=update)})
+
+    def setting_key(self, epsilon: float) -> str:
+        """The trial log's name for the trials of one epsilon (``"eps=1"``)."""
+        return f"eps={epsilon:g}"
+
+
+def _shows_input(err: Any, loc: str, msg: str) -> bool:
+    """Whether a plan error should quote the value it got: not for a missing value, not
+    where the message already does, and never for a token."""
+    if err["type"] == "missing" or "input" not in err or "got " in msg:
+        return False
+    return "token" not in loc and "key" not in loc
+
+
+def _describe(exc: ValidationError) -> str:
+    msgs = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "plan"
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown setting"
+        elif _shows_input(err, loc, msg):
+            shown = repr(err["input"])
+            msg += f" (got {shown[:77] + '...' if len(shown) > 80 else shown})"
+        msgs.append(f"{loc}: {msg}")
+    return "invalid audit plan: " + "; ".join(msgs)

@@ -1,0 +1,82 @@
+"""The report's table rows: one per (run, epsilon, threat model) the run estimated, and one
+per paper-003 RDP audit (:mod:`.rdp`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dpicl_audit.report.data import THREATS, ReportRow, RunData, num
+from dpicl_audit.report.rdp import rdp_row
+from dpicl_audit.store import TrialRecord
+
+__all__ = ["report_rows"]
+
+
+def _setting_wall_time(rows: Sequence[TrialRecord]) -> float | None:
+    """Wall time of one setting's real trials: first completion to last, plus one latency."""
+    if not rows:
+        return None
+    times = [r.created_at for r in rows]
+    span = (max(times) - min(times)).total_seconds()
+    first = min(rows, key=lambda r: r.created_at)
+    return float(span + first.latency_s)
+
+
+def report_rows(runs: Sequence[RunData]) -> list[ReportRow]:
+    """The table: one row per (run, epsilon, threat model) the run estimated."""
+    rows: list[ReportRow] = []
+    for rd in runs:
+        res = rd.results
+        conf = float(res.get("confidence", rd.plan.confidence))
+        method = "bootstrap" if rd.kind == "bootstrap" else "real trials"
+        models = res.get("threat_models") or ["black-box"]
+        layout = (res.get("design") or {}).get("design")
+        design = f"{rd.plan.canary} canary, {rd.plan.setting}"
+        if layout:
+            design = f"{layout} design, {design}"
+        if rd.mechanism == "dps-mozo":
+            design = f"signal canary ({'/'.join(rd.plan.mozo.signals)})"
+        for s in res.get("settings", []):
+            for threat, key in THREATS:
+                est = s.get(key)
+                if threat not in models or not est:
+                    continue
+                if rd.kind == "bootstrap":
+                    wall, shared = num(res.get("wall_time_s")), True
+                else:
+                    wall, shared = _setting_wall_time(rd.trials.get(s["setting"], [])), False
+                verdict = est.get("verdict") or {}
+                status = "error" if "error" in est else str(verdict.get("status", ""))
+                rows.append(
+                    ReportRow(
+                        run_id=rd.run_id,
+                        engine=rd.engine,
+                        method=method,
+                        setting=str(s["setting"]),
+                        threat=threat,
+                        epsilon_theory=num(s.get("epsilon_theory")),
+                        epsilon_exact=num(s.get("epsilon_exact")),
+                        epsilon_emp=num(est.get("epsilon_emp", est.get("epsilon_lower"))),
+                        mu_lower=num(est.get("mu_lower")),
+                        confidence=conf,
+                        trials=int(s["trials"]) if s.get("trials") is not None else None,
+                        n_llm=int(s["n_llm"]) if s.get("n_llm") is not None else None,
+                        llm_calls=int(s["llm_calls"]) if s.get("llm_calls") is not None else None,
+                        wall_time_s=wall,
+                        wall_time_shared=shared,
+                        status=status,
+                        message=str(est.get("error") or verdict.get("message", "")),
+                        noise_check=s.get("noise_check"),
+                        error=est.get("error"),
+                        epsilon_exact_shift=num(s.get("epsilon_exact_signal")),
+                        mechanism=rd.mechanism,
+                        attack=rd.plan.attack,
+                        design=design,
+                        epsilon_classic=num(est.get("epsilon_lower_classic")),
+                        family_size=(res.get("family") or {}).get("size"),
+                    )
+                )
+            if s.get("rdp"):  # paper 003's RDP audit of the setting: its own row
+                wall = _setting_wall_time(rd.trials.get(s["setting"], []))
+                rows.append(rdp_row(rd, s, conf=conf, method=method, wall_time_s=wall))
+    return rows

@@ -1,0 +1,35 @@
+"""The SQL trial log: where a run's plan, contexts, trials and results are kept.
+
+=================  ================================================================
+module             what it holds
+=================  ================================================================
+:mod:`.db`         where the log lives (``--db``: a SQLAlchemy URL) and its engine
+:mod:`.log`        the tables, the records, and :class:`~.log.TrialStore`
+=================  ================================================================
+
+Logs of older versions are upgraded by :mod:`dpicl_audit.pipeline.legacy` (it needs a
+mechanism's design). The records and the store are re-exported here (``from dpicl_audit.store import
+TrialStore``); the modules of this package import each other directly.
+"""
+
+from __future__ import annotations
+
+from dpicl_audit.store.log import (
+    DEFAULT_DB,
+    ContextRecord,
+    RunRecord,
+    TrialRecord,
+    TrialStore,
+    resolve_db_url,
+    sqlite_file_missing,
+)
+
+__all__ = [
+    "DEFAULT_DB",
+    "ContextRecord",
+    "RunRecord",
+    "TrialRecord",
+    "TrialStore",
+    "resolve_db_url",
+    "sqlite_file_missing",
+]

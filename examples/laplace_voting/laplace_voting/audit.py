@@ -1,0 +1,167 @@
+"""The auditor's half of Laplace-noise private voting, a mechanism added from outside.
+
+The server's ``laplace-voting`` (``server.py`` beside this file) is private voting (paper 000,
+Algorithm 2) with Laplace noise instead of Gaussian: each of the label counts gets
+``Lap(b)``, ``b = 2 / epsilon``. Replacing one exemplar changes one partition's vote, so two
+counts by 1 each: L1 sensitivity 2, and the noisy histogram is the Laplace mechanism, pure
+``epsilon``-DP (Dwork and Roth, Theorem 3.6); the released argmax can only leak less.
+
+This audit is voting's (:class:`~dpicl_audit.mechanisms.voting.audit.VotingAudit`: the same
+neighbours, context bodies, queries, trials and decision rules) with the noise model changed:
+
+* ``epsilon_theory`` is the claimed epsilon (pure DP: no delta in the claim);
+* ``epsilon_exact`` is the exact epsilon at the plan's delta of the design's signal, the two
+  counts that change, each a Laplace mechanism of sensitivity 1 and scale ``b``, composed
+  (dp-accounting's PLD accountant, independent of the server's arithmetic);
+* ``epsilon_emp`` is the classical (assumption-free) lower bound: the GDP figure assumes a
+  Gaussian trade-off, which a Laplace mechanism does not have. Above the claim it is a
+  VIOLATION, above the exact epsilon a BUG.
+
+There is no bootstrap (the voting bootstrap resamples with Gaussian noise). Registered through
+the entry point ``laplace-voting = "laplace_voting.audit:LAPLACE_VOTING"`` of the group
+``dpicl_audit.mechanisms``; nothing inside ``dpicl_audit`` names it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import dp_accounting
+from dp_accounting.pld import PLDAccountant
+
+from dpicl_audit.errors import InvalidAuditInput, TargetProtocolError
+from dpicl_audit.mechanisms.base import MechanismAudit, check_partition_seed
+from dpicl_audit.mechanisms.trial_estimates import estimate_trials
+from dpicl_audit.mechanisms.voting.audit import VotingAudit
+from dpicl_audit.plan import AuditPlan
+from dpicl_audit.planning.ledger import MAX_BUDGET_EPSILON
+from dpicl_audit.store import ContextRecord, TrialRecord
+from dpicl_audit.verdicts import for_the_family, verdict
+
+__all__ = ["LAPLACE_VOTING", "LaplaceVotingAudit", "laplace_epsilon_exact", "laplace_scale"]
+
+#: Counts one replaced exemplar changes (by 1 each): the L1 sensitivity of the histogram.
+CHANGED_COUNTS = 2
+
+
+def laplace_scale(epsilon: float) -> float:
+    """The noise scale ``b = 2 / epsilon`` per count (L1 sensitivity 2)."""
+    return CHANGED_COUNTS / float(epsilon)
+
+
+def laplace_epsilon_exact(scale: float, delta: float) -> float:
+    """epsilon at ``delta`` of two counts that change by 1, each with ``Lap(scale)`` noise."""
+    if not (scale > 0 and math.isfinite(scale)):
+        raise InvalidAuditInput(f"the Laplace scale must be a finite number > 0, got {scale!r}")
+    accountant = PLDAccountant(value_discretization_interval=1e-4)
+    accountant.compose(dp_accounting.LaplaceDpEvent(noise_multiplier=scale), CHANGED_COUNTS)
+    return max(0.0, float(accountant.get_epsilon(delta)))
+
+
+def _scale_of(info: Mapping[str, Any], epsilon: float) -> float:
+    """The scale the context reports (``mechanism.scale``), which must be ``2 / epsilon``;
+    ``2 / epsilon`` where it reports none."""
+    mech = info.get("mechanism") or {}
+    want = laplace_scale(epsilon)
+    got = mech.get("scale") if isinstance(mech, Mapping) else None
+    if got is not None and not math.isclose(float(got), want, rel_tol=1e-9):
+        raise TargetProtocolError(
+            f"context {info.get('id')} reports Laplace scale {got}, the audit expects "
+            f"2 / epsilon = {want} at epsilon {epsilon}"
+        )
+    return want
+
+
+class LaplaceVotingAudit(VotingAudit):
+    """Private voting with Laplace noise: voting's audit with the Laplace noise model."""
+
+    name = "laplace-voting"
+    has_bootstrap = False
+    attacks = ("inquery", "brainwash")
+
+    def check_context(self, info: Mapping[str, Any], design: Any, epsilon: float) -> None:
+        # Voting's checks without the Gaussian one (a reported sigma): the Laplace scale.
+        MechanismAudit.check_context(self, info, design, epsilon)
+        _scale_of(info, epsilon)
+        check_partition_seed(info, design)
+
+    def check_pair(self, setting: str, c1: ContextRecord, c0: ContextRecord) -> None:
+        s1, s0 = (_scale_of(c.info, c.epsilon) for c in (c1, c0))
+        if not math.isclose(s1, s0, rel_tol=1e-9):
+            raise TargetProtocolError(f"C1 and C0 of {setting} differ in Laplace scale")
+
+    def context_budget(
+        self, plan: AuditPlan, epsilon: float, world: int
+    ) -> dict[str, float] | None:
+        # Pure epsilon-DP answers compose to at most answers x epsilon (basic composition),
+        # which no ledger's accounting exceeds: the planned answers always fit.
+        total = self.planned_answers(plan, epsilon, world) * epsilon * (1.0 + 1e-6)
+        return (
+            None
+            if total > MAX_BUDGET_EPSILON
+            else {"epsilon": total, "delta": plan.mechanism.delta}
+        )
+
+    async def audit_ledger(self, target: Any, design: Any, plan: AuditPlan) -> None:
+        # The ledger probe expects mu-GDP composition (planning.ledger); not this ledger's.
+        return None
+
+    def setting_meta(
+        self,
+        plan: AuditPlan,
+        design: Any,
+        epsilon: float,
+        contexts: Mapping[tuple[str, int], ContextRecord],
+    ) -> dict[str, Any]:
+        setting = plan.setting_key(epsilon)
+        c1, c0 = contexts.get((setting, 1)), contexts.get((setting, 0))
+        scale = laplace_scale(epsilon)
+        return {
+            "setting": setting,
+            "epsilon_theory": epsilon,
+            "delta": plan.mechanism.delta,
+            "partitions": plan.mechanism.partitions,
+            "context_ids": {"C1": c1 and c1.context_id, "C0": c0 and c0.context_id},
+            "noise": "laplace",
+            "scale": scale,
+            "sigma": None,
+            "epsilon_exact": laplace_epsilon_exact(scale, plan.mechanism.delta),
+            "design": design.layout,
+        }
+
+    def estimate(
+        self,
+        plan: AuditPlan,
+        design: Any,
+        k: int,
+        rows: Sequence[TrialRecord],
+        meta: dict[str, Any],
+        *,
+        bootstrap: bool,
+    ) -> dict[str, Any]:
+        if bootstrap:
+            raise InvalidAuditInput("laplace-voting has no bootstrap audit; use a run")
+        calls = self.calls_per_query(plan)
+        return estimate_trials(plan, k, rows, meta, calls_per_query=calls, finish=_pure_dp)
+
+
+def _pure_dp(est: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
+    """epsilon_emp = the classical lower bound, read against the claim and the exact epsilon;
+    a VIOLATION or BUG holds for the run's tests together (verdicts.for_the_family)."""
+    theory, exact = float(meta["epsilon_theory"]), meta.get("epsilon_exact")
+
+    def judge(classical: float) -> dict[str, Any]:
+        return verdict(max(classical, 0.0), theory, exact)
+
+    classical = float(est["epsilon_lower_classic"])
+    est["epsilon_emp"] = max(classical, 0.0)
+    est["epsilon_emp_basis"] = "classical"
+    est["verdict"] = for_the_family(
+        judge(classical), est, meta, lambda fw: judge(fw.epsilon_lower_classic)
+    )
+    return est
+
+
+LAPLACE_VOTING = LaplaceVotingAudit()
