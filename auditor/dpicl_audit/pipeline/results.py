@@ -21,6 +21,7 @@ from rich.text import Text
 
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.store import TrialStore
+from dpicl_audit.verdicts import Status, stored_verdict
 
 __all__ = [
     "describe_run",
@@ -155,7 +156,8 @@ def results_table(results: Mapping[str, Any]) -> Table:
             if "error" in est:
                 table.add_row(eps, threat, *["-"] * 7, Text(str(est["error"]), style="red"))
                 continue
-            status = est.get("verdict", {}).get("status", "")
+            found = stored_verdict(est)
+            status = "" if found is None else found.status.value
             style = {
                 "violation": "bold red",
                 "bug": "bold yellow",
@@ -187,13 +189,11 @@ def print_results(results: Mapping[str, Any], console: Console | None = None) ->
     console.print(results_table(results))
     for s in results["settings"]:
         for key in ("black_box", "white_box"):
-            est = s.get(key)
-            status = (est or {}).get("verdict", {}).get("status")
-            if est and status in ("violation", "bug", "nonconforming", "inconclusive"):
-                colour = "bold red" if status != "inconclusive" else "yellow"
+            found = stored_verdict(s.get(key) or {})
+            if found is not None and found.status.order > Status.OK.order:
+                colour = "bold red" if found.status is not Status.INCONCLUSIVE else "yellow"
                 console.print(
-                    f"[{colour}]{s['setting']} {key.replace('_', '-')}: "
-                    f"{est['verdict']['message']}[/{colour}]"
+                    f"[{colour}]{s['setting']} {key.replace('_', '-')}: {found.message}[/{colour}]"
                 )
     needs = [(s["setting"], s.get("real_trials_for_power")) for s in results["settings"]]
     if results.get("kind") == "bootstrap" and any(n is not None for _, n in needs):
@@ -205,13 +205,13 @@ def print_results(results: Mapping[str, Any], console: Console | None = None) ->
         rdp = s.get("rdp")
         if rdp:  # paper 003's RDP audit
             eps = rdp.get("epsilons", {})
-            status = rdp.get("verdict", {}).get("status", "")
-            style = "bold red" if status in ("violation", "bug") else "green"
+            found = stored_verdict(rdp)
+            style = "bold red" if found is not None and found.flags else "green"
             console.print(
                 f"{s['setting']} RDP over {rdp.get('queries')} queries, ε via Theorem 1 at "
                 f"δ={eps.get('delta')}: theory {_fmt(eps.get('theory'))}, exact "
                 f"{_fmt(eps.get('exact'))}, k-cut {_fmt(eps.get('k_cut'))}, 2-cut "
-                f"{_fmt(eps.get('two_cut'))} [{style}]{rdp.get('verdict', {}).get('message', '')}"
+                f"{_fmt(eps.get('two_cut'))} [{style}]{'' if found is None else found.message}"
                 f"[/{style}]"
             )
     ledger = results.get("ledger")

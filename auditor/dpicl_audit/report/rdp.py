@@ -17,6 +17,7 @@ import numpy as np
 
 from dpicl_audit.report.data import ReportRow, RunData, num
 from dpicl_audit.report.figure import png, pyplot
+from dpicl_audit.verdicts import stored_verdict
 
 __all__ = ["has_rdp", "plot_rdp_bars", "plot_rdp_curves", "rdp_row"]
 
@@ -37,7 +38,7 @@ def rdp_row(
 ) -> ReportRow:
     """The table row of one setting's RDP audit (no epsilon_emp: an RDP lower bound does not
     convert to a lower bound on epsilon)."""
-    verdict = s["rdp"].get("verdict") or {}
+    verdict = stored_verdict(s["rdp"])
     return ReportRow(
         run_id=rd.run_id,
         engine=rd.engine,
@@ -54,8 +55,8 @@ def rdp_row(
         llm_calls=s.get("llm_calls"),
         wall_time_s=wall_time_s,
         wall_time_shared=False,
-        status=str(verdict.get("status", "")),
-        message=str(verdict.get("message", "")),
+        status="" if verdict is None else verdict.status.value,
+        message="" if verdict is None else verdict.message,
         noise_check=None,
         mechanism=rd.mechanism,
         attack=rd.plan.attack,

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dpicl_audit.report.data import THREATS, ReportRow, RunData, num
 from dpicl_audit.report.rdp import rdp_row
 from dpicl_audit.store import TrialRecord
+from dpicl_audit.verdicts import stored_verdict
 
 __all__ = ["report_rows"]
 
@@ -45,8 +46,10 @@ def report_rows(runs: Sequence[RunData]) -> list[ReportRow]:
                     wall, shared = num(res.get("wall_time_s")), True
                 else:
                     wall, shared = _setting_wall_time(rd.trials.get(s["setting"], [])), False
-                verdict = est.get("verdict") or {}
-                status = "error" if "error" in est else str(verdict.get("status", ""))
+                verdict = stored_verdict(est)
+                status = (
+                    "error" if "error" in est else "" if verdict is None else verdict.status.value
+                )
                 rows.append(
                     ReportRow(
                         run_id=rd.run_id,
@@ -65,7 +68,9 @@ def report_rows(runs: Sequence[RunData]) -> list[ReportRow]:
                         wall_time_s=wall,
                         wall_time_shared=shared,
                         status=status,
-                        message=str(est.get("error") or verdict.get("message", "")),
+                        message=str(
+                            est.get("error") or ("" if verdict is None else verdict.message)
+                        ),
                         noise_check=s.get("noise_check"),
                         error=est.get("error"),
                         epsilon_exact_shift=num(s.get("epsilon_exact_signal")),
