@@ -60,6 +60,24 @@ def finish_run(store: TrialStore, run_id: str, results: dict[str, Any]) -> dict[
     return results
 
 
+def record_tail_gap(
+    db: str, results: Mapping[str, Any], tail: Mapping[str, Any], out_dir: str | Path
+) -> dict[str, Any]:
+    """A ``--profile verify`` run's results with its tail-gap companion's inside
+    (profiles.with_tail_gap), stored with the run and written to its ``results.json``: what
+    the audit prints is what ``show`` and ``report`` give back."""
+    from dpicl_audit.pipeline.profiles import with_tail_gap
+
+    both = with_tail_gap(results, tail)
+    store = TrialStore(db)
+    try:
+        store.update_run(str(results["run_id"]), results=jsonable(both))
+    finally:
+        store.dispose()
+    write_results(both, out_dir)
+    return both
+
+
 def jsonable(value: Any) -> Any:
     """Replace non-finite floats (JSON has none) by strings, recursively."""
     if isinstance(value, float) and not math.isfinite(value):
