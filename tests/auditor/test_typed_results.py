@@ -7,6 +7,7 @@ stored and the recomputed results) and from the legacy trial log written before 
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 
 from dpicl_audit.errors import InvalidAuditInput
+from dpicl_audit.pipeline.run_result import Estimate, RunResult
 from dpicl_audit.verdicts import (
     EXIT_CODES,
     STATUS_ORDER,
@@ -104,3 +106,44 @@ def test_a_status_knows_its_order_and_exit_code() -> None:
     assert worst_status([]) is Status.ERROR
     assert worst_status(["ok", "inconclusive", ""]) is Status.INCONCLUSIVE
     assert json.dumps({"status": Status.BUG}) == '{"status": "bug"}'  # the JSON keeps its word
+
+
+# ------------------------------------------------------------------ a run's results
+
+
+@pytest.mark.parametrize(("where", "stored"), list(_stored_results()), ids=lambda w: str(w)[:60])
+def test_stored_results_round_trip_exactly(where: str, stored: dict[str, Any]) -> None:
+    typed = RunResult.from_json(stored)
+    again = typed.to_json()
+    assert again == stored, where
+    assert list(again) == list(stored)  # in the stored order too
+    for s, s_stored in zip(typed.settings, stored.get("settings") or [], strict=True):
+        assert list(s.to_json()) == list(s_stored)
+        for key in ("black_box", "white_box"):
+            est = s.estimate(key)
+            if isinstance(s_stored.get(key), dict):
+                assert est is not None and est.to_json() == s_stored[key]
+                assert est.mu_lower == s_stored[key].get("mu_lower")
+
+
+def test_a_run_reads_as_attributes() -> None:
+    shown = json.loads((GOLDEN / "golden-broken-bb" / "show.json").read_text("utf-8"))
+    run = RunResult.from_json(shown)
+    assert run.run_id == "golden-broken-bb" and run.mechanism == "voting"
+    assert [s.setting for s in run.settings] == [s["setting"] for s in shown["settings"]]
+    bb = run.settings[0].black_box
+    assert bb is not None and bb.verdict is not None and bb.status == "violation"
+    assert bb.tp == shown["settings"][0]["black_box"]["tp"]
+    assert Status.VIOLATION in run.statuses()
+    verify = RunResult.from_json(json.loads((GOLDEN / "golden-verify" / "run.json").read_text()))
+    assert verify.tail_gap is not None and verify.tail_gap.run_id == "golden-verify-tail"
+    assert "verify" not in verify.extra
+
+
+def test_non_finite_figures_read_as_floats_and_write_back_as_strings() -> None:
+    est = Estimate.from_json({"mu_lower": "inf", "epsilon_lower": 0, "verdict": None})
+    assert est.mu_lower == math.inf and est.epsilon_lower == 0
+    assert est.to_json() == {"mu_lower": "inf", "epsilon_lower": 0, "verdict": None}
+    with pytest.raises(InvalidAuditInput, match="'many'"):
+        Estimate.from_json({"tp": "many"})
+    assert Estimate(error="boom").status == "error" and Estimate().status == ""
