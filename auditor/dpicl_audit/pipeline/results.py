@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dpicl_audit.errors import InvalidAuditInput
+from dpicl_audit.pipeline.profiles import with_tail_gap
 from dpicl_audit.pipeline.run_result import RunResult
 from dpicl_audit.store import TrialStore
 from dpicl_audit.verdicts import Status
@@ -67,8 +68,6 @@ def record_tail_gap(
     """A ``--profile verify`` run's results with its tail-gap companion's inside
     (profiles.with_tail_gap), stored with the run and written to its ``results.json``: what
     the audit prints is what ``show`` and ``report`` give back."""
-    from dpicl_audit.pipeline.profiles import with_tail_gap
-
     both = with_tail_gap(results, tail)
     store = TrialStore(db)
     try:
