@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +17,9 @@ from typing import Any
 import pytest
 
 from dpicl_audit.errors import InvalidAuditInput
+from dpicl_audit.pipeline.estimation import load_run
 from dpicl_audit.pipeline.run_result import Estimate, RunResult
+from dpicl_audit.store import TrialStore
 from dpicl_audit.verdicts import (
     EXIT_CODES,
     STATUS_ORDER,
@@ -147,3 +150,22 @@ def test_non_finite_figures_read_as_floats_and_write_back_as_strings() -> None:
     with pytest.raises(InvalidAuditInput, match="'many'"):
         Estimate.from_json({"tp": "many"})
     assert Estimate(error="boom").status == "error" and Estimate().status == ""
+
+
+def test_legacy_runs_upgraded_read_back_exactly(tmp_path: Path) -> None:
+    """The legacy log's runs as the pipeline reads them (pipeline.legacy upgrades their
+    results) go through the typed results and back unchanged, with their verdicts typed."""
+    db = tmp_path / "legacy.db"
+    shutil.copy(FIXTURES / "legacy_trial_log.db", db)
+    store = TrialStore(f"sqlite:///{db}")
+    try:
+        upgraded = [load_run(store, r.id) for r in store.list_runs()]
+    finally:
+        store.dispose()
+    typed = [(r.id, RunResult.from_json(r.results)) for r in upgraded if r.results is not None]
+    assert len(typed) >= 4
+    for run_id, run in typed:
+        stored = next(r.results for r in upgraded if r.id == run_id)
+        assert run.to_json() == stored, run_id
+        assert all(isinstance(v, Verdict) for v in run.verdicts())
+    assert any(run.verdicts() for _, run in typed)
