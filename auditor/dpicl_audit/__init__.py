@@ -21,8 +21,9 @@ inside a function, closes a cycle)::
                        noise_check.py its guard; figure_power.py, trial_budget.py
     mechanisms/names.py  the mechanism names, known without importing the audits
     attacks.py         which attack applies to which mechanism and threat model
-    verdicts.py        what a bound says about the claims (violation, bug, nonconforming,
-                       inconclusive, ok) and the CLI's exit code by the worst of them
+    verdicts/          what a bound says about the claims (violation, bug, nonconforming,
+                       inconclusive, ok): model (the one Verdict type, its Status and the
+                       CLI's exit code by the worst of them), claims (the rules applied)
     plan/              the audit plan, validated once: sources (TOML file, CLI flags, the
                        stored JSON), specs (its sections), model (AuditPlan)
     planning/          what a plan implies: schedule (worlds, streams), ledger (a

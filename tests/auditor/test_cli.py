@@ -302,3 +302,26 @@ def test_help_shows_every_default() -> None:
                 continue  # credentials and the server's address: no default to show
             flat = " ".join(block.split())
             assert "default" in flat or "env var" in flat, f"{command} {name}: {flat[:160]}"
+
+
+def test_verify_prints_and_stores_its_tail_gap_run(
+    oracle_server: ThreadServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``run --profile verify --json`` prints one document with the tail-gap run inside
+    (``verify.tail_gap``), and stores it with the run: ``show`` and ``results.json`` agree."""
+    monkeypatch.setattr("dpicl_audit.pipeline.profiles.TAIL_TRIALS", 40)  # 3,000 in earnest
+    db = f"sqlite:///{tmp_path}/audit.db"
+    out = tmp_path / "runs"
+    env = {"DPICL_AUDIT_ADMIN_TOKEN": ADMIN, "DPICL_AUDIT_API_KEY": USER}
+    common = ("--db", db, "--out", str(out), "--url", oracle_server.url, "--no-progress")
+    args = ("--profile", "verify", "--epsilons", "8", "--trials", "20", "--seed", "5")
+    result = invoke("run", *args, *common, "--run-id", "v", "--json", env=env)
+    assert result.exit_code in VERDICT_EXITS, result.output
+    printed = json.loads(result.stdout)
+    tail = printed["verify"]["tail_gap"]
+    assert printed["run_id"] == "v" and tail["run_id"] == "v-tail"
+    assert tail["plan"]["design"] == "paper" and tail["settings"][0]["trials"] == 40
+    shown = json.loads(invoke("show", "v", "--db", db, "--json").stdout)
+    assert shown == printed == json.loads((out / "v" / "results.json").read_text())
+    alone = json.loads(invoke("show", "v-tail", "--db", db, "--json").stdout)
+    assert alone == tail

@@ -17,13 +17,12 @@ from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.estimators.conformance import (
     CONFORMANCE_ERROR,
     Conformance,
-    apply_conformance,
     conformance_alpha,
     rate_tests,
     residual_tests,
 )
 from dpicl_audit.estimators.noise_check import check_noise
-from dpicl_audit.verdicts import EXIT_CODES, results_exit_code, worst_status
+from dpicl_audit.verdicts import EXIT_CODES, Status, Verdict, results_exit_code, worst_status
 
 SIGMA = 1.7
 META = {"family": {"size": 5, "confidence": 0.95, "settings": 4}}
@@ -119,10 +118,11 @@ def test_bad_residuals_are_refused() -> None:
 def test_nonconforming_replaces_consistent_and_inconclusive_never_a_violation() -> None:
     bad = _conf(rate_tests(200, 200, 164, 200, (0.795, 0.205))).to_dict()
     for status in ("ok", "inconclusive"):
-        got = apply_conformance({"status": status, "message": "m"}, bad)
-        assert got["status"] == "nonconforming" and got["message"].startswith("NONCONFORMING")
-    kept = apply_conformance({"status": "violation", "message": "V"}, bad)
-    assert kept["status"] == "violation" and "NONCONFORMING" in kept["message"]
+        got = Verdict(Status(status), "m", violation=False).read_with(bad)
+        assert got.status == "nonconforming" and got.message.startswith("NONCONFORMING")
+        assert got.to_dict()["verdict"] == "NONCONFORMING"
+    kept = Verdict(Status.VIOLATION, "V", violation=True).read_with(bad)
+    assert kept.status == "violation" and "NONCONFORMING" in kept.message
     assert worst_status(["ok", "nonconforming", "inconclusive"]) == "nonconforming"
     assert worst_status(["bug", "nonconforming"]) == "bug"
 

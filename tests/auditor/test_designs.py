@@ -83,15 +83,15 @@ def test_verdicts_say_inconclusive_without_power_and_consistent_with_it() -> Non
     est = {"mu_lower": 0.0, "epsilon_lower_classic": 0.0, "n_pos": 2000, "n_neg": 2000}
     # no clean vote ever changed: nothing could be seen
     v = gaussian_verdict(est, _meta(flip_rate=0.0))
-    assert v["status"] == "inconclusive" and "never differed" in v["message"]
-    assert v["advice"]
+    assert v.status == "inconclusive" and "never differed" in v.message
+    assert v.advice
     # the paper's design at epsilon 8 ([1, 7] against [0, 8]): rates deep in the tail
     v = gaussian_verdict(est, _meta(release_rates=[2e-4, 1e-6], epsilon_exact=7.91))
-    assert v["status"] == "inconclusive" and "could reach" in v["message"]
+    assert v.status == "inconclusive" and "could reach" in v.message
     # the pivotal design at epsilon 4, T = 8: the same zero bound would be a finding
     v = gaussian_verdict(est, _meta(release_rates=[0.80, 0.5]))
-    assert v["status"] == "ok" and v["max_reachable"] > 0.5 * 3.51
+    assert v.status == "ok" and v.max_reachable is not None and v.max_reachable > 0.5 * 3.51
     # a GDP figure above the Gaussian claim is a violation
     big = est | {"mu_lower": 3.0, "epsilon_lower_classic": 1.0}
     v = gaussian_verdict(big, _meta(release_rates=[0.80, 0.5]))
-    assert v["status"] == "violation" and "not" in v["message"]
+    assert v.status == "violation" and "not" in v.message

@@ -105,32 +105,32 @@ def test_a_figure_that_exceeds_only_alone_is_inconclusive_for_the_run() -> None:
     meta = setting(1.0)
     est = black_box(153, 47, 47, 153)
     alone = gaussian_verdict(est, meta)
-    assert alone["verdict"] == "BUG", alone
-    assert alone["family_wise"] is None
+    assert alone.word == "BUG", alone
+    assert alone.family_wise is None
     fw = family_wise_figures(est, 4, DELTA)
     assert fw is not None and fw.mu_lower < 1.0 < est["mu_lower"]
     run = gaussian_verdict(est, meta | {"family": {"size": 4, "confidence": CONF}})
-    assert run["verdict"] == "INCONCLUSIVE" and run["status"] == "inconclusive"
-    assert "not the run's 4 tests together" in run["message"]
-    assert "up to 20% of runs" in run["message"]
-    assert run["advice"] == ["run it again with more trials to tell"]
-    assert run["family_wise"]["mu_lower"] == pytest.approx(fw.mu_lower)
+    assert run.word == "INCONCLUSIVE" and run.status == "inconclusive"
+    assert "not the run's 4 tests together" in run.message
+    assert "up to 20% of runs" in run.message
+    assert run.advice == ("run it again with more trials to tell",)
+    assert run.family_wise is not None and run.family_wise["mu_lower"] == pytest.approx(fw.mu_lower)
 
 
 def test_a_clear_violation_stands_for_the_run() -> None:
     meta = setting(0.5)  # claims epsilon of mu 0.5 x 2; the trials show far more
     est = black_box(190, 10, 10, 190)
     run = gaussian_verdict(est, meta | {"family": {"size": 8, "confidence": CONF}})
-    assert run["verdict"] == "VIOLATION" and run["violation"]
-    assert "holds for the run's 8 tests together at 95%" in run["message"]
-    assert run["family_wise"]["size"] == 8
+    assert run.word == "VIOLATION" and run.violation
+    assert "holds for the run's 8 tests together at 95%" in run.message
+    assert run.family_wise is not None and run.family_wise["size"] == 8
 
 
 def test_without_counts_a_claim_cannot_stand_for_the_run() -> None:
     est = {"mu_lower": 3.0, "epsilon_lower_classic": 0.0, "confidence": CONF}
     run = gaussian_verdict(est, setting(1.0) | {"family": {"size": 2, "confidence": CONF}})
-    assert run["verdict"] == "INCONCLUSIVE"
-    assert "counts are not in the estimate" in run["message"]
+    assert run.word == "INCONCLUSIVE"
+    assert "counts are not in the estimate" in run.message
 
 
 # ------------------------------------------------------------ paper 003's RDP sequences
@@ -275,8 +275,8 @@ def _false_claim_runs(
             for a, b in zip(fn, fp, strict=True)
         ]
         # A figure is re-evaluated for the run exactly when it claimed something alone.
-        alone += any(v["family_wise"] is not None for v in verdicts)
-        together += any(v["status"] in ("bug", "violation") for v in verdicts)
+        alone += any(v.family_wise is not None for v in verdicts)
+        together += any(v.flags for v in verdicts)
     return alone, together
 
 

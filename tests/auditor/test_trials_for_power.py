@@ -93,12 +93,10 @@ def test_an_underpowered_verdict_names_a_count_that_has_power() -> None:
     meta = setting(1.65)
     est = estimate_from_counts(40, 10, 12, 38, delta=DELTA).to_dict()
     v = gaussian_verdict(est, meta)
-    assert v["verdict"] == "INCONCLUSIVE", v
-    pos, neg = v["trials_needed"]
+    assert v.word == "INCONCLUSIVE" and v.trials_needed is not None, v
+    pos, neg = v.trials_needed
     assert pos == neg and pos + neg > 100
-    assert (
-        f"about {pos + neg:,} in all ({pos:,} with the canary, {neg:,} without)" in (v["message"])
-    )
+    assert f"about {pos + neg:,} in all ({pos:,} with the canary, {neg:,} without)" in (v.message)
     assert (pos, neg) == trials_for_power_of(est, meta)
     # The same rates at the named counts: the verdict has its power and decides.
     scaled = estimate_from_counts(
@@ -106,16 +104,16 @@ def test_an_underpowered_verdict_names_a_count_that_has_power() -> None:
         delta=DELTA,
     ).to_dict()  # fmt: skip
     again = gaussian_verdict(scaled, meta)
-    assert again["verdict"] == "CONSISTENT" and again["trials_needed"] is None
-    assert again["max_reachable"] >= 0.5 * meta["epsilon_exact"]
+    assert again.word == "CONSISTENT" and again.trials_needed is None
+    assert again.max_reachable >= 0.5 * meta["epsilon_exact"]
 
 
 def test_an_unreachable_need_says_so() -> None:
     meta = setting(1.65) | {"flip_rate": 0.001}
     est = estimate_from_counts(40, 10, 12, 38, delta=DELTA).to_dict()
     v = gaussian_verdict(est, meta)
-    assert v["verdict"] == "INCONCLUSIVE" and v["trials_needed"] is None
-    assert "more trials will not do" in v["message"]
+    assert v.word == "INCONCLUSIVE" and v.trials_needed is None
+    assert "more trials will not do" in v.message
 
 
 def bootstrap_results(*mus: float) -> dict[str, Any]:

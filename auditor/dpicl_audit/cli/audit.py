@@ -300,7 +300,8 @@ def audit_command(kind: str) -> Callable[..., None]:
         progress: ProgressOpt = True,
         as_json: JsonOpt = False,
     ) -> None:
-        from dpicl_audit.pipeline.profiles import companion_plan
+        from dpicl_audit.pipeline.profiles import companion_plan, tail_run_id
+        from dpicl_audit.pipeline.results import record_tail_gap
         from dpicl_audit.pipeline.run import bootstrap_audit, run_audit
         from dpicl_audit.planning.schedule import new_run_id
 
@@ -377,11 +378,11 @@ def audit_command(kind: str) -> Callable[..., None]:
         runs = [results]
         companion = guard(lambda: companion_plan(profile, kind, audit_plan))
         if companion is not None:  # --profile verify: the tail-gap run (profiles.py)
-            tail_id = f"{results['run_id']}-tail"
-            runs.append(run_async(run_audit(companion, db=db, run_id=tail_id, out_dir=out,
-                                            progress=progress, console=err_console)))  # fmt: skip
-            if as_json:  # one JSON document: the companion inside the main run's
-                results = results | {"verify": {"tail_gap": runs[1]}}
+            tail_id = tail_run_id(str(results["run_id"]))
+            tail = run_async(run_audit(companion, db=db, run_id=tail_id, out_dir=out,
+                                       progress=progress, console=err_console))  # fmt: skip
+            # One JSON document, stored with the run: the companion inside the run's.
+            runs = [guard(lambda: record_tail_gap(db, results, tail, out)), tail]
         for res in runs[: 1 if as_json else 2]:
             emit(res, as_json, Path(out) / str(res["run_id"]) / "results.json")
         exit_on_verdict(runs)

@@ -21,6 +21,7 @@ from dpicl_audit.pipeline.run import bootstrap_audit, run_audit
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.schedule import CLEAN_SETTING, new_run_id
 from dpicl_audit.store import TrialRecord, TrialStore
+from dpicl_audit.verdicts import stored_verdict
 
 __all__ = ["Counts", "audit_esa", "audit_model", "audit_oracle", "say"]
 
@@ -57,7 +58,7 @@ def _summarise(results: Mapping[str, Any]) -> None:
                 continue
             parts.append(
                 f"{key.replace('_', '-')} ε_emp={float(est['epsilon_lower']):.3f} "
-                f"({est.get('verdict', {}).get('status', '?')})"
+                f"({'?' if (found := stored_verdict(est)) is None else found.status})"
             )
         exact = s.get("epsilon_exact")
         exact_s = f"{float(exact):.3f}" if exact is not None else "-"

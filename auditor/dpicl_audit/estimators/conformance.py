@@ -28,8 +28,9 @@ error, ``m`` the run's family size, shared equally by the run's settings and, wi
 by its tests (Bonferroni). So the run's claims *and* its conformance findings hold together at
 its confidence, and an honest server reads NONCONFORMING in at most 0.1% of runs.
 
-A significant departure is the verdict NONCONFORMING (:func:`apply_conformance`), naming what
-differs; it never reads CONSISTENT. A VIOLATION or BUG stays (it is worse).
+A significant departure is the verdict NONCONFORMING
+(:meth:`dpicl_audit.verdicts.Verdict.read_with`), naming what differs; it never reads
+CONSISTENT. A VIOLATION or BUG stays (it is worse).
 """
 
 from __future__ import annotations
@@ -49,7 +50,6 @@ __all__ = [
     "CONFORMANCE_ERROR",
     "Conformance",
     "ConformanceTest",
-    "apply_conformance",
     "conformance_alpha",
     "rate_tests",
     "residual_tests",
@@ -345,24 +345,3 @@ def residual_tests(
 def summarise(tests: Sequence[ConformanceTest], meta: Mapping[str, Any]) -> dict[str, Any]:
     """The setting's conformance dict at its share of the run's error."""
     return Conformance(conformance_alpha(meta, len(tests)), tuple(tests)).to_dict()
-
-
-def apply_conformance(
-    verdict: dict[str, Any], conformance: Mapping[str, Any] | None
-) -> dict[str, Any]:
-    """``verdict`` (a verdict dict) read with ``conformance``: a NONCONFORMING finding
-    replaces CONSISTENT and INCONCLUSIVE (a VIOLATION or BUG stays, naming it too)."""
-    if not conformance or conformance.get("status") != "nonconforming":
-        return verdict
-    what = ", ".join(conformance.get("differs") or [])
-    note = f"NONCONFORMING ({what}): {conformance.get('message')}"
-    if verdict.get("status") in ("violation", "bug"):
-        return verdict | {"message": f"{verdict.get('message')}; also {note}"}
-    return verdict | {
-        "status": "nonconforming",
-        "verdict": "NONCONFORMING",
-        "violation": False,
-        "exceeds_exact": False,
-        "message": note + " (the server does not release what the mechanism it reports would)",
-        "nonconforming": list(conformance.get("differs") or []),
-    }

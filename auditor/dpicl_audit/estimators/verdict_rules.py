@@ -34,12 +34,14 @@ from dpicl_audit.estimators.power import MAX_SEARCHED_TRIALS
 __all__ = [
     "DEFAULT_MIN_POWER_FRACTION",
     "ClaimKind",
-    "Verdict",
+    "RuleWord",
     "VerdictResult",
     "decide_verdict",
 ]
 
-Verdict = Literal["VIOLATION", "BUG", "INCONCLUSIVE", "CONSISTENT"]
+#: The word a rule decides; :class:`dpicl_audit.verdicts.Verdict`, the one verdict type,
+#: stores it under ``"verdict"`` (this module only decides).
+RuleWord = Literal["VIOLATION", "BUG", "INCONCLUSIVE", "CONSISTENT"]
 ClaimKind = Literal["gaussian", "other"]
 
 DEFAULT_MIN_POWER_FRACTION = 0.5
@@ -76,7 +78,7 @@ class VerdictResult:
     ``underpowered``: for an INCONCLUSIVE verdict for want of trials, the bound the design
     fell short of (:meth:`with_trials_needed` then says how many trials reach it)."""
 
-    verdict: Verdict
+    verdict: RuleWord
     reasons: tuple[str, ...]
     advice: tuple[str, ...] = ()
     underpowered: float | None = None

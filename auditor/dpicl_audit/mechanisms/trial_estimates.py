@@ -14,13 +14,12 @@ from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.estimators.conformance import (
     Conformance,
     ConformanceTest,
-    apply_conformance,
     conformance_alpha,
 )
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.schedule import STREAM_SPLIT
 from dpicl_audit.store import TrialRecord
-from dpicl_audit.verdicts import gaussian_verdict
+from dpicl_audit.verdicts import Verdict, gaussian_verdict
 
 __all__ = [
     "Finish",
@@ -36,7 +35,7 @@ Finish = Callable[[dict[str, Any], Mapping[str, Any]], dict[str, Any]]
 def with_verdict(est: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
     """The estimate with its verdict against the setting's claims (and, where it has only
     its decision counts, e.g. a bootstrap's, the ROC of that operating point)."""
-    est["verdict"] = gaussian_verdict(est, meta)
+    est["verdict"] = gaussian_verdict(est, meta).to_dict()
     counts = [est.get(k) for k in ("tp", "fn", "fp", "tn")]
     if "roc" not in est and all(isinstance(c, int) for c in counts):
         from dpicl_audit.estimators.roc import roc_from_decisions
@@ -157,5 +156,5 @@ def finish_conformance(
     for key, conf in (("black_box", both), ("white_box", both)):
         est = out.get(key)
         if isinstance(est, dict) and isinstance(est.get("verdict"), dict):
-            est["verdict"] = apply_conformance(est["verdict"], conf)
+            est["verdict"] = Verdict.from_dict(est["verdict"]).read_with(conf).to_dict()
     return out

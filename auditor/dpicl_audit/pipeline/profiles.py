@@ -14,7 +14,8 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.plan import AuditPlan
@@ -27,6 +28,8 @@ __all__ = [
     "Profile",
     "companion_plan",
     "tail_plan",
+    "tail_run_id",
+    "with_tail_gap",
 ]
 
 Profile = Literal["default", "verify"]
@@ -62,3 +65,15 @@ def companion_plan(profile: str, kind: str, plan: AuditPlan) -> AuditPlan | None
     if kind != "run":
         raise InvalidAuditInput("--profile verify: only for run")
     return tail_plan(plan)
+
+
+def tail_run_id(run_id: str) -> str:
+    """The id of ``run_id``'s tail-gap companion (``dpicl-audit run --profile verify``)."""
+    return f"{run_id}-tail"
+
+
+def with_tail_gap(results: Mapping[str, Any], tail: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``verify`` run's results as one JSON document: the companion's inside the run's
+    (stored with the run: what ``run --profile verify --json`` prints, and ``show`` and the
+    run's ``results.json`` again)."""
+    return dict(results) | {"verify": {"tail_gap": dict(tail)}}

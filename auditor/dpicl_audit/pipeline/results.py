@@ -20,7 +20,10 @@ from rich.table import Table
 from rich.text import Text
 
 from dpicl_audit.errors import InvalidAuditInput
+from dpicl_audit.pipeline.profiles import with_tail_gap
+from dpicl_audit.pipeline.run_result import RunResult
 from dpicl_audit.store import TrialStore
+from dpicl_audit.verdicts import Status
 
 __all__ = [
     "describe_run",
@@ -57,6 +60,22 @@ def finish_run(store: TrialStore, run_id: str, results: dict[str, Any]) -> dict[
     }
     store.update_run(run_id, results=jsonable(results))
     return results
+
+
+def record_tail_gap(
+    db: str, results: Mapping[str, Any], tail: Mapping[str, Any], out_dir: str | Path
+) -> dict[str, Any]:
+    """A ``--profile verify`` run's results with its tail-gap companion's inside
+    (profiles.with_tail_gap), stored with the run and written to its ``results.json``: what
+    the audit prints is what ``show`` and ``report`` give back."""
+    both = with_tail_gap(results, tail)
+    store = TrialStore(db)
+    try:
+        store.update_run(str(results["run_id"]), results=jsonable(both))
+    finally:
+        store.dispose()
+    write_results(both, out_dir)
+    return both
 
 
 def jsonable(value: Any) -> Any:
@@ -145,17 +164,17 @@ def results_table(results: Mapping[str, Any]) -> Table:
             min_width=12 if col == "verdict" else None,
         )
     models = results.get("threat_models", ["black-box"])
-    for s in results["settings"]:
+    for s in RunResult.from_json(results).settings:
         for model in models:
-            est = s.get("black_box" if model == "black-box" else "white_box")
-            if not est:
+            est = s.estimate("black_box" if model == "black-box" else "white_box")
+            if est is None or not est.keys:
                 continue
             threat = model.removesuffix("-box")
-            eps = f"{float(s.get('epsilon_theory', 0.0)):g}"
-            if "error" in est:
-                table.add_row(eps, threat, *["-"] * 7, Text(str(est["error"]), style="red"))
+            eps = f"{float(s.epsilon_theory or 0.0):g}"
+            if est.error is not None:
+                table.add_row(eps, threat, *["-"] * 7, Text(est.error, style="red"))
                 continue
-            status = est.get("verdict", {}).get("status", "")
+            status = "" if est.verdict is None else est.verdict.status.value
             style = {
                 "violation": "bold red",
                 "bug": "bold yellow",
@@ -170,13 +189,13 @@ def results_table(results: Mapping[str, Any]) -> Table:
             table.add_row(
                 eps,
                 threat,
-                _fmt(s.get("epsilon_exact")),
-                _fmt(est.get("epsilon_emp", est.get("epsilon_lower"))),
-                _fmt(est.get("mu_lower")),
-                _fmt(est.get("epsilon_lower_classic")),
-                _fmt(est.get("tpr"), 2),
-                _fmt(est.get("fpr"), 2),
-                str(s.get("trials", "-")),
+                _fmt(s.epsilon_exact),
+                _fmt(est.epsilon_shown),
+                _fmt(est.mu_lower),
+                _fmt(est.epsilon_lower_classic),
+                _fmt(est.tpr, 2),
+                _fmt(est.fpr, 2),
+                str(s.trials if "trials" in s.keys else "-"),
                 Text(status, style=style),
             )
     return table
@@ -185,33 +204,32 @@ def results_table(results: Mapping[str, Any]) -> Table:
 def print_results(results: Mapping[str, Any], console: Console | None = None) -> None:
     console = console or Console()
     console.print(results_table(results))
-    for s in results["settings"]:
+    run = RunResult.from_json(results)
+    for s in run.settings:
         for key in ("black_box", "white_box"):
-            est = s.get(key)
-            status = (est or {}).get("verdict", {}).get("status")
-            if est and status in ("violation", "bug", "nonconforming", "inconclusive"):
-                colour = "bold red" if status != "inconclusive" else "yellow"
+            est = s.estimate(key)
+            found = None if est is None else est.verdict
+            if found is not None and found.status.order > Status.OK.order:
+                colour = "bold red" if found.status is not Status.INCONCLUSIVE else "yellow"
                 console.print(
-                    f"[{colour}]{s['setting']} {key.replace('_', '-')}: "
-                    f"{est['verdict']['message']}[/{colour}]"
+                    f"[{colour}]{s.setting} {key.replace('_', '-')}: {found.message}[/{colour}]"
                 )
-    needs = [(s["setting"], s.get("real_trials_for_power")) for s in results["settings"]]
-    if results.get("kind") == "bootstrap" and any(n is not None for _, n in needs):
+    needs = [(s.setting, s.extra.get("real_trials_for_power")) for s in run.settings]
+    if run.kind == "bootstrap" and any(n is not None for _, n in needs):
         console.print(
             "real trials a run of this design needs for power (about, both worlds): "
             + ", ".join(f"{k}: {'no count' if n is None else f'{n:,}'}" for k, n in needs)
         )
-    for s in results["settings"]:
-        rdp = s.get("rdp")
-        if rdp:  # paper 003's RDP audit
+    for s in run.settings:
+        if s.rdp:  # paper 003's RDP audit
+            rdp, found = s.rdp, s.rdp_verdict
             eps = rdp.get("epsilons", {})
-            status = rdp.get("verdict", {}).get("status", "")
-            style = "bold red" if status in ("violation", "bug") else "green"
+            style = "bold red" if found is not None and found.flags else "green"
             console.print(
-                f"{s['setting']} RDP over {rdp.get('queries')} queries, ε via Theorem 1 at "
+                f"{s.setting} RDP over {rdp.get('queries')} queries, ε via Theorem 1 at "
                 f"δ={eps.get('delta')}: theory {_fmt(eps.get('theory'))}, exact "
                 f"{_fmt(eps.get('exact'))}, k-cut {_fmt(eps.get('k_cut'))}, 2-cut "
-                f"{_fmt(eps.get('two_cut'))} [{style}]{rdp.get('verdict', {}).get('message', '')}"
+                f"{_fmt(eps.get('two_cut'))} [{style}]{'' if found is None else found.message}"
                 f"[/{style}]"
             )
     ledger = results.get("ledger")

@@ -4,7 +4,7 @@ The run's life, one module per step::
 
     plan (plan/) -> design (mechanisms/<name>/) -> contexts (pipeline/contexts.py)
       -> trials (pipeline/trials.py, planning/schedule.py) -> SQL trial log (store/)
-      -> estimates (pipeline/estimation.py, estimators/) -> verdicts (verdicts.py)
+      -> estimates (pipeline/estimation.py, estimators/) -> verdicts (verdicts/)
       -> results (pipeline/results.py) and reports (report/)
 
 Every life is :func:`_life`: the target's client opened and its health read, the run begun

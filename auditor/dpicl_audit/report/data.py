@@ -81,7 +81,7 @@ class ReportRow:
     wall_time_shared: bool
     status: str
     message: str
-    noise_check: dict[str, Any] | None
+    noise_check: Mapping[str, Any] | None
     error: str | None = None
     # ESA: the exact epsilon for the canary's actual embedding shift ||e(y1)-e(y0)||/T
     # instead of the worst case 2/T (looseness of the analysis vs weakness of the attack).

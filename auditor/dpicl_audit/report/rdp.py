@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from dpicl_audit.pipeline.run_result import SettingResult
 from dpicl_audit.report.data import ReportRow, RunData, num
 from dpicl_audit.report.figure import png, pyplot
 
@@ -33,29 +34,29 @@ def has_rdp(runs: Sequence[RunData]) -> bool:
 
 
 def rdp_row(
-    rd: RunData, s: Mapping[str, Any], *, conf: float, method: str, wall_time_s: float | None
+    rd: RunData, s: SettingResult, *, conf: float, method: str, wall_time_s: float | None
 ) -> ReportRow:
     """The table row of one setting's RDP audit (no epsilon_emp: an RDP lower bound does not
     convert to a lower bound on epsilon)."""
-    verdict = s["rdp"].get("verdict") or {}
+    verdict = s.rdp_verdict
     return ReportRow(
         run_id=rd.run_id,
         engine=rd.engine,
         method=method,
-        setting=str(s["setting"]),
+        setting=str(s.setting),
         threat="rdp",
-        epsilon_theory=num(s.get("epsilon_theory")),
-        epsilon_exact=num(s.get("epsilon_exact")),
+        epsilon_theory=num(s.epsilon_theory),
+        epsilon_exact=num(s.epsilon_exact),
         epsilon_emp=None,
         mu_lower=None,
         confidence=conf,
-        trials=s.get("trials"),
+        trials=s.trials,
         n_llm=None,
-        llm_calls=s.get("llm_calls"),
+        llm_calls=s.llm_calls,
         wall_time_s=wall_time_s,
         wall_time_shared=False,
-        status=str(verdict.get("status", "")),
-        message=str(verdict.get("message", "")),
+        status="" if verdict is None else verdict.status.value,
+        message="" if verdict is None else verdict.message,
         noise_check=None,
         mechanism=rd.mechanism,
         attack=rd.plan.attack,

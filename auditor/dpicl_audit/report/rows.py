@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from dpicl_audit.pipeline.run_result import RunResult
 from dpicl_audit.report.data import THREATS, ReportRow, RunData, num
 from dpicl_audit.report.rdp import rdp_row
 from dpicl_audit.store import TrialRecord
@@ -22,6 +23,10 @@ def _setting_wall_time(rows: Sequence[TrialRecord]) -> float | None:
     return float(span + first.latency_s)
 
 
+def _whole(value: object) -> int | None:
+    return None if value is None else int(value)  # type: ignore[call-overload]
+
+
 def report_rows(runs: Sequence[RunData]) -> list[ReportRow]:
     """The table: one row per (run, epsilon, threat model) the run estimated."""
     rows: list[ReportRow] = []
@@ -36,47 +41,46 @@ def report_rows(runs: Sequence[RunData]) -> list[ReportRow]:
             design = f"{layout} design, {design}"
         if rd.mechanism == "dps-mozo":
             design = f"signal canary ({'/'.join(rd.plan.mozo.signals)})"
-        for s in res.get("settings", []):
+        run = RunResult.from_json(res)
+        for s in run.settings:
             for threat, key in THREATS:
-                est = s.get(key)
-                if threat not in models or not est:
+                est = s.estimate(key)
+                if threat not in models or est is None or not est.keys:
                     continue
                 if rd.kind == "bootstrap":
                     wall, shared = num(res.get("wall_time_s")), True
                 else:
-                    wall, shared = _setting_wall_time(rd.trials.get(s["setting"], [])), False
-                verdict = est.get("verdict") or {}
-                status = "error" if "error" in est else str(verdict.get("status", ""))
+                    wall, shared = _setting_wall_time(rd.trials.get(str(s.setting), [])), False
                 rows.append(
                     ReportRow(
                         run_id=rd.run_id,
                         engine=rd.engine,
                         method=method,
-                        setting=str(s["setting"]),
+                        setting=str(s.setting),
                         threat=threat,
-                        epsilon_theory=num(s.get("epsilon_theory")),
-                        epsilon_exact=num(s.get("epsilon_exact")),
-                        epsilon_emp=num(est.get("epsilon_emp", est.get("epsilon_lower"))),
-                        mu_lower=num(est.get("mu_lower")),
+                        epsilon_theory=num(s.epsilon_theory),
+                        epsilon_exact=num(s.epsilon_exact),
+                        epsilon_emp=num(est.epsilon_shown),
+                        mu_lower=num(est.mu_lower),
                         confidence=conf,
-                        trials=int(s["trials"]) if s.get("trials") is not None else None,
-                        n_llm=int(s["n_llm"]) if s.get("n_llm") is not None else None,
-                        llm_calls=int(s["llm_calls"]) if s.get("llm_calls") is not None else None,
+                        trials=s.trials,
+                        n_llm=_whole(s.extra.get("n_llm")),
+                        llm_calls=s.llm_calls,
                         wall_time_s=wall,
                         wall_time_shared=shared,
-                        status=status,
-                        message=str(est.get("error") or verdict.get("message", "")),
-                        noise_check=s.get("noise_check"),
-                        error=est.get("error"),
-                        epsilon_exact_shift=num(s.get("epsilon_exact_signal")),
+                        status=est.status,
+                        message=est.error or ("" if est.verdict is None else est.verdict.message),
+                        noise_check=s.noise_check,
+                        error=est.error,
+                        epsilon_exact_shift=num(s.extra.get("epsilon_exact_signal")),
                         mechanism=rd.mechanism,
                         attack=rd.plan.attack,
                         design=design,
-                        epsilon_classic=num(est.get("epsilon_lower_classic")),
+                        epsilon_classic=num(est.epsilon_lower_classic),
                         family_size=(res.get("family") or {}).get("size"),
                     )
                 )
-            if s.get("rdp"):  # paper 003's RDP audit of the setting: its own row
-                wall = _setting_wall_time(rd.trials.get(s["setting"], []))
+            if s.rdp:  # paper 003's RDP audit of the setting: its own row
+                wall = _setting_wall_time(rd.trials.get(str(s.setting), []))
                 rows.append(rdp_row(rd, s, conf=conf, method=method, wall_time_s=wall))
     return rows

@@ -40,7 +40,7 @@ from dpicl_audit.mechanisms.voting.audit import VotingAudit
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.ledger import MAX_BUDGET_EPSILON, composed_epsilon
 from dpicl_audit.store import ContextRecord, TrialRecord
-from dpicl_audit.verdicts import for_the_family, verdict
+from dpicl_audit.verdicts import Verdict, for_the_family, verdict
 
 __all__ = ["LAPLACE_VOTING", "LaplaceVotingAudit", "laplace_epsilon_exact", "laplace_scale"]
 
@@ -165,7 +165,7 @@ def _pure_dp(est: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
     a VIOLATION or BUG holds for the run's tests together (verdicts.for_the_family)."""
     theory, exact = float(meta["epsilon_theory"]), meta.get("epsilon_exact")
 
-    def judge(classical: float) -> dict[str, Any]:
+    def judge(classical: float) -> Verdict:
         return verdict(max(classical, 0.0), theory, exact)
 
     classical = float(est["epsilon_lower_classic"])
@@ -173,7 +173,7 @@ def _pure_dp(est: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
     est["epsilon_emp_basis"] = "classical"
     est["verdict"] = for_the_family(
         judge(classical), est, meta, lambda fw: judge(fw.epsilon_lower_classic)
-    )
+    ).to_dict()
     return est
 
 

@@ -67,7 +67,7 @@ from dpicl_audit.mechanisms.dps_mozo.findings import (
 from dpicl_audit.mechanisms.trial_estimates import Finish
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.store import ContextRecord, TrialRecord
-from dpicl_audit.verdicts import for_the_family, verdict
+from dpicl_audit.verdicts import Verdict, for_the_family, verdict
 
 __all__ = ["MOZO", "MozoAudit"]
 
@@ -310,7 +310,7 @@ def _verdict_of(*, nominal: bool) -> Finish:
         def emp(mu: float, classical: float) -> float:
             return max(gdp_epsilon(mu, delta) if nominal else 0.0, classical, 0.0)
 
-        def judge(mu: float, classical: float) -> dict[str, Any]:
+        def judge(mu: float, classical: float) -> Verdict:
             return verdict(emp(mu, classical), theory, None, nominal=nominal)
 
         mu, classical = float(est["mu_lower"]), float(est["epsilon_lower_classic"])
@@ -318,7 +318,8 @@ def _verdict_of(*, nominal: bool) -> Finish:
         if not nominal:
             est["epsilon_emp_basis"] = "classical"
         again = lambda fw: judge(fw.mu_lower, fw.epsilon_lower_classic)  # noqa: E731
-        est["verdict"] = without_signal(for_the_family(judge(mu, classical), est, meta, again), est)
+        found = for_the_family(judge(mu, classical), est, meta, again)
+        est["verdict"] = without_signal(found, est).to_dict()
         return est
 
     return finish

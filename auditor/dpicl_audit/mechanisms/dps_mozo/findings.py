@@ -13,10 +13,12 @@ trials (not epsilon estimates; direct checks of the premises the claimed epsilon
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from dpicl_audit.mechanisms.dps_mozo.check import exceeds, neighbour_gap
 from dpicl_audit.store import TrialRecord
+from dpicl_audit.verdicts import Status, Verdict
 
 __all__ = ["divergence_check", "ratio_check", "without_signal"]
 
@@ -49,26 +51,24 @@ def divergence_check(rows: Sequence[TrialRecord], meta: Mapping[str, Any]) -> di
         "per_token_bound": bound,
     }
     if exact is None or bound is None:
-        out["verdict"] = {
-            "status": "ok",
-            "violation": False,
-            "exceeds_exact": None,
-            "message": "no exact per-token divergences (the server is not at internal)",
-        }
+        out["verdict"] = Verdict(
+            status=Status.OK,
+            violation=False,
+            message="no exact per-token divergences (the server is not at internal)",
+        ).to_dict()
         return out
     broken = exact > float(bound) * (1 + 1e-9)
-    out["verdict"] = {
-        "status": "violation" if broken else "ok",
-        "violation": broken,
-        "exceeds_exact": None,
-        "message": (
+    out["verdict"] = Verdict(
+        status=Status.VIOLATION if broken else Status.OK,
+        violation=broken,
+        message=(
             f"PER-TOKEN CLAIM BROKEN: an exact per-shot divergence {exact:.3f} of a released "
             f"distribution exceeds the claimed per-token bound 4*beta*alpha = {bound:.3f}"
             if broken
             else f"every exact per-shot divergence (max {exact:.3f}) is within the claimed "
             f"per-token bound {float(bound):.3f}"
         ),
-    }
+    ).to_dict()
     return out
 
 
@@ -172,21 +172,21 @@ def ratio_check(rows: Sequence[TrialRecord], meta: Mapping[str, Any]) -> dict[st
             f"above per_token_epsilon {per_token:.4g}"
         )
     if broken:
-        status, message = "violation", "PRIVACY VIOLATION: " + "; ".join(broken)
+        status, message = Status.VIOLATION, "PRIVACY VIOLATION: " + "; ".join(broken)
     elif gap is not None and gap > _PRODUCT_TOL:
-        status = "bug"
+        status = Status.BUG
         message = (
             f"the reported product_probs differ from the product of the reported mixed_probs by "
             f"{gap:.3g} in log{_where(gap_at)}: the internals are not what was released"
         )
     elif unchecked or radius is None or exact is None:
-        status = "inconclusive"
+        status = Status.INCONCLUSIVE
         message = (
             f"{unchecked} of {out['tokens']} released tokens came without probabilities (the "
             "server is not at DPICL_WHITEBOX=internal): the auditor could not recompute the bounds"
         )
     else:
-        status = "ok"
+        status = Status.OK
         message = (
             f"every released token ({out['tokens']}) stays within max_log_ratio {eps0:.4g} "
             f"(max {radius:.4g}) and per_token_epsilon {per_token:.4g} (realised max "
@@ -197,32 +197,30 @@ def ratio_check(rows: Sequence[TrialRecord], meta: Mapping[str, Any]) -> dict[st
                 f"; C1 against C0 with the same shots ({pairs} shot sets): max "
                 f"{neighbour:.4g} at the first token"
             )
-    out["verdict"] = {
-        "status": status,
-        "violation": status == "violation",
-        "exceeds_exact": None,
-        "message": message,
-    }
+    out["verdict"] = Verdict(
+        status=status, violation=status is Status.VIOLATION, message=message
+    ).to_dict()
     return out
 
 
-def without_signal(found: dict[str, Any], est: Mapping[str, Any]) -> dict[str, Any]:
+def without_signal(found: Verdict, est: Mapping[str, Any]) -> Verdict:
     """A verdict that is not a violation, of an attack whose decision never varied (neither
     world ever produced the signal, or both always did): INCONCLUSIVE, never "ok": the audit
     could not have seen a difference between the worlds (issue 27)."""
-    if found.get("status") in ("violation", "bug"):
+    if found.flags:
         return found
     tp, fn, fp, tn = (int(est.get(k) or 0) for k in ("tp", "fn", "fp", "tn"))
     if tp + fp and fn + tn:
         return found
     said = "never" if tp + fp == 0 else "always"
-    return found | {
-        "status": "inconclusive",
-        "violation": False,
-        "message": f"INCONCLUSIVE: the released text {said} started with the signal, in "
+    return replace(
+        found,
+        status=Status.INCONCLUSIVE,
+        violation=False,
+        message=f"INCONCLUSIVE: the released text {said} started with the signal, in "
         f"either world ({tp + fn} trials with the canary, {fp + tn} without): the attack "
         "could not have seen a difference (to change: signal words the model answers with, "
         "a longer --max-tokens, or the white-box audit)"
         # A nominal claim keeps saying so.
-        + (f"; {found['message']}" if "nominal" in str(found.get("message")) else ""),
-    }
+        + (f"; {found.message}" if "nominal" in found.message else ""),
+    )

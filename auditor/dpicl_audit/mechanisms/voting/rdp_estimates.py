@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -41,7 +42,15 @@ from dpicl_audit.estimators.rdp_audit import (
 from dpicl_audit.mechanisms.voting.rdp import RdpDesign
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.store import TrialRecord
-from dpicl_audit.verdicts import RDP_CUTS, claim_for_the_family, family_of, rdp_verdict
+from dpicl_audit.verdicts import (
+    RDP_CUTS,
+    Family,
+    Status,
+    Verdict,
+    claim_for_the_family,
+    family_of,
+    rdp_verdict,
+)
 
 __all__ = ["estimate_rdp"]
 
@@ -125,13 +134,13 @@ def _for_the_family(
     rdp: dict[str, Any],
     per_query: Sequence[dict[str, Any]],
     design: RdpDesign,
-    family: dict[str, Any],
-) -> dict[str, Any]:
+    family: Family,
+) -> Verdict:
     """The verdict as the run may state it (verdicts.claim_for_the_family): both cuts
     recomposed from every query's logged label counts with its intervals at error
     ``(1 - c) / (G m)``, G the distinct queries and m the run's tests."""
     orders = np.asarray(rdp["orders"])
-    strict = 1.0 - (1.0 - family["confidence"]) / (len(per_query) * family["size"])
+    strict = 1.0 - (1.0 - family.confidence) / (len(per_query) * family.size)
     again = [
         p
         | _released_cuts(
@@ -146,9 +155,10 @@ def _for_the_family(
     cuts = {key: _composed(again, key) for key in RDP_CUTS}
     together = rdp_verdict(orders, rdp | cuts)
     shown = f"both cuts recomposed with each query's intervals at confidence {strict:.6g}"
-    out = claim_for_the_family(rdp["verdict"], together, family, shown)
-    out["family_wise"] = {"size": family["size"], "confidence": strict} | cuts
-    return out
+    out = claim_for_the_family(Verdict.from_dict(rdp["verdict"]), together, family, shown)
+    return replace(
+        out, family_wise={"size": family.size, "confidence": strict} | cuts, together=True
+    )
 
 
 def estimate_rdp(
@@ -185,10 +195,11 @@ def estimate_rdp(
         eps[key] = rdp_to_epsilon(orders, rdp[key], delta) if rdp[key] is not None else None
     rdp["epsilons"] = eps
     try:
-        rdp["verdict"] = rdp_verdict(orders, rdp)
+        found = rdp_verdict(orders, rdp)
+        rdp["verdict"] = found.to_dict()
         family = family_of(meta)
-        if family is not None and rdp["verdict"]["status"] in ("violation", "bug"):
-            rdp["verdict"] = _for_the_family(rdp, per_query, design, family)
+        if family is not None and found.flags:
+            rdp["verdict"] = _for_the_family(rdp, per_query, design, family).to_dict()
     except InvalidAuditInput as exc:
-        rdp["verdict"] = {"status": "error", "message": str(exc)}
+        rdp["verdict"] = Verdict(status=Status.ERROR, message=str(exc)).to_dict()
     return rdp

@@ -1,91 +1,35 @@
-"""Verdicts: what an estimate's lower bound says about the server's claims.
-
-One place decides the words of every verdict, so that new audit designs (and the
-INCONCLUSIVE verdict of an audit that could not have seen a violation) extend it here:
-
-* ``violation``: epsilon_emp exceeds epsilon_theory (the claim is broken);
-* ``bug``: epsilon_emp exceeds epsilon_exact, the mechanism's true epsilon at the noise the
-  server reports (the server or the auditor is wrong);
-* ``inconclusive`` (Gaussian claims, :func:`gaussian_verdict`): the audit could not have seen
-  a violation (:func:`~dpicl_audit.estimators.verdict_rules.decide_verdict`), or a figure
-  exceeds alone but not with the run's other tests held together at the same confidence
-  (:mod:`~dpicl_audit.estimators.family`; :func:`for_the_family` for DPS-MOZO's figures,
-  :func:`claim_for_the_family` for paper 003's RDP cuts); it says why and what to change;
-* ``nonconforming``: the releases depart from the distribution the design predicts
-  (:mod:`~dpicl_audit.estimators.conformance`, applied by each mechanism's estimate after
-  these rules); it replaces ``inconclusive`` and ``ok``, never a violation or bug;
-* ``ok``: neither (CONSISTENT: the audit had power and found nothing above the claim); for
-  a *nominal* claim (DPS-MOZO's, whose per-token bound is false) the message says that
-  staying below it confirms nothing.
-
-:func:`gaussian_verdict` (voting, ESA) and :func:`verdict` (DPS-MOZO's nominal claim) return
-the dict stored under ``"verdict"`` in every estimate.
-"""
+"""The claims a bound may state: :func:`verdict` (a lower bound on epsilon against the claim
+and the exact value), :func:`gaussian_verdict` (voting, ESA: the rules of
+:mod:`~dpicl_audit.estimators.verdict_rules`), :func:`rdp_verdict` (paper 003's RDP audit),
+and a VIOLATION or BUG as the run may state it for its tests together
+(:func:`for_the_family`, :func:`claim_for_the_family`). Each returns a
+:class:`~dpicl_audit.verdicts.model.Verdict`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
+
+from dpicl_audit.verdicts.model import Family, GaussianVerdict, Status, Verdict
 
 if TYPE_CHECKING:
     from dpicl_audit.estimators.family import FamilyWise
     from dpicl_audit.estimators.verdict_rules import VerdictResult
 
 __all__ = [
-    "EXIT_CODES",
     "RDP_CUTS",
-    "STATUS_ORDER",
     "claim_for_the_family",
     "family_of",
     "for_the_family",
     "gaussian_verdict",
     "rdp_verdict",
-    "results_exit_code",
-    "results_statuses",
     "verdict",
-    "worst_status",
 ]
 
 _TOL = 1e-9
 #: The composed lower bounds an RDP audit (paper 003) states its claims from.
 RDP_CUTS = ("two_cut", "k_cut")
-#: Severity of a status, for the worst status of a run.
-STATUS_ORDER = {
-    "violation": 5,
-    "bug": 4,
-    "nonconforming": 3,
-    "inconclusive": 2,
-    "ok": 1,
-    "error": 0,
-    "": 0,
-}
-
-#: The exit status of ``dpicl-audit run``, ``bootstrap`` and ``report`` by a run's worst
-#: verdict, for a deployment pipeline to fail on (docs/auditing.md, "Exit codes"). 1 is an
-#: error and 2 a usage error (click's), so the verdicts start at 3.
-EXIT_CODES = {"violation": 5, "bug": 5, "nonconforming": 4, "inconclusive": 3}
-
-
-def results_statuses(results: Mapping[str, Any]) -> list[str]:
-    """Every verdict status in a run's results (both threat models, RDP audits, the
-    ledger's audit)."""
-    out: list[str] = []
-    for s in results.get("settings") or []:
-        for key in ("black_box", "white_box", "rdp"):
-            est = s.get(key)
-            if isinstance(est, Mapping) and isinstance(est.get("verdict"), Mapping):
-                out.append(str(est["verdict"].get("status") or ""))
-    ledger = results.get("ledger")
-    if isinstance(ledger, Mapping) and ledger.get("status") == "nonconforming":
-        out.append("nonconforming")  # the ledger departs from its own reported costs
-    return out
-
-
-def results_exit_code(results: Sequence[Mapping[str, Any]]) -> int:
-    """The exit status for these runs' results: :data:`EXIT_CODES` of the worst verdict,
-    else 0 (every figure consistent, or no verdict at all)."""
-    worst = worst_status([st for r in results for st in results_statuses(r)])
-    return EXIT_CODES.get(worst, 0)
 
 
 def verdict(
@@ -94,7 +38,7 @@ def verdict(
     epsilon_exact: float | None,
     *,
     nominal: bool = False,
-) -> dict[str, Any]:
+) -> Verdict:
     """Compare a lower bound (already at the audit's confidence) with the claims."""
     exceeds_theory = epsilon_lower > epsilon_theory * (1 + _TOL) + _TOL
     exceeds_exact = epsilon_exact is not None and epsilon_lower > epsilon_exact + 1e-6
@@ -104,34 +48,42 @@ def verdict(
         else (f"the claimed epsilon {epsilon_theory:g}")
     )
     if exceeds_theory:
-        status = "violation"
+        status = Status.VIOLATION
         message = (
             f"PRIVACY VIOLATION: the audit proves epsilon >= {epsilon_lower:.3f} at its "
             f"confidence, above {claimed}"
         )
     elif exceeds_exact:
-        status = "bug"
+        status = Status.BUG
         message = (
             f"epsilon_emp {epsilon_lower:.3f} exceeds the mechanism's exact epsilon "
             f"{epsilon_exact:.3f}: the server or the auditor has a bug"
         )
     elif nominal:
-        status = "ok"
+        status = Status.OK
         message = (
             f"measured leakage (epsilon >= {epsilon_lower:.3f}) stays within {claimed}; this "
             "cannot confirm the claim, whose per-token bound (Theorem B.3) is false"
         )
     else:
-        status, message = "ok", "consistent with the claimed privacy"
-    return {
-        "status": status,
-        "violation": exceeds_theory,
-        "exceeds_exact": None if nominal and epsilon_exact is None else exceeds_exact,
-        "message": message,
-    }
+        status, message = Status.OK, "consistent with the claimed privacy"
+    return Verdict(
+        status=status,
+        violation=exceeds_theory,
+        exceeds_exact=None if nominal and epsilon_exact is None else exceeds_exact,
+        message=message,
+    )
 
 
-def gaussian_verdict(est: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
+_STATUS_OF_WORD = {
+    "VIOLATION": Status.VIOLATION,
+    "BUG": Status.BUG,
+    "INCONCLUSIVE": Status.INCONCLUSIVE,
+    "CONSISTENT": Status.OK,
+}
+
+
+def gaussian_verdict(est: Mapping[str, Any], meta: Mapping[str, Any]) -> GaussianVerdict:
     """Verdict of an audit of a Gaussian claim (voting, ESA) by the rules of
     :func:`~dpicl_audit.estimators.verdict_rules.decide_verdict`: VIOLATION on ``mu_lower >
     mu_claimed`` or the classical bound above epsilon_theory, BUG above the exact values,
@@ -174,10 +126,8 @@ def gaussian_verdict(est: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[st
     together = None
     if res.verdict in ("VIOLATION", "BUG") and family is not None:
         res, together = _claim_for_the_family(res, est, rules, family, delta)
-    status = {"VIOLATION": "violation", "BUG": "bug", "INCONCLUSIVE": "inconclusive"}.get(
-        res.verdict, "ok"
-    )
-    if status == "ok":
+    status = _STATUS_OF_WORD[res.verdict]
+    if status is Status.OK:
         message = (
             "consistent with the claimed privacy: the audit could have reached "
             f"epsilon {reach:.3g} and found nothing above the claim"
@@ -186,19 +136,20 @@ def gaussian_verdict(est: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[st
         message = f"{res.verdict}: " + "; ".join(res.reasons)
     if res.advice:
         message += " (to change: " + "; ".join(res.advice) + ")"
-    return {
-        "status": status,
-        "verdict": res.verdict,
-        "violation": res.verdict == "VIOLATION",
-        "exceeds_exact": res.verdict == "BUG",
-        "message": message,
-        "reasons": list(res.reasons),
-        "advice": list(res.advice),
-        "max_reachable": reach,
+    return GaussianVerdict(
+        status=status,
+        word=res.verdict,
+        violation=res.verdict == "VIOLATION",
+        exceeds_exact=res.verdict == "BUG",
+        message=message,
+        reasons=tuple(res.reasons),
+        advice=tuple(res.advice),
+        max_reachable=reach,
         # [with the canary, without]: about what reaches the power the audit lacked.
-        "trials_needed": None if res.trials_needed is None else list(res.trials_needed),
-        "family_wise": None if together is None else together.to_dict(),
-    }
+        trials_needed=res.trials_needed,
+        family_wise=None if together is None else together.to_dict(),
+        together=True,
+    )
 
 
 def _design_reference(meta: Mapping[str, Any], delta: float) -> dict[str, Any]:
@@ -220,7 +171,7 @@ def _claim_for_the_family(
     res: VerdictResult,
     est: Mapping[str, Any],
     rules: Mapping[str, Any],
-    family: Mapping[str, Any],
+    family: Family,
     delta: float,
 ) -> tuple[VerdictResult, FamilyWise | None]:
     """A figure's VIOLATION or BUG as the run may state it: only where it still holds with
@@ -229,7 +180,7 @@ def _claim_for_the_family(
     from dpicl_audit.estimators.family import family_wise_figures
     from dpicl_audit.estimators.verdict_rules import VerdictResult, decide_verdict
 
-    size, conf = int(family["size"]), float(family["confidence"])
+    size, conf = family.size, family.confidence
     together = family_wise_figures(est, size, delta)
     if together is not None:
         again = decide_verdict(
@@ -270,71 +221,61 @@ def _held_together(size: int, conf: float, shown: str) -> str:
 
 
 def claim_for_the_family(
-    alone: Mapping[str, Any],
-    together: Mapping[str, Any] | None,
-    family: Mapping[str, Any],
+    alone: Verdict,
+    together: Verdict | None,
+    family: Family,
     shown: str,
-) -> dict[str, Any]:
-    """A :func:`verdict` or :func:`rdp_verdict` dict's VIOLATION or BUG as the run may state
-    it (estimators.family): ``together``, the same verdict with every test behind it at
-    error ``(1 - c) / size``, where that still flags (saying so); else INCONCLUSIVE, saying
-    why. ``shown`` names the stricter figures; ``together`` None: they could not be had."""
-    size, conf = int(family["size"]), float(family["confidence"])
-    if together is not None and together["status"] in ("violation", "bug"):
-        return dict(together) | {
-            "message": f"{together['message']}; {_held_together(size, conf, shown)}"
-        }
-    word = {"violation": "VIOLATION", "bug": "BUG"}[str(alone["status"])]
-    return {
-        "status": "inconclusive",
-        "violation": False,
-        "exceeds_exact": False,
-        "message": f"INCONCLUSIVE: {_alone_not_together(word, alone['message'], size, conf, shown)}"
+) -> Verdict:
+    """A :func:`verdict` or :func:`rdp_verdict`'s VIOLATION or BUG as the run may state it
+    (estimators.family): ``together``, the same verdict with every test behind it at error
+    ``(1 - c) / size``, where that still flags (saying so); else INCONCLUSIVE, saying why.
+    ``shown`` names the stricter figures; ``together`` None: they could not be had."""
+    size, conf = family.size, family.confidence
+    if together is not None and together.flags:
+        return replace(together, message=f"{together.message}; {_held_together(size, conf, shown)}")
+    word = {Status.VIOLATION: "VIOLATION", Status.BUG: "BUG"}[alone.status]
+    return Verdict(
+        status=Status.INCONCLUSIVE,
+        violation=False,
+        exceeds_exact=False,
+        message=f"INCONCLUSIVE: {_alone_not_together(word, alone.message, size, conf, shown)}"
         f" (to change: {_AGAIN})",
-    }
+    )
 
 
-def family_of(meta: Mapping[str, Any]) -> dict[str, Any] | None:
+def family_of(meta: Mapping[str, Any]) -> Family | None:
     """The run's family (``meta["family"]``, set by estimation.estimate_run) where it has
     more than one test, else None: a lone test's claim needs no correction."""
     family = meta.get("family") or {}
     if int(family.get("size") or 1) <= 1:
         return None
-    return {"size": int(family["size"]), "confidence": float(family.get("confidence") or 0.95)}
+    return Family(int(family["size"]), float(family.get("confidence") or 0.95))
 
 
 def for_the_family(
-    alone: dict[str, Any],
+    alone: Verdict,
     est: Mapping[str, Any],
     meta: Mapping[str, Any],
-    judge: Callable[[FamilyWise], dict[str, Any]],
-) -> dict[str, Any]:
-    """``alone`` (a :func:`verdict` dict of the estimate ``est``, from its counts) as the
-    run may state it: a VIOLATION or BUG is judged again by ``judge`` on the estimate's
-    figures with each test at error ``(1 - c) / size`` (:func:`claim_for_the_family`)."""
+    judge: Callable[[FamilyWise], Verdict],
+) -> Verdict:
+    """``alone`` (a :func:`verdict` of the estimate ``est``, from its counts) as the run may
+    state it: a VIOLATION or BUG is judged again by ``judge`` on the estimate's figures with
+    each test at error ``(1 - c) / size`` (:func:`claim_for_the_family`)."""
     from dpicl_audit.estimators.family import family_wise_figures
 
     family = family_of(meta)
-    if family is None or alone["status"] not in ("violation", "bug"):
+    if family is None or not alone.flags:
         return alone
-    figures = family_wise_figures(est, family["size"], float(meta["delta"]))
+    figures = family_wise_figures(est, family.size, float(meta["delta"]))
     if figures is None:
         together, shown = None, "its tests' counts are not in the estimate"
     else:
         together, shown = judge(figures), _shown(figures)
     out = claim_for_the_family(alone, together, family, shown)
-    out["family_wise"] = None if figures is None else figures.to_dict()
-    return out
+    return replace(out, family_wise=None if figures is None else figures.to_dict(), together=True)
 
 
-def worst_status(statuses: list[str]) -> str:
-    """violation > bug > nonconforming > inconclusive > ok > error; "error" when there is
-    nothing."""
-    worst = max(statuses, key=lambda s: STATUS_ORDER.get(s, 0), default="")
-    return worst or "error"
-
-
-def rdp_verdict(orders: Any, rdp: dict[str, Any]) -> dict[str, Any]:
+def rdp_verdict(orders: Any, rdp: Mapping[str, Any]) -> Verdict:
     """Verdict of a Renyi-DP audit (paper 003): ``violation`` when a composed lower bound
     from the released labels (2-cut or k-cut) exceeds the Gaussian theory at some order,
     ``bug`` when it exceeds the exact divergence of the clean histograms, else ``ok``."""
@@ -355,25 +296,25 @@ def rdp_verdict(orders: Any, rdp: dict[str, Any]) -> dict[str, Any]:
     if worst is not None:
         _, key, a, lo = worst
         i = list(map(float, orders)).index(a)
-        return {
-            "status": "violation",
-            "violation": True,
-            "exceeds_exact": exact_hit is not None,
-            "message": f"PRIVACY VIOLATION: the {key} RDP audit proves D_{a:g} >= {lo:.4g} "
+        return Verdict(
+            status=Status.VIOLATION,
+            violation=True,
+            exceeds_exact=exact_hit is not None,
+            message=f"PRIVACY VIOLATION: the {key} RDP audit proves D_{a:g} >= {lo:.4g} "
             f"at its confidence, above the Gaussian theory {float(theory[i]):.4g}",  # type: ignore[index]
-        }
+        )
     if exact_hit is not None:
         key, a, lo, ex = exact_hit
-        return {
-            "status": "bug",
-            "violation": False,
-            "exceeds_exact": True,
-            "message": f"the {key} RDP audit D_{a:g} >= {lo:.4g} exceeds the exact divergence "
+        return Verdict(
+            status=Status.BUG,
+            violation=False,
+            exceeds_exact=True,
+            message=f"the {key} RDP audit D_{a:g} >= {lo:.4g} exceeds the exact divergence "
             f"{ex:.4g} of the clean histograms: the server or the auditor has a bug",
-        }
-    return {
-        "status": "ok",
-        "violation": False,
-        "exceeds_exact": False if exact is not None else None,
-        "message": "the RDP audit stays below the Gaussian theory",
-    }
+        )
+    return Verdict(
+        status=Status.OK,
+        violation=False,
+        exceeds_exact=False if exact is not None else None,
+        message="the RDP audit stays below the Gaussian theory",
+    )
