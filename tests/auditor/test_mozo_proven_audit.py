@@ -218,6 +218,30 @@ async def test_proven_white_box_passes_the_token_check(tmp_path: Path) -> None:
     assert wb["neighbour_shot_sets"] == 1
     assert 0 < wb["max_neighbour_log_ratio"] <= s["per_token_epsilon"]
     assert s["black_box"]["verdict"]["status"] != "violation"
+    # Each released first token was drawn from the distribution reported for it.
+    conf = s["conformance"]["white_box"]
+    assert s["conformance"]["status"] == "conforming", s["conformance"]
+    assert [t["what"] for t in conf["tests"]] == ["sampling", "sampling"]
+    assert conf["tests"][0]["df"] == 20
+
+
+@needs_server
+async def test_a_greedy_server_is_nonconforming(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A realistic bug: the server reports the DP product distribution but releases its
+    # argmax (greedy decoding left on). Every bound stays below the claim; the released
+    # tokens are not draws from what is reported. The oracle's products are peaked (the
+    # mode is drawn about 91% of the time), so it takes 200 trials: the count of released
+    # modes then has p about 2e-8 against the conformance test's error of 1e-3.
+    import dpicl.mechanisms.dps_mozo.release as mozo_release
+
+    monkeypatch.setattr(mozo_release, "sample_token", lambda probs, rng: int(np.argmax(probs)))
+    plan = _mozo(threat_model="white-box", trials=200, **{"mechanism.max_tokens": 1})
+    s = (await _run(tmp_path, plan))["settings"][0]
+    assert s["conformance"]["status"] == "nonconforming", s["conformance"]
+    assert s["conformance"]["differs"] == ["sampling"]
+    assert s["white_box"]["verdict"]["status"] == "nonconforming", s["white_box"]["verdict"]
 
 
 @needs_server

@@ -25,6 +25,12 @@ approximation in the discreteness of the support). A greedy server puts every ``
 results are the same each time they are computed from its log: it is the test's own
 randomisation, not a noise draw of any mechanism.
 
+A second test counts the answers that released the reported mode. Under the prediction
+the count is Poisson-binomial with the modes' probabilities (computed exactly by
+convolution); a greedy server releases the mode every time, a flattened one too rarely. It
+is the more powerful of the two where the reported distributions are peaked (a greedy server
+departs from sampling only where the mode is not drawn).
+
 A token released with a reported probability of 0, or outside the reported support, is a
 certain departure (p-value 0).
 """
@@ -39,7 +45,7 @@ from scipy import stats
 
 from dpicl_audit.estimators.conformance import ConformanceTest
 
-__all__ = ["MIN_DRAWS", "Draw", "pit_values", "sampling_tests"]
+__all__ = ["MIN_DRAWS", "Draw", "pit_values", "poisson_binomial_two_sided", "sampling_tests"]
 
 MIN_DRAWS = 5
 """Fewer draws than this give no sampling test (the KS test has almost no power there)."""
@@ -85,10 +91,35 @@ def pit_values(draws: Sequence[Draw], rng: np.random.Generator) -> tuple[np.ndar
     return np.asarray(out), impossible
 
 
+def _mode_probabilities(draws: Sequence[Draw]) -> tuple[np.ndarray, int]:
+    """Each draw's reported mode probability, and how many draws released their mode."""
+    p_mode, hits = [], 0
+    for d in draws:
+        p = np.clip(np.asarray(d.probs, dtype=float), 0.0, None)
+        p = p / p.sum()
+        ids = np.asarray(d.support)
+        order = np.lexsort((ids, -p))
+        p_mode.append(float(p[order[0]]))
+        hits += int(ids[order[0]] == d.token_id)
+    return np.asarray(p_mode), hits
+
+
+def poisson_binomial_two_sided(k: int, probs: np.ndarray) -> float:
+    """Two-sided p-value of ``k`` successes of independent Bernoulli(``probs``): twice the
+    smaller tail, from the exact distribution (dynamic-programming convolution)."""
+    pmf = np.zeros(len(probs) + 1)
+    pmf[0] = 1.0
+    for i, p in enumerate(probs):
+        pmf[1 : i + 2] = pmf[1 : i + 2] * (1.0 - p) + pmf[: i + 1] * p
+        pmf[0] *= 1.0 - p
+    low, high = float(pmf[: k + 1].sum()), float(pmf[k:].sum())
+    return min(1.0, 2.0 * min(low, high))
+
+
 def sampling_tests(draws: Sequence[Draw], rng: np.random.Generator) -> list[ConformanceTest]:
     """The released tokens against the reported distributions: a two-sided KS test of the
-    randomised PIT, or a certain departure where a token had reported probability 0.
-    No test (``[]``) below :data:`MIN_DRAWS` draws."""
+    randomised PIT and the exact count of released modes, or a certain departure where a
+    token had reported probability 0. No test (``[]``) below :data:`MIN_DRAWS` draws."""
     if len(draws) < MIN_DRAWS:
         return []
     u, impossible = pit_values(draws, rng)
@@ -108,6 +139,8 @@ def sampling_tests(draws: Sequence[Draw], rng: np.random.Generator) -> list[Conf
         ]
     ks = stats.kstest(u, "uniform")
     mean = float(u.mean())
+    p_mode, hits = _mode_probabilities(draws)
+    expected = float(p_mode.sum())
     return [
         ConformanceTest(
             what="sampling",
@@ -119,5 +152,16 @@ def sampling_tests(draws: Sequence[Draw], rng: np.random.Generator) -> list[Conf
                 f"{len(u)} first tokens; the PIT values' mean is {mean:.3f} (0.5 expected; "
                 "low: the server releases likelier tokens than it reports, e.g. greedy)"
             ),
-        )
+        ),
+        ConformanceTest(
+            what="sampling",
+            name="released modes (exact Poisson-binomial count)",
+            p_value=poisson_binomial_two_sided(hits, p_mode),
+            statistic=float(hits),
+            df=len(draws),
+            detail=(
+                f"{hits} of {len(draws)} first tokens are the reported mode, {expected:.1f} "
+                "expected (all of them: a greedy server)"
+            ),
+        ),
     ]

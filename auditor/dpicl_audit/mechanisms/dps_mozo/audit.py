@@ -24,6 +24,10 @@
   replace-one pair itself) are compared too (:mod:`.findings`). Paper mode: the
   lambdas and divergences each shot reached and, at ``internal``, the exact per-shot
   divergences of the released distribution against ``4 beta alpha``.
+* **Conformance** (white-box, proven mode, ``internal``): the released first token of each
+  trial against the distribution the server reports it was drawn from
+  (:mod:`dpicl_audit.estimators.draws`, a randomised PIT); a departure is NONCONFORMING.
+  Black-box, no distribution is predicted (the model's is unknown), so nothing is tested.
 * **Verdicts.** Proven mode: ``epsilon_emp`` is the classical lower bound (assumption-free;
   the GDP figure assumes a Gaussian trade-off, which a pure-DP claim is not), compared with
   the claimed epsilon: above it is a VIOLATION; a white-box token outside either bound is a
@@ -43,12 +47,16 @@ so the audit measures about nothing there (it checks the plumbing); the results 
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 from dpicl_audit.client import AuditTarget
 from dpicl_audit.datasets import LabelledDataset
 from dpicl_audit.errors import InvalidAuditInput, TargetProtocolError
+from dpicl_audit.estimators.draws import Draw, sampling_tests
 from dpicl_audit.estimators.gdp import gdp_epsilon
 from dpicl_audit.mechanisms.base import (
     MechanismAudit,
@@ -64,7 +72,7 @@ from dpicl_audit.mechanisms.dps_mozo.findings import (
     ratio_check,
     without_signal,
 )
-from dpicl_audit.mechanisms.trial_estimates import Finish
+from dpicl_audit.mechanisms.trial_estimates import Finish, finish_conformance
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.store import ContextRecord, TrialRecord
 from dpicl_audit.verdicts import Verdict, for_the_family, verdict
@@ -284,7 +292,32 @@ class MozoAudit(MechanismAudit):
         )
         if plan.threat_model == "white-box":
             out["white_box"] = (ratio_check if proven else divergence_check)(rows, meta)
+            if proven:
+                # The released first tokens against the distributions reported for them
+                # (estimators.draws): a server that reports the DP distribution but
+                # releases something else is NONCONFORMING.
+                seed = zlib.crc32(str(meta.get("setting", k)).encode())
+                tests = sampling_tests(first_token_draws(rows), np.random.default_rng(seed))
+                out = finish_conformance(out, meta, [], tests)
         return out
+
+
+def first_token_draws(rows: Sequence[TrialRecord]) -> list[Draw]:
+    """Each white-box trial's released first token and the distribution reported for it
+    (its ``first_token``: the top-k ids and ``product_probs``; logged at ``internal``)."""
+    draws = []
+    for r in rows:
+        first, tokens = r.observation.get("first_token"), r.observation.get("tokens")
+        if not isinstance(first, Mapping) or not tokens or not first.get("top_ids"):
+            continue
+        token = tokens[0].get("token_id") if isinstance(tokens[0], Mapping) else None
+        if token is None:
+            continue
+        ids = tuple(int(i) for i in first["top_ids"])
+        probs = tuple(float(p) for p in first["product_probs"])
+        if len(ids) == len(probs):
+            draws.append(Draw(int(token), ids, probs))
+    return draws
 
 
 def _check_guarantee(context: ContextRecord, guarantee: str) -> None:
