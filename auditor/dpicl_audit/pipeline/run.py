@@ -28,7 +28,7 @@ import datetime as dt
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from rich.console import Console
 
@@ -55,6 +55,22 @@ from dpicl_audit.store import TrialStore
 
 __all__ = ["bootstrap_audit", "resume_audit", "run_audit"]
 
+
+class Where(TypedDict, total=False):
+    """Where a run's life happens: the trial log (``db`` URL and ``schema``, or an open
+    ``store``), the server (``target``, else the plan's own client), the results folder
+    (``out_dir``, default ``runs``), and whether progress is shown (default yes) and on
+    which ``console`` (default stderr)."""
+
+    db: str | Path | None
+    schema: str | None
+    store: TrialStore | None
+    target: AuditTarget | None
+    out_dir: str | Path
+    progress: bool
+    console: Console | None
+
+
 #: ``record(store)``: the run recorded in the trial log, as its context.
 Record = Callable[[TrialStore], RunContext]
 #: ``begin(client, health, health_error)``: the run made ready before the trial log opens.
@@ -72,44 +88,24 @@ async def _client(plan: AuditPlan, target: AuditTarget | None) -> AsyncIterator[
             await client.aclose()
 
 
-async def _life(
-    plan: AuditPlan,
-    begin: Begin,
-    *,
-    db: str | Path | None,
-    schema: str | None,
-    store: TrialStore | None,
-    target: AuditTarget | None,
-    out_dir: str | Path,
-    progress: bool,
-) -> dict[str, Any]:
+async def _life(plan: AuditPlan, begin: Begin, where: Where) -> dict[str, Any]:
     """The one life of a run (module docstring); returns its results dict."""
-    async with _client(plan, target) as client:
+    async with _client(plan, where.get("target")) as client:
         health, herr = await server_health(client)
         record = begin(client, health, herr)
-        with opened_store(store, db, schema) as st:
+        with opened_store(where.get("store"), where.get("db"), where.get("schema")) as st:
             run = record(st)
-            results = await AuditRunner(run, progress=progress).execute()
-    write_results(results, out_dir)
+            results = await AuditRunner(run, progress=where.get("progress", True)).execute()
+    write_results(results, where.get("out_dir", "runs"))
     return results
 
 
 async def _start(
-    plan: AuditPlan,
-    kind: RunKind,
-    *,
-    db: str | Path | None,
-    schema: str | None,
-    store: TrialStore | None,
-    run_id: str | None,
-    target: AuditTarget | None,
-    out_dir: str | Path,
-    progress: bool,
-    console: Console | None,
+    plan: AuditPlan, kind: RunKind, run_id: str | None, where: Where
 ) -> dict[str, Any]:
     if run_id is not None:
         check_run_id(run_id)
-    out_directory(out_dir)
+    out_directory(where.get("out_dir", "runs"))
     need_context_maker(plan, "the audit")
     mechanism = get_mechanism(plan.mechanism.name)
     if kind == "bootstrap" and not mechanism.has_bootstrap:
@@ -132,20 +128,12 @@ async def _start(
                 name=resolved.name,
                 design=design.to_json(),
             )
-            return RunContext(st, client, rid, resolved, design, kind, console or _console())
+            console = where.get("console") or _console()
+            return RunContext(st, client, rid, resolved, design, kind, console)
 
         return record
 
-    return await _life(
-        plan,
-        begin,
-        db=db,
-        schema=schema,
-        store=store,
-        target=target,
-        out_dir=out_dir,
-        progress=progress,
-    )
+    return await _life(plan, begin, where)
 
 
 def _console() -> Console:
@@ -153,81 +141,35 @@ def _console() -> Console:
 
 
 async def run_audit(
-    plan: AuditPlan,
-    *,
-    db: str | Path | None = None,
-    schema: str | None = None,
-    store: TrialStore | None = None,
-    run_id: str | None = None,
-    target: AuditTarget | None = None,
-    out_dir: str | Path = "runs",
-    progress: bool = True,
-    console: Console | None = None,
+    plan: AuditPlan, *, run_id: str | None = None, **where: Unpack[Where]
 ) -> dict[str, Any]:
     """Audit with real queries (see :mod:`.runner`); returns the results dict."""
-    return await _start(
-        plan,
-        "run",
-        db=db,
-        schema=schema,
-        store=store,
-        run_id=run_id,
-        target=target,
-        out_dir=out_dir,
-        progress=progress,
-        console=console,
-    )
+    return await _start(plan, "run", run_id, where)
 
 
 async def bootstrap_audit(
-    plan: AuditPlan,
-    *,
-    db: str | Path | None = None,
-    schema: str | None = None,
-    store: TrialStore | None = None,
-    run_id: str | None = None,
-    target: AuditTarget | None = None,
-    out_dir: str | Path = "runs",
-    progress: bool = True,
-    console: Console | None = None,
+    plan: AuditPlan, *, run_id: str | None = None, **where: Unpack[Where]
 ) -> dict[str, Any]:
     """Audit with Algorithm 1 of paper 000 (clean votes + simulated noise)."""
-    return await _start(
-        plan,
-        "bootstrap",
-        db=db,
-        schema=schema,
-        store=store,
-        run_id=run_id,
-        target=target,
-        out_dir=out_dir,
-        progress=progress,
-        console=console,
-    )
+    return await _start(plan, "bootstrap", run_id, where)
 
 
 async def resume_audit(
     run_id: str,
     *,
-    db: str | Path | None = None,
-    schema: str | None = None,
-    store: TrialStore | None = None,
     admin_token: str | None = None,
     api_key: str | None = None,
     base_url: str | None = None,
-    target: AuditTarget | None = None,
-    out_dir: str | Path = "runs",
-    progress: bool = True,
-    console: Console | None = None,
+    **where: Unpack[Where],
 ) -> dict[str, Any]:
     """Continue a run from its log: only missing trial indices are run.
 
     Tokens are never stored, so they come again from the arguments (CLI flags or the
     environment); ``base_url`` may point the run at the server's new address.
     """
-    out_directory(out_dir)
+    out_directory(where.get("out_dir", "runs"))
 
-    with opened_store(store, db, schema) as st:
+    with opened_store(where.get("store"), where.get("db"), where.get("schema")) as st:
         if is_legacy_mozo(st.get_run(run_id)):
             raise InvalidAuditInput(
                 f"run {run_id} was logged by the old DPS-MOZO audit, which ran to the end or "
@@ -240,7 +182,7 @@ async def resume_audit(
     if run.design is None:
         raise InvalidAuditInput(f"run {run_id} has no recorded design; it cannot resume")
     design = run_design(run, plan)
-    if target is None:
+    if where.get("target") is None:
         need_context_maker(plan, f"resuming {run_id}")
 
     def begin(client: AuditTarget, health: Mapping[str, Any] | None, herr: str | None) -> Record:
@@ -253,17 +195,9 @@ async def resume_audit(
             versions["resumed"] = resumes
             st.update_run(run_id, versions=versions)
             kind: RunKind = "bootstrap" if run.kind == "bootstrap" else "run"
-            return RunContext(st, client, run_id, plan, design, kind, console or _console())
+            console = where.get("console") or _console()
+            return RunContext(st, client, run_id, plan, design, kind, console)
 
         return record
 
-    return await _life(
-        plan,
-        begin,
-        db=db,
-        schema=schema,
-        store=store,
-        target=target,
-        out_dir=out_dir,
-        progress=progress,
-    )
+    return await _life(plan, begin, where)
