@@ -14,6 +14,7 @@ from scipy import stats
 from dpicl.mechanisms.esa.release import esa_release  # the server's rule, to check the closed form
 from dpicl_audit.datasets import load_dataset
 from dpicl_audit.estimators.exact import esa_epsilon_exact
+from dpicl_audit.mechanisms.base import SettingRows
 from dpicl_audit.mechanisms.esa.audit import EsaAudit
 from dpicl_audit.mechanisms.esa.build import (
     build_generation_design,
@@ -101,7 +102,7 @@ def _estimate(texts1: list[str | bool], texts0: list[str | bool]) -> dict[str, A
         for w, texts in ((1, texts1), (0, texts0))
         for i, x in enumerate(texts)
     ]
-    return EsaAudit().estimate(plan, d, 0, rows, meta, bootstrap=False)
+    return EsaAudit().estimate(SettingRows(plan, d, 0, rows, meta, False))
 
 
 def test_a_model_without_signal_candidates_is_inconclusive_never_consistent() -> None:

@@ -25,6 +25,7 @@ from dpicl_audit.estimators.rdp_audit import (
     two_cut_from_labels,
 )
 from dpicl_audit.estimators.whitebox import whitebox_estimate
+from dpicl_audit.mechanisms.base import SettingRows
 from dpicl_audit.mechanisms.dps_mozo.audit import MOZO
 from dpicl_audit.mechanisms.voting.audit import VOTING
 from dpicl_audit.mechanisms.voting.rdp import RdpDesign
@@ -214,7 +215,7 @@ def _mozo_setting(tp: int, n: int, family: dict[str, Any], guarantee: str) -> di
         for i in range(n)
     ]
     meta = {"epsilon_theory": 1.0, "delta": plan.mechanism.delta, "family": family}
-    return MOZO.estimate(plan, None, 0, rows, meta, bootstrap=False)["black_box"]
+    return MOZO.estimate(SettingRows(plan, None, 0, rows, meta, False))["black_box"]
 
 
 @pytest.mark.parametrize(("guarantee", "tp"), [("proven", 388), ("paper", 300)])

@@ -129,6 +129,21 @@ async def ask(
     return out, time.perf_counter() - t0
 
 
+@dataclass(frozen=True, slots=True)
+class SettingRows:
+    """One epsilon setting's logged rows, and what its estimates are read with."""
+
+    plan: AuditPlan
+    design: Any
+    #: The setting's index in ``plan.mechanism.epsilons``.
+    k: int
+    #: Its trials, or for a bootstrap its clean debug rows.
+    rows: Sequence[TrialRecord]
+    #: Its facts (:meth:`MechanismAudit.setting_meta`) and the run's family.
+    meta: dict[str, Any]
+    bootstrap: bool
+
+
 class MechanismAudit:
     """How one mechanism is audited. Subclasses override what differs."""
 
@@ -220,16 +235,7 @@ class MechanismAudit:
         """Per-epsilon facts beside the estimate: epsilon_theory, epsilon_exact, noise."""
         raise NotImplementedError
 
-    def estimate(
-        self,
-        plan: AuditPlan,
-        design: Any,
-        k: int,
-        rows: Sequence[TrialRecord],
-        meta: dict[str, Any],
-        *,
-        bootstrap: bool,
-    ) -> dict[str, Any]:
+    def estimate(self, s: SettingRows) -> dict[str, Any]:
         """One epsilon's estimates from its logged rows (clean rows for a bootstrap)."""
         raise NotImplementedError
 

@@ -10,17 +10,16 @@ carries its verdict (:mod:`dpicl_audit.verdicts`). The estimators themselves liv
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.estimators.trial_budget import needs_from_bootstrap
-from dpicl_audit.mechanisms.base import Design
+from dpicl_audit.mechanisms.base import Design, SettingRows
 from dpicl_audit.mechanisms.registry import get_mechanism
 from dpicl_audit.pipeline.legacy import is_legacy_mozo, upgrade_run
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.schedule import CLEAN_SETTING
-from dpicl_audit.store import RunRecord, TrialRecord, TrialStore
+from dpicl_audit.store import RunRecord, TrialStore
 
 __all__ = ["estimate_run", "estimate_setting", "load_run", "run_design", "run_plan"]
 
@@ -42,19 +41,10 @@ def run_design(run: RunRecord, plan: AuditPlan) -> Design:
     return get_mechanism(plan.mechanism.name).load_design(run.design)
 
 
-def estimate_setting(
-    plan: AuditPlan,
-    design: Design,
-    k: int,
-    rows: Sequence[TrialRecord],
-    meta: dict[str, Any],
-    *,
-    bootstrap: bool,
-) -> dict[str, Any]:
+def estimate_setting(s: SettingRows) -> dict[str, Any]:
     """One epsilon setting's estimates from its logged rows (clean rows for bootstrap runs,
     trials otherwise)."""
-    mech = get_mechanism(plan.mechanism.name)
-    return mech.estimate(plan, design, k, rows, meta, bootstrap=bootstrap)
+    return get_mechanism(s.plan.mechanism.name).estimate(s)
 
 
 def estimate_run(store: TrialStore, run_id: str) -> dict[str, Any]:
@@ -92,7 +82,7 @@ def estimate_run(store: TrialStore, run_id: str) -> dict[str, Any]:
             "simulator": simulator,
         }
         rows = clean if bootstrap else store.trials(run_id, meta["setting"])
-        settings.append(mech.estimate(plan, design, k, rows, meta, bootstrap=bootstrap))
+        settings.append(mech.estimate(SettingRows(plan, design, k, rows, meta, bootstrap)))
     if bootstrap:
         # What a real-trial run of the same design needs before its verdicts have power
         # (trial_budget): the planning figure a bootstrap exists to give.

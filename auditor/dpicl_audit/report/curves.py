@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dpicl_audit.mechanisms.base import SettingRows
 from dpicl_audit.pipeline.estimation import estimate_setting
 from dpicl_audit.planning.schedule import CLEAN_SETTING
 from dpicl_audit.report.data import THREATS, RunData, num
@@ -43,7 +44,7 @@ def trials_curve(rd: RunData) -> dict[str, dict[str, list[tuple[int, float]]]]:
                     p = plan.model_copy(
                         update={"bootstrap": plan.bootstrap.model_copy(update={"n_sample": n})}
                     )
-                    res = estimate_setting(p, design, k, clean, dict(meta), bootstrap=True)
+                    res = estimate_setting(SettingRows(p, design, k, clean, dict(meta), True))
                 for threat, key in THREATS:
                     est = res.get(key) or {}
                     v = num(est.get("epsilon_emp", est.get("epsilon_lower")))
@@ -52,7 +53,7 @@ def trials_curve(rd: RunData) -> dict[str, dict[str, list[tuple[int, float]]]]:
         else:
             rows = sorted(rd.trials.get(str(s["setting"]), []), key=lambda r: r.trial_index)
             for n in _prefix_sizes(len(rows), min(40, len(rows)), 8):
-                res = estimate_setting(plan, design, k, rows[:n], dict(meta), bootstrap=False)
+                res = estimate_setting(SettingRows(plan, design, k, rows[:n], dict(meta), False))
                 for threat, key in THREATS:
                     est = res.get(key) or {}
                     v = num(est.get("epsilon_emp", est.get("epsilon_lower")))

@@ -25,7 +25,7 @@ the entry point ``laplace-voting = "laplace_voting.audit:LAPLACE_VOTING"`` of th
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import dp_accounting
@@ -33,13 +33,13 @@ from dp_accounting.pld import PLDAccountant
 from scipy import stats
 
 from dpicl_audit.errors import InvalidAuditInput, TargetProtocolError
-from dpicl_audit.mechanisms.base import MechanismAudit
+from dpicl_audit.mechanisms.base import MechanismAudit, SettingRows
 from dpicl_audit.mechanisms.gaussian import check_partition_seed
 from dpicl_audit.mechanisms.trial_estimates import estimate_trials
 from dpicl_audit.mechanisms.voting.audit import VotingAudit
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.ledger import MAX_BUDGET_EPSILON, composed_epsilon
-from dpicl_audit.store import ContextRecord, TrialRecord
+from dpicl_audit.store import ContextRecord
 from dpicl_audit.verdicts import Verdict, for_the_family, verdict
 
 __all__ = ["LAPLACE_VOTING", "LaplaceVotingAudit", "laplace_epsilon_exact", "laplace_scale"]
@@ -144,20 +144,11 @@ class LaplaceVotingAudit(VotingAudit):
             "design": design.layout,
         }
 
-    def estimate(
-        self,
-        plan: AuditPlan,
-        design: Any,
-        k: int,
-        rows: Sequence[TrialRecord],
-        meta: dict[str, Any],
-        *,
-        bootstrap: bool,
-    ) -> dict[str, Any]:
-        if bootstrap:
+    def estimate(self, s: SettingRows) -> dict[str, Any]:
+        if s.bootstrap:
             raise InvalidAuditInput("laplace-voting has no bootstrap audit; use a run")
-        calls = self.calls_per_query(plan)
-        return estimate_trials(plan, k, rows, meta, calls_per_query=calls, finish=_pure_dp)
+        calls = self.calls_per_query(s.plan)
+        return estimate_trials(s.plan, s.k, s.rows, s.meta, calls_per_query=calls, finish=_pure_dp)
 
 
 def _pure_dp(est: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:

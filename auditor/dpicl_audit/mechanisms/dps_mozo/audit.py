@@ -60,6 +60,7 @@ from dpicl_audit.estimators.draws import Draw, sampling_tests
 from dpicl_audit.estimators.gdp import gdp_epsilon
 from dpicl_audit.mechanisms.base import (
     MechanismAudit,
+    SettingRows,
     TrialAt,
     ask,
     estimate_trials,
@@ -259,17 +260,9 @@ class MozoAudit(MechanismAudit):
             ),
         }
 
-    def estimate(
-        self,
-        plan: AuditPlan,
-        design: MozoDesign,
-        k: int,
-        rows: Sequence[TrialRecord],
-        meta: dict[str, Any],
-        *,
-        bootstrap: bool,
-    ) -> dict[str, Any]:
-        if bootstrap:
+    def estimate(self, s: SettingRows) -> dict[str, Any]:
+        plan, k, rows, meta = s.plan, s.k, s.rows, s.meta
+        if s.bootstrap:
             raise InvalidAuditInput("DPS-MOZO has no bootstrap audit; use a run")
         proven = plan.mechanism.guarantee == "proven"
         out = estimate_trials(
@@ -283,8 +276,8 @@ class MozoAudit(MechanismAudit):
         starts: dict[str, dict[str, int]] = {"C1": {}, "C0": {}}
         for r in rows:
             key = starts[f"C{r.world}"]
-            s = str(r.observation.get("starts_with"))
-            key[s] = key.get(s, 0) + 1
+            start = str(r.observation.get("starts_with"))
+            key[start] = key.get(start, 0) + 1
         per_answer = [r.observation.get("cost_epsilon") for r in rows]
         out["starts_with"] = starts
         out["epsilon_theory_per_answer"] = next(

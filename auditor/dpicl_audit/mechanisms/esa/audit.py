@@ -41,7 +41,7 @@ epsilon_exact_signal and epsilon_emp is weakness of the attack.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -49,7 +49,7 @@ import numpy as np
 from dpicl_audit.client import AuditTarget
 from dpicl_audit.datasets import LabelledDataset
 from dpicl_audit.errors import TargetProtocolError
-from dpicl_audit.mechanisms.base import TrialAt, ask, needs_internal
+from dpicl_audit.mechanisms.base import SettingRows, TrialAt, ask, needs_internal
 from dpicl_audit.mechanisms.esa.bootstrap import estimate_esa_bootstrap
 from dpicl_audit.mechanisms.esa.build import build_generation_design
 from dpicl_audit.mechanisms.esa.design import FloatArray, GenerationDesign
@@ -161,19 +161,11 @@ class EsaAudit(GaussianMechanismAudit):
         meta, _mech = gaussian_setting_meta(plan, epsilon, contexts)
         return esa_meta(plan, design, meta, meta["sigma"])
 
-    def estimate(
-        self,
-        plan: AuditPlan,
-        design: GenerationDesign,
-        k: int,
-        rows: Sequence[TrialRecord],
-        meta: dict[str, Any],
-        *,
-        bootstrap: bool,
-    ) -> dict[str, Any]:
-        if bootstrap:
-            return estimate_esa_bootstrap(plan, design, k, rows, meta)
-        return estimate_esa_trials(plan, design, k, rows, meta, self.calls_per_query(plan))
+    def estimate(self, s: SettingRows) -> dict[str, Any]:
+        if s.bootstrap:
+            return estimate_esa_bootstrap(s.plan, s.design, s.k, s.rows, s.meta)
+        calls = self.calls_per_query(s.plan)
+        return estimate_esa_trials(s.plan, s.design, s.k, s.rows, s.meta, calls)
 
 
 def _floats(value: Any, name: str) -> FloatArray:

@@ -31,7 +31,7 @@ from typing import Any
 from dpicl_audit.client import AuditTarget
 from dpicl_audit.datasets import LabelledDataset
 from dpicl_audit.errors import TargetProtocolError
-from dpicl_audit.mechanisms.base import TrialAt, ask, needs_internal
+from dpicl_audit.mechanisms.base import SettingRows, TrialAt, ask, needs_internal
 from dpicl_audit.mechanisms.gaussian import GaussianMechanismAudit, gaussian_setting_meta
 from dpicl_audit.mechanisms.voting.build import build_design
 from dpicl_audit.mechanisms.voting.design import AuditDesign
@@ -128,23 +128,14 @@ class VotingAudit(GaussianMechanismAudit):
         meta.update(release_meta(design, plan, sigma))
         return meta
 
-    def estimate(
-        self,
-        plan: AuditPlan,
-        design: AuditDesign | RdpDesign,
-        k: int,
-        rows: Sequence[TrialRecord],
-        meta: dict[str, Any],
-        *,
-        bootstrap: bool,
-    ) -> dict[str, Any]:
-        calls = self.calls_per_query(plan)
-        if isinstance(design, RdpDesign):
+    def estimate(self, s: SettingRows) -> dict[str, Any]:
+        calls = self.calls_per_query(s.plan)
+        if isinstance(s.design, RdpDesign):
             return estimate_sequence(
-                plan, design, rows, meta, bootstrap=bootstrap, calls_per_query=calls
+                s.plan, s.design, s.rows, s.meta, bootstrap=s.bootstrap, calls_per_query=calls
             )
         return estimate_votes(
-            plan, design, k, rows, meta, bootstrap=bootstrap, calls_per_query=calls
+            s.plan, s.design, s.k, s.rows, s.meta, bootstrap=s.bootstrap, calls_per_query=calls
         )
 
     def claims_per_setting(
