@@ -33,46 +33,8 @@ Modules::
 
 from __future__ import annotations
 
-from dpicl_audit.verdicts.claims import (
-    RDP_CUTS,
-    claim_for_the_family,
-    family_of,
-    for_the_family,
-    gaussian_verdict,
-    rdp_verdict,
-    verdict,
-)
-from dpicl_audit.verdicts.model import (
-    EXIT_CODES,
-    STATUS_ORDER,
-    Family,
-    GaussianVerdict,
-    Status,
-    Verdict,
-    Word,
-    results_exit_code,
-    results_statuses,
-    stored_verdict,
-    worst_status,
-)
+from dpicl_audit.verdicts import claims, model
+from dpicl_audit.verdicts.claims import *  # noqa: F403
+from dpicl_audit.verdicts.model import *  # noqa: F403
 
-__all__ = [
-    "EXIT_CODES",
-    "RDP_CUTS",
-    "STATUS_ORDER",
-    "Family",
-    "GaussianVerdict",
-    "Status",
-    "Verdict",
-    "Word",
-    "claim_for_the_family",
-    "family_of",
-    "for_the_family",
-    "gaussian_verdict",
-    "rdp_verdict",
-    "results_exit_code",
-    "results_statuses",
-    "stored_verdict",
-    "verdict",
-    "worst_status",
-]
+__all__ = [*model.__all__, *claims.__all__]

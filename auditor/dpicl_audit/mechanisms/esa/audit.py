@@ -163,9 +163,8 @@ class EsaAudit(GaussianMechanismAudit):
 
     def estimate(self, s: SettingRows) -> dict[str, Any]:
         if s.bootstrap:
-            return estimate_esa_bootstrap(s.plan, s.design, s.k, s.rows, s.meta)
-        calls = self.calls_per_query(s.plan)
-        return estimate_esa_trials(s.plan, s.design, s.k, s.rows, s.meta, calls)
+            return estimate_esa_bootstrap(s)
+        return estimate_esa_trials(s, self.calls_per_query(s.plan))
 
 
 def _floats(value: Any, name: str) -> FloatArray:

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from dpicl_audit.mechanisms.base import SettingRows
 from dpicl_audit.mechanisms.esa.design import GenerationDesign
 from dpicl_audit.mechanisms.esa.estimates import (
     esa_setting_conformance,
@@ -17,7 +18,6 @@ from dpicl_audit.mechanisms.esa.estimates import (
     signal_tightness,
 )
 from dpicl_audit.mechanisms.trial_estimates import with_verdict
-from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.schedule import STREAM_BOOTSTRAP
 from dpicl_audit.store import TrialRecord
 
@@ -71,14 +71,10 @@ def _measured_sigma(
     }
 
 
-def estimate_esa_bootstrap(
-    plan: AuditPlan,
-    design: GenerationDesign,
-    k: int,
-    clean: Sequence[TrialRecord],
-    meta: dict[str, Any],
-) -> dict[str, Any]:
+def estimate_esa_bootstrap(s: SettingRows) -> dict[str, Any]:
     """Algorithm 1 for ESA: resample the collected clean means, add noise, attack, bound."""
+    plan, k, clean, meta = s.plan, s.k, s.rows, s.meta
+    design: GenerationDesign = s.design
     from dpicl_audit.estimators.bootstrap import bootstrap_esa_audit
 
     out = dict(meta)

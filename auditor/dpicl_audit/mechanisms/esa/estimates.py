@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from dpicl_audit.estimators.conformance import ConformanceTest, residual_tests
+from dpicl_audit.mechanisms.base import SettingRows
 from dpicl_audit.mechanisms.esa.build import release_epsilon_meta
 from dpicl_audit.mechanisms.esa.design import GenerationDesign
 from dpicl_audit.mechanisms.trial_estimates import (
@@ -72,14 +73,7 @@ def esa_meta(
     return meta
 
 
-def estimate_esa_trials(
-    plan: AuditPlan,
-    design: GenerationDesign,
-    k: int,
-    rows: Sequence[TrialRecord],
-    meta: dict[str, Any],
-    calls_per_query: int,
-) -> dict[str, Any]:
+def estimate_esa_trials(s: SettingRows, calls_per_query: int) -> dict[str, Any]:
     """Real-query estimates; the black-box power counts only the signal releases observed.
 
     The design's release rates assume zero-shot candidates that are y1 or y0 by a fair coin
@@ -91,6 +85,8 @@ def estimate_esa_trials(
     of the two gets a reachable bound near 0 and an INCONCLUSIVE verdict, never "consistent";
     an oracle that follows the design keeps ``w = 1`` except by chance.
     """
+    plan, k, rows, meta = s.plan, s.k, s.rows, s.meta
+    design: GenerationDesign = s.design
     from scipy.stats import beta
 
     power = dict(meta)

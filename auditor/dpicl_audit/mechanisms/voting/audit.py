@@ -131,12 +131,8 @@ class VotingAudit(GaussianMechanismAudit):
     def estimate(self, s: SettingRows) -> dict[str, Any]:
         calls = self.calls_per_query(s.plan)
         if isinstance(s.design, RdpDesign):
-            return estimate_sequence(
-                s.plan, s.design, s.rows, s.meta, bootstrap=s.bootstrap, calls_per_query=calls
-            )
-        return estimate_votes(
-            s.plan, s.design, s.k, s.rows, s.meta, bootstrap=s.bootstrap, calls_per_query=calls
-        )
+            return estimate_sequence(s, calls)
+        return estimate_votes(s, calls)
 
     def claims_per_setting(
         self, design: AuditDesign | RdpDesign, threat_models: Sequence[str]

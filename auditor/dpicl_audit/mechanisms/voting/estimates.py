@@ -4,10 +4,11 @@ and paper 003's RDP audit of a query sequence (:mod:`.rdp_estimates`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from dpicl_audit.errors import InvalidPlan
+from dpicl_audit.mechanisms.base import SettingRows
 from dpicl_audit.mechanisms.trial_estimates import estimate_trials, with_verdict
 from dpicl_audit.mechanisms.voting.bootstrap import estimate_voting_bootstrap
 from dpicl_audit.mechanisms.voting.conformance import voting_conformance
@@ -15,7 +16,6 @@ from dpicl_audit.mechanisms.voting.design import AuditDesign, design_votes
 from dpicl_audit.mechanisms.voting.rdp import RdpDesign
 from dpicl_audit.mechanisms.voting.rdp_estimates import estimate_rdp
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.store import TrialRecord
 
 __all__ = ["estimate_sequence", "estimate_votes", "release_meta", "release_reference"]
 
@@ -68,17 +68,9 @@ def release_reference(meta: Mapping[str, Any], attack: str, setting: str) -> dic
     return dict(meta) | {"epsilon_exact_design": float(rel), "epsilon_exact_design_gaussian": False}
 
 
-def estimate_votes(
-    plan: AuditPlan,
-    design: AuditDesign,
-    k: int,
-    rows: Sequence[TrialRecord],
-    meta: dict[str, Any],
-    *,
-    bootstrap: bool,
-    calls_per_query: int,
-) -> dict[str, Any]:
+def estimate_votes(s: SettingRows, calls_per_query: int) -> dict[str, Any]:
     """One setting's estimates: Algorithm 1 of paper 000 (``bootstrap``) or the trials'."""
+    plan, design, k, rows, meta, bootstrap = s.plan, s.design, s.k, s.rows, s.meta, s.bootstrap
     if bootstrap:
         out = estimate_voting_bootstrap(plan, design, k, rows, meta)
     else:
@@ -103,25 +95,18 @@ def estimate_votes(
     )
 
 
-def estimate_sequence(
-    plan: AuditPlan,
-    design: RdpDesign,
-    rows: Sequence[TrialRecord],
-    meta: dict[str, Any],
-    *,
-    bootstrap: bool,
-    calls_per_query: int,
-) -> dict[str, Any]:
+def estimate_sequence(s: SettingRows, calls_per_query: int) -> dict[str, Any]:
     """One setting's RDP estimates (paper 003); there is no bootstrap of a sequence."""
-    if bootstrap:
+    if s.bootstrap:
         raise InvalidPlan("paper 003's adversaries are audited with `run`, not bootstrap")
-    n1 = sum(1 for r in rows if r.world == 1)
-    return dict(meta) | {
-        "trials": len(rows),
+    design: RdpDesign = s.design
+    n1 = sum(1 for r in s.rows if r.world == 1)
+    return dict(s.meta) | {
+        "trials": len(s.rows),
         "n_with": n1,
-        "n_without": len(rows) - n1,
-        "llm_calls": len(rows) * calls_per_query,
+        "n_without": len(s.rows) - n1,
+        "llm_calls": len(s.rows) * calls_per_query,
         "black_box": None,
         "white_box": None,
-        "rdp": estimate_rdp(plan, design, rows, meta),
+        "rdp": estimate_rdp(s.plan, design, s.rows, s.meta),
     }
