@@ -168,6 +168,17 @@ async def read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
     return status, await reader.readexactly(length)
 
 
+async def ready_and_warm(servers: list[Server], args: argparse.Namespace) -> dict[str, str]:
+    """Wait for every server, create one context on each (its id by server name) and warm
+    each up (imports, first charge, caches) before anything is timed."""
+    for s in servers:
+        await wait_ready(s)
+    cids = {s.name: await create_context(s) for s in servers}
+    for s in servers:
+        await load(s, cids[s.name], max(50, args.requests // 10), args.concurrency)
+    return cids
+
+
 async def wait_ready(server: Server, within_s: float = 120.0) -> None:
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
@@ -285,11 +296,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Round]:
         start("lean, no head limits", here, tmp / "plain", "auto", "httptools"),
     ]
     try:
-        for s in servers:
-            await wait_ready(s)
-        cids = {s.name: await create_context(s) for s in servers}
-        for s in servers:  # warm-up: imports, first charge, caches
-            await load(s, cids[s.name], max(50, args.requests // 10), args.concurrency)
+        cids = await ready_and_warm(servers, args)
         rounds: dict[str, list[Round]] = {s.name: [] for s in servers}
         for r in range(args.rounds):
             for s in servers:
@@ -349,11 +356,7 @@ async def run_ledger(args: argparse.Namespace, tmp: Path, pg_urls: dict[str, str
             )
     levels = (1, args.concurrency)
     try:
-        for s in servers:
-            await wait_ready(s)
-        cids = {s.name: await create_context(s) for s in servers}
-        for s in servers:  # warm-up: imports, first charge, caches
-            await load(s, cids[s.name], max(50, args.requests // 10), args.concurrency)
+        cids = await ready_and_warm(servers, args)
         rounds: dict[tuple[str, int], list[Round]] = {}
         for r in range(args.rounds):
             for s in servers:
