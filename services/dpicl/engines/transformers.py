@@ -55,6 +55,7 @@ and the forwards that build it: :mod:`dpicl.engines.transformers_past`. Label sc
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 from collections.abc import Sequence
@@ -97,35 +98,19 @@ class TransformersEngine(ModelRunner):
     name: str = "transformers"
     is_simulator: bool = False
 
-    def __init__(
-        self,
-        model: Any,
-        tokenizer: Any,
-        *,
-        model_name: str,
-        device: str | None = None,
-        max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
-        use_chat_template: bool = True,
-        share_prefix: bool = True,
-        tuning: EngineTuning | None = None,
-    ) -> None:
-        super().__init__(
-            model,
-            tokenizer,
-            model_name=model_name,
-            device=device,
-            max_batch_tokens=max_batch_tokens,
-            use_chat_template=use_chat_template,
-            share_prefix=share_prefix,
-            tuning=tuning,
-        )
-        self.score_batcher: MicroBatcher[ScoreJob, FloatArray] = MicroBatcher(
+    # The micro-batchers are made on first use: the runner's constructor is the engine's.
+    @functools.cached_property
+    def score_batcher(self) -> MicroBatcher[ScoreJob, FloatArray]:
+        return MicroBatcher(
             self._run_score_jobs,
             max_wait_s=self.tuning.batch_wait_ms / 1000,
             max_size=self.tuning.batch_max_prompts,
             name="score",
         )
-        self.generate_batcher: MicroBatcher[GenJob, list[str]] = MicroBatcher(
+
+    @functools.cached_property
+    def generate_batcher(self) -> MicroBatcher[GenJob, list[str]]:
+        return MicroBatcher(
             self._run_generate_jobs,
             max_wait_s=self.tuning.batch_wait_ms / 1000,
             max_size=self.tuning.batch_max_prompts,
