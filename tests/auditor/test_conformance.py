@@ -22,7 +22,8 @@ from dpicl_audit.estimators.conformance import (
     residual_tests,
 )
 from dpicl_audit.estimators.noise_check import check_noise
-from dpicl_audit.verdicts import EXIT_CODES, Status, Verdict, results_exit_code, worst_status
+from dpicl_audit.pipeline.run_result import results_exit_code
+from dpicl_audit.verdicts import EXIT_CODES, Status, Verdict, worst_status
 
 SIGMA = 1.7
 META = {"family": {"size": 5, "confidence": 0.95, "settings": 4}}

@@ -54,7 +54,7 @@ def test_old_runs_estimate_as_they_did(legacy_db: str, run_id: str) -> None:
     store = TrialStore(legacy_db)
     try:
         stored = store.get_run(run_id).results
-        fresh = estimate_run(store, run_id)
+        fresh = estimate_run(store, run_id).to_json()
     finally:
         store.dispose()
     assert stored is not None

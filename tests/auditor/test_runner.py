@@ -149,7 +149,8 @@ async def test_white_box_run_uses_split_thresholds(tmp_path: Path) -> None:
         assert r.score == pytest.approx(noisy["Yes"] - noisy["No"])
     # the estimate is a pure function of the log
     again = estimate_run(TrialStore(tmp_path / "a.db"), results["run_id"])
-    assert again["settings"][0]["white_box"]["epsilon_lower"] == wb["epsilon_lower"]
+    again_wb = again.settings[0].white_box
+    assert again_wb is not None and again_wb.epsilon_lower == wb["epsilon_lower"]
 
 
 @pytest.mark.parametrize("setting", ["audit-template", "deployment"])

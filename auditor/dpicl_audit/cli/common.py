@@ -165,7 +165,7 @@ def emit(results: dict[str, Any], as_json: bool, path: Path | None = None) -> No
 def exit_on_verdict(results: list[dict[str, Any]]) -> None:
     """Exit with the worst verdict's code (verdicts.EXIT_CODES: 3 INCONCLUSIVE, 4
     NONCONFORMING, 5 VIOLATION or BUG), so that a deployment pipeline can fail on it."""
-    from dpicl_audit.verdicts import results_exit_code
+    from dpicl_audit.pipeline.run_result import results_exit_code
 
     code = results_exit_code(results)
     if code:
@@ -191,7 +191,7 @@ def load_results(db: str, run_id: str) -> dict[str, Any]:
         run = load_run(store, run_id)
         if run.results is not None:
             return dict(run.results)
-        return estimate_run(store, run_id)
+        return estimate_run(store, run_id).to_json()
     finally:
         store.dispose()
 

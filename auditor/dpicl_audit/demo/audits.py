@@ -18,10 +18,10 @@ from rich.console import Console
 from dpicl_audit.demo.servers import DemoServer
 from dpicl_audit.estimators.trial_budget import POWER_MARGIN, plan_trials, planned_needs
 from dpicl_audit.pipeline.run import bootstrap_audit, run_audit
+from dpicl_audit.pipeline.run_result import RunResult
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.schedule import CLEAN_SETTING, new_run_id
 from dpicl_audit.store import TrialRecord, TrialStore
-from dpicl_audit.verdicts import stored_verdict
 
 __all__ = ["Counts", "audit_esa", "audit_model", "audit_oracle", "say"]
 
@@ -50,21 +50,20 @@ def say(t0: float, text: str) -> None:
 
 
 def _summarise(results: Mapping[str, Any]) -> None:
-    for s in results.get("settings", []):
+    for s in RunResult.from_json(results).settings:
         parts = []
         for key in ("black_box", "white_box"):
-            est = s.get(key)
-            if not est or "epsilon_lower" not in est:
+            est = s.estimate(key)
+            if est is None or est.epsilon_lower is None:
                 continue
             parts.append(
-                f"{key.replace('_', '-')} ε_emp={float(est['epsilon_lower']):.3f} "
-                f"({'?' if (found := stored_verdict(est)) is None else found.status})"
+                f"{key.replace('_', '-')} ε_emp={est.epsilon_lower:.3f} "
+                f"({'?' if est.verdict is None else est.verdict.status})"
             )
-        exact = s.get("epsilon_exact")
-        exact_s = f"{float(exact):.3f}" if exact is not None else "-"
+        exact_s = f"{s.epsilon_exact:.3f}" if s.epsilon_exact is not None else "-"
         console.print(
-            f"    {s['setting']:>6}  ε_theory={float(s['epsilon_theory']):g}  ε_exact={exact_s}  "
-            + "  ".join(parts)
+            f"    {s.setting!s:>6}  ε_theory={float(s.epsilon_theory or 0.0):g}  "
+            f"ε_exact={exact_s}  " + "  ".join(parts)
         )
 
 

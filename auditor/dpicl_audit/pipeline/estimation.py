@@ -17,6 +17,8 @@ from dpicl_audit.estimators.trial_budget import needs_from_bootstrap
 from dpicl_audit.mechanisms.base import Design, SettingRows
 from dpicl_audit.mechanisms.registry import get_mechanism
 from dpicl_audit.pipeline.legacy import is_legacy_mozo, upgrade_run
+from dpicl_audit.pipeline.results import jsonable
+from dpicl_audit.pipeline.run_result import RunResult
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.schedule import CLEAN_SETTING
 from dpicl_audit.store import RunRecord, TrialStore
@@ -47,11 +49,15 @@ def estimate_setting(s: SettingRows) -> dict[str, Any]:
     return get_mechanism(s.plan.mechanism.name).estimate(s)
 
 
-def estimate_run(store: TrialStore, run_id: str) -> dict[str, Any]:
-    """Results of a run from its log: per-epsilon estimates next to theory and exact."""
+def estimate_run(store: TrialStore, run_id: str) -> RunResult:
+    """Results of a run from its log: per-epsilon estimates next to theory and exact.
+
+    Typed as the store will hold them (issue 28): the mechanisms' settings are read in the
+    JSON shape they are stored in (non-finite floats as strings, :func:`.results.jsonable`),
+    so a run's results recomputed here and the ones read back from the log are one value."""
     run = load_run(store, run_id)
     if is_legacy_mozo(store.get_run(run_id)) and run.results is not None:
-        return dict(run.results)  # the old audit's estimate, in the pipeline's shape
+        return RunResult.from_json(run.results)  # the old audit's estimate, pipeline's shape
     plan = run_plan(run)
     design = run_design(run, plan)
     mech = get_mechanism(plan.mechanism.name)
@@ -90,7 +96,7 @@ def estimate_run(store: TrialStore, run_id: str) -> dict[str, Any]:
         for s in settings:
             s["real_trials_for_power"] = needs.get(float(s["epsilon_theory"]))
     run = store.get_run(run_id)
-    return {
+    results = {
         "run_id": run_id,
         "kind": run.kind,
         "name": run.name,
@@ -109,3 +115,4 @@ def estimate_run(store: TrialStore, run_id: str) -> dict[str, Any]:
         "llm_calls": run.llm_calls,
         "wall_time_s": run.wall_time_s,
     }
+    return RunResult.from_json(jsonable(results))

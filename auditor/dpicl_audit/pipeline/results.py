@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -49,17 +50,21 @@ def describe_run(results: Mapping[str, Any]) -> str:
     return f"{mech} · {attack} · {canary} canary, {setting} · {kind}"
 
 
-def finish_run(store: TrialStore, run_id: str, results: dict[str, Any]) -> dict[str, Any]:
-    store.update_run(run_id, status="completed", results=jsonable(results))
+def finish_run(store: TrialStore, run_id: str, results: RunResult) -> dict[str, Any]:
+    """Store a run's results as completed, with its final usage; the JSON stored (the edge
+    between the typed results and their JSON, issue 28)."""
+    store.update_run(run_id, status="completed", results=jsonable(results.to_json()))
     run = store.get_run(run_id)
-    results |= {
-        "status": run.status,
-        "queries": run.queries,
-        "llm_calls": run.llm_calls,
-        "wall_time_s": run.wall_time_s,
-    }
-    store.update_run(run_id, results=jsonable(results))
-    return results
+    results = replace(
+        results,
+        status=run.status,
+        queries=run.queries,
+        llm_calls=run.llm_calls,
+        wall_time_s=run.wall_time_s,
+    )
+    stored = jsonable(results.to_json())
+    store.update_run(run_id, results=stored)
+    return stored  # type: ignore[no-any-return]
 
 
 def record_tail_gap(

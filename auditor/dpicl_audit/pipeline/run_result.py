@@ -13,14 +13,14 @@ those strings.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Self
 
 from dpicl_audit.errors import InvalidAuditInput
-from dpicl_audit.verdicts import Status, Verdict
+from dpicl_audit.verdicts import Status, Verdict, worst_status
 
-__all__ = ["Estimate", "RunResult", "SettingResult"]
+__all__ = ["Estimate", "RunResult", "SettingResult", "results_exit_code"]
 
 _NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 
@@ -314,3 +314,11 @@ class RunResult(_Record):
         if (self.ledger or {}).get("status") == "nonconforming":
             out.append(Status.NONCONFORMING)
         return out
+
+
+def results_exit_code(results: Sequence[RunResult | Mapping[str, Any]]) -> int:
+    """The exit status for these runs' results (typed, or as stored): :data:`~dpicl_audit.
+    verdicts.EXIT_CODES` of the worst of their :meth:`RunResult.statuses`, else 0 (every
+    figure consistent, or no verdict at all)."""
+    runs = [r if isinstance(r, RunResult) else RunResult.from_json(r) for r in results]
+    return worst_status([st for r in runs for st in r.statuses()]).exit_code

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from dpicl_audit.errors import AuditError
@@ -60,13 +61,13 @@ class AuditRunner:
                     await self._execute_bootstrap_collection(progress)
             await self.trials.flush()
             t0 = time.monotonic()
-            results = await asyncio.to_thread(estimate_run, run.store, run.run_id)
+            estimated = await asyncio.to_thread(estimate_run, run.store, run.run_id)
             # The ledger audited from outside (planning.ledger), where the mechanism can.
             ledger = await run.mechanism.audit_ledger(run.target, run.design, run.plan)
             if ledger is not None:
-                results["ledger"] = ledger
+                estimated = replace(estimated, ledger=ledger)
             run.store.add_usage(run.run_id, wall_time_s=time.monotonic() - t0)
-            results = finish_run(run.store, run.run_id, results)
+            results = finish_run(run.store, run.run_id, estimated)
         except AuditError as exc:
             await self.trials.flush()
             run.store.update_run(run.run_id, status="failed", error=str(exc))

@@ -118,7 +118,7 @@ def load_run_results(store: TrialStore, run_id: str) -> dict[str, Any]:
     if run.status == "completed" and run.results is not None:
         results = dict(run.results)
     else:
-        results = estimate_run(store, run_id)
+        results = estimate_run(store, run_id).to_json()
         results |= {
             "queries": run.queries,
             "llm_calls": run.llm_calls,

@@ -26,7 +26,7 @@ it back. A :class:`Status` knows its severity and the CLI's exit code.
 Modules::
 
     model.py   the one verdict type (Verdict, GaussianVerdict), Status, the run's Family, a
-               run's worst status and exit code
+               run's worst status
     claims.py  the claims a bound may state: verdict, gaussian_verdict, rdp_verdict, and
                for the run's tests together
 """

@@ -1,11 +1,13 @@
 """The one verdict type: :class:`Verdict` (and :class:`GaussianVerdict`, a Gaussian claim's,
 with the rule's reasons and advice), its :class:`Status` (severity, exit code), the run's
-family of tests, and a run's worst status. :meth:`Verdict.to_dict` is the JSON stored under
-an estimate's ``"verdict"``; :meth:`Verdict.from_dict` reads every stored shape back."""
+family of tests, and a run's worst status (a run's exit code:
+:func:`dpicl_audit.pipeline.run_result.results_exit_code`). :meth:`Verdict.to_dict` is the
+JSON stored under an estimate's ``"verdict"``; :meth:`Verdict.from_dict` reads every stored
+shape back."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, ClassVar, Literal, get_args
@@ -20,9 +22,6 @@ __all__ = [
     "Status",
     "Verdict",
     "Word",
-    "results_exit_code",
-    "results_statuses",
-    "stored_verdict",
     "worst_status",
 ]
 
@@ -234,34 +233,6 @@ class GaussianVerdict(Verdict):
             "max_reachable": self.max_reachable,
             "trials_needed": None if self.trials_needed is None else list(self.trials_needed),
         }
-
-
-def stored_verdict(est: Mapping[str, Any]) -> Verdict | None:
-    """The verdict stored in an estimate's JSON (None: it has none, e.g. an estimate that
-    failed)."""
-    found = est.get("verdict") if isinstance(est, Mapping) else None
-    return Verdict.from_dict(found) if isinstance(found, Mapping) else None
-
-
-def results_statuses(results: Mapping[str, Any]) -> list[Status]:
-    """Every verdict status in a run's results (both threat models, RDP audits, the
-    ledger's audit)."""
-    out: list[Status] = []
-    for s in results.get("settings") or []:
-        for key in ("black_box", "white_box", "rdp"):
-            found = stored_verdict(s.get(key) or {})
-            if found is not None:
-                out.append(found.status)
-    ledger = results.get("ledger")
-    if isinstance(ledger, Mapping) and ledger.get("status") == "nonconforming":
-        out.append(Status.NONCONFORMING)  # the ledger departs from its own reported costs
-    return out
-
-
-def results_exit_code(results: Sequence[Mapping[str, Any]]) -> int:
-    """The exit status for these runs' results: :data:`EXIT_CODES` of the worst verdict,
-    else 0 (every figure consistent, or no verdict at all)."""
-    return worst_status([st for r in results for st in results_statuses(r)]).exit_code
 
 
 @dataclass(frozen=True)
