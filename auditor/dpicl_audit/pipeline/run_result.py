@@ -303,6 +303,32 @@ class RunResult(_Record):
         out["verify"] = None if self.tail_gap is None else {"tail_gap": self.tail_gap.to_json()}
         return out
 
+    @property
+    def threat_models(self) -> list[str]:
+        """The threat models the run estimated (empty where the results do not say)."""
+        return list(self.extra.get("threat_models") or [])
+
+    @property
+    def design(self) -> Mapping[str, Any]:
+        """The mechanism's summary of the run's design (:meth:`~dpicl_audit.mechanisms.base.
+        MechanismAudit.summary`); empty where none was stored."""
+        found = self.extra.get("design")
+        return found if isinstance(found, Mapping) else {}
+
+    @property
+    def server(self) -> Mapping[str, Any]:
+        """The server's /healthz as the run recorded it (``versions.server``)."""
+        versions = self.extra.get("versions")
+        found = versions.get("server") if isinstance(versions, Mapping) else None
+        return found if isinstance(found, Mapping) else {}
+
+    @property
+    def family_size(self) -> int | None:
+        """How many figures the run's claims hold for together (:mod:`~dpicl_audit.
+        estimators.family`); None for a run estimated before claims were stated per run."""
+        family = self.extra.get("family")
+        return family.get("size") if isinstance(family, Mapping) else None
+
     def verdicts(self) -> list[Verdict]:
         """Every verdict of the run's settings."""
         return [v for s in self.settings for v in s.verdicts()]

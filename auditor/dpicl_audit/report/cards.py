@@ -67,11 +67,11 @@ def cards(runs: Sequence[RunData], rows: Sequence[ReportRow], colors: Mapping[st
         mine = [r for r in rows if r.run_id == rd.run_id]
         status = run_verdict(mine) if mine else "error"
         badge = VERDICT_WORDS.get(status, status)
-        res = rd.results
+        models = rd.results.threat_models or [rd.plan.threat_model]
         what = (
             f"{rd.engine} · {rd.mechanism} · "
             f"{'bootstrap' if rd.simulated else 'real trials'} · "
-            f"{', '.join(res.get('threat_models') or [rd.plan.threat_model])}"
+            f"{', '.join(models)}"
         )
         cards.append(
             f"<div class=card{run_style(colors, rd.run_id)}>"

@@ -6,6 +6,8 @@ import numpy as np
 
 from dpicl_audit.mechanisms.base import SettingRows
 from dpicl_audit.pipeline.estimation import estimate_setting
+from dpicl_audit.pipeline.results import jsonable
+from dpicl_audit.pipeline.run_result import SettingResult
 from dpicl_audit.planning.schedule import CLEAN_SETTING
 from dpicl_audit.report.data import THREATS, RunData, num
 
@@ -19,6 +21,22 @@ def _prefix_sizes(total: int, smallest: int, points: int = 8) -> list[int]:
     return [int(v) for v in grid]
 
 
+def _estimate(rows: SettingRows) -> SettingResult:
+    """The setting's estimates from these rows, typed as the run's results are."""
+    return SettingResult.from_json(jsonable(estimate_setting(rows)))
+
+
+def _shown(s: SettingResult) -> list[tuple[str, float]]:
+    """(threat model, the epsilon the table shows) of each estimate that has one."""
+    out = []
+    for threat, key in THREATS:
+        est = s.estimate(key)
+        v = None if est is None or est.error is not None else num(est.epsilon_shown)
+        if v is not None:
+            out.append((threat, v))
+    return out
+
+
 def trials_curve(rd: RunData) -> dict[str, dict[str, list[tuple[int, float]]]]:
     """epsilon_emp on growing numbers of trials: {setting: {threat: [(trials, eps), ...]}}.
 
@@ -28,38 +46,33 @@ def trials_curve(rd: RunData) -> dict[str, dict[str, list[tuple[int, float]]]]:
     """
     plan, design = rd.plan, rd.design
     out: dict[str, dict[str, list[tuple[int, float]]]] = {}
-    for k, s in enumerate(rd.results.get("settings", [])):
+    for k, setting in enumerate(rd.results.settings):
+        s = setting.to_json()  # the setting's facts, as the mechanism's estimate reads them
         # The setting's facts (ESA: its signal geometry too) without its estimates.
         meta = {key: v for key, v in s.items() if key not in _ESTIMATES}
         meta["sigma"] = num(s.get("sigma"))
-        meta["epsilon_exact"] = num(s.get("epsilon_exact"))
+        meta["epsilon_exact"] = num(setting.epsilon_exact)
         curves: dict[str, list[tuple[int, float]]] = {"black-box": [], "white-box": []}
         if rd.kind == "bootstrap":
             clean = rd.trials.get(CLEAN_SETTING, [])
             total = plan.bootstrap.n_sample
             for n in _prefix_sizes(total, min(1000, total), 6):
                 if n == total:
-                    res = s
+                    res = setting
                 else:
                     p = plan.model_copy(
                         update={"bootstrap": plan.bootstrap.model_copy(update={"n_sample": n})}
                     )
-                    res = estimate_setting(SettingRows(p, design, k, clean, dict(meta), True))
-                for threat, key in THREATS:
-                    est = res.get(key) or {}
-                    v = num(est.get("epsilon_emp", est.get("epsilon_lower")))
-                    if v is not None and "error" not in est:
-                        curves[threat].append((2 * n, v))
+                    res = _estimate(SettingRows(p, design, k, clean, dict(meta), True))
+                for threat, v in _shown(res):
+                    curves[threat].append((2 * n, v))
         else:
-            rows = sorted(rd.trials.get(str(s["setting"]), []), key=lambda r: r.trial_index)
+            rows = sorted(rd.trials.get(str(setting.setting), []), key=lambda r: r.trial_index)
             for n in _prefix_sizes(len(rows), min(40, len(rows)), 8):
-                res = estimate_setting(SettingRows(plan, design, k, rows[:n], dict(meta), False))
-                for threat, key in THREATS:
-                    est = res.get(key) or {}
-                    v = num(est.get("epsilon_emp", est.get("epsilon_lower")))
-                    if v is not None and "error" not in est:
-                        curves[threat].append((n, v))
-        out[str(s["setting"])] = curves
+                res = _estimate(SettingRows(plan, design, k, rows[:n], dict(meta), False))
+                for threat, v in _shown(res):
+                    curves[threat].append((n, v))
+        out[str(setting.setting)] = curves
     return out
 
 

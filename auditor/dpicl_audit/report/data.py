@@ -14,6 +14,7 @@ from typing import Any
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.mechanisms.base import Design
 from dpicl_audit.pipeline.estimation import estimate_run, load_run, run_design, run_plan
+from dpicl_audit.pipeline.run_result import RunResult
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.store import TrialRecord, TrialStore
 
@@ -36,7 +37,7 @@ def num(value: Any) -> float | None:
 class RunData:
     run_id: str
     kind: str
-    results: dict[str, Any]
+    results: RunResult
     plan: AuditPlan
     design: Design
     engine: str
@@ -51,7 +52,7 @@ class RunData:
     def ledger(self) -> dict[str, Any] | None:
         """The ledger's audit from outside (:mod:`dpicl_audit.planning.ledger`), where the run
         had one."""
-        led = self.results.get("ledger")
+        led = self.results.ledger
         return dict(led) if isinstance(led, Mapping) else None
 
     @property
@@ -100,8 +101,8 @@ class ReportRow:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
-def _engine_of(results: Mapping[str, Any]) -> str:
-    server = (results.get("versions") or {}).get("server") or {}
+def _engine_of(results: RunResult) -> str:
+    server = results.server
     engine = str(server.get("engine") or "unknown engine")
     if server.get("simulator"):
         return f"{engine} (simulator)"
@@ -112,7 +113,7 @@ def _engine_of(results: Mapping[str, Any]) -> str:
     return engine
 
 
-def load_run_results(store: TrialStore, run_id: str) -> dict[str, Any]:
+def load_run_results(store: TrialStore, run_id: str) -> RunResult:
     """The run's stored results if it completed, else recomputed from its trial log."""
     run = load_run(store, run_id)
     if run.status == "completed" and run.results is not None:
@@ -126,7 +127,7 @@ def load_run_results(store: TrialStore, run_id: str) -> dict[str, Any]:
         }
     results.setdefault("versions", run.versions)
     results["status"] = run.status
-    return results
+    return RunResult.from_json(results)
 
 
 def load_runs(store: TrialStore, run_ids: Sequence[str]) -> list[RunData]:

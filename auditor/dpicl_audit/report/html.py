@@ -152,8 +152,8 @@ def _noise_table(runs: Sequence[RunData], colors: Mapping[str, str]) -> str:
     """The bootstrap's noise check per (run, epsilon): reported vs measured sigma."""
     body = []
     for rd in runs:
-        for s in rd.results.get("settings", []):
-            nc = s.get("noise_check")
+        for s in rd.results.settings:
+            nc = s.noise_check
             if not isinstance(nc, Mapping):
                 continue
             interval = nc.get("sigma_interval") or [nc.get("sigma_lower"), nc.get("sigma_upper")]
@@ -171,11 +171,11 @@ def _noise_table(runs: Sequence[RunData], colors: Mapping[str, str]) -> str:
             body.append(
                 f"<tr><td class='l wrap'{run_style(colors, rd.run_id)}><span class=swatch>"
                 f"</span>{_e(rd.label)}</td>"
-                f"<td class='l nw'>{_e(eps_label(str(s['setting'])))}</td>"
+                f"<td class='l nw'>{_e(eps_label(str(s.setting)))}</td>"
                 f"<td>{fmt(num(reported))}</td>"
                 f"<td>{fmt(num(measured))}</td>"
                 f"<td class=nw>[{fmt(num(lo))}, {fmt(num(hi))}]</td>"
-                f"<td>{fmt(num(s.get('sigma_simulated')))}</td>"
+                f"<td>{fmt(num(s.extra.get('sigma_simulated')))}</td>"
                 f"<td class='l nw {css}'>{_e(_NOISE_WORDS.get(status, status))}</td>"
                 f"<td class='l wrap small'>{_e(message)}</td></tr>"
             )
@@ -213,9 +213,9 @@ def _health(server: Mapping[str, Any]) -> str:
 
 
 def _run_details(rd: RunData, rows: Sequence[ReportRow]) -> str:
-    p, d, res = rd.plan, rd.results.get("design") or {}, rd.results
+    p, d, res = rd.plan, rd.results.design, rd.results
     m = p.mechanism
-    server = (res.get("versions") or {}).get("server") or {}
+    server = res.server
     if m.name == "dps-mozo":
         mech = (
             f"dps-mozo, |D|={m.exemplars}, n_shots={m.n_shots or m.exemplars}, top_k={m.top_k}, "
@@ -230,13 +230,13 @@ def _run_details(rd: RunData, rows: Sequence[ReportRow]) -> str:
         )
     items: list[tuple[str, Any]] = [
         ("run", _e(rd.run_id)),
-        ("status", _e(res.get("status"))),
+        ("status", _e(res.status)),
         ("server", _health(server)),
         (
             "method",
             _e("bootstrap (paper 000, Algorithm 1)" if rd.simulated else "real queries"),
         ),
-        ("threat models", _e(", ".join(res.get("threat_models") or []))),
+        ("threat models", _e(", ".join(res.threat_models))),
         ("dataset", _e(p.dataset)),
         ("canary", _e(f"{d.get('canary_kind')}: {d.get('canary')!r} ({d.get('canary_label')})")),
         (
@@ -263,11 +263,11 @@ def _run_details(rd: RunData, rows: Sequence[ReportRow]) -> str:
     else:
         items.append(("trials", _e(f"{p.trials} per epsilon, concurrency {p.concurrency}")))
     items += [
-        ("queries / LLM calls", _e(f"{res.get('queries')} / {res.get('llm_calls')}")),
-        ("wall time", _e(f"{fmt(num(res.get('wall_time_s')), 1)} s")),
+        ("queries / LLM calls", _e(f"{res.queries} / {res.llm_calls}")),
+        ("wall time", _e(f"{fmt(num(res.wall_time_s), 1)} s")),
         ("verdict", _e(run_verdict(rows).upper())),
     ]
-    for note in res.get("notes") or []:
+    for note in res.extra.get("notes") or []:
         items.append(("note", _e(note)))
     return f"<summary>{_e(rd.label)}</summary><div class=scroll>{_kv(items)}</div>"
 

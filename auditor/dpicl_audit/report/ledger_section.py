@@ -51,12 +51,12 @@ def conformance_html(runs: Sequence[RunData]) -> str:
     """``<h2>Conformance</h2>``: each setting's tests against the design's prediction."""
     rows = []
     for rd in runs:
-        for s in rd.results.get("settings") or []:
-            conf = s.get("conformance")
+        for s in rd.results.settings:
+            conf = s.conformance
             if not conf:
                 continue
             rows.append(
-                f"<tr><td>{_e(rd.label)}</td><td>{_e(s.get('setting'))}</td>"
+                f"<tr><td>{_e(rd.label)}</td><td>{_e(s.setting)}</td>"
                 f"<td>{_e(conf.get('status'))}</td><td>{_e(', '.join(conf.get('differs') or []))}"
                 f"</td><td>{_e(conf.get('message'))}</td></tr>"
             )
@@ -78,15 +78,16 @@ def roc_html(runs: Sequence[RunData]) -> str:
 
     rows = []
     for rd in runs:
-        for s in rd.results.get("settings") or []:
+        for s in rd.results.settings:
             for key in ("black_box", "white_box"):
-                roc = (s.get(key) or {}).get("roc")
+                est = s.estimate(key)
+                roc = None if est is None else est.extra.get("roc")
                 if not roc:
                     continue
                 at = roc.get("tpr_at_fpr") or {}
                 cells = "".join(f"<td>{float(at.get(f'{x:g}', 0.0)):.3f}</td>" for x in LOW_FPRS)
                 rows.append(
-                    f"<tr><td>{_e(rd.label)}</td><td>{_e(s.get('setting'))}</td>"
+                    f"<tr><td>{_e(rd.label)}</td><td>{_e(s.setting)}</td>"
                     f"<td>{_e(key.replace('_', '-'))}</td><td>{float(roc['auroc']):.3f}</td>"
                     f"{cells}</tr>"
                 )

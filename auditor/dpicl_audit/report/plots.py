@@ -21,6 +21,7 @@ from scipy import stats
 
 from dpicl_audit.estimators.exact import VOTING_SENSITIVITY
 from dpicl_audit.estimators.stats import clopper_pearson_upper, per_interval_confidence
+from dpicl_audit.pipeline.run_result import Estimate
 from dpicl_audit.report.data import THREATS, ReportRow, RunData, num
 from dpicl_audit.report.figure import png, pyplot
 
@@ -203,13 +204,13 @@ def plot_epsilons(
     return png(fig)
 
 
-def _rate_bounds(est: Mapping[str, Any]) -> tuple[float, float, float, float] | None:
+def _rate_bounds(est: Estimate) -> tuple[float, float, float, float] | None:
     """(FPR_upper, FNR_upper, FPR, FNR) of one estimate, at its per-interval confidence."""
     try:
-        fp, fn = int(est["fp"]), int(est["fn"])
-        n_neg, n_pos = int(est["n_neg"]), int(est["n_pos"])
-        conf = float(est["confidence"])
-        split = str(est.get("split", "bonferroni"))
+        fp, fn = int(est.fp), int(est.fn)  # type: ignore[arg-type]
+        n_neg, n_pos = int(est.extra["n_neg"]), int(est.extra["n_pos"])
+        conf = float(est.confidence)  # type: ignore[arg-type]
+        split = str(est.extra.get("split", "bonferroni"))
     except (KeyError, TypeError, ValueError):
         return None
     if n_neg <= 0 or n_pos <= 0:
@@ -235,9 +236,7 @@ def plot_tradeoff(runs: Sequence[RunData], colors: Mapping[str, str] | None = No
     """Per epsilon: (FPR_upper, FNR_upper) points against the exact Gaussian mu curve."""
     plt = pyplot()
     colors = _series_style(runs, colors)
-    eps_all = sorted(
-        {float(s["epsilon_theory"]) for rd in runs for s in rd.results.get("settings", [])}
-    )
+    eps_all = sorted({float(s.epsilon_theory or 0.0) for rd in runs for s in rd.results.settings})
     if not eps_all:
         return _no_estimates(plt)
     fig, panels, every = _panels(plt, len(eps_all), 5.2)
@@ -246,12 +245,12 @@ def plot_tradeoff(runs: Sequence[RunData], colors: Mapping[str, str] | None = No
         drawn_mu: set[float] = set()
         delta = None
         for rd in runs:
-            for s in rd.results.get("settings", []):
-                if float(s["epsilon_theory"]) != eps:
+            for s in rd.results.settings:
+                if float(s.epsilon_theory or 0.0) != eps:
                     continue
-                delta = float(s.get("delta", rd.plan.mechanism.delta))
-                sigma = num(s.get("sigma"))
-                sens = num(s.get("sensitivity")) or VOTING_SENSITIVITY
+                delta = float(s.extra.get("delta", rd.plan.mechanism.delta))
+                sigma = num(s.extra.get("sigma"))
+                sens = num(s.extra.get("sensitivity")) or VOTING_SENSITIVITY
                 if sigma and sigma > 0:
                     mu = round(sens / sigma, 6)
                     if mu not in drawn_mu:
@@ -259,8 +258,8 @@ def plot_tradeoff(runs: Sequence[RunData], colors: Mapping[str, str] | None = No
                         f = stats.norm.cdf(stats.norm.ppf(1 - x) - mu)
                         ax.plot(x, f, color="0.3", lw=2, label=f"exact Gaussian curve, μ={mu:.3g}")
                 for threat, key in THREATS:
-                    est = s.get(key)
-                    if not est or "error" in est:
+                    est = s.estimate(key)
+                    if est is None or not est.keys or est.error is not None:
                         continue
                     b = _rate_bounds(est)
                     if b is None:
@@ -316,8 +315,8 @@ def plot_trials(
     plt = pyplot()
     eps_map: dict[float, str] = {}
     for rd in runs:
-        for s in rd.results.get("settings", []):
-            eps_map[float(s["epsilon_theory"])] = str(s["setting"])
+        for s in rd.results.settings:
+            eps_map[float(s.epsilon_theory or 0.0)] = str(s.setting)
     eps_all = sorted(eps_map)
     if not eps_all:
         return _no_estimates(plt)
@@ -327,13 +326,13 @@ def plot_trials(
         ymax = eps * 1.2
         counts: list[float] = []
         for rd in runs:
-            for s in rd.results.get("settings", []):
-                if float(s["epsilon_theory"]) != eps:
+            for s in rd.results.settings:
+                if float(s.epsilon_theory or 0.0) != eps:
                     continue
-                ex = num(s.get("epsilon_exact"))
+                ex = num(s.epsilon_exact)
                 if ex is not None:
                     exacts.add(round(ex, 6))
-                per = curves.get(rd.run_id, {}).get(str(s["setting"]), {})
+                per = curves.get(rd.run_id, {}).get(str(s.setting), {})
                 for threat, _key in THREATS:
                     pts = per.get(threat) or []
                     pts = [(t, v) for t, v in pts if math.isfinite(v)]

@@ -30,7 +30,7 @@ _BARS = (
 
 
 def has_rdp(runs: Sequence[RunData]) -> bool:
-    return any(s.get("rdp") for rd in runs for s in rd.results.get("settings", []))
+    return any(s.rdp for rd in runs for s in rd.results.settings)
 
 
 def rdp_row(
@@ -66,10 +66,10 @@ def rdp_row(
 
 def _settings(runs: Sequence[RunData]) -> list[tuple[str, Mapping[str, Any]]]:
     return [
-        (f"{rd.plan.attack} {s['setting']}", s["rdp"])
+        (f"{rd.plan.attack} {s.setting}", s.rdp)
         for rd in runs
-        for s in rd.results.get("settings", [])
-        if s.get("rdp")
+        for s in rd.results.settings
+        if s.rdp
     ]
 
 

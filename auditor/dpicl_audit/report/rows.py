@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dpicl_audit.pipeline.run_result import RunResult
 from dpicl_audit.report.data import THREATS, ReportRow, RunData, num
 from dpicl_audit.report.rdp import rdp_row
 from dpicl_audit.store import TrialRecord
@@ -31,24 +30,23 @@ def report_rows(runs: Sequence[RunData]) -> list[ReportRow]:
     """The table: one row per (run, epsilon, threat model) the run estimated."""
     rows: list[ReportRow] = []
     for rd in runs:
-        res = rd.results
-        conf = float(res.get("confidence", rd.plan.confidence))
+        run = rd.results
+        conf = float(rd.plan.confidence if run.confidence is None else run.confidence)
         method = "bootstrap" if rd.kind == "bootstrap" else "real trials"
-        models = res.get("threat_models") or ["black-box"]
-        layout = (res.get("design") or {}).get("design")
+        models = run.threat_models or ["black-box"]
+        layout = run.design.get("design")
         design = f"{rd.plan.canary} canary, {rd.plan.setting}"
         if layout:
             design = f"{layout} design, {design}"
         if rd.mechanism == "dps-mozo":
             design = f"signal canary ({'/'.join(rd.plan.mozo.signals)})"
-        run = RunResult.from_json(res)
         for s in run.settings:
             for threat, key in THREATS:
                 est = s.estimate(key)
                 if threat not in models or est is None or not est.keys:
                     continue
                 if rd.kind == "bootstrap":
-                    wall, shared = num(res.get("wall_time_s")), True
+                    wall, shared = num(run.wall_time_s), True
                 else:
                     wall, shared = _setting_wall_time(rd.trials.get(str(s.setting), [])), False
                 rows.append(
@@ -77,7 +75,7 @@ def report_rows(runs: Sequence[RunData]) -> list[ReportRow]:
                         attack=rd.plan.attack,
                         design=design,
                         epsilon_classic=num(est.epsilon_lower_classic),
-                        family_size=(res.get("family") or {}).get("size"),
+                        family_size=run.family_size,
                     )
                 )
             if s.rdp:  # paper 003's RDP audit of the setting: its own row

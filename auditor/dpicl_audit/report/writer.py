@@ -40,7 +40,7 @@ def _payload(
             rd.run_id: run_verdict([r for r in rows if r.run_id == rd.run_id]) for rd in runs
         },
         "rows": [r.to_dict() for r in rows],
-        "runs": {rd.run_id: rd.results for rd in runs},
+        "runs": {rd.run_id: rd.results.to_json() for rd in runs},
     }
 
 
@@ -169,7 +169,7 @@ def write_combined_report(
     text = json.dumps(jsonable(payload), indent=2) + "\n"
     _write_text(out / "report.json", text)
     if len(runs) == 1 and dir_name == runs[0].run_id:
-        write_results(runs[0].results, out_dir)  # the runner's results.json, refreshed
+        write_results(runs[0].results.to_json(), out_dir)  # the runner's results.json, refreshed
     else:
         stale = out / "results.json"  # the old byte-identical copy of report.json
         if stale.is_file():
