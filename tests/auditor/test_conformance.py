@@ -22,7 +22,7 @@ from dpicl_audit.estimators.conformance import (
     residual_tests,
 )
 from dpicl_audit.estimators.noise_check import check_noise
-from dpicl_audit.pipeline.run_result import results_exit_code
+from dpicl_audit.pipeline.run_result import RunResult, results_exit_code
 from dpicl_audit.verdicts import EXIT_CODES, Status, Verdict, worst_status
 
 SIGMA = 1.7
@@ -180,12 +180,12 @@ def test_report_sections() -> None:
         "budget": {"epsilon": 1.5, "delta": 1e-5},
         "checks": [{"check": "refuses exactly", "ok": False, "reported": 4, "expected": 3}],
     }
-    rd = SimpleNamespace(label="run <1>", results=results, ledger=ledger)
+    rd = SimpleNamespace(label="run <1>", results=RunResult.from_json(results), ledger=ledger)
     html = ledger_html([rd]) + conformance_html([rd]) + roc_html([rd])  # type: ignore[list-item]
     assert "<h2>Ledger</h2>" in html and "FAILED" in html and "run &lt;1&gt;" in html
     assert "<h2>Conformance</h2>" in html and "release rate" in html
     assert "<h2>Attack ROC</h2>" in html and "0.600" in html
-    quiet = SimpleNamespace(label="r", results={"settings": []}, ledger=None)
+    quiet = SimpleNamespace(label="r", results=RunResult.from_json({"settings": []}), ledger=None)
     assert ledger_html([quiet]) == conformance_html([quiet]) == roc_html([quiet]) == ""  # type: ignore[list-item]
 
 
