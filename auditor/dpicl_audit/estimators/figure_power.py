@@ -13,6 +13,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dpicl_audit.errors import InvalidAuditInput
+from dpicl_audit.estimators.gdp import gdp_mu
+from dpicl_audit.estimators.power import (
+    max_reachable_epsilon,
+    reachable_from_rates,
+    trials_for_power,
+)
+from dpicl_audit.estimators.verdict_rules import DEFAULT_MIN_POWER_FRACTION
 
 __all__ = ["Reach", "exact_mus", "reach_model", "trials_for_power_of"]
 
@@ -35,7 +42,6 @@ def reach_model(
     to the held-out counts, so a figure above the black-box one could lack the power the
     black-box figure of the same trials had.
     """
-    from dpicl_audit.estimators.power import max_reachable_epsilon, reachable_from_rates
 
     if not est.get("n_pos") or not est.get("n_neg"):
         return None
@@ -80,7 +86,6 @@ def reach_model(
 def exact_mus(meta: Mapping[str, Any]) -> tuple[float | None, float | None]:
     """mu of the mechanism's exact epsilon, and mu of what an attack on the canary can see
     at most (ESA: the canary's actual embedding shift; else the same)."""
-    from dpicl_audit.estimators.gdp import gdp_mu
 
     delta = float(meta["delta"])
     exact = meta.get("epsilon_exact")
@@ -96,8 +101,6 @@ def trials_for_power_of(est: Mapping[str, Any], meta: Mapping[str, Any]) -> tupl
     it power: a reachable bound of ``DEFAULT_MIN_POWER_FRACTION`` x epsilon_exact (or
     epsilon_theory). ``None``: no count up to ``MAX_SEARCHED_TRIALS`` does. A bootstrap's
     figure plans real trials this way: same design, same clean signals."""
-    from dpicl_audit.estimators.power import trials_for_power
-    from dpicl_audit.estimators.verdict_rules import DEFAULT_MIN_POWER_FRACTION
 
     found = reach_model(est, meta, exact_mus(meta)[1])
     if found is None:

@@ -39,6 +39,7 @@ import numpy.typing as npt
 from scipy import special
 
 from dpicl_audit.errors import InvalidAuditInput
+from dpicl_audit.estimators.rdp import rdp_two_cut_lower
 from dpicl_audit.estimators.stats import (
     FloatArray,
     IntArray,
@@ -207,7 +208,6 @@ def two_cut_from_labels(
     on the clean histograms, or the design's poison label); otherwise the bound is
     optimistic.
     """
-    from dpicl_audit.estimators.rdp import rdp_two_cut_lower
 
     c1, c0 = _check_counts(counts1, "counts1"), _check_counts(counts0, "counts0")
     if not 0 <= output < c1.size:

@@ -26,6 +26,7 @@ from typing import Any
 
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.estimators.figure_power import trials_for_power_of
+from dpicl_audit.estimators.whitebox import figure_test_confidences
 
 __all__ = [
     "POWER_MARGIN",
@@ -66,7 +67,6 @@ def needs_from_bootstrap(
     makes it need more: on SmolLM2 at epsilon 8, about 280 trials against the black-box
     figure's 170.
     """
-    from dpicl_audit.estimators.whitebox import figure_test_confidences
 
     if not margin >= 1.0:
         raise InvalidAuditInput(f"margin must be >= 1, got {margin!r}")

@@ -12,6 +12,7 @@ from dpicl_audit.client import AuditTarget
 from dpicl_audit.errors import TargetProtocolError
 from dpicl_audit.mechanisms.base import MechanismAudit, exemplar_dicts
 from dpicl_audit.plan import AuditPlan
+from dpicl_audit.planning.budgets import context_capacity, planned_answers, probe_ledger
 from dpicl_audit.planning.ledger import budget_for
 from dpicl_audit.store import ContextRecord
 
@@ -133,20 +134,17 @@ class GaussianMechanismAudit(MechanismAudit):
         self, target: AuditTarget, design: Any, plan: AuditPlan
     ) -> dict[str, Any] | None:
         """A probe context of C0's body, asked until refused (ledger.probe_ledger)."""
-        from dpicl_audit.planning.budgets import probe_ledger
 
         return await probe_ledger(self, target, design, plan)
 
     def planned_answers(self, plan: AuditPlan, epsilon: float, world: int) -> int:
         """The answers one context of ``world`` at ``epsilon`` is budgeted for."""
-        from dpicl_audit.planning.budgets import planned_answers
 
         return planned_answers(plan, epsilon, world, self.queries_per_context(plan))
 
     @staticmethod
     def context_capacity(plan: AuditPlan) -> int | None:
         """Trials per context where a world's need more than one budget holds."""
-        from dpicl_audit.planning.budgets import context_capacity
 
         return context_capacity(plan)
 

@@ -16,6 +16,10 @@ from dpicl_audit.estimators.conformance import (
     ConformanceTest,
     conformance_alpha,
 )
+from dpicl_audit.estimators.counts import estimate_from_counts
+from dpicl_audit.estimators.family import figure_tests
+from dpicl_audit.estimators.roc import roc_from_decisions, roc_from_scores
+from dpicl_audit.estimators.whitebox import CLASSICAL_LABEL, GAUSSIAN_LABEL, audit_figures
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.schedule import STREAM_SPLIT
 from dpicl_audit.store import TrialRecord
@@ -38,8 +42,6 @@ def with_verdict(est: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]
     est["verdict"] = gaussian_verdict(est, meta).to_dict()
     counts = [est.get(k) for k in ("tp", "fn", "fp", "tn")]
     if "roc" not in est and all(isinstance(c, int) for c in counts):
-        from dpicl_audit.estimators.roc import roc_from_decisions
-
         est["roc"] = roc_from_decisions(*counts)  # type: ignore[arg-type]
     return est
 
@@ -57,13 +59,6 @@ def estimate_trials(
     """Per-epsilon estimates of a real-query run: black-box from the logged decisions,
     white-box from the logged scores (positive above the threshold, or below it), the
     threshold chosen on a seeded held-out split (DESIGN.md section 5)."""
-    from dpicl_audit.estimators.counts import estimate_from_counts
-    from dpicl_audit.estimators.roc import roc_from_decisions, roc_from_scores
-    from dpicl_audit.estimators.whitebox import (
-        CLASSICAL_LABEL,
-        GAUSSIAN_LABEL,
-        audit_figures,
-    )
 
     out = dict(meta)
     worlds = np.array([r.world for r in rows], dtype=np.int64)
@@ -118,8 +113,6 @@ def estimate_trials(
 def figure_fields(figs: Any) -> dict[str, Any]:
     """Both figures' headline fields of an :class:`~dpicl_audit.estimators.whitebox.
     AuditFigures`: the classical bound with its own threshold and tests, and the labels."""
-    from dpicl_audit.estimators.family import figure_tests
-    from dpicl_audit.estimators.whitebox import CLASSICAL_LABEL, GAUSSIAN_LABEL
 
     classical = figs.classical
     return {

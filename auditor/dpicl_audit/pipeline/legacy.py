@@ -14,6 +14,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from dpicl_audit.datasets import load_dataset
+from dpicl_audit.mechanisms.dps_mozo.design import mozo_design
+from dpicl_audit.plan import AuditPlan
 from dpicl_audit.store import RunRecord
 
 __all__ = ["LEGACY_MOZO_KIND", "is_legacy_mozo", "upgrade_run"]
@@ -53,9 +56,6 @@ def _plan(old: dict[str, Any]) -> dict[str, Any]:
 
 
 def _design(plan: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
-    from dpicl_audit.datasets import load_dataset
-    from dpicl_audit.mechanisms.dps_mozo.design import mozo_design
-    from dpicl_audit.plan import AuditPlan
 
     p = AuditPlan.from_mapping(plan)
     design = mozo_design(p, load_dataset(p.dataset)).to_json()

@@ -10,6 +10,8 @@ from typing import Any
 from dpicl_audit.client import AuditTarget, GenerationTarget
 from dpicl_audit.errors import TargetProtocolError
 from dpicl_audit.plan import AuditPlan
+from dpicl_audit.planning.ledger import answers_within_budget, audit_ledger, planned_queries
+from dpicl_audit.planning.schedule import trial_worlds
 
 __all__ = ["context_capacity", "planned_answers", "probe_ledger"]
 
@@ -18,8 +20,6 @@ def planned_answers(plan: AuditPlan, epsilon: float, world: int, cap: int | None
     """The answers one context of ``world`` at ``epsilon`` is asked at most: its trials (or
     its bootstrap collection), capped by ``cap`` (the mechanism's queries per context, e.g.
     :func:`context_capacity`), with a retry margin."""
-    from dpicl_audit.planning.ledger import planned_queries
-    from dpicl_audit.planning.schedule import trial_worlds
 
     eps = [float(e) for e in plan.mechanism.epsilons]
     k = eps.index(float(epsilon)) if float(epsilon) in eps else 0
@@ -31,8 +31,6 @@ def context_capacity(plan: AuditPlan) -> int | None:
     """The trials one context may be budgeted for within the largest budget a server takes
     (ledger.answers_within_budget) at the plan's largest epsilon, where some world's trials
     need more (None: one context per world holds them all)."""
-    from dpicl_audit.planning.ledger import answers_within_budget
-    from dpicl_audit.planning.schedule import trial_worlds
 
     cap = answers_within_budget(max(plan.mechanism.epsilons), plan.mechanism.delta)
     most = max(
@@ -50,7 +48,6 @@ async def probe_ledger(
     """A probe context of C0's body at the plan's first epsilon, asked the audit query until
     refused (:func:`dpicl_audit.planning.ledger.audit_ledger`); None for designs without one
     query."""
-    from dpicl_audit.planning.ledger import audit_ledger
 
     if getattr(design, "attack", None) != "inquery":
         return None

@@ -35,6 +35,7 @@ from typing import Any
 
 from dpicl_audit.client import AuditTarget
 from dpicl_audit.errors import TargetBudgetExhausted, TargetError
+from dpicl_audit.estimators.gdp import gdp_epsilon, gdp_mu
 
 __all__ = [
     "LEDGER_PROBE_ANSWERS",
@@ -66,7 +67,6 @@ _RETRY_EXTRA = 8
 
 def composed_epsilon(mu: float, answers: int, delta: float) -> float:
     """The exact epsilon at ``delta`` of ``answers`` mu-GDP answers composed."""
-    from dpicl_audit.estimators.gdp import gdp_epsilon
 
     if answers <= 0:
         return 0.0
@@ -82,7 +82,6 @@ def budget_for(epsilon: float, delta: float, answers: int) -> dict[str, float] |
     """The ``budget`` of a context whose mechanism claims (epsilon, delta) per answer and
     that must hold ``answers`` answers (module docstring); None (unbudgeted) when that is
     above :data:`MAX_BUDGET_EPSILON`."""
-    from dpicl_audit.estimators.gdp import gdp_mu
 
     mu_claim = gdp_mu(float(epsilon), float(delta))
     total = composed_epsilon(mu_claim, answers, float(delta))
@@ -94,7 +93,6 @@ def budget_for(epsilon: float, delta: float, answers: int) -> dict[str, float] |
 def answers_within_budget(epsilon: float, delta: float) -> int:
     """The most trials one context can be planned for (retry margin included) with a budget
     of at most :data:`MAX_BUDGET_EPSILON`, at (epsilon, delta) per answer."""
-    from dpicl_audit.estimators.gdp import gdp_mu
 
     mu_claim = gdp_mu(float(epsilon), float(delta))
     mu_max = gdp_mu(MAX_BUDGET_EPSILON * (1.0 - 1e-6), float(delta))
@@ -122,7 +120,6 @@ async def audit_ledger(
     budget of :data:`LEDGER_PROBE_ANSWERS` answers, ask it ``query`` through ``ask(cid)``
     (an awaitable returning the answer's JSON) until refused, and check the ledger's
     figures (module docstring). Returns the ``ledger`` section of the results."""
-    from dpicl_audit.estimators.gdp import gdp_mu
 
     mech = dict(body.get("mechanism") or {})
     eps, delta = float(mech["epsilon"]), float(mech["delta"])

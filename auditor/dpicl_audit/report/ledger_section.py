@@ -10,6 +10,7 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
+from dpicl_audit.estimators.roc import LOW_FPRS
 from dpicl_audit.report.data import RunData
 
 __all__ = ["conformance_html", "ledger_html", "roc_html"]
@@ -74,7 +75,6 @@ def conformance_html(runs: Sequence[RunData]) -> str:
 def roc_html(runs: Sequence[RunData]) -> str:
     """``<h2>Attack ROC</h2>``: AUROC and TPR at low FPR of each figure's attack, beside the
     bounds (descriptive: no confidence interval)."""
-    from dpicl_audit.estimators.roc import LOW_FPRS
 
     rows = []
     for rd in runs:

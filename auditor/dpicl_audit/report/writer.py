@@ -21,6 +21,7 @@ from dpicl_audit.report.curves import trials_curve
 from dpicl_audit.report.data import ReportRow, RunData, load_runs
 from dpicl_audit.report.html import render_html
 from dpicl_audit.report.plots import plot_epsilons, plot_tradeoff, plot_trials, run_colors
+from dpicl_audit.report.rdp import has_rdp, plot_rdp_bars, plot_rdp_curves
 from dpicl_audit.report.rows import report_rows
 from dpicl_audit.report.table import rich_table
 from dpicl_audit.report.words import noise_findings, run_verdict, verdict_sentence
@@ -100,7 +101,6 @@ def _images(
                 plot_trials(runs, curves, simulated=True, colors=colors),
             )
         )
-    from dpicl_audit.report.rdp import has_rdp, plot_rdp_bars, plot_rdp_curves
 
     if has_rdp(runs):  # paper 003's two pictures
         images.append(

@@ -11,6 +11,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from dpicl_audit.estimators.family import family_wise_figures
+from dpicl_audit.estimators.figure_power import exact_mus, reach_model
+from dpicl_audit.estimators.gdp import gdp_mu
+from dpicl_audit.estimators.power import trials_for_power
+from dpicl_audit.estimators.verdict_rules import VerdictResult, decide_verdict
 from dpicl_audit.verdicts.model import Family, GaussianVerdict, Status, Verdict
 
 if TYPE_CHECKING:
@@ -92,10 +97,6 @@ def gaussian_verdict(est: Mapping[str, Any], meta: Mapping[str, Any]) -> Gaussia
     ``meta["family"]`` (``{"size": m, "confidence": c}``, set by the run's estimation): a
     VIOLATION or BUG stands only if it holds for the run's m figures together
     (:mod:`~dpicl_audit.estimators.family`), else the figure is INCONCLUSIVE and says why."""
-    from dpicl_audit.estimators.figure_power import exact_mus, reach_model
-    from dpicl_audit.estimators.gdp import gdp_mu
-    from dpicl_audit.estimators.power import trials_for_power
-    from dpicl_audit.estimators.verdict_rules import decide_verdict
 
     theory, delta = float(meta["epsilon_theory"]), float(meta["delta"])
     exact = meta.get("epsilon_exact")
@@ -155,7 +156,6 @@ def gaussian_verdict(est: Mapping[str, Any], meta: Mapping[str, Any]) -> Gaussia
 def _design_reference(meta: Mapping[str, Any], delta: float) -> dict[str, Any]:
     """The design's own exact epsilon (``meta["epsilon_exact_design"]``, below the worst
     case; with its mu where it is a Gaussian mechanism's), for the BUG rule."""
-    from dpicl_audit.estimators.gdp import gdp_mu
 
     own = meta.get("epsilon_exact_design")
     if own is None:
@@ -177,8 +177,6 @@ def _claim_for_the_family(
     """A figure's VIOLATION or BUG as the run may state it: only where it still holds with
     every test's error divided by the run's ``size`` figures (estimators.family), so that
     all of a run's claims hold together at its confidence; else INCONCLUSIVE, saying so."""
-    from dpicl_audit.estimators.family import family_wise_figures
-    from dpicl_audit.estimators.verdict_rules import VerdictResult, decide_verdict
 
     size, conf = family.size, family.confidence
     together = family_wise_figures(est, size, delta)
@@ -261,7 +259,6 @@ def for_the_family(
     """``alone`` (a :func:`verdict` of the estimate ``est``, from its counts) as the run may
     state it: a VIOLATION or BUG is judged again by ``judge`` on the estimate's figures with
     each test at error ``(1 - c) / size`` (:func:`claim_for_the_family`)."""
-    from dpicl_audit.estimators.family import family_wise_figures
 
     family = family_of(meta)
     if family is None or not alone.flags:

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dpicl.domain import MAX_NAME_CHARS, BudgetSpec, JsonNumber, Tenant, Text
 from dpicl.privacy.accounting import spent_epsilon
-from dpicl.privacy.ledger import Cost
+from dpicl.privacy.ledger import Cost, Ledger
 from dpicl.store.keys import SpendEntry, SpendTotal, StoredKey
 from dpicl.store.repository import StoredContext
 
@@ -135,7 +135,6 @@ class SpendReport(BaseModel):
     def of(
         cls, ctx: StoredContext, cost: Cost, totals: list[SpendTotal], rows: list[SpendEntry]
     ) -> SpendReport:
-        from dpicl.privacy.ledger import Ledger
 
         status = Ledger.status(ctx, cost)
 

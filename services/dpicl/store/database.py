@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from dpicl.errors import StorageUnavailable
 from dpicl.store.deadline import CallAborted, DbCall, once_more_if_stale, run_with_deadline
+from dpicl.store.migrations import current, upgrade
 
 __all__ = [
     "DEADLINE_GRACE_S",
@@ -165,7 +166,6 @@ class Database:
 
     def migrate(self) -> None:
         """Bring the schema to the newest revision (safe with many processes at once)."""
-        from dpicl.store.migrations import upgrade
 
         try:
             upgrade(self.engine)
@@ -189,7 +189,6 @@ class Database:
         """The Alembic revision the database is at (None: no schema), within the deadline."""
 
         def fn(conn: Connection) -> str | None:
-            from dpicl.store.migrations import current
 
             return current(conn)
 

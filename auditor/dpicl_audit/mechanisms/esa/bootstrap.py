@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from dpicl_audit.estimators.bootstrap import bootstrap_esa_audit
+from dpicl_audit.estimators.power import flip_rate_from_signals
 from dpicl_audit.mechanisms.base import SettingRows
 from dpicl_audit.mechanisms.esa.design import GenerationDesign
 from dpicl_audit.mechanisms.esa.estimates import (
@@ -75,7 +77,6 @@ def estimate_esa_bootstrap(s: SettingRows) -> dict[str, Any]:
     """Algorithm 1 for ESA: resample the collected clean means, add noise, attack, bound."""
     plan, k, clean, meta = s.plan, s.k, s.rows, s.meta
     design: GenerationDesign = s.design
-    from dpicl_audit.estimators.bootstrap import bootstrap_esa_audit
 
     out = dict(meta)
     with_rows = [r.observation["clean_mean"] for r in clean if r.world == 1]
@@ -133,8 +134,6 @@ def _observed_rates(
     texts among the candidates, as simulated; mechanisms.esa.build), and the fraction of
     row-aligned pairs whose clean means differ."""
     from scipy import special
-
-    from dpicl_audit.estimators.power import flip_rate_from_signals
 
     diff = e1 - e0
     d = float(np.linalg.norm(diff))

@@ -38,6 +38,7 @@ from scipy import special
 
 from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import DatasetError, InvalidPlan
+from dpicl_audit.estimators.label_release import binary_release_epsilon, pivotal_design
 from dpicl_audit.mechanisms.esa.design import GenerationDesign, signal_pair
 from dpicl_audit.mechanisms.neighbours import (
     MIN_ORACLE_CHARS,
@@ -88,7 +89,6 @@ def esa_design_gaps(layout: str, partitions: int) -> tuple[int, int]:
     t = int(partitions)
     if layout == "paper":
         return 2 - t, -t
-    from dpicl_audit.estimators.label_release import pivotal_design
 
     d = pivotal_design(t)
     return d.gap_with, d.gap_without
@@ -128,7 +128,6 @@ def build_esa_pinned_design(
       three-word phrases (unless the plan gives its own pair); the template names both and
       the query is x; the canary partition holds (x, y1) in C1 and (x, y0) in C0.
     """
-    from dpicl_audit.estimators.label_release import pivotal_design
 
     rng = np.random.default_rng([plan.seed, STREAM_DESIGN, 3 if layout == "pivotal" else 4])
     t = plan.mechanism.partitions
@@ -203,7 +202,6 @@ def release_epsilon_meta(
     epsilon of the released candidate: the black-box classical bound's ceiling)."""
     if distance is None or sigma is None or distance <= 0.0:
         return {}
-    from dpicl_audit.estimators.label_release import binary_release_epsilon
 
     gaps = esa_design_gaps(layout, partitions)
     p1, p0 = esa_release_rates(gaps, distance, partitions, sigma, candidates)

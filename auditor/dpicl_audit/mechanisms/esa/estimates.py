@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from dpicl_audit.estimators.conformance import ConformanceTest, residual_tests
+from dpicl_audit.estimators.exact import esa_epsilon_exact, esa_mean_sensitivity
 from dpicl_audit.mechanisms.base import SettingRows
 from dpicl_audit.mechanisms.esa.build import release_epsilon_meta
 from dpicl_audit.mechanisms.esa.design import GenerationDesign
@@ -46,7 +47,6 @@ def esa_meta(
     plan: AuditPlan, design: GenerationDesign, meta: dict[str, Any], sigma: float | None
 ) -> dict[str, Any]:
     """ESA's epsilon_exact (worst-case shift) and epsilon_exact_signal (the actual shift)."""
-    from dpicl_audit.estimators.exact import esa_epsilon_exact, esa_mean_sensitivity
 
     t = plan.mechanism.partitions
     sens = esa_mean_sensitivity(t, original=plan.mechanism.sensitivity == "original")

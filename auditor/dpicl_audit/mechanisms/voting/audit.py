@@ -31,6 +31,7 @@ from typing import Any
 from dpicl_audit.client import AuditTarget
 from dpicl_audit.datasets import LabelledDataset
 from dpicl_audit.errors import TargetProtocolError
+from dpicl_audit.estimators.exact import voting_epsilon_exact
 from dpicl_audit.mechanisms.base import SettingRows, TrialAt, ask, needs_internal
 from dpicl_audit.mechanisms.gaussian import GaussianMechanismAudit, gaussian_setting_meta
 from dpicl_audit.mechanisms.voting.build import build_design
@@ -119,8 +120,6 @@ class VotingAudit(GaussianMechanismAudit):
         meta, mech = gaussian_setting_meta(plan, epsilon, contexts)
         sigma: float | None = None
         if mech is not None:
-            from dpicl_audit.estimators.exact import voting_epsilon_exact
-
             # Both designs' clean vote vectors differ by (+1, -1): the noisy votes are the
             # Gaussian mechanism at full sensitivity sqrt(2), so this is also the design's.
             sigma = meta["sigma"]

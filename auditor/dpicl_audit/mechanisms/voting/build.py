@@ -11,6 +11,7 @@ import numpy as np
 
 from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import DatasetError, InvalidPlan
+from dpicl_audit.estimators.label_release import pivotal_design
 from dpicl_audit.mechanisms.neighbours import (
     MIN_ORACLE_CHARS,
     STREAM_DESIGN,
@@ -151,7 +152,6 @@ def build_pinned_design(
 
     Replace-one adjacency holds at the canary's position: C1 and C0 differ there only.
     """
-    from dpicl_audit.estimators.label_release import pivotal_design
 
     rng = np.random.default_rng([plan.seed, STREAM_DESIGN, 1 if layout == "pivotal" else 2])
     t = plan.mechanism.partitions

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dpicl_audit.datasets import Example
+from dpicl_audit.estimators.label_release import pivotal_design
 from dpicl_audit.mechanisms.neighbours import NeighbourPair, pair_from_json, pair_to_json
 from dpicl_audit.plan import Attack, CanaryKind
 
@@ -85,7 +86,6 @@ def design_votes(design: AuditDesign, partitions: int) -> tuple[list[int], list[
     """The clean vote histograms (positive, negative) the design intends in C1 and C0."""
     if design.layout == "paper":
         return [1, partitions - 1], [0, partitions]
-    from dpicl_audit.estimators.label_release import pivotal_design
 
     d = pivotal_design(partitions)
     return list(d.votes_with), list(d.votes_without)

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dpicl_audit.errors import InvalidPlan
+from dpicl_audit.estimators.label_release import label_release_epsilon, label_release_probabilities
 from dpicl_audit.mechanisms.base import SettingRows
 from dpicl_audit.mechanisms.trial_estimates import estimate_trials, with_verdict
 from dpicl_audit.mechanisms.voting.bootstrap import estimate_voting_bootstrap
@@ -31,11 +32,6 @@ def release_meta(
         return {"design": f"rdp:{design.attack}"}
     meta: dict[str, Any] = {}
     if sigma is not None:
-        from dpicl_audit.estimators.label_release import (
-            label_release_epsilon,
-            label_release_probabilities,
-        )
-
         with_v, without_v = design_votes(design, plan.mechanism.partitions)
         meta["epsilon_exact_release"] = label_release_epsilon(
             with_v, without_v, sigma, plan.mechanism.delta
