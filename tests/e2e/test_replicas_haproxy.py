@@ -13,11 +13,13 @@ and moves that context to another replica; and a small black-box audit runs to c
 from __future__ import annotations
 
 import asyncio
+import csv
 import math
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from collections import Counter, defaultdict
@@ -45,15 +47,32 @@ ROUTER_CFG = ROOT / "deploy" / "haproxy" / "haproxy.cfg"
 REPLICAS = 3
 
 
-def router_config(servers: list[str]) -> str:
-    """The deployed router configuration with the test's servers in place of DNS discovery."""
+def router_config(servers: list[str], stats_socket: Path) -> str:
+    """The deployed router configuration with the test's servers in place of DNS discovery,
+    and a stats socket through which the test waits for every replica's health checks."""
     text = ROUTER_CFG.read_text()
     template = re.search(r"^\s*server-template .*$", text, re.MULTILINE)
     assert template, "deploy/haproxy/haproxy.cfg has no server-template line"
     lines = "\n".join(
         f"    server r{i} {url.removeprefix('http://')} check" for i, url in enumerate(servers)
     )
-    return text.replace(template.group(0), lines)
+    text = text.replace(template.group(0), lines)
+    return text.replace("global\n", f"global\n    stats socket {stats_socket} mode 600\n", 1)
+
+
+def servers_up(stats_socket: Path) -> set[str]:
+    """The backend's servers HAProxy's health checks have marked UP (``show stat``)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(2)
+        sock.connect(str(stats_socket))
+        sock.sendall(b"show stat\n")
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    rows = csv.reader(data.decode().lstrip("# ").splitlines())
+    header = next(rows)
+    name, status = header.index("svname"), header.index("status")
+    return {r[name] for r in rows if len(r) > status and r[status] == "UP"}
 
 
 @pytest.fixture
@@ -65,7 +84,8 @@ def router(pg_url: str, start_server: Any, tmp_path: Path) -> Iterator[tuple[str
     for srv in servers:
         srv.wait_ready()
     cfg = tmp_path / "haproxy.cfg"
-    cfg.write_text(router_config([s.url for s in servers]))
+    stats = tmp_path / "haproxy.sock"
+    cfg.write_text(router_config([s.url for s in servers], stats))
     port = free_port()
     log = (tmp_path / "haproxy.log").open("w")
     proc = subprocess.Popen(
@@ -85,6 +105,12 @@ def router(pg_url: str, start_server: Any, tmp_path: Path) -> Iterator[tuple[str
             except httpx.HTTPError:
                 pass
             assert time.monotonic() < deadline, "the router never became ready"
+            time.sleep(0.2)
+        # The router answers as soon as ONE replica passes its checks (rise 2, inter 1s);
+        # until all three have, every context hashes to the first one up.
+        wanted = {f"r{i}" for i in range(REPLICAS)}
+        while not wanted <= (up := servers_up(stats)):
+            assert time.monotonic() < deadline, f"replicas never all UP in the router: {up}"
             time.sleep(0.2)
         yield url, servers
     finally:
