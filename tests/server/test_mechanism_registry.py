@@ -79,6 +79,18 @@ SCRIPT = textwrap.dedent(
     from tests.server.api_helpers import make_client, voting_context
 
     assert "laplace-voting" in MECHANISMS, list(MECHANISMS)
+
+    # `dpicl calibrate` reads the registry: the plug-in's own calibration, its own options.
+    import json
+    from typer.testing import CliRunner
+    from dpicl.cli import app
+    cal = ["calibrate", "--mechanism", "laplace-voting", "--epsilon", "1", "--partitions", "4"]
+    res = CliRunner().invoke(app, cal)
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["scale"] == 2.0, res.output
+    res = CliRunner().invoke(app, [*cal, "--delta", "1e-5"])
+    assert res.exit_code == 2 and "--delta does not apply" in res.output, res.output
+
     canary = "Private record number 3: customer paid invoice 1003"
     body = voting_context(budget={"epsilon": 20.0, "delta": 1e-5})
     body["mechanism"] = {"name": "laplace-voting", "epsilon": 1.0, "partitions": 4,

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from dpicl.domain import BudgetSpec, ContextLimits, Task
 from dpicl.engines.base import Embedder, Engine
+from dpicl.errors import ConfigurationError
 from dpicl.privacy.ledger import BudgetStatus, Cost, Ledger
 from dpicl.store.repository import StoredContext
 
@@ -139,3 +140,44 @@ class Mechanism(ABC):
         """The white-box fields of ``outcome`` for ``/v1/debug/*`` at ``whitebox``
         (``noisy`` or ``internal``); None: the mechanism has no private internals."""
         return None
+
+    def calibration_report(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """What ``dpicl calibrate`` prints for ``options`` (the command's options that were
+        given, by settings field name: ``epsilon``, ``delta``, ``partitions``, ...): the
+        record a context with these settings would store (:meth:`calibrate`), without the
+        partition seed, which is drawn per context. An option the settings do not have, or
+        a value they refuse, is a :class:`ConfigurationError` naming it."""
+        settings = settings_from_options(self, options)
+        n = int(getattr(settings, "partitions", 1))  # the fewest exemplars it can serve
+        record = self.calibrate(settings, n)
+        return {"mechanism": self.name} | {
+            k: v for k, v in record.items() if k not in ("name", "partition_seed")
+        }
+
+
+def settings_from_options(mechanism: Mechanism, options: Mapping[str, Any]) -> Any:
+    """``mechanism``'s settings model validated from command-line ``options`` (field name:
+    value): a :class:`ConfigurationError` naming the option it does not have or refuses."""
+    model = mechanism.settings
+    if model is None:
+        raise ConfigurationError(
+            f"mechanism {mechanism.name!r} is never created from a request: it has no "
+            "settings to calibrate",
+            param="mechanism",
+        )
+    unknown = sorted(k for k in options if k not in model.model_fields)
+    if unknown:
+        raise ConfigurationError(
+            f"--{unknown[0].replace('_', '-')} does not apply to mechanism "
+            f"{mechanism.name!r} (its settings: "
+            f"{', '.join(k for k in model.model_fields if k != 'name')})",
+            param=unknown[0],
+        )
+    try:
+        return model.model_validate({"name": mechanism.name, **options})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        name = ".".join(str(x) for x in err["loc"]) or "?"
+        raise ConfigurationError(
+            f"--{name.replace('_', '-')}: {err['msg']} (got {err.get('input')!r})", param=name
+        ) from None

@@ -46,6 +46,9 @@ A mechanism is a subclass of :class:`dpicl.mechanisms.base.Mechanism` with:
   label, the cost and :meth:`dpicl.privacy.ledger.Ledger.status`);
 * ``debug_view(outcome, whitebox)``: the fields ``/v1/debug/*`` adds at ``noisy`` or
   ``internal`` (default None: no private internals).
+* ``calibration_report(options)``: what ``dpicl calibrate`` prints (default: the record
+  :meth:`calibrate` stores for the settings validated from the command's options; DPS-MOZO
+  reads a token count and a sampling rate instead of a context's queries and exemplars).
 
 The partition-and-aggregate pieces (settings of T partitions, their checks, the Gaussian
 calibration and cost) are :mod:`dpicl.mechanisms.partitioned`; the voting pipeline's paid

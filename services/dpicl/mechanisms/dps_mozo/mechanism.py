@@ -4,13 +4,22 @@ queries, cost event (:mod:`.accounting`), pipeline (:mod:`.pipeline`) and white-
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from dpicl.domain import Delta, Epsilon, Float, Int, OptionalInt
 from dpicl.errors import ConfigurationError
-from dpicl.mechanisms.base import Answering, Mechanism, NewContext, Outcome, OwnBudget, Record
+from dpicl.mechanisms.base import (
+    Answering,
+    Mechanism,
+    NewContext,
+    Outcome,
+    OwnBudget,
+    Record,
+    settings_from_options,
+)
 from dpicl.mechanisms.dps_mozo.accounting import guarantee_of, mozo_cost
 from dpicl.mechanisms.dps_mozo.calibration import calibrate_beta
 from dpicl.mechanisms.dps_mozo.pipeline import MozoOutcome, run_mozo
@@ -101,6 +110,63 @@ def calibrate_mozo(mech: MozoSettings, n_exemplars: int) -> dict[str, Any]:
     }
 
 
+#: queries (<= 1e6) x max_tokens (<= 1024): the most tokens a DPS-MOZO context can ask for.
+MAX_TOKENS = 1_000_000 * 1024
+
+
+def calibration_report(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``dpicl calibrate --mechanism dps-mozo``: eps0 (proven) or beta (paper) for
+    ``tokens`` (n_queries x T_max) at ``sample_rate`` (n_shots/|D|), given directly instead
+    of a context's queries and exemplars."""
+    opts = dict(options)
+    tokens, rate = opts.pop("tokens", None), opts.pop("sample_rate", None)
+    if tokens is None or rate is None:
+        raise ConfigurationError(
+            "dps-mozo needs --tokens (n_queries x T_max) and --sample-rate (n_shots/|D|)",
+            param="tokens" if tokens is None else "sample_rate",
+        )
+    if not 1 <= tokens <= MAX_TOKENS:
+        raise ConfigurationError(
+            f"--tokens must lie in [1, {MAX_TOKENS}], got {tokens!r}", param="tokens"
+        )
+    if not 0.0 < rate <= 1.0:  # also false for NaN
+        raise ConfigurationError(
+            f"--sample-rate must lie in (0, 1], got {rate!r}", param="sample_rate"
+        )
+    if opts.get("delta") is None:
+        raise ConfigurationError("dps-mozo needs --delta (the total delta)", param="delta")
+    # queries: a placeholder the settings require; tokens stands for queries x max_tokens.
+    mech: MozoSettings = settings_from_options(DPS_MOZO, opts | {"queries": 1})
+    assert mech.delta is not None
+    out: dict[str, Any] = {"mechanism": DPS_MOZO.name, "epsilon": mech.epsilon, "delta": mech.delta}
+    if mech.guarantee == "proven":
+        if mech.alpha is not None:
+            raise ConfigurationError(
+                f"--alpha={mech.alpha} only applies to --guarantee paper", param="alpha"
+            )
+        proven = calibrate_max_log_ratio(mech.epsilon, mech.delta, mech.n_shots, rate, tokens)
+        return out | {
+            "guarantee": "proven",
+            "tokens": proven.tokens,
+            "sample_rate": proven.sample_rate,
+            "n_shots": proven.n_shots,
+            "max_log_ratio": proven.max_log_ratio,
+            "per_token_epsilon": proven.per_token_epsilon,
+            "amplified_per_token_epsilon": proven.amplified_epsilon,
+            "epsilon_spent": proven.epsilon_spent,
+        }
+    cal = calibrate_beta(mech.epsilon, mech.delta, mech.alpha, tokens, rate)
+    return out | {
+        "guarantee": "paper (nominal: Theorem B.3 of paper 004 does not hold)",
+        "alpha": cal.alpha,
+        "tokens": cal.tokens,
+        "sample_rate": cal.sample_rate,
+        "beta": cal.beta,
+        "rdp_epsilon": cal.rdp_epsilon,
+        "per_token_rdp": cal.per_token_rdp,
+    }
+
+
 class Mozo(Mechanism):
     """Per-token private decoding over one-shot distributions mixed with the zero-shot one."""
 
@@ -136,6 +202,9 @@ class Mozo(Mechanism):
 
     def calibrate(self, settings: Any, n_exemplars: int) -> dict[str, Any]:
         return calibrate_mozo(settings, n_exemplars)
+
+    def calibration_report(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        return calibration_report(options)
 
     def own_budget(self, record: Record) -> OwnBudget | None:
         """The mechanism's own (epsilon, delta) is the context's budget, spent in queries."""

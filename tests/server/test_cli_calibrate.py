@@ -1,0 +1,97 @@
+"""``dpicl calibrate`` asks the mechanism registry: every registered mechanism prints the
+record a context with the given settings would store (DPS-MOZO: eps0 or beta for a token
+count), and a bad or foreign option exits 2 naming it. The plug-in case is in
+test_mechanism_registry.py (a mechanism installed from outside)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from dpicl.cli import app
+from dpicl.mechanisms.esa.release import esa_sensitivity
+from dpicl.privacy.calibration import VOTING_SENSITIVITY, epsilon_exact, sigma_for
+
+
+def calibrate(*args: str) -> tuple[int, str]:
+    res = CliRunner().invoke(app, ["calibrate", *args])
+    return res.exit_code, res.output
+
+
+def printed(*args: str) -> dict[str, Any]:
+    code, out = calibrate(*args)
+    assert code == 0, out
+    found: dict[str, Any] = json.loads(out)
+    return found
+
+
+def test_voting_prints_sigma_and_exact_epsilon() -> None:
+    out = printed("--mechanism", "voting", "--epsilon", "2", "--delta", "1e-6")
+    sigma = sigma_for(2.0, 1e-6, VOTING_SENSITIVITY, "classic")
+    assert out["mechanism"] == "voting" and out["calibration"] == "classic"
+    assert out["sigma"] == pytest.approx(sigma, rel=1e-12)
+    assert out["epsilon_exact"] == pytest.approx(epsilon_exact(sigma, VOTING_SENSITIVITY, 1e-6))
+    assert "partition_seed" not in out  # drawn per context, never a fixed default
+
+
+def test_esa_reads_partitions_sensitivity_and_calibration() -> None:
+    out = printed(
+        "--mechanism", "esa", "--epsilon", "1", "--delta", "1e-5", "--partitions", "8",
+        "--sensitivity", "original", "--calibration", "analytic",
+    )  # fmt: skip
+    sens = esa_sensitivity(8, "original")
+    assert out["partitions"] == 8 and out["sensitivity"] == sens
+    assert out["sigma"] == pytest.approx(sigma_for(1.0, 1e-5, sens, "analytic"), rel=1e-12)
+    tight = printed("--mechanism", "esa", "--epsilon", "1", "--delta", "1e-5")
+    assert tight["sensitivity"] == esa_sensitivity(10, "tight")  # the settings' defaults
+
+
+def test_dps_mozo_paper_mode_prints_beta() -> None:
+    out = printed(
+        "--mechanism", "dps-mozo", "--guarantee", "paper", "--epsilon", "1", "--delta", "1e-5",
+        "--tokens", "4800", "--sample-rate", "0.004",
+    )  # fmt: skip
+    assert out["guarantee"].startswith("paper") and out["beta"] > 0 and out["alpha"] >= 2
+
+
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        (["--mechanism", "votin", "--epsilon", "1"], "'votin'"),
+        (["--mechanism", "public", "--epsilon", "1"], "'public'"),
+        (["--mechanism", "voting", "--epsilon", "-1"], "--epsilon"),
+        (["--mechanism", "voting", "--epsilon", "1", "--delta", "2"], "--delta"),
+        (["--mechanism", "esa", "--epsilon", "1", "--partitions", "100000"], "100000"),
+        (["--mechanism", "esa", "--epsilon", "1", "--sensitivity", "loose"], "'loose'"),
+        (["--mechanism", "voting", "--epsilon", "1", "--tokens", "9"], "--tokens does not"),
+        (["--mechanism", "voting", "--epsilon", "1", "--set", "temperature"], "'temperature'"),
+        (["--mechanism", "voting", "--epsilon", "1", "--set", "temperature=-1"], "-1"),
+        (["--mechanism", "dps-mozo", "--epsilon", "1", "--delta", "1e-5"], "--tokens"),
+        (
+            [
+                "--mechanism",
+                "dps-mozo",
+                "--epsilon",
+                "1",
+                "--delta",
+                "1e-5",
+                "--tokens",
+                "9",
+                "--sample-rate",
+                "1.5",
+            ],
+            "1.5",
+        ),
+    ],
+)
+def test_bad_options_exit_2_naming_the_value(args: list[str], names: str) -> None:
+    code, out = calibrate(*args)
+    assert code == 2 and names in out, out
+
+
+def test_set_passes_any_other_setting() -> None:
+    out = printed("--mechanism", "voting", "--epsilon", "1", "--set", "temperature=0.5")
+    assert out["temperature"] == 0.5
