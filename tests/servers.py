@@ -99,10 +99,15 @@ def wait_healthy(
 
 
 def server_settings(
-    database_url: str, *, engine: str = "oracle", whitebox: str = "internal", **extra: Any
+    database_url: str,
+    *,
+    engine: str = "oracle",
+    whitebox: str = "internal",
+    allow_unbudgeted: bool = True,
+    **extra: Any,
 ) -> Settings:
-    """Settings of a test server: this module's tokens, unbudgeted contexts allowed (the
-    auditor's canary contexts are explicitly unbudgeted)."""
+    """Settings of a test server: this module's tokens, unbudgeted contexts allowed unless
+    ``allow_unbudgeted=False`` (a production configuration)."""
     from dpicl.config import Settings
 
     return Settings(
@@ -111,7 +116,7 @@ def server_settings(
         database_url=database_url,
         admin_token=ADMIN,
         api_keys=[USER],
-        allow_unbudgeted=True,
+        allow_unbudgeted=allow_unbudgeted,
         **extra,
     )
 
@@ -124,13 +129,17 @@ async def app_client(
     whitebox: str = "internal",
     concurrency: int = 8,
     request_timeout: float = 60.0,
+    allow_unbudgeted: bool = True,
 ) -> AsyncIterator[DpiclClient]:
     """The real app in this process, its lifespan run, behind a DpiclClient whose requests
-    time out after ``request_timeout`` seconds."""
+    time out after ``request_timeout`` seconds (``allow_unbudgeted=False``: as deployed)."""
     from dpicl.api.app import build_app
     from dpicl_audit.client import DpiclClient
 
-    app = build_app(server_settings(database_url, engine=engine, whitebox=whitebox))
+    settings = server_settings(
+        database_url, engine=engine, whitebox=whitebox, allow_unbudgeted=allow_unbudgeted
+    )
+    app = build_app(settings)
     async with app.router.lifespan_context(app):
         client = DpiclClient(
             "http://dpicl.test",

@@ -17,9 +17,10 @@ for its mechanism:
 (``"classification"`` or ``"generation"``) and ``design_type`` (a frozen dataclass with
 ``to_json``/``from_json``, stored with the run), and the methods ``build_design``,
 ``summary``, ``context_body``, ``trial``, ``setting_meta`` and ``estimate``. It may override
-``has_bootstrap``, ``attacks`` (a registered mechanism: the attacks it takes, by name of
-:data:`dpicl_audit.attacks.ATTACKS`), ``calls_per_query``, ``queries_per_context``,
-``check_context``, ``check_pair``, ``prepare``, ``audit_ledger`` and ``claims_per_setting``.
+``has_bootstrap``, ``learns_from_contexts``, ``attacks`` (a registered mechanism: the attacks
+it takes, by name of :data:`dpicl_audit.attacks.ATTACKS`), ``calls_per_query``,
+``queries_per_context``, ``check_context``, ``check_pair``, ``prepare``, ``audit_ledger`` and
+``claims_per_setting``.
 A variant of a built-in mechanism subclasses its audit and overrides what differs (the
 Laplace-noise voting of ``examples/laplace_voting``: the exact epsilon).
 
@@ -153,6 +154,11 @@ class MechanismAudit:
     task: ClassVar[str]
     #: whether :meth:`estimate` can simulate (bootstrap runs, Algorithm 1 of paper 000).
     has_bootstrap: ClassVar[bool] = True
+    #: whether :meth:`prepare` learns from the server before the trials (ESA: e(y1), e(y0)):
+    #: the pipeline then gives it the first epsilon's pair also where a world's trials are
+    #: spread over several identical contexts (:meth:`queries_per_context`), and every
+    #: context's trials use what it learnt.
+    learns_from_contexts: ClassVar[bool] = False
     #: what the clean collection of a bootstrap run is called in progress lines.
     clean_name: ClassVar[str] = "clean rows"
     #: the design dataclass (stored with the run through ``to_json``/``from_json``).

@@ -81,8 +81,8 @@ class GaussianMechanismAudit(MechanismAudit):
 
     def queries_per_context(self, plan: AuditPlan) -> int | None:
         # A world whose trials need more budget than a server takes is spread over several
-        # identical contexts (slots), each budgeted for its share (ESA overrides: it keeps one
-        # pair, its signal embeddings are learnt from it).
+        # identical contexts (slots), each budgeted for its share (ESA learns its signal
+        # embeddings from the first pair: learns_from_contexts).
         return self.context_capacity(plan)
 
     def check_context(self, info: Mapping[str, Any], design: Any, epsilon: float) -> None:

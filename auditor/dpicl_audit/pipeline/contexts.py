@@ -2,8 +2,8 @@
 
 Every context a run uses is recorded in the trial log (``run_contexts``) and named
 ``dpicl-audit <run> <setting> C<world>`` on the server (``... C<world> #<slot>`` for the
-further contexts of a mechanism whose contexts answer a limited number of queries, such as
-DPS-MOZO). A context is:
+further contexts of a mechanism whose contexts answer a limited number of queries: DPS-MOZO,
+or voting and ESA where one budget cannot hold a world's trials). A context is:
 
 * **reused** when the log records it and the server still has it;
 * **adopted** when the server holds one under the run's name (created just before a crash,

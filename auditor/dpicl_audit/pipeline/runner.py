@@ -93,11 +93,14 @@ class AuditRunner:
     async def _execute_trials(self, progress: ProgressSink) -> None:
         plan = self.run_ctx.plan
         white = plan.threat_model == "white-box"
-        per_context = self.run_ctx.mechanism.queries_per_context(plan)
+        mech = self.run_ctx.mechanism
+        per_context = mech.queries_per_context(plan)
         for k, eps in enumerate(plan.mechanism.epsilons):
             setting = plan.setting_key(eps)
             worlds = trial_worlds(plan.seed, k, plan.trials)
-            if per_context is None:
+            if per_context is None or (k == 0 and mech.learns_from_contexts):
+                # What the mechanism learns (ESA: e(y1), e(y0)) comes from the first pair;
+                # further contexts of a world (slots) are identical, their trials use it too.
                 await self._prepare(await self.contexts.pair(setting, eps))
             slots = context_slots(worlds, per_context)
 
@@ -125,16 +128,25 @@ class AuditRunner:
 
     async def _execute_bootstrap_collection(self, progress: ProgressSink) -> None:
         plan = self.run_ctx.plan
+        epsilons = list(plan.mechanism.epsilons)
         per_eps: list[dict[int, ContextRecord]] = []
-        for eps in plan.mechanism.epsilons:
+        for eps in epsilons:
             per_eps.append(await self.contexts.pair(plan.setting_key(eps), eps))
         await self._prepare(per_eps[0])
+        per_context = self.run_ctx.mechanism.queries_per_context(plan)
 
         async def pick(index: int, world: int, spent: ContextRecord | None) -> ContextRecord:
             # Clean votes do not depend on epsilon, so pair j (indices 2j, 2j+1) goes to the
             # contexts of epsilon j mod K: the same clean rows serve every epsilon, and every
             # epsilon's noisy votes feed its own noise check (dpicl_audit.estimators.noise_check).
-            return per_eps[(index // 2) % len(per_eps)][world]
+            # Where one context's budget holds fewer rows than that, they go on in the
+            # epsilon's further identical contexts (slots), as a real-query run's trials do.
+            j, k = index // 2, (index // 2) % len(epsilons)
+            slot = 0 if per_context is None else (j // len(epsilons)) // per_context
+            setting, eps = plan.setting_key(epsilons[k]), epsilons[k]
+            if spent is not None:
+                return await self.contexts.replace(setting, eps, world, slot, spent)
+            return await self.contexts.get(setting, eps, world, slot)
 
         await self.trials.run(
             CLEAN_SETTING,

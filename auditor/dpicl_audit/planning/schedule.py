@@ -70,9 +70,9 @@ def clean_worlds(n_llm: int) -> npt.NDArray[np.int8]:
 def context_slots(worlds: npt.NDArray[np.int8], per_context: int | None) -> list[int]:
     """Which context of its world each trial goes to.
 
-    ``None``: one context per world serves every trial (voting, ESA). ``q``: a context
-    answers ``q`` queries and is then spent (DPS-MOZO), so the j-th trial of a world goes to
-    that world's context ``j // q``.
+    ``None``: one context per world serves every trial. ``q``: a context answers ``q``
+    queries and is then spent (DPS-MOZO; voting and ESA where one budget cannot hold a world's
+    trials), so the j-th trial of a world goes to that world's context ``j // q``.
     """
     if per_context is None:
         return [0] * len(worlds)

@@ -30,6 +30,15 @@ in the server's embedding space: observed on the server where it shows its parti
 embedded locally otherwise (:mod:`.signals`, before the trials). The source is recorded
 in the run's design.
 
+**Contexts.** Each context is budgeted for the queries the audit sends it, so a server in
+production configuration (no ``DPICL_ALLOW_UNBUDGETED``) can be audited. A world whose
+trials need more than the largest budget a server takes is spread over several identical
+contexts (same exemplars, partition seed and mechanism; ``... C<world> #<slot>`` on the
+server), as for voting (:func:`dpicl_audit.planning.budgets.context_capacity`). e(y1) and
+e(y0) are learnt once, from the first pair (slot 0 of the first epsilon), and stored with
+the run's design: every slot's trials, and a resumed run's, use them. The results name the
+first pair's contexts.
+
 **Reported privacy figures.** Beside epsilon_emp every setting shows epsilon_theory,
 ``epsilon_exact`` (the Gaussian mechanism's true epsilon at the worst-case shift 2/T, or 1
 with ``sensitivity = "original"``), and ``epsilon_exact_signal``: the exact epsilon for the
@@ -69,6 +78,10 @@ class EsaAudit(GaussianMechanismAudit):
     task = "generation"
     design_type = GenerationDesign
     clean_name = "clean means"
+    # e(y1), e(y0) are learnt once, from the first pair; a world whose trials need more budget
+    # than one context holds spreads them over identical contexts (queries_per_context, as
+    # voting does), whose trials all use them.
+    learns_from_contexts = True
 
     def build_design(self, plan: AuditPlan, dataset: LabelledDataset) -> GenerationDesign:
         return build_generation_design(plan, dataset)
@@ -101,10 +114,6 @@ class EsaAudit(GaussianMechanismAudit):
     def calls_per_query(self, plan: AuditPlan) -> int:
         return plan.mechanism.partitions + plan.mechanism.candidates
 
-    def queries_per_context(self, plan: AuditPlan) -> int | None:
-        # One pair of contexts, however many trials: the signal embeddings are learnt from it.
-        return None
-
     async def prepare(
         self,
         target: AuditTarget,
@@ -114,7 +123,8 @@ class EsaAudit(GaussianMechanismAudit):
         *,
         bootstrap: bool,
     ) -> GenerationDesign:
-        """Learn e(y1), e(y0) once (white-box scores and bootstrap need them)."""
+        """Learn e(y1), e(y0) once, from the first pair (``contexts``: slot 0 of the first
+        epsilon); every context's trials use them (white-box scores and bootstrap need them)."""
         needed = bootstrap or plan.threat_model == "white-box"
         if design.signal_embeddings() is not None:
             return design
