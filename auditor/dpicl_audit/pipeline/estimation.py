@@ -17,10 +17,9 @@ from dpicl_audit.estimators.trial_budget import needs_from_bootstrap
 from dpicl_audit.mechanisms.base import Design, SettingRows
 from dpicl_audit.mechanisms.registry import get_mechanism
 from dpicl_audit.pipeline.legacy import is_legacy_mozo, upgrade_run
-from dpicl_audit.pipeline.results import jsonable
-from dpicl_audit.pipeline.run_result import RunResult
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.schedule import CLEAN_SETTING
+from dpicl_audit.results import RunResult, jsonable
 from dpicl_audit.store import RunRecord, TrialStore
 
 __all__ = ["estimate_run", "estimate_setting", "load_run", "run_design", "run_plan"]

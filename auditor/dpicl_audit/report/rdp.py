@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from dpicl_audit.pipeline.run_result import SettingResult
 from dpicl_audit.report.data import ReportRow, RunData, num
 from dpicl_audit.report.figure import png, pyplot
+from dpicl_audit.results import SettingResult
 
 __all__ = ["has_rdp", "plot_rdp_bars", "plot_rdp_curves", "rdp_row"]
 
