@@ -59,6 +59,14 @@ class Estimate(Record):
         return out
 
     @property
+    def counts(self) -> tuple[int, int, int, int] | None:
+        """(tp, fn, fp, tn), where the estimate has all four decision counts."""
+        tp, fn, fp, tn = self.tp, self.fn, self.fp, self.tn
+        if tp is None or fn is None or fp is None or tn is None:
+            return None
+        return tp, fn, fp, tn
+
+    @property
     def status(self) -> str:
         """The verdict's status; ``error`` for an estimate that failed, "" for one with no
         verdict (as the report's rows read it)."""

@@ -160,5 +160,14 @@ class Record:
     def as_mapping(self) -> dict[str, Any]:
         """The stored keys with their values as Python holds them (numbers as floats, a
         verdict as a :class:`~dpicl_audit.verdicts.Verdict`): what the estimators and the
-        claims read (:func:`~dpicl_audit.verdicts.gaussian_verdict`)."""
-        return self._merged({k: getattr(self, k, None) for k in self.CODECS})
+        claims read (:func:`~dpicl_audit.verdicts.gaussian_verdict`); a nested record
+        as its own mapping."""
+        typed = {k: getattr(self, k, None) for k in self.CODECS}
+        return self._merged(
+            {k: v.as_mapping() if isinstance(v, Record) else v for k, v in typed.items()}
+        )
+
+    def stored(self) -> Self:
+        """The record as the store will hold it and read it back: its JSON (non-finite
+        floats as strings, numpy values as Python's, tuples as lists) read again."""
+        return self.from_json(jsonable(self.to_json()))

@@ -21,6 +21,7 @@ from dpicl_audit.mechanisms.esa.estimates import (
 )
 from dpicl_audit.mechanisms.trial_estimates import with_verdict
 from dpicl_audit.planning.schedule import STREAM_BOOTSTRAP
+from dpicl_audit.results import Estimate, SettingResult
 from dpicl_audit.store import TrialRecord
 
 __all__ = ["estimate_esa_bootstrap"]
@@ -73,12 +74,12 @@ def _measured_sigma(
     }
 
 
-def estimate_esa_bootstrap(s: SettingRows) -> dict[str, Any]:
+def estimate_esa_bootstrap(s: SettingRows) -> SettingResult:
     """Algorithm 1 for ESA: resample the collected clean means, add noise, attack, bound."""
     plan, k, clean, meta = s.plan, s.k, s.rows, s.meta
     design: GenerationDesign = s.design
 
-    out = dict(meta)
+    out: dict[str, Any] = dict(meta)  # the setting's facts, then the bootstrap's
     with_rows = [r.observation["clean_mean"] for r in clean if r.world == 1]
     without_rows = [r.observation["clean_mean"] for r in clean if r.world == 0]
     n_sample = plan.bootstrap.n_sample
@@ -93,10 +94,10 @@ def estimate_esa_bootstrap(s: SettingRows) -> dict[str, Any]:
     }
     emb = design.signal_embeddings()
     if not with_rows or not without_rows or meta["sigma"] is None or emb is None:
-        out["black_box"] = out["white_box"] = {
-            "error": "no clean means collected" if emb is not None else "no signal embeddings"
-        }
-        return out
+        failed = Estimate.of(
+            error="no clean means collected" if emb is not None else "no signal embeddings"
+        )
+        return SettingResult.of(**out | {"black_box": failed, "white_box": failed})
     ids = {cid for cid in meta["context_ids"].values() if cid is not None}
     check = _measured_sigma([r for r in clean if r.context_id in ids], float(meta["sigma"]), 0.999)
     out["noise_check"] = check
@@ -121,9 +122,10 @@ def estimate_esa_bootstrap(s: SettingRows) -> dict[str, Any]:
     out["release_rates_observed"] = power["release_rates"]
     out["flip_rate"] = power["flip_rate"]
     ref = signal_reference(power)
-    out["black_box"] = signal_tightness(with_verdict(res["black_box"], ref), meta)
-    out["white_box"] = signal_tightness(with_verdict(res["white_box"], ref), meta)
-    return esa_setting_conformance(out, clean, meta, design, plan.seed, bootstrap=True)
+    for threat in ("black_box", "white_box"):
+        out[threat] = signal_tightness(with_verdict(Estimate.of(**res[threat]), ref), meta)
+    setting = SettingResult.of(**out)
+    return esa_setting_conformance(setting, clean, meta, design, plan.seed, bootstrap=True)
 
 
 def _observed_rates(

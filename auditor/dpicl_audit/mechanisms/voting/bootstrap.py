@@ -13,6 +13,7 @@ from dpicl_audit.mechanisms.trial_estimates import with_verdict
 from dpicl_audit.mechanisms.voting.design import AuditDesign
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.schedule import STREAM_BOOTSTRAP
+from dpicl_audit.results import Estimate, SettingResult
 from dpicl_audit.store import TrialRecord
 
 __all__ = ["estimate_voting_bootstrap"]
@@ -24,13 +25,13 @@ def estimate_voting_bootstrap(
     k: int,
     clean: Sequence[TrialRecord],
     meta: dict[str, Any],
-) -> dict[str, Any]:
+) -> SettingResult:
     from dpicl_audit.estimators.bootstrap import (
         bootstrap_voting_audit,  # slow imports: only when needed
     )
     from dpicl_audit.estimators.noise_check import check_noise, residuals_from_observations
 
-    out = dict(meta)
+    out: dict[str, Any] = dict(meta)  # the setting's facts, then the bootstrap's
     with_rows = [design.clean_vector(r.observation["clean_votes"]) for r in clean if r.world == 1]
     without_rows = [
         design.clean_vector(r.observation["clean_votes"]) for r in clean if r.world == 0
@@ -65,8 +66,8 @@ def estimate_voting_bootstrap(
         "negative": design.labels[neg],
     }
     if not with_rows or not without_rows or meta["sigma"] is None:
-        out["black_box"] = out["white_box"] = {"error": "no clean votes collected"}
-        return out
+        failed = Estimate.of(error="no clean votes collected")
+        return SettingResult.of(**out | {"black_box": failed, "white_box": failed})
     res = bootstrap_voting_audit(
         np.array(with_rows),
         np.array(without_rows),
@@ -85,9 +86,10 @@ def estimate_voting_bootstrap(
     )
     out["flip_rate"] = power_meta["flip_rate"]
     out["release_rates_observed"] = power_meta["release_rates"]
-    out["black_box"] = with_verdict(res["black_box"], power_meta)
-    out["white_box"] = with_verdict(res["white_box"], power_meta)
-    return out
+    figures = {
+        k: with_verdict(Estimate.of(**res[k]), power_meta) for k in ("black_box", "white_box")
+    }
+    return SettingResult.of(**out | figures)
 
 
 def _observed_signal(
