@@ -215,7 +215,7 @@ def _mozo_setting(tp: int, n: int, family: dict[str, Any], guarantee: str) -> di
         for i in range(n)
     ]
     meta = {"epsilon_theory": 1.0, "delta": plan.mechanism.delta, "family": family}
-    return MOZO.estimate(SettingRows(plan, None, 0, rows, meta, False))["black_box"]
+    return MOZO.estimate(SettingRows(plan, None, 0, rows, meta, False)).to_json()["black_box"]
 
 
 @pytest.mark.parametrize(("guarantee", "tp"), [("proven", 388), ("paper", 300)])
