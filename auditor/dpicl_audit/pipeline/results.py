@@ -211,7 +211,7 @@ def print_results(results: Mapping[str, Any], console: Console | None = None) ->
             + ", ".join(f"{k}: {'no count' if n is None else f'{n:,}'}" for k, n in needs)
         )
     for s in run.settings:
-        if s.rdp:  # paper 003's RDP audit
+        if s.rdp is not None:  # paper 003's RDP audit
             rdp, found = s.rdp, s.rdp_verdict
             eps = rdp.get("epsilons", {})
             style = "bold red" if found is not None and found.flags else "green"

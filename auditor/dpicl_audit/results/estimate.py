@@ -4,9 +4,9 @@ verdict, or the error that stopped it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from dpicl_audit.results.record import COUNT, NUMBER, SAME, TEXT, Codec, Record
+from dpicl_audit.results.record import COUNT, NUMBER, TEXT, VERDICT, Codec, Record
 from dpicl_audit.verdicts import Status, Verdict
 
 __all__ = ["Estimate"]
@@ -50,13 +50,8 @@ class Estimate(Record):
             )
         },
         "error": TEXT,
-        "verdict": (lambda v: None if v is None else Verdict.from_dict(v), SAME[1]),
+        "verdict": VERDICT,
     }
-
-    def _written(self) -> dict[str, Any]:
-        out = super()._written()
-        out["verdict"] = None if self.verdict is None else self.verdict.to_dict()
-        return out
 
     @property
     def counts(self) -> tuple[int, int, int, int] | None:

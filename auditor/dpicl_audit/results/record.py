@@ -12,8 +12,19 @@ from typing import Any, ClassVar, Self
 import numpy as np
 
 from dpicl_audit.errors import InvalidAuditInput
+from dpicl_audit.verdicts import Verdict
 
-__all__ = ["COUNT", "MAPPING", "NUMBER", "SAME", "TEXT", "Codec", "Record", "jsonable"]
+__all__ = [
+    "COUNT",
+    "MAPPING",
+    "NUMBER",
+    "SAME",
+    "TEXT",
+    "VERDICT",
+    "Codec",
+    "Record",
+    "jsonable",
+]
 
 _NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 
@@ -80,6 +91,11 @@ TEXT: Codec = (_text, _same)
 MAPPING: Codec = (_mapping, _same)
 #: A key a subclass reads and writes itself (a nested record).
 SAME: Codec = (_same, _same)
+#: A verdict, the one :class:`~dpicl_audit.verdicts.Verdict` type, stored as its JSON object.
+VERDICT: Codec = (
+    lambda v: None if v is None else Verdict.from_dict(v),
+    lambda v: None if v is None else v.to_dict(),
+)
 
 
 @dataclass(frozen=True)

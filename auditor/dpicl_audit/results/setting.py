@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.results.estimate import Estimate
+from dpicl_audit.results.rdp import RdpAudit
 from dpicl_audit.results.record import COUNT, MAPPING, NUMBER, SAME, TEXT, Codec, Record
 from dpicl_audit.verdicts import Verdict
 
@@ -16,6 +17,12 @@ __all__ = ["SettingResult"]
 
 #: The threat models a setting estimates, as stored.
 _THREATS = ("black_box", "white_box")
+#: The nested records of a setting, by key.
+_NESTED: dict[str, type[Estimate] | type[RdpAudit]] = {
+    "black_box": Estimate,
+    "white_box": Estimate,
+    "rdp": RdpAudit,
+}
 
 
 @dataclass(frozen=True)
@@ -32,7 +39,7 @@ class SettingResult(Record):
     llm_calls: int | None = None
     black_box: Estimate | None = None
     white_box: Estimate | None = None
-    rdp: Mapping[str, Any] | None = None
+    rdp: RdpAudit | None = None
     conformance: Mapping[str, Any] | None = None
     noise_check: Mapping[str, Any] | None = None
 
@@ -42,7 +49,7 @@ class SettingResult(Record):
         "epsilon_exact": NUMBER,
         "trials": COUNT,
         "llm_calls": COUNT,
-        "rdp": MAPPING,
+        "rdp": SAME,
         "conformance": MAPPING,
         "noise_check": MAPPING,
         **{k: SAME for k in _THREATS},
@@ -51,19 +58,19 @@ class SettingResult(Record):
     @classmethod
     def _typed(cls, data: Mapping[str, Any]) -> dict[str, Any]:
         out = super()._typed(data)
-        for k in _THREATS:
+        for k, record in _NESTED.items():
             v = data.get(k)
             if isinstance(v, Mapping):
-                out[k] = Estimate.from_json(v)
+                out[k] = record.from_json(v)
             else:
-                out.pop(k, None)  # absent or not an estimate: kept as stored, in extra
+                out.pop(k, None)  # absent or not an object: kept as stored, in extra
         return out
 
     def _written(self) -> dict[str, Any]:
         out = super()._written()
-        for k in _THREATS:
-            est = getattr(self, k)
-            out[k] = None if est is None else est.to_json()
+        for k in _NESTED:
+            found = getattr(self, k)
+            out[k] = None if found is None else found.to_json()
         return out
 
     def estimate(self, threat: str) -> Estimate | None:
@@ -75,8 +82,7 @@ class SettingResult(Record):
     @property
     def rdp_verdict(self) -> Verdict | None:
         """The RDP audit's verdict, where the setting has one."""
-        found = (self.rdp or {}).get("verdict")
-        return Verdict.from_dict(found) if isinstance(found, Mapping) else None
+        return None if self.rdp is None else self.rdp.verdict
 
     def verdicts(self) -> list[Verdict]:
         """Every verdict of the setting: black-box, white-box, RDP."""
