@@ -134,19 +134,27 @@ class Record:
         return typed, {k: v for k, v in values.items() if k not in known}
 
     @classmethod
+    def _stored_keys(
+        cls, keys: tuple[str, ...], values: Mapping[str, Any], extra: Mapping[str, Any]
+    ) -> tuple[str, ...]:
+        """``keys`` and, after them, the new keys of ``values`` that are stored under their
+        own name (a typed key, or one kept in ``extra``): the order they are written in."""
+        new = (k for k in values if k not in keys and (k in cls.CODECS or k in extra))
+        return keys + tuple(new)
+
+    @classmethod
     def of(cls, **values: Any) -> Self:
         """A record as a producer builds it: the typed fields by name (nested records and
         verdicts typed), every other key in ``extra``, in the order given; a typed field
         given as None is written as null, as an absent one is not."""
         typed, extra = cls._split(values)
-        keys = tuple(k for k in values if k in cls.CODECS or k in extra)
-        return cls(**typed, extra=extra, keys=keys)
+        return cls(**typed, extra=extra, keys=cls._stored_keys((), values, extra))
 
     def updated(self, **values: Any) -> Self:
         """The record with ``values`` set: typed fields replaced, other keys in ``extra``
         (a key given anew is written after the others)."""
         typed, extra = self._split(values)
-        keys = self.keys + tuple(k for k in values if k not in self.keys and k in self.CODECS)
+        keys = self._stored_keys(self.keys, values, extra)
         return replace(self, **typed, extra={**self.extra, **extra}, keys=keys)
 
     def get(self, key: str, default: Any = None) -> Any:

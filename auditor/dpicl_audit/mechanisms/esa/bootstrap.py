@@ -79,32 +79,37 @@ def estimate_esa_bootstrap(s: SettingRows) -> SettingResult:
     plan, k, clean, meta = s.plan, s.k, s.rows, s.meta
     design: GenerationDesign = s.design
 
-    out: dict[str, Any] = dict(meta)  # the setting's facts, then the bootstrap's
     with_rows = [r.observation["clean_mean"] for r in clean if r.world == 1]
     without_rows = [r.observation["clean_mean"] for r in clean if r.world == 0]
     n_sample = plan.bootstrap.n_sample
     calls = plan.mechanism.partitions + plan.mechanism.candidates
-    out |= {
-        "n_llm": len(with_rows),
-        "n_sample": n_sample,
-        "trials": 2 * n_sample,
-        "llm_calls": len(clean) * calls,
-        "positive": design.y1,
-        "negative": design.y0,
-    }
+    # The setting's facts, then the bootstrap's.
+    out = SettingResult.of(
+        **meta
+        | {
+            "n_llm": len(with_rows),
+            "n_sample": n_sample,
+            "trials": 2 * n_sample,
+            "llm_calls": len(clean) * calls,
+            "positive": design.y1,
+            "negative": design.y0,
+        }
+    )
     emb = design.signal_embeddings()
     if not with_rows or not without_rows or meta["sigma"] is None or emb is None:
         failed = Estimate.of(
             error="no clean means collected" if emb is not None else "no signal embeddings"
         )
-        return SettingResult.of(**out | {"black_box": failed, "white_box": failed})
+        return out.updated(black_box=failed, white_box=failed)
     ids = {cid for cid in meta["context_ids"].values() if cid is not None}
     check = _measured_sigma([r for r in clean if r.context_id in ids], float(meta["sigma"]), 0.999)
-    out["noise_check"] = check
     sigma_sim = float(check["simulation_sigma"])
-    out["sigma_simulated"] = sigma_sim
     c1, c0 = np.array(with_rows, dtype=np.float64), np.array(without_rows, dtype=np.float64)
-    out["clean_shift"] = float(np.linalg.norm(c1.mean(axis=0) - c0.mean(axis=0)))
+    out = out.updated(
+        noise_check=check,
+        sigma_simulated=sigma_sim,
+        clean_shift=float(np.linalg.norm(c1.mean(axis=0) - c0.mean(axis=0))),
+    )
     res = bootstrap_esa_audit(
         c1,
         c0,
@@ -119,13 +124,16 @@ def estimate_esa_bootstrap(s: SettingRows) -> SettingResult:
         calls_per_row=calls,
     ).to_dict()
     power = dict(meta) | _observed_rates(c1, c0, emb[0], emb[1], sigma_sim)
-    out["release_rates_observed"] = power["release_rates"]
-    out["flip_rate"] = power["flip_rate"]
     ref = signal_reference(power)
-    for threat in ("black_box", "white_box"):
-        out[threat] = signal_tightness(with_verdict(Estimate.of(**res[threat]), ref), meta)
-    setting = SettingResult.of(**out)
-    return esa_setting_conformance(setting, clean, meta, design, plan.seed, bootstrap=True)
+    out = out.updated(
+        release_rates_observed=power["release_rates"],
+        flip_rate=power["flip_rate"],
+        **{
+            threat: signal_tightness(with_verdict(Estimate.of(**res[threat]), ref), meta)
+            for threat in ("black_box", "white_box")
+        },
+    )
+    return esa_setting_conformance(out, clean, meta, design, plan.seed, bootstrap=True)
 
 
 def _observed_rates(
