@@ -24,6 +24,9 @@ inside a function, closes a cycle)::
     verdicts/          what a bound says about the claims (violation, bug, nonconforming,
                        inconclusive, ok): model (the one Verdict type, its Status and the
                        CLI's exit code by the worst of them), claims (the rules applied)
+    results/           a run's results typed, from the estimators to the report (RunResult,
+                       SettingResult, Estimate) and their one edge to JSON: record,
+                       estimate, setting, run
     plan/              the audit plan, validated once: sources (TOML file, CLI flags, the
                        stored JSON), specs (its sections), model (AuditPlan)
     planning/          what a plan implies: schedule (worlds, streams), ledger (a

@@ -22,7 +22,7 @@ from dpicl_audit.estimators.conformance import (
     residual_tests,
 )
 from dpicl_audit.estimators.noise_check import check_noise
-from dpicl_audit.pipeline.run_result import RunResult, results_exit_code
+from dpicl_audit.results import RunResult, results_exit_code
 from dpicl_audit.verdicts import EXIT_CODES, Status, Verdict, worst_status
 
 SIGMA = 1.7

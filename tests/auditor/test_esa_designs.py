@@ -102,7 +102,7 @@ def _estimate(texts1: list[str | bool], texts0: list[str | bool]) -> dict[str, A
         for w, texts in ((1, texts1), (0, texts0))
         for i, x in enumerate(texts)
     ]
-    return EsaAudit().estimate(SettingRows(plan, d, 0, rows, meta, False))
+    return EsaAudit().estimate(SettingRows(plan, d, 0, rows, meta, False)).to_json()
 
 
 def test_a_model_without_signal_candidates_is_inconclusive_never_consistent() -> None:

@@ -157,7 +157,7 @@ def _rdp(a1: int, family: dict[str, Any] | None) -> dict[str, Any]:
     meta: dict[str, Any] = {"sigma": RDP_SIGMA, "epsilon_theory": 2.0}
     if family is not None:
         meta["family"] = family
-    return estimate_rdp(plan, design, rows, meta)
+    return estimate_rdp(plan, design, rows, meta).to_json()
 
 
 def test_an_rdp_cut_that_exceeds_only_alone_is_inconclusive_for_the_run() -> None:
@@ -215,7 +215,7 @@ def _mozo_setting(tp: int, n: int, family: dict[str, Any], guarantee: str) -> di
         for i in range(n)
     ]
     meta = {"epsilon_theory": 1.0, "delta": plan.mechanism.delta, "family": family}
-    return MOZO.estimate(SettingRows(plan, None, 0, rows, meta, False))["black_box"]
+    return MOZO.estimate(SettingRows(plan, None, 0, rows, meta, False)).to_json()["black_box"]
 
 
 @pytest.mark.parametrize(("guarantee", "tp"), [("proven", 388), ("paper", 300)])

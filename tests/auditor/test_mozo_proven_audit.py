@@ -105,6 +105,11 @@ def _row(index: int, tokens: list[dict[str, Any]]) -> TrialRecord:
     return TrialRecord("eps=2", index, index % 2, "ctx", "q", obs, 0, 0.0)
 
 
+def _ratio_json(rows: list[TrialRecord], meta: dict[str, Any]) -> dict[str, Any]:
+    """:func:`ratio_check`'s finding, as the results store it."""
+    return ratio_check(rows, meta).to_json()
+
+
 def test_ratio_check_ignores_the_servers_own_ratios() -> None:
     eps0 = 0.1
     p0 = np.array([0.7, 0.2, 0.1])
@@ -116,18 +121,18 @@ def test_ratio_check_ignores_the_servers_own_ratios() -> None:
         q = q / q.sum()
         return {"zero_shot_probs": p0.tolist(), "mixed_probs": [q.tolist(), p0.tolist()]}
 
-    honest = ratio_check([_row(0, [tok(ok_q)]), _row(1, [tok(ok_q), tok(ok_q)])], meta)
+    honest = _ratio_json([_row(0, [tok(ok_q)]), _row(1, [tok(ok_q), tok(ok_q)])], meta)
     assert honest["verdict"]["status"] == "ok", honest
     assert honest["max_radius"] <= eps0 and honest["tokens"] == 3
     # The lying server reports log_ratios of 0 for the bad token: the recomputation finds it.
     lying = tok(bad_q) | {"log_ratios": [0.0, 0.0], "exact_log_ratios": [0.0, 0.0]}
-    bad = ratio_check([_row(0, [tok(ok_q)]), _row(5, [tok(ok_q), lying])], meta)
+    bad = _ratio_json([_row(0, [tok(ok_q)]), _row(5, [tok(ok_q), lying])], meta)
     assert bad["verdict"]["status"] == "violation"
     assert "trial 5" in bad["verdict"]["message"] and "token 1" in bad["verdict"]["message"]
     assert bad["max_radius_server"] == 0.0 < eps0 < bad["max_radius"]
     # A server whose reported exact_log_ratios exceed its own per-token claim: VIOLATION too.
     admitted = tok(ok_q) | {"exact_log_ratios": [0.5, 0.0]}
-    assert ratio_check([_row(0, [admitted])], meta)["verdict"]["status"] == "violation"
+    assert _ratio_json([_row(0, [admitted])], meta)["verdict"]["status"] == "violation"
 
     # C1 and C0 answers drawn with the same shots: their first released distributions are
     # the replace-one pair itself, bounded by per_token_epsilon.
@@ -140,18 +145,18 @@ def test_ratio_check_ignores_the_servers_own_ratios() -> None:
         rows, [(p0.tolist(), [0, 1]), (near, [0, 1]), (far, [0, 2])], strict=True
     ):
         r.observation["first_token"] = first(probs, shots)
-    same = ratio_check(rows, meta)  # trials 0 (C0) and 1 (C1) share shots {0, 1}
+    same = _ratio_json(rows, meta)  # trials 0 (C0) and 1 (C1) share shots {0, 1}
     assert same["neighbour_shot_sets"] == 1 and same["verdict"]["status"] == "ok", same
     assert same["max_neighbour_log_ratio"] == pytest.approx(np.log(0.25 / 0.2))
     rows[1].observation["first_token"] = first(far, [0, 1])
-    apart = ratio_check(rows, meta)
+    apart = _ratio_json(rows, meta)
     assert apart["verdict"]["status"] == "violation", apart
     assert "trial 1" in apart["verdict"]["message"] and "trial 0" in apart["verdict"]["message"]
     # A released distribution that is not the product of the reported mixed ones.
     wrong = tok(ok_q) | {"product_probs": [0.1, 0.1, 0.8]}
-    assert ratio_check([_row(0, [wrong])], meta)["verdict"]["status"] == "bug"
+    assert _ratio_json([_row(0, [wrong])], meta)["verdict"]["status"] == "bug"
     # No probabilities (the server at noisy): the auditor could not check.
-    blind = ratio_check([_row(0, [{"log_ratios": [0.05]}])], meta)
+    blind = _ratio_json([_row(0, [{"log_ratios": [0.05]}])], meta)
     assert blind["verdict"]["status"] == "inconclusive"
 
 

@@ -190,7 +190,7 @@ async def test_oracle_adversary_bounds_ordered(tmp_path: Path, attack: str) -> N
         from dpicl_audit.store import TrialStore
 
         store = TrialStore(f"sqlite:///{tmp_path}/a.db")
-        again = estimate_run(store, attack).settings[0].rdp or {}
+        again = estimate_run(store, attack).to_json()["settings"][0]["rdp"]
         store.dispose()
         for key in ("two_cut", "k_cut", "exact", "two_cut_simulated", "theory"):
             assert again[key] == rdp[key], key

@@ -16,9 +16,9 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from dpicl_audit.pipeline.run_result import results_exit_code
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.schedule import trial_worlds
+from dpicl_audit.results import results_exit_code
 from tests.conftest import ADMIN, USER
 
 pytestmark = pytest.mark.slow

@@ -36,6 +36,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # The names a plan validates, known without importing the audits (mechanisms.registry).
     ("mechanisms.names",),
     ("attacks", "verdicts"),
+    # The typed results: the mechanisms build them, the pipeline and the report read them.
+    ("results",),
     ("plan",),
     ("planning",),
     ("mechanisms",),

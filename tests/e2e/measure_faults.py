@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dpicl_audit.pipeline.run import run_audit
-from dpicl_audit.pipeline.run_result import results_exit_code
+from dpicl_audit.results import results_exit_code
 from tests.e2e import broken_realistic_server as faults
 from tests.e2e.test_realistic_faults import production_client
 from tests.servers import target_plan

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from dpicl_audit.pipeline.run_result import results_exit_code
+from dpicl_audit.results import results_exit_code
 from tests.conftest import ADMIN, USER
 
 pytestmark = pytest.mark.slow

@@ -26,7 +26,7 @@ import pytest
 
 from dpicl_audit.client import DpiclClient
 from dpicl_audit.pipeline.run import run_audit
-from dpicl_audit.pipeline.run_result import results_exit_code
+from dpicl_audit.results import results_exit_code
 from tests.conftest import ADMIN, USER
 from tests.e2e import broken_realistic_server as faults
 from tests.servers import target_plan

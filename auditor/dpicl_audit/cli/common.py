@@ -152,7 +152,8 @@ def guard(fn: Callable[[], T]) -> T:
 
 
 def emit(results: dict[str, Any], as_json: bool, path: Path | None = None) -> None:
-    from dpicl_audit.pipeline.results import jsonable, print_results
+    from dpicl_audit.pipeline.results import print_results
+    from dpicl_audit.results import jsonable
 
     if as_json:
         sys.stdout.write(json.dumps(jsonable(results), indent=2) + "\n")
@@ -165,7 +166,7 @@ def emit(results: dict[str, Any], as_json: bool, path: Path | None = None) -> No
 def exit_on_verdict(results: list[dict[str, Any]]) -> None:
     """Exit with the worst verdict's code (verdicts.EXIT_CODES: 3 INCONCLUSIVE, 4
     NONCONFORMING, 5 VIOLATION or BUG), so that a deployment pipeline can fail on it."""
-    from dpicl_audit.pipeline.run_result import results_exit_code
+    from dpicl_audit.results import results_exit_code
 
     code = results_exit_code(results)
     if code:

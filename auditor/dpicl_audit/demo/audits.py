@@ -18,9 +18,9 @@ from rich.console import Console
 from dpicl_audit.demo.servers import DemoServer
 from dpicl_audit.estimators.trial_budget import POWER_MARGIN, plan_trials, planned_needs
 from dpicl_audit.pipeline.run import bootstrap_audit, run_audit
-from dpicl_audit.pipeline.run_result import RunResult
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.schedule import CLEAN_SETTING, new_run_id
+from dpicl_audit.results import RunResult
 from dpicl_audit.store import TrialRecord, TrialStore
 
 __all__ = ["Counts", "audit_esa", "audit_model", "audit_oracle", "say"]

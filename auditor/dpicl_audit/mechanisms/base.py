@@ -24,6 +24,16 @@ it takes, by name of :data:`dpicl_audit.attacks.ATTACKS`), ``calls_per_query``,
 A variant of a built-in mechanism subclasses its audit and overrides what differs (the
 Laplace-noise voting of ``examples/laplace_voting``: the exact epsilon).
 
+**Results are typed** (:mod:`dpicl_audit.results`): :meth:`~MechanismAudit.estimate` returns
+a :class:`~dpicl_audit.results.SettingResult` whose ``black_box``/``white_box`` are
+:class:`~dpicl_audit.results.Estimate` values with their :class:`~dpicl_audit.verdicts.Verdict`;
+the mechanism's own facts and figures (thresholds, held-out splits, the ROC, labels) go in
+``extra`` (:meth:`~dpicl_audit.results.Record.of`, :meth:`~dpicl_audit.results.Record.updated`).
+The helpers of :mod:`.trial_estimates` take and return these values. A mechanism registered
+from outside may still return the setting as a mapping of its JSON (as before issue 28): the
+pipeline reads it with :meth:`~dpicl_audit.results.SettingResult.from_json` at that edge
+(:func:`dpicl_audit.pipeline.estimation.estimate_setting`).
+
 The pipeline (:mod:`dpicl_audit.pipeline.contexts`, :mod:`dpicl_audit.pipeline.trials`,
 :mod:`dpicl_audit.pipeline.estimation`, :mod:`dpicl_audit.pipeline.runner`) and the report
 are generic over this class.
@@ -46,6 +56,7 @@ from dpicl_audit.mechanisms.trial_estimates import (
     with_verdict,
 )
 from dpicl_audit.plan import AuditPlan
+from dpicl_audit.results import SettingResult
 from dpicl_audit.store import ContextRecord, TrialRecord
 
 __all__ = [
@@ -241,8 +252,9 @@ class MechanismAudit:
         """Per-epsilon facts beside the estimate: epsilon_theory, epsilon_exact, noise."""
         raise NotImplementedError
 
-    def estimate(self, s: SettingRows) -> dict[str, Any]:
-        """One epsilon's estimates from its logged rows (clean rows for a bootstrap)."""
+    def estimate(self, s: SettingRows) -> SettingResult:
+        """One epsilon's estimates from its logged rows (clean rows for a bootstrap), with
+        their verdicts (an audit registered from outside may return the JSON mapping)."""
         raise NotImplementedError
 
     async def audit_ledger(

@@ -1,7 +1,9 @@
 """Estimates of a real-query run shared by the mechanisms: the black-box rule's counts and the
 white-box figures (:func:`~dpicl_audit.estimators.whitebox.audit_figures`: never weaker than
 the black-box rule, GDP and classical figures each with its own threshold), with verdicts;
-and the last step of every setting, its conformance read into those verdicts."""
+and the last step of every setting, its conformance read into those verdicts. Each returns
+the typed results (:class:`~dpicl_audit.results.Estimate`,
+:class:`~dpicl_audit.results.SettingResult`)."""
 
 from __future__ import annotations
 
@@ -19,11 +21,17 @@ from dpicl_audit.estimators.conformance import (
 from dpicl_audit.estimators.counts import estimate_from_counts
 from dpicl_audit.estimators.family import figure_tests
 from dpicl_audit.estimators.roc import roc_from_decisions, roc_from_scores
-from dpicl_audit.estimators.whitebox import CLASSICAL_LABEL, GAUSSIAN_LABEL, audit_figures
+from dpicl_audit.estimators.whitebox import (
+    CLASSICAL_LABEL,
+    GAUSSIAN_LABEL,
+    AuditFigures,
+    audit_figures,
+)
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.schedule import STREAM_SPLIT
+from dpicl_audit.results import Estimate, SettingResult
 from dpicl_audit.store import TrialRecord
-from dpicl_audit.verdicts import Verdict, gaussian_verdict
+from dpicl_audit.verdicts import gaussian_verdict
 
 __all__ = [
     "Finish",
@@ -33,16 +41,16 @@ __all__ = [
     "with_verdict",
 ]
 
-Finish = Callable[[dict[str, Any], Mapping[str, Any]], dict[str, Any]]
+#: How an estimate gets its verdict from the setting's meta (:func:`with_verdict`).
+Finish = Callable[[Estimate, Mapping[str, Any]], Estimate]
 
 
-def with_verdict(est: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
+def with_verdict(est: Estimate, meta: Mapping[str, Any]) -> Estimate:
     """The estimate with its verdict against the setting's claims (and, where it has only
     its decision counts, e.g. a bootstrap's, the ROC of that operating point)."""
-    est["verdict"] = gaussian_verdict(est, meta).to_dict()
-    counts = [est.get(k) for k in ("tp", "fn", "fp", "tn")]
-    if "roc" not in est and all(isinstance(c, int) for c in counts):
-        est["roc"] = roc_from_decisions(*counts)  # type: ignore[arg-type]
+    est = est.updated(verdict=gaussian_verdict(est, meta))
+    if "roc" not in est.extra and est.counts is not None:
+        est = est.updated(roc=roc_from_decisions(*est.counts))
     return est
 
 
@@ -50,21 +58,20 @@ def estimate_trials(
     plan: AuditPlan,
     k: int,
     rows: Sequence[TrialRecord],
-    meta: dict[str, Any],
+    meta: Mapping[str, Any],
     *,
     calls_per_query: int,
     positive_when: Literal["above", "below"] = "above",
     finish: Finish = with_verdict,
-) -> dict[str, Any]:
+) -> SettingResult:
     """Per-epsilon estimates of a real-query run: black-box from the logged decisions,
     white-box from the logged scores (positive above the threshold, or below it), the
     threshold chosen on a seeded held-out split (DESIGN.md section 5)."""
 
-    out = dict(meta)
     worlds = np.array([r.world for r in rows], dtype=np.int64)
     decisions = np.array([r.decision or 0 for r in rows], dtype=np.int64)
     n1, n0 = int(np.sum(worlds == 1)), int(np.sum(worlds == 0))
-    out |= {
+    head = dict(meta) | {
         "trials": len(rows),
         "n_with": n1,
         "n_without": n0,
@@ -73,15 +80,15 @@ def estimate_trials(
     tp = int(np.sum(decisions[worlds == 1]))
     fp = int(np.sum(decisions[worlds == 0]))
     try:
-        bb = estimate_from_counts(
+        counts = estimate_from_counts(
             tp, n1 - tp, fp, n0 - fp, delta=plan.mechanism.delta, confidence=plan.confidence
         ).to_dict()
-        bb |= {"gdp_label": GAUSSIAN_LABEL, "classical_label": CLASSICAL_LABEL}
-        bb["roc"] = roc_from_decisions(tp, n1 - tp, fp, n0 - fp)
-        out["black_box"] = finish(bb, meta)
+        labels = {"gdp_label": GAUSSIAN_LABEL, "classical_label": CLASSICAL_LABEL}
+        roc = {"roc": roc_from_decisions(tp, n1 - tp, fp, n0 - fp)}
+        bb = finish(Estimate.of(**(counts | labels | roc)), meta)
     except InvalidAuditInput as exc:
-        out["black_box"] = {"error": str(exc)}
-    out["white_box"] = None
+        bb = Estimate.of(error=str(exc))
+    wb: Estimate | None = None
     scores = [r.score for r in rows]
     if plan.threat_model == "white-box" and rows and all(s is not None for s in scores):
         arr = np.array(scores, dtype=np.float64)
@@ -100,17 +107,15 @@ def estimate_trials(
                 fraction=plan.split,
                 positive_when=positive_when,
             )
-            wb = figs.gdp.to_dict()
-            wb |= figure_fields(figs)
             sign = 1.0 if positive_when == "above" else -1.0
-            wb["roc"] = roc_from_scores(sign * arr[w1], sign * arr[w0])
-            out["white_box"] = finish(wb, meta)
+            roc = {"roc": roc_from_scores(sign * arr[w1], sign * arr[w0])}
+            wb = finish(Estimate.of(**(figs.gdp.to_dict() | figure_fields(figs) | roc)), meta)
         except InvalidAuditInput as exc:
-            out["white_box"] = {"error": str(exc)}
-    return out
+            wb = Estimate.of(error=str(exc))
+    return SettingResult.of(**(head | {"black_box": bb, "white_box": wb}))
 
 
-def figure_fields(figs: Any) -> dict[str, Any]:
+def figure_fields(figs: AuditFigures) -> dict[str, Any]:
     """Both figures' headline fields of an :class:`~dpicl_audit.estimators.whitebox.
     AuditFigures`: the classical bound with its own threshold and tests, and the labels."""
 
@@ -126,17 +131,17 @@ def figure_fields(figs: Any) -> dict[str, Any]:
 
 
 def finish_conformance(
-    out: dict[str, Any],
+    out: SettingResult,
     meta: Mapping[str, Any],
     black: list[ConformanceTest],
     white: list[ConformanceTest],
-) -> dict[str, Any]:
+) -> SettingResult:
     """Store the setting's conformance (the release's tests, the noise's, and both) and read
     every verdict of the setting with all of them."""
     alpha = conformance_alpha(meta, len(black) + len(white))
     bb = Conformance(alpha, tuple(black)).to_dict()
     both = Conformance(alpha, tuple(black + white)).to_dict()
-    out["conformance"] = {
+    conformance = {
         "status": both["status"],
         "alpha": alpha,
         "differs": both["differs"],
@@ -146,8 +151,9 @@ def finish_conformance(
     }
     # A departure anywhere means the server does not run the mechanism it reports: every
     # figure of the setting reads it (a VIOLATION or BUG stays, naming it too).
-    for key, conf in (("black_box", both), ("white_box", both)):
-        est = out.get(key)
-        if isinstance(est, dict) and isinstance(est.get("verdict"), dict):
-            est["verdict"] = Verdict.from_dict(est["verdict"]).read_with(conf).to_dict()
-    return out
+    read = {
+        key: est.updated(verdict=est.verdict.read_with(both))
+        for key, est in (("black_box", out.black_box), ("white_box", out.white_box))
+        if est is not None and est.verdict is not None
+    }
+    return out.updated(conformance=conformance, **read)

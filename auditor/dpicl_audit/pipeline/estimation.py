@@ -10,6 +10,7 @@ carries its verdict (:mod:`dpicl_audit.verdicts`). The estimators themselves liv
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from dpicl_audit.errors import InvalidAuditInput
@@ -17,10 +18,9 @@ from dpicl_audit.estimators.trial_budget import needs_from_bootstrap
 from dpicl_audit.mechanisms.base import Design, SettingRows
 from dpicl_audit.mechanisms.registry import get_mechanism
 from dpicl_audit.pipeline.legacy import is_legacy_mozo, upgrade_run
-from dpicl_audit.pipeline.results import jsonable
-from dpicl_audit.pipeline.run_result import RunResult
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.schedule import CLEAN_SETTING
+from dpicl_audit.results import RunResult, SettingResult, jsonable
 from dpicl_audit.store import RunRecord, TrialStore
 
 __all__ = ["estimate_run", "estimate_setting", "load_run", "run_design", "run_plan"]
@@ -43,18 +43,28 @@ def run_design(run: RunRecord, plan: AuditPlan) -> Design:
     return get_mechanism(plan.mechanism.name).load_design(run.design)
 
 
-def estimate_setting(s: SettingRows) -> dict[str, Any]:
+def estimate_setting(s: SettingRows) -> SettingResult:
     """One epsilon setting's estimates from its logged rows (clean rows for bootstrap runs,
-    trials otherwise)."""
-    return get_mechanism(s.plan.mechanism.name).estimate(s)
+    trials otherwise). A mechanism registered from outside may return the setting's JSON
+    mapping (:mod:`dpicl_audit.mechanisms.base`): it is read here, at that edge."""
+    found: SettingResult | Mapping[str, Any] = get_mechanism(s.plan.mechanism.name).estimate(s)
+    if isinstance(found, SettingResult):
+        return found
+    if isinstance(found, Mapping):
+        return SettingResult.from_json(jsonable(found))
+    raise InvalidAuditInput(
+        f"mechanism {s.plan.mechanism.name!r}: estimate() returned {type(found).__name__}, "
+        "expected a SettingResult (or its JSON mapping)"
+    )
 
 
 def estimate_run(store: TrialStore, run_id: str) -> RunResult:
     """Results of a run from its log: per-epsilon estimates next to theory and exact.
 
-    Typed as the store will hold them (issue 28): the mechanisms' settings are read in the
-    JSON shape they are stored in (non-finite floats as strings, :func:`.results.jsonable`),
-    so a run's results recomputed here and the ones read back from the log are one value."""
+    Typed as the store will hold them (issue 28): the mechanisms' typed settings are
+    gathered into a :class:`~dpicl_audit.results.RunResult`, given as the store will read it
+    back (:meth:`~dpicl_audit.results.Record.stored`), so a run's results recomputed here
+    and the ones read back from the log are one value."""
     run = load_run(store, run_id)
     if is_legacy_mozo(store.get_run(run_id)) and run.results is not None:
         return RunResult.from_json(run.results)  # the old audit's estimate, pipeline's shape
@@ -88,31 +98,34 @@ def estimate_run(store: TrialStore, run_id: str) -> RunResult:
             "simulator": simulator,
         }
         rows = clean if bootstrap else store.trials(run_id, meta["setting"])
-        settings.append(mech.estimate(SettingRows(plan, design, k, rows, meta, bootstrap)))
+        settings.append(estimate_setting(SettingRows(plan, design, k, rows, meta, bootstrap)))
     if bootstrap:
         # What a real-trial run of the same design needs before its verdicts have power
         # (trial_budget): the planning figure a bootstrap exists to give.
-        needs = needs_from_bootstrap(settings, confidence=plan.confidence, split=plan.split)
-        for s in settings:
-            s["real_trials_for_power"] = needs.get(float(s["epsilon_theory"]))
+        needs = needs_from_bootstrap(
+            [s.as_mapping() for s in settings], confidence=plan.confidence, split=plan.split
+        )
+        settings = [
+            s.updated(real_trials_for_power=needs.get(float(s.get("epsilon_theory"))))
+            for s in settings
+        ]
     run = store.get_run(run_id)
-    results = {
-        "run_id": run_id,
-        "kind": run.kind,
-        "name": run.name,
-        "status": run.status,
-        "created_at": run.created_at.isoformat(),
-        "plan": run.plan,
-        "versions": run.versions,
-        "mechanism": plan.mechanism.name,
-        "design": mech.summary(design),
-        "confidence": plan.confidence,
-        "delta": plan.mechanism.delta,
-        "threat_models": threat_models,
-        "family": family,
-        "settings": settings,
-        "queries": run.queries,
-        "llm_calls": run.llm_calls,
-        "wall_time_s": run.wall_time_s,
-    }
-    return RunResult.from_json(jsonable(results))
+    return RunResult.of(
+        run_id=run_id,
+        kind=run.kind,
+        name=run.name,
+        status=run.status,
+        created_at=run.created_at.isoformat(),
+        plan=run.plan,
+        versions=run.versions,
+        mechanism=plan.mechanism.name,
+        design=mech.summary(design),
+        confidence=plan.confidence,
+        delta=plan.mechanism.delta,
+        threat_models=threat_models,
+        family=family,
+        settings=tuple(settings),
+        queries=run.queries,
+        llm_calls=run.llm_calls,
+        wall_time_s=run.wall_time_s,
+    ).stored()

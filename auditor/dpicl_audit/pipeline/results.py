@@ -14,7 +14,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from rich import box
 from rich.console import Console
 from rich.table import Table
@@ -22,14 +21,13 @@ from rich.text import Text
 
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.pipeline.profiles import with_tail_gap
-from dpicl_audit.pipeline.run_result import RunResult
+from dpicl_audit.results import RunResult, jsonable
 from dpicl_audit.store import TrialStore
 from dpicl_audit.verdicts import Status
 
 __all__ = [
     "describe_run",
     "finish_run",
-    "jsonable",
     "out_directory",
     "print_results",
     "results_table",
@@ -81,19 +79,6 @@ def record_tail_gap(
         store.dispose()
     write_results(both, out_dir)
     return both
-
-
-def jsonable(value: Any) -> Any:
-    """Replace non-finite floats (JSON has none) by strings, recursively."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "inf" if value > 0 else ("-inf" if value < 0 else "nan")
-    if isinstance(value, Mapping):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [jsonable(v) for v in value]
-    if isinstance(value, np.generic):
-        return jsonable(value.item())
-    return value
 
 
 def out_directory(path: str | Path) -> Path:
@@ -226,7 +211,7 @@ def print_results(results: Mapping[str, Any], console: Console | None = None) ->
             + ", ".join(f"{k}: {'no count' if n is None else f'{n:,}'}" for k, n in needs)
         )
     for s in run.settings:
-        if s.rdp:  # paper 003's RDP audit
+        if s.rdp is not None:  # paper 003's RDP audit
             rdp, found = s.rdp, s.rdp_verdict
             eps = rdp.get("epsilons", {})
             style = "bold red" if found is not None and found.flags else "green"

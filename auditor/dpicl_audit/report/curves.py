@@ -6,10 +6,9 @@ import numpy as np
 
 from dpicl_audit.mechanisms.base import SettingRows
 from dpicl_audit.pipeline.estimation import estimate_setting
-from dpicl_audit.pipeline.results import jsonable
-from dpicl_audit.pipeline.run_result import SettingResult
 from dpicl_audit.planning.schedule import CLEAN_SETTING
 from dpicl_audit.report.data import THREATS, RunData, num
+from dpicl_audit.results import SettingResult
 
 __all__ = ["trials_curve"]
 
@@ -23,7 +22,7 @@ def _prefix_sizes(total: int, smallest: int, points: int = 8) -> list[int]:
 
 def _estimate(rows: SettingRows) -> SettingResult:
     """The setting's estimates from these rows, typed as the run's results are."""
-    return SettingResult.from_json(jsonable(estimate_setting(rows)))
+    return estimate_setting(rows).stored()
 
 
 def _shown(s: SettingResult) -> list[tuple[str, float]]:

@@ -14,8 +14,8 @@ from typing import Any
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.mechanisms.base import Design
 from dpicl_audit.pipeline.estimation import estimate_run, load_run, run_design, run_plan
-from dpicl_audit.pipeline.run_result import RunResult
 from dpicl_audit.plan import AuditPlan
+from dpicl_audit.results import RunResult
 from dpicl_audit.store import TrialRecord, TrialStore
 
 __all__ = ["THREATS", "ReportRow", "RunData", "load_run_results", "load_runs", "num"]

@@ -21,9 +21,9 @@ from scipy import stats
 
 from dpicl_audit.estimators.exact import VOTING_SENSITIVITY
 from dpicl_audit.estimators.stats import clopper_pearson_upper, per_interval_confidence
-from dpicl_audit.pipeline.run_result import Estimate
 from dpicl_audit.report.data import THREATS, ReportRow, RunData, num
 from dpicl_audit.report.figure import png, pyplot
+from dpicl_audit.results import Estimate
 
 __all__ = ["plot_epsilons", "plot_tradeoff", "plot_trials", "run_colors"]
 

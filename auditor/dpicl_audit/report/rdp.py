@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from dpicl_audit.pipeline.run_result import SettingResult
 from dpicl_audit.report.data import ReportRow, RunData, num
 from dpicl_audit.report.figure import png, pyplot
+from dpicl_audit.results import SettingResult
 
 __all__ = ["has_rdp", "plot_rdp_bars", "plot_rdp_curves", "rdp_row"]
 
@@ -30,7 +30,7 @@ _BARS = (
 
 
 def has_rdp(runs: Sequence[RunData]) -> bool:
-    return any(s.rdp for rd in runs for s in rd.results.settings)
+    return any(s.rdp is not None for rd in runs for s in rd.results.settings)
 
 
 def rdp_row(
@@ -65,11 +65,12 @@ def rdp_row(
 
 
 def _settings(runs: Sequence[RunData]) -> list[tuple[str, Mapping[str, Any]]]:
+    """(name, the RDP audit's stored keys) of every setting with one."""
     return [
-        (f"{rd.plan.attack} {s.setting}", s.rdp)
+        (f"{rd.plan.attack} {s.setting}", s.rdp.as_mapping())
         for rd in runs
         for s in rd.results.settings
-        if s.rdp
+        if s.rdp is not None
     ]
 
 

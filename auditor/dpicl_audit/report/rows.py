@@ -78,7 +78,7 @@ def report_rows(runs: Sequence[RunData]) -> list[ReportRow]:
                         family_size=run.family_size,
                     )
                 )
-            if s.rdp:  # paper 003's RDP audit of the setting: its own row
+            if s.rdp is not None:  # paper 003's RDP audit of the setting: its own row
                 wall = _setting_wall_time(rd.trials.get(str(s.setting), []))
                 rows.append(rdp_row(rd, s, conf=conf, method=method, wall_time_s=wall))
     return rows

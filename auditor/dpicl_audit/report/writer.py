@@ -16,7 +16,7 @@ from typing import Any
 from rich.console import Console
 
 from dpicl_audit.errors import InvalidAuditInput
-from dpicl_audit.pipeline.results import jsonable, out_directory, write_results
+from dpicl_audit.pipeline.results import out_directory, write_results
 from dpicl_audit.report.curves import trials_curve
 from dpicl_audit.report.data import ReportRow, RunData, load_runs
 from dpicl_audit.report.html import render_html
@@ -25,6 +25,7 @@ from dpicl_audit.report.rdp import has_rdp, plot_rdp_bars, plot_rdp_curves
 from dpicl_audit.report.rows import report_rows
 from dpicl_audit.report.table import rich_table
 from dpicl_audit.report.words import noise_findings, run_verdict, verdict_sentence
+from dpicl_audit.results import jsonable
 from dpicl_audit.store import TrialStore
 
 __all__ = ["write_combined_report", "write_report"]

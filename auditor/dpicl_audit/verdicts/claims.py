@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dpicl_audit.estimators.family import family_wise_figures
 from dpicl_audit.estimators.figure_power import exact_mus, reach_model
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "RDP_CUTS",
+    "Figures",
     "claim_for_the_family",
     "family_of",
     "for_the_family",
@@ -35,6 +36,17 @@ __all__ = [
 _TOL = 1e-9
 #: The composed lower bounds an RDP audit (paper 003) states its claims from.
 RDP_CUTS = ("two_cut", "k_cut")
+
+
+class Figures(Protocol):
+    """An estimate as the claims read it (:class:`dpicl_audit.results.Estimate`, which the
+    mechanisms build; its package lies above this one): its stored keys and values."""
+
+    def as_mapping(self) -> Mapping[str, Any]: ...
+
+
+def _figures(est: Figures | Mapping[str, Any]) -> Mapping[str, Any]:
+    return est if isinstance(est, Mapping) else est.as_mapping()
 
 
 def verdict(
@@ -88,7 +100,7 @@ _STATUS_OF_WORD = {
 }
 
 
-def gaussian_verdict(est: Mapping[str, Any], meta: Mapping[str, Any]) -> GaussianVerdict:
+def gaussian_verdict(est: Figures | Mapping[str, Any], meta: Mapping[str, Any]) -> GaussianVerdict:
     """Verdict of an audit of a Gaussian claim (voting, ESA) by the rules of
     :func:`~dpicl_audit.estimators.verdict_rules.decide_verdict`: VIOLATION on ``mu_lower >
     mu_claimed`` or the classical bound above epsilon_theory, BUG above the exact values,
@@ -98,6 +110,7 @@ def gaussian_verdict(est: Mapping[str, Any], meta: Mapping[str, Any]) -> Gaussia
     VIOLATION or BUG stands only if it holds for the run's m figures together
     (:mod:`~dpicl_audit.estimators.family`), else the figure is INCONCLUSIVE and says why."""
 
+    est = _figures(est)
     theory, delta = float(meta["epsilon_theory"]), float(meta["delta"])
     exact = meta.get("epsilon_exact")
     mu_exact, mu_signal = exact_mus(meta)
@@ -252,7 +265,7 @@ def family_of(meta: Mapping[str, Any]) -> Family | None:
 
 def for_the_family(
     alone: Verdict,
-    est: Mapping[str, Any],
+    est: Figures | Mapping[str, Any],
     meta: Mapping[str, Any],
     judge: Callable[[FamilyWise], Verdict],
 ) -> Verdict:
@@ -263,7 +276,7 @@ def for_the_family(
     family = family_of(meta)
     if family is None or not alone.flags:
         return alone
-    figures = family_wise_figures(est, family.size, float(meta["delta"]))
+    figures = family_wise_figures(_figures(est), family.size, float(meta["delta"]))
     if figures is None:
         together, shown = None, "its tests' counts are not in the estimate"
     else:

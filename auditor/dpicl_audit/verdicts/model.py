@@ -1,7 +1,7 @@
 """The one verdict type: :class:`Verdict` (and :class:`GaussianVerdict`, a Gaussian claim's,
 with the rule's reasons and advice), its :class:`Status` (severity, exit code), the run's
 family of tests, and a run's worst status (a run's exit code:
-:func:`dpicl_audit.pipeline.run_result.results_exit_code`). :meth:`Verdict.to_dict` is the
+:func:`dpicl_audit.results.results_exit_code`). :meth:`Verdict.to_dict` is the
 JSON stored under an estimate's ``"verdict"``; :meth:`Verdict.from_dict` reads every stored
 shape back."""
 

@@ -39,6 +39,7 @@ from dpicl_audit.mechanisms.trial_estimates import estimate_trials
 from dpicl_audit.mechanisms.voting.audit import VotingAudit
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.ledger import MAX_BUDGET_EPSILON, composed_epsilon
+from dpicl_audit.results import Estimate, SettingResult
 from dpicl_audit.store import ContextRecord
 from dpicl_audit.verdicts import Verdict, for_the_family, verdict
 
@@ -144,14 +145,14 @@ class LaplaceVotingAudit(VotingAudit):
             "design": design.layout,
         }
 
-    def estimate(self, s: SettingRows) -> dict[str, Any]:
+    def estimate(self, s: SettingRows) -> SettingResult:
         if s.bootstrap:
             raise InvalidAuditInput("laplace-voting has no bootstrap audit; use a run")
         calls = self.calls_per_query(s.plan)
         return estimate_trials(s.plan, s.k, s.rows, s.meta, calls_per_query=calls, finish=_pure_dp)
 
 
-def _pure_dp(est: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
+def _pure_dp(est: Estimate, meta: Mapping[str, Any]) -> Estimate:
     """epsilon_emp = the classical lower bound, read against the claim and the exact epsilon;
     a VIOLATION or BUG holds for the run's tests together (verdicts.for_the_family)."""
     theory, exact = float(meta["epsilon_theory"]), meta.get("epsilon_exact")
@@ -159,13 +160,10 @@ def _pure_dp(est: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
     def judge(classical: float) -> Verdict:
         return verdict(max(classical, 0.0), theory, exact)
 
-    classical = float(est["epsilon_lower_classic"])
-    est["epsilon_emp"] = max(classical, 0.0)
-    est["epsilon_emp_basis"] = "classical"
-    est["verdict"] = for_the_family(
-        judge(classical), est, meta, lambda fw: judge(fw.epsilon_lower_classic)
-    ).to_dict()
-    return est
+    classical = float(est.get("epsilon_lower_classic"))
+    est = est.updated(epsilon_emp=max(classical, 0.0), epsilon_emp_basis="classical")
+    found = for_the_family(judge(classical), est, meta, lambda fw: judge(fw.epsilon_lower_classic))
+    return est.updated(verdict=found)
 
 
 LAPLACE_VOTING = LaplaceVotingAudit()

@@ -75,6 +75,7 @@ from dpicl_audit.mechanisms.dps_mozo.findings import (
 )
 from dpicl_audit.mechanisms.trial_estimates import Finish, finish_conformance
 from dpicl_audit.plan import AuditPlan
+from dpicl_audit.results import Estimate, SettingResult
 from dpicl_audit.store import ContextRecord, TrialRecord
 from dpicl_audit.verdicts import Verdict, for_the_family, verdict
 
@@ -260,7 +261,7 @@ class MozoAudit(MechanismAudit):
             ),
         }
 
-    def estimate(self, s: SettingRows) -> dict[str, Any]:
+    def estimate(self, s: SettingRows) -> SettingResult:
         plan, k, rows, meta = s.plan, s.k, s.rows, s.meta
         if s.bootstrap:
             raise InvalidAuditInput("DPS-MOZO has no bootstrap audit; use a run")
@@ -279,12 +280,14 @@ class MozoAudit(MechanismAudit):
             start = str(r.observation.get("starts_with"))
             key[start] = key.get(start, 0) + 1
         per_answer = [r.observation.get("cost_epsilon") for r in rows]
-        out["starts_with"] = starts
-        out["epsilon_theory_per_answer"] = next(
-            (float(v) for v in per_answer if isinstance(v, int | float)), None
+        out = out.updated(
+            starts_with=starts,
+            epsilon_theory_per_answer=next(
+                (float(v) for v in per_answer if isinstance(v, int | float)), None
+            ),
         )
         if plan.threat_model == "white-box":
-            out["white_box"] = (ratio_check if proven else divergence_check)(rows, meta)
+            out = out.updated(white_box=(ratio_check if proven else divergence_check)(rows, meta))
             if proven:
                 # The released first tokens against the distributions reported for them
                 # (estimators.draws): a server that reports the DP distribution but
@@ -330,7 +333,7 @@ def _verdict_of(*, nominal: bool) -> Finish:
     true claim; paper mode the larger of the GDP and classical figures against the nominal
     one. A VIOLATION holds for the run's tests together (verdicts.for_the_family)."""
 
-    def finish(est: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
+    def finish(est: Estimate, meta: Mapping[str, Any]) -> Estimate:
         theory, delta = float(meta["epsilon_theory"]), float(meta["delta"])
 
         def emp(mu: float, classical: float) -> float:
@@ -339,14 +342,12 @@ def _verdict_of(*, nominal: bool) -> Finish:
         def judge(mu: float, classical: float) -> Verdict:
             return verdict(emp(mu, classical), theory, None, nominal=nominal)
 
-        mu, classical = float(est["mu_lower"]), float(est["epsilon_lower_classic"])
-        est["epsilon_emp"] = emp(mu, classical)
-        if not nominal:
-            est["epsilon_emp_basis"] = "classical"
+        mu, classical = float(est.get("mu_lower")), float(est.get("epsilon_lower_classic"))
+        basis = {} if nominal else {"epsilon_emp_basis": "classical"}
+        est = est.updated(epsilon_emp=emp(mu, classical), **basis)
         again = lambda fw: judge(fw.mu_lower, fw.epsilon_lower_classic)  # noqa: E731
         found = for_the_family(judge(mu, classical), est, meta, again)
-        est["verdict"] = without_signal(found, est).to_dict()
-        return est
+        return est.updated(verdict=without_signal(found, est))
 
     return finish
 

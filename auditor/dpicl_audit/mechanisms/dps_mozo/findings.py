@@ -17,10 +17,14 @@ from dataclasses import replace
 from typing import Any
 
 from dpicl_audit.mechanisms.dps_mozo.check import exceeds, neighbour_gap
+from dpicl_audit.results import Estimate
 from dpicl_audit.store import TrialRecord
 from dpicl_audit.verdicts import Status, Verdict
 
 __all__ = ["divergence_check", "ratio_check", "without_signal"]
+
+
+_NO_INTERNALS = "no per-token internals logged (white-box needs /v1/debug/generate)"
 
 
 def _max_divergence(rows: Sequence[TrialRecord], key: str) -> float | None:
@@ -34,11 +38,11 @@ def _max_divergence(rows: Sequence[TrialRecord], key: str) -> float | None:
     return max(values) if values else None
 
 
-def divergence_check(rows: Sequence[TrialRecord], meta: Mapping[str, Any]) -> dict[str, Any]:
+def divergence_check(rows: Sequence[TrialRecord], meta: Mapping[str, Any]) -> Estimate:
     """The white-box observation's finding: per-token divergences against the claimed
     per-token bound. Not an epsilon estimate; a direct check of Theorem B.3's premise."""
     if not rows or any("tokens" not in r.observation for r in rows):
-        return {"error": "no per-token internals logged (white-box needs /v1/debug/generate)"}
+        return Estimate.of(error=_NO_INTERNALS)
     bound = meta.get("per_token_bound")
     reached = _max_divergence(rows, "divergences")
     exact = _max_divergence(rows, "exact_divergences")
@@ -51,14 +55,14 @@ def divergence_check(rows: Sequence[TrialRecord], meta: Mapping[str, Any]) -> di
         "per_token_bound": bound,
     }
     if exact is None or bound is None:
-        out["verdict"] = Verdict(
+        unchecked = Verdict(
             status=Status.OK,
             violation=False,
             message="no exact per-token divergences (the server is not at internal)",
-        ).to_dict()
-        return out
+        )
+        return Estimate.of(**out, verdict=unchecked)
     broken = exact > float(bound) * (1 + 1e-9)
-    out["verdict"] = Verdict(
+    found = Verdict(
         status=Status.VIOLATION if broken else Status.OK,
         violation=broken,
         message=(
@@ -68,8 +72,8 @@ def divergence_check(rows: Sequence[TrialRecord], meta: Mapping[str, Any]) -> di
             else f"every exact per-shot divergence (max {exact:.3f}) is within the claimed "
             f"per-token bound {float(bound):.3f}"
         ),
-    ).to_dict()
-    return out
+    )
+    return Estimate.of(**out, verdict=found)
 
 
 #: Largest |log| gap between the reported product_probs and the product of the reported
@@ -119,13 +123,13 @@ def _neighbour_pairs(
     return pairs, worst, where
 
 
-def ratio_check(rows: Sequence[TrialRecord], meta: Mapping[str, Any]) -> dict[str, Any]:
+def ratio_check(rows: Sequence[TrialRecord], meta: Mapping[str, Any]) -> Estimate:
     """The proven mode's white-box finding, token by token: the auditor's own radius within
     max_log_ratio, and the realised worst case (its own and the server's exact_log_ratios)
     within per_token_epsilon. Not an epsilon estimate: a direct check of the claim's premise.
     """
     if not rows or any("tokens" not in r.observation for r in rows):
-        return {"error": "no per-token internals logged (white-box needs /v1/debug/generate)"}
+        return Estimate.of(error=_NO_INTERNALS)
     eps0, per_token = float(meta["max_log_ratio"]), float(meta["per_token_epsilon"])
     radius, radius_at = _worst(rows, "radius")
     exact, exact_at = _worst(rows, "exact")
@@ -197,19 +201,17 @@ def ratio_check(rows: Sequence[TrialRecord], meta: Mapping[str, Any]) -> dict[st
                 f"; C1 against C0 with the same shots ({pairs} shot sets): max "
                 f"{neighbour:.4g} at the first token"
             )
-    out["verdict"] = Verdict(
-        status=status, violation=status is Status.VIOLATION, message=message
-    ).to_dict()
-    return out
+    found = Verdict(status=status, violation=status is Status.VIOLATION, message=message)
+    return Estimate.of(**out, verdict=found)
 
 
-def without_signal(found: Verdict, est: Mapping[str, Any]) -> Verdict:
+def without_signal(found: Verdict, est: Estimate) -> Verdict:
     """A verdict that is not a violation, of an attack whose decision never varied (neither
     world ever produced the signal, or both always did): INCONCLUSIVE, never "ok": the audit
     could not have seen a difference between the worlds (issue 27)."""
     if found.flags:
         return found
-    tp, fn, fp, tn = (int(est.get(k) or 0) for k in ("tp", "fn", "fp", "tn"))
+    tp, fn, fp, tn = (int(c or 0) for c in (est.tp, est.fn, est.fp, est.tn))
     if tp + fp and fn + tn:
         return found
     said = "never" if tp + fp == 0 else "always"

@@ -66,6 +66,7 @@ from dpicl_audit.mechanisms.esa.estimates import esa_meta, estimate_esa_trials
 from dpicl_audit.mechanisms.esa.signals import resolve_signal_embeddings
 from dpicl_audit.mechanisms.gaussian import GaussianMechanismAudit, gaussian_setting_meta
 from dpicl_audit.plan import AuditPlan
+from dpicl_audit.results import SettingResult
 from dpicl_audit.store import ContextRecord, TrialRecord
 
 __all__ = ["ESA", "EsaAudit"]
@@ -171,7 +172,7 @@ class EsaAudit(GaussianMechanismAudit):
         meta, _mech = gaussian_setting_meta(plan, epsilon, contexts)
         return esa_meta(plan, design, meta, meta["sigma"])
 
-    def estimate(self, s: SettingRows) -> dict[str, Any]:
+    def estimate(self, s: SettingRows) -> SettingResult:
         if s.bootstrap:
             return estimate_esa_bootstrap(s)
         return estimate_esa_trials(s, self.calls_per_query(s.plan))

@@ -21,6 +21,7 @@ from dpicl_audit.mechanisms.esa.estimates import (
 )
 from dpicl_audit.mechanisms.trial_estimates import with_verdict
 from dpicl_audit.planning.schedule import STREAM_BOOTSTRAP
+from dpicl_audit.results import Estimate, SettingResult
 from dpicl_audit.store import TrialRecord
 
 __all__ = ["estimate_esa_bootstrap"]
@@ -73,37 +74,42 @@ def _measured_sigma(
     }
 
 
-def estimate_esa_bootstrap(s: SettingRows) -> dict[str, Any]:
+def estimate_esa_bootstrap(s: SettingRows) -> SettingResult:
     """Algorithm 1 for ESA: resample the collected clean means, add noise, attack, bound."""
     plan, k, clean, meta = s.plan, s.k, s.rows, s.meta
     design: GenerationDesign = s.design
 
-    out = dict(meta)
     with_rows = [r.observation["clean_mean"] for r in clean if r.world == 1]
     without_rows = [r.observation["clean_mean"] for r in clean if r.world == 0]
     n_sample = plan.bootstrap.n_sample
     calls = plan.mechanism.partitions + plan.mechanism.candidates
-    out |= {
-        "n_llm": len(with_rows),
-        "n_sample": n_sample,
-        "trials": 2 * n_sample,
-        "llm_calls": len(clean) * calls,
-        "positive": design.y1,
-        "negative": design.y0,
-    }
+    # The setting's facts, then the bootstrap's.
+    out = SettingResult.of(
+        **meta
+        | {
+            "n_llm": len(with_rows),
+            "n_sample": n_sample,
+            "trials": 2 * n_sample,
+            "llm_calls": len(clean) * calls,
+            "positive": design.y1,
+            "negative": design.y0,
+        }
+    )
     emb = design.signal_embeddings()
     if not with_rows or not without_rows or meta["sigma"] is None or emb is None:
-        out["black_box"] = out["white_box"] = {
-            "error": "no clean means collected" if emb is not None else "no signal embeddings"
-        }
-        return out
+        failed = Estimate.of(
+            error="no clean means collected" if emb is not None else "no signal embeddings"
+        )
+        return out.updated(black_box=failed, white_box=failed)
     ids = {cid for cid in meta["context_ids"].values() if cid is not None}
     check = _measured_sigma([r for r in clean if r.context_id in ids], float(meta["sigma"]), 0.999)
-    out["noise_check"] = check
     sigma_sim = float(check["simulation_sigma"])
-    out["sigma_simulated"] = sigma_sim
     c1, c0 = np.array(with_rows, dtype=np.float64), np.array(without_rows, dtype=np.float64)
-    out["clean_shift"] = float(np.linalg.norm(c1.mean(axis=0) - c0.mean(axis=0)))
+    out = out.updated(
+        noise_check=check,
+        sigma_simulated=sigma_sim,
+        clean_shift=float(np.linalg.norm(c1.mean(axis=0) - c0.mean(axis=0))),
+    )
     res = bootstrap_esa_audit(
         c1,
         c0,
@@ -118,11 +124,15 @@ def estimate_esa_bootstrap(s: SettingRows) -> dict[str, Any]:
         calls_per_row=calls,
     ).to_dict()
     power = dict(meta) | _observed_rates(c1, c0, emb[0], emb[1], sigma_sim)
-    out["release_rates_observed"] = power["release_rates"]
-    out["flip_rate"] = power["flip_rate"]
     ref = signal_reference(power)
-    out["black_box"] = signal_tightness(with_verdict(res["black_box"], ref), meta)
-    out["white_box"] = signal_tightness(with_verdict(res["white_box"], ref), meta)
+    out = out.updated(
+        release_rates_observed=power["release_rates"],
+        flip_rate=power["flip_rate"],
+        **{
+            threat: signal_tightness(with_verdict(Estimate.of(**res[threat]), ref), meta)
+            for threat in ("black_box", "white_box")
+        },
+    )
     return esa_setting_conformance(out, clean, meta, design, plan.seed, bootstrap=True)
 
 

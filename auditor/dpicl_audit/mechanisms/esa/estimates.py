@@ -28,6 +28,7 @@ from dpicl_audit.mechanisms.trial_estimates import (
     with_verdict,
 )
 from dpicl_audit.plan import AuditPlan
+from dpicl_audit.results import Estimate, SettingResult
 from dpicl_audit.store import TrialRecord
 
 __all__ = [
@@ -73,7 +74,7 @@ def esa_meta(
     return meta
 
 
-def estimate_esa_trials(s: SettingRows, calls_per_query: int) -> dict[str, Any]:
+def estimate_esa_trials(s: SettingRows, calls_per_query: int) -> SettingResult:
     """Real-query estimates; the black-box power counts only the signal releases observed.
 
     The design's release rates assume zero-shot candidates that are y1 or y0 by a fair coin
@@ -117,19 +118,20 @@ def estimate_esa_trials(s: SettingRows, calls_per_query: int) -> dict[str, Any]:
         positive_when="below",
         finish=lambda est, m: signal_tightness(with_verdict(est, signal_reference(m)), m),
     )
-    out |= note
-    return esa_setting_conformance(out, rows, meta, design, plan.seed, bootstrap=False)
+    return esa_setting_conformance(
+        out.updated(**note), rows, meta, design, plan.seed, bootstrap=False
+    )
 
 
 def esa_setting_conformance(
-    out: dict[str, Any],
+    out: SettingResult,
     rows: Sequence[TrialRecord],
     meta: Mapping[str, Any],
     design: GenerationDesign,
     seed: int,
     *,
     bootstrap: bool,
-) -> dict[str, Any]:
+) -> SettingResult:
     """The setting's conformance tests (:func:`esa_conformance`), read into its verdicts; a
     bootstrap's rows are the whole clean log, so the setting's own are taken."""
     if bootstrap:
@@ -154,30 +156,32 @@ def signal_reference(meta: Mapping[str, Any]) -> dict[str, Any]:
     return dict(meta) | {"epsilon_exact_design": float(sig), "epsilon_exact_design_gaussian": True}
 
 
-def signal_tightness(est: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
+def signal_tightness(est: Estimate, meta: Mapping[str, Any]) -> Estimate:
     """Add how the bound compares with the exact epsilon of the canary's actual shift."""
     sig = meta.get("epsilon_exact_signal")
-    low = float(est["epsilon_lower"])
-    if sig is not None:
-        est["ratio_to_exact_signal"] = low / sig if sig > 0 else None
-        est["exceeds_exact_signal"] = low > float(sig) + 1e-3
-    return est
+    if sig is None:
+        return est
+    low = float(est.get("epsilon_lower"))
+    return est.updated(
+        ratio_to_exact_signal=low / sig if sig > 0 else None,
+        exceeds_exact_signal=low > float(sig) + 1e-3,
+    )
 
 
 def esa_conformance(
-    out: dict[str, Any],
+    out: SettingResult,
     rows: Sequence[TrialRecord],
     meta: Mapping[str, Any],
     *,
     signal: tuple[np.ndarray, np.ndarray] | None,
     seed: int,
     bootstrap: bool = False,
-) -> dict[str, Any]:
+) -> SettingResult:
     """ESA's conformance tests of one setting (module docstring)."""
     sigma = meta.get("sigma")
     white: list[ConformanceTest] = []
     if bootstrap:
-        check = out.get("noise_check") or {}
+        check = out.noise_check or {}
         if check.get("status") == "smaller":
             white += [
                 ConformanceTest(

@@ -43,6 +43,7 @@ from dpicl_audit.mechanisms.voting.estimates import (
 )
 from dpicl_audit.mechanisms.voting.rdp import RDP_ATTACKS, RdpDesign, build_rdp_design
 from dpicl_audit.plan import AuditPlan
+from dpicl_audit.results import SettingResult
 from dpicl_audit.store import ContextRecord, TrialRecord
 from dpicl_audit.verdicts import RDP_CUTS
 
@@ -127,7 +128,7 @@ class VotingAudit(GaussianMechanismAudit):
         meta.update(release_meta(design, plan, sigma))
         return meta
 
-    def estimate(self, s: SettingRows) -> dict[str, Any]:
+    def estimate(self, s: SettingRows) -> SettingResult:
         calls = self.calls_per_query(s.plan)
         if isinstance(s.design, RdpDesign):
             return estimate_sequence(s, calls)

@@ -13,6 +13,7 @@ from dpicl_audit.mechanisms.trial_estimates import with_verdict
 from dpicl_audit.mechanisms.voting.design import AuditDesign
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.schedule import STREAM_BOOTSTRAP
+from dpicl_audit.results import Estimate, SettingResult
 from dpicl_audit.store import TrialRecord
 
 __all__ = ["estimate_voting_bootstrap"]
@@ -24,13 +25,13 @@ def estimate_voting_bootstrap(
     k: int,
     clean: Sequence[TrialRecord],
     meta: dict[str, Any],
-) -> dict[str, Any]:
+) -> SettingResult:
     from dpicl_audit.estimators.bootstrap import (
         bootstrap_voting_audit,  # slow imports: only when needed
     )
     from dpicl_audit.estimators.noise_check import check_noise, residuals_from_observations
 
-    out = dict(meta)
+    out = SettingResult.of(**meta)  # the setting's facts, then the bootstrap's
     with_rows = [design.clean_vector(r.observation["clean_votes"]) for r in clean if r.world == 1]
     without_rows = [
         design.clean_vector(r.observation["clean_votes"]) for r in clean if r.world == 0
@@ -53,20 +54,20 @@ def estimate_voting_bootstrap(
             ),
             float(meta["sigma"]),
         )
-        out["noise_check"] = check.to_dict()
+        out = out.updated(noise_check=check.to_dict())
         sigma_sim = check.simulation_sigma
-    out["sigma_simulated"] = sigma_sim
-    out |= {
-        "n_llm": len(with_rows),
-        "n_sample": n_sample,
-        "trials": 2 * n_sample,
-        "llm_calls": len(clean) * plan.mechanism.partitions,
-        "positive": design.positive,
-        "negative": design.labels[neg],
-    }
+    out = out.updated(
+        sigma_simulated=sigma_sim,
+        n_llm=len(with_rows),
+        n_sample=n_sample,
+        trials=2 * n_sample,
+        llm_calls=len(clean) * plan.mechanism.partitions,
+        positive=design.positive,
+        negative=design.labels[neg],
+    )
     if not with_rows or not without_rows or meta["sigma"] is None:
-        out["black_box"] = out["white_box"] = {"error": "no clean votes collected"}
-        return out
+        failed = Estimate.of(error="no clean votes collected")
+        return out.updated(black_box=failed, white_box=failed)
     res = bootstrap_voting_audit(
         np.array(with_rows),
         np.array(without_rows),
@@ -83,11 +84,12 @@ def estimate_voting_bootstrap(
     power_meta = dict(meta) | _observed_signal(
         np.array(with_rows), np.array(without_rows), pos, neg, float(sigma_sim)
     )
-    out["flip_rate"] = power_meta["flip_rate"]
-    out["release_rates_observed"] = power_meta["release_rates"]
-    out["black_box"] = with_verdict(res["black_box"], power_meta)
-    out["white_box"] = with_verdict(res["white_box"], power_meta)
-    return out
+    return out.updated(
+        flip_rate=power_meta["flip_rate"],
+        release_rates_observed=power_meta["release_rates"],
+        black_box=with_verdict(Estimate.of(**res["black_box"]), power_meta),
+        white_box=with_verdict(Estimate.of(**res["white_box"]), power_meta),
+    )
 
 
 def _observed_signal(

@@ -8,7 +8,7 @@
 * bootstrap runs: the same noise tests on the collected debug rows; a noise check that says
   "smaller than claimed" is NONCONFORMING (noise scale) too.
 
-:func:`voting_conformance` adds ``out["conformance"]`` and reads every verdict of the setting
+:func:`voting_conformance` adds the setting's ``conformance`` and reads every verdict of the setting
 with it (:func:`~dpicl_audit.mechanisms.trial_estimates.finish_conformance`).
 """
 
@@ -26,6 +26,7 @@ from dpicl_audit.estimators.conformance import (
 )
 from dpicl_audit.mechanisms.trial_estimates import finish_conformance
 from dpicl_audit.mechanisms.voting.design import AuditDesign, design_votes
+from dpicl_audit.results import SettingResult
 from dpicl_audit.store import TrialRecord
 
 __all__ = ["voting_conformance"]
@@ -49,14 +50,14 @@ def _noise_check_test(check: Mapping[str, Any] | None) -> list[ConformanceTest]:
 
 def voting_conformance(
     design: AuditDesign,
-    out: dict[str, Any],
+    out: SettingResult,
     rows: Sequence[TrialRecord],
     meta: Mapping[str, Any],
     *,
     temperature: float,
     bootstrap: bool = False,
     known_votes: bool = True,
-) -> dict[str, Any]:
+) -> SettingResult:
     """Voting's conformance tests of one setting (module docstring). ``known_votes``: the
     simulator's votes are the design's (the membership prompt of the audit template; a
     deployment's classification prompt is answered by the most similar demonstration)."""
@@ -65,17 +66,12 @@ def voting_conformance(
     white: list[ConformanceTest] = []
     simulator = bool(meta.get("simulator")) and float(temperature) == 0.0 and known_votes
     rates = meta.get("release_rates")
-    bb = out.get("black_box") or {}
-    if (
-        not bootstrap
-        and simulator
-        and design.attack == "inquery"
-        and rates is not None
-        and all(isinstance(bb.get(k), int) for k in ("tp", "fn", "fp", "tn"))
-    ):
-        black = rate_tests(bb["tp"], bb["tp"] + bb["fn"], bb["fp"], bb["fp"] + bb["tn"], rates)
+    counts = None if out.black_box is None else out.black_box.counts
+    if not bootstrap and simulator and design.attack == "inquery" and rates is not None and counts:
+        tp, fn, fp, tn = counts
+        black = rate_tests(tp, tp + fn, fp, fp + tn, rates)
     if bootstrap:
-        white += _noise_check_test(out.get("noise_check"))
+        white += _noise_check_test(out.noise_check)
     noisy = [r for r in rows if isinstance(r.observation.get("noisy_votes"), Mapping)]
     if noisy and sigma is not None:
         labels = list(design.labels)

@@ -17,6 +17,7 @@ from dpicl_audit.mechanisms.voting.design import AuditDesign, design_votes
 from dpicl_audit.mechanisms.voting.rdp import RdpDesign
 from dpicl_audit.mechanisms.voting.rdp_estimates import estimate_rdp
 from dpicl_audit.plan import AuditPlan
+from dpicl_audit.results import SettingResult
 
 __all__ = ["estimate_sequence", "estimate_votes", "release_meta", "release_reference"]
 
@@ -64,19 +65,19 @@ def release_reference(meta: Mapping[str, Any], attack: str, setting: str) -> dic
     return dict(meta) | {"epsilon_exact_design": float(rel), "epsilon_exact_design_gaussian": False}
 
 
-def estimate_votes(s: SettingRows, calls_per_query: int) -> dict[str, Any]:
+def estimate_votes(s: SettingRows, calls_per_query: int) -> SettingResult:
     """One setting's estimates: Algorithm 1 of paper 000 (``bootstrap``) or the trials'."""
     plan, design, k, rows, meta, bootstrap = s.plan, s.design, s.k, s.rows, s.meta, s.bootstrap
     if bootstrap:
         out = estimate_voting_bootstrap(plan, design, k, rows, meta)
     else:
         out = estimate_trials(plan, k, rows, meta, calls_per_query=calls_per_query)
-        bb = out.get("black_box")
+        bb = out.black_box
         ref = release_reference(
             meta, design.attack, plan.setting if plan.mechanism.temperature == 0 else ""
         )
-        if ref is not None and isinstance(bb, dict) and "verdict" in bb:
-            out["black_box"] = with_verdict(bb, ref)
+        if ref is not None and bb is not None and bb.verdict is not None:
+            out = out.updated(black_box=with_verdict(bb, ref))
     if bootstrap:  # the setting's own debug rows (the clean log holds every setting's)
         ids = {cid for cid in meta["context_ids"].values() if cid is not None}
         rows = [r for r in rows if r.context_id in ids]
@@ -91,18 +92,21 @@ def estimate_votes(s: SettingRows, calls_per_query: int) -> dict[str, Any]:
     )
 
 
-def estimate_sequence(s: SettingRows, calls_per_query: int) -> dict[str, Any]:
+def estimate_sequence(s: SettingRows, calls_per_query: int) -> SettingResult:
     """One setting's RDP estimates (paper 003); there is no bootstrap of a sequence."""
     if s.bootstrap:
         raise InvalidPlan("paper 003's adversaries are audited with `run`, not bootstrap")
     design: RdpDesign = s.design
     n1 = sum(1 for r in s.rows if r.world == 1)
-    return dict(s.meta) | {
-        "trials": len(s.rows),
-        "n_with": n1,
-        "n_without": len(s.rows) - n1,
-        "llm_calls": len(s.rows) * calls_per_query,
-        "black_box": None,
-        "white_box": None,
-        "rdp": estimate_rdp(s.plan, design, s.rows, s.meta),
-    }
+    return SettingResult.of(
+        **dict(s.meta)
+        | {
+            "trials": len(s.rows),
+            "n_with": n1,
+            "n_without": len(s.rows) - n1,
+            "llm_calls": len(s.rows) * calls_per_query,
+            "black_box": None,
+            "white_box": None,
+            "rdp": estimate_rdp(s.plan, design, s.rows, s.meta),
+        }
+    )

@@ -41,6 +41,7 @@ from dpicl_audit.estimators.rdp_audit import (
 )
 from dpicl_audit.mechanisms.voting.rdp import RdpDesign
 from dpicl_audit.plan import AuditPlan
+from dpicl_audit.results import RdpAudit
 from dpicl_audit.store import TrialRecord
 from dpicl_audit.verdicts import (
     RDP_CUTS,
@@ -132,6 +133,7 @@ def _composed(per_query: Sequence[dict[str, Any]], key: str) -> list[float] | No
 
 def _for_the_family(
     rdp: dict[str, Any],
+    alone: Verdict,
     per_query: Sequence[dict[str, Any]],
     design: RdpDesign,
     family: Family,
@@ -155,7 +157,7 @@ def _for_the_family(
     cuts = {key: _composed(again, key) for key in RDP_CUTS}
     together = rdp_verdict(orders, rdp | cuts)
     shown = f"both cuts recomposed with each query's intervals at confidence {strict:.6g}"
-    out = claim_for_the_family(Verdict.from_dict(rdp["verdict"]), together, family, shown)
+    out = claim_for_the_family(alone, together, family, shown)
     return replace(
         out, family_wise={"size": family.size, "confidence": strict} | cuts, together=True
     )
@@ -163,7 +165,7 @@ def _for_the_family(
 
 def estimate_rdp(
     plan: AuditPlan, design: RdpDesign, rows: Sequence[TrialRecord], meta: dict[str, Any]
-) -> dict[str, Any]:
+) -> RdpAudit:
     """The ``rdp`` block of one epsilon (per query and composed), its epsilons, verdict."""
     orders = np.asarray(DEFAULT_ORDERS)
     sigma = meta.get("sigma")
@@ -196,10 +198,9 @@ def estimate_rdp(
     rdp["epsilons"] = eps
     try:
         found = rdp_verdict(orders, rdp)
-        rdp["verdict"] = found.to_dict()
         family = family_of(meta)
         if family is not None and found.flags:
-            rdp["verdict"] = _for_the_family(rdp, per_query, design, family).to_dict()
+            found = _for_the_family(rdp, found, per_query, design, family)
     except InvalidAuditInput as exc:
-        rdp["verdict"] = Verdict(status=Status.ERROR, message=str(exc)).to_dict()
-    return rdp
+        found = Verdict(status=Status.ERROR, message=str(exc))
+    return RdpAudit.of(**rdp, verdict=found)

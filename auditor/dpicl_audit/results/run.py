@@ -1,0 +1,116 @@
+"""A run's results (:class:`RunResult`): what ``run --json`` prints, the trial log stores and
+``show`` and ``report`` read back; and the exit status they give."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from dpicl_audit.results.record import COUNT, MAPPING, NUMBER, SAME, TEXT, Codec, Record
+from dpicl_audit.results.setting import SettingResult
+from dpicl_audit.verdicts import Status, Verdict, worst_status
+
+__all__ = ["RunResult", "results_exit_code"]
+
+
+@dataclass(frozen=True)
+class RunResult(Record):
+    """A run's results: what ``run --json`` prints, the trial log stores and ``show`` and
+    ``report`` read back. ``verify``: a ``--profile verify`` run's tail-gap companion."""
+
+    run_id: str | None = None
+    kind: str | None = None
+    status: str | None = None
+    mechanism: str | None = None
+    confidence: float | None = None
+    delta: float | None = None
+    settings: tuple[SettingResult, ...] = ()
+    ledger: Mapping[str, Any] | None = None
+    tail_gap: RunResult | None = None
+    queries: int | None = None
+    llm_calls: int | None = None
+    wall_time_s: float | None = None
+
+    CODECS: ClassVar[dict[str, Codec]] = {
+        "run_id": TEXT,
+        "kind": TEXT,
+        "status": TEXT,
+        "mechanism": TEXT,
+        "confidence": NUMBER,
+        "delta": NUMBER,
+        "ledger": MAPPING,
+        "queries": COUNT,
+        "llm_calls": COUNT,
+        "wall_time_s": NUMBER,
+        "settings": SAME,
+        "verify": SAME,
+    }
+
+    @classmethod
+    def _typed(cls, data: Mapping[str, Any]) -> dict[str, Any]:
+        out = super()._typed(data)
+        settings = data.get("settings")
+        if isinstance(settings, list) and all(isinstance(s, Mapping) for s in settings):
+            out["settings"] = tuple(SettingResult.from_json(s) for s in settings)
+        else:
+            out.pop("settings", None)  # a legacy shape: kept as stored, in extra
+        verify = data.get("verify")
+        out.pop("verify", None)
+        if isinstance(verify, Mapping) and set(verify) == {"tail_gap"}:
+            out["verify"] = None  # typed: written back from tail_gap
+            out["tail_gap"] = RunResult.from_json(verify["tail_gap"])
+        return out
+
+    def _written(self) -> dict[str, Any]:
+        out = super()._written()
+        listed = self.settings or "settings" in self.keys
+        out["settings"] = [s.to_json() for s in self.settings] if listed else None
+        out["verify"] = None if self.tail_gap is None else {"tail_gap": self.tail_gap.to_json()}
+        return out
+
+    @property
+    def threat_models(self) -> list[str]:
+        """The threat models the run estimated (empty where the results do not say)."""
+        return list(self.extra.get("threat_models") or [])
+
+    @property
+    def design(self) -> Mapping[str, Any]:
+        """The mechanism's summary of the run's design (:meth:`~dpicl_audit.mechanisms.base.
+        MechanismAudit.summary`); empty where none was stored."""
+        found = self.extra.get("design")
+        return found if isinstance(found, Mapping) else {}
+
+    @property
+    def server(self) -> Mapping[str, Any]:
+        """The server's /healthz as the run recorded it (``versions.server``)."""
+        versions = self.extra.get("versions")
+        found = versions.get("server") if isinstance(versions, Mapping) else None
+        return found if isinstance(found, Mapping) else {}
+
+    @property
+    def family_size(self) -> int | None:
+        """How many figures the run's claims hold for together (:mod:`~dpicl_audit.
+        estimators.family`); None for a run estimated before claims were stated per run."""
+        family = self.extra.get("family")
+        return family.get("size") if isinstance(family, Mapping) else None
+
+    def verdicts(self) -> list[Verdict]:
+        """Every verdict of the run's settings."""
+        return [v for s in self.settings for v in s.verdicts()]
+
+    def statuses(self) -> list[Status]:
+        """Every status that decides the run's exit code: its verdicts', and NONCONFORMING
+        where the ledger departs from its own reported costs."""
+        out = [v.status for v in self.verdicts()]
+        if (self.ledger or {}).get("status") == "nonconforming":
+            out.append(Status.NONCONFORMING)
+        return out
+
+
+def results_exit_code(results: Sequence[RunResult | Mapping[str, Any]]) -> int:
+    """The exit status for these runs' results (typed, or as stored): :data:`~dpicl_audit.
+    verdicts.EXIT_CODES` of the worst of their :meth:`RunResult.statuses`, else 0 (every
+    figure consistent, or no verdict at all)."""
+    runs = [r if isinstance(r, RunResult) else RunResult.from_json(r) for r in results]
+    return worst_status([st for r in runs for st in r.statuses()]).exit_code
