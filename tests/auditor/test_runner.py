@@ -111,9 +111,12 @@ async def test_black_box_run(tmp_path: Path) -> None:
         assert bb["tp"] + bb["fn"] == s["n_with"] and bb["fp"] + bb["tn"] == s["n_without"]
         assert s["sigma"] > 0 and s["epsilon_exact"] < s["epsilon_theory"]
         assert s["epsilon_exact_server"] == pytest.approx(s["epsilon_exact"], rel=1e-2, abs=1e-3)
-        # 120 trials of the paper's design cannot reach half of epsilon_exact: said so.
+        # 120 trials of the paper's design cannot reach half of epsilon_exact: said so. (Or,
+        # in a minority of runs of this correct server, the classical figure alone crosses
+        # the design's exact epsilon, which the run's family reads INCONCLUSIVE too.)
         assert bb["verdict"]["status"] == "inconclusive", bb["verdict"]
-        assert "could reach" in bb["verdict"]["message"]
+        msg = bb["verdict"]["message"]
+        assert "could reach" in msg or "this figure alone reads BUG" in msg, msg
         assert bb["verdict"]["max_reachable"] < 0.5 * s["epsilon_exact"]
     # at epsilon 8 the oracle's canary vote is visible through the noise
     eps8 = results["settings"][1]["black_box"]
