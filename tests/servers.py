@@ -130,14 +130,16 @@ async def app_client(
     concurrency: int = 8,
     request_timeout: float = 60.0,
     allow_unbudgeted: bool = True,
+    **extra: Any,
 ) -> AsyncIterator[DpiclClient]:
     """The real app in this process, its lifespan run, behind a DpiclClient whose requests
-    time out after ``request_timeout`` seconds (``allow_unbudgeted=False``: as deployed)."""
+    time out after ``request_timeout`` seconds (``allow_unbudgeted=False``: as deployed;
+    ``extra``: further settings, e.g. ``max_budget_epsilon``)."""
     from dpicl.api.app import build_app
     from dpicl_audit.client import DpiclClient
 
     settings = server_settings(
-        database_url, engine=engine, whitebox=whitebox, allow_unbudgeted=allow_unbudgeted
+        database_url, engine=engine, whitebox=whitebox, allow_unbudgeted=allow_unbudgeted, **extra
     )
     app = build_app(settings)
     async with app.router.lifespan_context(app):

@@ -98,3 +98,43 @@ def test_an_embedder_that_cannot_load_at_start_is_not_ready(tmp_path: Path) -> N
         assert "DPICL_EMBEDDER" in err["message"]
         assert str(missing) not in r.text  # the path is for the operator's log only
         assert c.get("/healthz").status_code == 200
+
+
+def test_health_publishes_the_context_limits_a_client_plans_around(tmp_path: Path) -> None:
+    """Every health route names the limits a context is checked against (issue 27 item 5:
+    the auditor sizes its budgeted contexts within max_budget_epsilon), without a token; a
+    context at the published limit is taken, one above it refused."""
+    with make_client(
+        tmp_path, allow_unbudgeted=False, max_budget_epsilon=50.0, max_epsilon=20.0
+    ) as c:
+        for route in ("/healthz", "/livez", "/readyz"):
+            r = c.get(route)
+            assert r.status_code == 200, (route, r.text)
+            assert r.json()["limits"] == {
+                "max_budget_epsilon": 50.0,
+                "allow_unbudgeted": False,
+                "max_epsilon": 20.0,
+                "max_partitions": 1000,
+                "max_exemplars": 10_000,
+                "max_labels": 100,
+            }, route
+        body = {
+            "name": "x",
+            "task": "classification",
+            "labels": ["a", "b"],
+            "exemplars": [{"input": f"q{i}", "output": "ab"[i % 2]} for i in range(4)],
+            "mechanism": {"name": "voting", "epsilon": 1.0, "delta": 1e-5, "partitions": 2},
+        }
+        headers = {"Authorization": f"Bearer {ADMIN}"}
+        at = c.post(
+            "/v1/contexts",
+            json=body | {"budget": {"epsilon": 50.0, "delta": 1e-5}},
+            headers=headers,
+        )
+        assert at.status_code == 201, at.text
+        above = c.post(
+            "/v1/contexts",
+            json=body | {"budget": {"epsilon": 50.5, "delta": 1e-5}},
+            headers=headers,
+        )
+        assert above.status_code == 422 and "DPICL_MAX_BUDGET_EPSILON" in above.text, above.text

@@ -12,7 +12,12 @@ from dpicl_audit.client import AuditTarget
 from dpicl_audit.errors import TargetProtocolError
 from dpicl_audit.mechanisms.base import MechanismAudit, exemplar_dicts
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.planning.budgets import context_capacity, planned_answers, probe_ledger
+from dpicl_audit.planning.budgets import (
+    budget_limit,
+    context_capacity,
+    planned_answers,
+    probe_ledger,
+)
 from dpicl_audit.planning.ledger import budget_for
 from dpicl_audit.store import ContextRecord
 
@@ -126,9 +131,10 @@ class GaussianMechanismAudit(MechanismAudit):
         self, plan: AuditPlan, epsilon: float, world: int
     ) -> dict[str, float] | None:
         """The ``budget`` of a context: the planned answers composed as mu-GDP answers (the
-        Gaussian mechanism's own composition); None (unbudgeted) past the largest budget."""
+        Gaussian mechanism's own composition); None (unbudgeted) past the largest budget the
+        server takes (budgets.budget_limit)."""
         answers = self.planned_answers(plan, epsilon, world)
-        return budget_for(epsilon, plan.mechanism.delta, answers)
+        return budget_for(epsilon, plan.mechanism.delta, answers, budget_limit(plan))
 
     async def audit_ledger(
         self, target: AuditTarget, design: Any, plan: AuditPlan
@@ -144,7 +150,8 @@ class GaussianMechanismAudit(MechanismAudit):
 
     @staticmethod
     def context_capacity(plan: AuditPlan) -> int | None:
-        """Trials per context where a world's need more than one budget holds."""
+        """Trials per context where a world's need more than one budget (within the server's
+        limit) holds."""
 
         return context_capacity(plan)
 

@@ -46,8 +46,10 @@ from dpicl_audit.pipeline.session import (
     client_for,
     need_context_maker,
     opened_store,
+    refuse_unbudgeted,
     run_versions,
     server_health,
+    with_budget_limit,
 )
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.schedule import check_run_id, new_run_id
@@ -115,8 +117,15 @@ async def _start(
         # ``design = "auto"``: the strongest design for the engine (a real model copies an
         # identical demonstration; the simulator follows Prompt 1); stored resolved.
         simulator = bool(health.get("simulator")) if health is not None else False
-        resolved = plan.model_copy(update={"design": resolve_design(plan, simulator=simulator)})
+        resolved = plan.model_copy(
+            update={
+                "design": resolve_design(plan, simulator=simulator),
+                # The server's largest budget, stored resolved: a resume plans the same slots.
+                "target": with_budget_limit(plan.target, health),
+            }
+        )
         design = mechanism.build_design(resolved, load_dataset(resolved.dataset))
+        refuse_unbudgeted(mechanism, design, resolved, health)
 
         def record(st: TrialStore) -> RunContext:
             rid = run_id or new_run_id()

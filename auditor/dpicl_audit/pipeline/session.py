@@ -1,5 +1,6 @@
-"""What a run opens: the trial log, the HTTP client, the server's health, and the versions
-recorded with the run (auditor, Python, packages, the server's ``/healthz``)."""
+"""What a run opens: the trial log, the HTTP client, the server's health, the versions
+recorded with the run (auditor, Python, packages, the server's ``/healthz``), and what the
+plan takes from the health: the largest budget the server takes (its published ``limits``)."""
 
 from __future__ import annotations
 
@@ -16,14 +17,19 @@ from dpicl_audit import __version__
 from dpicl_audit.client import AuditTarget, DpiclClient
 from dpicl_audit.errors import InvalidPlan, TargetError, TargetUnavailable
 from dpicl_audit.plan import AuditPlan
+from dpicl_audit.plan.specs import TargetSpec
+from dpicl_audit.planning.budgets import budget_limit, published_budget_limit
+from dpicl_audit.planning.ledger import MAX_BUDGET_EPSILON
 from dpicl_audit.store import TrialStore
 
 __all__ = [
     "client_for",
     "need_context_maker",
     "opened_store",
+    "refuse_unbudgeted",
     "run_versions",
     "server_health",
+    "with_budget_limit",
 ]
 
 
@@ -62,6 +68,43 @@ async def server_health(client: AuditTarget) -> tuple[dict[str, Any] | None, str
         raise
     except TargetError as exc:  # a server without /healthz can still be audited
         return None, str(exc)
+
+
+def with_budget_limit(target: TargetSpec, health: Mapping[str, Any] | None) -> TargetSpec:
+    """The plan's target with ``max_budget_epsilon`` resolved: the lower of the plan's and
+    the one the server publishes (``limits.max_budget_epsilon`` of its /healthz), 1000 where
+    neither says (a server older than the field: every dpicl server takes that much)."""
+    said = (target.max_budget_epsilon, published_budget_limit(health))
+    limit = min([float(v) for v in said if v is not None] + [MAX_BUDGET_EPSILON])
+    return target.model_copy(update={"max_budget_epsilon": limit})
+
+
+def refuse_unbudgeted(
+    mechanism: Any, design: Any, plan: AuditPlan, health: Mapping[str, Any] | None
+) -> None:
+    """Refuse, before anything is created, a plan some of whose contexts would go unbudgeted
+    (their epsilon's one answer is above the server's largest budget) against a server that
+    publishes that it refuses unbudgeted contexts (``limits.allow_unbudgeted`` false)."""
+    limits = (health or {}).get("limits")
+    if not isinstance(limits, Mapping) or limits.get("allow_unbudgeted") is not False:
+        return
+    bad = [
+        float(eps)
+        for eps in plan.mechanism.epsilons
+        for world in (1, 0)
+        if _unbudgeted(mechanism.context_body(design, plan, eps, world, name="budget check"))
+    ]
+    if bad:
+        raise InvalidPlan(
+            f"epsilon {sorted(set(bad))} needs an unbudgeted context: one answer is above "
+            f"the server's largest budget, epsilon {budget_limit(plan):g} "
+            "(DPICL_MAX_BUDGET_EPSILON), and it refuses unbudgeted contexts "
+            "(DPICL_ALLOW_UNBUDGETED is off); audit smaller epsilons"
+        )
+
+
+def _unbudgeted(body: Mapping[str, Any]) -> bool:
+    return "budget" in body and body["budget"] is None
 
 
 @contextmanager

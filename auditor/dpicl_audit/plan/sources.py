@@ -19,6 +19,7 @@ A TOML plan looks like::
     base_url = "http://127.0.0.1:8000"
     admin_token = "..."            # or DPICL_AUDIT_ADMIN_TOKEN / --admin-token
     api_key = "..."                # optional; the admin token is accepted for /v1/classify
+    max_budget_epsilon = 50        # optional; default: the server's /healthz limit, else 1000
 
     [mechanism]
     epsilons = [1, 2, 4, 8]

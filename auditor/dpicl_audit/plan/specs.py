@@ -103,6 +103,16 @@ class TargetSpec(BaseModel):
         "entry point `module:function` or a command; it receives the context (JSON) and "
         "returns the model id to query (openai only).",
     )
+    max_budget_epsilon: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=1000.0,
+        description="The largest context budget epsilon the server takes "
+        "(DPICL_MAX_BUDGET_EPSILON): contexts are budgeted within it. Unset: read from the "
+        "server's /healthz (limits.max_budget_epsilon) when a run starts, 1000 where it "
+        "publishes none; the lower of the two where both are known. Stored resolved with the "
+        "run, so a resumed run plans the same contexts.",
+    )
 
     @field_validator("base_url")
     @classmethod

@@ -1,44 +1,103 @@
 """The audit plan's budgets: how many answers each of its contexts is budgeted for, how many
-one context can hold, and the ledger probe of a Gaussian mechanism (:mod:`.ledger` has the
-composition and the probe's checks)."""
+one context can hold within the largest budget the server takes, and the ledger probe of a
+Gaussian mechanism (:mod:`.ledger` has the composition and the probe's checks).
+
+**The server's limit.** A server takes budgets up to its ``DPICL_MAX_BUDGET_EPSILON`` (at most
+1000), which it publishes in its ``/healthz`` (``limits.max_budget_epsilon``). A run reads it
+when it starts and stores it resolved in its plan (``target.max_budget_epsilon``, as ``design
+= "auto"`` is stored resolved), so a resumed run plans the same contexts whatever the server
+says then; :func:`budget_limit` reads it back, 1000 for a plan without one (a run of an older
+auditor, or a server that publishes none).
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from dpicl_audit.client import AuditTarget, GenerationTarget
 from dpicl_audit.errors import TargetProtocolError
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.planning.ledger import answers_within_budget, audit_ledger, planned_queries
+from dpicl_audit.planning.ledger import (
+    MAX_BUDGET_EPSILON,
+    answers_within_budget,
+    audit_ledger,
+    budgeted_answers,
+)
 from dpicl_audit.planning.schedule import trial_worlds
 
-__all__ = ["context_capacity", "planned_answers", "probe_ledger"]
+__all__ = [
+    "budget_limit",
+    "clean_rows",
+    "context_capacity",
+    "planned_answers",
+    "probe_ledger",
+    "published_budget_limit",
+]
+
+
+def budget_limit(plan: AuditPlan) -> float:
+    """The largest budget epsilon the plan's contexts may have: the server's, as the run read
+    it (``target.max_budget_epsilon``), else :data:`~.ledger.MAX_BUDGET_EPSILON`."""
+    limit = plan.target.max_budget_epsilon
+    return MAX_BUDGET_EPSILON if limit is None else min(float(limit), MAX_BUDGET_EPSILON)
+
+
+def published_budget_limit(health: Mapping[str, Any] | None) -> float | None:
+    """``limits.max_budget_epsilon`` of a server's ``/healthz``; None where it publishes none
+    (a server older than the field, or no health at all). A value that is not a number above
+    0 is :class:`TargetProtocolError`, naming it."""
+    limits = (health or {}).get("limits")
+    if not isinstance(limits, Mapping) or limits.get("max_budget_epsilon") is None:
+        return None
+    value = limits["max_budget_epsilon"]
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or not (math.isfinite(float(value)) and float(value) > 0):
+        raise TargetProtocolError(
+            f"the server's /healthz publishes limits.max_budget_epsilon = {value!r}; "
+            "expected a number above 0"
+        )
+    return float(value)
+
+
+def clean_rows(plan: AuditPlan, k: int) -> int:
+    """Clean rows of one world a bootstrap collects in the contexts of the plan's ``k``-th
+    epsilon: pair ``j`` goes to epsilon ``j mod K`` (:mod:`dpicl_audit.pipeline.runner`)."""
+    return len(range(k, plan.bootstrap.n_llm, len(plan.mechanism.epsilons)))
+
+
+def _most_per_world(plan: AuditPlan, k: int) -> int:
+    """What one world's contexts at the ``k``-th epsilon are asked at most: its trials in a
+    run, its clean rows in a bootstrap (the plan serves either)."""
+    w = trial_worlds(plan.seed, k, plan.trials)
+    return max(int((w == 1).sum()), int((w == 0).sum()), clean_rows(plan, k))
 
 
 def planned_answers(plan: AuditPlan, epsilon: float, world: int, cap: int | None) -> int:
-    """The answers one context of ``world`` at ``epsilon`` is asked at most: its trials (or
+    """The answers one context of ``world`` at ``epsilon`` is budgeted for: its trials (or
     its bootstrap collection), capped by ``cap`` (the mechanism's queries per context, e.g.
-    :func:`context_capacity`), with a retry margin."""
+    :func:`context_capacity`), with a retry margin (:func:`~.ledger.budgeted_answers`: less
+    of it where the server's limit holds no more)."""
 
     eps = [float(e) for e in plan.mechanism.epsilons]
     k = eps.index(float(epsilon)) if float(epsilon) in eps else 0
     n = max(int((trial_worlds(plan.seed, k, plan.trials) == world).sum()), 1)
-    return planned_queries(min(max(n, plan.bootstrap.n_llm), cap or n + plan.bootstrap.n_llm))
+    need = max(n, clean_rows(plan, k))
+    m = need if cap is None else min(need, cap)
+    return budgeted_answers(epsilon, plan.mechanism.delta, m, budget_limit(plan))
 
 
 def context_capacity(plan: AuditPlan) -> int | None:
-    """The trials one context may be budgeted for within the largest budget a server takes
-    (ledger.answers_within_budget) at the plan's largest epsilon, where some world's trials
-    need more (None: one context per world holds them all)."""
+    """The trials (or clean rows) one context may be budgeted for within the largest budget
+    the server takes (:func:`budget_limit`, ledger.answers_within_budget) at the plan's
+    largest epsilon, where some world's trials or a bootstrap's clean rows need more (None:
+    one context per world holds them all)."""
 
-    cap = answers_within_budget(max(plan.mechanism.epsilons), plan.mechanism.delta)
-    most = max(
-        max(int((w == 1).sum()), int((w == 0).sum()))
-        for w in (
-            trial_worlds(plan.seed, k, plan.trials) for k in range(len(plan.mechanism.epsilons))
-        )
+    cap = answers_within_budget(
+        max(plan.mechanism.epsilons), plan.mechanism.delta, budget_limit(plan)
     )
+    most = max(_most_per_world(plan, k) for k in range(len(plan.mechanism.epsilons)))
     return None if most <= cap else cap
 
 
@@ -62,4 +121,4 @@ async def probe_ledger(
             raise TargetProtocolError("the target has no generate endpoint")
         return await target.generate(cid, design.query, max_tokens=max_tokens)
 
-    return await audit_ledger(target, body, design.query, ask=ask)
+    return await audit_ledger(target, body, design.query, ask=ask, limit=budget_limit(plan))

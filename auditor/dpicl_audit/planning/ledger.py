@@ -41,9 +41,11 @@ __all__ = [
     "LEDGER_PROBE_ANSWERS",
     "MAX_BUDGET_EPSILON",
     "RETRY_MARGIN",
+    "answers_in_budget",
     "answers_within_budget",
     "audit_ledger",
     "budget_for",
+    "budgeted_answers",
     "composed_epsilon",
     "planned_queries",
 ]
@@ -56,9 +58,11 @@ _PROBE_LIMIT = 64
 #: Relative tolerance between a reported figure and the auditor's own composition.
 _TOL = 1e-6
 #: The largest budget epsilon any dpicl server takes (DPICL_MAX_BUDGET_EPSILON is at most
-#: this). A context that needs more is sent unbudgeted (``"budget": null``), which only a
-#: server with DPICL_ALLOW_UNBUDGETED accepts: run fewer trials per epsilon to audit a
-#: production server at such an epsilon.
+#: this): the limit of a server that does not publish its own (``limits.max_budget_epsilon``
+#: of its /healthz; an older server). A context that needs more than the limit even for one
+#: trial is sent unbudgeted (``"budget": null``), which only a server with
+#: DPICL_ALLOW_UNBUDGETED accepts; the run refuses to start against one that publishes it
+#: does not (:func:`dpicl_audit.planning.budgets.unbudgeted_epsilons`).
 MAX_BUDGET_EPSILON = 1000.0
 #: Planned queries are multiplied by this and given a few more: retries after lost answers.
 RETRY_MARGIN = 1.05
@@ -78,29 +82,65 @@ def planned_queries(trials_in_world: int) -> int:
     return math.ceil(max(1, trials_in_world) * RETRY_MARGIN) + _RETRY_EXTRA
 
 
-def budget_for(epsilon: float, delta: float, answers: int) -> dict[str, float] | None:
+def budget_for(
+    epsilon: float, delta: float, answers: int, limit: float = MAX_BUDGET_EPSILON
+) -> dict[str, float] | None:
     """The ``budget`` of a context whose mechanism claims (epsilon, delta) per answer and
     that must hold ``answers`` answers (module docstring); None (unbudgeted) when that is
-    above :data:`MAX_BUDGET_EPSILON`."""
+    above ``limit``, the largest budget epsilon the server takes (its published
+    ``limits.max_budget_epsilon``, :data:`MAX_BUDGET_EPSILON` for one that publishes none)."""
 
     mu_claim = gdp_mu(float(epsilon), float(delta))
     total = composed_epsilon(mu_claim, answers, float(delta))
     # A hair above the composition: the server's own rounding must not refuse the last one.
     b = float(total * (1.0 + 1e-6) + 1e-9)
-    return None if b > MAX_BUDGET_EPSILON else {"epsilon": b, "delta": float(delta)}
+    return (
+        None if b > min(float(limit), MAX_BUDGET_EPSILON) else {"epsilon": b, "delta": float(delta)}
+    )
 
 
-def answers_within_budget(epsilon: float, delta: float) -> int:
-    """The most trials one context can be planned for (retry margin included) with a budget
-    of at most :data:`MAX_BUDGET_EPSILON`, at (epsilon, delta) per answer."""
+def answers_in_budget(epsilon: float, delta: float, limit: float = MAX_BUDGET_EPSILON) -> int:
+    """The most answers at (epsilon, delta) one budget within ``limit`` holds (0: not even
+    one): exactly those :func:`budget_for` gives a budget for."""
 
     mu_claim = gdp_mu(float(epsilon), float(delta))
-    mu_max = gdp_mu(MAX_BUDGET_EPSILON * (1.0 - 1e-6), float(delta))
+    mu_max = gdp_mu(min(float(limit), MAX_BUDGET_EPSILON) * (1.0 - 1e-6), float(delta))
     fit = math.floor((mu_max / mu_claim) ** 2)
+    # The closed form and budget_for's margin may disagree by one at the boundary.
+    while fit > 0 and budget_for(epsilon, delta, fit, limit) is None:
+        fit -= 1
+    while budget_for(epsilon, delta, fit + 1, limit) is not None:
+        fit += 1
+    return fit
+
+
+def answers_within_budget(epsilon: float, delta: float, limit: float = MAX_BUDGET_EPSILON) -> int:
+    """The most trials one context can be planned for (retry margin included) with a budget
+    of at most ``limit``, at (epsilon, delta) per answer.
+
+    Where the budget holds fewer answers than one trial's margin (a server whose limit is low
+    for this epsilon), half of what it holds (at least 1): such a context is budgeted for all
+    it holds (:func:`budgeted_answers`), the other half for retries."""
+
+    fit = answers_in_budget(epsilon, delta, limit)
     n = max(1, math.floor((fit - _RETRY_EXTRA) / RETRY_MARGIN) - 1)
     while n > 1 and planned_queries(n) > fit:
         n -= 1
+    if planned_queries(n) > fit:
+        return max(1, fit // 2)
     return n
+
+
+def budgeted_answers(
+    epsilon: float, delta: float, trials: int, limit: float = MAX_BUDGET_EPSILON
+) -> int:
+    """The answers a context planned for ``trials`` trials is budgeted for: the trials with
+    the retry margin (:func:`planned_queries`), or as many as a budget within ``limit``
+    holds where the whole margin does not fit but the trials do."""
+
+    answers = planned_queries(trials)
+    fit = answers_in_budget(epsilon, delta, limit)
+    return fit if trials <= fit < answers else answers
 
 
 def _close(a: float | None, b: float | None) -> bool:
@@ -115,17 +155,26 @@ async def audit_ledger(
     query: str,
     *,
     ask: Any,
+    limit: float = MAX_BUDGET_EPSILON,
 ) -> dict[str, Any]:
     """Create a probe context from ``body`` (a Gaussian mechanism's context body) with a
-    budget of :data:`LEDGER_PROBE_ANSWERS` answers, ask it ``query`` through ``ask(cid)``
-    (an awaitable returning the answer's JSON) until refused, and check the ledger's
-    figures (module docstring). Returns the ``ledger`` section of the results."""
+    budget of :data:`LEDGER_PROBE_ANSWERS` answers (within ``limit``, the server's largest
+    budget epsilon), ask it ``query`` through ``ask(cid)`` (an awaitable returning the
+    answer's JSON) until refused, and check the ledger's figures (module docstring). Returns
+    the ``ledger`` section of the results."""
 
     mech = dict(body.get("mechanism") or {})
     eps, delta = float(mech["epsilon"]), float(mech["delta"])
-    budget = budget_for(eps, delta, LEDGER_PROBE_ANSWERS)
+    # One answer where the server's limit holds no more at this epsilon: the refusal of the
+    # second is still checked.
+    budget = budget_for(eps, delta, LEDGER_PROBE_ANSWERS, limit) or budget_for(eps, delta, 1, limit)
     if budget is None:
-        return {"status": "unchecked", "checks": [], "message": "no budget fits this epsilon"}
+        return {
+            "status": "unchecked",
+            "checks": [],
+            "message": f"no budget within the server's limit of epsilon {limit:g} holds "
+            f"one answer at epsilon {eps:g}",
+        }
     probe = dict(body) | {"name": f"{body.get('name')} ledger", "budget": budget}
     out: dict[str, Any] = {"budget": budget, "checks": [], "status": "unchecked"}
     try:

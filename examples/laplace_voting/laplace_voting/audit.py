@@ -38,7 +38,8 @@ from dpicl_audit.mechanisms.gaussian import check_partition_seed
 from dpicl_audit.mechanisms.trial_estimates import estimate_trials
 from dpicl_audit.mechanisms.voting.audit import VotingAudit
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.planning.ledger import MAX_BUDGET_EPSILON, composed_epsilon
+from dpicl_audit.planning.budgets import budget_limit
+from dpicl_audit.planning.ledger import composed_epsilon
 from dpicl_audit.results import Estimate, SettingResult
 from dpicl_audit.store import ContextRecord
 from dpicl_audit.verdicts import Verdict, for_the_family, verdict
@@ -116,7 +117,8 @@ class LaplaceVotingAudit(VotingAudit):
         delta = plan.mechanism.delta
         mu = 2.0 * float(stats.norm.ppf(math.exp(epsilon) / (1.0 + math.exp(epsilon))))
         total = max(answers * epsilon, composed_epsilon(mu, answers, delta)) * (1.0 + 1e-6)
-        return None if total > MAX_BUDGET_EPSILON else {"epsilon": total, "delta": delta}
+        # Within the largest budget the server takes (its published limit, as the run read it).
+        return None if total > budget_limit(plan) else {"epsilon": total, "delta": delta}
 
     async def audit_ledger(self, target: Any, design: Any, plan: AuditPlan) -> None:
         # The ledger probe expects mu-GDP composition (planning.ledger); not this ledger's.

@@ -149,6 +149,28 @@ class DebugClassifyResponse(ClassifyResponse):
     )
 
 
+class HealthLimits(BaseModel):
+    """The limits a client must plan its contexts around (this server's settings)."""
+
+    max_budget_epsilon: float = Field(
+        description="The largest budget.epsilon a context may have (DPICL_MAX_BUDGET_EPSILON)."
+    )
+    allow_unbudgeted: bool = Field(
+        description="Whether a context may be created without a budget "
+        "(DPICL_ALLOW_UNBUDGETED; off in production)."
+    )
+    max_epsilon: float = Field(
+        description="The largest mechanism.epsilon per answer (DPICL_MAX_EPSILON)."
+    )
+    max_partitions: int = Field(
+        description="The most mechanism.partitions a context may have (DPICL_MAX_PARTITIONS)."
+    )
+    max_exemplars: int = Field(
+        description="The most exemplars a context may hold (DPICL_MAX_EXEMPLARS)."
+    )
+    max_labels: int = Field(description="The most labels a context may have (DPICL_MAX_LABELS).")
+
+
 class Health(BaseModel):
     status: str
     version: str
@@ -156,6 +178,10 @@ class Health(BaseModel):
     model: str
     simulator: bool
     whitebox: str
+    limits: HealthLimits = Field(
+        description="What a client must plan its contexts around: an auditor sizes its "
+        "budgeted contexts within max_budget_epsilon."
+    )
 
 
 class Readiness(Health):

@@ -9,7 +9,7 @@ from fastapi import APIRouter
 
 from dpicl import __version__
 from dpicl.api.deps import Svc
-from dpicl.api.schemas import ErrorResponse, Health, Readiness
+from dpicl.api.schemas import ErrorResponse, Health, HealthLimits, Readiness
 from dpicl.engines.threads import ThreadPlan
 from dpicl.errors import EngineError, StorageUnavailable
 from dpicl.store.migrations import head
@@ -26,13 +26,24 @@ _NOT_READY: dict[int | str, dict[str, object]] = {
 
 
 def _health(svc: Svc, status: str = "ok") -> Health:
+    s = svc.settings
     return Health(
         status=status,
         version=__version__,
         engine=svc.engine.name,
         model=svc.engine.model,
         simulator=svc.engine.is_simulator,
-        whitebox=svc.settings.whitebox,
+        whitebox=s.whitebox,
+        # Published so that a client (the auditor) sizes its budgeted contexts within them
+        # rather than learning them from refusals; none is a secret (a refusal names it).
+        limits=HealthLimits(
+            max_budget_epsilon=s.max_budget_epsilon,
+            allow_unbudgeted=s.allow_unbudgeted,
+            max_epsilon=s.max_epsilon,
+            max_partitions=s.max_partitions,
+            max_exemplars=s.max_exemplars,
+            max_labels=s.max_labels,
+        ),
     )
 
 
