@@ -22,10 +22,14 @@ charges, the debug endpoint's ``sigma``). The faults:
   variance is right, the labels' noises are perfectly correlated (the argmax never moves).
 * ``ESA_PARTIAL``: ESA's noise is added to the first half of the embedding's dimensions only.
 * ``LEDGER_REMAINING``: the ledger reports one more remaining answer than its budget holds.
+* ``BATCH_SEEDED_MOZO``: DPS-MOZO's randomness comes from one seed per 8 consecutive
+  requests (a batch's seed shared by its requests, like a generator seeded by the clock's
+  second under load): answers to one query within a batch are identical.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+import dpicl.mechanisms.dps_mozo.mechanism as mozo_mechanism
 import dpicl.mechanisms.esa.pipeline as esa_pipeline
 import dpicl.mechanisms.voting.pipeline as voting_pipeline
 import dpicl.mechanisms.voting.release as voting_mech
@@ -43,6 +48,14 @@ from dpicl.mechanisms.voting.release import VotingRelease, partition_votes, vote
 
 _honest_positions = partitions_mod._partition_positions
 _honest_remaining = ledger_mod.remaining_queries
+_honest_run_mozo = mozo_mechanism.run_mozo
+_requests = itertools.count()
+
+
+async def batch_seeded_mozo(*args: Any, rng: np.random.Generator, **kwargs: Any) -> Any:
+    """DPS-MOZO with one generator seed per 8 consecutive requests instead of OS entropy."""
+    seed = next(_requests) // 8
+    return await _honest_run_mozo(*args, rng=np.random.default_rng(seed), **kwargs)
 
 
 def generous_remaining(mu2_spent: float, mu2_max: float, mu2_per_query: float) -> int:
@@ -157,6 +170,10 @@ LEDGER_REMAINING = Fault(
     ((ledger_mod, "remaining_queries", generous_remaining),),
     "the ledger reports one answer more than the budget holds",
 )
+BATCH_SEEDED_MOZO = Fault(
+    ((mozo_mechanism, "run_mozo", batch_seeded_mozo),),
+    "DPS-MOZO's randomness has one seed per 8 requests: answers within a batch repeat",
+)
 FAULTS = {
     "two_partitions": TWO_PARTITIONS,
     "deterministic": DETERMINISTIC,
@@ -164,5 +181,6 @@ FAULTS = {
     "correlated": CORRELATED,
     "esa_partial": ESA_PARTIAL,
     "ledger_remaining": LEDGER_REMAINING,
+    "batch_seeded_mozo": BATCH_SEEDED_MOZO,
 }
 assert voting_mech.private_vote is not None  # the honest mechanism stays importable

@@ -103,6 +103,14 @@ ESA_WB = {
     "seed": 3,
 }
 
+MOZO_BB = {
+    "mechanism.name": "dps-mozo",
+    "mechanism.exemplars": 3,
+    "mechanism.epsilons": [4.0],
+    "trials": 200,
+    "seed": 5,
+}
+
 
 async def test_production_server_is_audited_with_its_ledger(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -129,6 +137,7 @@ async def test_production_server_is_audited_with_its_ledger(
         ("deterministic", "noisy", VOTING_WB, "determinism"),
         ("correlated", "noisy", VOTING_WB, "correlation"),
         ("esa_partial", "internal", ESA_WB, "noise scale"),
+        ("batch_seeded_mozo", "off", MOZO_BB, "independence"),
     ],
 )
 async def test_realistic_fault_is_flagged(
@@ -144,6 +153,16 @@ async def test_realistic_fault_is_flagged(
     assert statuses and all(st in FLAGGED for st in statuses), (fault, res["settings"])
     (s,) = res["settings"]
     assert what in s["conformance"]["differs"], s["conformance"]
+
+
+async def test_honest_dps_mozo_black_box_conforms(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model-free test (answers to one query in a random order) on an honest server."""
+    res = await _audit(tmp_path, None, monkeypatch, "off", **MOZO_BB)
+    assert not set(_statuses(res)) & set(FLAGGED), res["settings"]
+    conf = res["settings"][0]["conformance"]
+    assert conf["status"] == "conforming" and len(conf["black_box"]["tests"]) == 2, conf
 
 
 async def test_honest_white_box_conforms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

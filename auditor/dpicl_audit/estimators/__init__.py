@@ -17,6 +17,7 @@
 * :mod:`.family` a run's claims held for all of its tests together;
 * :mod:`.conformance` whether the releases follow the mechanism the server reports;
   :mod:`.draws` whether sampled tokens were drawn from the distribution reported (DPS-MOZO);
+  :mod:`.exchangeable` whether repeated answers to one query are in a random order;
 * :mod:`.rdp_audit` paper 003's RDP audit of a query sequence; :mod:`.roc` ROC curves;
 * :mod:`.bootstrap` Algorithm 1 of paper 000, vectorised, and :mod:`.noise_check` its guard
   (does the server add the noise it claims?).

@@ -34,11 +34,10 @@ class Estimate(Record):
     verdict: Verdict | None = None
     error: str | None = None
 
-    CODECS: ClassVar[dict[str, Codec]] = {
-        **{k: COUNT for k in ("tp", "fn", "fp", "tn")},
-        **{
-            k: NUMBER
-            for k in (
+    CODECS: ClassVar[dict[str, Codec]] = (
+        dict.fromkeys(("tp", "fn", "fp", "tn"), COUNT)
+        | dict.fromkeys(
+            (
                 "confidence",
                 "delta",
                 "mu_lower",
@@ -47,11 +46,11 @@ class Estimate(Record):
                 "epsilon_emp",
                 "tpr",
                 "fpr",
-            )
-        },
-        "error": TEXT,
-        "verdict": VERDICT,
-    }
+            ),
+            NUMBER,
+        )
+        | {"error": TEXT, "verdict": VERDICT}
+    )
 
     @property
     def counts(self) -> tuple[int, int, int, int] | None:

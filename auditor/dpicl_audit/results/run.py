@@ -32,20 +32,13 @@ class RunResult(Record):
     llm_calls: int | None = None
     wall_time_s: float | None = None
 
-    CODECS: ClassVar[dict[str, Codec]] = {
-        "run_id": TEXT,
-        "kind": TEXT,
-        "status": TEXT,
-        "mechanism": TEXT,
-        "confidence": NUMBER,
-        "delta": NUMBER,
-        "ledger": MAPPING,
-        "queries": COUNT,
-        "llm_calls": COUNT,
-        "wall_time_s": NUMBER,
-        "settings": SAME,
-        "verify": SAME,
-    }
+    CODECS: ClassVar[dict[str, Codec]] = (
+        dict.fromkeys(("run_id", "kind", "status", "mechanism"), TEXT)
+        | dict.fromkeys(("confidence", "delta"), NUMBER)
+        | {"ledger": MAPPING}
+        | dict.fromkeys(("queries", "llm_calls"), COUNT)
+        | {"wall_time_s": NUMBER, "settings": SAME, "verify": SAME}
+    )
 
     @classmethod
     def _typed(cls, data: Mapping[str, Any]) -> dict[str, Any]:

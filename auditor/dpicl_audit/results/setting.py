@@ -43,17 +43,14 @@ class SettingResult(Record):
     conformance: Mapping[str, Any] | None = None
     noise_check: Mapping[str, Any] | None = None
 
-    CODECS: ClassVar[dict[str, Codec]] = {
-        "setting": TEXT,
-        "epsilon_theory": NUMBER,
-        "epsilon_exact": NUMBER,
-        "trials": COUNT,
-        "llm_calls": COUNT,
-        "rdp": SAME,
-        "conformance": MAPPING,
-        "noise_check": MAPPING,
-        **{k: SAME for k in _THREATS},
-    }
+    CODECS: ClassVar[dict[str, Codec]] = (
+        {"setting": TEXT}
+        | dict.fromkeys(("epsilon_theory", "epsilon_exact"), NUMBER)
+        | dict.fromkeys(("trials", "llm_calls"), COUNT)
+        | {"rdp": SAME}
+        | dict.fromkeys(("conformance", "noise_check"), MAPPING)
+        | dict.fromkeys(_THREATS, SAME)
+    )
 
     @classmethod
     def _typed(cls, data: Mapping[str, Any]) -> dict[str, Any]:

@@ -24,10 +24,14 @@
   replace-one pair itself) are compared too (:mod:`.findings`). Paper mode: the
   lambdas and divergences each shot reached and, at ``internal``, the exact per-shot
   divergences of the released distribution against ``4 beta alpha``.
-* **Conformance** (white-box, proven mode, ``internal``): the released first token of each
-  trial against the distribution the server reports it was drawn from
-  (:mod:`dpicl_audit.estimators.draws`, a randomised PIT); a departure is NONCONFORMING.
-  Black-box, no distribution is predicted (the model's is unknown), so nothing is tested.
+* **Conformance.** Black-box and white-box, every mode: each world's released texts, in trial
+  order, against exchangeability (:mod:`dpicl_audit.estimators.exchangeable`): every answer
+  draws fresh randomness, so the order of the answers to one query carries no information,
+  whatever the model; a server whose randomness is shared between answers (seeded by the
+  clock, cached) releases runs of identical texts and is NONCONFORMING (independence). No
+  release *distribution* is predicted black-box (the model's is unknown). White-box, proven
+  mode, ``internal``: the released first token of each trial against the distribution the
+  server reports it was drawn from (:mod:`dpicl_audit.estimators.draws`, a randomised PIT).
 * **Verdicts.** Proven mode: ``epsilon_emp`` is the classical lower bound (assumption-free;
   the GDP figure assumes a Gaussian trade-off, which a pure-DP claim is not), compared with
   the claimed epsilon: above it is a VIOLATION; a white-box token outside either bound is a
@@ -56,7 +60,9 @@ import numpy as np
 from dpicl_audit.client import AuditTarget
 from dpicl_audit.datasets import LabelledDataset
 from dpicl_audit.errors import InvalidAuditInput, TargetProtocolError
+from dpicl_audit.estimators.conformance import ConformanceTest, conformance_alpha
 from dpicl_audit.estimators.draws import Draw, sampling_tests
+from dpicl_audit.estimators.exchangeable import order_can_inform, repeat_test
 from dpicl_audit.estimators.gdp import gdp_epsilon
 from dpicl_audit.mechanisms.base import (
     MechanismAudit,
@@ -286,16 +292,41 @@ class MozoAudit(MechanismAudit):
                 (float(v) for v in per_answer if isinstance(v, int | float)), None
             ),
         )
+        seed = zlib.crc32(str(meta.get("setting", k)).encode())
+        white: list[ConformanceTest] = []
         if plan.threat_model == "white-box":
             out = out.updated(white_box=(ratio_check if proven else divergence_check)(rows, meta))
             if proven:
                 # The released first tokens against the distributions reported for them
                 # (estimators.draws): a server that reports the DP distribution but
                 # releases something else is NONCONFORMING.
-                seed = zlib.crc32(str(meta.get("setting", k)).encode())
-                tests = sampling_tests(first_token_draws(rows), np.random.default_rng(seed))
-                out = finish_conformance(out, meta, [], tests)
+                white = sampling_tests(first_token_draws(rows), np.random.default_rng(seed))
+        black = answer_order_tests(rows, meta, len(white), seed=[plan.seed, seed])
+        if black or white:
+            out = finish_conformance(out, meta, black, white)
         return out
+
+
+def answer_order_tests(
+    rows: Sequence[TrialRecord], meta: Mapping[str, Any], n_white: int, *, seed: list[int]
+) -> list[ConformanceTest]:
+    """The released texts of each world, in trial order, against exchangeability
+    (:mod:`dpicl_audit.estimators.exchangeable`): every answer draws fresh randomness, so
+    their order carries no information whatever the model's distribution. The one
+    prediction a black-box DPS-MOZO audit can test without the model."""
+    ordered = sorted(rows, key=lambda r: r.trial_index)
+    texts = {w: [str(r.observation.get("text")) for r in ordered if r.world == w] for w in (1, 0)}
+    alpha = conformance_alpha(meta, n_white + sum(order_can_inform(t) for t in texts.values()))
+    found = (
+        repeat_test(
+            texts[w],
+            alpha=alpha,
+            rng=np.random.default_rng([*seed, w]),
+            name=f"C{w} answers in trial order",
+        )
+        for w in (1, 0)
+    )
+    return [t for t in found if t is not None]
 
 
 def first_token_draws(rows: Sequence[TrialRecord]) -> list[Draw]:

@@ -5,6 +5,7 @@ queries, cost event (:mod:`.accounting`), pipeline (:mod:`.pipeline`) and white-
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import asdict
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -144,27 +145,22 @@ def calibration_report(options: Mapping[str, Any]) -> dict[str, Any]:
             raise ConfigurationError(
                 f"--alpha={mech.alpha} only applies to --guarantee paper", param="alpha"
             )
-        proven = calibrate_max_log_ratio(mech.epsilon, mech.delta, mech.n_shots, rate, tokens)
-        return out | {
-            "guarantee": "proven",
-            "tokens": proven.tokens,
-            "sample_rate": proven.sample_rate,
-            "n_shots": proven.n_shots,
-            "max_log_ratio": proven.max_log_ratio,
-            "per_token_epsilon": proven.per_token_epsilon,
-            "amplified_per_token_epsilon": proven.amplified_epsilon,
-            "epsilon_spent": proven.epsilon_spent,
-        }
-    cal = calibrate_beta(mech.epsilon, mech.delta, mech.alpha, tokens, rate)
-    return out | {
-        "guarantee": "paper (nominal: Theorem B.3 of paper 004 does not hold)",
-        "alpha": cal.alpha,
-        "tokens": cal.tokens,
-        "sample_rate": cal.sample_rate,
-        "beta": cal.beta,
-        "rdp_epsilon": cal.rdp_epsilon,
-        "per_token_rdp": cal.per_token_rdp,
-    }
+        proven = asdict(
+            calibrate_max_log_ratio(mech.epsilon, mech.delta, mech.n_shots, rate, tokens)
+        )
+        proven["amplified_per_token_epsilon"] = proven.pop("amplified_epsilon")  # as stored
+        return out | {"guarantee": "proven"} | _calibrated(proven)
+    paper = asdict(calibrate_beta(mech.epsilon, mech.delta, mech.alpha, tokens, rate))
+    return (
+        out
+        | {"guarantee": "paper (nominal: Theorem B.3 of paper 004 does not hold)"}
+        | _calibrated(paper)
+    )
+
+
+def _calibrated(fields: dict[str, Any]) -> dict[str, Any]:
+    """A calibration's derived values (its epsilon and delta are the report's own)."""
+    return {k: v for k, v in fields.items() if k not in ("epsilon", "delta")}
 
 
 class Mozo(Mechanism):
