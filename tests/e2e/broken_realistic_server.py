@@ -22,6 +22,8 @@ charges, the debug endpoint's ``sigma``). The faults:
   variance is right, the labels' noises are perfectly correlated (the argmax never moves).
 * ``ESA_PARTIAL``: ESA's noise is added to the first half of the embedding's dimensions only.
 * ``LEDGER_REMAINING``: the ledger reports one more remaining answer than its budget holds.
+* ``BATCH_SEEDED_VOTING``: private voting's randomness (partition votes and noise) comes from
+  one seed per 8 consecutive requests: right noise, shared between the answers of a batch.
 * ``BATCH_SEEDED_MOZO``: DPS-MOZO's randomness comes from one seed per 8 consecutive
   requests (a batch's seed shared by its requests, like a generator seeded by the clock's
   second under load): answers to one query within a batch are identical.
@@ -50,6 +52,15 @@ _honest_positions = partitions_mod._partition_positions
 _honest_remaining = ledger_mod.remaining_queries
 _honest_run_mozo = mozo_mechanism.run_mozo
 _requests = itertools.count()
+_honest_private_vote = voting_pipeline.private_vote
+
+
+def batch_seeded_vote(
+    scores: np.ndarray, sigma: float, temperature: float, rng: np.random.Generator
+) -> VotingRelease:
+    """Honest private voting on a generator seeded once per 8 consecutive requests."""
+    shared = np.random.default_rng(next(_requests) // 8)
+    return _honest_private_vote(scores, sigma, temperature, shared)
 
 
 async def batch_seeded_mozo(*args: Any, rng: np.random.Generator, **kwargs: Any) -> Any:
@@ -170,6 +181,10 @@ LEDGER_REMAINING = Fault(
     ((ledger_mod, "remaining_queries", generous_remaining),),
     "the ledger reports one answer more than the budget holds",
 )
+BATCH_SEEDED_VOTING = Fault(
+    ((voting_pipeline, "private_vote", batch_seeded_vote),),
+    "voting's randomness has one seed per 8 requests: answers within a batch repeat",
+)
 BATCH_SEEDED_MOZO = Fault(
     ((mozo_mechanism, "run_mozo", batch_seeded_mozo),),
     "DPS-MOZO's randomness has one seed per 8 requests: answers within a batch repeat",
@@ -181,6 +196,7 @@ FAULTS = {
     "correlated": CORRELATED,
     "esa_partial": ESA_PARTIAL,
     "ledger_remaining": LEDGER_REMAINING,
+    "batch_seeded_voting": BATCH_SEEDED_VOTING,
     "batch_seeded_mozo": BATCH_SEEDED_MOZO,
 }
 assert voting_mech.private_vote is not None  # the honest mechanism stays importable

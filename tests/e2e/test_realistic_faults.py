@@ -137,6 +137,7 @@ async def test_production_server_is_audited_with_its_ledger(
         ("deterministic", "noisy", VOTING_WB, "determinism"),
         ("correlated", "noisy", VOTING_WB, "correlation"),
         ("esa_partial", "internal", ESA_WB, "noise scale"),
+        ("batch_seeded_voting", "off", VOTING_BB, "independence"),
         ("batch_seeded_mozo", "off", MOZO_BB, "independence"),
     ],
 )

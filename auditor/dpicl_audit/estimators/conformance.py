@@ -17,6 +17,9 @@ the auditor tests the observed releases against that prediction:
   fraction beyond 2 sigma, exact binomial; and a Kolmogorov-Smirnov test of the shape),
   independence across repeated identical queries (lag-1 products) and determinism (a
   continuous noise never repeats a value exactly).
+* black-box and white-box, every mechanism and engine: the order of each world's released
+  answers against exchangeability (:mod:`.exchangeable`: fresh randomness per answer makes
+  any order as likely as the one observed, whatever the model).
 
 **Degrees of freedom.** Every test counts what is independent: answers that repeat exactly are
 one draw, not many (they are reported as determinism, and the scale tests use the distinct

@@ -19,6 +19,7 @@ from dpicl_audit.estimators.conformance import (
     conformance_alpha,
 )
 from dpicl_audit.estimators.counts import estimate_from_counts
+from dpicl_audit.estimators.exchangeable import order_can_inform, repeat_test
 from dpicl_audit.estimators.family import figure_tests
 from dpicl_audit.estimators.roc import roc_from_decisions, roc_from_scores
 from dpicl_audit.estimators.whitebox import (
@@ -38,6 +39,7 @@ __all__ = [
     "estimate_trials",
     "figure_fields",
     "finish_conformance",
+    "released_answers",
     "with_verdict",
 ]
 
@@ -130,15 +132,38 @@ def figure_fields(figs: AuditFigures) -> dict[str, Any]:
     }
 
 
+def released_answers(rows: Sequence[TrialRecord], key: str) -> dict[int, list[str]]:
+    """Each world's released answers (``observation[key]``), in trial order."""
+    ordered = sorted(rows, key=lambda r: r.trial_index)
+    return {w: [str(r.observation.get(key)) for r in ordered if r.world == w] for w in (1, 0)}
+
+
 def finish_conformance(
     out: SettingResult,
     meta: Mapping[str, Any],
     black: list[ConformanceTest],
     white: list[ConformanceTest],
+    *,
+    answers: Mapping[int, Sequence[str]] | None = None,
+    seed: Sequence[int] = (),
 ) -> SettingResult:
     """Store the setting's conformance (the release's tests, the noise's, and both) and read
-    every verdict of the setting with all of them."""
-    alpha = conformance_alpha(meta, len(black) + len(white))
+    every verdict of the setting with all of them. ``answers``: each world's released
+    answers in trial order (:func:`released_answers`), whose order is tested too
+    (:mod:`dpicl_audit.estimators.exchangeable`, generators seeded by ``seed`` and the world):
+    the model-free prediction every mechanism makes of repeated identical queries."""
+    informative = {w: a for w, a in (answers or {}).items() if order_can_inform(a)}
+    alpha = conformance_alpha(meta, len(black) + len(white) + len(informative))
+    order = (
+        repeat_test(
+            a,
+            alpha=alpha,
+            rng=np.random.default_rng([*seed, w]),
+            name=f"C{w} answers in trial order",
+        )
+        for w, a in informative.items()
+    )
+    black = black + [t for t in order if t is not None]
     bb = Conformance(alpha, tuple(black)).to_dict()
     both = Conformance(alpha, tuple(black + white)).to_dict()
     conformance = {

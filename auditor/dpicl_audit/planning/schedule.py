@@ -18,6 +18,7 @@ from dpicl_audit.errors import InvalidAuditInput
 __all__ = [
     "CLEAN_SETTING",
     "STREAM_BOOTSTRAP",
+    "STREAM_ORDER",
     "STREAM_SCHEDULE",
     "STREAM_SPLIT",
     "check_run_id",
@@ -34,6 +35,8 @@ CLEAN_SETTING = "clean"
 STREAM_SCHEDULE = 0x5C_4ED0
 STREAM_SPLIT = 0x5B_1170
 STREAM_BOOTSTRAP = 0xB0_0757
+#: The permutations of the answer-order test (estimators.exchangeable).
+STREAM_ORDER = 0x0D_E7ED
 
 
 def new_run_id() -> str:

@@ -60,9 +60,9 @@ import numpy as np
 from dpicl_audit.client import AuditTarget
 from dpicl_audit.datasets import LabelledDataset
 from dpicl_audit.errors import InvalidAuditInput, TargetProtocolError
-from dpicl_audit.estimators.conformance import ConformanceTest, conformance_alpha
+from dpicl_audit.estimators.conformance import ConformanceTest
 from dpicl_audit.estimators.draws import Draw, sampling_tests
-from dpicl_audit.estimators.exchangeable import order_can_inform, repeat_test
+from dpicl_audit.estimators.exchangeable import order_can_inform
 from dpicl_audit.estimators.gdp import gdp_epsilon
 from dpicl_audit.mechanisms.base import (
     MechanismAudit,
@@ -79,7 +79,7 @@ from dpicl_audit.mechanisms.dps_mozo.findings import (
     ratio_check,
     without_signal,
 )
-from dpicl_audit.mechanisms.trial_estimates import Finish, finish_conformance
+from dpicl_audit.mechanisms.trial_estimates import Finish, finish_conformance, released_answers
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.results import Estimate, SettingResult
 from dpicl_audit.store import ContextRecord, TrialRecord
@@ -301,32 +301,10 @@ class MozoAudit(MechanismAudit):
                 # (estimators.draws): a server that reports the DP distribution but
                 # releases something else is NONCONFORMING.
                 white = sampling_tests(first_token_draws(rows), np.random.default_rng(seed))
-        black = answer_order_tests(rows, meta, len(white), seed=[plan.seed, seed])
-        if black or white:
-            out = finish_conformance(out, meta, black, white)
-        return out
-
-
-def answer_order_tests(
-    rows: Sequence[TrialRecord], meta: Mapping[str, Any], n_white: int, *, seed: list[int]
-) -> list[ConformanceTest]:
-    """The released texts of each world, in trial order, against exchangeability
-    (:mod:`dpicl_audit.estimators.exchangeable`): every answer draws fresh randomness, so
-    their order carries no information whatever the model's distribution. The one
-    prediction a black-box DPS-MOZO audit can test without the model."""
-    ordered = sorted(rows, key=lambda r: r.trial_index)
-    texts = {w: [str(r.observation.get("text")) for r in ordered if r.world == w] for w in (1, 0)}
-    alpha = conformance_alpha(meta, n_white + sum(order_can_inform(t) for t in texts.values()))
-    found = (
-        repeat_test(
-            texts[w],
-            alpha=alpha,
-            rng=np.random.default_rng([*seed, w]),
-            name=f"C{w} answers in trial order",
-        )
-        for w in (1, 0)
-    )
-    return [t for t in found if t is not None]
+        answers = released_answers(rows, "text")
+        if not white and not any(order_can_inform(a) for a in answers.values()):
+            return out  # nothing to test (no conformance block, as before issue 27's test)
+        return finish_conformance(out, meta, [], white, answers=answers, seed=[plan.seed, seed])
 
 
 def first_token_draws(rows: Sequence[TrialRecord]) -> list[Draw]:

@@ -5,7 +5,9 @@
 * :func:`signal_tightness`: how a bound compares with the latter;
 * :func:`esa_conformance`: the noise of the mean embedding ``noisy - clean`` per dimension and
   along fixed directions (the signal direction, the all-ones one, seeded random ones); on a
-  bootstrap also a noise check that says "smaller than claimed" (NONCONFORMING: noise scale).
+  bootstrap also a noise check that says "smaller than claimed" (NONCONFORMING: noise scale);
+  a real run's released texts, each world's in trial order, against exchangeability
+  (model-free: :mod:`dpicl_audit.estimators.exchangeable`).
 
 The bootstrap's estimates are :mod:`.bootstrap`'s.
 """
@@ -25,9 +27,11 @@ from dpicl_audit.mechanisms.esa.design import GenerationDesign
 from dpicl_audit.mechanisms.trial_estimates import (
     estimate_trials,
     finish_conformance,
+    released_answers,
     with_verdict,
 )
 from dpicl_audit.plan import AuditPlan
+from dpicl_audit.planning.schedule import STREAM_ORDER
 from dpicl_audit.results import Estimate, SettingResult
 from dpicl_audit.store import TrialRecord
 
@@ -208,4 +212,6 @@ def esa_conformance(
         white += residual_tests(
             mat, float(sigma), groups=[r.context_id for r in res], directions=np.array(dirs)
         )
-    return finish_conformance(out, meta, [], white)
+    # The released texts' order (a real run's, not a bootstrap's clean rows): model-free.
+    answers = None if bootstrap else released_answers(rows, "text")
+    return finish_conformance(out, meta, [], white, answers=answers, seed=[seed, STREAM_ORDER])

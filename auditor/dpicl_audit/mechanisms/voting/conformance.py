@@ -1,7 +1,9 @@
 """Private voting's conformance tests of one setting (:mod:`dpicl_audit.estimators.conformance`).
 
 * black-box: on the simulator (clean votes known: the design's), the positive answer's
-  release rate in each world against the closed form ``meta["release_rates"]``;
+  release rate in each world against the closed form ``meta["release_rates"]``; on any
+  engine, the order of each world's released labels (model-free:
+  :mod:`dpicl_audit.estimators.exchangeable`);
 * white-box: the noise ``noisy - clean`` per label (clean from the ``internal`` debug
   endpoint, else the design's on the simulator); without either, determinism alone (a
   continuous noise never repeats a noisy histogram);
@@ -24,7 +26,7 @@ from dpicl_audit.estimators.conformance import (
     rate_tests,
     residual_tests,
 )
-from dpicl_audit.mechanisms.trial_estimates import finish_conformance
+from dpicl_audit.mechanisms.trial_estimates import finish_conformance, released_answers
 from dpicl_audit.mechanisms.voting.design import AuditDesign, design_votes
 from dpicl_audit.results import SettingResult
 from dpicl_audit.store import TrialRecord
@@ -57,6 +59,7 @@ def voting_conformance(
     temperature: float,
     bootstrap: bool = False,
     known_votes: bool = True,
+    seed: Sequence[int] = (),
 ) -> SettingResult:
     """Voting's conformance tests of one setting (module docstring). ``known_votes``: the
     simulator's votes are the design's (the membership prompt of the audit template; a
@@ -91,7 +94,9 @@ def voting_conformance(
             )
         elif values is not None:
             white += _determinism(values)
-    return finish_conformance(out, meta, black, white)
+    # The released labels' order (a real run's, not a bootstrap's clean rows): model-free.
+    answers = None if bootstrap else released_answers(rows, "label")
+    return finish_conformance(out, meta, black, white, answers=answers, seed=seed)
 
 
 def _clean_votes(

@@ -17,6 +17,7 @@ from dpicl_audit.mechanisms.voting.design import AuditDesign, design_votes
 from dpicl_audit.mechanisms.voting.rdp import RdpDesign
 from dpicl_audit.mechanisms.voting.rdp_estimates import estimate_rdp
 from dpicl_audit.plan import AuditPlan
+from dpicl_audit.planning.schedule import STREAM_ORDER
 from dpicl_audit.results import SettingResult
 
 __all__ = ["estimate_sequence", "estimate_votes", "release_meta", "release_reference"]
@@ -89,6 +90,7 @@ def estimate_votes(s: SettingRows, calls_per_query: int) -> SettingResult:
         temperature=plan.mechanism.temperature,
         bootstrap=bootstrap,
         known_votes=plan.setting == "audit-template",
+        seed=[plan.seed, k, STREAM_ORDER],
     )
 
 
