@@ -33,6 +33,12 @@ before group commit) against group commit (``group``: the default window), all s
 this checkout, interleaved rounds, the load average printed beside them:
 
     .venv/bin/python bench/http_load.py --ledger [--requests 600] [--rounds 3] [--pg-url URL]
+
+``--before REV`` adds the server of git revision REV (group commit) to every database, for a
+change's before and after in one run; ``--paths group`` leaves out the single-transaction
+servers:
+
+    .venv/bin/python bench/http_load.py --ledger --paths group --before HEAD~3
 """
 
 from __future__ import annotations
@@ -342,18 +348,39 @@ def load_average() -> str:
     return f"{one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} CPUs"
 
 
+def ledger_variants(args: argparse.Namespace) -> list[tuple[str, str, str | None]]:
+    """The servers of --ledger, per database: (name, DPICL_LEDGER_GROUP_COMMIT_MS, the git
+    revision it runs, None for this checkout). ``--before REV`` adds REV's server with group
+    commit, so a change is measured against the code before it in the same run."""
+    out: list[tuple[str, str, str | None]] = [
+        (path, CHARGE_PATHS[path], None) for path in args.paths.split(",")
+    ]
+    if args.before:
+        out.append((f"group @{args.before}", CHARGE_PATHS["group"], args.before))
+    return out
+
+
+def ledger_names(args: argparse.Namespace) -> list[str]:
+    return [f"{db}, {v[0]}" for db in ("sqlite", "postgresql") for v in ledger_variants(args)]
+
+
 async def run_ledger(args: argparse.Namespace, tmp: Path, pg_urls: dict[str, str]) -> None:
     here = ROOT / "services"
+    trees = {
+        rev: extract(rev, tmp / f"rev-{rev}")
+        for _, _, rev in ledger_variants(args)
+        if rev is not None
+    }
     servers = []
     for db in ("sqlite", "postgresql"):
-        for path, window_ms in CHARGE_PATHS.items():
+        for path, window_ms, rev in ledger_variants(args):
             name = f"{db}, {path}"
             env = {"DPICL_LEDGER_GROUP_COMMIT_MS": window_ms}
             if db == "postgresql":
                 env["DPICL_DATABASE_URL"] = pg_urls[name]
-            servers.append(
-                start(name, here, tmp / name.replace(", ", "-"), "auto", "served", **env)
-            )
+            tree = here if rev is None else trees[rev]
+            workdir = tmp / name.replace(", ", "-").replace(" @", "-")
+            servers.append(start(name, tree, workdir, "auto", "served", **env))
     levels = (1, args.concurrency)
     try:
         cids = await ready_and_warm(servers, args)
@@ -381,15 +408,19 @@ async def run_ledger(args: argparse.Namespace, tmp: Path, pg_urls: dict[str, str
             f"  {s.name:>18}  {one.rps:8.0f}  {many.rps:8.0f}  x{many.rps / one.rps:.2f}"
             f"   (p99 c={args.concurrency}: {many.p99_ms:.1f} ms, 503s {many.busy})"
         )
+    c = args.concurrency
     for db in ("sqlite", "postgresql"):
-        single, group = (
-            med[(f"{db}, single", args.concurrency)],
-            med[(f"{db}, group", args.concurrency)],
-        )
-        print(
-            f"requests/s at c={args.concurrency}, group / single, {db}: "
-            f"x{group.rps / single.rps:.2f}"
-        )
+        if {f"{db}, single", f"{db}, group"} <= {s.name for s in servers}:
+            single, group = med[(f"{db}, single", c)], med[(f"{db}, group", c)]
+            print(f"requests/s at c={c}, group / single, {db}: x{group.rps / single.rps:.2f}")
+        if args.before and f"{db}, group" in {s.name for s in servers}:
+            now, then = f"{db}, group", f"{db}, group @{args.before}"
+            print(
+                f"{db}, this checkout / {args.before}, group commit: c={c} requests/s "
+                f"x{med[(now, c)].rps / med[(then, c)].rps:.2f}, c={c}/c=1 ratio "
+                f"x{med[(now, c)].rps / med[(now, 1)].rps:.2f} against "
+                f"x{med[(then, c)].rps / med[(then, 1)].rps:.2f}"
+            )
 
 
 def main_ledger(args: argparse.Namespace) -> None:
@@ -397,10 +428,11 @@ def main_ledger(args: argparse.Namespace) -> None:
         f"ledger: oracle /v1/classify, T=4, {args.requests} requests x {args.rounds} "
         f"interleaved rounds at concurrency 1 and {args.concurrency}; charge paths "
         f"{CHARGE_PATHS} (DPICL_LEDGER_GROUP_COMMIT_MS); SQLite and PostgreSQL "
-        f"({args.pg_url.rsplit('@', 1)[-1]}); load average {load_average()}",
+        f"({args.pg_url.rsplit('@', 1)[-1]}); this checkout against {args.before or 'nothing'}; "
+        f"load average {load_average()}",
         flush=True,
     )
-    names = [f"{db}, {path}" for db in ("postgresql",) for path in CHARGE_PATHS]
+    names = [n for n in ledger_names(args) if n.startswith("postgresql")]
     dbs = [f"dpicl_bench_{uuid.uuid4().hex[:12]}" for _ in names]
     pg_urls = dict(zip(names, pg_databases(args.pg_url, dbs, drop=False), strict=True))
     try:
@@ -424,6 +456,17 @@ def main() -> None:
         "on SQLite and PostgreSQL",
     )
     p.add_argument("--pg-url", default=PG_ADMIN_URL, help="PostgreSQL for --ledger")
+    p.add_argument(
+        "--paths",
+        default="single,group",
+        help="--ledger: the charge paths of this checkout to run (of single,group)",
+    )
+    p.add_argument(
+        "--before",
+        default=None,
+        metavar="REV",
+        help="--ledger: also run git revision REV's server (group commit), side by side",
+    )
     args = p.parse_args()
     if args.quick:
         args.requests, args.rounds, args.concurrency = 200, 1, 4

@@ -3,14 +3,16 @@ their variants), the zero-shot prompt, and the checks of a query."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
 from functools import lru_cache
 
 from dpicl.domain import is_blank
 from dpicl.engines.base import Exemplar, PromptSpec
 from dpicl.errors import InvalidRequest
 from dpicl.mechanisms.partitioning import assign_partitions, group_by_partition
-from dpicl.prompts import render
+from dpicl.prompts import PromptPlan, plan
 from dpicl.store.repository import StoredContext
 
 
@@ -49,43 +51,100 @@ def prefix_cache_key(context: StoredContext, part: int | str) -> str:
     return f"{context.id}/{part}"
 
 
-def partition_prompts(context: StoredContext, query: str) -> list[PromptSpec]:
-    """The T prompts of one query: each partition's exemplars around the query."""
+@dataclass(frozen=True, slots=True)
+class _ContextPlans:
+    """A context's prompts up to the query: one plan per partition and the zero-shot one,
+    with the fields they were made from (checked on every use)."""
+
+    source: tuple[object, ...]
+    partitions: tuple[PromptPlan, ...]
+    zero: PromptPlan
+    chars: int
+
+
+class _PlanCache:
+    """The prompt plans of recently queried contexts, at most ``max_chars`` characters of
+    them, least recently used first out. Keyed by context id; an entry is used only while
+    the context's template, task, labels, exemplars and partitioning are the ones it was
+    made from (a context's fields never change, but a test may reuse an id)."""
+
+    def __init__(self, max_chars: int) -> None:
+        self.max_chars = max_chars
+        self._items: OrderedDict[str, _ContextPlans] = OrderedDict()
+        self._chars = 0
+        self._lock = threading.Lock()
+
+    def get(self, context: StoredContext) -> _ContextPlans:
+        m = context.mechanism
+        source = (
+            context.template,
+            context.task,
+            context.labels,
+            context.exemplars,
+            int(m["partitions"]),
+            int(m["partition_seed"]),
+            str(m["partitioning"]),
+        )
+        with self._lock:
+            hit = self._items.get(context.id)
+            if hit is not None and hit.source == source:
+                self._items.move_to_end(context.id)
+                return hit
+        plans = _make_plans(context, source)
+        if plans.chars <= self.max_chars:
+            with self._lock:
+                old = self._items.pop(context.id, None)
+                if old is not None:
+                    self._chars -= old.chars
+                self._items[context.id] = plans
+                self._chars += plans.chars
+                while self._chars > self.max_chars:
+                    _, dropped = self._items.popitem(last=False)
+                    self._chars -= dropped.chars
+        return plans
+
+
+def _make_plans(context: StoredContext, source: tuple[object, ...]) -> _ContextPlans:
     m = context.mechanism
     groups = _partition_positions(
         context.exemplars, int(m["partitions"]), int(m["partition_seed"]), str(m["partitioning"])
     )
     exemplars = exemplars_of(context)
+    labels = context.labels
+    parts = tuple(
+        plan(context.template, [exemplars[i] for i in group], task=context.task, labels=labels)
+        for group in groups
+    )
+    zero = plan(context.template, [], task=context.task, labels=labels)
+    chars = zero.chars + sum(p.chars for p in parts)
+    return _ContextPlans(source=source, partitions=parts, zero=zero, chars=chars)
+
+
+#: Rendering a context's T prompts took as long as the rest of an oracle answer's pipeline;
+#: a context's plans are rendered once and each query is joined into them.
+_PLANS = _PlanCache(max_chars=32 * 2**20)
+
+
+def partition_prompts(context: StoredContext, query: str) -> list[PromptSpec]:
+    """The T prompts of one query: each partition's exemplars around the query."""
+    plans = _PLANS.get(context)
     # A partition whose prompt does not fit the model is answered from the zero-shot prompt
     # instead of failing the call: a refusal would depend on the exemplars (PromptSpec.fallback).
-    zero = zero_shot_prompt(context, query)
+    zero = _zero_shot(context, query, plans.zero)
     return [
-        replace(
-            render(
-                context.template,
-                [exemplars[i] for i in group],
-                query,
-                task=context.task,
-                labels=context.labels,
-                cache_scope=context.id,
-            ),
-            cache_key=prefix_cache_key(context, t),
-            fallback=zero,
+        p.prompt(
+            query, cache_scope=context.id, cache_key=prefix_cache_key(context, t), fallback=zero
         )
-        for t, group in enumerate(groups)
+        for t, p in enumerate(plans.partitions)
     ]
+
+
+def _zero_shot(context: StoredContext, query: str, zero: PromptPlan) -> PromptSpec:
+    return zero.prompt(query, cache_scope=context.id, cache_key=prefix_cache_key(context, "zero"))
 
 
 def zero_shot_prompt(context: StoredContext, query: str) -> PromptSpec:
     """The query in the context's template with no exemplars (public: costs no privacy)."""
-    return replace(
-        render(
-            context.template,
-            [],
-            query,
-            task=context.task,
-            labels=context.labels,
-            cache_scope=context.id,
-        ),
-        cache_key=prefix_cache_key(context, "zero"),
+    return _zero_shot(
+        context, query, plan(context.template, [], task=context.task, labels=context.labels)
     )

@@ -42,6 +42,8 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy.engine.interfaces import Compiled
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.elements import BindParameter, ColumnElement
 
 from dpicl.store.keys import Principal
@@ -186,6 +188,13 @@ class ChargeStatements:
             .where(_SPEND.c.id == bindparam("sid"), _SPEND.c.outcome == "answered")
             .values(outcome="refunded")
         )
+        self._compiled_charge: Compiled | None = None
+
+    def compiled_context_charge(self, conn: Connection) -> Compiled:
+        """The context's charge compiled for ``conn``'s dialect (once)."""
+        if self._compiled_charge is None:
+            self._compiled_charge = self.context_charge.compile(dialect=conn.dialect)
+        return self._compiled_charge
 
 
 def _why_key_refused(conn: Connection, st: ChargeStatements, kid: str) -> Refused:
@@ -256,17 +265,36 @@ def charge_group(
     transaction takes the database's write lock at once (``BEGIN IMMEDIATE``; it also keeps
     the driver from starting the transaction at a first savepoint, whose RELEASE would then
     commit it).
+
+    On PostgreSQL a group without key rows sends its members' UPDATEs in one pipeline
+    (:func:`_context_charges_pipelined`) after locking their context rows: the same
+    statements in the same order in the same transaction, one round trip instead of one per
+    member.
     """
     keys = sorted({r.principal.key_id for r in reqs if r.principal.stored})
     contexts = sorted({r.context_id for r in reqs})
+    # PostgreSQL, no key rows: each member is one conditional UPDATE of its context's row.
+    pipelined = st.backend == "postgresql" and not keys
     if st.backend == "sqlite":
         conn.exec_driver_sql("BEGIN IMMEDIATE")
-    elif len(keys) + len(contexts) > 1:
+    elif len(keys) + len(contexts) > 1 or pipelined:
+        # (Pipelined, the lock also goes first when there is one row: a statement that
+        # SQLAlchemy runs, so a stale pooled connection is found, and retried, as before.)
         if keys:
             conn.execute(st.lock_keys, {"ids": keys}).all()
         conn.execute(st.lock_contexts, {"ids": contexts}).all()
     out: list[Charged | Refused] = []
     admitted: list[tuple[int, ChargeRequest, Any]] = []
+    if pipelined:
+        # Without key rows each member is one conditional UPDATE: all of them in one
+        # pipeline (one round trip, not one per member), still in order in this transaction.
+        for req, row in zip(reqs, _context_charges_pipelined(conn, st, reqs), strict=True):
+            if row is None:
+                out.append(Refused("context"))
+            else:
+                admitted.append((len(out), req, row))
+                out.append(Refused("context"))  # replaced below, once its spend row is written
+        reqs = []
     for req in reqs:
         savepoint = conn.begin_nested() if req.principal.stored else None
         try:
@@ -289,6 +317,54 @@ def charge_group(
         for (at, _, row), spend_id in zip(admitted, ids, strict=True):
             out[at] = Charged(mu2_spent=float(row[0]), queries=int(row[1]), spend_id=int(spend_id))
     return out
+
+
+def _context_charges_pipelined(
+    conn: Connection, st: ChargeStatements, reqs: Sequence[ChargeRequest]
+) -> list[Any]:
+    """The context's conditional UPDATE of each member (no key rows), in order, in ``conn``'s
+    transaction, sent to PostgreSQL in one pipeline (psycopg's ``executemany``): the row each
+    returned (``mu2_spent``, ``queries``), or None where it refused.
+
+    The very statement of :data:`CHARGE`, compiled for the connection's dialect, once per
+    member and in the members' order: PostgreSQL runs a pipeline's statements one after
+    another in the transaction, so each sees the row as the members before it left it, as
+    one ``execute`` per member did. It saves the round trip per member that a group spent
+    waiting, on its storage thread, for the network and then for the GIL (issue 30). An
+    error is raised as SQLAlchemy's (the guards map it to ``StorageUnavailable``; bound
+    parameters hidden) and fails the whole transaction, as any error in a group does."""
+    compiled = st.compiled_context_charge(conn)
+    sql = compiled.string
+    params = [
+        compiled.construct_params({"cid": r.context_id, "mu2": r.mu2, "slack": r.slack})
+        for r in reqs
+    ]
+    dbapi_conn = conn.connection.dbapi_connection
+    assert dbapi_conn is not None
+    rows: list[Any] = []
+    # psycopg's cursor (the protocol SQLAlchemy types it with has no ``returning``).
+    cur: Any = dbapi_conn.cursor()
+    try:
+        cur.executemany(sql, params, returning=True)
+        while True:
+            rows.append(cur.fetchone())
+            if not cur.nextset():
+                break
+    except conn.dialect.loaded_dbapi.Error as exc:
+        raise DBAPIError.instance(
+            sql, None, exc, conn.dialect.loaded_dbapi.Error, hide_parameters=True
+        ) from None
+    finally:
+        cur.close()
+    if len(rows) != len(reqs):  # a result per statement, whatever the driver
+        raise DBAPIError.instance(
+            sql,
+            None,
+            RuntimeError(f"{len(rows)} results for {len(reqs)} charges"),
+            Exception,
+            hide_parameters=True,
+        )
+    return rows
 
 
 def refund(conn: Connection, st: ChargeStatements, req: ChargeRequest, spend_id: int) -> None:
