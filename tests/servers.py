@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from dpicl_audit.errors import TargetUnavailable
 from dpicl_audit.plan import AuditPlan
 
 if TYPE_CHECKING:
@@ -157,6 +158,28 @@ async def app_client(
             yield client
         finally:
             await client.aclose()
+
+
+class FailsAfter:
+    """Wraps an audit target: its ``method`` raises TargetUnavailable once it has answered
+    ``n`` calls (an outage mid-run, for resume tests); ``calls`` counts every call."""
+
+    def __init__(self, inner: Any, n: int, method: str) -> None:
+        self.inner, self.left, self.calls, self.method = inner, n, 0, method
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self.inner, name)
+        if name != self.method:
+            return found
+
+        async def failing(*args: Any, **kw: Any) -> Any:
+            self.calls += 1
+            if self.left <= 0:
+                raise TargetUnavailable("injected outage")
+            self.left -= 1
+            return await found(*args, **kw)
+
+        return failing
 
 
 class ServerProcess:

@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 
-from dpicl_audit.client import DpiclClient
 from dpicl_audit.errors import InvalidPlan, TargetProtocolError, TargetUnavailable
 from dpicl_audit.mechanisms.voting.audit import VOTING
 from dpicl_audit.pipeline.run import bootstrap_audit, resume_audit, run_audit
@@ -41,7 +40,7 @@ from dpicl_audit.planning.ledger import (
 from dpicl_audit.planning.schedule import context_slots, trial_worlds
 from dpicl_audit.store import TrialStore
 from tests.auditor.test_runner import _server_missing
-from tests.servers import app_client, target_plan
+from tests.servers import FailsAfter, app_client, target_plan
 
 pytestmark = pytest.mark.skipif(_server_missing() is not None, reason=str(_server_missing()))
 
@@ -194,23 +193,6 @@ async def test_a_run_against_a_server_with_a_low_limit_spreads_over_budgeted_slo
     assert res["ledger"]["budget"]["epsilon"] <= LIMIT
 
 
-class FailsAfter:
-    """Wraps a target; its classify fails with TargetUnavailable after ``n`` calls."""
-
-    def __init__(self, inner: DpiclClient, n: int) -> None:
-        self.inner, self.left, self.calls = inner, n, 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    async def classify(self, context_id: str, query: str, **kw: Any) -> dict[str, Any]:
-        self.calls += 1
-        if self.left <= 0:
-            raise TargetUnavailable("injected outage")
-        self.left -= 1
-        return await self.inner.classify(context_id, query, **kw)
-
-
 async def test_a_resumed_run_plans_with_the_limit_it_started_with(tmp_path: Path) -> None:
     """Interrupted against the server with limit 50 and resumed against it restarted with
     the default 1000: the resume keeps the stored limit, so its new contexts are the slots
@@ -218,7 +200,7 @@ async def test_a_resumed_run_plans_with_the_limit_it_started_with(tmp_path: Path
     plan = _plan(**{"mechanism.epsilons": [8.0]})
     db = f"sqlite:///{tmp_path}/a.db"
     async with deployed(tmp_path) as client:
-        flaky = FailsAfter(client, 12)
+        flaky = FailsAfter(client, 12, "classify")
         with pytest.raises(TargetUnavailable, match="injected"):
             await run_audit(plan, db=db, target=flaky, run_id="r", out_dir=tmp_path, progress=False)
     store = TrialStore(db)
@@ -228,7 +210,7 @@ async def test_a_resumed_run_plans_with_the_limit_it_started_with(tmp_path: Path
     assert 0 < len(done) < plan.trials
     async with deployed(tmp_path, limit=None) as client:
         assert (await client.health())["limits"]["max_budget_epsilon"] == MAX_BUDGET_EPSILON
-        counting = FailsAfter(client, 10**6)
+        counting = FailsAfter(client, 10**6, "classify")
         res = await resume_audit(
             "r", store=store, target=counting, out_dir=tmp_path, progress=False
         )

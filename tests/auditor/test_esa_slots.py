@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from dpicl_audit.client import DpiclClient
 from dpicl_audit.errors import TargetUnavailable
 from dpicl_audit.mechanisms.esa.audit import ESA
 from dpicl_audit.pipeline.run import bootstrap_audit, resume_audit, run_audit
@@ -27,7 +26,7 @@ from dpicl_audit.planning.ledger import answers_within_budget
 from dpicl_audit.planning.schedule import context_slots, trial_worlds
 from dpicl_audit.store import TrialStore
 from tests.auditor.test_runner import _server_missing
-from tests.servers import app_client, target_plan
+from tests.servers import FailsAfter, app_client, target_plan
 
 pytestmark = pytest.mark.skipif(_server_missing() is not None, reason=str(_server_missing()))
 
@@ -129,28 +128,11 @@ async def test_esa_uses_slots_against_a_production_server(
     assert res["ledger"]["status"] == "ok", res["ledger"]
 
 
-class FailsAfter:
-    """Wraps a target; its debug generation fails with TargetUnavailable after ``n`` calls."""
-
-    def __init__(self, inner: DpiclClient, n: int) -> None:
-        self.inner, self.left, self.calls = inner, n, 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    async def debug_generate(self, context_id: str, query: str, **kw: Any) -> dict[str, Any]:
-        self.calls += 1
-        if self.left <= 0:
-            raise TargetUnavailable("injected outage")
-        self.left -= 1
-        return await self.inner.debug_generate(context_id, query, **kw)
-
-
 async def test_interrupted_esa_run_resumes_into_its_slots(tmp_path: Path) -> None:
     plan = _plan(threat_model="white-box")
     db = f"sqlite:///{tmp_path}/a.db"
     async with production(tmp_path) as client:
-        flaky = FailsAfter(client, 130)  # past the first slot of either world
+        flaky = FailsAfter(client, 130, "debug_generate")  # past the first slot of either world
         with pytest.raises(TargetUnavailable, match="injected"):
             await run_audit(plan, db=db, target=flaky, run_id="r", out_dir=tmp_path, progress=False)
         store = TrialStore(db)
@@ -160,7 +142,7 @@ async def test_interrupted_esa_run_resumes_into_its_slots(tmp_path: Path) -> Non
         assert 100 <= len(done) < plan.trials
         assert (f"{SETTING}#1", 1) in before or (f"{SETTING}#1", 0) in before
         design = store.get_run("r").design
-        counting = FailsAfter(client, 10**6)
+        counting = FailsAfter(client, 10**6, "debug_generate")
         res = await resume_audit(
             "r", store=store, target=counting, out_dir=tmp_path, progress=False
         )

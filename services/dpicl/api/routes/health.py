@@ -36,14 +36,8 @@ def _health(svc: Svc, status: str = "ok") -> Health:
         whitebox=s.whitebox,
         # Published so that a client (the auditor) sizes its budgeted contexts within them
         # rather than learning them from refusals; none is a secret (a refusal names it).
-        limits=HealthLimits(
-            max_budget_epsilon=s.max_budget_epsilon,
-            allow_unbudgeted=s.allow_unbudgeted,
-            max_epsilon=s.max_epsilon,
-            max_partitions=s.max_partitions,
-            max_exemplars=s.max_exemplars,
-            max_labels=s.max_labels,
-        ),
+        # Each field is the setting of the same name.
+        limits=HealthLimits(**{k: getattr(s, k) for k in HealthLimits.model_fields}),
     )
 
 
