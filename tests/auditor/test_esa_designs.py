@@ -79,8 +79,11 @@ def test_release_rates_match_the_servers_nearest_candidate_rule() -> None:
     assert stats.norm.ppf(p1) - stats.norm.ppf(p0) == pytest.approx(d / (t * sigma))
 
 
-def _estimate(texts1: list[str | bool], texts0: list[str | bool]) -> dict[str, Any]:
-    """Estimate real trials whose released texts are given (True: y1, False: y0)."""
+def _estimate(
+    texts1: list[str | bool], texts0: list[str | bool], *, shuffle: bool = True
+) -> dict[str, Any]:
+    """Estimate real trials whose released texts are given (True: y1, False: y0), in a
+    random order (an honest server's; ``shuffle=False``: in the order given)."""
     plan = _plan(**{"mechanism.partitions": 3, "mechanism.epsilons": [8.0]})
     d = build_generation_design(plan, load_dataset(plan.dataset))
     rng = np.random.default_rng(0)
@@ -100,7 +103,7 @@ def _estimate(texts1: list[str | bool], texts0: list[str | bool]) -> dict[str, A
             "eps=8", i, w, f"c{w}", "q", {"text": text(x)}, d.decide_text(text(x)), 0.0, 8.0
         )
         for w, texts in ((1, texts1), (0, texts0))
-        for i, x in enumerate(texts)
+        for i, x in enumerate(rng.permutation(np.array(texts, dtype=object)) if shuffle else texts)
     ]
     return EsaAudit().estimate(SettingRows(plan, d, 0, rows, meta, False)).to_json()
 
@@ -121,3 +124,7 @@ def test_a_model_without_signal_candidates_is_inconclusive_never_consistent() ->
     good = _estimate([True] * 718 + [False] * 282, [True] * 282 + [False] * 718)
     assert good["signal_release_weight"] == 1.0
     assert good["black_box"]["verdict"]["status"] == "ok", good["black_box"]["verdict"]
+    # The same answers released in runs (all y1, then all y0): their order is not random.
+    runs = _estimate([True] * 718 + [False] * 282, [True] * 282 + [False] * 718, shuffle=False)
+    assert runs["conformance"]["differs"] == ["independence"], runs["conformance"]
+    assert runs["black_box"]["verdict"]["status"] == "nonconforming"
