@@ -53,13 +53,23 @@ class TrialExecutor:
             wall, self._last_flush = now - self._last_flush, now
             if not batch and wall <= 0:
                 return
-            await asyncio.to_thread(
-                self.run_ctx.store.add_trials,
-                self.run_ctx.run_id,
-                batch,
-                wall_time_s=wall,
-                llm_calls_per_trial=self.run_ctx.mechanism.calls_per_query(self.run_ctx.plan),
+            write = asyncio.ensure_future(
+                asyncio.to_thread(
+                    self.run_ctx.store.add_trials,
+                    self.run_ctx.run_id,
+                    batch,
+                    wall_time_s=wall,
+                    llm_calls_per_trial=self.run_ctx.mechanism.calls_per_query(self.run_ctx.plan),
+                )
             )
+            try:
+                await asyncio.shield(write)
+            except asyncio.CancelledError:
+                # A worker cancelled mid-write (another trial failed): the thread writes on
+                # regardless, so hold the lock until it has. Otherwise the run's last flush
+                # (and a resume reading the log) could run before these records are in it.
+                await asyncio.wait([write])
+                raise
 
     async def _one(
         self,
