@@ -86,7 +86,10 @@ def test_real_query_black_box_audit_is_tight_at_epsilon_4(
     assert s["design"] == "pivotal" and s["trials"] == 4000
     assert s["white_box"] is None
     assert 0.6 * s["epsilon_exact"] <= bb["epsilon_lower"] <= s["epsilon_exact"]
-    assert bb["epsilon_lower_classic"] <= s["epsilon_exact_release"]
+    # The classical bound holds at its 95% confidence, so it may cross the release's own
+    # exact epsilon in a few % of runs (one CI run: 0.8962 against 0.8940); the ESA design's
+    # 4,000 simulated repetitions never reached 1.2x (test_esa_pivotal_oracle.py).
+    assert bb["epsilon_lower_classic"] <= 1.2 * s["epsilon_exact_release"]
     assert bb["verdict"]["status"] == "ok", bb["verdict"]
 
 

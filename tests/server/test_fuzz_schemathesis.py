@@ -25,7 +25,7 @@ for _mod in pkgutil.walk_packages(schemathesis.__path__, "schemathesis."):
     with contextlib.suppress(Exception):  # optional extras (their dependencies are absent)
         importlib.import_module(_mod.name)
 from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis.errors import Unsatisfiable  # noqa: E402
+from hypothesis.errors import FlakyFailure, Unsatisfiable  # noqa: E402
 from schemathesis import GenerationMode  # noqa: E402
 from schemathesis.specs.openapi.checks import positive_data_acceptance  # noqa: E402
 
@@ -66,6 +66,16 @@ def _peak_rss(pid: int) -> int:
     raise AssertionError("no VmHWM in /proc/<pid>/status")
 
 
+def _mentions(exc: BaseException, text: str, depth: int = 0) -> bool:
+    """Whether ``exc``, its sub-exceptions or their causes carry ``text``."""
+    if depth > 20:
+        return False
+    if text in str(exc):
+        return True
+    inner = [*getattr(exc, "exceptions", ()), exc.__cause__, exc.__context__]
+    return any(_mentions(e, text, depth + 1) for e in inner if e is not None)
+
+
 def _operations(url: str) -> list[Any]:
     loaded = schemathesis.openapi.from_url(f"{url}/openapi.json")
     return [result.ok() for result in loaded.get_all_operations()]
@@ -98,7 +108,16 @@ def test_api_fuzz(server: ServerProcess, mode: str) -> None:
             )
 
         try:
-            fuzz()
+            try:
+                fuzz()
+            except FlakyFailure as exc:
+                # CPython 3.11's ast module can raise "SystemError: AST constructor recursion
+                # depth mismatch" inside Hypothesis's own strategy description (not in the
+                # server or this test's checks); replayed, it reads as a flaky failure. Run
+                # the operation's examples once more (derandomized: the same examples).
+                if not _mentions(exc, "AST constructor recursion depth mismatch"):
+                    raise
+                fuzz()
         except Unsatisfiable:
             # No parameters or body to break (GET /healthz): no negative case exists.
             assert mode == "negative", operation.label
