@@ -27,8 +27,13 @@ On a CUDA machine::
     DPICL_DEVICE=cuda python bench/gpu.py                  # both models, 1/16/64 in flight
     DPICL_DEVICE=cuda python bench/gpu.py --models bundled --engines transformers
 
-``--tiny`` replaces the 8B shape with a 2-layer toy (the test runs the benchmark that way on
-CPU); the ratios it prints then say nothing about a GPU. ``--check-imports`` imports the
+Without a GPU the device is the CPU, where only ``--tiny`` is worth running: it replaces the
+8B shape with a 2-layer toy (the test runs the benchmark that way), and the ratios it prints
+then say nothing about a GPU. In either environment of this project::
+
+    .venv/bin/python bench/gpu.py --tiny              # transformers rows (vLLM not installed)
+    .venv-vllm/bin/python bench/gpu.py --tiny         # and vLLM's CPU build beside them
+ ``--check-imports`` imports the
 asked-for engines the way a run does (this file run as a script, ``bench/`` first on
 ``sys.path``) and exits.
 """
@@ -81,12 +86,14 @@ LLAMA3_8B = {
     "rope_theta": 500000.0,
     "rms_norm_eps": 1e-5,
 }
+# A 2-layer toy of the same family. Its head dimension is 64 (as SmolLM2's): vLLM's CPU
+# attention refuses a head of 16 ("Unsupported CPU attention configuration: head_dim=16").
 TINY = {
-    "hidden_size": 64,
-    "intermediate_size": 128,
+    "hidden_size": 128,
+    "intermediate_size": 256,
     "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
     "vocab_size": 49152,
     "max_position_embeddings": 2048,
     "rope_theta": 10000.0,
@@ -262,6 +269,9 @@ def build(engine: str, path: Path, device: str, random_weights: bool, eager: boo
 
 
 ENGINES = ("transformers", "transformers-nocache", "vllm")
+#: The run's size where not given: a measurement, or ``--tiny``'s smoke run.
+FULL = {"models": "bundled,8b", "concurrency": "1,16,64", "queries": 64, "reps": 3}
+SMOKE = {"models": "8b", "concurrency": "1,4", "queries": 8, "reps": 2}
 #: The modules a run of each engine imports (dpicl.engines.vllm imports vLLM's lazily).
 IMPORTS = {
     "transformers": ("dpicl.engines.transformers", "transformers"),
@@ -275,19 +285,40 @@ IMPORTS = {
 }
 
 
+def default_device() -> str:
+    """cuda where torch sees a GPU, else cpu (where only ``--tiny`` says anything useful)."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def main(argv: Sequence[str] | None = None) -> list[Row]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--device", default=os.environ.get("DPICL_DEVICE", "cuda"))
+    ap.add_argument(
+        "--device",
+        default=os.environ.get("DPICL_DEVICE") or default_device(),
+        help="torch device of the transformers rows (default: DPICL_DEVICE, else cuda where "
+        "it is available, else cpu)",
+    )
     ap.add_argument("--engines", default="transformers,transformers-nocache,vllm")
-    ap.add_argument("--models", default="bundled,8b")
-    ap.add_argument("--concurrency", default="1,16,64")
-    ap.add_argument("--queries", type=int, default=64, help="queries per level (>= level)")
-    ap.add_argument("--reps", type=int, default=3, help="timed repetitions per level")
+    ap.add_argument("--models", default=None, help="of bundled,8b (default: both)")
+    ap.add_argument("--concurrency", default=None, help="levels (default: 1,16,64)")
+    ap.add_argument("--queries", type=int, default=None, help="per level, >= it (default: 64)")
+    ap.add_argument("--reps", type=int, default=None, help="timed repetitions (default: 3)")
     ap.add_argument("--out", type=Path, default=None, help="append each row here (JSON lines)")
-    ap.add_argument("--tiny", action="store_true", help="toy shape instead of the 8B (tests)")
+    ap.add_argument(
+        "--tiny",
+        action="store_true",
+        help="a smoke run: the toy shape instead of the 8B, and unless given otherwise only "
+        "it, at 1 and 4 in flight, 8 queries, 2 repetitions (seconds on a CPU)",
+    )
     ap.add_argument("--eager", action="store_true", help="vLLM without CUDA graphs/compile")
     ap.add_argument("--check-imports", action="store_true", help="import the engines, exit")
     args = ap.parse_args(argv)
+    sizes = SMOKE if args.tiny else FULL
+    for name, value in sizes.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     levels = [int(x) for x in args.concurrency.split(",")]
     engines = [e for e in args.engines.split(",") if e]
     unknown = sorted(set(engines) - set(ENGINES))
@@ -305,11 +336,16 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
                 importlib.import_module(module)
             print(f"{e}: imports ok")
         return []
+    if args.device.startswith("cuda") and default_device() != "cuda":
+        # Before the models are built (half a minute), not after.
+        raise SystemExit(f"--device {args.device}: torch sees no CUDA device here")
     cache = Path(os.environ.get("DPICL_CACHE_DIR", str(DEFAULT_CACHE_DIR)))
     bundled = Path(resolve_llm(None, cache))
     rows: list[Row] = []
     print(f"voting queries with T={T} (LLM calls/query = {T}); device = {args.device}")
     print(f"/3.2: over paper 000's average {ANCHOR} calls/s (Llama-3-8B, one H100; see --help)")
+    if args.tiny:
+        print("--tiny: a 2-layer toy model; its /3.2 column compares nothing (a smoke run)")
     print(HEADER, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         models: list[tuple[str, Path, bool]] = []

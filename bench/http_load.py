@@ -34,6 +34,10 @@ this checkout, interleaved rounds, the load average printed beside them:
 
     .venv/bin/python bench/http_load.py --ledger [--requests 600] [--rounds 3] [--pg-url URL]
 
+and ``workers``: group commit in ``--workers`` server processes on one port (``DPICL_WORKERS``;
+default: this machine's cores), since one Python process answers on one core at a time. CPU
+per request counts the server's whole process tree.
+
 ``--before REV`` adds the server of git revision REV (group commit) to every database, for a
 change's before and after in one run; ``--paths group`` leaves out the single-transaction
 servers:
@@ -74,6 +78,10 @@ from dpicl.api.app import build_app
 from dpicl.config import Settings
 port, loop, http = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 settings = Settings()
+if getattr(settings, "workers", 1) > 1:  # DPICL_WORKERS (this checkout): supervisor, workers
+    from dpicl.api.workers import serve_workers
+    serve_workers(settings.model_copy(update={"host": "127.0.0.1", "port": port}))
+    sys.exit(0)
 opts = {"http": http}
 if http == "served":
     from dpicl.api.http_limits import uvicorn_options
@@ -108,8 +116,20 @@ class Server:
     port: int
 
     def cpu_s(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
+        """CPU seconds of the server and every process under it (DPICL_WORKERS' workers)."""
+        stats: dict[int, list[str]] = {}
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                stats[int(stat.parent.name)] = stat.read_text().rsplit(")", 1)[1].split()
+            except (OSError, ValueError):  # a process that just ended
+                continue
+        tree, grew = {self.proc.pid}, True
+        while grew:
+            below = {pid for pid, f in stats.items() if int(f[1]) in tree} - tree  # f[1]: ppid
+            tree |= below
+            grew = bool(below)
+        # utime + stime of each (a worker's own, while it runs: not yet its parent's cutime)
+        return sum(int(stats[p][11]) + int(stats[p][12]) for p in tree if p in stats) / TICK
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -322,8 +342,9 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Round]:
 
 #: The PostgreSQL server the ledger benchmark creates its databases on (as the tests do).
 PG_ADMIN_URL = os.environ.get("DPICL_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
-#: The charge paths compared by --ledger: DPICL_LEDGER_GROUP_COMMIT_MS of each.
-CHARGE_PATHS = {"single": "0", "group": "5"}
+#: The charge paths compared by --ledger: DPICL_LEDGER_GROUP_COMMIT_MS of each; "workers" is
+#: group commit in --workers server processes on one port (DPICL_WORKERS).
+CHARGE_PATHS = {"single": "0", "group": "5", "workers": "5"}
 
 
 def pg_databases(admin_url: str, names: list[str], *, drop: bool) -> list[str]:
@@ -348,15 +369,20 @@ def load_average() -> str:
     return f"{one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} CPUs"
 
 
-def ledger_variants(args: argparse.Namespace) -> list[tuple[str, str, str | None]]:
-    """The servers of --ledger, per database: (name, DPICL_LEDGER_GROUP_COMMIT_MS, the git
-    revision it runs, None for this checkout). ``--before REV`` adds REV's server with group
-    commit, so a change is measured against the code before it in the same run."""
-    out: list[tuple[str, str, str | None]] = [
-        (path, CHARGE_PATHS[path], None) for path in args.paths.split(",")
-    ]
+def ledger_variants(args: argparse.Namespace) -> list[tuple[str, dict[str, str], str | None]]:
+    """The servers of --ledger, per database: (name, their DPICL_* settings, the git revision
+    it runs, None for this checkout). ``--before REV`` adds REV's server with group commit,
+    so a change is measured against the code before it in the same run."""
+    out: list[tuple[str, dict[str, str], str | None]] = []
+    for path in args.paths.split(","):
+        env = {"DPICL_LEDGER_GROUP_COMMIT_MS": CHARGE_PATHS[path]}
+        if path == "workers":
+            env["DPICL_WORKERS"] = str(args.workers)
+            path = f"group, {args.workers} workers"
+        out.append((path, env, None))
     if args.before:
-        out.append((f"group @{args.before}", CHARGE_PATHS["group"], args.before))
+        group = {"DPICL_LEDGER_GROUP_COMMIT_MS": CHARGE_PATHS["group"]}
+        out.append((f"group @{args.before}", group, args.before))
     return out
 
 
@@ -373,13 +399,13 @@ async def run_ledger(args: argparse.Namespace, tmp: Path, pg_urls: dict[str, str
     }
     servers = []
     for db in ("sqlite", "postgresql"):
-        for path, window_ms, rev in ledger_variants(args):
+        for path, settings, rev in ledger_variants(args):
             name = f"{db}, {path}"
-            env = {"DPICL_LEDGER_GROUP_COMMIT_MS": window_ms}
+            env = dict(settings)
             if db == "postgresql":
                 env["DPICL_DATABASE_URL"] = pg_urls[name]
             tree = here if rev is None else trees[rev]
-            workdir = tmp / name.replace(", ", "-").replace(" @", "-")
+            workdir = tmp / name.replace(", ", "-").replace(" @", "-").replace(" ", "-")
             servers.append(start(name, tree, workdir, "auto", "served", **env))
     levels = (1, args.concurrency)
     try:
@@ -458,8 +484,14 @@ def main() -> None:
     p.add_argument("--pg-url", default=PG_ADMIN_URL, help="PostgreSQL for --ledger")
     p.add_argument(
         "--paths",
-        default="single,group",
-        help="--ledger: the charge paths of this checkout to run (of single,group)",
+        default="single,group,workers",
+        help="--ledger: the charge paths of this checkout to run (of single,group,workers)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=len(os.sched_getaffinity(0)),
+        help="--ledger: server processes of the 'workers' path (default: this machine's cores)",
     )
     p.add_argument(
         "--before",

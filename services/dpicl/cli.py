@@ -60,6 +60,17 @@ def serve(
     if settings.engine == "transformers":  # vLLM binds and tunes its own OpenMP threads
         set_omp_wait_policy(settings.omp_wait_policy)  # before anything loads torch
 
+    if settings.workers > 1:
+        from dpicl.api.workers import serve_workers
+        from dpicl.errors import DpiclError
+
+        try:
+            serve_workers(settings)
+        except DpiclError as exc:  # the database, before any worker starts
+            typer.echo(f"error: {exc.message}", err=True)
+            raise typer.Exit(2) from exc
+        return
+
     import uvicorn
 
     from dpicl.api.app import build_app

@@ -9,7 +9,7 @@ import secrets
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from dpicl.domain import MAX_SYNTHESIZE_INPUTS
@@ -98,6 +98,11 @@ class Settings(BaseSettings):
     # go together in one transaction once it is done, or after waiting this long
     # (dpicl.store.group_commit); 0: one transaction per charge.
     ledger_group_commit_ms: float = Field(default=5.0, ge=0, le=1000)
+    # Server processes on one port (api/workers.py): one Python process answers on at most
+    # one core at a time (the GIL), so a host with more cores serves more with more
+    # processes, each with its own engine and group commit, all on one ledger (atomic
+    # across processes). Not with vLLM: each process would start its own engine on the GPU.
+    workers: int = Field(default=1, ge=1, le=256)
     log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = "info"
     # Operations (docs/deploy.md): log lines as JSON objects or text; GET /metrics behind the
     # admin token (its per-context budget metrics name context ids), open, or off.
@@ -140,6 +145,19 @@ class Settings(BaseSettings):
     # spins (a machine of the server's own may gain a little), "inherit" leaves
     # OMP_WAIT_POLICY as the environment has it. An OMP_WAIT_POLICY already set wins.
     omp_wait_policy: Literal["passive", "active", "inherit"] = "passive"
+
+    @field_validator("workers")
+    @classmethod
+    def _workers_fit_engine(cls, value: int, info: ValidationInfo) -> int:
+        # A field validator (engine is declared, so validated, before workers): the error
+        # then names DPICL_WORKERS.
+        if value > 1 and info.data.get("engine") == "vllm":
+            raise ValueError(
+                f"{value} workers with DPICL_ENGINE=vllm: each worker process would start "
+                "its own vLLM engine on the same GPUs; serve vLLM with one worker (its "
+                "engine batches every request) and scale with DPICL_VLLM_DATA_PARALLEL_SIZE"
+            )
+        return value
 
     @field_validator("database_url")
     @classmethod

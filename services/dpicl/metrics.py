@@ -2,7 +2,11 @@
 
 Every metric lives in prometheus-client's default registry: one set per process, which is
 what one replica exposes (several replicas are several scrape targets; Prometheus sums
-them). Labels are bounded and never carry request content: a route is its template
+them). A replica of several worker processes (``DPICL_WORKERS``) exposes them all at once
+through prometheus-client's multiprocess files (api/routes/metrics.py); there a deleted
+context's series stay in the files of the workers that answered it until they restart.
+
+Labels are bounded and never carry request content: a route is its template
 (``/v1/contexts/{context_id}``, never the path with its id), a refusal its error code, a
 database operation its name. Context ids label the per-context privacy metrics, which is
 what an operator watching budgets needs; exemplars, queries and outputs never appear.
@@ -95,12 +99,14 @@ BUDGET_EPSILON_SPENT = Gauge(
     "dpicl_budget_epsilon_spent",
     "A context's composed epsilon spent, as of the last answer this process released.",
     ["context_id"],
+    multiprocess_mode="mostrecent",  # DPICL_WORKERS: the latest any worker set
 )
 BUDGET_EPSILON_REMAINING = Gauge(
     "dpicl_budget_epsilon_remaining",
     "A context's epsilon left, as of the last answer this process released (budgeted "
     "contexts only).",
     ["context_id"],
+    multiprocess_mode="mostrecent",  # DPICL_WORKERS: the latest any worker set
 )
 
 

@@ -107,7 +107,9 @@ def build_app(
                 device=settings.device,
                 tuning=EngineTuning.from_settings(settings),
                 vllm_options=VllmOptions.from_settings(settings),
-                threads=torch_threads_of(settings.torch_threads, settings.torch_interop_threads),
+                threads=torch_threads_of(
+                    settings.torch_threads, settings.torch_interop_threads, settings.workers
+                ),
             )
         if eng.is_simulator:
             log.warning("engine %r is a SIMULATOR, not a language model", eng.name)

@@ -197,6 +197,10 @@ class Readiness(Health):
     omp_wait_policy: str | None = Field(
         default=None, description="OMP_WAIT_POLICY of the process (None: OpenMP's default)."
     )
+    workers: int = Field(
+        default=1, description="Server processes answering on this port (DPICL_WORKERS)."
+    )
+    pid: int = Field(description="The process id of the worker that answered.")
 
 
 class GenerateRequest(BaseModel):

@@ -83,9 +83,10 @@ def build_engine(
     raise EngineError(f"unknown engine {name!r}; expected transformers, oracle or vllm")
 
 
-def torch_threads_of(intra: int | None, interop: int | None) -> ThreadPlan:
-    """The thread plan of the settings ``DPICL_TORCH_THREADS`` and ``..._INTEROP_THREADS``."""
-    return choose_threads(intra, interop, usable_cores())
+def torch_threads_of(intra: int | None, interop: int | None, workers: int = 1) -> ThreadPlan:
+    """The thread plan of the settings ``DPICL_TORCH_THREADS`` and ``..._INTEROP_THREADS``
+    for one of ``workers`` server processes (``DPICL_WORKERS``)."""
+    return choose_threads(intra, interop, usable_cores(), workers)
 
 
 def build_embedder(name: str | None = None, device: str = "cpu") -> Embedder:

@@ -80,18 +80,30 @@ class ThreadPlan:
             raise ValueError(f"thread counts must be >= 1, got {self.intra}, {self.interop}")
 
 
-def choose_threads(intra: int | None, interop: int | None, cores: int) -> ThreadPlan:
-    """The threads to use: the settings where given, else the usable ``cores``.
+def choose_threads(
+    intra: int | None, interop: int | None, cores: int, workers: int = 1
+) -> ThreadPlan:
+    """The threads to use: the settings where given, else this process's share of the
+    usable ``cores`` among the server's ``workers`` processes (DPICL_WORKERS; at least 1).
 
     Inter-op threads run independent operators side by side; a served forward pass is one
     chain of operators, so one inter-op thread per two intra-op ones is plenty (torch's own
-    default is the host's CPU count, as many again as the intra-op pool).
+    default is the host's CPU count, as many again as the intra-op pool). Every worker
+    taking every core would put ``workers`` times as many threads as cores on them.
     """
     if cores < 1:
         raise ValueError(f"cores must be >= 1, got {cores}")
-    chosen = intra if intra is not None else cores
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    share = max(1, cores // workers)
+    chosen = intra if intra is not None else share
     other = interop if interop is not None else max(1, chosen // 2)
-    source = "DPICL_TORCH_THREADS" if intra is not None else f"usable cores ({cores})"
+    if intra is not None:
+        source = "DPICL_TORCH_THREADS"
+    elif workers == 1:
+        source = f"usable cores ({cores})"
+    else:
+        source = f"usable cores ({cores}) shared by {workers} workers"
     return ThreadPlan(intra=chosen, interop=other, source=source)
 
 

@@ -85,4 +85,6 @@ async def readyz(svc: Svc) -> Readiness:
         torch_threads=threads.intra if threads else None,
         torch_interop_threads=threads.interop if threads else None,
         omp_wait_policy=os.environ.get("OMP_WAIT_POLICY") or None,
+        workers=svc.settings.workers,
+        pid=os.getpid(),
     )

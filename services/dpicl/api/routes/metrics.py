@@ -1,14 +1,26 @@
-"""``GET /metrics``: this process's Prometheus metrics (dpicl.metrics), registered when
+"""``GET /metrics``: the server's Prometheus metrics (dpicl.metrics), registered when
 ``DPICL_METRICS`` is ``admin`` (behind the admin token: the per-context budget metrics name
 context ids) or ``open`` (for a scraper on a private network); absent when ``off``."""
 
 from __future__ import annotations
 
+import os
+
 from fastapi import APIRouter, Depends, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
 
 from dpicl.api.deps import require_admin
 from dpicl.api.schemas import ErrorResponse
+
+
+def exposition() -> bytes:
+    """The metrics text: this process's, or, under ``DPICL_WORKERS`` (api/workers.py), every
+    worker's from prometheus-client's multiprocess files (counters and histograms summed)."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return generate_latest(registry)
+    return generate_latest()
 
 
 def metrics_router(access: str) -> APIRouter:
@@ -25,7 +37,7 @@ def metrics_router(access: str) -> APIRouter:
         },
     )
     async def metrics() -> Response:
-        """This process's metrics in Prometheus text format (one replica's; scrape each)."""
-        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+        """This server's metrics in Prometheus text format (one replica's; scrape each)."""
+        return Response(exposition(), media_type=CONTENT_TYPE_LATEST)
 
     return router
