@@ -15,7 +15,10 @@ first count's wall time to the second's (> 1: the second count is faster). The l
 is printed beside, since the answer depends on it. ``DPICL_TORCH_THREADS`` picks the count
 for a server (README, "Threads").
 
-    .venv/bin/python bench/threads.py [--reps 6] [--threads 1,2] [--quick]
+    .venv/bin/python bench/threads.py [--reps 6] [--threads 1,2] [--quick] [--busy N]
+
+``--busy N`` runs N busy-looping processes beside the measurement (a machine whose cores are
+shared with other busy work, made the same way every time) and stops them after.
 """
 
 from __future__ import annotations
@@ -24,8 +27,11 @@ import argparse
 import asyncio
 import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -74,12 +80,20 @@ async def compare(
             await fn()  # warm-up: caches, allocator
             wall: dict[int, list[float]] = {c: [] for c in counts}
             cpu: dict[int, list[float]] = {c: [] for c in counts}
+            ran: dict[int, set[int]] = {c: set() for c in counts}
             for _ in range(reps):
                 for c in counts:
-                    torch.set_num_threads(c)
+                    # The engine's own plan, which it applies in the thread that runs the
+                    # model (engines/runner.py): torch.set_num_threads here, in this thread,
+                    # would leave a worker thread that already ran the model at its count.
+                    assert engine.threads is not None
+                    engine.threads = replace(engine.threads, intra=c)
                     w, u, n = await timed(fn)
                     wall[c].append(w / n)
                     cpu[c].append(u / n)
+                    ran[c].add(await engine.run(torch.get_num_threads))
+            if any(ran[c] != {c} for c in counts):
+                raise SystemExit(f"the model did not run with the asked-for threads: {ran}")
             med = {c: statistics.median(wall[c]) for c in counts}
             parts = ", ".join(
                 f"{c} thread{'s' if c > 1 else ''} {med[c] * 1e3:7.1f} ms "
@@ -90,7 +104,8 @@ async def compare(
             print(
                 f"[{name:<13}] per query at T={partitions}: {parts} -> "
                 f"{a} vs {b} threads: x{med[a] / med[b]:.2f} (wall of {a} / wall of {b}; "
-                f"range of {a}: {min(wall[a]) * 1e3:.0f}-{max(wall[a]) * 1e3:.0f} ms)",
+                f"range of {a}: {min(wall[a]) * 1e3:.0f}-{max(wall[a]) * 1e3:.0f} ms; the "
+                f"model ran with {a} and {b})",
                 flush=True,
             )
 
@@ -101,6 +116,7 @@ def main() -> None:
     ap.add_argument("--threads", default="1,2", help="two thread counts to compare")
     ap.add_argument("--partitions", type=int, default=10)
     ap.add_argument("--quick", action="store_true", help="2 repetitions, T = 4 (a smoke run)")
+    ap.add_argument("--busy", type=int, default=0, help="busy-looping processes beside")
     args = ap.parse_args()
     counts = [int(x) for x in args.threads.split(",")]
     if len(counts) != 2 or min(counts) < 1:
@@ -112,9 +128,15 @@ def main() -> None:
     )
     engine = build_engine("transformers", cache_dir=CACHE_DIR)
     assert isinstance(engine, TransformersEngine)
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
+    if busy:
+        print(f"{len(busy)} busy-looping processes beside the measurement")
     try:
         asyncio.run(compare(engine, counts, reps, partitions))
     finally:
+        for p in busy:
+            p.kill()
+            p.wait()
         asyncio.run(engine.aclose())
     print(f"load average after: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
 

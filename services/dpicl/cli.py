@@ -47,16 +47,22 @@ def serve(
         int | None,
         typer.Option(help="Port (0: any free port).", show_default="DPICL_PORT, else 8000"),
     ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            help="Server processes on the port (one ledger; not with vLLM).",
+            show_default="DPICL_WORKERS, else 1",
+        ),
+    ] = None,
 ) -> None:
     """Start the HTTP server with the settings from DPICL_* variables."""
     from dpicl.engines.threads import set_omp_wait_policy
-    from dpicl.logging_setup import configure_logging
+    from dpicl.logging_setup import configure_logging, level_of
 
-    update = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
+    flags = {"host": host, "port": port, "workers": workers}
+    update = {k: v for k, v in flags.items() if v is not None}
     settings = load_settings(**update)
-    # uvicorn's "trace" (5) is below logging's DEBUG and has no name there.
-    level = 5 if settings.log_level == "trace" else settings.log_level.upper()
-    configure_logging(level, settings.log_format)
+    configure_logging(level_of(settings.log_level), settings.log_format)
     if settings.engine == "transformers":  # vLLM binds and tunes its own OpenMP threads
         set_omp_wait_policy(settings.omp_wait_policy)  # before anything loads torch
 

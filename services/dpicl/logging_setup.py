@@ -86,3 +86,9 @@ def configure_logging(level: int | str, fmt: LogFormat) -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
+
+
+def level_of(name: str) -> int | str:
+    """The logging level of a ``DPICL_LOG_LEVEL`` value: uvicorn's "trace" (5) is below
+    logging's DEBUG and has no name there."""
+    return 5 if name == "trace" else name.upper()

@@ -6,6 +6,7 @@ guarantee across processes on SQLite."""
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 import threading
@@ -199,3 +200,33 @@ def test_request_benchmark_runs_in_quick_mode() -> None:
     assert out.returncode == 0, out.stdout + out.stderr
     for line in ("requests/s, lean / before:", "CPU per request", "SQLite p99"):
         assert line in out.stdout, out.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_ledger_benchmark_runs_every_charge_path_in_quick_mode() -> None:
+    # Mechanics only: the three charge paths of this checkout (one transaction per charge,
+    # group commit, group commit in two worker processes) on SQLite and PostgreSQL, each at
+    # concurrency 1 and 4, their ratios printed with the load beside.
+    from tests.conftest import _pg_available
+
+    reason = _pg_available()
+    if reason:
+        pytest.skip(reason)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "http_load.py"),
+            "--ledger",
+            "--quick",
+            "--workers=2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    for db in ("sqlite", "postgresql"):
+        for path in ("single", "group", "group, 2 workers"):
+            assert re.search(rf"{db}, {path} +\d+ +\d+ +x\d", out.stdout), (db, path, out.stdout)
+    assert "load average" in out.stdout

@@ -124,3 +124,41 @@ def test_wait_policy_after_torch_changes_nothing(
         assert set_omp_wait_policy("passive") == ""  # torch is loaded in this process
     assert "OMP_WAIT_POLICY" not in os.environ
     assert "too late: torch is already loaded" in caplog.text
+
+
+@pytest.mark.slow
+def test_the_engine_holds_its_thread_count_in_every_worker_thread() -> None:
+    """torch's intra-op count is per thread once a thread has run an operator: a worker
+    thread that ran the model at 2 threads kept 2 after ``torch.set_num_threads(1)`` in
+    another thread (bench/threads.py once compared 2 threads with 2 that way). The engine
+    applies its own plan in whichever thread runs the model."""
+    import asyncio
+
+    from dpicl.engines.base import GenerationParams, PromptSpec
+    from tests.server.real_model import load_bundled
+
+    before = torch.get_num_threads()
+    engine = load_bundled()
+    prompts = ["The sky is", "Water is"]
+
+    async def run() -> tuple[set[int], set[int]]:
+        engine.threads = ThreadPlan(intra=2, interop=1, source="test")
+        seen_two = set()
+        for _ in range(4):  # the executor's threads run the model at 2
+            await engine.generate(
+                [PromptSpec(text=p, query=p) for p in prompts],
+                GenerationParams(max_tokens=2, temperature=0.0),
+            )
+            seen_two.add(await engine.run(torch.get_num_threads))
+        torch.set_num_threads(1)  # in this thread only: not what the workers run with
+        engine.threads = ThreadPlan(intra=1, interop=1, source="test")
+        seen_one = {await engine.run(torch.get_num_threads) for _ in range(8)}
+        return seen_two, seen_one
+
+    try:
+        seen_two, seen_one = asyncio.run(run())
+    finally:
+        asyncio.run(engine.aclose())
+        torch.set_num_threads(before)
+    assert seen_two == {2}
+    assert seen_one == {1}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -54,10 +55,11 @@ def test_vllm_with_workers_is_refused_naming_the_setting(monkeypatch: pytest.Mon
 
 
 def test_worker_environment_carries_the_token_and_the_metrics_folder() -> None:
-    s, generated = Settings(admin_token=None).with_generated_secrets()
+    s, generated = Settings(admin_token=None, workers=3).with_generated_secrets()
     assert generated and s.admin_token is not None
     env = worker_environment(s, "/tmp/m")
     assert env == {
+        "DPICL_WORKERS": "3",  # also when it came from `dpicl serve --workers 3`
         "DPICL_ADMIN_TOKEN": s.admin_token.get_secret_value(),
         "PROMETHEUS_MULTIPROC_DIR": "/tmp/m",
     }
@@ -156,9 +158,9 @@ def test_two_workers_one_port_one_token_one_ledger_and_metrics(
 @pytest.mark.slow
 @pytest.mark.postgres
 def test_two_workers_never_overspend_on_postgres(pg_url: str, start_server: Any) -> None:
-    srv = start_server(
-        {"DPICL_ENGINE": "oracle", "DPICL_DATABASE_URL": pg_url, "DPICL_WORKERS": str(WORKERS)}
-    )
+    # The flag, not the variable: each worker still learns their number (/readyz says 2).
+    serve = [sys.executable, "-m", "dpicl", "serve", "--port", "{port}", "--workers", "2"]
+    srv = start_server({"DPICL_ENGINE": "oracle", "DPICL_DATABASE_URL": pg_url}, command=serve)
     admin = admin_headers()
     assert len(_pids_answering(srv.url, admin)) == WORKERS
     for k in (3, 8):

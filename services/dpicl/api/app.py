@@ -63,6 +63,17 @@ COMMON_ERRORS: dict[int | str, dict[str, object]] = {
 }
 
 
+def announce_generated_token(settings: Settings) -> None:
+    """Print the admin token generated because none was configured. Printed, not logged at
+    debug: the operator needs it to administer the server."""
+    if settings.admin_token is not None:
+        print(
+            f"dpicl: no DPICL_ADMIN_TOKEN configured; generated admin token: "
+            f"{settings.admin_token.get_secret_value()}",
+            flush=True,
+        )
+
+
 def build_app(
     settings: Settings, *, engine: Engine | None = None, embedder: Embedder | None = None
 ) -> FastAPI:
@@ -71,13 +82,8 @@ def build_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if generated and settings.admin_token is not None:
-            # Printed, not logged at debug: the operator needs it to administer the server.
-            print(
-                f"dpicl: no DPICL_ADMIN_TOKEN configured; generated admin token: "
-                f"{settings.admin_token.get_secret_value()}",
-                flush=True,
-            )
+        if generated:
+            announce_generated_token(settings)
         if settings.whitebox != "off":
             log.warning(
                 "SECURITY: white-box debug endpoints are ON (DPICL_WHITEBOX=%s). They release "

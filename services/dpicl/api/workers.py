@@ -11,6 +11,7 @@ stops them all on SIGINT or SIGTERM. Each worker is a fresh interpreter that bui
 app from the environment (:func:`app_from_env`), so what must be the same in every worker
 travels there (:func:`worker_environment`):
 
+* their number, which each worker's share of the cores depends on;
 * the admin token, generated once here when none is configured (workers generating their own
   would each accept a different one);
 * Prometheus's multiprocess directory (``PROMETHEUS_MULTIPROC_DIR``; a fresh one unless the
@@ -51,8 +52,9 @@ METRICS_DIR_VAR = "PROMETHEUS_MULTIPROC_DIR"
 
 def worker_environment(settings: Settings, metrics_dir: str | None) -> dict[str, str]:
     """The variables every worker must share, to put on top of the environment they inherit:
-    the admin token (``settings`` already holds a generated one) and the metrics folder."""
-    env: dict[str, str] = {}
+    their number (``dpicl serve --workers`` sets no variable), the admin token (``settings``
+    already holds a generated one) and the metrics folder."""
+    env: dict[str, str] = {"DPICL_WORKERS": str(settings.workers)}
     if settings.admin_token is not None:
         env["DPICL_ADMIN_TOKEN"] = settings.admin_token.get_secret_value()
     if metrics_dir is not None:
@@ -64,11 +66,10 @@ def app_from_env() -> FastAPI:
     """The app of one worker process: its settings from ``DPICL_*`` (uvicorn calls this)."""
     from dpicl.api.app import build_app
     from dpicl.config import Settings
-    from dpicl.logging_setup import configure_logging
+    from dpicl.logging_setup import configure_logging, level_of
 
     settings = Settings()
-    level = 5 if settings.log_level == "trace" else settings.log_level.upper()
-    configure_logging(level, settings.log_format)
+    configure_logging(level_of(settings.log_level), settings.log_format)
     return build_app(settings)
 
 
@@ -76,16 +77,12 @@ def serve_workers(settings: Settings, environ: Mapping[str, str] = os.environ) -
     """Serve ``settings.workers`` processes on ``settings.host:port`` until stopped."""
     import uvicorn
 
+    from dpicl.api.app import announce_generated_token
     from dpicl.api.http_limits import uvicorn_options
 
     settings, generated = settings.with_generated_secrets()
-    if generated and settings.admin_token is not None:
-        # Printed once, here: the workers receive it as configured.
-        print(
-            f"dpicl: no DPICL_ADMIN_TOKEN configured; generated admin token: "
-            f"{settings.admin_token.get_secret_value()}",
-            flush=True,
-        )
+    if generated:  # printed once, here: the workers receive it as configured
+        announce_generated_token(settings)
     # Once, before any worker starts, rather than N workers racing to the same migration
     # (each still checks the revision at start, as a replica does).
     from dpicl.store.repository import ContextRepository

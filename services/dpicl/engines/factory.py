@@ -59,7 +59,9 @@ def build_engine(
 
             env = Settings()
             tuning = tuning or EngineTuning.from_settings(env)
-            threads = threads or torch_threads_of(env.torch_threads, env.torch_interop_threads)
+            threads = threads or torch_threads_of(
+                env.torch_threads, env.torch_interop_threads, env.workers
+            )
         held = apply_torch_threads(threads)
         engine = TransformersEngine.load(path, device=device, model_name=label, tuning=tuning)
         engine.threads = held

@@ -160,6 +160,13 @@ class ModelRunner:
         with self._lock, torch.inference_mode():
             if self._closed:
                 raise EngineError("the transformers engine is closed")
+            plan = self.threads
+            if plan is not None and torch.get_num_threads() != plan.intra:
+                # torch's intra-op count is per thread once a thread has run an operator
+                # (OpenMP's): a worker thread that ran one before the plan was set, or
+                # before it changed, would keep its old count (bench/threads.py compared
+                # 2 threads with 2 that way). Setting it here holds it in every thread.
+                torch.set_num_threads(plan.intra)
             try:
                 return fn(*args)
             except torch.cuda.OutOfMemoryError as exc:  # pragma: no cover - GPU only
