@@ -33,9 +33,9 @@ then say nothing about a GPU. In either environment of this project::
 
     .venv/bin/python bench/gpu.py --tiny              # transformers rows (vLLM not installed)
     .venv-vllm/bin/python bench/gpu.py --tiny         # and vLLM's CPU build beside them
- ``--check-imports`` imports the
-asked-for engines the way a run does (this file run as a script, ``bench/`` first on
-``sys.path``) and exits.
+
+``--check-imports`` imports the asked-for engines the way a run does (this file run as a
+script, ``bench/`` first on ``sys.path``) and exits.
 """
 
 from __future__ import annotations

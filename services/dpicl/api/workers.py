@@ -33,7 +33,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -73,7 +72,7 @@ def app_from_env() -> FastAPI:
     return build_app(settings)
 
 
-def serve_workers(settings: Settings, environ: Mapping[str, str] = os.environ) -> None:
+def serve_workers(settings: Settings) -> None:
     """Serve ``settings.workers`` processes on ``settings.host:port`` until stopped."""
     import uvicorn
 
@@ -93,7 +92,7 @@ def serve_workers(settings: Settings, environ: Mapping[str, str] = os.environ) -
     finally:
         repo.dispose()
     own_dir = None
-    if settings.metrics != "off" and not environ.get(METRICS_DIR_VAR):
+    if settings.metrics != "off" and not os.environ.get(METRICS_DIR_VAR):
         own_dir = tempfile.mkdtemp(prefix="dpicl-metrics-")
     os.environ.update(worker_environment(settings, own_dir))
     try:
