@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from dpicl.config import Settings
+from dpicl.errors import DpiclError
 
 app = typer.Typer(
     help="dpicl: differentially private in-context learning server.", no_args_is_help=True
@@ -67,8 +68,7 @@ def serve(
         set_omp_wait_policy(settings.omp_wait_policy)  # before anything loads torch
 
     if settings.workers > 1:
-        from dpicl.api.workers import serve_workers
-        from dpicl.errors import DpiclError
+        from dpicl.api.workers import serve_workers  # deferred: it loads the app
 
         try:
             serve_workers(settings)
@@ -98,7 +98,6 @@ def serve(
 @app.command()
 def migrate() -> None:
     """Migrate the database at DPICL_DATABASE_URL to the newest schema (servers do it too)."""
-    from dpicl.errors import DpiclError
     from dpicl.store.repository import ContextRepository
 
     settings = load_settings()
@@ -152,7 +151,6 @@ def calibrate(
     ] = None,
 ) -> None:
     """Print the noise a mechanism needs for (epsilon, delta), as JSON."""
-    from dpicl.errors import DpiclError
     from dpicl.mechanisms.registry import get_mechanism
 
     given = {

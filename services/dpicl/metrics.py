@@ -28,6 +28,7 @@ __all__ = [
     "DB_ERRORS",
     "DB_SECONDS",
     "EPSILON_CHARGED",
+    "MULTIPROCESS_DIR_VAR",
     "PREFIX_CACHE_HITS",
     "PREFIX_CACHE_MISSES",
     "QUEUE_WAIT_SECONDS",
@@ -38,6 +39,10 @@ __all__ = [
     "forget_context",
     "record_release",
 ]
+
+#: prometheus-client's multiprocess mode (``DPICL_WORKERS``): where set, each process writes
+#: its values under this folder and ``/metrics`` reads them all.
+MULTIPROCESS_DIR_VAR = "PROMETHEUS_MULTIPROC_DIR"
 
 #: Latency buckets (seconds) from a cached oracle answer (~1 ms) to a long generation.
 _LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)

@@ -21,7 +21,7 @@ from dpicl.pipelines.contexts import cost_of
 from dpicl.store import repository
 from dpicl.store.context_cache import ContextCache, context_bytes
 from dpicl.store.repository import ContextRepository, sqlite_write_lock
-from tests.conftest import admin_headers, user_headers
+from tests.conftest import _pg_available, admin_headers, user_headers
 from tests.server.api_helpers import make_client, voting_context
 from tests.server.test_ledger_postgres import two_processes_never_overspend
 
@@ -208,8 +208,6 @@ def test_ledger_benchmark_runs_every_charge_path_in_quick_mode() -> None:
     # Mechanics only: the three charge paths of this checkout (one transaction per charge,
     # group commit, group commit in two worker processes) on SQLite and PostgreSQL, each at
     # concurrency 1 and 4, their ratios printed with the load beside.
-    from tests.conftest import _pg_available
-
     reason = _pg_available()
     if reason:
         pytest.skip(reason)

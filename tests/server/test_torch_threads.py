@@ -3,6 +3,7 @@ cgroup CPU quota), never torch's count of the host's CPUs; settings override it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import subprocess
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from dpicl.config import Settings
+from dpicl.engines.base import GenerationParams, PromptSpec
 from dpicl.engines.threads import (
     ThreadPlan,
     apply_torch_threads,
@@ -20,6 +22,7 @@ from dpicl.engines.threads import (
     set_omp_wait_policy,
     usable_cores,
 )
+from tests.server.real_model import load_bundled
 
 
 @pytest.mark.parametrize(
@@ -132,11 +135,6 @@ def test_the_engine_holds_its_thread_count_in_every_worker_thread() -> None:
     thread that ran the model at 2 threads kept 2 after ``torch.set_num_threads(1)`` in
     another thread (bench/threads.py once compared 2 threads with 2 that way). The engine
     applies its own plan in whichever thread runs the model."""
-    import asyncio
-
-    from dpicl.engines.base import GenerationParams, PromptSpec
-    from tests.server.real_model import load_bundled
-
     before = torch.get_num_threads()
     engine = load_bundled()
     prompts = ["The sky is", "Water is"]

@@ -33,20 +33,22 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from fastapi import FastAPI
+import uvicorn
+from fastapi import FastAPI
 
-    from dpicl.config import Settings
+from dpicl.api.app import announce_generated_token, build_app
+from dpicl.api.http_limits import uvicorn_options
+from dpicl.config import Settings
+from dpicl.logging_setup import configure_logging, level_of
+from dpicl.metrics import MULTIPROCESS_DIR_VAR
+from dpicl.store.repository import ContextRepository
 
 __all__ = ["APP_FACTORY", "HTTP_PROTOCOL", "app_from_env", "serve_workers", "worker_environment"]
 
 #: What each worker imports by name (uvicorn passes import strings to its processes).
 APP_FACTORY = "dpicl.api.workers:app_from_env"
 HTTP_PROTOCOL = "dpicl.api.worker_protocol:WorkerHttpProtocol"
-#: prometheus-client's multiprocess mode: each process writes its values under this folder.
-METRICS_DIR_VAR = "PROMETHEUS_MULTIPROC_DIR"
 
 
 def worker_environment(settings: Settings, metrics_dir: str | None) -> dict[str, str]:
@@ -57,16 +59,12 @@ def worker_environment(settings: Settings, metrics_dir: str | None) -> dict[str,
     if settings.admin_token is not None:
         env["DPICL_ADMIN_TOKEN"] = settings.admin_token.get_secret_value()
     if metrics_dir is not None:
-        env[METRICS_DIR_VAR] = metrics_dir
+        env[MULTIPROCESS_DIR_VAR] = metrics_dir
     return env
 
 
 def app_from_env() -> FastAPI:
     """The app of one worker process: its settings from ``DPICL_*`` (uvicorn calls this)."""
-    from dpicl.api.app import build_app
-    from dpicl.config import Settings
-    from dpicl.logging_setup import configure_logging, level_of
-
     settings = Settings()
     configure_logging(level_of(settings.log_level), settings.log_format)
     return build_app(settings)
@@ -74,25 +72,18 @@ def app_from_env() -> FastAPI:
 
 def serve_workers(settings: Settings) -> None:
     """Serve ``settings.workers`` processes on ``settings.host:port`` until stopped."""
-    import uvicorn
-
-    from dpicl.api.app import announce_generated_token
-    from dpicl.api.http_limits import uvicorn_options
-
     settings, generated = settings.with_generated_secrets()
     if generated:  # printed once, here: the workers receive it as configured
         announce_generated_token(settings)
     # Once, before any worker starts, rather than N workers racing to the same migration
     # (each still checks the revision at start, as a replica does).
-    from dpicl.store.repository import ContextRepository
-
     repo = ContextRepository(settings.database_url, timeout_s=settings.db_timeout_s)
     try:
         repo.migrate()
     finally:
         repo.dispose()
     own_dir = None
-    if settings.metrics != "off" and not os.environ.get(METRICS_DIR_VAR):
+    if settings.metrics != "off" and not os.environ.get(MULTIPROCESS_DIR_VAR):
         own_dir = tempfile.mkdtemp(prefix="dpicl-metrics-")
     os.environ.update(worker_environment(settings, own_dir))
     try:

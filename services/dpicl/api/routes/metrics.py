@@ -11,12 +11,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from dpicl.api.deps import require_admin
 from dpicl.api.schemas import ErrorResponse
+from dpicl.metrics import MULTIPROCESS_DIR_VAR
 
 
 def exposition() -> bytes:
     """The metrics text: this process's, or, under ``DPICL_WORKERS`` (api/workers.py), every
     worker's from prometheus-client's multiprocess files (counters and histograms summed)."""
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    if os.environ.get(MULTIPROCESS_DIR_VAR):
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
         return generate_latest(registry)
