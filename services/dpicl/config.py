@@ -16,6 +16,8 @@ from dpicl.domain import MAX_SYNTHESIZE_INPUTS
 
 EngineName = Literal["transformers", "oracle", "vllm"]
 WhiteBox = Literal["off", "noisy", "internal"]
+DTypeName = Literal["auto", "bfloat16", "float16", "float32"]
+LoadFormat = Literal["auto", "dummy"]
 
 
 class Settings(BaseSettings):
@@ -39,6 +41,19 @@ class Settings(BaseSettings):
         default=None, description="sentence-transformers directory; None is bundled MiniLM."
     )
     device: str = "cpu"
+    # The weights' dtype (engines/placement.py): auto is bfloat16 on a CUDA device that has
+    # it, float16 on one that has not, float32 on the CPU. Loaded straight onto the device.
+    dtype: DTypeName = "auto"
+    # "dummy": the model built from its config.json with random weights (vLLM's name), for
+    # capacity planning; never the default, and /readyz and the start-up log say so.
+    load_format: LoadFormat = "auto"
+    # Where the engine runs (engines/process.py). torch releases and re-takes the
+    # interpreter lock on every operation, so any Python work beside it in one process (the
+    # event loop serving HTTP) stalls the model (DESIGN.md 3). "auto": its own process for
+    # the transformers engine, the server's process for the oracle simulator and for vLLM
+    # (whose engine core has a process of its own); "on": its own process (transformers or
+    # the oracle); "off": the server's process.
+    engine_process: Literal["auto", "on", "off"] = "auto"
     cache_dir: Path = Path.home() / ".cache" / "dpicl"
     # SecretStr: a repr or a log of the settings shows "**********", never a token.
     admin_token: SecretStr | None = None
@@ -131,10 +146,13 @@ class Settings(BaseSettings):
     # Transformers engine serving (engines/tuning.py): the per-context prompt-prefix KV
     # cache (0 MiB turns it off), the scratch memory scoring batches keep for laying out
     # their cached prefixes, and micro-batching of concurrent label-scoring requests.
-    prefix_cache_mib: int = Field(default=256, ge=0, le=1_048_576)
+    # prefix_cache_mib unset: 256 MiB on the CPU, 40% of the device memory left free after
+    # the weights on a GPU (engines/placement.py). batch_wait_ms 0: a batch starts as soon
+    # as the engine is free, with what queued while it was busy.
+    prefix_cache_mib: int | None = Field(default=None, ge=0, le=1_048_576)
     prefix_cache_entries: int = Field(default=4096, ge=1, le=10_000_000)
     kv_workspace_mib: int = Field(default=128, ge=0, le=1_048_576)
-    batch_wait_ms: float = Field(default=2.0, ge=0, le=1000)
+    batch_wait_ms: float = Field(default=0.0, ge=0, le=1000)
     batch_max_prompts: int = Field(default=256, ge=1, le=65_536)
     # torch's CPU threads (engines/threads.py). Unset: the cores this process may use (its
     # affinity, capped by a cgroup CPU quota), not torch's default of all the host's CPUs.
@@ -158,6 +176,22 @@ class Settings(BaseSettings):
                 "engine batches every request) and scale with DPICL_VLLM_DATA_PARALLEL_SIZE"
             )
         return value
+
+    @field_validator("engine_process")
+    @classmethod
+    def _process_fits_engine(cls, value: str, info: ValidationInfo) -> str:
+        if value == "on" and info.data.get("engine") == "vllm":
+            raise ValueError(
+                "DPICL_ENGINE_PROCESS=on with DPICL_ENGINE=vllm: vLLM runs its engine core in "
+                "a process of its own already; leave it at auto"
+            )
+        return value
+
+    def separate_engine_process(self) -> bool:
+        """Whether the engine runs in a process of its own (DPICL_ENGINE_PROCESS)."""
+        if self.engine_process == "auto":
+            return self.engine == "transformers"
+        return self.engine_process == "on"
 
     @field_validator("database_url")
     @classmethod

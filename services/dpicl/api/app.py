@@ -22,8 +22,6 @@ from dpicl.api.routes.metrics import metrics_router
 from dpicl.api.schemas import ErrorResponse
 from dpicl.config import Settings
 from dpicl.engines.base import Embedder, Engine
-from dpicl.engines.tuning import EngineTuning
-from dpicl.engines.vllm import VllmOptions
 from dpicl.privacy.accounting import MU2_RTOL
 from dpicl.privacy.ledger import Ledger
 from dpicl.store.repository import ContextRepository
@@ -104,19 +102,9 @@ def build_app(
         await asyncio.to_thread(repo.migrate)
         eng = engine
         if eng is None:
-            from dpicl.engines.factory import build_engine, torch_threads_of
+            from dpicl.engines.factory import serve_engine
 
-            eng = build_engine(
-                settings.engine,
-                model=settings.model,
-                cache_dir=settings.cache_dir,
-                device=settings.device,
-                tuning=EngineTuning.from_settings(settings),
-                vllm_options=VllmOptions.from_settings(settings),
-                threads=torch_threads_of(
-                    settings.torch_threads, settings.torch_interop_threads, settings.workers
-                ),
-            )
+            eng = serve_engine(settings)
         if eng.is_simulator:
             log.warning("engine %r is a SIMULATOR, not a language model", eng.name)
         services = Services(

@@ -201,6 +201,21 @@ class Readiness(Health):
         default=1, description="Server processes answering on this port (DPICL_WORKERS)."
     )
     pid: int = Field(description="The process id of the worker that answered.")
+    device: str | None = Field(default=None, description="The engine's device (DPICL_DEVICE).")
+    dtype: str | None = Field(
+        default=None, description="The dtype of the model's weights (DPICL_DTYPE)."
+    )
+    load_format: str | None = Field(
+        default=None,
+        description="auto, or dummy: RANDOM weights for capacity planning (DPICL_LOAD_FORMAT).",
+    )
+    engine_pid: int | None = Field(
+        default=None,
+        description="The engine process's id (DPICL_ENGINE_PROCESS); None: in this process.",
+    )
+    prefix_cache_mib: int | None = Field(
+        default=None, description="The prefix cache's budget, MiB (DPICL_PREFIX_CACHE_MIB)."
+    )
 
 
 class GenerateRequest(BaseModel):

@@ -16,9 +16,10 @@ from dpicl.engines.tuning import EngineTuning
 from dpicl.errors import EngineError
 
 if TYPE_CHECKING:
+    from dpicl.config import Settings
     from dpicl.engines.vllm import VllmOptions
 
-__all__ = ["build_embedder", "build_engine", "torch_threads_of"]
+__all__ = ["build_embedder", "build_engine", "serve_engine", "torch_threads_of"]
 
 EngineName = Literal["transformers", "oracle", "vllm"]
 
@@ -29,6 +30,8 @@ def build_engine(
     model: str | None = None,
     cache_dir: Path | None = None,
     device: str = "cpu",
+    dtype: str = "auto",
+    load_format: str = "auto",
     tuning: EngineTuning | None = None,
     vllm_options: VllmOptions | None = None,
     threads: ThreadPlan | None = None,
@@ -42,7 +45,12 @@ def build_engine(
     ``tuning`` (prefix cache and micro-batching; the transformers engine only) defaults to
     the ``DPICL_PREFIX_CACHE_*`` and ``DPICL_BATCH_*`` settings of the environment, and
     ``threads`` (torch's CPU thread pools; the transformers engine only) to
-    ``DPICL_TORCH_*THREADS`` or the cores this process may use.
+    ``DPICL_TORCH_*THREADS`` or the cores this process may use. ``dtype`` and
+    ``load_format`` (``DPICL_DTYPE``, ``DPICL_LOAD_FORMAT``;
+    :mod:`dpicl.engines.placement`) apply to the transformers engine here and to vLLM
+    through ``vllm_options``.
+
+    The engine runs in this process; :func:`serve_engine` is what the server calls.
     """
     if name == "oracle":
         from dpicl.engines.oracle import OracleEngine
@@ -63,7 +71,14 @@ def build_engine(
                 env.torch_threads, env.torch_interop_threads, env.workers
             )
         held = apply_torch_threads(threads)
-        engine = TransformersEngine.load(path, device=device, model_name=label, tuning=tuning)
+        engine = TransformersEngine.load(
+            path,
+            device=device,
+            dtype=dtype,
+            load_format=load_format,
+            model_name=label,
+            tuning=tuning,
+        )
         engine.threads = held
         return engine
     if name == "vllm":
@@ -83,6 +98,44 @@ def build_engine(
         label = "SmolLM2-135M-Instruct (bundled Q4_1, converted)" if model is None else model
         return VllmEngine.load(path, model_name=label, options=vllm_options)
     raise EngineError(f"unknown engine {name!r}; expected transformers, oracle or vllm")
+
+
+def serve_engine(settings: Settings) -> Engine:
+    """The engine the server answers with, as its settings say: in a process of its own
+    (:mod:`dpicl.engines.process`; ``DPICL_ENGINE_PROCESS``) or in this one. Blocking."""
+    from dpicl.engines.vllm import VllmOptions
+
+    tuning = EngineTuning.from_settings(settings)
+    threads = torch_threads_of(
+        settings.torch_threads, settings.torch_interop_threads, settings.workers
+    )
+    if settings.separate_engine_process():
+        from dpicl.engines.process import EngineSpec, ProcessEngine
+
+        spec = EngineSpec(
+            name=settings.engine,
+            model=settings.model,
+            cache_dir=settings.cache_dir,
+            device=settings.device,
+            dtype=settings.dtype,
+            load_format=settings.load_format,
+            tuning=tuning,
+            threads=threads,
+            log_level=settings.log_level,
+            log_format=settings.log_format,
+        )
+        return ProcessEngine.start(spec)
+    return build_engine(
+        settings.engine,
+        model=settings.model,
+        cache_dir=settings.cache_dir,
+        device=settings.device,
+        dtype=settings.dtype,
+        load_format=settings.load_format,
+        tuning=tuning,
+        vllm_options=VllmOptions.from_settings(settings),
+        threads=threads,
+    )
 
 
 def torch_threads_of(intra: int | None, interop: int | None, workers: int = 1) -> ThreadPlan:

@@ -45,6 +45,7 @@ __all__ = [
     "OracleDecodingSession",
     "OracleEngine",
     "canary_present",
+    "decode_oracle_tokens",
     "membership_label_options",
     "membership_text_options",
     "most_similar_exemplar",
@@ -192,6 +193,12 @@ def _truncate(text: str, params: GenerationParams) -> str:
     return text.strip()
 
 
+def decode_oracle_tokens(token_ids: Sequence[int]) -> str:
+    """The text of the oracle's token ids (a plain function: it crosses to a server process,
+    :mod:`dpicl.engines.process`, by reference)."""
+    return "".join(ORACLE_VOCAB[int(i)] for i in token_ids if 0 < int(i) < ORACLE_VOCAB_SIZE)
+
+
 class OracleEngine:
     """The rule-following simulator (see module docstring and docs/architecture.md)."""
 
@@ -302,7 +309,7 @@ class OracleDecodingSession:
         self._logits = self._compute()
 
     def decode(self, token_ids: Sequence[int]) -> str:
-        return "".join(ORACLE_VOCAB[int(i)] for i in token_ids if 0 < int(i) < ORACLE_VOCAB_SIZE)
+        return decode_oracle_tokens(token_ids)
 
     async def aclose(self) -> None:
         return None

@@ -64,6 +64,14 @@ def _device_of(model: Any) -> torch.device:
     return torch.device("cpu")
 
 
+def _free_device_bytes(device: torch.device) -> int | None:
+    """The memory free on a CUDA device (None on any other)."""
+    if device.type != "cuda":
+        return None
+    free, _total = torch.cuda.mem_get_info(device)  # pragma: no cover - GPU only
+    return int(free)  # pragma: no cover - GPU only
+
+
 class ModelRunner:
     """A loaded causal LM and the calls that run it (see the module docstring)."""
 
@@ -120,11 +128,24 @@ class ModelRunner:
         )
         self.vocab_size: int = int(model.get_output_embeddings().weight.shape[0])
         self.share_prefix = share_prefix
+        #: Run the model in the event loop's own thread rather than a worker thread: in an
+        #: engine process (:mod:`dpicl.engines.engine_main`) the loop has nothing else to do
+        #: while a batch runs, and a second thread would only contend for the interpreter
+        #: lock with the model (requests that arrive meanwhile wait in the pipe and join the
+        #: next batch). Never in the server's own process: it would stall HTTP.
+        self.inline = False
+        #: The dtype of the weights and where they came from (``DPICL_DTYPE``,
+        #: ``DPICL_LOAD_FORMAT``), as :meth:`TransformersEngine.load` set them.
+        self.dtype: str = str(next(iter(model.parameters())).dtype).removeprefix("torch.")
+        self.load_format = "auto"
         # torch's thread pools as the factory set them (DPICL_TORCH_THREADS); None: untouched.
         self.threads: ThreadPlan | None = None
         self._lock = threading.Lock()
         self._closed = False
-        self.tuning = tuning if tuning is not None else EngineTuning()
+        # An unset prefix-cache budget is sized here, with the weights already on the device.
+        self.tuning = (tuning if tuning is not None else EngineTuning()).sized_for(
+            where.type, _free_device_bytes(where)
+        )
         self.prefix_cache = PrefixCache(
             self.tuning.prefix_cache_bytes, self.tuning.prefix_cache_entries
         )
@@ -149,9 +170,12 @@ class ModelRunner:
     # ------------------------------------------------------------------ plumbing
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` in a worker thread under the model lock (:meth:`locked`)."""
+        """``fn(*args)`` in a worker thread under the model lock (:meth:`locked`), or in
+        this thread where the runner is :attr:`inline`."""
         if self._closed:
             raise EngineError("the transformers engine is closed")
+        if self.inline:
+            return self.locked(fn, *args)
         return await asyncio.to_thread(self.locked, fn, *args)
 
     def locked(self, fn: Callable[..., T], *args: Any) -> T:

@@ -67,6 +67,7 @@ import torch
 
 from dpicl.engines.base import FloatArray, GenerationParams, PromptSpec
 from dpicl.engines.batching import MicroBatcher
+from dpicl.engines.placement import resolve_dtype
 from dpicl.engines.runner import DEFAULT_MAX_BATCH_TOKENS, ModelRunner
 from dpicl.engines.transformers_decoding import TransformersDecodingSession
 from dpicl.engines.transformers_generation import GenJob, generate_jobs
@@ -77,18 +78,6 @@ from dpicl.errors import EngineError, InvalidRequest
 __all__ = ["DEFAULT_MAX_BATCH_TOKENS", "TransformersDecodingSession", "TransformersEngine"]
 
 log = logging.getLogger(__name__)
-
-
-def _dtype_of(dtype: torch.dtype | str) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    try:
-        value = getattr(torch, dtype)
-    except AttributeError:
-        value = None
-    if not isinstance(value, torch.dtype):
-        raise EngineError(f"unknown torch dtype {dtype!r}")
-    return value
 
 
 class TransformersEngine(ModelRunner):
@@ -127,7 +116,8 @@ class TransformersEngine(ModelRunner):
         device: str = "cpu",
         max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
         use_chat_template: bool = True,
-        dtype: torch.dtype | str = "float32",
+        dtype: str = "auto",
+        load_format: str = "auto",
         model_name: str | None = None,
         share_prefix: bool = True,
         tuning: EngineTuning | None = None,
@@ -135,25 +125,52 @@ class TransformersEngine(ModelRunner):
         """Load a model directory (or a hub name available offline). Blocking: call it
         before the event loop starts serving, or through :func:`asyncio.to_thread`.
 
+        ``dtype`` (``DPICL_DTYPE``; :func:`~dpicl.engines.placement.resolve_dtype`): the
+        weights load straight onto ``device`` in it, with no float32 copy in host memory.
+        ``load_format="dummy"`` (``DPICL_LOAD_FORMAT``) builds the model from the
+        directory's ``config.json`` with random weights, on the device.
+
         torch's thread pools are process-wide: :func:`dpicl.engines.threads.apply_torch_threads`
         sets them (the factory does, from ``DPICL_TORCH_THREADS``).
         """
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
         dev = torch.device(device)
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise EngineError(f"device {device!r} was asked for but CUDA is not available")
+        if load_format not in ("auto", "dummy"):
+            raise EngineError(f"unknown load format {load_format!r}; expected auto or dummy")
+        bf16 = dev.type != "cuda" or torch.cuda.is_bf16_supported()
+        try:
+            dtype_name = resolve_dtype(dtype, dev.type, bf16_supported=bf16)
+        except ValueError as exc:
+            raise EngineError(str(exc)) from None
+        torch_dtype = getattr(torch, dtype_name)
         src = str(model_path)
         try:
             tokenizer = AutoTokenizer.from_pretrained(src)
-            model: Any = AutoModelForCausalLM.from_pretrained(src, dtype=_dtype_of(dtype))
+            if load_format == "dummy":
+                config = AutoConfig.from_pretrained(src)
+                # Built where it runs: 16 GB of random bfloat16 initialised on the GPU, not
+                # 32 GB of float32 in host memory first.
+                with dev:
+                    model: Any = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+                        config, dtype=torch_dtype
+                    )
+            elif dev.type == "cpu":
+                model = AutoModelForCausalLM.from_pretrained(src, dtype=torch_dtype)
+            else:
+                # accelerate's device map writes each tensor straight onto the device.
+                model = AutoModelForCausalLM.from_pretrained(
+                    src, dtype=torch_dtype, device_map={"": dev}
+                )
         except (OSError, ValueError) as exc:
             raise EngineError(f"cannot load the model {src!r}: {exc}") from exc
         model.to(dev)
         model.eval()
         tokenizer.padding_side = "left"
         name = model_name or (Path(src).name if Path(src).is_dir() else src)
-        return cls(
+        engine = cls(
             model,
             tokenizer,
             model_name=name,
@@ -163,6 +180,14 @@ class TransformersEngine(ModelRunner):
             share_prefix=share_prefix,
             tuning=tuning,
         )
+        engine.load_format = load_format
+        if load_format == "dummy":
+            log.warning(
+                "DPICL_LOAD_FORMAT=dummy: %s has RANDOM weights (capacity planning only); "
+                "its answers mean nothing",
+                name,
+            )
+        return engine
 
     # ------------------------------------------------------------------ scoring
 

@@ -6,14 +6,16 @@ Other engines ignore them: vLLM batches and caches prefixes by itself.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
+
+from dpicl.engines.placement import auto_prefix_cache_mib
 
 __all__ = ["EngineTuning"]
 
 
 class _TuningSettings(Protocol):
-    prefix_cache_mib: int
+    prefix_cache_mib: int | None
     prefix_cache_entries: int
     kv_workspace_mib: int
     batch_wait_ms: float
@@ -25,8 +27,10 @@ class EngineTuning:
     """Prefix-cache and micro-batching settings, validated on construction.
 
     * ``prefix_cache_mib``: memory budget of the per-context prompt-prefix KV cache, in MiB
-      (0 turns the cache off). SmolLM2-135M needs about 45 KiB per cached token, so a
-      ten-partition context with 110-token prefixes takes about 50 MiB.
+      (0 turns the cache off; ``None``: sized to the device when the model is loaded,
+      :meth:`sized_for`). SmolLM2-135M needs about 45 KiB per cached token, so a
+      ten-partition context with 110-token prefixes takes about 50 MiB; a Llama-3-8B shape
+      in bfloat16 128 KiB per token.
     * ``prefix_cache_entries``: at most this many cached prefixes (one per partition).
     * ``kv_workspace_mib``: scratch memory kept between scoring and generation batches for
       laying out their cached prefixes with room for the new tokens
@@ -34,21 +38,21 @@ class EngineTuning:
       a batch that needs more gets memory of its own for that batch (0: every batch does).
       A ten-partition SmolLM2-135M batch needs about 56 MiB.
     * ``batch_wait_ms``: how long the first label-scoring or generation request of a batch
-      waits for others to join it (requests that arrive while a batch runs join the next one
-      anyway; callers of the last batch get a longer window, see
-      :mod:`dpicl.engines.batching`).
+      waits for others to join it. 0 (the default): a batch starts as soon as the engine is
+      free, with every request that queued while it was busy (callers of the last batch get
+      a window to rejoin only when this is above 0, see :mod:`dpicl.engines.batching`).
     * ``batch_max_prompts``: at most this many prompts (rows) per merged batch; 1 turns
       batching across requests off.
     """
 
-    prefix_cache_mib: int = 256
+    prefix_cache_mib: int | None = None
     prefix_cache_entries: int = 4096
     kv_workspace_mib: int = 128
-    batch_wait_ms: float = 2.0
+    batch_wait_ms: float = 0.0
     batch_max_prompts: int = 256
 
     def __post_init__(self) -> None:
-        if self.prefix_cache_mib < 0:
+        if self.prefix_cache_mib is not None and self.prefix_cache_mib < 0:
             raise ValueError(f"prefix_cache_mib must be >= 0, got {self.prefix_cache_mib}")
         if self.prefix_cache_entries < 1:
             raise ValueError(f"prefix_cache_entries must be >= 1, got {self.prefix_cache_entries}")
@@ -61,7 +65,17 @@ class EngineTuning:
 
     @property
     def prefix_cache_bytes(self) -> int:
-        return self.prefix_cache_mib * 2**20
+        """The cache's budget in bytes (the CPU's default where not yet sized)."""
+        mib = self.prefix_cache_mib
+        return (auto_prefix_cache_mib("cpu", None) if mib is None else mib) * 2**20
+
+    def sized_for(self, device_type: str, free_bytes: int | None) -> EngineTuning:
+        """These settings with an unset prefix-cache budget sized to the device
+        (:func:`~dpicl.engines.placement.auto_prefix_cache_mib`): call it once the weights
+        are on the device, with the memory it has free then."""
+        if self.prefix_cache_mib is not None:
+            return self
+        return replace(self, prefix_cache_mib=auto_prefix_cache_mib(device_type, free_bytes))
 
     @property
     def kv_workspace_bytes(self) -> int:

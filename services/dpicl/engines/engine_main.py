@@ -1,0 +1,195 @@
+"""The engine process: ``python -m dpicl.engines.engine_main FD``.
+
+Started by :meth:`dpicl.engines.process.ProcessEngine.start` with the server's interpreter
+and environment and one end of a socket pair as ``FD``. It reads an
+:class:`~dpicl.engines.process.EngineSpec`, builds that engine (a failure is sent back as the
+engine's own error), answers ``("ready", EngineInfo)`` and then serves requests until the
+socket closes (the server closed the engine or died): then it exits.
+
+The model runs in the event loop's own thread (``ModelRunner.inline``), so this process has
+one busy Python thread and the model never waits for the interpreter lock; requests that
+arrive while a batch runs wait in the socket and are read together when it ends, so the
+micro-batcher merges them into the next batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from multiprocessing.connection import Connection
+from typing import Any
+
+from dpicl.engines import batching, prefix_cache
+from dpicl.engines.base import DecodingSession, Engine
+from dpicl.engines.oracle import decode_oracle_tokens
+from dpicl.engines.process import (
+    EngineInfo,
+    EngineSpec,
+    Observation,
+    TokenizerDecoder,
+    wire_error,
+)
+
+__all__ = ["main"]
+
+
+class _Relay:
+    """A stand-in for one of :mod:`dpicl.metrics`' metrics here: observations are kept and
+    sent with the next answer, and the server process records them in its own."""
+
+    def __init__(self, name: str, sink: list[Observation], labels: tuple[str, ...] = ()):
+        self.name, self.sink, self.labels_ = name, sink, labels
+
+    def labels(self, *values: str) -> _Relay:
+        return _Relay(self.name, self.sink, tuple(values))
+
+    def observe(self, value: float) -> None:
+        self.sink.append((self.name, self.labels_, "observe", float(value)))
+
+    def inc(self, value: float = 1.0) -> None:
+        self.sink.append((self.name, self.labels_, "inc", float(value)))
+
+
+#: The metrics the engine's own code observes, by module (see :class:`_Relay`).
+_RELAYED = {
+    batching: ("BATCH_SIZE", "QUEUE_WAIT_SECONDS"),
+    prefix_cache: ("PREFIX_CACHE_HITS", "PREFIX_CACHE_MISSES"),
+}
+
+
+def _relay_metrics(sink: list[Observation]) -> None:
+    for module, names in _RELAYED.items():
+        for name in names:
+            setattr(module, name, _Relay(name, sink))
+
+
+def _info(engine: Engine, spec: EngineSpec) -> EngineInfo:
+    tokenizer = getattr(engine, "tokenizer", None)
+    decoder: Callable[[Sequence[int]], str] = (
+        TokenizerDecoder(tokenizer) if tokenizer is not None else decode_oracle_tokens
+    )
+    return EngineInfo(
+        name=engine.name,
+        model=engine.model,
+        is_simulator=engine.is_simulator,
+        device=str(getattr(engine, "device", spec.device)),
+        dtype=getattr(engine, "dtype", None),
+        load_format=str(getattr(engine, "load_format", spec.load_format)),
+        threads=getattr(engine, "threads", None),
+        pid=os.getpid(),
+        prefix_cache_mib=getattr(getattr(engine, "tuning", None), "prefix_cache_mib", None),
+        decoder=decoder,
+    )
+
+
+class _Server:
+    """Answers the server process's requests with one engine."""
+
+    def __init__(self, engine: Engine, conn: Connection) -> None:
+        self.engine = engine
+        self.conn = conn
+        self.sessions: dict[int, DecodingSession] = {}
+        self.next_sid = 1
+        self.sink: list[Observation] = []
+        self.ops: dict[str, Callable[..., Awaitable[Any]]] = {
+            "score": engine.score_labels,
+            "generate": engine.generate,
+            "open": self._open,
+            "step": self._step,
+            "advance": self._advance,
+            "close": self._close,
+        }
+        self.done = asyncio.Event()
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def _open(self, prompts: Any, zero_shot_index: int, top_k: int) -> tuple[int, int]:
+        session = await self.engine.open_decoding(
+            prompts, zero_shot_index=zero_shot_index, top_k=top_k
+        )
+        sid, self.next_sid = self.next_sid, self.next_sid + 1
+        self.sessions[sid] = session
+        return sid, int(session.eos_token_id)
+
+    async def _step(self, sid: int) -> tuple[Any, Any]:
+        step = await self.sessions[sid].step()
+        return step.top_ids, step.logits
+
+    async def _advance(self, sid: int, token_id: int) -> None:
+        await self.sessions[sid].advance(token_id)
+
+    async def _close(self, sid: int) -> None:
+        session = self.sessions.pop(sid, None)
+        if session is not None:
+            await session.aclose()
+
+    def _reply(self, message: tuple[Any, ...]) -> None:
+        observations, self.sink[:] = list(self.sink), []
+        try:
+            self.conn.send((*message, observations))
+        except (OSError, ValueError):
+            self.done.set()  # the server process is gone
+
+    async def _handle(self, req_id: int, op: str, args: tuple[Any, ...]) -> None:
+        try:
+            value = await self.ops[op](*args)
+        except Exception as exc:
+            self._reply((req_id, False, wire_error(exc)))
+        else:
+            self._reply((req_id, True, value))
+
+    def on_readable(self) -> None:
+        try:
+            while self.conn.poll():
+                message = self.conn.recv()
+                task = asyncio.get_running_loop().create_task(self._handle(*message))
+                self.tasks.add(task)
+                task.add_done_callback(self.tasks.discard)
+        except (EOFError, OSError):
+            self.done.set()
+
+    async def serve(self) -> None:
+        _relay_metrics(self.sink)
+        loop = asyncio.get_running_loop()
+        loop.add_reader(self.conn.fileno(), self.on_readable)
+        try:
+            await self.done.wait()
+        finally:
+            loop.remove_reader(self.conn.fileno())
+            for task in list(self.tasks):
+                task.cancel()
+            await self.engine.aclose()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    conn = Connection(int(args[0]))
+    spec: EngineSpec = conn.recv()
+    from dpicl.engines.factory import build_engine
+    from dpicl.logging_setup import configure_logging, level_of
+
+    configure_logging(level_of(spec.log_level), spec.log_format)  # type: ignore[arg-type]
+    try:
+        engine = build_engine(
+            spec.name,  # type: ignore[arg-type]
+            model=spec.model,
+            cache_dir=spec.cache_dir,
+            device=spec.device,
+            dtype=spec.dtype,
+            load_format=spec.load_format,
+            tuning=spec.tuning,
+            threads=spec.threads,
+        )
+    except Exception as exc:
+        conn.send(("failed", wire_error(exc)))
+        return 1
+    if hasattr(engine, "inline"):
+        engine.inline = True
+    conn.send(("ready", _info(engine, spec)))
+    asyncio.run(_Server(engine, conn).serve())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

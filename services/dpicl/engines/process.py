@@ -1,0 +1,359 @@
+"""The engine in a process of its own: :class:`ProcessEngine`, an
+:class:`~dpicl.engines.base.Engine` that hands every call to an engine process and awaits
+its answer.
+
+Why. torch releases the interpreter lock (the GIL) around every operation and must take it
+back before the next; a thread of the same process that runs Python meanwhile (the event
+loop serving HTTP, the ledger, the DP maths) holds it for up to the interpreter's switch
+interval each time. On an H200 one busy Python thread beside the engine cut it from 830 to
+under 8 LLM calls/s, and on a 2-core CPU a toy model from 847 to 20 (issue 36): the GIL
+convoy. vLLM moved its engine core into a process of its own for this reason, and so does
+dpicl (DESIGN.md section 3): the server process keeps HTTP, the ledger and the DP maths and
+exchanges prompts and scores with the engine process, which runs nothing but the model.
+
+How. The engine process (:mod:`dpicl.engines.engine_main`, started with the server's own
+interpreter and environment) builds the engine from an :class:`EngineSpec` and answers
+requests over a socket pair: ``(id, op, args)`` in, ``(id, ok, value, metrics)`` out,
+pickled (prompts and labels in; score arrays, texts and DPS-MOZO step logits out). There
+it runs the model in its event loop's own thread (``ModelRunner.inline``): requests that
+arrive during a batch wait in the socket and join the next one, so a batch starts as soon
+as the engine is free. Here, a sender thread writes requests (a full socket never blocks
+the event loop) and a reader thread resolves each request's future; both spend their time
+in system calls, outside the GIL. An error raised there is raised here as the same
+:class:`~dpicl.errors.DpiclError` (an over-long prompt is still a 4xx naming it); if the
+engine process dies, every pending and later call fails with
+:class:`~dpicl.errors.EngineError` (503, nothing charged) and ``/readyz`` says so.
+
+What the engine process observes for ``/metrics`` (batch sizes, queue waits, prefix-cache
+hits) travels back with the answers and is recorded in this process's metrics
+(:mod:`dpicl.metrics`).
+
+Only in-process state is lost across the boundary: the engine's Python object. Nothing
+private crosses it that did not before (the prompts, which the engine saw anyway).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import itertools
+import logging
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpicl import errors, metrics
+from dpicl.engines.base import FloatArray, GenerationParams, PromptSpec, StepLogits
+from dpicl.engines.threads import ThreadPlan
+from dpicl.engines.tuning import EngineTuning
+from dpicl.errors import DpiclError, EngineError
+
+__all__ = [
+    "EngineInfo",
+    "EngineSpec",
+    "ProcessDecodingSession",
+    "ProcessEngine",
+    "TokenizerDecoder",
+]
+
+log = logging.getLogger("dpicl.engines")
+
+#: One metric observation made in the engine process: (name in dpicl.metrics, label
+#: values, "observe" or "inc", value).
+Observation = tuple[str, tuple[str, ...], str, float]
+#: How an error crosses the boundary: (class name in dpicl.errors, message, param), or
+#: ("", description, None) for anything else.
+WireError = tuple[str, str, str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """What the engine process builds (:func:`dpicl.engines.factory.build_engine`'s
+    arguments for an engine that runs where it is built)."""
+
+    name: str
+    model: str | None = None
+    cache_dir: Path | None = None
+    device: str = "cpu"
+    dtype: str = "auto"
+    load_format: str = "auto"
+    tuning: EngineTuning | None = None
+    threads: ThreadPlan | None = None
+    log_level: str = "info"
+    log_format: str = "text"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    """What the engine process reports once its engine is built."""
+
+    name: str
+    model: str
+    is_simulator: bool
+    device: str
+    dtype: str | None
+    load_format: str
+    threads: ThreadPlan | None
+    pid: int
+    prefix_cache_mib: int | None
+    #: Detokenises a DPS-MOZO suffix here, as the engine's session would there
+    #: (``DecodingSession.decode`` is synchronous: no round trip on the event loop).
+    decoder: Callable[[Sequence[int]], str]
+
+
+class TokenizerDecoder:
+    """Detokenises as the transformers engine's decoding session does; it travels from the
+    engine process to the server process pickled with its tokenizer."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def __call__(self, token_ids: Sequence[int]) -> str:
+        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))
+
+
+def wire_error(exc: BaseException) -> WireError:
+    """``exc`` as it crosses the boundary (see :func:`raise_wire_error`)."""
+    if isinstance(exc, DpiclError) and getattr(errors, type(exc).__name__, None) is type(exc):
+        return type(exc).__name__, exc.message, exc.param
+    return "", f"{type(exc).__name__}: {exc}", None
+
+
+def error_of(wire: WireError) -> DpiclError:
+    """The error :func:`wire_error` sent: the same DpiclError class, message and param; any
+    other exception as an EngineError naming it."""
+    name, message, param = wire
+    cls = getattr(errors, name, None) if name else None
+    if isinstance(cls, type) and issubclass(cls, DpiclError):
+        return cls(message, param=param)
+    return EngineError(f"the engine process failed: {message}")
+
+
+def record(observations: Sequence[Observation]) -> None:
+    """Record the engine process's metric observations in this process's metrics."""
+    for name, labels, kind, value in observations:
+        metric: Any = getattr(metrics, name, None)
+        if metric is None:
+            continue
+        if labels:
+            metric = metric.labels(*labels)
+        if kind == "inc":
+            metric.inc(value)
+        else:
+            metric.observe(value)
+
+
+class ProcessEngine:
+    """An :class:`~dpicl.engines.base.Engine` whose model runs in an engine process (see
+    the module docstring). Build it with :meth:`start`."""
+
+    def __init__(self, conn: Connection, proc: subprocess.Popen[bytes], info: EngineInfo):
+        self._conn = conn
+        self._proc = proc
+        self.info = info
+        self.name = info.name
+        self.model = info.model
+        self.is_simulator = info.is_simulator
+        self.threads = info.threads
+        self.dtype = info.dtype
+        self.load_format = info.load_format
+        self.device = info.device
+        self.engine_pid = info.pid
+        self.prefix_cache_mib = info.prefix_cache_mib
+        self._ids = itertools.count(1)
+        self._pending: dict[int, concurrent.futures.Future[Any]] = {}
+        self._lock = threading.Lock()
+        self._dead: str | None = None
+        self._closed = False
+        self._outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._reader = threading.Thread(target=self._read, name="engine-reader", daemon=True)
+        self._sender = threading.Thread(target=self._send, name="engine-sender", daemon=True)
+        self._reader.start()
+        self._sender.start()
+
+    # ------------------------------------------------------------------ life
+
+    @classmethod
+    def start(cls, spec: EngineSpec, *, env: dict[str, str] | None = None) -> ProcessEngine:
+        """Start the engine process, build ``spec`` there and wait until it is ready.
+        Blocking (model loading): call it before serving, or in a thread. Raises the
+        engine's own :class:`~dpicl.errors.EngineError` if it cannot be built."""
+        ours, theirs = socket.socketpair()
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "dpicl.engines.engine_main", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),),
+                env=env if env is not None else os.environ.copy(),
+                # Its own process group: a Ctrl-C at the terminal reaches the server, which
+                # then closes the engine in order (aclose), not both at once.
+                start_new_session=True,
+            )
+        finally:
+            theirs.close()
+        conn = Connection(ours.detach())
+        try:
+            conn.send(spec)
+            status, value = conn.recv()
+        except (EOFError, OSError) as exc:
+            code = proc.wait()
+            conn.close()
+            raise EngineError(
+                f"the engine process exited with code {code} before it was ready"
+            ) from exc
+        if status != "ready":
+            proc.wait()
+            conn.close()
+            raise error_of(value)
+        engine = cls(conn, proc, value)
+        log.info(
+            "engine process %d serves %s (%s, dtype %s) on %s",
+            value.pid,
+            value.model,
+            value.name,
+            value.dtype,
+            value.device,
+        )
+        return engine
+
+    def is_ready(self) -> bool:
+        """Whether the engine process is alive and answering (for ``/readyz``)."""
+        return self._dead is None and not self._closed and self._proc.poll() is None
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._outbox.put(None)  # the sender closes the socket: the engine process ends
+        try:
+            await asyncio.to_thread(self._proc.wait, 30)
+        except subprocess.TimeoutExpired:  # pragma: no cover - a wedged engine
+            self._proc.kill()
+            await asyncio.to_thread(self._proc.wait)
+        self._fail_all("the engine is closed")
+
+    def __del__(self) -> None:  # pragma: no cover - interpreter exit without aclose
+        proc = getattr(self, "_proc", None)
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+
+    # ------------------------------------------------------------------ transport
+
+    def _send(self) -> None:
+        while True:
+            item = self._outbox.get()
+            if item is None:
+                with contextlib.suppress(OSError):
+                    self._conn.close()
+                return
+            try:
+                self._conn.send(item)
+            except (OSError, ValueError) as exc:
+                self._fail_all(f"the engine process cannot be reached ({exc})")
+                return
+
+    def _read(self) -> None:
+        while True:
+            try:
+                req_id, ok, value, observations = self._conn.recv()
+            except (EOFError, OSError, ValueError):
+                break
+            if observations:
+                record(observations)
+            with self._lock:
+                fut = self._pending.pop(req_id, None)
+            if fut is None or fut.done():
+                continue
+            if ok:
+                fut.set_result(value)
+            else:
+                fut.set_exception(error_of(value))
+        code = self._proc.wait()
+        if not self._closed:
+            log.error("the engine process exited with code %s", code)
+        self._fail_all(f"the engine process exited with code {code}")
+
+    def _fail_all(self, why: str) -> None:
+        with self._lock:
+            if self._dead is None:
+                self._dead = why
+            pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(EngineError(why))
+
+    def submit(self, op: str, *args: Any) -> concurrent.futures.Future[Any]:
+        """Send ``op(*args)`` to the engine process; its answer resolves the future."""
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        with self._lock:
+            if self._dead is not None or self._closed:
+                fut.set_exception(EngineError(self._dead or "the engine is closed"))
+                return fut
+            req_id = next(self._ids)
+            self._pending[req_id] = fut
+        self._outbox.put((req_id, op, args))
+        return fut
+
+    async def call(self, op: str, *args: Any) -> Any:
+        """``op(*args)`` in the engine process. Cancelling the caller only stops waiting:
+        the engine finishes the call and its answer is dropped."""
+        return await asyncio.wrap_future(self.submit(op, *args))
+
+    # ------------------------------------------------------------------ Engine
+
+    async def score_labels(
+        self, prompts: Sequence[PromptSpec], labels: Sequence[str]
+    ) -> FloatArray:
+        result: FloatArray = await self.call("score", list(prompts), list(labels))
+        return result
+
+    async def generate(self, prompts: Sequence[PromptSpec], params: GenerationParams) -> list[str]:
+        params.check()  # refused here, without a round trip
+        if not prompts:
+            return []
+        result: list[str] = await self.call("generate", list(prompts), params)
+        return result
+
+    async def open_decoding(
+        self, prompts: Sequence[PromptSpec], *, zero_shot_index: int, top_k: int
+    ) -> ProcessDecodingSession:
+        sid, eos = await self.call("open", list(prompts), zero_shot_index, top_k)
+        return ProcessDecodingSession(self, sid, eos)
+
+
+class ProcessDecodingSession:
+    """A DPS-MOZO decoding session held by the engine process."""
+
+    def __init__(self, engine: ProcessEngine, sid: int, eos_token_id: int) -> None:
+        self._engine = engine
+        self._sid = sid
+        self.eos_token_id = eos_token_id
+        self._closed = False
+
+    async def step(self) -> StepLogits:
+        top_ids, logits = await self._engine.call("step", self._sid)
+        return StepLogits(top_ids=np.asarray(top_ids), logits=np.asarray(logits))
+
+    async def advance(self, token_id: int) -> None:
+        await self._engine.call("advance", self._sid, int(token_id))
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self._engine.info.decoder(token_ids)
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        # Not awaited: the engine process drops the session whenever it reads this.
+        self._engine.submit("close", self._sid)
