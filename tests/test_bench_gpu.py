@@ -24,7 +24,13 @@ def load_bench() -> Any:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules["bench_gpu"] = module
-    spec.loader.exec_module(module)
+    # As when run as a script: bench/ first on sys.path while it imports (gpu.py imports
+    # served.py beside it), and not after (test_no_bench_module_shadows_an_installed_one).
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
     return module
 
 
@@ -80,7 +86,14 @@ def test_no_bench_module_shadows_an_installed_one() -> None:
     """``python bench/X.py`` puts bench/ first on sys.path: a bench module named like an
     installed package (bench/requests.py did) breaks every import of it, vllm's included."""
     names = sorted(p.stem for p in (ROOT / "bench").glob("*.py"))
-    shadowed = [n for n in names if n in sys.stdlib_module_names or importlib.util.find_spec(n)]
+    bench = ROOT / "bench"
+
+    def installed(name: str) -> bool:
+        # A bench module another test imported (served.py, by gpu.py) is found as itself.
+        spec = importlib.util.find_spec(name)
+        return spec is not None and Path(spec.origin or "").parent != bench
+
+    shadowed = [n for n in names if n in sys.stdlib_module_names or installed(n)]
     assert shadowed == []
 
 
@@ -109,3 +122,36 @@ def test_llama_8b_shape_has_8b_parameters() -> None:
     per_layer = 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h
     total = n * per_layer + 2 * v * h + h
     assert total == pytest.approx(8.03e9, rel=0.01)
+
+
+def test_served_bench_smoke_on_cpu(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """``--tiny --served``: real `dpicl serve` processes (random weights of the toy shape)
+    loaded over HTTP on both routes beside the engine rows, in the engine's own process and
+    in the server's, each row written as measured."""
+    bench = load_bench()
+    out_file = tmp_path / "rows.jsonl"
+    bench.main(
+        [
+            "--device=cpu",
+            "--tiny",
+            "--served",
+            "--servers=served,in-process",
+            "--concurrency=1,2",
+            "--queries=2",
+            "--reps=1",
+            f"--out={out_file}",
+        ]
+    )
+    written = [json.loads(line) for line in out_file.read_text().splitlines()]
+    served = [w for w in written if "server" in w]
+    assert [(w["server"], w["route"], w["concurrency"]) for w in served] == [
+        (s, r, c) for s in ("served", "in-process") for r in ("native", "openai") for c in (1, 2)
+    ]
+    for w in served:
+        assert w["calls_per_s"] == pytest.approx(w["queries"] * 10 / w["seconds"])
+        assert w["gpu_busy"] is None  # no GPU here
+        # The engine's process is measured apart from the server's only where it has one.
+        assert (w["engine_cores"] is None) == (w["server"] == "in-process")
+    out = capsys.readouterr().out
+    assert "served: dtype float32, load format dummy, engine pid" in out
+    assert "served native, 2 in flight: served / engine = " in out

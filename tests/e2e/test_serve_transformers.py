@@ -41,6 +41,10 @@ def test_classify_with_real_model_over_http(start_server: Any, tmp_path: Any) ->
     assert (ready["torch_threads"], ready["torch_interop_threads"]) == (2, 1)
     # `dpicl serve` set OpenMP's passive wait before torch loaded (unless the caller set it).
     assert ready["omp_wait_policy"] == os.environ.get("OMP_WAIT_POLICY", "PASSIVE")
+    # The model runs in an engine process of its own (DPICL_ENGINE_PROCESS=auto), in float32
+    # on the CPU (DPICL_DTYPE=auto), from the bundled weights.
+    assert ready["engine_pid"] not in (None, ready["pid"])
+    assert (ready["device"], ready["dtype"], ready["load_format"]) == ("cpu", "float32", "auto")
     health = httpx.get(f"{srv.url}/healthz").json()
     assert health["engine"] == "transformers" and health["simulator"] is False
     assert "SmolLM2" in health["model"] or "smollm2" in health["model"].lower()

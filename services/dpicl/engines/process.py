@@ -159,7 +159,14 @@ class ProcessEngine:
     """An :class:`~dpicl.engines.base.Engine` whose model runs in an engine process (see
     the module docstring). Build it with :meth:`start`."""
 
-    def __init__(self, conn: Connection, proc: subprocess.Popen[bytes], info: EngineInfo):
+    def __init__(
+        self,
+        sock: socket.socket,
+        conn: Connection,
+        proc: subprocess.Popen[bytes],
+        info: EngineInfo,
+    ) -> None:
+        self._sock = sock  # kept to shut the socket down: see _send
         self._conn = conn
         self._proc = proc
         self.info = info
@@ -202,21 +209,23 @@ class ProcessEngine:
             )
         finally:
             theirs.close()
-        conn = Connection(ours.detach())
+        conn = Connection(os.dup(ours.fileno()))
         try:
             conn.send(spec)
             status, value = conn.recv()
         except (EOFError, OSError) as exc:
             code = proc.wait()
             conn.close()
+            ours.close()
             raise EngineError(
                 f"the engine process exited with code {code} before it was ready"
             ) from exc
         if status != "ready":
             proc.wait()
             conn.close()
+            ours.close()
             raise error_of(value)
-        engine = cls(conn, proc, value)
+        engine = cls(ours, conn, proc, value)
         log.info(
             "engine process %d serves %s (%s, dtype %s) on %s",
             value.pid,
@@ -254,8 +263,10 @@ class ProcessEngine:
         while True:
             item = self._outbox.get()
             if item is None:
+                # shutdown, not close: the reader thread is blocked reading this socket, and
+                # a close would neither wake it nor let the engine process see the end.
                 with contextlib.suppress(OSError):
-                    self._conn.close()
+                    self._sock.shutdown(socket.SHUT_RDWR)
                 return
             try:
                 self._conn.send(item)
@@ -280,9 +291,13 @@ class ProcessEngine:
             else:
                 fut.set_exception(error_of(value))
         code = self._proc.wait()
-        if not self._closed:
+        self._conn.close()
+        self._sock.close()
+        if self._closed:
+            self._fail_all("the engine is closed")
+        else:
             log.error("the engine process exited with code %s", code)
-        self._fail_all(f"the engine process exited with code {code}")
+            self._fail_all(f"the engine process exited with code {code}")
 
     def _fail_all(self, why: str) -> None:
         with self._lock:
@@ -298,7 +313,8 @@ class ProcessEngine:
         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
         with self._lock:
             if self._dead is not None or self._closed:
-                fut.set_exception(EngineError(self._dead or "the engine is closed"))
+                why = "the engine is closed" if self._closed else self._dead
+                fut.set_exception(EngineError(why or "the engine is closed"))
                 return fut
             req_id = next(self._ids)
             self._pending[req_id] = fut
