@@ -422,9 +422,10 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
                 del engine
                 free_device_memory()
         if args.served:
-            label, path, _ = models[-1]
+            label, path, random_weights = models[-1]
             served = run_served(
                 path,
+                random_weights,
                 args.device,
                 [x for x in args.servers.split(",") if x],
                 levels,

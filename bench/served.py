@@ -4,8 +4,9 @@ several concurrencies, on the native route (``/v1/classify``) and the OpenAI rou
 processes sampled during each level. Used by ``bench/gpu.py --served``.
 
 Each server is one ``dpicl serve`` process (with ``DPICL_LOAD_FORMAT=dummy`` and a model
-directory of a config and a tokenizer: random weights of the model's shape), started in
-turn with one of the ``SERVERS`` environments and loaded by the same client:
+directory of a config and a tokenizer: random weights of the model's shape; or the last
+model of ``--models``, e.g. the bundled one with its weights), started in turn with one of
+the ``SERVERS`` environments and loaded by the same client:
 
 * ``served``: the defaults; only the device, the model and the load format are set.
 * ``in-process``: the same with ``DPICL_ENGINE_PROCESS=off``: the engine in the server's
@@ -308,6 +309,7 @@ def show(row: ServedRow, out: Path | None) -> None:
 
 def run_served(
     model_dir: Path,
+    random_weights: bool,
     device: str,
     servers: Sequence[str],
     levels: Sequence[int],
@@ -323,9 +325,10 @@ def run_served(
         "DPICL_ENGINE": "transformers",
         "DPICL_DEVICE": device,
         "DPICL_MODEL": str(model_dir),
-        "DPICL_LOAD_FORMAT": "dummy",
+        "DPICL_LOAD_FORMAT": "dummy" if random_weights else "auto",
     }
-    print(f"served: dpicl serve over HTTP, {model_dir.name}, random weights, device {device}")
+    weights = "random weights" if random_weights else "its weights"
+    print(f"served: dpicl serve over HTTP, {model_dir.name}, {weights}, device {device}")
     print(HEADER, flush=True)
     rows: list[ServedRow] = []
     with tempfile.TemporaryDirectory() as tmp:
