@@ -4,7 +4,11 @@ the engines and the store below everything else."""
 
 from __future__ import annotations
 
+import ast
+import importlib
 from pathlib import Path
+
+import pytest
 
 import dpicl
 from tests.import_graph import cycles, graph
@@ -74,3 +78,33 @@ def test_the_cycle_check_can_fail(tmp_path: Path) -> None:
     (pkg / "late.py").write_text("from . import helper\n")
     (pkg / "leaf.py").write_text("import pkg.engine\n")
     assert cycles(graph(pkg)) == [["pkg.engine", "pkg.helper", "pkg.late"]]
+
+
+def _aliases_itself(tree: ast.Module) -> bool:
+    """Whether a module assigns ``sys.modules[...]``: a shim that makes an old path another
+    module."""
+    return any(
+        isinstance(node, ast.Assign)
+        and any(
+            isinstance(t, ast.Subscript) and ast.unparse(t.value) == "sys.modules"
+            for t in node.targets
+        )
+        for node in ast.walk(tree)
+    )
+
+
+def test_no_module_keeps_an_old_path_alive() -> None:
+    # Issue 38, item 3: every import names the real module; an old path fails loudly.
+    shims = sorted(
+        str(p.relative_to(PACKAGE))
+        for p in PACKAGE.rglob("*.py")
+        if _aliases_itself(ast.parse(p.read_text()))
+    )
+    assert shims == [], f"modules that alias an old path: {shims}"
+    for old in ("dpicl.pipelines.voting", "dpicl.mechanisms.mozo", "dpicl.privacy.mozo_proven"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(old)
+    # The check can fail: the shape the 8 shims had.
+    assert _aliases_itself(
+        ast.parse("import sys\nimport m as _moved\nsys.modules[__name__] = _moved\n")
+    )
