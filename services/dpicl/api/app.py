@@ -17,7 +17,8 @@ from dpicl.api.body_timeout import BodyTimeoutMiddleware
 from dpicl.api.deps import Services
 from dpicl.api.docs import docs_router
 from dpicl.api.errors import BodyLimitMiddleware, install_error_handlers
-from dpicl.api.routes import contexts, debug, health, inference, keys, openai
+from dpicl.api.openai.router import router as openai_router
+from dpicl.api.routes import contexts, debug, health, inference, keys
 from dpicl.api.routes.metrics import metrics_router
 from dpicl.api.schemas import ErrorResponse
 from dpicl.config import Settings
@@ -160,7 +161,7 @@ def build_app(
     app.include_router(health.router)
     app.include_router(contexts.router)
     app.include_router(keys.router)
-    app.include_router(openai.router)
+    app.include_router(openai_router)
     if settings.docs:
         app.include_router(docs_router(app))
     if settings.whitebox != "off":
