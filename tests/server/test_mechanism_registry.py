@@ -175,4 +175,3 @@ def test_a_mechanism_installed_from_outside_is_discovered_and_served(tmp_path: P
     )
     assert out.returncode == 0, out.stderr[-4000:]
     assert "served" in out.stdout
-

@@ -25,6 +25,7 @@ from dpicl.config import Settings
 from dpicl.engines.base import Embedder, Engine
 from dpicl.engines.tuning import EngineTuning
 from dpicl.engines.vllm import VllmOptions
+from dpicl.mechanisms.registry import routers as mechanism_routers
 from dpicl.privacy.accounting import MU2_RTOL
 from dpicl.privacy.ledger import Ledger
 from dpicl.store.repository import ContextRepository
@@ -160,6 +161,8 @@ def build_app(
     app.include_router(inference.router)
     app.include_router(health.router)
     app.include_router(contexts.router)
+    for mechanism_router in mechanism_routers():  # DPS-MOZO's synthesis, ...
+        app.include_router(mechanism_router)
     app.include_router(keys.router)
     app.include_router(openai_router)
     if settings.docs:

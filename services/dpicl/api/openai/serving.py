@@ -34,9 +34,9 @@ from dpicl.api.openai.protocol import (
 from dpicl.api.routes.contexts import list_reachable
 from dpicl.api.routes.inference import classify_outcome, generate_outcome
 from dpicl.api.schemas import BudgetInfo, ClassifyRequest, CostInfo
+from dpicl.contexts import cost_of
 from dpicl.errors import DpiclError, InvalidRequest, ModelNotFound, NotFound
 from dpicl.mechanisms.base import TokenSink
-from dpicl.pipelines.contexts import cost_of
 from dpicl.privacy.ledger import BudgetStatus, Cost, Ledger
 from dpicl.store.keys import Principal
 from dpicl.store.repository import StoredContext
