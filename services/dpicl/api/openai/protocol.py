@@ -21,6 +21,7 @@ Every field OpenAI defines for these requests is declared, so that an unknown fi
 from __future__ import annotations
 
 import json
+from abc import abstractmethod
 from typing import Any, ClassVar, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -139,6 +140,9 @@ class _Common(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
+    #: ``chat`` or ``text``: the shape of the completion it is answered with.
+    kind: ClassVar[Kind]
+
     model: str = Field(min_length=1, max_length=200, description="A context id.")
     stream: bool | None = Field(
         default=False,
@@ -186,8 +190,9 @@ class _Common(BaseModel):
                 f"{name}={shown} is not supported by dpicl: {why}", param=name
             )
 
+    @abstractmethod
     def query(self) -> Query:
-        raise NotImplementedError  # each request kind names its own
+        """The query and the parameter it came from (each kind of request names its own)."""
 
     def max_tokens_wanted(self) -> int | None:
         return self.max_tokens
