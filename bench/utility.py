@@ -45,14 +45,15 @@ from scipy.stats import beta as beta_dist
 from dpicl.domain import DEFAULT_TEMPLATES
 from dpicl.engines.base import Engine, Exemplar, PromptSpec
 from dpicl.engines.factory import build_engine
-from dpicl.mechanisms.partitioning import assign_partitions, group_by_partition
 from dpicl.mechanisms.voting.release import (
+    VOTING_SENSITIVITY,
     noisy_argmax,
     noisy_argmax_probabilities,
     partition_votes,
     vote_histogram,
 )
-from dpicl.privacy.calibration import VOTING_SENSITIVITY, epsilon_exact, sigma_for
+from dpicl.pipelines.partitioning import assign_partitions, group_by_partition
+from dpicl.privacy.calibration import epsilon_exact, sigma_for
 from dpicl.prompts import render
 from dpicl_audit.datasets import BBC_NEWS, LabelledDataset, load_dataset
 

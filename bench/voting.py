@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dpicl.contexts import cost_of
 from dpicl.engines.base import GenerationParams
 from dpicl.engines.factory import build_engine
 from dpicl.engines.transformers import TransformersEngine
@@ -48,7 +49,6 @@ from dpicl.engines.transformers_generation import sample
 from dpicl.engines.tuning import EngineTuning
 from dpicl.mechanisms.voting.pipeline import run_voting
 from dpicl.mechanisms.voting.release import private_vote
-from dpicl.pipelines.contexts import cost_of
 from dpicl.pipelines.partitions import partition_prompts
 from dpicl.privacy.ledger import Ledger
 from voting_setup import CACHE_DIR, interleaved, news_context, query, temp_repo

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from dpicl.pipelines.contexts import create_context
+from dpicl.contexts import create_context
 from dpicl.privacy.accounting import MU2_RTOL
 from dpicl.spec import ContextSpec
 from dpicl.store.repository import ContextRepository, StoredContext

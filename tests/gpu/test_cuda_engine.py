@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 import torch
 
+from dpicl.contexts import create_context
 from dpicl.engines.base import GenerationParams, PromptSpec
 from dpicl.engines.transformers import TransformersEngine
 from dpicl.engines.tuning import EngineTuning
-from dpicl.pipelines.contexts import create_context
 from dpicl.pipelines.partitions import partition_prompts
 from dpicl.spec import ContextSpec
 from dpicl.store.repository import ContextRepository, StoredContext

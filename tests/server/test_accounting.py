@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dpicl.errors import ConfigurationError
+from dpicl.mechanisms.voting.release import VOTING_SENSITIVITY
 from dpicl.privacy.accounting import (
     MU2_RTOL,
     budget_mu2,
@@ -22,7 +23,6 @@ from dpicl.privacy.accounting import (
     spent_epsilon_pld,
 )
 from dpicl.privacy.calibration import (
-    VOTING_SENSITIVITY,
     gaussian_delta,
     gaussian_epsilon,
     sigma_for,

@@ -24,13 +24,13 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from dpicl.contexts import create_context
 from dpicl.engines import transformers_past
 from dpicl.engines.base import GenerationParams, PromptSpec
 from dpicl.engines.transformers import TransformersEngine
 from dpicl.engines.transformers_generation import generate_jobs
 from dpicl.engines.transformers_scoring import score_jobs
 from dpicl.engines.tuning import EngineTuning
-from dpicl.pipelines.contexts import create_context
 from dpicl.pipelines.partitions import partition_prompts
 from dpicl.spec import ContextSpec
 from dpicl.store.repository import ContextRepository, StoredContext

@@ -19,8 +19,8 @@ from scipy import integrate
 from scipy.stats import norm
 
 from dpicl.errors import ConfigurationError
+from dpicl.mechanisms.voting.release import VOTING_SENSITIVITY
 from dpicl.privacy.calibration import (
-    VOTING_SENSITIVITY,
     analytic_sigma,
     classic_sigma,
     epsilon_exact,

@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 
 from dpicl.cli import app
 from dpicl.mechanisms.esa.release import esa_sensitivity
-from dpicl.privacy.calibration import VOTING_SENSITIVITY, epsilon_exact, sigma_for
+from dpicl.mechanisms.voting.release import VOTING_SENSITIVITY
+from dpicl.privacy.calibration import epsilon_exact, sigma_for
 
 
 def calibrate(*args: str) -> tuple[int, str]:

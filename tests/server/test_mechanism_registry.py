@@ -175,13 +175,3 @@ def test_a_mechanism_installed_from_outside_is_discovered_and_served(tmp_path: P
     )
     assert out.returncode == 0, out.stderr[-4000:]
     assert "served" in out.stdout
-
-
-def test_old_module_paths_are_the_moved_modules() -> None:
-    import dpicl.mechanisms.dps_mozo.pipeline as mozo_pipeline
-    import dpicl.mechanisms.voting.pipeline as voting_pipeline
-    import dpicl.pipelines.mozo as old_mozo
-    import dpicl.pipelines.voting as old_voting
-
-    # A patch through the old path (tests/e2e's positive controls) reaches the server.
-    assert old_voting is voting_pipeline and old_mozo is mozo_pipeline

@@ -1,7 +1,8 @@
 """The OpenAI-compatible routes in process (the SDK tests are tests/e2e/test_openai_sdk.py):
 the model listing's pages, OpenAI's error shape for failures outside the route (body limit,
-bad JSON, wrong method), and the charge rule of a streamed DPS-MOZO answer whose engine fails
-before or after its first token."""
+bad JSON, wrong method), the charge rule of a streamed DPS-MOZO answer whose engine fails
+before or after its first token, and a request's conversion to the native one (its context
+loaded once)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from dpicl.api.openai.protocol import ChatCompletionRequest, CompletionRequest, Query
+from dpicl.api.schemas import ClassifyRequest, GenerateRequest
 from dpicl.engines.base import PromptSpec, StepLogits
 from dpicl.engines.oracle import OracleEngine
+from dpicl.errors import InvalidRequest
 from tests.conftest import admin_headers, user_headers
 from tests.server.api_helpers import make_client, voting_context
 
@@ -143,3 +149,65 @@ def test_model_pages_and_errors_in_openai_shape(tmp_path: Path) -> None:
         # The native routes keep their own shape.
         r = c.get("/v1/contexts?limit=0", headers=admin_headers())
         assert r.status_code == 422 and set(r.json()["error"]) == {"code", "message", "param"}
+
+
+def test_a_request_loads_its_context_once(tmp_path: Path) -> None:
+    with make_client(tmp_path) as c:
+        cid = c.post("/v1/contexts", json=voting_context(), headers=admin_headers()).json()["id"]
+        repo = c.app.state.services.repo  # type: ignore[attr-defined]
+        loads: list[str] = []
+        get_for_query = repo.get_for_query
+
+        async def counted(context_id: str) -> Any:
+            loads.append(context_id)
+            return await get_for_query(context_id)
+
+        repo.get_for_query = counted
+        chat = {"model": cid, "messages": [{"role": "user", "content": "Is it?"}]}
+        for path, body in [
+            ("/v1/chat/completions", chat),
+            ("/v1/chat/completions", chat | {"stream": True}),
+            ("/v1/completions", {"model": cid, "prompt": "Is it?"}),
+        ]:
+            loads.clear()
+            r = c.post(path, json=body, headers=user_headers())
+            assert r.status_code == 200, r.text
+            assert loads == [cid], path
+        # The native route, for comparison, loads it once too.
+        loads.clear()
+        r = c.post(
+            "/v1/classify", json={"context_id": cid, "query": "Is it?"}, headers=user_headers()
+        )
+        assert r.status_code == 200 and loads == [cid]
+
+
+def test_a_request_converts_itself_to_the_native_request() -> None:
+    chat = ChatCompletionRequest.model_validate(
+        {
+            "model": "ctx_x",
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+                },
+            ],
+            "max_completion_tokens": 7,
+        }
+    )
+    query = chat.query()
+    assert query == Query("a\nb", "messages.1.content")
+    assert chat.to_native("generation", query) == GenerateRequest(
+        context_id="ctx_x", query="a\nb", max_tokens=7
+    )
+    assert chat.to_native("classification", query) == ClassifyRequest(
+        context_id="ctx_x", query="a\nb"
+    )
+    text = CompletionRequest.model_validate({"model": "ctx_x", "prompt": ["q"]})
+    native = text.to_native("generation", text.query())
+    assert isinstance(native, GenerateRequest) and "max_tokens" not in native.model_fields_set
+    # The native request's own checks, named in OpenAI's terms.
+    blank = CompletionRequest.model_validate({"model": "ctx_x", "prompt": " \u200b"})
+    with pytest.raises(InvalidRequest, match=r"^prompt: the query must contain a visible") as e:
+        blank.to_native("classification", blank.query())
+    assert e.value.param == "prompt"

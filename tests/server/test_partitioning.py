@@ -1,4 +1,4 @@
-"""Partition assignment (dpicl.mechanisms.partitioning): the structural fact behind the
+"""Partition assignment (dpicl.pipelines.partitioning): the structural fact behind the
 sensitivity bound, "neighbouring contexts differ in one partition", as property tests.
 Hypothesis runs derandomized, so every test here is deterministic.
 """
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from scipy.stats import chisquare
 
 from dpicl.errors import ConfigurationError
-from dpicl.mechanisms.partitioning import (
+from dpicl.pipelines.partitioning import (
     assign_partitions,
     group_by_partition,
     partition_sizes,

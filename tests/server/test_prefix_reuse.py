@@ -16,12 +16,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from dpicl.contexts import create_context
 from dpicl.engines.base import GenerationParams, PromptSpec
 from dpicl.engines.lm_head import BlockedLMHead
 from dpicl.engines.transformers import TransformersEngine
 from dpicl.engines.tuning import EngineTuning
 from dpicl.errors import InvalidRequest
-from dpicl.pipelines.contexts import create_context
 from dpicl.pipelines.partitions import partition_prompts, zero_shot_prompt
 from dpicl.spec import ContextSpec
 from dpicl.store.repository import ContextRepository, StoredContext

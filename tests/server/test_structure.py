@@ -1,10 +1,15 @@
-"""The server's structure (issue 28, item 6): no import cycles between its modules, with every
-import counted (inside functions, under TYPE_CHECKING, relative: tests/import_graph.py), and
-the engines and the store below everything else."""
+"""The server's structure (issue 28, item 6; issue 38): no import cycles between its modules,
+with every import counted (inside functions, under TYPE_CHECKING, relative:
+tests/import_graph.py), layers that only go down (the engines and the store below everything
+else), the mechanisms' folders reached only through the registry, and no old paths."""
 
 from __future__ import annotations
 
+import ast
+import importlib
 from pathlib import Path
+
+import pytest
 
 import dpicl
 from tests.import_graph import cycles, graph
@@ -16,6 +21,32 @@ LAYERS = {
     "dpicl.engines": {"dpicl.config", "dpicl.errors", "dpicl.metrics"},
     "dpicl.store": {"dpicl.errors", "dpicl.metrics"},
 }
+
+#: The layers, bottom up: a module imports only modules of lower layers, or of its own
+#: package. A module is placed by its longest prefix listed here (relative to ``dpicl``).
+SERVER_LAYERS: tuple[tuple[str, ...], ...] = (
+    ("dpicl", "errors"),
+    ("domain", "metrics", "logging_setup"),
+    ("config",),
+    ("engines", "store"),
+    ("prompts", "privacy"),
+    # The kit the mechanisms' pipelines use (partitions, prompts, pay first): no mechanism.
+    ("pipelines",),
+    # What any route needs, whoever contributes it (the app or a mechanism's folder): the
+    # running services and who a token acts for, the shared response shapes.
+    ("api.deps", "api.schemas"),
+    ("mechanisms",),
+    # The body of POST /v1/contexts (the union of the registered settings), then creating a
+    # context, which calibrates it by its mechanism.
+    ("spec",),
+    ("contexts",),
+    ("api",),
+    ("cli",),
+    ("__main__",),
+)
+
+#: The mechanisms' own folders: only the registry (and each other's) import them.
+MECHANISM_FOLDERS = ("dpicl.mechanisms.voting", "dpicl.mechanisms.esa", "dpicl.mechanisms.dps_mozo")
 
 #: The transformers engine's helpers: they take a model runner, never the engine.
 HELPERS = ("decoding", "generation", "past", "scoring")
@@ -30,6 +61,70 @@ def test_no_import_cycles() -> None:
     assert len(g) > 50 and "dpicl.store.repository" in g and "dpicl.engines.runner" in g
     found = cycles(g)
     assert found == [], f"import cycles in services/dpicl:\n{_format(found)}"
+
+
+def _unit(module: str) -> tuple[int, str]:
+    """(layer, the listed prefix ``module`` belongs to)."""
+    rel = module.removeprefix("dpicl").removeprefix(".") or "dpicl"
+    best: tuple[int, str] | None = None
+    for depth, names in enumerate(SERVER_LAYERS):
+        for name in names:
+            if (rel == name or rel.startswith(name + ".")) and (
+                best is None or len(name) > len(best[1])
+            ):
+                best = (depth, name)
+    if best is None:
+        raise AssertionError(f"module {module} is in no layer of SERVER_LAYERS")
+    return best
+
+
+def layer_violations(g: dict[str, set[str]]) -> list[str]:
+    """Every import of a higher layer, or of another package of the same layer."""
+    out = []
+    for a in sorted(g):
+        la, pa = _unit(a)
+        for b in sorted(g[a]):
+            lb, pb = _unit(b)
+            if lb > la or (lb == la and pa != pb):
+                out.append(f"{a} -> {b}")
+    return out
+
+
+def test_layers_run_one_way() -> None:
+    assert layer_violations(graph(PACKAGE)) == []
+
+
+@pytest.mark.parametrize(
+    ("edge", "bad"),
+    [
+        # The three arrows that ran back up before issue 38.
+        (("dpicl.pipelines.partitions", "dpicl.mechanisms.partitioning"), True),
+        (("dpicl.pipelines.contexts", "dpicl.spec"), True),
+        (("dpicl.privacy.mozo_proven", "dpicl.mechanisms.dps_mozo.proven"), True),
+        (("dpicl.api.deps", "dpicl.mechanisms.registry"), True),
+        (("dpicl.metrics", "dpicl.config"), True),
+        (("dpicl.mechanisms.dps_mozo.routes", "dpicl.api.deps"), False),
+        (("dpicl.contexts", "dpicl.spec"), False),
+        (("dpicl.api.openai.serving", "dpicl.api.routes.inference"), False),
+    ],
+)
+def test_the_layer_check_can_fail(edge: tuple[str, str], bad: bool) -> None:
+    a, b = edge
+    assert bool(layer_violations({a: {b}, b: set()})) is bad
+
+
+def test_only_the_registry_reaches_a_mechanisms_folder() -> None:
+    # The routes, the OpenAI surface and context creation look a mechanism up by name
+    # (issue 38: routes/contexts.py imported DPS-MOZO's synthesis).
+    g = graph(PACKAGE)
+    outside = sorted(
+        f"{a} -> {b}"
+        for a, targets in g.items()
+        if not a.startswith("dpicl.mechanisms")
+        for b in targets
+        if b.startswith(MECHANISM_FOLDERS)
+    )
+    assert outside == []
 
 
 def test_engines_and_store_import_only_what_lies_below() -> None:
@@ -74,3 +169,33 @@ def test_the_cycle_check_can_fail(tmp_path: Path) -> None:
     (pkg / "late.py").write_text("from . import helper\n")
     (pkg / "leaf.py").write_text("import pkg.engine\n")
     assert cycles(graph(pkg)) == [["pkg.engine", "pkg.helper", "pkg.late"]]
+
+
+def _aliases_itself(tree: ast.Module) -> bool:
+    """Whether a module assigns ``sys.modules[...]``: a shim that makes an old path another
+    module."""
+    return any(
+        isinstance(node, ast.Assign)
+        and any(
+            isinstance(t, ast.Subscript) and ast.unparse(t.value) == "sys.modules"
+            for t in node.targets
+        )
+        for node in ast.walk(tree)
+    )
+
+
+def test_no_module_keeps_an_old_path_alive() -> None:
+    # Issue 38, item 3: every import names the real module; an old path fails loudly.
+    shims = sorted(
+        str(p.relative_to(PACKAGE))
+        for p in PACKAGE.rglob("*.py")
+        if _aliases_itself(ast.parse(p.read_text()))
+    )
+    assert shims == [], f"modules that alias an old path: {shims}"
+    for old in ("dpicl.pipelines.voting", "dpicl.mechanisms.mozo", "dpicl.privacy.mozo_proven"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(old)
+    # The check can fail: the shape the 8 shims had.
+    assert _aliases_itself(
+        ast.parse("import sys\nimport m as _moved\nsys.modules[__name__] = _moved\n")
+    )

@@ -17,11 +17,13 @@ from dpicl.api.body_timeout import BodyTimeoutMiddleware
 from dpicl.api.deps import Services
 from dpicl.api.docs import docs_router
 from dpicl.api.errors import BodyLimitMiddleware, install_error_handlers
-from dpicl.api.routes import contexts, debug, health, inference, keys, openai
+from dpicl.api.openai.router import router as openai_router
+from dpicl.api.routes import contexts, debug, health, inference, keys
 from dpicl.api.routes.metrics import metrics_router
 from dpicl.api.schemas import ErrorResponse
 from dpicl.config import Settings
 from dpicl.engines.base import Embedder, Engine
+from dpicl.mechanisms.registry import routers as mechanism_routers
 from dpicl.privacy.accounting import MU2_RTOL
 from dpicl.privacy.ledger import Ledger
 from dpicl.store.repository import ContextRepository
@@ -147,8 +149,10 @@ def build_app(
     app.include_router(inference.router)
     app.include_router(health.router)
     app.include_router(contexts.router)
+    for mechanism_router in mechanism_routers():  # DPS-MOZO's synthesis, ...
+        app.include_router(mechanism_router)
     app.include_router(keys.router)
-    app.include_router(openai.router)
+    app.include_router(openai_router)
     if settings.docs:
         app.include_router(docs_router(app))
     if settings.whitebox != "off":

@@ -9,12 +9,9 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from dpicl.domain import (
-    MAX_NAME_CHARS,
-    MAX_SYNTHESIZE_INPUTS,
     MAX_TEXT_CHARS,
     NONBLANK_NO_NUL,
     OptionalInt,
-    Text,
 )
 from dpicl.privacy.ledger import BudgetStatus, Cost
 from dpicl.store.repository import StoredContext
@@ -318,27 +315,3 @@ class DebugGenerateResponse(GenerateResponse):
     max_exact_log_ratio: float | None = Field(
         default=None, description="internal: the largest exact per-shot log-ratio seen."
     )
-
-
-class SynthesizeRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    inputs: list[
-        Annotated[str, Field(min_length=1, max_length=MAX_TEXT_CHARS, pattern=NONBLANK_NO_NUL)]
-    ] = Field(
-        min_length=1,
-        max_length=MAX_SYNTHESIZE_INPUTS,
-        description="Public inputs; one query each; at most DPICL_MAX_SYNTHESIZE_INPUTS.",
-    )
-    name: Annotated[Text, Field(max_length=MAX_NAME_CHARS)] | None = None
-
-
-class SynthesizeResponse(BaseModel):
-    """The derived context; serving it costs no further privacy."""
-
-    context: ContextInfo = Field(description="The new context (mechanism 'public').")
-    derived_from: str
-    privacy_cost: float = Field(description="Privacy cost of each answer of the new context: 0.")
-    note: str
-    source_cost: CostInfo = Field(description="What each synthesised output cost the source.")
-    source_budget: BudgetInfo = Field(description="The source context's budget after synthesis.")

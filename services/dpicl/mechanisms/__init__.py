@@ -4,7 +4,6 @@
   through the ``dpicl.mechanisms`` entry points); its docstring is the protocol.
 * :mod:`~dpicl.mechanisms.base`: the :class:`~dpicl.mechanisms.base.Mechanism` base class
   and the outcome, runtime and token-sink protocols.
-* :mod:`~dpicl.mechanisms.partitioning`: exemplars -> T disjoint partitions (pure).
 * :mod:`~dpicl.mechanisms.partitioned`: what the partition-and-aggregate mechanisms share
   (settings, checks, Gaussian calibration and cost event).
 * :mod:`~dpicl.mechanisms.voting`: private voting (paper 000, Algorithm 2).

@@ -8,9 +8,9 @@ subclasses :class:`Mechanism` without importing the registry that lists it.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 import numpy as np
 from pydantic import BaseModel, ValidationError
@@ -20,6 +20,9 @@ from dpicl.engines.base import Embedder, Engine
 from dpicl.errors import ConfigurationError
 from dpicl.privacy.ledger import BudgetStatus, Cost, Ledger
 from dpicl.store.repository import StoredContext
+
+if TYPE_CHECKING:
+    from fastapi import APIRouter
 
 #: The stored mechanism record: the user's settings plus what calibration derived.
 Record = Mapping[str, Any]
@@ -140,6 +143,11 @@ class Mechanism(ABC):
         """The white-box fields of ``outcome`` for ``/v1/debug/*`` at ``whitebox``
         (``noisy`` or ``internal``); None: the mechanism has no private internals."""
         return None
+
+    def routers(self) -> Sequence[APIRouter]:
+        """Routes the mechanism adds to the API beyond answering (DPS-MOZO: its offline
+        synthesis), which the app includes beside the contexts routes; default: none."""
+        return ()
 
     def calibration_report(self, options: Mapping[str, Any]) -> dict[str, Any]:
         """What ``dpicl calibrate`` prints for ``options`` (the command's options that were

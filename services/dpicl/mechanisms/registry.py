@@ -46,6 +46,9 @@ A mechanism is a subclass of :class:`dpicl.mechanisms.base.Mechanism` with:
   label, the cost and :meth:`dpicl.privacy.ledger.Ledger.status`);
 * ``debug_view(outcome, whitebox)``: the fields ``/v1/debug/*`` adds at ``noisy`` or
   ``internal`` (default None: no private internals).
+* ``routers()``: routes it adds to the API beyond answering, included by the app beside
+  the contexts routes (:func:`routers`; DPS-MOZO: ``POST /v1/contexts/{id}/synthesize``;
+  default none).
 * ``calibration_report(options)``: what ``dpicl calibrate`` prints (default: the record
   :meth:`calibrate` stores for the settings validated from the command's options; DPS-MOZO
   reads a token count and a sampling rate instead of a context's queries and exemplars).
@@ -63,6 +66,7 @@ from __future__ import annotations
 import logging
 from importlib.metadata import EntryPoint, entry_points
 
+from fastapi import APIRouter
 from pydantic import BaseModel
 
 from dpicl.errors import ConfigurationError, InvalidRequest
@@ -79,6 +83,7 @@ __all__ = [
     "Mechanism",
     "get_mechanism",
     "mechanism_of",
+    "routers",
     "serving",
     "settings_models",
 ]
@@ -157,3 +162,8 @@ def serving(task: str) -> list[str]:
 def settings_models() -> tuple[type[BaseModel], ...]:
     """The settings models ``POST /v1/contexts`` accepts, in registry order."""
     return tuple(m.settings for m in MECHANISMS.values() if m.settings is not None)
+
+
+def routers() -> list[APIRouter]:
+    """The routes the mechanisms add to the API, in registry order."""
+    return [r for m in MECHANISMS.values() for r in m.routers()]

@@ -1,7 +1,10 @@
-"""What every mechanism's pipeline shares (each pipeline lives in its mechanism's folder).
+"""The kit every mechanism's pipeline uses (each pipeline lives in its mechanism's folder);
+it sits below the mechanisms and knows none of them.
 
-* :mod:`~dpicl.pipelines.contexts`: creating a context (checks, calibration by its
-  mechanism, budget) and the cost event of a stored context.
+* :mod:`~dpicl.pipelines.partitioning`: exemplars -> T disjoint partitions (pure).
 * :mod:`~dpicl.pipelines.partitions`: partition and zero-shot prompts, query checks.
 * :mod:`~dpicl.pipelines.engine_calls`: pay first, refund on failure.
+
+Creating a context, which calibrates it by its mechanism, sits above the mechanisms:
+:mod:`dpicl.contexts`.
 """

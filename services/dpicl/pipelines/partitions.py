@@ -11,7 +11,7 @@ from functools import lru_cache
 from dpicl.domain import is_blank
 from dpicl.engines.base import Exemplar, PromptSpec
 from dpicl.errors import InvalidRequest
-from dpicl.mechanisms.partitioning import assign_partitions, group_by_partition
+from dpicl.pipelines.partitioning import assign_partitions, group_by_partition
 from dpicl.prompts import PromptPlan, plan
 from dpicl.store.repository import StoredContext
 

@@ -43,7 +43,6 @@ from dpicl.errors import ConfigurationError
 
 __all__ = [
     "PLD_RELATIVE_INTERVAL",
-    "VOTING_SENSITIVITY",
     "Calibration",
     "analytic_sigma",
     "classic_sigma",
@@ -54,12 +53,6 @@ __all__ = [
     "sigma_for",
     "validate_privacy_params",
 ]
-
-#: L2 sensitivity of the vote histogram. A neighbour changes one partition, whose vote moves
-#: from one label to another: one count drops by 1 and another rises by 1, so the histogram
-#: moves by sqrt(1^2 + 1^2) = sqrt(2). With the classic formula this gives
-#: sigma = 2 sqrt(ln(1.25/delta)) / epsilon, exactly paper 000, Algorithm 2 line 7.
-VOTING_SENSITIVITY = math.sqrt(2.0)
 
 Calibration = Literal["classic", "analytic"]
 

@@ -271,30 +271,40 @@ def charge_group(
     statements in the same order in the same transaction, one round trip instead of one per
     member.
     """
-    keys = sorted({r.principal.key_id for r in reqs if r.principal.stored})
-    contexts = sorted({r.context_id for r in reqs})
     # PostgreSQL, no key rows: each member is one conditional UPDATE of its context's row.
-    pipelined = st.backend == "postgresql" and not keys
+    pipelined = st.backend == "postgresql" and not any(r.principal.stored for r in reqs)
+    _lock_group(conn, st, reqs, pipelined=pipelined)
+    admitted = _admit_pipelined(conn, st, reqs) if pipelined else _admit_each(conn, st, reqs)
+    return _record_answered(conn, st, reqs, admitted)
+
+
+def _lock_group(
+    conn: Connection, st: ChargeStatements, reqs: Sequence[ChargeRequest], *, pipelined: bool
+) -> None:
+    """Take the group's locks before its first write (see :func:`charge_group`)."""
     if st.backend == "sqlite":
         conn.exec_driver_sql("BEGIN IMMEDIATE")
-    elif len(keys) + len(contexts) > 1 or pipelined:
-        # (Pipelined, the lock also goes first when there is one row: a statement that
-        # SQLAlchemy runs, so a stale pooled connection is found, and retried, as before.)
+        return
+    keys = sorted({r.principal.key_id for r in reqs if r.principal.stored})
+    contexts = sorted({r.context_id for r in reqs})
+    # Pipelined, the lock also goes first when there is one row: a statement that
+    # SQLAlchemy runs, so a stale pooled connection is found, and retried, as before.
+    if len(keys) + len(contexts) > 1 or pipelined:
         if keys:
             conn.execute(st.lock_keys, {"ids": keys}).all()
         conn.execute(st.lock_contexts, {"ids": contexts}).all()
-    out: list[Charged | Refused] = []
-    admitted: list[tuple[int, ChargeRequest, Any]] = []
-    if pipelined:
-        # Without key rows each member is one conditional UPDATE: all of them in one
-        # pipeline (one round trip, not one per member), still in order in this transaction.
-        for req, row in zip(reqs, _context_charges_pipelined(conn, st, reqs), strict=True):
-            if row is None:
-                out.append(Refused("context"))
-            else:
-                admitted.append((len(out), req, row))
-                out.append(Refused("context"))  # replaced below, once its spend row is written
-        reqs = []
+
+
+#: An admitted member's context row after its charge: (``mu2_spent``, ``queries``).
+Admitted = Sequence[Any]
+
+
+def _admit_each(
+    conn: Connection, st: ChargeStatements, reqs: Sequence[ChargeRequest]
+) -> list[Admitted | Refused]:
+    """Each member admitted in turn; one with a key row in a SAVEPOINT, rolled back when it
+    is refused (its key's UPDATE may have been applied before its context's refused)."""
+    out: list[Admitted | Refused] = []
     for req in reqs:
         savepoint = conn.begin_nested() if req.principal.stored else None
         try:
@@ -306,17 +316,41 @@ def charge_group(
             continue
         if savepoint is not None:
             savepoint.commit()
-        admitted.append((len(out), req, row))
-        out.append(Refused("context"))  # replaced below, once its spend row is written
-    if admitted:
-        ids = (
-            conn.execute(st.spend_many, [_spend_values(req, "answered") for _, req, _ in admitted])
-            .scalars()
-            .all()
-        )
-        for (at, _, row), spend_id in zip(admitted, ids, strict=True):
-            out[at] = Charged(mu2_spent=float(row[0]), queries=int(row[1]), spend_id=int(spend_id))
+        out.append(row)
     return out
+
+
+def _admit_pipelined(
+    conn: Connection, st: ChargeStatements, reqs: Sequence[ChargeRequest]
+) -> list[Admitted | Refused]:
+    """Members without key rows: their context UPDATEs in one pipeline (one round trip, not
+    one per member), still in order in this transaction."""
+    rows = _context_charges_pipelined(conn, st, reqs)
+    return [Refused("context") if row is None else row for row in rows]
+
+
+def _record_answered(
+    conn: Connection,
+    st: ChargeStatements,
+    reqs: Sequence[ChargeRequest],
+    admitted: Sequence[Admitted | Refused],
+) -> list[Charged | Refused]:
+    """The admitted members' spend rows in one multi-row INSERT (ids in their order), and
+    every member's result."""
+    answered = [req for req, a in zip(reqs, admitted, strict=True) if not isinstance(a, Refused)]
+    ids: Sequence[Any] = ()
+    if answered:
+        values = [_spend_values(req, "answered") for req in answered]
+        ids = conn.execute(st.spend_many, values).scalars().all()
+    if len(ids) != len(answered):  # one id per row, whatever the driver
+        raise RuntimeError(f"{len(ids)} spend ids for {len(answered)} answered charges")
+    spend_ids = iter(ids)
+    return [
+        a
+        if isinstance(a, Refused)
+        else Charged(mu2_spent=float(a[0]), queries=int(a[1]), spend_id=int(next(spend_ids)))
+        for a in admitted
+    ]
 
 
 def _context_charges_pipelined(

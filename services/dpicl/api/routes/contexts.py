@@ -4,26 +4,20 @@ import base64
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request, Response, status
+from fastapi import APIRouter, Query, Response, status
 
 from dpicl.api.deps import Admin, Caller, Svc, load_context, only_query_params
 from dpicl.api.schemas import (
-    BudgetInfo,
     ContextInfo,
     ContextList,
-    CostInfo,
     ErrorResponse,
-    SynthesizeRequest,
-    SynthesizeResponse,
 )
 from dpicl.api.spend_schemas import SpendReport
+from dpicl.contexts import cost_of, create_context
 from dpicl.domain import MAX_LIST_LIMIT
 from dpicl.errors import InvalidRequest, NotFound
-from dpicl.mechanisms.dps_mozo.offline import synthesize
-from dpicl.metrics import forget_context, record_release
-from dpicl.pipelines.contexts import cost_of, create_context
+from dpicl.metrics import forget_context
 from dpicl.privacy.ledger import Ledger
-from dpicl.privacy.randomness import secure_rng
 from dpicl.spec import ContextSpec
 from dpicl.store.keys import ADMIN, Principal, spend_of
 from dpicl.store.repository import ContextKey, ListedContext, StoredContext, is_context_id
@@ -155,67 +149,3 @@ async def delete(context_id: str, svc: Svc) -> Response:
         raise NotFound(f"no context with id {context_id[:80]!r}", param="context_id")
     forget_context(context_id)  # its budget series end with it (dpicl.metrics)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
-
-
-#: nginx's "client closed request": the status a synthesis stopped by a disconnect is
-#: logged with (nobody is left to read it).
-CLIENT_CLOSED_REQUEST = 499
-
-
-@router.post(
-    "/{context_id}/synthesize",
-    response_model=SynthesizeResponse,
-    status_code=status.HTTP_201_CREATED,
-    responses={403: {"model": ErrorResponse}, 404: {"model": ErrorResponse}},
-    dependencies=[Admin],
-)
-async def synthesize_context(
-    context_id: str, req: SynthesizeRequest, svc: Svc, request: Request
-) -> SynthesizeResponse | Response:
-    """DPS-MOZO offline mode: DP outputs for public inputs, stored as a free-to-serve context."""
-    most = svc.settings.max_synthesize_inputs
-    if len(req.inputs) > most:
-        raise InvalidRequest(
-            f"inputs has {len(req.inputs)} items; this server runs at most {most} per "
-            "request (DPICL_MAX_SYNTHESIZE_INPUTS): send them in several requests",
-            param="inputs",
-        )
-    limit = svc.settings.max_query_chars
-    for i, text in enumerate(req.inputs):
-        # Blank inputs are refused by the schema (NonBlankText), like blank queries.
-        if len(text) > limit:
-            raise InvalidRequest(
-                f"input {i} has {len(text)} characters; the limit is {limit} "
-                "(DPICL_MAX_QUERY_CHARS)",
-                param=f"inputs.{i}",
-            )
-    ctx = await load_context(context_id, svc, ADMIN)
-    out = await synthesize(
-        ctx,
-        req.inputs,
-        engine=svc.engine,
-        ledger=svc.ledger.billed_to(ADMIN),
-        repo=svc.repo,
-        rng=secure_rng(),
-        name=req.name,
-        # Nothing cancels a request whose client left: asked between inputs, so the
-        # inputs nobody waits for are neither run nor charged.
-        stop=request.is_disconnected,
-    )
-    # Each output was charged as one query of the source context.
-    spent, left = out.budget.spent_epsilon, out.budget.remaining_epsilon
-    record_release(out.source.id, out.cost.epsilon * len(out.outputs), spent, left)
-    derived = out.derived
-    if not out.complete or derived is None:
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
-    return SynthesizeResponse(
-        context=ContextInfo.of(derived, Ledger.status(derived, cost_of(derived))),
-        derived_from=out.source.id,
-        privacy_cost=0.0,
-        note=(
-            f"{len(out.outputs)} outputs were generated with DPS-MOZO, each charged one query "
-            f"of {out.source.id}; serving {derived.id} by few-shot ICL costs no further privacy"
-        ),
-        source_cost=CostInfo.of(out.cost),
-        source_budget=BudgetInfo.of(out.budget),
-    )

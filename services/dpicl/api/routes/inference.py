@@ -28,11 +28,9 @@ ERRORS: dict[int | str, dict[str, object]] = {
 router = APIRouter(prefix="/v1", tags=["inference"], responses=ERRORS)
 
 
-async def context_for(
-    context_id: str, svc: Services, principal: Principal, task: str, path: str
-) -> StoredContext:
-    """The context, when its mechanism answers ``task`` (the mechanisms ``path`` serves)."""
-    ctx = await load_context(context_id, svc, principal, for_query=True)
+def check_serves(ctx: StoredContext, task: str, path: str) -> None:
+    """A 422 unless the context's mechanism answers ``task`` (the mechanisms ``path``
+    serves)."""
     name = ctx.mechanism.get("name")
     if name not in serving(task):
         raise InvalidRequest(
@@ -41,7 +39,6 @@ async def context_for(
             + " contexts",
             param="context_id",
         )
-    return ctx
 
 
 async def answer_outcome(
@@ -55,11 +52,15 @@ async def answer_outcome(
     max_tokens: int | None = None,
     exact: bool = False,
     sink: TokenSink | None = None,
+    context: StoredContext | None = None,
 ) -> Outcome:
     """One answer of the context's mechanism (looked up in the registry), within
-    ``principal``'s scope, charged to the context and to ``principal``'s key."""
+    ``principal``'s scope, charged to the context and to ``principal``'s key. ``context``:
+    the context ``context_id`` names, when the caller loaded it already (the OpenAI
+    surface, which needs its task first), so a request loads it once."""
     query = check_query(query, svc.settings.max_query_chars)
-    ctx = await context_for(context_id, svc, principal, task, path)
+    ctx = context or await load_context(context_id, svc, principal, for_query=True)
+    check_serves(ctx, task, path)
     how = Answering(
         runtime=svc,
         ledger=svc.ledger.billed_to(principal),
@@ -73,10 +74,17 @@ async def answer_outcome(
     return out
 
 
-async def classify_outcome(req: ClassifyRequest, svc: Services, *, principal: Principal) -> Outcome:
-    """Shared by the public and the debug route: one answer of a classification mechanism
-    (private voting), within ``principal``'s scope, charged to the context and to
-    ``principal``'s key."""
+async def classify_outcome(
+    req: ClassifyRequest,
+    svc: Services,
+    *,
+    principal: Principal,
+    context: StoredContext | None = None,
+) -> Outcome:
+    """Shared by the public, the OpenAI-compatible and the debug route: one answer of a
+    classification mechanism (private voting), within ``principal``'s scope, charged to the
+    context and to ``principal``'s key (``context``: already loaded, see
+    :func:`answer_outcome`)."""
     return await answer_outcome(
         req.context_id,
         req.query,
@@ -84,6 +92,7 @@ async def classify_outcome(req: ClassifyRequest, svc: Services, *, principal: Pr
         principal=principal,
         task="classification",
         path="/v1/classify",
+        context=context,
     )
 
 
@@ -122,11 +131,13 @@ async def generate_outcome(
     principal: Principal,
     exact: bool = False,
     sink: TokenSink | None = None,
+    context: StoredContext | None = None,
 ) -> Outcome:
     """Shared by the public, the OpenAI-compatible and the debug route: one generation by
     the context's mechanism, within ``principal``'s scope, charged to the context and to
     ``principal``'s key. ``sink``: a mechanism that releases token by token (DPS-MOZO)
-    streams to it as it samples (the others release their one answer at the end)."""
+    streams to it as it samples (the others release their one answer at the end);
+    ``context``: already loaded (see :func:`answer_outcome`)."""
     return await answer_outcome(
         req.context_id,
         req.query,
@@ -137,6 +148,7 @@ async def generate_outcome(
         max_tokens=req.max_tokens,
         exact=exact,
         sink=sink,
+        context=context,
     )
 
 

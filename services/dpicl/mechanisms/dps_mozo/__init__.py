@@ -8,6 +8,8 @@
 * :mod:`.pipeline`: the online decoding pipeline (Algorithm 2).
 * :mod:`.offline`: the offline mode (Algorithm 3): synthesis of public demonstrations.
 * :mod:`.public`: the ``public`` mechanism that serves them at no privacy cost.
+* :mod:`.routes`: ``POST /v1/contexts/{context_id}/synthesize``, the offline mode's route,
+  which the mechanism contributes to the API (``Mechanism.routers``).
 * :mod:`.mechanism`: settings (schema fragment), calibration record, own budget, debug view;
   the registered :data:`~.mechanism.DPS_MOZO`.
 """

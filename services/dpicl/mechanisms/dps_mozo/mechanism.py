@@ -4,10 +4,11 @@ queries, cost event (:mod:`.accounting`), pipeline (:mod:`.pipeline`) and white-
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any, Literal
 
+from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
 from dpicl.domain import Delta, Epsilon, Float, Int, OptionalInt
@@ -25,6 +26,7 @@ from dpicl.mechanisms.dps_mozo.accounting import guarantee_of, mozo_cost
 from dpicl.mechanisms.dps_mozo.calibration import calibrate_beta
 from dpicl.mechanisms.dps_mozo.pipeline import MozoOutcome, run_mozo
 from dpicl.mechanisms.dps_mozo.proven import calibrate_max_log_ratio
+from dpicl.mechanisms.dps_mozo.routes import router as synthesis_router
 from dpicl.privacy.ledger import Cost
 from dpicl.store.repository import StoredContext
 
@@ -224,6 +226,10 @@ class Mozo(Mechanism):
             exact=how.exact,
             sink=how.sink,
         )
+
+    def routers(self) -> Sequence[APIRouter]:
+        """``POST /v1/contexts/{context_id}/synthesize``: the offline mode (Algorithm 3)."""
+        return (synthesis_router,)
 
     def debug_view(self, outcome: Any, whitebox: str) -> dict[str, Any] | None:
         """Per token: the top-k, lambdas, log-ratios (and divergences in the paper's mode);

@@ -71,6 +71,28 @@ async def synthesize(
     outputs, which were paid for, are stored as a derived context named "partial": they are
     DP outputs, so keeping them costs no privacy, and dropping them would waste budget.
     """
+    _check_fits(context, inputs)
+    current, outputs, failure = await _answer_inputs(
+        context, inputs, engine=engine, ledger=ledger, rng=rng, stop=stop
+    )
+    # One ending for a finished, stopped or failed synthesis: what was answered is stored.
+    derived, store_error = await _store(repo, context, inputs, outputs, name)
+    if len(outputs) < len(inputs) or store_error is not None:
+        _log_early_end(context, len(inputs), len(outputs), failure, derived, store_error)
+    _raise_what_ended_it(context, len(outputs), failure, derived, store_error)
+    cost = mozo_cost(context.mechanism)
+    return SynthesisOutcome(
+        source=current,
+        derived=derived,
+        outputs=outputs,
+        requested=len(inputs),
+        cost=cost,
+        budget=Ledger.status(current, cost),
+    )
+
+
+def _check_fits(context: StoredContext, inputs: Sequence[str]) -> None:
+    """A dps-mozo context with a query left for every input, or a 4xx charging nothing."""
     if context.mechanism.get("name") != "dps-mozo":
         raise InvalidRequest(
             f"context {context.id} uses mechanism {context.mechanism.get('name')!r}; "
@@ -84,9 +106,22 @@ async def synthesize(
             f"{len(inputs)} inputs do not fit",
             param="inputs",
         )
+
+
+async def _answer_inputs(
+    context: StoredContext,
+    inputs: Sequence[str],
+    *,
+    engine: Engine,
+    ledger: Ledger,
+    rng: np.random.Generator,
+    stop: StopCheck | None,
+) -> tuple[StoredContext, list[str], BaseException | None]:
+    """One DPS-MOZO answer per input, until done, stopped or failed: the context after the
+    last charge, the outputs, and what ended it early (None: done or stopped). A failure
+    before any output is raised as is (nothing to store)."""
     outputs: list[str] = []
     current = context
-    failure: BaseException | None = None
     try:
         for text in inputs:
             # Between inputs only: an input is charged as its generation starts and its
@@ -100,24 +135,42 @@ async def synthesize(
     except (Exception, asyncio.CancelledError) as exc:
         if not outputs:
             raise
-        failure = exc
-    # One ending for a finished, stopped or failed synthesis: what was answered is stored.
-    derived, store_error = await _store(repo, context, inputs, outputs, name)
-    done = len(outputs)
-    if done < len(inputs) or store_error is not None:
-        log.warning(
-            "synthesis from %s ended after %d of %d inputs (%s): %d queries charged, %s",
-            context.id,
-            done,
-            len(inputs),
-            "client gone" if failure is None else type(failure).__name__,
-            done,
-            f"outputs stored as {derived.id}"
-            if derived is not None
-            else f"outputs not stored ({type(store_error).__name__})"
-            if store_error is not None
-            else "nothing to store",
-        )
+        return current, outputs, exc
+    return current, outputs, None
+
+
+def _log_early_end(
+    context: StoredContext,
+    requested: int,
+    done: int,
+    failure: BaseException | None,
+    derived: StoredContext | None,
+    store_error: DpiclError | None,
+) -> None:
+    log.warning(
+        "synthesis from %s ended after %d of %d inputs (%s): %d queries charged, %s",
+        context.id,
+        done,
+        requested,
+        "client gone" if failure is None else type(failure).__name__,
+        done,
+        f"outputs stored as {derived.id}"
+        if derived is not None
+        else f"outputs not stored ({type(store_error).__name__})"
+        if store_error is not None
+        else "nothing to store",
+    )
+
+
+def _raise_what_ended_it(
+    context: StoredContext,
+    done: int,
+    failure: BaseException | None,
+    derived: StoredContext | None,
+    store_error: DpiclError | None,
+) -> None:
+    """Raise the failure that ended a synthesis, or the store's, saying what stays charged
+    and where the answered outputs are; nothing when it finished or was stopped."""
     charged = f"({done} queries of {context.id})"
     if failure is not None:
         if not isinstance(failure, DpiclError):
@@ -142,15 +195,6 @@ async def synthesize(
             "stored",
             param=store_error.param,
         ) from store_error
-    cost = mozo_cost(context.mechanism)
-    return SynthesisOutcome(
-        source=current,
-        derived=derived,
-        outputs=outputs,
-        requested=len(inputs),
-        cost=cost,
-        budget=Ledger.status(current, cost),
-    )
 
 
 def _derived_name(context: StoredContext, name: str | None, answered: int, requested: int) -> str:

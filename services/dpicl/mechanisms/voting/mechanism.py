@@ -12,7 +12,7 @@ from dpicl.domain import Float
 from dpicl.mechanisms.base import Answering, Outcome
 from dpicl.mechanisms.partitioned import PartitionedGaussian, PartitionedMechanism
 from dpicl.mechanisms.voting.pipeline import VotingOutcome, run_voting
-from dpicl.privacy.calibration import VOTING_SENSITIVITY
+from dpicl.mechanisms.voting.release import VOTING_SENSITIVITY
 from dpicl.store.repository import StoredContext
 
 

@@ -7,7 +7,7 @@ released (:func:`noisy_argmax`). :func:`private_vote` is the whole of it.
 
 A neighbouring context changes one partition, so one vote moves from one label to another:
 V changes by -1 and +1 in two coordinates, an L2 change of sqrt(2) (see
-:data:`dpicl.privacy.calibration.VOTING_SENSITIVITY`). The noisy histogram is then the
+:data:`VOTING_SENSITIVITY`). The noisy histogram is then the
 Gaussian mechanism and its argmax post-processing of it.
 
 A partition whose scores are unusable (a NaN or +inf, or no finite score: a model whose
@@ -39,6 +39,7 @@ from dpicl.errors import ConfigurationError
 
 __all__ = [
     "ABSTAIN",
+    "VOTING_SENSITIVITY",
     "VotingRelease",
     "noisy_argmax",
     "noisy_argmax_probabilities",
@@ -51,6 +52,12 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
+
+#: L2 sensitivity of the vote histogram. A neighbour changes one partition, whose vote moves
+#: from one label to another: one count drops by 1 and another rises by 1, so the histogram
+#: moves by sqrt(1^2 + 1^2) = sqrt(2). With the classic formula this gives
+#: sigma = 2 sqrt(ln(1.25/delta)) / epsilon, exactly paper 000, Algorithm 2 line 7.
+VOTING_SENSITIVITY = math.sqrt(2.0)
 
 #: The vote of a partition whose label scores are unusable: it counts for no label.
 ABSTAIN = -1

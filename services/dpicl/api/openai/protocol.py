@@ -1,5 +1,10 @@
 """Request and response models of the OpenAI-compatible routes (a context is a model).
 
+A request checks itself (:meth:`~_Common.refuse_unsupported`), names its query
+(:meth:`~ChatCompletionRequest.query`: the last message, which must be the user's, or the
+prompt) and converts itself to the native request that ``/v1/classify`` or ``/v1/generate``
+would get (:meth:`~_Common.to_native`), its validation errors named in OpenAI's terms.
+
 Every field OpenAI defines for these requests is declared, so that an unknown field is a
 400 naming it (``extra="forbid"``). Three kinds (docs/architecture.md lists them):
 
@@ -15,11 +20,14 @@ Every field OpenAI defines for these requests is declared, so that an unknown fi
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import json
+from abc import abstractmethod
+from typing import Any, ClassVar, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dpicl.api.schemas import BudgetInfo, CostInfo
+from dpicl.api.schemas import BudgetInfo, ClassifyRequest, CostInfo, GenerateRequest
+from dpicl.errors import InvalidRequest, UnsupportedParameter
 
 #: At most this many messages in a chat request (only the last one is read).
 MAX_MESSAGES = 1000
@@ -75,6 +83,47 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "response_format": (None, {"type": "text"}),
 }
 
+_WHY = {
+    "logprobs": "token log-probabilities are un-noised internals of the model, which a "
+    "differentially private answer never releases",
+    "top_logprobs": "token log-probabilities are un-noised internals of the model, which a "
+    "differentially private answer never releases",
+    "echo": "dpicl releases only the mechanism's answer",
+    "n": "each answer is a separate DP release, charged on its own; send n requests",
+    "best_of": "each answer is a separate DP release, charged on its own",
+    "seed": "DP noise and sampling are seeded from the operating system's entropy, never "
+    "by a client",
+    "stop": "the mechanisms release their answer whole",
+    "logit_bias": "the mechanism's distribution cannot be changed by a client",
+    "response_format": "a context answers with its label or a DP-generated text",
+}
+
+
+#: The two completion kinds: chat (``/v1/chat/completions``) and text (``/v1/completions``).
+Kind = Literal["chat", "text"]
+
+
+class Query(NamedTuple):
+    """The query of an OpenAI request and the parameter it came from (named in errors)."""
+
+    text: str
+    param: str
+
+
+def _native_error(exc: ValidationError, query_param: str) -> InvalidRequest:
+    """A native request's validation error, named in OpenAI's terms."""
+    err = exc.errors()[0]
+    field = str(err["loc"][0]) if err["loc"] else ""
+    param = {"context_id": "model", "query": query_param}.get(field, field)
+    what = "the query" if field == "query" else param
+    msg = str(err["msg"]).lower()
+    if err["type"] == "string_pattern_mismatch":
+        msg = (
+            "must contain a visible character (not only whitespace, control or invisible "
+            "characters) and no NUL"
+        )
+    return InvalidRequest(f"{param}: {what} {msg}", param=param)
+
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -90,6 +139,9 @@ class _Common(BaseModel):
     ``"stream": "yes"`` is a 400 naming the field, as OpenAI answers it, not a 1 or a True."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    #: ``chat`` or ``text``: the shape of the completion it is answered with.
+    kind: ClassVar[Kind]
 
     model: str = Field(min_length=1, max_length=200, description="A context id.")
     stream: bool | None = Field(
@@ -122,6 +174,42 @@ class _Common(BaseModel):
     seed: Any = Field(default=None, description="Refused: DP noise comes from OS entropy.")
     stop: Any = Field(default=None, description="Refused (the mechanisms cannot honour it).")
 
+    def refuse_unsupported(self) -> None:
+        """A 400 naming the first parameter that would leak or that cannot be honoured."""
+        for name in REFUSED:
+            if name not in type(self).model_fields:
+                continue
+            value = getattr(self, name)
+            neutral = NEUTRAL.get(name, (None,))
+            # ``True == 1``: a boolean is only neutral where ``False`` is.
+            if any(type(value) is type(v) and value == v for v in neutral) or value is None:
+                continue
+            shown = json.dumps(value)[:80] if value is not None else "null"
+            why = _WHY.get(name, "a context answers with its label or a DP-generated text")
+            raise UnsupportedParameter(
+                f"{name}={shown} is not supported by dpicl: {why}", param=name
+            )
+
+    @abstractmethod
+    def query(self) -> Query:
+        """The query and the parameter it came from (each kind of request names its own)."""
+
+    def max_tokens_wanted(self) -> int | None:
+        return self.max_tokens
+
+    def to_native(self, task: str, query: Query) -> ClassifyRequest | GenerateRequest:
+        """The native request ``/v1/classify`` (``task`` classification) or
+        ``/v1/generate`` would get for this one, whose query is ``query``."""
+        try:
+            if task == "classification":
+                return ClassifyRequest(context_id=self.model, query=query.text)
+            limit = self.max_tokens_wanted()
+            if limit is None:
+                return GenerateRequest(context_id=self.model, query=query.text)
+            return GenerateRequest(context_id=self.model, query=query.text, max_tokens=limit)
+        except ValidationError as exc:
+            raise _native_error(exc, query.param) from None
+
 
 class ChatMessage(BaseModel):
     """One message; only the last one (a user message) is read: it is the query."""
@@ -135,6 +223,8 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(_Common):
+    kind: ClassVar[Kind] = "chat"
+
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: int | None = Field(
         default=None, ge=1, le=1024, description="Same as max_tokens."
@@ -152,12 +242,70 @@ class ChatCompletionRequest(_Common):
     reasoning_effort: Any = Field(default=None, description="Refused.")
     web_search_options: Any = Field(default=None, description="Refused.")
 
+    def query(self) -> Query:
+        """The last message, which must be the user's."""
+        i = len(self.messages) - 1
+        last = self.messages[i]
+        if last.role != "user":
+            raise InvalidRequest(
+                f"messages.{i}.role: the last message is the query and must have role 'user' "
+                f"(got {last.role!r})",
+                param=f"messages.{i}.role",
+            )
+        content = last.content
+        if isinstance(content, str):
+            return Query(content, f"messages.{i}.content")
+        if not content:
+            raise InvalidRequest(
+                f"messages.{i}.content: the last user message has no text",
+                param=f"messages.{i}.content",
+            )
+        texts = []
+        for j, part in enumerate(content):
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise UnsupportedParameter(
+                    f"messages.{i}.content.{j}: only parts of type 'text' with a string 'text' "
+                    f"are supported (got type {str(part.get('type'))[:40]!r})",
+                    param=f"messages.{i}.content.{j}.type",
+                )
+            texts.append(part["text"])
+        return Query("\n".join(texts), f"messages.{i}.content")
+
+    def max_tokens_wanted(self) -> int | None:
+        """``max_tokens`` or ``max_completion_tokens`` (the same; both must agree)."""
+        other = self.max_completion_tokens
+        if self.max_tokens is not None and other is not None and self.max_tokens != other:
+            raise InvalidRequest(
+                f"max_tokens={self.max_tokens} and max_completion_tokens={other} differ; send one",
+                param="max_completion_tokens",
+            )
+        return self.max_tokens if self.max_tokens is not None else other
+
 
 class CompletionRequest(_Common):
+    kind: ClassVar[Kind] = "text"
+
     prompt: Any = Field(description="The query: a string (or a list holding one string).")
     echo: Any = Field(default=None, description="Refused: would return the prompt.")
     best_of: Any = Field(default=None, description="Only 1.")
     suffix: Any = Field(default=None, description="Refused.")
+
+    def query(self) -> Query:
+        """The prompt: one string (or a list holding one)."""
+        prompt = self.prompt
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            return Query(prompt[0], "prompt")
+        if isinstance(prompt, str):
+            return Query(prompt, "prompt")
+        raise UnsupportedParameter(
+            f"prompt must be one string (or a list holding one); got {json.dumps(prompt)[:80]}: "
+            "token ids are not accepted, and several prompts would be several DP releases "
+            "(send one request each)",
+            param="prompt",
+        )
+
+
+OpenAIRequest = ChatCompletionRequest | CompletionRequest
 
 
 # ---------------------------------------------------------------------------- responses

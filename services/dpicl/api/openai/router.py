@@ -1,8 +1,8 @@
-"""The OpenAI-compatible routes: a context is a model (logic in ``api/openai_surface.py``
-and ``api/openai_stream.py``).
+"""The OpenAI-compatible routes: a context is a model (logic in :mod:`.serving` and
+:mod:`.streaming`, the request and response models in :mod:`.protocol`).
 
-Errors here are in OpenAI's shape (``api/openai_errors.py``); authentication is the native
-inference routes' (a user key, or the admin token).
+Errors here are in OpenAI's shape (:mod:`.errors`); authentication is the native inference
+routes' (a user key, or the admin token).
 """
 
 from __future__ import annotations
@@ -13,27 +13,17 @@ from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse, Response
 
 from dpicl.api.deps import Caller, Svc, only_query_params
-from dpicl.api.openai_schemas import (
+from dpicl.api.openai.protocol import (
     ChatCompletion,
     ChatCompletionRequest,
     CompletionRequest,
     Model,
     ModelList,
+    OpenAIRequest,
     TextCompletion,
 )
-from dpicl.api.openai_stream import stream_answer
-from dpicl.api.openai_surface import (
-    Kind,
-    OpenAIRequest,
-    answer,
-    chat_query,
-    completion_body,
-    completion_query,
-    cost_headers,
-    model_page,
-    one_model,
-    refuse_unsupported,
-)
+from dpicl.api.openai.serving import answer, completion_body, cost_headers, model_page, one_model
+from dpicl.api.openai.streaming import stream_answer
 from dpicl.domain import MAX_LIST_LIMIT
 from dpicl.store.keys import Principal
 
@@ -99,24 +89,25 @@ async def get_model(model: str, svc: Svc, caller: Caller) -> Model:
     return await one_model(model, svc, caller)
 
 
-async def _complete(kind: Kind, req: OpenAIRequest, svc: Svc, caller: Principal) -> Response:
-    refuse_unsupported(req)
-    query = chat_query(req) if isinstance(req, ChatCompletionRequest) else completion_query(req)
+async def _complete(req: OpenAIRequest, svc: Svc, caller: Principal) -> Response:
+    # Checked before anything is loaded or charged, and before a stream starts.
+    req.refuse_unsupported()
+    query = req.query()
     if req.stream:
-        return await stream_answer(kind, req, svc, caller, query)
-    a = await answer(req, svc, principal=caller, query=query)
+        return await stream_answer(req, query, svc, caller)
+    a = await answer(req, query, svc, principal=caller)
     return JSONResponse(
-        completion_body(kind, a, svc.engine.name), headers=cost_headers(a.cost, a.budget)
+        completion_body(req.kind, a, svc.engine.name), headers=cost_headers(a.cost, a.budget)
     )
 
 
 @router.post("/chat/completions", response_model=ChatCompletion, responses=_STREAM)
 async def chat_completions(req: ChatCompletionRequest, svc: Svc, caller: Caller) -> Response:
     """Answer the last user message with the context `model` (its label or a DP text)."""
-    return await _complete("chat", req, svc, caller)
+    return await _complete(req, svc, caller)
 
 
 @router.post("/completions", response_model=TextCompletion, responses=_STREAM)
 async def completions(req: CompletionRequest, svc: Svc, caller: Caller) -> Response:
     """Answer `prompt` with the context `model` (its label or a DP text)."""
-    return await _complete("text", req, svc, caller)
+    return await _complete(req, svc, caller)

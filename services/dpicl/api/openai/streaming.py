@@ -20,11 +20,10 @@ from typing import Any
 from fastapi.responses import StreamingResponse
 
 from dpicl.api.deps import Services
-from dpicl.api.openai_errors import openai_status
-from dpicl.api.openai_surface import (
+from dpicl.api.openai.errors import openai_status
+from dpicl.api.openai.protocol import Kind, OpenAIRequest, Query
+from dpicl.api.openai.serving import (
     Answer,
-    Kind,
-    OpenAIRequest,
     answer,
     completion_id,
     cost_headers,
@@ -109,11 +108,12 @@ def _retrieve(task: asyncio.Task[Any]) -> None:
 
 
 async def stream_answer(
-    kind: Kind, req: OpenAIRequest, svc: Services, principal: Principal, query: tuple[str, str]
+    req: OpenAIRequest, query: Query, svc: Services, principal: Principal
 ) -> StreamingResponse:
     """The answer as server-sent events; errors before the charge are plain HTTP errors."""
+    kind = req.kind
     sink = _QueueSink()
-    task = asyncio.create_task(answer(req, svc, principal=principal, sink=sink, query=query))
+    task = asyncio.create_task(answer(req, query, svc, principal=principal, sink=sink))
     task.add_done_callback(lambda _: sink.queue.put_nowait(("done", None)))
     task.add_done_callback(_retrieve)
     try:
