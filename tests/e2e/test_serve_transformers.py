@@ -58,6 +58,13 @@ def test_classify_with_real_model_over_http(start_server: Any, tmp_path: Any) ->
     r = httpx.post(f"{srv.url}/v1/contexts", json=body, headers=admin_headers(), timeout=30)
     assert r.status_code == 201, r.text
     cid = r.json()["id"]
+    # The context as an OpenAI model names the engine and the weights' dtype.
+    model = httpx.get(f"{srv.url}/v1/models/{cid}", headers=user_headers()).json()["dpicl"]
+    assert (model["engine"], model["dtype"], model["load_format"]) == (
+        "transformers",
+        "float32",
+        "auto",
+    )
     for query in ("What a lovely, happy day, I enjoyed every minute.", "Awful and broken."):
         r = httpx.post(
             f"{srv.url}/v1/classify",

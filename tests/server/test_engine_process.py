@@ -244,6 +244,8 @@ def test_a_served_app_answers_from_its_engine_process_and_refunds_when_it_dies(
         cid = c.post("/v1/contexts", json=body, headers=admin_headers())
         assert cid.status_code == 201, cid.text
         cid_ = cid.json()["id"]
+        model = c.get(f"/v1/models/{cid_}", headers=user_headers()).json()["dpicl"]
+        assert (model["engine"], model["dtype"]) == ("oracle", None)  # a simulator: no weights
         ask = {"context_id": cid_, "query": "Private record number 3: customer paid"}
         r = c.post("/v1/classify", json=ask, headers=user_headers())
         assert r.status_code == 200, r.text

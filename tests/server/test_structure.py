@@ -18,7 +18,8 @@ PACKAGE = Path(dpicl.__file__).resolve().parent
 
 #: What each lower layer may import from the rest of the package (beside itself).
 LAYERS = {
-    "dpicl.engines": {"dpicl.config", "dpicl.errors", "dpicl.metrics"},
+    # logging_setup: the engine process (engines/engine_main.py) configures its own logging.
+    "dpicl.engines": {"dpicl.config", "dpicl.errors", "dpicl.metrics", "dpicl.logging_setup"},
     "dpicl.store": {"dpicl.errors", "dpicl.metrics"},
 }
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from dpicl.engines import batching, prefix_cache
 from dpicl.engines.base import DecodingSession, Engine
+from dpicl.engines.factory import build_engine
 from dpicl.engines.oracle import decode_oracle_tokens
 from dpicl.engines.process import (
     EngineInfo,
@@ -31,6 +32,7 @@ from dpicl.engines.process import (
     TokenizerDecoder,
     wire_error,
 )
+from dpicl.logging_setup import configure_logging, level_of
 
 __all__ = ["main"]
 
@@ -166,9 +168,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     conn = Connection(int(args[0]))
     spec: EngineSpec = conn.recv()
-    from dpicl.engines.factory import build_engine
-    from dpicl.logging_setup import configure_logging, level_of
-
     configure_logging(level_of(spec.log_level), spec.log_format)  # type: ignore[arg-type]
     try:
         engine = build_engine(

@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from dpicl.engines.base import Embedder, Engine
+from dpicl.engines.process import EngineSpec, ProcessEngine
 from dpicl.engines.threads import ThreadPlan, apply_torch_threads, choose_threads, usable_cores
 from dpicl.engines.tuning import EngineTuning
+from dpicl.engines.vllm import VllmOptions
 from dpicl.errors import EngineError
 
 if TYPE_CHECKING:
     from dpicl.config import Settings
-    from dpicl.engines.vllm import VllmOptions
 
 __all__ = ["build_embedder", "build_engine", "serve_engine", "torch_threads_of"]
 
@@ -103,15 +104,12 @@ def build_engine(
 def serve_engine(settings: Settings) -> Engine:
     """The engine the server answers with, as its settings say: in a process of its own
     (:mod:`dpicl.engines.process`; ``DPICL_ENGINE_PROCESS``) or in this one. Blocking."""
-    from dpicl.engines.vllm import VllmOptions
 
     tuning = EngineTuning.from_settings(settings)
     threads = torch_threads_of(
         settings.torch_threads, settings.torch_interop_threads, settings.workers
     )
     if settings.separate_engine_process():
-        from dpicl.engines.process import EngineSpec, ProcessEngine
-
         spec = EngineSpec(
             name=settings.engine,
             model=settings.model,

@@ -14,11 +14,14 @@ device once they are there.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "CPU_PREFIX_CACHE_MIB",
     "CUDA_CACHE_FRACTION",
     "DTYPES",
     "auto_prefix_cache_mib",
+    "placement_of",
     "resolve_dtype",
 ]
 
@@ -55,3 +58,18 @@ def auto_prefix_cache_mib(device_type: str, free_bytes: int | None) -> int:
     if device_type != "cuda" or free_bytes is None:
         return CPU_PREFIX_CACHE_MIB
     return max(CPU_PREFIX_CACHE_MIB, int(free_bytes * CUDA_CACHE_FRACTION) // 2**20)
+
+
+def placement_of(engine: object) -> dict[str, Any]:
+    """Where the engine runs and what it loaded, as far as the engine says (the oracle and
+    vLLM say less than the transformers engine)."""
+    tuning = getattr(engine, "tuning", None)
+    device = getattr(engine, "device", None)
+    return {
+        "device": str(device) if device is not None else None,
+        "dtype": getattr(engine, "dtype", None),
+        "load_format": getattr(engine, "load_format", None),
+        "engine_pid": getattr(engine, "engine_pid", None),
+        "prefix_cache_mib": getattr(engine, "prefix_cache_mib", None)
+        or getattr(tuning, "prefix_cache_mib", None),
+    }

@@ -383,6 +383,15 @@ class DpiclModel(BaseModel):
     epsilon_exact: float | None = None
     budget: dict[str, float] | None = Field(description="The context's budget; null if none.")
     spent: BudgetInfo
+    engine: str = Field(description="The engine that answers (oracle: a simulator).")
+    base_model: str = Field(description="The language model behind the context.")
+    dtype: str | None = Field(
+        default=None, description="The dtype of the model's weights (DPICL_DTYPE)."
+    )
+    load_format: str | None = Field(
+        default=None,
+        description="auto, or dummy: RANDOM weights for capacity planning (DPICL_LOAD_FORMAT).",
+    )
 
 
 class Model(BaseModel):

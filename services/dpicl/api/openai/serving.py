@@ -35,6 +35,8 @@ from dpicl.api.routes.contexts import list_reachable
 from dpicl.api.routes.inference import classify_outcome, generate_outcome
 from dpicl.api.schemas import BudgetInfo, ClassifyRequest, CostInfo
 from dpicl.contexts import cost_of
+from dpicl.engines.base import Engine
+from dpicl.engines.placement import placement_of
 from dpicl.errors import DpiclError, InvalidRequest, ModelNotFound, NotFound
 from dpicl.mechanisms.base import TokenSink
 from dpicl.privacy.ledger import BudgetStatus, Cost, Ledger
@@ -163,8 +165,9 @@ def completion_body(kind: Kind, a: Answer, engine: str) -> dict[str, Any]:
     }
 
 
-def model_of(ctx: StoredContext) -> Model:
+def model_of(ctx: StoredContext, engine: Engine) -> Model:
     cost = cost_of(ctx)
+    placed = placement_of(engine)
     return Model(
         id=ctx.id,
         created=int(ctx.created_at.timestamp()),
@@ -178,13 +181,17 @@ def model_of(ctx: StoredContext) -> Model:
             epsilon_exact=cost.epsilon_exact,
             budget=ctx.budget,
             spent=BudgetInfo.of(Ledger.status(ctx, cost)),
+            engine=engine.name,
+            base_model=engine.model,
+            dtype=placed["dtype"],
+            load_format=placed["load_format"],
         ),
     )
 
 
 async def one_model(model_id: str, svc: Services, principal: Principal) -> Model:
     with openai_params(model_id, "model"):
-        return model_of(await load_context(model_id, svc, principal))
+        return model_of(await load_context(model_id, svc, principal), svc.engine)
 
 
 async def model_page(
@@ -203,7 +210,7 @@ async def model_page(
             ) from None
         key = (ctx.created_at, ctx.id)
     listed, last = await list_reachable(svc, principal, limit, key)
-    data = [model_of(c.context) for c in listed]
+    data = [model_of(c.context, svc.engine) for c in listed]
     return ModelList(
         data=data,
         has_more=last is not None,

@@ -10,6 +10,7 @@ from fastapi import APIRouter
 from dpicl import __version__
 from dpicl.api.deps import Svc
 from dpicl.api.schemas import ErrorResponse, Health, HealthLimits, Readiness
+from dpicl.engines.placement import placement_of
 from dpicl.engines.threads import ThreadPlan
 from dpicl.errors import EngineError, StorageUnavailable
 from dpicl.store.migrations import head
@@ -89,18 +90,3 @@ async def readyz(svc: Svc) -> Readiness:
         pid=os.getpid(),
         **placement_of(svc.engine),
     )
-
-
-def placement_of(engine: object) -> dict[str, object]:
-    """Where the engine runs and what it loaded, as far as the engine says (the oracle and
-    vLLM say less than the transformers engine)."""
-    tuning = getattr(engine, "tuning", None)
-    device = getattr(engine, "device", None)
-    return {
-        "device": str(device) if device is not None else None,
-        "dtype": getattr(engine, "dtype", None),
-        "load_format": getattr(engine, "load_format", None),
-        "engine_pid": getattr(engine, "engine_pid", None),
-        "prefix_cache_mib": getattr(engine, "prefix_cache_mib", None)
-        or getattr(tuning, "prefix_cache_mib", None),
-    }
