@@ -11,6 +11,8 @@ the ``SERVERS`` environments and loaded by the same client:
 * ``served``: the defaults; only the device, the model and the load format are set.
 * ``in-process``: the same with ``DPICL_ENGINE_PROCESS=off``: the engine in the server's
   own process, for the engine process's effect alone.
+* ``timer-2ms``, ``cache-256``, ``float32`` (asked for by name): the defaults with one of
+  issue 36's changes undone (the 2 ms batching timer, the 256 MiB prefix cache, float32).
 * ``as-shipped``: the defaults before issue 36 (float32 weights, the engine in the
   server's process, a 2 ms batching timer, a 256 MiB prefix cache), set by their settings
   on this checkout.
@@ -68,6 +70,10 @@ QUERIES = [
 SERVERS: dict[str, dict[str, str]] = {
     "served": {},
     "in-process": {"DPICL_ENGINE_PROCESS": "off"},
+    # Not in the default run: one change of issue 36 at a time.
+    "timer-2ms": {"DPICL_BATCH_WAIT_MS": "2"},
+    "cache-256": {"DPICL_PREFIX_CACHE_MIB": "256"},
+    "float32": {"DPICL_DTYPE": "float32"},
     "as-shipped": {
         "DPICL_DTYPE": "float32",
         "DPICL_ENGINE_PROCESS": "off",
