@@ -166,6 +166,13 @@ def test_a_server_on_the_gpu_classifies_over_http(start_server: Any, tmp_path: P
         "mechanism": {"name": "voting", "epsilon": 4.0, "delta": 1e-5, "partitions": 4},
         "budget": {"epsilon": 40.0, "delta": 1e-4},
     }
+    # The served defaults on a GPU (issue 36): bfloat16 where the device has it, the model
+    # in an engine process of its own, the prefix cache sized to the device.
+    ready = httpx.get(f"{srv.url}/readyz").json()
+    bf16 = torch.cuda.is_bf16_supported()
+    assert ready["dtype"] == ("bfloat16" if bf16 else "float16")
+    assert ready["engine_pid"] not in (None, ready["pid"])
+    assert ready["prefix_cache_mib"] > 256
     r = httpx.post(f"{srv.url}/v1/contexts", json=body, headers=admin_headers(), timeout=30)
     assert r.status_code == 201, r.text
     cid = r.json()["id"]

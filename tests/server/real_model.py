@@ -29,5 +29,7 @@ cpu_only = pytest.mark.skipif(
 
 
 def load_bundled(device: str = TEST_DEVICE) -> TransformersEngine:
-    """The bundled model (converted once into ``CACHE_DIR``) on ``device``."""
-    return TransformersEngine.load(resolve_llm(None, CACHE_DIR), device=device)
+    """The bundled model (converted once into ``CACHE_DIR``) on ``device``, in float32 on
+    every device (``DPICL_DTYPE=auto`` would take bfloat16 on a GPU): the assertions
+    compare it with float32 references."""
+    return TransformersEngine.load(resolve_llm(None, CACHE_DIR), device=device, dtype="float32")

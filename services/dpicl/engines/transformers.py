@@ -162,7 +162,7 @@ class TransformersEngine(ModelRunner):
             else:
                 # accelerate's device map writes each tensor straight onto the device.
                 model = AutoModelForCausalLM.from_pretrained(
-                    src, dtype=torch_dtype, device_map={"": dev}
+                    src, dtype=torch_dtype, device_map={"": str(dev)}
                 )
         except (OSError, ValueError) as exc:
             raise EngineError(f"cannot load the model {src!r}: {exc}") from exc
