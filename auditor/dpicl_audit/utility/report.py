@@ -27,7 +27,13 @@ if TYPE_CHECKING:
     from dpicl_audit.store import TrialRecord, TrialStore
     from dpicl_audit.utility.plan import UtilityPlan
 
-__all__ = ["BOOTSTRAP_STREAM", "print_utility", "summarise", "summarise_trials"]
+__all__ = [
+    "BOOTSTRAP_STREAM",
+    "print_utility",
+    "summarise",
+    "summarise_trials",
+    "utility_results",
+]
 
 #: The bootstrap's random stream (with the plan's seed and the cell's position): a report
 #: recomputed from the log gives the same intervals.
@@ -158,3 +164,25 @@ def print_utility(results: dict[str, Any], console: Console) -> None:
             f"(sum of its contexts' spend, delta {results['delta']:g} each)",
             highlight=False,
         )
+
+
+def utility_results(store: TrialStore, run_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """The results of those of ``run_ids`` that are utility runs: as stored when the run
+    completed, else recomputed from its log (a run still going, or stopped)."""
+    from dpicl_audit.errors import RunNotFound
+    from dpicl_audit.utility.plan import UtilityPlan
+
+    out: dict[str, dict[str, Any]] = {}
+    for rid in run_ids:
+        try:
+            run = store.get_run(rid)
+        except RunNotFound:
+            continue  # the audit's loader says so
+        if run.kind != "utility":
+            continue
+        if run.results is not None:
+            out[rid] = dict(run.results)
+        else:
+            plan = UtilityPlan.model_validate(run.plan | {"target": {}})
+            out[rid] = summarise(store, rid, plan, refused={})
+    return out
