@@ -81,8 +81,8 @@ def _baseline_client(plan: UtilityPlan, target: DpiclClient) -> DpiclClient | No
 
 
 def estimate_seconds(cells: list[Cell], pending: Mapping[str, int], per_prompt_s: float) -> float:
-    """Sequential time of the pending answers at ``per_prompt_s`` seconds per LLM prompt (an
-    answer of a T-partition cell is T prompts): an upper estimate where the server batches."""
+    """Time of the pending answers at ``per_prompt_s`` seconds per LLM prompt, as measured at
+    the run's concurrency (an answer of a T-partition cell is T prompts)."""
     return per_prompt_s * sum(c.prompts_per_query * pending.get(c.name, 0) for c in cells)
 
 
@@ -260,6 +260,7 @@ async def _execute(run: UtilityRun, progress: bool) -> dict[str, Any]:
         )
     pending = _pending(run.store, run.run_id, cells, plan.queries)
     cells = await _probe_baselines(run, cells, pending)
+    pending = {c.name: pending[c.name] for c in cells}  # a refused baseline asks nothing
     total = sum(len(v) for v in pending.values())
     console.print(
         f"utility audit {run.run_id}: {len(cells)} cells x {plan.queries} queries "
@@ -268,32 +269,37 @@ async def _execute(run: UtilityRun, progress: bool) -> dict[str, Any]:
         highlight=False,
     )
     if total:
-        # The time estimate comes from one real answer, timed alone (and logged as a trial).
+        # The time estimate comes from real answers (logged as trials): as many of the first
+        # cell's as go in flight at once, so that it measures the server's throughput at
+        # this concurrency (a batching server answers several in about the time of one).
         first = next(c for c in cells if pending[c.name])
+        probe = pending[first.name][: plan.concurrency]
+        del pending[first.name][: len(probe)]
         t0 = time.perf_counter()
-        run.keep(await run.ask(first, pending[first.name].pop(0)), force=True)
-        per_prompt = (time.perf_counter() - t0) / first.prompts_per_query
+        for rec in await asyncio.gather(*(run.ask(first, i) for i in probe)):
+            run.keep(rec)
+        run.flush()
+        took = time.perf_counter() - t0
+        per_prompt = took / (len(probe) * first.prompts_per_query)
         left = {k: len(v) for k, v in pending.items()}
         eta = estimate_seconds(cells, left, per_prompt)
         console.print(
-            f"one answer took {per_prompt * first.prompts_per_query:.2f} s ({first.name}); "
-            f"the other {sum(left.values())} should take about {eta / 60:.1f} min",
+            f"{len(probe)} answers took {took:.1f} s ({first.name}, {plan.concurrency} in "
+            f"flight); the other {sum(left.values())} should take about {eta / 60:.1f} min",
             highlight=False,
         )
     sem = asyncio.Semaphore(plan.concurrency)
+    # One bar over every answer: the cells run one after another through the semaphore, so
+    # a bar per cell would show an ETA that counts the time spent on the cells before it.
+    done = len(cells) * plan.queries - sum(len(v) for v in pending.values())
     with open_progress(console, progress) as bars:
-        tasks = {
-            c.name: bars.add_task(
-                c.name, total=plan.queries, completed=plan.queries - len(pending[c.name])
-            )
-            for c in cells
-        }
+        task = bars.add_task("answers", total=len(cells) * plan.queries, completed=done)
 
         async def one(cell: Cell, i: int) -> None:
             async with sem:
                 rec = await run.ask(cell, i)
             run.keep(rec)
-            bars.advance(tasks[cell.name])
+            bars.advance(task)
 
         jobs = [one(c, i) for c in cells for i in pending[c.name]]
         try:
