@@ -153,6 +153,18 @@ def test_utility_interrupted_killed_resumed_and_checked(start_server: Any, tmp_p
     ).json()["data"]
     assert not [c for c in listing if run_id in str(c.get("name"))]
     assert results["contexts_deleted"] == 4 * 3  # 4 draws x (2 private cells + few-shot)
+    # Resuming a completed run asks nothing and reports the same.
+    again = subprocess.run(
+        [*_cli(), "--resume", run_id, *common, "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert again.returncode == 0, again.stderr
+    assert _logged(db_file, run_id) == 3 * QUERIES
+    assert json.loads(again.stdout)["cells"] == results["cells"]
 
 
 def test_utility_through_openai_with_a_context_hook(

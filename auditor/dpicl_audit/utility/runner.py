@@ -230,6 +230,9 @@ async def run_utility(
         baseline = _baseline_client(plan, target)
         draws = draw_split(len(data), plan)
         run = UtilityRun(run_id, plan, store, target, baseline, data, draws, console)
+        # A completed run resumed asks nothing, so its refusals are the stored ones.
+        previous = store.get_run(run_id).results or {}
+        run.refused.update(previous.get("refused") or {})
         try:
             results = await _execute(run, progress)
         except (asyncio.CancelledError, KeyboardInterrupt):
