@@ -161,7 +161,8 @@ def utility(
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "plan"
-            err_console.print(f"[bold red]error:[/bold red] {where}: {first['msg']}")
+            msg = str(first["msg"]).removeprefix("Value error, ")
+            err_console.print(f"[bold red]error:[/bold red] {where}: {msg}")
             raise typer.Exit(2) from None
         if plan.target.admin_token is None and plan.target.context_hook is None:
             err_console.print(
