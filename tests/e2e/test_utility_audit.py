@@ -225,3 +225,25 @@ def test_utility_on_the_bundled_model(start_server: Any, tmp_path: Path) -> None
     assert cells["eps=8,T=2"]["accuracy"]["n"] == 6 == cells["few-shot"]["accuracy"]["n"]
     indep = _independent(tmp_path / "a.db", "u-model")
     assert cells["few-shot"]["accuracy"]["high"] == pytest.approx(indep["few-shot"]["high"])
+
+
+@pytest.mark.parametrize(("whitebox", "said"), [("noisy", "DPICL_WHITEBOX=internal"), ("off", "")])
+def test_the_non_private_baseline_needs_an_internal_white_box(
+    start_server: Any, tmp_path: Path, whitebox: str, said: str
+) -> None:
+    srv = start_server(oracle_server_env(tmp_path, whitebox=whitebox))
+    args = [
+        "utility",
+        *("--dataset", "news-mini", "--epsilons", "8", "--partitions", "2", "--queries", "8"),
+        *("--url", srv.url, "--db", str(tmp_path / "a.db"), "--out", str(tmp_path / "runs")),
+        *("--run-id", "u-wb", "--no-progress", "--json"),
+    ]
+    env = {"DPICL_AUDIT_ADMIN_TOKEN": ADMIN, "DPICL_AUDIT_API_KEY": USER}
+    result = CliRunner().invoke(app, args, env=env, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    results = json.loads(result.stdout[result.stdout.index("{") :])
+    cells = {c["setting"]: c for c in results["cells"]}
+    assert cells["eps=8,T=2"]["accuracy"]["n"] == 8
+    assert cells["few-shot"]["queries"] == 0 and said in cells["few-shot"]["refused"]
+    # nothing of the refused baseline stays in the log
+    assert _independent(tmp_path / "a.db", "u-wb").keys() == {"eps=8,T=2"}

@@ -105,9 +105,11 @@ class UtilityRun(RunContexts):
         if self.plan.task == "classification":
             if cell.kind == "few-shot":
                 out = await client.debug_classify(rec.context_id, example.input)
-                votes = out.get("partition_votes") or [None]
-                label = votes[0]
-                obs = {"label": label, "released": out.get("label")}
+                # T = 1: the one partition's clean vote (None where it abstained); the
+                # list is absent where the server's white-box level is only "noisy".
+                votes = out.get("partition_votes")
+                label = votes[0] if votes else None
+                obs = {"label": label, "released": out.get("label"), "clean": bool(votes)}
             else:
                 out = await client.classify(rec.context_id, example.input)
                 label = out.get("label")
@@ -342,8 +344,7 @@ async def _probe_baselines(
 
 
 def _has_clean_answer(record: TrialRecord) -> bool:
-    obs = record.observation
-    return obs.get("label") is not None if "expected" in obs else obs.get("clean", False)
+    return bool(record.observation.get("clean", False))
 
 
 def _with_overrides(stored: TargetSpec, overrides: Mapping[str, Any]) -> TargetSpec:
