@@ -46,10 +46,13 @@ inside a function, closes a cycle)::
                        estimation, results, run_context (the run's one state), contexts,
                        trials, runner (the steps in order), run (one life for run,
                        bootstrap and resume)
+    utility/           ``dpicl-audit utility``, the privacy-utility audit: plan (cells,
+                       draws), estimators (accuracy intervals, ROUGE-L, bootstrap), report
+                       (results from the log), contexts, runner
     report/            the report: data, rows, rdp, words, table, figure, curves, plots,
-                       cards, ledger_section, html, writer
+                       cards, ledger_section, utility_card, html, writer
     cli/               ``dpicl-audit``: common, flags, audit (run/bootstrap), log (resume,
-                       list, ...), rdp (divergence)
+                       list, ...), rdp (divergence), utility
     demo/              ``make demo``: servers, audits, main
 
 A new mechanism is one package in ``mechanisms/`` registered in

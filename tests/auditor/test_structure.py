@@ -42,6 +42,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("planning",),
     ("mechanisms",),
     ("pipeline",),
+    ("utility",),
     ("report",),
     ("cli", "demo"),
 )

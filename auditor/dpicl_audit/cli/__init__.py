@@ -11,6 +11,7 @@
     dpicl-audit report RUN [RUN ...]  one report (table, JSON, HTML with plots) of the runs
     dpicl-audit estimate   bounds from attack counts obtained elsewhere (JSON)
     dpicl-audit divergence exact Renyi divergence of noisy argmax between two histograms
+    dpicl-audit utility    accuracy per epsilon and T beside the baselines (docs/utility.md)
 
 Every command takes ``--db`` (a SQLAlchemy URL or a SQLite file path; default
 ``sqlite:///runs/audit.db``, or ``DPICL_AUDIT_DB``). Tokens come from flags or the
@@ -27,6 +28,7 @@ from __future__ import annotations
 from dpicl_audit.cli import audit as _audit  # noqa: F401  (registers run, bootstrap)
 from dpicl_audit.cli import log as _log  # noqa: F401  (registers resume, list, show, ...)
 from dpicl_audit.cli import rdp as _rdp  # noqa: F401  (registers divergence)
+from dpicl_audit.cli import utility as _utility  # noqa: F401  (registers utility)
 from dpicl_audit.cli.common import app
 
 __all__ = ["app", "main"]

@@ -240,7 +240,9 @@ def _reported_results(db: str, run_ids: list[str]) -> list[dict[str, Any]]:
     out = []
     for r in run_ids:
         try:
-            out.append(load_results(db, r))
+            results = load_results(db, r)
         except AuditError:
             continue
+        if results.get("kind") != "utility":  # a utility run has no verdict
+            out.append(results)
     return out

@@ -15,6 +15,7 @@ from typing import Any
 from dpicl_audit.report.cards import cards, run_style
 from dpicl_audit.report.data import ReportRow, RunData, num
 from dpicl_audit.report.ledger_section import conformance_html, ledger_html, roc_html
+from dpicl_audit.report.utility_card import CARD_CSS
 from dpicl_audit.report.words import (
     VERDICT_WORDS,
     eps_label,
@@ -279,9 +280,11 @@ def render_html(
     images: Sequence[tuple[str, str, str]],
     notes: Sequence[str],
     colors: Mapping[str, str] | None = None,
+    utility_html: str = "",
 ) -> str:
-    """The page: one card per run first (name, verdict, ε bars), then the findings grouped
-    by run behind disclosures, the compact table, the noise check, the plots, the details."""
+    """The page: one card per run first (name, verdict, ε bars), the privacy-utility card
+    (``utility_html``, when utility runs are reported), then the findings grouped by run
+    behind disclosures, the compact table, the noise check, the plots, the details."""
     colors = colors or {}
     labels = {rd.run_id: rd.label for rd in runs}
     groups = []
@@ -325,7 +328,7 @@ def render_html(
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{_e(title)}</title>
-<style>{_CSS}</style></head><body>
+<style>{_CSS}{CARD_CSS}</style></head><body>
 <h1>{_e(title)}</h1>
 {cards(runs, rows, colors)}
 <p class=small>Bars, per ε audited: <b>ε emp</b> (filled, the run's largest lower bound at its
@@ -333,6 +336,7 @@ confidence) against <b>ε exact</b> (black tick: the true ε of the mechanism at
 server reports) and <b>ε theory</b> (dashed red tick: the ε the context was configured with).
 ε emp can exceed ε exact only through a bug, and ε theory only through a privacy violation.
 Generated {now} by dpicl-audit from the trial log.</p>
+{utility_html}
 <h2>Findings</h2>{"".join(groups)}
 <h2>Results</h2>{_results_table(rows, labels, colors)}
 <p class=small>sim: bootstrap trials, simulated from n_llm clean vote vectors per world. A

@@ -24,9 +24,11 @@ from dpicl_audit.report.plots import plot_epsilons, plot_tradeoff, plot_trials, 
 from dpicl_audit.report.rdp import has_rdp, plot_rdp_bars, plot_rdp_curves
 from dpicl_audit.report.rows import report_rows
 from dpicl_audit.report.table import rich_table
+from dpicl_audit.report.utility_card import utility_card
 from dpicl_audit.report.words import noise_findings, run_verdict, verdict_sentence
 from dpicl_audit.results import jsonable
 from dpicl_audit.store import TrialStore
+from dpicl_audit.utility.report import print_utility, utility_results
 
 __all__ = ["write_combined_report", "write_report"]
 
@@ -147,7 +149,8 @@ def write_combined_report(
     out_directory(out_dir)  # before any work: an --out that is a file fails at once
     store = TrialStore(db_url)
     try:
-        runs = load_runs(store, ids)
+        utility = utility_results(store, ids)
+        runs = load_runs(store, [i for i in ids if i not in utility])
     finally:
         store.dispose()
     rows = report_rows(runs)
@@ -155,7 +158,10 @@ def write_combined_report(
         f"dpicl audit report: {ids[0]}" if len(ids) == 1 else f"dpicl audit report: {len(ids)} runs"
     )
     console = console or Console(width=max(Console().width, 160))
-    console.print(rich_table(rows, title))
+    if runs:
+        console.print(rich_table(rows, title))
+    for u in utility.values():
+        print_utility(u, console)
     for r in rows:
         if r.status in ("violation", "bug"):
             console.print(f"[bold red]{verdict_sentence(r)}[/bold red]")
@@ -167,6 +173,8 @@ def write_combined_report(
     out = out_directory(Path(out_dir) / dir_name)
     payload = _payload(title, runs, rows, notes)
     payload["trials_curves"] = curves
+    if utility:
+        payload["utility"] = utility
     text = json.dumps(jsonable(payload), indent=2) + "\n"
     _write_text(out / "report.json", text)
     if len(runs) == 1 and dir_name == runs[0].run_id:
@@ -177,8 +185,9 @@ def write_combined_report(
             stale.unlink()
     colors = run_colors(runs)
     path = out / "report.html"
-    images = _images(runs, rows, curves, colors)
-    _write_text(path, render_html(title, runs, rows, images, notes, colors))
+    images = _images(runs, rows, curves, colors) if runs else []
+    card = utility_card(list(utility.values()), rows, runs)
+    _write_text(path, render_html(title, runs, rows, images, notes, colors, card))
     return path
 
 

@@ -1,0 +1,206 @@
+"""``dpicl-audit utility``: the privacy-utility audit of a deployment (docs/utility.md).
+
+A new run from flags, or ``--resume RUN`` to continue one from its trial log (tokens again
+from flags or the environment: they are never stored). Exit status 0 when the run completed,
+1 when it failed (the message says why), 2 on bad usage, 130 on Ctrl-C (the line printed says
+how to resume).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from dpicl_audit.cli.common import (
+    AdminOpt,
+    DbOpt,
+    KeyOpt,
+    OutOpt,
+    ProgressOpt,
+    UrlOpt,
+    app,
+    err_console,
+    guard,
+    out_console,
+    run_async,
+)
+from dpicl_audit.cli.common import JsonOpt as _JsonOpt
+from dpicl_audit.cli.flags import parse_floats
+from dpicl_audit.store.db import DEFAULT_DB
+
+__all__ = ["utility"]
+
+_DEFAULT_OUT = Path("runs")
+
+
+def _ints(text: str | None) -> list[int] | None:
+    vals = parse_floats(text, "--partitions")
+    if vals is None:
+        return None
+    if any(v != int(v) for v in vals):
+        raise typer.BadParameter(f"--partitions must be whole numbers, got {text!r}")
+    return [int(v) for v in vals]
+
+
+@app.command()
+def utility(
+    dataset: Annotated[
+        str | None,
+        typer.Option(
+            help="bbc-news, a bundled set (news-mini, dialogsum-mini: generation), or a "
+            "JSONL/CSV file with input/output. (default: bbc-news)"
+        ),
+    ] = None,
+    epsilons: Annotated[
+        str | None, typer.Option(help="Per-answer epsilons, comma-separated. (default: 1,2,4,8)")
+    ] = None,
+    partitions: Annotated[
+        str | None, typer.Option(help="Partition counts T, comma-separated. (default: 4)")
+    ] = None,
+    queries: Annotated[
+        int | None,
+        typer.Option(
+            help="Held-out queries per cell. (default: 100: every 95% interval at most 0.20 wide)"
+        ),
+    ] = None,
+    exemplars: Annotated[
+        int | None, typer.Option(help="Exemplars per context. (default: 16)")
+    ] = None,
+    contexts: Annotated[
+        int | None,
+        typer.Option(
+            help="Exemplar draws (contexts per cell; more where one budget cannot hold a "
+            "context's answers). (default: 4)"
+        ),
+    ] = None,
+    delta: Annotated[float | None, typer.Option(help="Per-answer delta. (default: 1e-05)")] = None,
+    max_tokens: Annotated[
+        int | None, typer.Option(help="Generation: tokens per answer. (default: the server's)")
+    ] = None,
+    baselines: Annotated[
+        bool,
+        typer.Option(
+            "--baselines/--no-baselines", help="Measure the zero-shot and non-private baselines."
+        ),
+    ] = True,
+    baseline_url: Annotated[
+        str | None,
+        typer.Option(
+            help="A white-box dpicl server (DPICL_WHITEBOX=internal) over the same model for "
+            "the non-private baseline. (default: the target, on dpicl's routes)"
+        ),
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed of the draws. (default: 2026)")] = None,
+    concurrency: Annotated[int | None, typer.Option(help="Queries in flight. (default: 4)")] = None,
+    url: UrlOpt = None,
+    admin_token: AdminOpt = None,
+    api_key: KeyOpt = None,
+    api: Annotated[
+        str | None,
+        typer.Option(help="native: dpicl's routes | openai: chat completions. (default: native)"),
+    ] = None,
+    context_hook: Annotated[
+        str | None,
+        typer.Option(
+            help="With --api openai: module:function or a command that creates each context "
+            "(JSON on stdin) and returns the model id. (default: none)"
+        ),
+    ] = None,
+    resume: Annotated[
+        str | None, typer.Option("--resume", help="Continue this utility run from its log.")
+    ] = None,
+    run_id: Annotated[
+        str | None, typer.Option(help="Name of a new run. (default: generated)")
+    ] = None,
+    db: DbOpt = DEFAULT_DB,
+    out: OutOpt = _DEFAULT_OUT,
+    progress: ProgressOpt = True,
+    as_json: _JsonOpt = False,
+) -> None:
+    """Accuracy (or ROUGE-L) per epsilon and T with 95% intervals, beside the zero-shot and
+    non-private baselines and the budget the ledger says the evaluation spent."""
+    from pydantic import ValidationError
+
+    from dpicl_audit.planning.schedule import check_run_id, new_run_id
+    from dpicl_audit.store import TrialStore
+    from dpicl_audit.utility.plan import UtilityPlan
+    from dpicl_audit.utility.report import print_utility
+    from dpicl_audit.utility.runner import run_utility
+
+    target: dict[str, Any] = {
+        "base_url": url,
+        "admin_token": admin_token,
+        "api_key": api_key,
+        "api": api,
+        "context_hook": context_hook,
+    }
+    flags: dict[str, Any] = {
+        "dataset": dataset,
+        "epsilons": parse_floats(epsilons, "--epsilons"),
+        "partitions": _ints(partitions),
+        "queries": queries,
+        "exemplars": exemplars,
+        "contexts": contexts,
+        "delta": delta,
+        "max_tokens": max_tokens,
+        "baseline_url": baseline_url,
+        "seed": seed,
+        "concurrency": concurrency,
+    }
+    plan: UtilityPlan | None = None
+    if resume is None:
+        try:
+            plan = UtilityPlan.model_validate(
+                {k: v for k, v in flags.items() if v is not None}
+                | {"baselines": baselines, "target": {k: v for k, v in target.items() if v}}
+            )
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "plan"
+            msg = str(first["msg"]).removeprefix("Value error, ")
+            err_console.print(f"[bold red]error:[/bold red] {where}: {msg}")
+            raise typer.Exit(2) from None
+        if plan.target.admin_token is None and plan.target.context_hook is None:
+            err_console.print(
+                "[bold red]error:[/bold red] the utility audit creates contexts: give "
+                "--admin-token (or DPICL_AUDIT_ADMIN_TOKEN), or --api openai --context-hook"
+            )
+            raise typer.Exit(2)
+        rid = guard(lambda: check_run_id(run_id or new_run_id().replace("audit-", "utility-")))
+    else:
+        given = [f"--{k.replace('_', '-')}" for k, v in flags.items() if v is not None]
+        if given:
+            err_console.print(
+                f"[bold red]error:[/bold red] --resume continues the stored plan; drop {given}"
+            )
+            raise typer.Exit(2)
+        rid = resume
+    store = guard(lambda: TrialStore(db))
+    try:
+        results = run_async(
+            run_utility(
+                plan,
+                store=store,
+                run_id=rid,
+                console=err_console,
+                progress=progress,
+                resume=resume is not None,
+                overrides={"base_url": url, "admin_token": admin_token, "api_key": api_key},
+            ),
+            resume_hint=f"dpicl-audit utility --resume {rid}"
+            + ("" if db == DEFAULT_DB else f" --db {db}"),
+        )
+    finally:
+        store.dispose()
+    path = Path(out) / rid / "utility.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2) + "\n")
+    if as_json:
+        sys.stdout.write(json.dumps(results, indent=2) + "\n")
+        return
+    print_utility(results, out_console)
+    out_console.print(f"results: {path}")

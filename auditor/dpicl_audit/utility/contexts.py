@@ -1,0 +1,144 @@
+"""The contexts of a utility run: one per (cell, exemplar draw), budgeted for the answers
+it will give (with the retry margin of :mod:`dpicl_audit.planning.ledger`), recorded in the
+trial log's ``run_contexts`` (the draw in its ``world`` column) and named
+``dpicl-audit <run> <cell> #<draw>`` on the server. A context is reused when the log records it
+and the server still has it, adopted by its name when a crash came between its creation and
+the log, created otherwise, and deleted when the run completes. The few-shot baseline's
+contexts live on the white-box baseline server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console
+
+from dpicl_audit.client import DpiclClient
+from dpicl_audit.datasets import Example, LabelledDataset
+from dpicl_audit.errors import TargetError, TargetNotFound
+from dpicl_audit.planning.ledger import budget_for, planned_queries
+from dpicl_audit.store import ContextRecord, TrialStore
+from dpicl_audit.utility.plan import Cell, Draws, UtilityPlan
+
+__all__ = ["RunContexts"]
+
+
+@dataclass
+class RunContexts:
+    """A utility run's contexts: one per (cell, exemplar draw)."""
+
+    run_id: str
+    plan: UtilityPlan
+    store: TrialStore
+    target: DpiclClient
+    baseline: DpiclClient | None
+    data: LabelledDataset
+    draws: Draws
+    console: Console
+    refused: dict[str, str] = field(default_factory=dict)
+    _locks: dict[tuple[str, int], asyncio.Lock] = field(default_factory=dict)
+    _cache: dict[tuple[str, int], ContextRecord] = field(default_factory=dict)
+    _listings: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+
+    # ---------------------------------------------------------------- contexts
+
+    def context_name(self, cell: Cell, draw: int) -> str:
+        return f"dpicl-audit {self.run_id} {cell.name} #{draw}"
+
+    def answers_per_context(self, draw: int) -> int:
+        return sum(1 for i in range(self.plan.queries) if self.draws.context_of(i) == draw)
+
+    def body(self, cell: Cell, draw: int) -> dict[str, Any]:
+        """The ``POST /v1/contexts`` body of one (cell, draw), budgeted for its answers."""
+        plan = self.plan
+        examples = [self.data.examples[int(k)] for k in self.draws.contexts[draw]]
+        exemplars = [] if cell.kind == "zero-shot" else [_ex(e) for e in examples]
+        mech: dict[str, Any] = {
+            "name": plan.mechanism,
+            "epsilon": cell.epsilon,
+            "delta": plan.delta,
+            "partitions": cell.partitions,
+            "partition_seed": plan.seed,
+        }
+        if plan.mechanism == "esa" and plan.max_tokens is not None:
+            mech["max_tokens"] = plan.max_tokens
+        limit = self.plan.target.max_budget_epsilon or 1000.0
+        answers = planned_queries(self.answers_per_context(draw))
+        body: dict[str, Any] = {
+            "name": self.context_name(cell, draw),
+            "task": plan.task,
+            "exemplars": exemplars,
+            "mechanism": mech,
+            "budget": budget_for(cell.epsilon, plan.delta, answers, limit),
+        }
+        if plan.task == "classification":
+            body["labels"] = list(self.data.labels)
+        return body
+
+    async def context(self, cell: Cell, draw: int) -> ContextRecord:
+        key = (cell.name, draw)
+        if key in self._cache:
+            return self._cache[key]
+        async with self._locks.setdefault(key, asyncio.Lock()):
+            if key not in self._cache:
+                self._cache[key] = await self._resolve(cell, draw)
+            return self._cache[key]
+
+    def client(self, cell: Cell) -> DpiclClient:
+        if cell.kind == "few-shot":
+            assert self.baseline is not None  # cells without one are refused before
+            return self.baseline
+        return self.target
+
+    async def _resolve(self, cell: Cell, draw: int) -> ContextRecord:
+        client = self.client(cell)
+        rec = self.store.contexts(self.run_id).get((cell.name, draw))
+        if rec is not None:
+            try:
+                await client.get_context(rec.context_id)
+                return rec
+            except TargetNotFound:
+                self.console.print(
+                    f"[yellow]context {rec.context_id} ({cell.name} #{draw}) is gone; "
+                    "creating it again[/yellow]"
+                )
+        body = self.body(cell, draw)
+        info = await self._adoptable(client, str(body["name"]))
+        if info is None:
+            info = await client.create_context(body)
+        self.store.save_context(
+            self.run_id,
+            setting=cell.name,
+            world=draw,
+            epsilon=cell.epsilon,
+            context_id=str(info["id"]),
+            info=dict(info),
+        )
+        return self.store.contexts(self.run_id)[(cell.name, draw)]
+
+    async def _adoptable(self, client: DpiclClient, name: str) -> dict[str, Any] | None:
+        """A context the run created before a crash let it reach the log (by its name)."""
+        listing = self._listings.get(id(client))
+        if listing is None:
+            try:
+                listing = await client.list_contexts()
+            except TargetError:
+                listing = []
+            self._listings[id(client)] = listing
+        return next((c for c in listing if c.get("name") == name), None)
+
+    async def delete_contexts(self) -> int:
+        gone = 0
+        for (setting, _), rec in self.store.contexts(self.run_id).items():
+            client = self.baseline if setting == "few-shot" and self.baseline else self.target
+            with contextlib.suppress(TargetError):
+                await client.delete_context(rec.context_id)
+                gone += 1
+        return gone
+
+
+def _ex(e: Example) -> dict[str, str]:
+    return {"input": e.input, "output": e.output}

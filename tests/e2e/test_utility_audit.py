@@ -1,0 +1,249 @@
+"""`dpicl-audit utility` end to end against real `dpicl serve` processes: interrupted with
+Ctrl-C and killed, resumed to the end with every query logged exactly once, its intervals and
+ledger spend checked against an independent computation from the raw trial log, its contexts
+deleted; through `--api openai` with a context hook; and on the bundled transformers model.
+
+The oracle engine is deterministic apart from the DP noise, and nothing here asserts an
+accuracy value: the checks are exact bookkeeping (counts, indices, intervals recomputed from
+the log), so no check can fail by chance.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from scipy.stats import beta
+from typer.testing import CliRunner
+
+from dpicl_audit.cli import app
+from tests.servers import ADMIN, ROOT, USER, oracle_server_env
+
+pytestmark = pytest.mark.slow
+
+QUERIES = 150
+GRID = ("--epsilons", "1,8", "--partitions", "4", "--dataset", "news-mini")
+
+
+def _cli() -> list[str]:
+    return [sys.executable, "-m", "dpicl_audit.cli", "utility"]
+
+
+def _logged(db_file: Path, run_id: str) -> int:
+    """Trials logged so far, read with a plain connection (0 before the log exists)."""
+    if not db_file.exists():
+        return 0
+    try:
+        with sqlite3.connect(db_file, timeout=30) as c:
+            row = c.execute("SELECT count(*) FROM trials WHERE run_id=?", (run_id,)).fetchone()
+            return int(row[0])
+    except sqlite3.OperationalError:  # the tables are not there yet
+        return 0
+
+
+def _stop_when(
+    proc: subprocess.Popen[str], ready: Callable[[], bool], sig: int, timeout: float = 180.0
+) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"finished before it could be stopped (rc {proc.returncode})")
+        if ready():
+            os.kill(proc.pid, sig)
+            out, _ = proc.communicate(timeout=60)
+            return out
+        time.sleep(0.05)
+    proc.kill()
+    pytest.fail("the stop condition was never reached")
+
+
+def _independent(db_file: Path, run_id: str) -> dict[str, dict[str, Any]]:
+    """Per cell, from the raw rows: queries, distinct indices, correct answers, the exact
+    interval from beta quantiles (not the auditor's code), and the ledger's largest spend."""
+    out: dict[str, dict[str, Any]] = defaultdict(
+        lambda: {"n": 0, "idx": set(), "k": 0, "spent": 0.0}
+    )
+    with sqlite3.connect(db_file) as c:
+        rows = c.execute(
+            "SELECT setting, trial_index, decision, observation FROM trials WHERE run_id=?",
+            (run_id,),
+        ).fetchall()
+    for setting, idx, decision, obs in rows:
+        cell = out[setting]
+        cell["n"] += 1
+        cell["idx"].add(idx)
+        cell["k"] += int(decision)
+        spent = json.loads(obs).get("budget", {}).get("spent_epsilon", 0.0)
+        cell["spent"] = max(cell["spent"], spent)
+    for cell in out.values():
+        n, k = cell["n"], cell["k"]
+        cell["low"] = 0.0 if k == 0 else float(beta.ppf(0.025, k, n - k + 1))
+        cell["high"] = 1.0 if k == n else float(beta.ppf(0.975, k + 1, n - k))
+    return dict(out)
+
+
+def test_utility_interrupted_killed_resumed_and_checked(start_server: Any, tmp_path: Path) -> None:
+    srv = start_server(oracle_server_env(tmp_path, whitebox="internal"))
+    db_file = tmp_path / "audit.db"
+    env = os.environ | {"DPICL_AUDIT_ADMIN_TOKEN": ADMIN, "DPICL_AUDIT_API_KEY": USER}
+    common = ["--db", str(db_file), "--out", str(tmp_path / "runs"), "--url", srv.url]
+    common += ["--no-progress"]
+    run_id = "u-kill"
+
+    def spawn(*args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [*_cli(), *args, *common],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=ROOT,
+        )
+
+    first = spawn(*GRID, "--queries", str(QUERIES), "--run-id", run_id, "--concurrency", "2")
+    out = _stop_when(first, lambda: _logged(db_file, run_id) >= 40, signal.SIGINT)
+    assert first.returncode == 130, out
+    assert "should take about" in out  # the time estimate came before the queries
+    assert f"dpicl-audit utility --resume {run_id}" in out
+    n1 = _logged(db_file, run_id)
+    second = spawn("--resume", run_id)
+    _stop_when(second, lambda: _logged(db_file, run_id) >= n1 + 60, signal.SIGKILL)
+    assert n1 < _logged(db_file, run_id) < 3 * QUERIES
+    final = subprocess.run(
+        [*_cli(), "--resume", run_id, *common, "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert final.returncode == 0, final.stderr
+    results = json.loads(final.stdout)
+
+    indep = _independent(db_file, run_id)
+    cells = {c["setting"]: c for c in results["cells"]}
+    assert set(indep) == {"eps=1,T=4", "eps=8,T=4", "few-shot"}
+    for name, got in indep.items():
+        # every query exactly once: no lost or duplicated trial across Ctrl-C and SIGKILL
+        assert got["n"] == QUERIES and got["idx"] == set(range(QUERIES)), name
+        acc = cells[name]["accuracy"]
+        assert acc["n"] == QUERIES and acc["value"] == pytest.approx(got["k"] / QUERIES)
+        assert acc["low"] == pytest.approx(got["low"], abs=1e-9)
+        assert acc["high"] == pytest.approx(got["high"], abs=1e-9)
+        assert cells[name]["spent_epsilon"] == pytest.approx(got["spent"])
+    # dpicl refuses a context without exemplars: the zero-shot row says so, measured nothing.
+    assert cells["zero-shot"]["queries"] == 0 and "exemplars" in cells["zero-shot"]["refused"]
+    # The ledger: 150 queries over 4 draws at epsilon 8 cost each draw's context more than
+    # one answer (7.91 exact) and less than the budget the auditor gave it.
+    assert 7.9 < cells["eps=8,T=4"]["spent_epsilon"] < 1000
+    # The contexts the run created are gone from the server.
+    listing = httpx.get(
+        f"{srv.url}/v1/contexts?limit=200", headers={"Authorization": f"Bearer {ADMIN}"}
+    ).json()["data"]
+    assert not [c for c in listing if run_id in str(c.get("name"))]
+    assert results["contexts_deleted"] == 4 * 3  # 4 draws x (2 private cells + few-shot)
+    # Resuming a completed run asks nothing and reports the same.
+    again = subprocess.run(
+        [*_cli(), "--resume", run_id, *common, "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert again.returncode == 0, again.stderr
+    assert _logged(db_file, run_id) == 3 * QUERIES
+    assert json.loads(again.stdout)["cells"] == results["cells"]
+
+
+def test_utility_through_openai_with_a_context_hook(
+    start_server: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    srv = start_server(oracle_server_env(tmp_path, whitebox="internal"))
+    monkeypatch.setenv("HOOK_DPICL_URL", srv.url)
+    monkeypatch.setenv("HOOK_DPICL_ADMIN", ADMIN)
+    hook = f"{sys.executable} {ROOT / 'tests' / 'e2e' / 'openai_hook.py'}"
+    db_file = tmp_path / "audit.db"
+    args = [
+        "utility",
+        *("--dataset", "news-mini", "--epsilons", "8", "--partitions", "4", "--queries", "24"),
+        *("--api", "openai", "--context-hook", hook, "--baseline-url", srv.url),
+        *("--url", srv.url, "--db", str(db_file), "--out", str(tmp_path / "runs")),
+        *("--run-id", "u-openai", "--no-progress", "--json"),
+    ]
+    env = {"DPICL_AUDIT_ADMIN_TOKEN": ADMIN, "DPICL_AUDIT_API_KEY": USER}
+    result = CliRunner().invoke(app, args, env=env, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    results = json.loads(result.stdout[result.stdout.index("{") :])
+    cells = {c["setting"]: c for c in results["cells"]}
+    indep = _independent(db_file, "u-openai")
+    for name in ("eps=8,T=4", "few-shot"):
+        assert indep[name]["n"] == 24 == cells[name]["accuracy"]["n"]
+        assert cells[name]["accuracy"]["low"] == pytest.approx(indep[name]["low"], abs=1e-9)
+    # The private answers came through chat completions with dpicl's cost extension: the
+    # ledger's spend is read from it.
+    assert cells["eps=8,T=4"]["spent_epsilon"] > 7.9
+    # The hook's deployment refused a context without exemplars (the hook exited non-zero).
+    assert "zero-shot" in results["refused"]
+
+
+@pytest.mark.skipif(
+    os.environ.get("DPICL_SKIP_MODEL_TESTS") == "1", reason="DPICL_SKIP_MODEL_TESTS=1"
+)
+def test_utility_on_the_bundled_model(start_server: Any, tmp_path: Path) -> None:
+    srv = start_server(
+        {
+            "DPICL_ENGINE": "transformers",
+            "DPICL_WHITEBOX": "internal",
+            "DPICL_DATABASE_URL": f"sqlite:///{tmp_path}/server.db",
+            "DPICL_TORCH_THREADS": "2",
+        }
+    )
+    args = [
+        "utility",
+        *("--dataset", "bbc-news", "--epsilons", "8", "--partitions", "2", "--queries", "6"),
+        *("--exemplars", "4", "--contexts", "1", "--concurrency", "1"),
+        *("--url", srv.url, "--db", str(tmp_path / "a.db"), "--out", str(tmp_path / "runs")),
+        *("--run-id", "u-model", "--no-progress", "--json"),
+    ]
+    env = {"DPICL_AUDIT_ADMIN_TOKEN": ADMIN, "DPICL_AUDIT_API_KEY": USER}
+    result = CliRunner().invoke(app, args, env=env, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    results = json.loads(result.stdout[result.stdout.index("{") :])
+    cells = {c["setting"]: c for c in results["cells"]}
+    assert cells["eps=8,T=2"]["accuracy"]["n"] == 6 == cells["few-shot"]["accuracy"]["n"]
+    indep = _independent(tmp_path / "a.db", "u-model")
+    assert cells["few-shot"]["accuracy"]["high"] == pytest.approx(indep["few-shot"]["high"])
+
+
+@pytest.mark.parametrize(("whitebox", "said"), [("noisy", "DPICL_WHITEBOX=internal"), ("off", "")])
+def test_the_non_private_baseline_needs_an_internal_white_box(
+    start_server: Any, tmp_path: Path, whitebox: str, said: str
+) -> None:
+    srv = start_server(oracle_server_env(tmp_path, whitebox=whitebox))
+    args = [
+        "utility",
+        *("--dataset", "news-mini", "--epsilons", "8", "--partitions", "2", "--queries", "8"),
+        *("--url", srv.url, "--db", str(tmp_path / "a.db"), "--out", str(tmp_path / "runs")),
+        *("--run-id", "u-wb", "--no-progress", "--json"),
+    ]
+    env = {"DPICL_AUDIT_ADMIN_TOKEN": ADMIN, "DPICL_AUDIT_API_KEY": USER}
+    result = CliRunner().invoke(app, args, env=env, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    results = json.loads(result.stdout[result.stdout.index("{") :])
+    cells = {c["setting"]: c for c in results["cells"]}
+    assert cells["eps=8,T=2"]["accuracy"]["n"] == 8
+    assert cells["few-shot"]["queries"] == 0 and said in cells["few-shot"]["refused"]
+    # nothing of the refused baseline stays in the log
+    assert _independent(tmp_path / "a.db", "u-wb").keys() == {"eps=8,T=2"}
