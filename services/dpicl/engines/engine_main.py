@@ -23,7 +23,7 @@ from typing import Any
 
 from dpicl.engines import batching, prefix_cache
 from dpicl.engines.base import DecodingSession, Engine
-from dpicl.engines.factory import build_engine
+from dpicl.engines.factory import build_from
 from dpicl.engines.oracle import decode_oracle_tokens
 from dpicl.engines.process import (
     EngineInfo,
@@ -170,16 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     spec: EngineSpec = conn.recv()
     configure_logging(level_of(spec.log_level), spec.log_format)  # type: ignore[arg-type]
     try:
-        engine = build_engine(
-            spec.name,  # type: ignore[arg-type]
-            model=spec.model,
-            cache_dir=spec.cache_dir,
-            device=spec.device,
-            dtype=spec.dtype,
-            load_format=spec.load_format,
-            tuning=spec.tuning,
-            threads=spec.threads,
-        )
+        engine = build_from(spec)
     except Exception as exc:
         conn.send(("failed", wire_error(exc)))
         return 1

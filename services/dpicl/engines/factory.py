@@ -20,7 +20,7 @@ from dpicl.errors import EngineError
 if TYPE_CHECKING:
     from dpicl.config import Settings
 
-__all__ = ["build_embedder", "build_engine", "serve_engine", "torch_threads_of"]
+__all__ = ["build_embedder", "build_engine", "build_from", "serve_engine", "torch_threads_of"]
 
 EngineName = Literal["transformers", "oracle", "vllm"]
 
@@ -104,35 +104,37 @@ def build_engine(
 def serve_engine(settings: Settings) -> Engine:
     """The engine the server answers with, as its settings say: in a process of its own
     (:mod:`dpicl.engines.process`; ``DPICL_ENGINE_PROCESS``) or in this one. Blocking."""
-
-    tuning = EngineTuning.from_settings(settings)
-    threads = torch_threads_of(
-        settings.torch_threads, settings.torch_interop_threads, settings.workers
-    )
-    if settings.separate_engine_process():
-        spec = EngineSpec(
-            name=settings.engine,
-            model=settings.model,
-            cache_dir=settings.cache_dir,
-            device=settings.device,
-            dtype=settings.dtype,
-            load_format=settings.load_format,
-            tuning=tuning,
-            threads=threads,
-            log_level=settings.log_level,
-            log_format=settings.log_format,
-        )
-        return ProcessEngine.start(spec)
-    return build_engine(
-        settings.engine,
+    spec = EngineSpec(
+        name=settings.engine,
         model=settings.model,
         cache_dir=settings.cache_dir,
         device=settings.device,
         dtype=settings.dtype,
         load_format=settings.load_format,
-        tuning=tuning,
-        vllm_options=VllmOptions.from_settings(settings),
-        threads=threads,
+        tuning=EngineTuning.from_settings(settings),
+        threads=torch_threads_of(
+            settings.torch_threads, settings.torch_interop_threads, settings.workers
+        ),
+        log_level=settings.log_level,
+        log_format=settings.log_format,
+    )
+    if settings.separate_engine_process():
+        return ProcessEngine.start(spec)
+    return build_from(spec, VllmOptions.from_settings(settings))
+
+
+def build_from(spec: EngineSpec, vllm_options: VllmOptions | None = None) -> Engine:
+    """:func:`build_engine` of ``spec``, in this process (the engine process calls it)."""
+    return build_engine(
+        spec.name,  # type: ignore[arg-type]
+        model=spec.model,
+        cache_dir=spec.cache_dir,
+        device=spec.device,
+        dtype=spec.dtype,
+        load_format=spec.load_format,
+        tuning=spec.tuning,
+        vllm_options=vllm_options,
+        threads=spec.threads,
     )
 
 
