@@ -20,6 +20,7 @@ from dpicl_audit.cli.common import (
     KeyOpt,
     OutOpt,
     ProgressOpt,
+    StrictOpt,
     UrlOpt,
     app,
     emit,
@@ -299,6 +300,7 @@ def audit_command(kind: str) -> Callable[..., None]:
         out: OutOpt = Path("runs"),
         progress: ProgressOpt = True,
         as_json: JsonOpt = False,
+        strict: StrictOpt = False,
     ) -> None:
         from dpicl_audit.pipeline.profiles import companion_plan, tail_run_id
         from dpicl_audit.pipeline.results import record_tail_gap
@@ -385,7 +387,7 @@ def audit_command(kind: str) -> Callable[..., None]:
             runs = [guard(lambda: record_tail_gap(db, results, tail, out)), tail]
         for res in runs[: 1 if as_json else 2]:
             emit(res, as_json, Path(out) / str(res["run_id"]) / "results.json")
-        exit_on_verdict(runs)
+        exit_on_verdict(runs, strict)
 
     command.__doc__ = (
         "Audit with real queries: C1/C0 contexts per epsilon, trials over HTTP, SQL log."
