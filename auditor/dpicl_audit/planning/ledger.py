@@ -213,7 +213,26 @@ async def _probe(
     mu = float(sens) / float(sigma)
     delta = float(budget["delta"])
     expected = math.floor(mu_max**2 / mu**2 * (1.0 + 1e-9))
-    out |= {"mu_per_answer": mu, "answers_expected": expected}
+    # What the claim implies (issue 35, item 4): a mechanism that meets its (epsilon, delta)
+    # is at most mu_claim-GDP per answer, so the budget holds at least this many answers;
+    # a reported noise that admits fewer is weaker than claimed (a BUG, not a departure of
+    # the ledger from its own costs).
+    claimed = mech.get("epsilon")
+    implied = (
+        None
+        if claimed is None
+        else math.floor(mu_max**2 / gdp_mu(float(claimed), delta) ** 2 * (1.0 + 1e-6))
+    )
+    out |= {"mu_per_answer": mu, "answers_expected": expected, "answers_claimed": implied}
+    if implied is not None:
+        checks.append(
+            {
+                "check": "the reported noise admits the answers the claim implies",
+                "ok": expected >= implied,
+                "reported": expected,
+                "expected": implied,
+            }
+        )
     if expected > _PROBE_LIMIT:
         out["message"] = (
             f"the probe's budget admits {expected} answers at the reported sigma, more than "
@@ -280,7 +299,8 @@ async def _probe(
     )
     failed = [c for c in checks if c["ok"] is False]
     out["answers"], out["refused_at"] = answered, refused_at
-    out["status"] = "nonconforming" if failed else "ok"
+    weaker = implied is not None and expected < implied
+    out["status"] = "bug" if weaker else "nonconforming" if failed else "ok"
     out["message"] = (
         "the ledger departs from the composition of its reported costs: "
         + "; ".join(
