@@ -16,8 +16,10 @@ from typing import Any
 
 import pytest
 
+from dpicl_audit.errors import TargetProtocolError
 from dpicl_audit.pipeline.run import run_audit
 from dpicl_audit.results import results_exit_code
+from tests.e2e import broken_realistic_server as realistic
 from tests.e2e import broken_surface_server as surface
 from tests.e2e.test_realistic_faults import production_client
 from tests.servers import target_plan
@@ -70,3 +72,49 @@ async def test_honest_server_at_16_passes_the_gate(
     assert res["ledger"]["status"] == "ok", res["ledger"]
     assert results_exit_code([res]) == 0, res["settings"]
     assert left == []
+
+
+class _FailingTarget:
+    """The client, with its ``fail_at``-th query raising a protocol error (a server that
+    answers garbage mid-run)."""
+
+    def __init__(self, inner: Any, fail_at: int) -> None:
+        self._inner, self._fail_at, self._asked = inner, fail_at, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def classify(self, context_id: str, query: str) -> Any:
+        self._asked += 1
+        if self._asked == self._fail_at:
+            raise TargetProtocolError("the server answered garbage (test)")
+        return await self._inner.classify(context_id, query)
+
+
+async def test_a_flagged_run_and_a_failed_run_leave_no_context(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 35, item 8: after a flagged run (a fault the release rates see) and after a run
+    that fails mid-way, none of the audit's contexts is left on the server."""
+    for module, name, value in realistic.FAULTS["deterministic"].patches:
+        monkeypatch.setattr(module, name, value)
+    flags = {"mechanism.epsilons": [4.0], "trials": 400, "seed": 11}
+    async with production_client(tmp_path, "off") as client:
+        res = await run_audit(
+            target_plan("http://dpicl.test", **flags),
+            db=f"sqlite:///{tmp_path}/a.db",
+            target=client,
+            out_dir=tmp_path,
+            progress=False,
+        )
+        assert results_exit_code([res]) in (4, 5)
+        assert await client.list_contexts() == []
+        with pytest.raises(TargetProtocolError, match="garbage"):
+            await run_audit(
+                target_plan("http://dpicl.test", **flags),
+                db=f"sqlite:///{tmp_path}/b.db",
+                target=_FailingTarget(client, 150),  # type: ignore[arg-type]
+                out_dir=tmp_path,
+                progress=False,
+            )
+        assert await client.list_contexts() == []
