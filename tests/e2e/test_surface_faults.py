@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from dpicl_audit.errors import TargetProtocolError
+from dpicl_audit.errors import TargetNotFound, TargetProtocolError
 from dpicl_audit.pipeline.run import run_audit
+from dpicl_audit.planning.deployment import adopt_deployment, deployment_settings
 from dpicl_audit.results import results_exit_code
 from tests.e2e import broken_realistic_server as realistic
 from tests.e2e import broken_surface_server as surface
@@ -113,8 +114,76 @@ async def test_a_flagged_run_and_a_failed_run_leave_no_context(
             await run_audit(
                 target_plan("http://dpicl.test", **flags),
                 db=f"sqlite:///{tmp_path}/b.db",
-                target=_FailingTarget(client, 150),  # type: ignore[arg-type]
+                target=_FailingTarget(client, 150),
                 out_dir=tmp_path,
                 progress=False,
             )
         assert await client.list_contexts() == []
+
+
+DEPLOYED = {
+    "name": "support-bot",
+    "task": "classification",
+    "labels": ["Yes", "No"],
+    "exemplars": [{"input": f"message {i}", "output": "Yes" if i % 2 else "No"} for i in range(6)],
+    "mechanism": {"name": "voting", "epsilon": 16.0, "delta": 1e-6, "partitions": 3},
+    "budget": {"epsilon": 200.0, "delta": 1e-5},
+}
+
+
+async def test_the_default_plan_audits_the_deployments_own_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 35, item 5: pointed at a deployed context, the default plan adds its epsilon and
+    takes its partitions and delta; --epsilons (a plan's own value) still wins."""
+    async with production_client(tmp_path, "off") as client:
+        cid = str((await client.create_context(DEPLOYED))["id"])
+        flags = {"deployment.context": cid, "trials": 40, "seed": 3}
+        res = await run_audit(
+            target_plan("http://dpicl.test", **flags),
+            db=f"sqlite:///{tmp_path}/a.db",
+            target=client,
+            out_dir=tmp_path,
+            progress=False,
+        )
+        mech = res["plan"]["mechanism"]
+        assert mech["epsilons"] == [1.0, 2.0, 4.0, 8.0, 16.0]
+        assert (mech["partitions"], mech["delta"]) == (3, 1e-6)
+        assert res["plan"]["deployment"]["context"] == cid
+        assert [s["setting"] for s in res["settings"]][-1] == "eps=16"
+        res = await run_audit(
+            target_plan("http://dpicl.test", **flags, **{"mechanism.epsilons": [4.0]}),
+            db=f"sqlite:///{tmp_path}/b.db",
+            target=client,
+            out_dir=tmp_path,
+            progress=False,
+        )
+        assert res["plan"]["mechanism"]["epsilons"] == [4.0]
+        assert res["plan"]["mechanism"]["partitions"] == 3
+        # the deployment itself is only read, never queried or deleted
+        (left,) = await client.list_contexts()
+        assert left["id"] == cid and left["spent"]["queries"] == 0
+
+
+async def test_deployment_settings_from_an_openai_model() -> None:
+    """Through the OpenAI surface the model's dpicl extension names epsilon and delta."""
+
+    class Models:
+        async def get_context(self, ident: str) -> dict[str, Any]:
+            return {"id": ident, "model": {"id": ident, "dpicl": {"epsilon": 6.0, "delta": 1e-7}}}
+
+    found = await deployment_settings(Models(), "m1")  # type: ignore[arg-type]
+    assert found == {"epsilon": 6.0, "delta": 1e-7, "partitions": None}
+    plan = adopt_deployment(target_plan("http://x", trials=40), found)
+    assert plan.mechanism.epsilons == (1.0, 2.0, 4.0, 6.0, 8.0)
+    assert plan.mechanism.delta == 1e-7 and plan.mechanism.partitions == 4
+
+    class Nothing:
+        async def get_context(self, ident: str) -> dict[str, Any]:
+            raise TargetNotFound(404, "not_found", "no such context")
+
+        async def get_model(self, ident: str) -> dict[str, Any]:
+            return {"id": ident}
+
+    with pytest.raises(TargetProtocolError, match="reports no epsilon"):
+        await deployment_settings(Nothing(), "m2")  # type: ignore[arg-type]

@@ -256,6 +256,15 @@ def audit_command(kind: str) -> Callable[..., None]:
         partition_seed: Annotated[
             int | None, typer.Option(help=_h("neighbour.partition_seed", "Shared partition seed."))
         ] = None,
+        deployment: Annotated[
+            str | None,
+            typer.Option(
+                "--deployment",
+                help="A deployed context id (or OpenAI model id): its epsilon joins "
+                "--epsilons' defaults, its partitions and delta are the plan's, unless "
+                "given. (default: none)",
+            ),
+        ] = None,
         deploy_labels: Annotated[
             str | None, typer.Option(help="Deployment labels, comma-separated. (default: none)")
         ] = None,
@@ -352,6 +361,7 @@ def audit_command(kind: str) -> Callable[..., None]:
             "batch_size": batch_size,
             "neighbour.position": position,
             "neighbour.partition_seed": partition_seed,
+            "deployment.context": deployment,
             "deployment.labels": _strings(deploy_labels),
             "deployment.template": deploy_template,
             "deployment.positive": positive,

@@ -235,6 +235,11 @@ class DpiclClient:
         _require(info, ("id", "mechanism"), "GET /v1/contexts/{id}")
         return info
 
+    async def get_model(self, model_id: str) -> JSON:
+        """``GET /v1/models/{id}`` (the OpenAI surface's model: dpicl's extension carries the
+        deployment's epsilon and delta), with the user key."""
+        return await self._json("GET", f"/v1/models/{model_id}", token=self._key)
+
     async def list_contexts(self) -> list[JSON]:
         """Every context, following the listing's ``next`` cursor page after page (a server
         answers at most one page per request)."""
