@@ -14,12 +14,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import httpx
+import numpy as np
 import pytest
 
+from dpicl_audit.client import DpiclClient
 from dpicl_audit.errors import TargetNotFound, TargetProtocolError
+from dpicl_audit.estimators.extra_fields import dependence_test, response_fields
 from dpicl_audit.pipeline.run import run_audit
 from dpicl_audit.planning.deployment import adopt_deployment, deployment_settings
 from dpicl_audit.results import results_exit_code
+from tests.conftest import ADMIN, USER
 from tests.e2e import broken_realistic_server as realistic
 from tests.e2e import broken_surface_server as surface
 from tests.e2e.test_realistic_faults import production_client
@@ -187,3 +192,114 @@ async def test_deployment_settings_from_an_openai_model() -> None:
 
     with pytest.raises(TargetProtocolError, match="reports no epsilon"):
         await deployment_settings(Nothing(), "m2")  # type: ignore[arg-type]
+
+
+async def test_a_ledger_that_races_under_concurrency_is_flagged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 35, item 3: check-then-charge admits more than the budget when many requests
+    are in flight; the sequential probe alone passes it. Every route's burst sees it."""
+    res, left = await _audit(
+        tmp_path, "racy_ledger", monkeypatch, **{"mechanism.epsilons": [4.0], "trials": 100}
+    )
+    led = res["ledger"]
+    assert led["status"] == "nonconforming", led
+    assert "under concurrency" in led["message"]
+    routes = {r["route"]: r for r in led["bursts"]["routes"]}
+    assert set(routes) == {"native", "chat", "completions", "chat-stream"}
+    for r in routes.values():
+        assert r["ok"] is False and r["answered"] > r["answers_expected"], r
+    assert results_exit_code([res]) == 4
+    assert left == []
+
+
+async def test_the_honest_ledger_holds_under_concurrency_on_every_route(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    res, left = await _audit(tmp_path, None, monkeypatch, **{"mechanism.epsilons": [4.0]})
+    led = res["ledger"]
+    assert led["status"] == "ok" and led["bursts"]["status"] == "ok", led
+    for r in led["bursts"]["routes"]:
+        assert r["ok"] is True, r
+        assert r["answered"] == r["answers_expected"] == r["spend_rows_answered"] == r["charged"]
+        assert r["refused"] == r["in_flight"] - r["answered"]
+    assert results_exit_code([res]) == 0
+    assert left == []
+
+
+async def test_an_extra_field_that_carries_the_clean_votes_is_a_violation_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 35, item 1: the label is honestly private, but an extra response field holds
+    the un-noised vote share; the whole response is an observation, so the field's
+    dependence on the world given the label is a VIOLATION that names it."""
+    from dpicl.api.app import build_app
+    from dpicl.config import Settings
+
+    for module, name, value in surface.FAULTS["leaky_field"].patches:
+        monkeypatch.setattr(module, name, value)
+    settings = Settings(
+        engine="oracle",
+        whitebox="off",
+        database_url=f"sqlite:///{tmp_path}/server.db",
+        admin_token=ADMIN,
+        api_keys=[USER],
+    )
+    app = build_app(settings)
+    async with app.router.lifespan_context(app):
+        client = DpiclClient(
+            "http://dpicl.test",
+            admin_token=ADMIN,
+            api_key=USER,
+            concurrency=8,
+            retries=1,
+            backoff=0.01,
+            transport=httpx.ASGITransport(app=surface.leaky_app(app)),
+        )
+        try:
+            plan = target_plan(
+                "http://dpicl.test", **{"mechanism.epsilons": [4.0], "trials": 200, "seed": 4}
+            )
+            res = await run_audit(
+                plan, db=f"sqlite:///{tmp_path}/a.db", target=client, out_dir=tmp_path,
+                progress=False,
+            )  # fmt: skip
+        finally:
+            await client.aclose()
+    (s,) = res["settings"]
+    found = s["response_fields"]
+    assert found["status"] == "violation" and found["field"] == "confidence", found
+    verdict = s["black_box"]["verdict"]
+    assert verdict["status"] == "violation" and "'confidence'" in verdict["message"]
+    assert results_exit_code([res]) == 5
+
+
+def test_response_fields_and_their_dependence_test() -> None:
+    """The fields kept (public ones dropped), and the test's two sides: a field that tells
+    the worlds apart is flagged; one independent of them is not (p-values of a fixed seed)."""
+    resp = {
+        "label": "Yes",
+        "context_id": "ctx_1",
+        "cost": {"epsilon": 1.0},
+        "budget": {"queries": 3},
+        "engine": "oracle",
+        "confidence": 0.75,
+        "choices": [{"index": 0, "message": {"content": "Yes"}, "finish_reason": "stop"}],
+        "dpicl": {"label": "Yes", "task": "classification"},
+    }
+    assert response_fields(resp) == {
+        "choices.0.finish_reason": "stop",
+        "confidence": 0.75,
+        "dpicl.task": "classification",
+    }
+    rng = np.random.default_rng(0)
+    rows = [
+        (w, str(rng.choice(["Yes", "No"])), {"share": 0.5 + 0.1 * w, "noise": float(rng.normal())})
+        for w in rng.integers(0, 2, size=200)
+    ]
+    found = dependence_test(rows)
+    assert found is not None and found["status"] == "violation" and found["field"] == "share"
+    fair = [(w, a, {"noise": f["noise"], "kind": "x"}) for w, a, f in rows]
+    found = dependence_test(fair)
+    assert found is not None and found["status"] == "ok" and found["p_value"] > 1e-3
+    assert dependence_test([(1, "Yes", {}), (0, "No", {})]) is None

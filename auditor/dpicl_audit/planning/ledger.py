@@ -36,6 +36,7 @@ from typing import Any
 from dpicl_audit.client import AuditTarget
 from dpicl_audit.errors import TargetBudgetExhausted, TargetError
 from dpicl_audit.estimators.gdp import gdp_epsilon, gdp_mu
+from dpicl_audit.planning.ledger_burst import audit_bursts
 
 __all__ = [
     "LEDGER_PROBE_ANSWERS",
@@ -156,6 +157,7 @@ async def audit_ledger(
     *,
     ask: Any,
     limit: float = MAX_BUDGET_EPSILON,
+    bursts: bool = True,
 ) -> dict[str, Any]:
     """Create a probe context from ``body`` (a Gaussian mechanism's context body) with a
     budget of :data:`LEDGER_PROBE_ANSWERS` answers (within ``limit``, the server's largest
@@ -184,10 +186,24 @@ async def audit_ledger(
         return out
     cid = str(info["id"])
     try:
-        return await _probe(target, cid, info, budget, query, ask, out, gdp_mu(*_b(budget)))
+        out = await _probe(target, cid, info, budget, query, ask, out, gdp_mu(*_b(budget)))
     finally:
         with contextlib.suppress(TargetError):  # a probe left behind answers nothing more
             await target.delete_context(cid)
+    if not bursts:
+        return out
+    # The same budget under concurrency, on every answering route (planning.ledger_burst).
+    found = await audit_bursts(target, body, query, budget)
+    out["bursts"] = found
+    if found["status"] == "nonconforming":
+        bad = "; ".join(str(r["message"]) for r in found["routes"] if r.get("ok") is False)
+        if out["status"] == "ok":
+            out["status"], out["message"] = "nonconforming", "under concurrency: " + bad
+        elif out["status"] != "unchecked":
+            out["message"] += "; under concurrency: " + bad
+        else:
+            out["status"], out["message"] = "nonconforming", "under concurrency: " + bad
+    return out
 
 
 def _b(budget: Mapping[str, float]) -> tuple[float, float]:

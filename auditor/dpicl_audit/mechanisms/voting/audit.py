@@ -32,6 +32,7 @@ from dpicl_audit.client import AuditTarget
 from dpicl_audit.datasets import LabelledDataset
 from dpicl_audit.errors import TargetProtocolError
 from dpicl_audit.estimators.exact import voting_epsilon_exact
+from dpicl_audit.estimators.extra_fields import response_fields
 from dpicl_audit.mechanisms.base import SettingRows, TrialAt, ask, needs_internal
 from dpicl_audit.mechanisms.gaussian import GaussianMechanismAudit, gaussian_setting_meta
 from dpicl_audit.mechanisms.voting.build import build_design
@@ -103,6 +104,13 @@ class VotingAudit(GaussianMechanismAudit):
         label = str(out["label"])
         observation: dict[str, Any] = {"label": label}
         score: float | None = None
+        if not at.white:
+            # Every field besides the answer (issue 35): logged where a response has any
+            # that is not public by design, and tested for dependence on the world.
+            whole = out.get("response")
+            fields = response_fields(whole if isinstance(whole, Mapping) else out)
+            if fields:
+                observation["fields"] = fields
         if at.white:
             observation |= white_box_votes(out, at)
             try:
