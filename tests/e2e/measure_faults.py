@@ -24,6 +24,7 @@ from typing import Any
 from dpicl_audit.pipeline.run import run_audit
 from dpicl_audit.results import results_exit_code
 from tests.e2e import broken_realistic_server as faults
+from tests.e2e import broken_surface_server as surface
 from tests.e2e.test_realistic_faults import production_client
 from tests.servers import target_plan
 
@@ -33,7 +34,7 @@ async def _one(
 ) -> tuple[int, int, list[str]]:
     undo = []
     if fault is not None:
-        for module, name, value in faults.FAULTS[fault].patches:
+        for module, name, value in (faults.FAULTS | surface.FAULTS)[fault].patches:
             undo.append((module, name, getattr(module, name)))
             setattr(module, name, value)
     try:

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from dpicl_audit.client import DpiclClient
+from dpicl_audit.client.openai import OpenAIClient
 from dpicl_audit.errors import TargetNotFound, TargetProtocolError
 from dpicl_audit.estimators.extra_fields import dependence_test, response_fields
 from dpicl_audit.pipeline.run import run_audit
@@ -303,3 +304,56 @@ def test_response_fields_and_their_dependence_test() -> None:
     found = dependence_test(fair)
     assert found is not None and found["status"] == "ok" and found["p_value"] > 1e-3
     assert dependence_test([(1, "Yes", {}), (0, "No", {})]) is None
+
+
+@pytest.mark.parametrize("fault", [None, "racy_ledger"])
+async def test_the_openai_surface_at_the_gate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str | None
+) -> None:
+    """Through the OpenAI surface (``--api openai``): the honest server exits 0 and its
+    three routes hold under concurrency; the racy ledger is flagged there too."""
+    from dpicl.api.app import build_app
+    from dpicl.config import Settings
+
+    if fault is not None:
+        for module, name, value in surface.FAULTS[fault].patches:
+            monkeypatch.setattr(module, name, value)
+    settings = Settings(
+        engine="oracle",
+        whitebox="off",
+        database_url=f"sqlite:///{tmp_path}/server.db",
+        admin_token=ADMIN,
+        api_keys=[USER],
+    )
+    app = build_app(settings)
+    async with app.router.lifespan_context(app):
+        client = OpenAIClient(
+            "http://dpicl.test",
+            admin_token=ADMIN,
+            api_key=USER,
+            concurrency=8,
+            retries=1,
+            backoff=0.01,
+            transport=httpx.ASGITransport(app=app),
+        )
+        try:
+            flags = {"target.api": "openai", "mechanism.epsilons": [4.0], "trials": 300}
+            res = await run_audit(
+                target_plan("http://dpicl.test", **flags, seed=9),
+                db=f"sqlite:///{tmp_path}/a.db",
+                target=client,
+                out_dir=tmp_path,
+                progress=False,
+            )
+            left = await client.list_contexts()
+        finally:
+            await client.aclose()
+    bursts = res["ledger"]["bursts"]
+    assert [r["route"] for r in bursts["routes"]] == ["chat", "completions", "chat-stream"]
+    assert left == []
+    if fault is None:
+        assert bursts["status"] == "ok" and results_exit_code([res]) == 0, res["ledger"]
+        # the OpenAI answer's own fields were logged and found independent of the world
+        assert res["settings"][0]["response_fields"]["status"] == "ok"
+    else:
+        assert bursts["status"] == "nonconforming" and results_exit_code([res]) == 4

@@ -17,7 +17,8 @@ Then:
 * the context's record counts the answers, and its spend rows (``GET /v1/contexts/{id}/spend``,
   where the server has it) hold one ``answered`` row per answer.
 
-A route the server does not offer (404 for the route) is listed as such, not a finding. Each
+A route the server does not offer (404 for the route) is listed as such, not a finding; an
+audit through the OpenAI surface (``--api openai``) bursts its three routes only. Each
 burst context is deleted afterwards. The result is ``results["ledger"]["bursts"]``; a failed
 check makes the ledger NONCONFORMING (exit 4).
 """
@@ -33,6 +34,7 @@ from typing import Any
 import httpx
 
 from dpicl_audit.client import AuditTarget
+from dpicl_audit.client.openai import OpenAIClient
 from dpicl_audit.errors import TargetError, TargetNotFound
 from dpicl_audit.estimators.gdp import gdp_mu
 
@@ -188,6 +190,8 @@ async def audit_bursts(
     ``budget``; the ``bursts`` section of the ledger's results."""
     if not hasattr(target, "burst"):
         return {"status": "unchecked", "routes": [], "message": "the client cannot burst"}
+    if isinstance(target, OpenAIClient):  # an OpenAI-compatible deployment: its own routes
+        routes = tuple(r for r in routes if r != "native")
     found = []
     for route in routes:
         try:
