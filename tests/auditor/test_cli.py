@@ -104,6 +104,9 @@ def test_bad_plans_exit_1_naming_the_field(tmp_path: Path) -> None:
     assert result.exit_code == 1 and "mechanism.epsilons" in result.stderr
     result = invoke("run", "--epsilons", "1,x")
     assert result.exit_code == 2
+    # --split reaches the plan (issue 35: the white-box selection share had no flag)
+    result = invoke("run", "--db", str(tmp_path / "a.db"), "--split", "1.5", "--admin-token", "x")
+    assert result.exit_code == 1 and "split" in result.stderr
 
 
 def test_run_needs_admin_token(tmp_path: Path) -> None:

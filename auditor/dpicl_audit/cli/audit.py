@@ -235,6 +235,17 @@ def audit_command(kind: str) -> Callable[..., None]:
         confidence: Annotated[
             float | None, typer.Option(help=_h("confidence", "e.g. 0.95"))
         ] = None,
+        split: Annotated[
+            float | None,
+            typer.Option(
+                help=_h(
+                    "split",
+                    "White-box: share of the trials that chooses the score threshold (the "
+                    "rest bound it).",
+                ),
+                hidden=kind == "bootstrap",
+            ),
+        ] = None,
         seed: Annotated[
             int | None, typer.Option(help=_h("seed", "Seed of the auditor's choices."))
         ] = None,
@@ -354,6 +365,7 @@ def audit_command(kind: str) -> Callable[..., None]:
             "design": design,
             "trials": trials,
             "confidence": confidence,
+            "split": split,
             "seed": seed,
             "concurrency": concurrency,
             "timeout": timeout,
