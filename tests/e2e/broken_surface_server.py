@@ -16,11 +16,15 @@ attribute, replacement) triples it installs, for ``monkeypatch``; ``install()`` 
   un-noised vote share of the first label (a "helpful" score added by a gateway, computed
   from the clean votes). The label itself is honestly private; the field is not. Install it
   with :func:`leaky_app` around the app (an ASGI wrapper) plus its patch.
+* ``TEMPERATURE_NOISE``: the voting noise is scaled by the ``temperature`` a chat client
+  sends (none: the noise as calibrated); at ``temperature: 0`` the clean majority label comes
+  back every time. Install it with :func:`temperature_app` around the app plus its patch.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -29,6 +33,7 @@ from typing import Any
 
 import dpicl.api.routes.inference as inference_mod
 import dpicl.mechanisms.partitioned as partitioned_mod
+import dpicl.mechanisms.voting.pipeline as voting_pipeline
 import dpicl.privacy.ledger as ledger_mod
 from dpicl.privacy.calibration import classic_sigma, sigma_for
 from tests.e2e.broken_realistic_server import Fault
@@ -140,6 +145,55 @@ def leaky_app(app: Any) -> Any:
     return wrapped
 
 
+_TEMPERATURE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "temperature", default=None
+)
+_honest_private_vote = voting_pipeline.private_vote  # type: ignore[attr-defined]
+
+
+def temperature_scaled_vote(scores: Any, sigma: float, temperature: float, rng: Any) -> Any:
+    """Honest voting with the noise scaled by the chat client's temperature, where sent."""
+    scale = _TEMPERATURE.get()
+    noise = sigma if scale is None else max(sigma * scale, 1e-12)
+    return _honest_private_vote(scores, noise, temperature, rng)
+
+
+def temperature_app(app: Any) -> Any:
+    """``app`` with the chat body's ``temperature`` handed to the voting noise."""
+
+    async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("type") != "http" or scope.get("path") != "/v1/chat/completions":
+            await app(scope, receive, send)
+            return
+        messages = []
+        while True:
+            message = await receive()
+            messages.append(message)
+            if not message.get("more_body"):
+                break
+        raw = b"".join(m.get("body", b"") for m in messages)
+        given = None
+        with contextlib.suppress(ValueError, AttributeError):
+            given = json.loads(raw).get("temperature")
+        token = _TEMPERATURE.set(float(given) if isinstance(given, int | float) else None)
+        replay = iter(messages)
+
+        async def again() -> MutableMapping[str, Any]:
+            return next(replay, {"type": "http.disconnect"})
+
+        try:
+            await app(scope, again, send)
+        finally:
+            _TEMPERATURE.reset(token)
+
+    return wrapped
+
+
+TEMPERATURE_NOISE = Fault(
+    ((voting_pipeline, "private_vote", temperature_scaled_vote),),
+    "voting noise is scaled by the chat client's temperature (install temperature_app too)",
+)
+
 LEAKY_FIELD = Fault(
     ((inference_mod, "classify_body", leaky_classify_body),),
     "answers carry the un-noised vote share in an extra field (install leaky_app too)",
@@ -149,4 +203,5 @@ FAULTS = {
     "weak_calibration": WEAK_CALIBRATION,
     "racy_ledger": RACY_LEDGER,
     "leaky_field": LEAKY_FIELD,
+    "temperature_noise": TEMPERATURE_NOISE,
 }

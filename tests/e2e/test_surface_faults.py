@@ -24,6 +24,7 @@ from dpicl_audit.errors import TargetNotFound, TargetProtocolError
 from dpicl_audit.estimators.extra_fields import dependence_test, response_fields
 from dpicl_audit.pipeline.run import run_audit
 from dpicl_audit.planning.deployment import adopt_deployment, deployment_settings
+from dpicl_audit.planning.parameters import VARIANTS
 from dpicl_audit.results import results_exit_code
 from tests.conftest import ADMIN, USER
 from tests.e2e import broken_realistic_server as realistic
@@ -357,3 +358,54 @@ async def test_the_openai_surface_at_the_gate(
         assert res["settings"][0]["response_fields"]["status"] == "ok"
     else:
         assert bursts["status"] == "nonconforming" and results_exit_code([res]) == 4
+
+
+@pytest.mark.parametrize("fault", [None, "temperature_noise"])
+async def test_a_client_parameter_that_reaches_the_noise_is_flagged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str | None
+) -> None:
+    """Issue 35, item 2 (in part): noise scaled by the chat client's temperature (none
+    sent: as calibrated) is NONCONFORMING naming the parameter; the honest server, which
+    ignores it, exits 0."""
+    from dpicl.api.app import build_app
+    from dpicl.config import Settings
+
+    if fault is not None:
+        for module, name, value in surface.FAULTS[fault].patches:
+            monkeypatch.setattr(module, name, value)
+    settings = Settings(
+        engine="oracle",
+        whitebox="off",
+        database_url=f"sqlite:///{tmp_path}/server.db",
+        admin_token=ADMIN,
+        api_keys=[USER],
+    )
+    app = build_app(settings)
+    async with app.router.lifespan_context(app):
+        client = DpiclClient(
+            "http://dpicl.test",
+            admin_token=ADMIN,
+            api_key=USER,
+            concurrency=8,
+            retries=1,
+            backoff=0.01,
+            transport=httpx.ASGITransport(app=surface.temperature_app(app)),
+        )
+        try:
+            plan = target_plan(
+                "http://dpicl.test", **{"mechanism.epsilons": [1.0], "trials": 100, "seed": 2}
+            )
+            res = await run_audit(
+                plan, db=f"sqlite:///{tmp_path}/a.db", target=client, out_dir=tmp_path,
+                progress=False,
+            )  # fmt: skip
+        finally:
+            await client.aclose()
+    swept = res["parameters"]
+    assert [v["variant"] for v in swept["variants"]] == [n for n, _ in VARIANTS]
+    if fault is None:
+        assert swept["status"] == "ok", swept
+        assert results_exit_code([res]) == 0
+    else:
+        assert swept["status"] == "nonconforming" and swept["variant"] == "temperature 0", swept
+        assert results_exit_code([res]) == 4

@@ -253,6 +253,11 @@ class DpiclClient:
         """``GET /v1/contexts/{id}/spend`` (admin): the context's spend rows and totals."""
         return await self._json("GET", f"/v1/contexts/{context_id}/spend", token=self._admin)
 
+    async def post(self, path: str, body: JSON) -> JSON:
+        """``POST path`` with the user key (a route the client has no method for, e.g. a chat
+        completion with client parameters: :mod:`dpicl_audit.planning.parameters`)."""
+        return await self._json("POST", path, token=self._key, json=body)
+
     async def get_model(self, model_id: str) -> JSON:
         """``GET /v1/models/{id}`` (the OpenAI surface's model: dpicl's extension carries the
         deployment's epsilon and delta), with the user key."""

@@ -70,6 +70,10 @@ class AuditRunner:
             ledger = await run.mechanism.audit_ledger(run.target, run.design, run.plan)
             if ledger is not None:
                 estimated = replace(estimated, ledger=ledger)
+            # What a client controls, varied (planning.parameters), where the mechanism can.
+            swept = await run.mechanism.audit_parameters(run.target, run.design, run.plan)
+            if swept is not None:
+                estimated = estimated.updated(parameters=swept)
             run.store.add_usage(run.run_id, wall_time_s=time.monotonic() - t0)
             results = finish_run(run.store, run.run_id, estimated)
         except AuditError as exc:

@@ -102,6 +102,9 @@ class RunResult(Record):
             out.append(Status.NONCONFORMING)
         elif ledger == "bug":  # the reported noise admits fewer answers than the claim
             out.append(Status.BUG)
+        swept = self.extra.get("parameters")
+        if isinstance(swept, Mapping) and swept.get("status") == "nonconforming":
+            out.append(Status.NONCONFORMING)  # a client parameter changes the release
         return out
 
 

@@ -44,6 +44,8 @@ from dpicl_audit.mechanisms.voting.estimates import (
 )
 from dpicl_audit.mechanisms.voting.rdp import RDP_ATTACKS, RdpDesign, build_rdp_design
 from dpicl_audit.plan import AuditPlan
+from dpicl_audit.planning.budgets import budget_limit
+from dpicl_audit.planning.parameters import sweep_parameters
 from dpicl_audit.results import SettingResult
 from dpicl_audit.store import ContextRecord, TrialRecord
 from dpicl_audit.verdicts import RDP_CUTS
@@ -118,6 +120,17 @@ class VotingAudit(GaussianMechanismAudit):
             except KeyError as exc:
                 raise TargetProtocolError(f"/v1/debug/classify: {exc.args[0]}") from exc
         return at.record(design.query, observation, design.decide_label(label), latency, score)
+
+    async def audit_parameters(
+        self, target: AuditTarget, design: AuditDesign | RdpDesign, plan: AuditPlan
+    ) -> dict[str, Any] | None:
+        """The chat route's client parameters swept on a fresh C1 context at the first
+        epsilon (planning.parameters); none for paper 003's sequences."""
+        if isinstance(design, RdpDesign) or getattr(design, "attack", None) != "inquery":
+            return None
+        eps = float(plan.mechanism.epsilons[0])
+        body = self.context_body(design, plan, eps, 1, name=f"dpicl-audit {plan.seed} sweep")
+        return await sweep_parameters(target, body, design.query, limit=budget_limit(plan))
 
     def setting_meta(
         self,
