@@ -190,8 +190,8 @@ async def audit_ledger(
     finally:
         with contextlib.suppress(TargetError):  # a probe left behind answers nothing more
             await target.delete_context(cid)
-    if not bursts:
-        return out
+    if not bursts or body.get("task") != "classification":
+        return out  # bursts ask the classification routes (ESA's generation: not yet)
     # The same budget under concurrency, on every answering route (planning.ledger_burst).
     found = await audit_bursts(target, body, query, budget)
     out["bursts"] = found
