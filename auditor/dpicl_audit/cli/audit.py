@@ -16,10 +16,13 @@ from dpicl_audit.attacks import ATTACKS
 from dpicl_audit.cli.common import (
     AdminOpt,
     DbOpt,
+    DeploymentOpt,
     JsonOpt,
     KeyOpt,
     OutOpt,
+    ProfileOpt,
     ProgressOpt,
+    SplitOpt,
     StrictOpt,
     UrlOpt,
     app,
@@ -235,17 +238,7 @@ def audit_command(kind: str) -> Callable[..., None]:
         confidence: Annotated[
             float | None, typer.Option(help=_h("confidence", "e.g. 0.95"))
         ] = None,
-        split: Annotated[
-            float | None,
-            typer.Option(
-                help=_h(
-                    "split",
-                    "White-box: share of the trials that chooses the score threshold (the "
-                    "rest bound it).",
-                ),
-                hidden=kind == "bootstrap",
-            ),
-        ] = None,
+        split: SplitOpt = None,
         seed: Annotated[
             int | None, typer.Option(help=_h("seed", "Seed of the auditor's choices."))
         ] = None,
@@ -267,15 +260,7 @@ def audit_command(kind: str) -> Callable[..., None]:
         partition_seed: Annotated[
             int | None, typer.Option(help=_h("neighbour.partition_seed", "Shared partition seed."))
         ] = None,
-        deployment: Annotated[
-            str | None,
-            typer.Option(
-                "--deployment",
-                help="A deployed context id (or OpenAI model id): its epsilon joins "
-                "--epsilons' defaults, its partitions and delta are the plan's, unless "
-                "given. (default: none)",
-            ),
-        ] = None,
+        deployment: DeploymentOpt = None,
         deploy_labels: Annotated[
             str | None, typer.Option(help="Deployment labels, comma-separated. (default: none)")
         ] = None,
@@ -306,16 +291,7 @@ def audit_command(kind: str) -> Callable[..., None]:
             str | None, typer.Option(help="A name for the run. (default: none)")
         ] = None,
         run_id: Annotated[str | None, typer.Option(help="Run id (default: generated).")] = None,
-        profile: Annotated[
-            str,
-            typer.Option(
-                "--profile",
-                show_default=True,
-                help="default: the plan as given. "
-                "verify (run, voting): also a tail-gap run (paper design, T=3, epsilon 8, "
-                "3,000 trials) that sees noise with bounded tails (docs/auditing.md).",
-            ),
-        ] = "default",
+        profile: ProfileOpt = "default",
         db: DbOpt = DEFAULT_DB,
         out: OutOpt = Path("runs"),
         progress: ProgressOpt = True,

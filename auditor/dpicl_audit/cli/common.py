@@ -22,10 +22,13 @@ if TYPE_CHECKING:
 __all__ = [
     "AdminOpt",
     "DbOpt",
+    "DeploymentOpt",
     "JsonOpt",
     "KeyOpt",
     "OutOpt",
+    "ProfileOpt",
     "ProgressOpt",
+    "SplitOpt",
     "StrictOpt",
     "UrlOpt",
     "app",
@@ -117,6 +120,32 @@ ProgressOpt = Annotated[
 ]
 JsonOpt = Annotated[
     bool, typer.Option("--json", help="Print the results as JSON. (default: off, a table)")
+]
+ProfileOpt = Annotated[
+    str,
+    typer.Option(
+        "--profile",
+        show_default=True,
+        help="default: the plan as given. "
+        "verify (run, voting): also a tail-gap run (paper design, T=3, epsilon 8, "
+        "3,000 trials) that sees noise with bounded tails (docs/auditing.md).",
+    ),
+]
+DeploymentOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--deployment",
+        help="A deployed context id (or OpenAI model id): its epsilon joins --epsilons' "
+        "defaults, its partitions and delta are the plan's, unless given. (default: none)",
+    ),
+]
+SplitOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--split",
+        help="White-box: share of the trials that chooses the score threshold, the rest "
+        "bound it. (default: the plan's, 0.5)",
+    ),
 ]
 StrictOpt = Annotated[
     bool,
