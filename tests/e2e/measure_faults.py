@@ -6,7 +6,9 @@ contexts refused) with the fault of ``tests/e2e/broken_realistic_server.py`` pat
 counts a run as flagged when its exit status would be 4 or 5 (NONCONFORMING, VIOLATION, BUG).
 The exit codes printed are the default gate's (INCONCLUSIVE passes as 0; ``--strict`` prints
 ``--strict``'s 3 instead); ``left`` counts the contexts the audits left on the server, and
-``needs`` the trials each figure without power asks for.
+``needs`` the trials each figure without power asks for. Faults of
+``tests/e2e/broken_surface_server.py`` are known too; those installed with an ASGI wrapper
+(``leaky_field``, ``temperature_noise``) are inert here (no wrapper): their tests measure them.
 
     python -m tests.e2e.measure_faults --reps 5 [--whitebox off] [--flags '{"trials": 400}']
 """
