@@ -104,6 +104,9 @@ def test_bad_plans_exit_1_naming_the_field(tmp_path: Path) -> None:
     assert result.exit_code == 1 and "mechanism.epsilons" in result.stderr
     result = invoke("run", "--epsilons", "1,x")
     assert result.exit_code == 2
+    # --split reaches the plan (issue 35: the white-box selection share had no flag)
+    result = invoke("run", "--db", str(tmp_path / "a.db"), "--split", "1.5", "--admin-token", "x")
+    assert result.exit_code == 1 and "split" in result.stderr
 
 
 def test_run_needs_admin_token(tmp_path: Path) -> None:
@@ -179,10 +182,13 @@ def test_run_show_list_resume_bootstrap(oracle_server: ThreadServer, tmp_path: P
     result = invoke(
         "run", "--plan", str(plan), *common, "--run-id", "cli-run", "--trials", "80", env=env
     )
-    assert result.exit_code in VERDICT_EXITS, result.output
-    # 60 trials cannot reach half of epsilon_exact: the verdict says INCONCLUSIVE, not "ok"
+    # 60 trials cannot reach half of epsilon_exact: the verdict says INCONCLUSIVE, not "ok";
+    # the gate lists it with the trials it needs and passes it (exit 0) unless --strict.
+    assert result.exit_code == 0, result.output
     assert "white" in result.stdout and "black" in result.stdout
     assert "INCONCLUSIVE" in result.stdout
+    assert "without power pass the gate (--strict fails them)" in result.stderr
+    assert "cli-run eps=2" in result.stderr
     saved = json.loads((out / "cli-run" / "results.json").read_text())
     assert [s["setting"] for s in saved["settings"]] == ["eps=2", "eps=8"]
     assert all(s["trials"] == 80 for s in saved["settings"])  # the flag beat the file's 60
@@ -197,9 +203,13 @@ def test_run_show_list_resume_bootstrap(oracle_server: ThreadServer, tmp_path: P
     result = invoke("show", "cli-run", "--db", db, "--json")
     assert json.loads(result.stdout)["run_id"] == "cli-run"
 
-    # resuming a finished run runs nothing and keeps the log as it was
-    result = invoke("resume", "cli-run", *common, env=env)
-    assert result.exit_code in VERDICT_EXITS, result.output
+    # resuming a finished run runs nothing and keeps the log as it was; --strict fails
+    # the figures without power (exit 3), as report --strict does
+    result = invoke("resume", "cli-run", *common, "--strict", env=env)
+    assert result.exit_code == 3, result.output
+    assert "without power fail the gate (--strict)" in result.stderr
+    result = invoke("report", "cli-run", "--db", db, "--out", str(out), "--strict")
+    assert result.exit_code == 3, result.output
     store = TrialStore(db)
     assert store.trial_counts("cli-run") == {"eps=2": 80, "eps=8": 80}
     store.dispose()

@@ -86,7 +86,9 @@ def test_verdicts_say_inconclusive_without_power_and_consistent_with_it() -> Non
     assert v.status == "inconclusive" and "never differed" in v.message
     assert v.advice
     # the paper's design at epsilon 8 ([1, 7] against [0, 8]): rates deep in the tail
-    v = gaussian_verdict(est, _meta(release_rates=[2e-4, 1e-6], epsilon_exact=7.91))
+    v = gaussian_verdict(
+        est, _meta(release_rates=[2e-4, 1e-6], epsilon_theory=8.0, epsilon_exact=7.91)
+    )
     assert v.status == "inconclusive" and "could reach" in v.message
     # the pivotal design at epsilon 4, T = 8: the same zero bound would be a finding
     v = gaussian_verdict(est, _meta(release_rates=[0.80, 0.5]))
@@ -95,3 +97,25 @@ def test_verdicts_say_inconclusive_without_power_and_consistent_with_it() -> Non
     big = est | {"mu_lower": 3.0, "epsilon_lower_classic": 1.0}
     v = gaussian_verdict(big, _meta(release_rates=[0.80, 0.5]))
     assert v.status == "violation" and "not" in v.message
+
+
+def test_a_reported_calibration_weaker_than_the_claim_is_a_bug() -> None:
+    """Issue 35, item 4: deterministic, beside the statistics. The exact epsilon of the
+    reported noise (the auditor's, or the server's own) above the claim is a BUG even where
+    the trials found nothing; at (or a rounding below) the claim it is not."""
+    from dpicl_audit.verdicts.claims import calibration_departure
+
+    est = {"mu_lower": 0.0, "epsilon_lower_classic": 0.0, "n_pos": 2000, "n_neg": 2000}
+    weak = _meta(epsilon_theory=16.0, epsilon_exact=18.9, sigma=0.428, sensitivity=1.414)
+    v = gaussian_verdict(est, weak)
+    assert v.status == "bug" and "weaker than claimed" in v.message and "18.9" in v.message
+    assert "sigma 0.428" in v.message
+    server = _meta(epsilon_theory=16.0, epsilon_exact=15.9, epsilon_exact_server=18.9)
+    assert "the server's exact epsilon 18.9" in (calibration_departure(server) or "")
+    assert gaussian_verdict(est, server).status == "bug"
+    for exact in (16.0, 16.0 * (1 + 1e-6), 3.0):
+        assert calibration_departure(_meta(epsilon_theory=16.0, epsilon_exact=exact)) is None
+    assert calibration_departure(_meta(epsilon_exact=None)) is None
+    # a VIOLATION stays a VIOLATION (the stronger finding)
+    strong = {"mu_lower": 5.0, "epsilon_lower_classic": 30.0, "n_pos": 2000, "n_neg": 2000}
+    assert gaussian_verdict(strong, weak).status == "violation"

@@ -4,6 +4,11 @@ Not a test: a script that prints detection rates, for docs/auditing.md. Each rep
 audits the real app in this process (oracle engine, production configuration: unbudgeted
 contexts refused) with the fault of ``tests/e2e/broken_realistic_server.py`` patched in, and
 counts a run as flagged when its exit status would be 4 or 5 (NONCONFORMING, VIOLATION, BUG).
+The exit codes printed are the default gate's (INCONCLUSIVE passes as 0; ``--strict`` prints
+``--strict``'s 3 instead); ``left`` counts the contexts the audits left on the server, and
+``needs`` the trials each figure without power asks for. Faults of
+``tests/e2e/broken_surface_server.py`` are known too; those installed with an ASGI wrapper
+(``leaky_field``, ``temperature_noise``) are inert here (no wrapper): their tests measure them.
 
     python -m tests.e2e.measure_faults --reps 5 [--whitebox off] [--flags '{"trials": 400}']
 """
@@ -21,24 +26,35 @@ from typing import Any
 from dpicl_audit.pipeline.run import run_audit
 from dpicl_audit.results import results_exit_code
 from tests.e2e import broken_realistic_server as faults
+from tests.e2e import broken_surface_server as surface
 from tests.e2e.test_realistic_faults import production_client
 from tests.servers import target_plan
 
 
-async def _one(fault: str | None, whitebox: str, flags: dict[str, Any], seed: int) -> int:
+async def _one(
+    fault: str | None, whitebox: str, flags: dict[str, Any], seed: int, strict: bool = False
+) -> tuple[int, int, list[str]]:
     undo = []
     if fault is not None:
-        for module, name, value in faults.FAULTS[fault].patches:
+        for module, name, value in (faults.FAULTS | surface.FAULTS)[fault].patches:
             undo.append((module, name, getattr(module, name)))
             setattr(module, name, value)
     try:
         with tempfile.TemporaryDirectory() as d:
             async with production_client(Path(d), whitebox) as client:
                 plan = target_plan("http://dpicl.test", **(flags | {"seed": seed}))
-                res = await run_audit(
-                    plan, db=f"sqlite:///{d}/a.db", target=client, out_dir=d, progress=False
-                )
-        return results_exit_code([res])
+                try:
+                    res = await run_audit(
+                        plan, db=f"sqlite:///{d}/a.db", target=client, out_dir=d, progress=False
+                    )
+                finally:
+                    left = len(await client.list_contexts())
+        needs = []
+        for s in res["settings"]:
+            v = (s.get("black_box") or {}).get("verdict") or {}
+            if v.get("status") == "inconclusive" and v.get("trials_needed"):
+                needs.append(f"{s['setting']}: {sum(v['trials_needed'])}")
+        return results_exit_code([res], strict=strict), left, needs
     finally:
         for module, name, value in undo:
             setattr(module, name, value)
@@ -49,6 +65,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--whitebox", default="off")
     ap.add_argument("--flags", default="{}")
+    ap.add_argument("--strict", action="store_true")
     ap.add_argument(
         "--faults", default="honest,two_partitions,deterministic,correlated,tail_bounded"
     )
@@ -57,11 +74,16 @@ def main() -> None:
     for name in args.faults.split(","):
         fault = None if name == "honest" else name
         t0 = time.monotonic()
-        codes = [asyncio.run(_one(fault, args.whitebox, flags, 1000 + i)) for i in range(args.reps)]
+        got = [
+            asyncio.run(_one(fault, args.whitebox, flags, 1000 + i, args.strict))
+            for i in range(args.reps)
+        ]
+        codes = [c for c, _, _ in got]
         flagged = sum(c in (4, 5) for c in codes)
         print(
             f"{name}: flagged {flagged}/{args.reps} (exit codes {codes}), "
-            f"{(time.monotonic() - t0) / args.reps:.1f} s per audit",
+            f"{(time.monotonic() - t0) / args.reps:.1f} s per audit, "
+            f"left {[n for _, n, _ in got]}, needs {[w for _, _, w in got]}",
             flush=True,
         )
 

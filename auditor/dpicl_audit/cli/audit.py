@@ -16,10 +16,14 @@ from dpicl_audit.attacks import ATTACKS
 from dpicl_audit.cli.common import (
     AdminOpt,
     DbOpt,
+    DeploymentOpt,
     JsonOpt,
     KeyOpt,
     OutOpt,
+    ProfileOpt,
     ProgressOpt,
+    SplitOpt,
+    StrictOpt,
     UrlOpt,
     app,
     emit,
@@ -234,6 +238,7 @@ def audit_command(kind: str) -> Callable[..., None]:
         confidence: Annotated[
             float | None, typer.Option(help=_h("confidence", "e.g. 0.95"))
         ] = None,
+        split: SplitOpt = None,
         seed: Annotated[
             int | None, typer.Option(help=_h("seed", "Seed of the auditor's choices."))
         ] = None,
@@ -255,6 +260,7 @@ def audit_command(kind: str) -> Callable[..., None]:
         partition_seed: Annotated[
             int | None, typer.Option(help=_h("neighbour.partition_seed", "Shared partition seed."))
         ] = None,
+        deployment: DeploymentOpt = None,
         deploy_labels: Annotated[
             str | None, typer.Option(help="Deployment labels, comma-separated. (default: none)")
         ] = None,
@@ -285,20 +291,12 @@ def audit_command(kind: str) -> Callable[..., None]:
             str | None, typer.Option(help="A name for the run. (default: none)")
         ] = None,
         run_id: Annotated[str | None, typer.Option(help="Run id (default: generated).")] = None,
-        profile: Annotated[
-            str,
-            typer.Option(
-                "--profile",
-                show_default=True,
-                help="default: the plan as given. "
-                "verify (run, voting): also a tail-gap run (paper design, T=3, epsilon 8, "
-                "3,000 trials) that sees noise with bounded tails (docs/auditing.md).",
-            ),
-        ] = "default",
+        profile: ProfileOpt = "default",
         db: DbOpt = DEFAULT_DB,
         out: OutOpt = Path("runs"),
         progress: ProgressOpt = True,
         as_json: JsonOpt = False,
+        strict: StrictOpt = False,
     ) -> None:
         from dpicl_audit.pipeline.profiles import companion_plan, tail_run_id
         from dpicl_audit.pipeline.results import record_tail_gap
@@ -343,6 +341,7 @@ def audit_command(kind: str) -> Callable[..., None]:
             "design": design,
             "trials": trials,
             "confidence": confidence,
+            "split": split,
             "seed": seed,
             "concurrency": concurrency,
             "timeout": timeout,
@@ -350,6 +349,7 @@ def audit_command(kind: str) -> Callable[..., None]:
             "batch_size": batch_size,
             "neighbour.position": position,
             "neighbour.partition_seed": partition_seed,
+            "deployment.context": deployment,
             "deployment.labels": _strings(deploy_labels),
             "deployment.template": deploy_template,
             "deployment.positive": positive,
@@ -385,7 +385,7 @@ def audit_command(kind: str) -> Callable[..., None]:
             runs = [guard(lambda: record_tail_gap(db, results, tail, out)), tail]
         for res in runs[: 1 if as_json else 2]:
             emit(res, as_json, Path(out) / str(res["run_id"]) / "results.json")
-        exit_on_verdict(runs)
+        exit_on_verdict(runs, strict)
 
     command.__doc__ = (
         "Audit with real queries: C1/C0 contexts per epsilon, trials over HTTP, SQL log."

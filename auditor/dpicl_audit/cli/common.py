@@ -22,10 +22,14 @@ if TYPE_CHECKING:
 __all__ = [
     "AdminOpt",
     "DbOpt",
+    "DeploymentOpt",
     "JsonOpt",
     "KeyOpt",
     "OutOpt",
+    "ProfileOpt",
     "ProgressOpt",
+    "SplitOpt",
+    "StrictOpt",
     "UrlOpt",
     "app",
     "emit",
@@ -117,6 +121,40 @@ ProgressOpt = Annotated[
 JsonOpt = Annotated[
     bool, typer.Option("--json", help="Print the results as JSON. (default: off, a table)")
 ]
+ProfileOpt = Annotated[
+    str,
+    typer.Option(
+        "--profile",
+        show_default=True,
+        help="default: the plan as given. "
+        "verify (run, voting): also a tail-gap run (paper design, T=3, epsilon 8, "
+        "3,000 trials) that sees noise with bounded tails (docs/auditing.md).",
+    ),
+]
+DeploymentOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--deployment",
+        help="A deployed context id (or OpenAI model id): its epsilon joins --epsilons' "
+        "defaults, its partitions and delta are the plan's, unless given. (default: none)",
+    ),
+]
+SplitOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--split",
+        help="White-box: share of the trials that chooses the score threshold, the rest "
+        "bound it. (default: the plan's, 0.5)",
+    ),
+]
+StrictOpt = Annotated[
+    bool,
+    typer.Option(
+        "--strict",
+        help="Exit 3 where a figure is INCONCLUSIVE (too few trials for power). (default: "
+        "off: such figures are listed with the trials they need and pass; 4 and 5 always fail)",
+    ),
+]
 
 
 def resume_command(run_id: str, db: str) -> str:
@@ -163,12 +201,22 @@ def emit(results: dict[str, Any], as_json: bool, path: Path | None = None) -> No
         out_console.print(f"results: {path}")
 
 
-def exit_on_verdict(results: list[dict[str, Any]]) -> None:
-    """Exit with the worst verdict's code (verdicts.EXIT_CODES: 3 INCONCLUSIVE, 4
-    NONCONFORMING, 5 VIOLATION or BUG), so that a deployment pipeline can fail on it."""
-    from dpicl_audit.results import results_exit_code
+def exit_on_verdict(results: list[dict[str, Any]], strict: bool = False) -> None:
+    """Exit with the worst verdict's code (verdicts.EXIT_CODES: 4 NONCONFORMING, 5 VIOLATION
+    or BUG; 3 INCONCLUSIVE only under ``--strict``), so that a deployment pipeline can fail
+    on it. Figures without power are listed on stderr either way, with what would give them
+    power: a gate that passes them says so."""
+    from dpicl_audit.results import results_exit_code, underpowered
 
-    code = results_exit_code(results)
+    weak = underpowered(results)
+    if weak:
+        word = "fail the gate (--strict)" if strict else "pass the gate (--strict fails them)"
+        err_console.print(
+            f"[yellow]{len(weak)} figure(s) without power {word}:[/yellow]", highlight=False
+        )
+        for line in weak:
+            err_console.print(f"[yellow]  {line}[/yellow]", soft_wrap=True, highlight=False)
+    code = results_exit_code(results, strict=strict)
     if code:
         raise typer.Exit(code)
 

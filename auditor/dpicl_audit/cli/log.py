@@ -24,6 +24,7 @@ from dpicl_audit.cli.common import (
     KeyOpt,
     OutOpt,
     ProgressOpt,
+    StrictOpt,
     UrlOpt,
     app,
     emit,
@@ -51,6 +52,7 @@ def resume(
     out: OutOpt = Path("runs"),
     progress: ProgressOpt = True,
     as_json: JsonOpt = False,
+    strict: StrictOpt = False,
 ) -> None:
     """Continue a run from its trial log: only missing trials are run, none twice."""
     from dpicl_audit.pipeline.run import resume_audit
@@ -70,7 +72,7 @@ def resume(
         resume_hint=resume_command(run_id, db),
     )
     emit(results, as_json, Path(out) / run_id / "results.json")
-    exit_on_verdict([results])  # a resumed run ends like ``run``
+    exit_on_verdict([results], strict)  # a resumed run ends like ``run``
 
 
 def _expected(run: Any, plan: dict[str, Any]) -> int:
@@ -207,6 +209,7 @@ def report(
             "to stderr). (default: off, the table)",
         ),
     ] = False,
+    strict: StrictOpt = False,
 ) -> None:
     """Write one report (table, HTML with plots) of the runs and print where it is."""
     try:
@@ -229,7 +232,7 @@ def report(
         sys.stdout.write(json.dumps(payload, indent=2) + "\n")
     elif where is not None:
         out_console.print(f"report: {where}")
-    exit_on_verdict(_reported_results(db, run_ids))
+    exit_on_verdict(_reported_results(db, run_ids), strict)
 
 
 def _reported_results(db: str, run_ids: list[str]) -> list[dict[str, Any]]:

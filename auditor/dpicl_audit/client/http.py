@@ -235,6 +235,34 @@ class DpiclClient:
         _require(info, ("id", "mechanism"), "GET /v1/contexts/{id}")
         return info
 
+    async def burst(self, path: str, bodies: list[JSON]) -> list[httpx.Response | Exception]:
+        """``POST path`` once per body, all at once with the user key: no retries (a retry
+        would send a request twice) and not held back by the client's concurrency, so that
+        every request is in flight together (the ledger audited under concurrency,
+        :mod:`dpicl_audit.planning.ledger_burst`). Each response, or the transport error."""
+        headers = {"Authorization": f"Bearer {self._key}"} if self._key else {}
+
+        async def one(body: JSON) -> httpx.Response:
+            self.requests_sent += 1
+            return await self._http.request("POST", path, json=body, headers=headers)
+
+        out = await asyncio.gather(*(one(b) for b in bodies), return_exceptions=True)
+        return [r if isinstance(r, httpx.Response | Exception) else Exception(r) for r in out]
+
+    async def spend(self, context_id: str) -> JSON:
+        """``GET /v1/contexts/{id}/spend`` (admin): the context's spend rows and totals."""
+        return await self._json("GET", f"/v1/contexts/{context_id}/spend", token=self._admin)
+
+    async def post(self, path: str, body: JSON) -> JSON:
+        """``POST path`` with the user key (a route the client has no method for, e.g. a chat
+        completion with client parameters: :mod:`dpicl_audit.planning.parameters`)."""
+        return await self._json("POST", path, token=self._key, json=body)
+
+    async def get_model(self, model_id: str) -> JSON:
+        """``GET /v1/models/{id}`` (the OpenAI surface's model: dpicl's extension carries the
+        deployment's epsilon and delta), with the user key."""
+        return await self._json("GET", f"/v1/models/{model_id}", token=self._key)
+
     async def list_contexts(self) -> list[JSON]:
         """Every context, following the listing's ``next`` cursor page after page (a server
         answers at most one page per request)."""

@@ -86,7 +86,9 @@ class OpenAIClient(DpiclClient):
             if isinstance(ext, dict)
             else {}
         )
-        return content, extra | {"context_id": context_id}
+        # The whole response too: every field besides the answer is an observation
+        # (dpicl_audit.estimators.extra_fields).
+        return content, extra | {"context_id": context_id, "response": out}
 
     async def classify(self, context_id: str, query: str) -> JSON:
         label, extra = await self._chat(context_id, query, None)

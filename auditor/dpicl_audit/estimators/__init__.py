@@ -20,7 +20,9 @@
   :mod:`.exchangeable` whether repeated answers to one query are in a random order;
 * :mod:`.rdp_audit` paper 003's RDP audit of a query sequence; :mod:`.roc` ROC curves;
 * :mod:`.bootstrap` Algorithm 1 of paper 000, vectorised, and :mod:`.noise_check` its guard
-  (does the server add the noise it claims?).
+  (does the server add the noise it claims?);
+* :mod:`.extra_fields` every response field besides the answer, tested for dependence on the
+  neighbouring world given the answer.
 
 :func:`~.counts.estimate_from_counts` is the black-box estimator (it backs ``dpicl-audit
 estimate``). This module only re-exports: no module of the package imports it back.

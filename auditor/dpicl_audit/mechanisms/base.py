@@ -264,6 +264,13 @@ class MechanismAudit:
         mechanism has no such audit."""
         return None
 
+    async def audit_parameters(
+        self, target: AuditTarget, design: Any, plan: AuditPlan
+    ) -> dict[str, Any] | None:
+        """The client parameters swept (:mod:`dpicl_audit.planning.parameters`); None where
+        the mechanism has no such audit."""
+        return None
+
     def claims_per_setting(self, design: Any, threat_models: Sequence[str]) -> int:
         """How many statistical tests one epsilon setting may state a VIOLATION or BUG
         from: one figure per threat model. A run's claims hold for all of its settings'

@@ -20,7 +20,6 @@ mismatch raises :class:`~dpicl_audit.errors.TargetProtocolError` naming the fiel
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 from collections.abc import Mapping
@@ -77,6 +76,11 @@ class ContextBook:
         self._listing: list[dict[str, Any]] | None = None
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._cache: dict[tuple[str, int], ContextRecord] = {}
+        #: Every context this book created or adopted, in the log or not (a spent one that
+        #: was replaced, one refused by the checks): :meth:`delete_all` deletes them too.
+        self._seen: set[str] = set()
+        #: The contexts the last :meth:`delete_all` could not delete.
+        self.undeleted: list[str] = []
 
     @staticmethod
     def key(setting: str, slot: int) -> str:
@@ -183,6 +187,7 @@ class ContextBook:
         *,
         generation: int,
     ) -> ContextRecord:
+        self._seen.add(str(info.get("id")))
         self.run_ctx.mechanism.check_context(info, self.run_ctx.design, epsilon)
         # The fingerprint ignores the name, so a replacement carries its slot's fingerprint.
         stored = dict(info) | {
@@ -200,10 +205,17 @@ class ContextBook:
         return self.run_ctx.store.contexts(self.run_ctx.run_id)[(self.key(setting, slot), world)]
 
     async def delete_all(self) -> int:
-        """Delete every context the run recorded (best effort); how many went."""
+        """Delete every context the run recorded, and every one this book created or adopted
+        (best effort); how many went."""
+        recorded = [r.context_id for r in self.run_ctx.store.contexts(self.run_ctx.run_id).values()]
         gone = 0
-        for rec in self.run_ctx.store.contexts(self.run_ctx.run_id).values():
-            with contextlib.suppress(TargetError):
-                await self.run_ctx.target.delete_context(rec.context_id)
+        self.undeleted = []
+        for cid in dict.fromkeys([*recorded, *sorted(self._seen)]):
+            try:
+                await self.run_ctx.target.delete_context(cid)
                 gone += 1
+            except TargetNotFound:
+                gone += 1  # deleted already (a resumed run's, or by its operator)
+            except TargetError:
+                self.undeleted.append(cid)
         return gone

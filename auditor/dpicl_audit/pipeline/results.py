@@ -226,6 +226,10 @@ def print_results(results: Mapping[str, Any], console: Console | None = None) ->
     if ledger:  # the ledger audited from outside (dpicl_audit.planning.ledger)
         colour = "green" if ledger.get("status") == "ok" else "bold yellow"
         console.print(f"[{colour}]ledger: {ledger.get('message', '')}[/{colour}]")
+    swept = results.get("parameters")
+    if swept:  # the client's parameters varied (dpicl_audit.planning.parameters)
+        colour = "green" if swept.get("status") == "ok" else "bold yellow"
+        console.print(f"[{colour}]parameters: {swept.get('message', '')}[/{colour}]")
     console.print(
         f"{results.get('queries', 0)} queries, {results.get('llm_calls', 0)} LLM calls, "
         f"{_fmt(results.get('wall_time_s'), 1)} s wall time"

@@ -25,7 +25,7 @@ index exactly once.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypedDict, Unpack
@@ -52,6 +52,7 @@ from dpicl_audit.pipeline.session import (
     with_budget_limit,
 )
 from dpicl_audit.plan import AuditPlan
+from dpicl_audit.planning.deployment import adopt_deployment, deployment_settings
 from dpicl_audit.planning.schedule import check_run_id, new_run_id
 from dpicl_audit.store import TrialStore
 
@@ -76,7 +77,7 @@ class Where(TypedDict, total=False):
 #: ``record(store)``: the run recorded in the trial log, as its context.
 Record = Callable[[TrialStore], RunContext]
 #: ``begin(client, health, health_error)``: the run made ready before the trial log opens.
-Begin = Callable[[AuditTarget, Mapping[str, Any] | None, str | None], Record]
+Begin = Callable[[AuditTarget, Mapping[str, Any] | None, str | None], Awaitable[Record]]
 
 
 @asynccontextmanager
@@ -94,7 +95,7 @@ async def _life(plan: AuditPlan, begin: Begin, where: Where) -> dict[str, Any]:
     """The one life of a run (module docstring); returns its results dict."""
     async with _client(plan, where.get("target")) as client:
         health, herr = await server_health(client)
-        record = begin(client, health, herr)
+        record = await begin(client, health, herr)
         with opened_store(where.get("store"), where.get("db"), where.get("schema")) as st:
             run = record(st)
             results = await AuditRunner(run, progress=where.get("progress", True)).execute()
@@ -113,15 +114,21 @@ async def _start(
     if kind == "bootstrap" and not mechanism.has_bootstrap:
         raise InvalidPlan(f"{mechanism.name} has no bootstrap audit; use `dpicl-audit run`")
 
-    def begin(client: AuditTarget, health: Mapping[str, Any] | None, herr: str | None) -> Record:
+    async def begin(
+        client: AuditTarget, health: Mapping[str, Any] | None, herr: str | None
+    ) -> Record:
         # ``design = "auto"``: the strongest design for the engine (a real model copies an
         # identical demonstration; the simulator follows Prompt 1); stored resolved.
         simulator = bool(health.get("simulator")) if health is not None else False
-        resolved = plan.model_copy(
+        deployed = plan
+        if plan.deployment.context is not None:  # its own epsilon, partitions and delta
+            found = await deployment_settings(client, plan.deployment.context)
+            deployed = adopt_deployment(plan, found)
+        resolved = deployed.model_copy(
             update={
-                "design": resolve_design(plan, simulator=simulator),
+                "design": resolve_design(deployed, simulator=simulator),
                 # The server's largest budget, stored resolved: a resume plans the same slots.
-                "target": with_budget_limit(plan.target, health),
+                "target": with_budget_limit(deployed.target, health),
             }
         )
         design = mechanism.build_design(resolved, load_dataset(resolved.dataset))
@@ -194,7 +201,9 @@ async def resume_audit(
     if where.get("target") is None:
         need_context_maker(plan, f"resuming {run_id}")
 
-    def begin(client: AuditTarget, health: Mapping[str, Any] | None, herr: str | None) -> Record:
+    async def begin(
+        client: AuditTarget, health: Mapping[str, Any] | None, herr: str | None
+    ) -> Record:
         def record(st: TrialStore) -> RunContext:
             versions = dict(run.versions)
             resumes = list(versions.get("resumed", []))

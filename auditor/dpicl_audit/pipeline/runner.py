@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from dpicl_audit.errors import AuditError
+from dpicl_audit.errors import AuditError, TargetUnavailable
 from dpicl_audit.pipeline.contexts import ContextBook
 from dpicl_audit.pipeline.estimation import estimate_run
 from dpicl_audit.pipeline.progress import ProgressSink, open_progress
@@ -53,6 +53,10 @@ class AuditRunner:
         run = self.run_ctx
         run.store.update_run(run.run_id, status="running", error=None)
         self.trials.restart_clock()
+        # Leave nothing behind (issue 35): the run's contexts are deleted when it ends,
+        # whatever its verdict, and when it fails; only a run interrupted or cut off by an
+        # outage keeps them, for its resume (an unreachable server could not delete them).
+        keep = False
         try:
             with open_progress(run.console, self.show_progress) as progress:
                 if run.kind == "run":
@@ -66,18 +70,30 @@ class AuditRunner:
             ledger = await run.mechanism.audit_ledger(run.target, run.design, run.plan)
             if ledger is not None:
                 estimated = replace(estimated, ledger=ledger)
+            # What a client controls, varied (planning.parameters), where the mechanism can.
+            swept = await run.mechanism.audit_parameters(run.target, run.design, run.plan)
+            if swept is not None:
+                estimated = estimated.updated(parameters=swept)
             run.store.add_usage(run.run_id, wall_time_s=time.monotonic() - t0)
             results = finish_run(run.store, run.run_id, estimated)
         except AuditError as exc:
+            keep = isinstance(exc, TargetUnavailable)
             await self.trials.flush()
             run.store.update_run(run.run_id, status="failed", error=str(exc))
             raise
         except (asyncio.CancelledError, KeyboardInterrupt):
+            keep = True
             await asyncio.shield(self.trials.flush())
             run.store.update_run(run.run_id, status="interrupted")
             raise
-        if run.mechanism.queries_per_context(run.plan) is not None:
-            await self.contexts.delete_all()  # spent contexts: nothing left to answer
+        finally:
+            if not keep:
+                await self.contexts.delete_all()
+                if self.contexts.undeleted:
+                    run.console.print(
+                        f"[yellow]the run's contexts {', '.join(self.contexts.undeleted)} "
+                        "could not be deleted from the server[/yellow]"
+                    )
         return results
 
     async def _prepare(self, contexts: Mapping[int, ContextRecord]) -> None:

@@ -236,6 +236,12 @@ class DeploymentSpec(BaseModel):
     )
     positive: str | None = Field(default=None, description="Answer meaning 'canary present'.")
     negative: str | None = Field(default=None, description="Answer meaning 'canary absent'.")
+    context: str | None = Field(
+        default=None,
+        description="A deployed context id (or OpenAI model id) whose own settings the audit "
+        "covers: its epsilon joins the plan's epsilons, its partitions and delta are the plan's "
+        "(each unless the plan sets it).",
+    )
 
     @field_validator("labels")
     @classmethod

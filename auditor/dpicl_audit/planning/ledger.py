@@ -36,6 +36,7 @@ from typing import Any
 from dpicl_audit.client import AuditTarget
 from dpicl_audit.errors import TargetBudgetExhausted, TargetError
 from dpicl_audit.estimators.gdp import gdp_epsilon, gdp_mu
+from dpicl_audit.planning.ledger_burst import audit_bursts
 
 __all__ = [
     "LEDGER_PROBE_ANSWERS",
@@ -156,6 +157,7 @@ async def audit_ledger(
     *,
     ask: Any,
     limit: float = MAX_BUDGET_EPSILON,
+    bursts: bool = True,
 ) -> dict[str, Any]:
     """Create a probe context from ``body`` (a Gaussian mechanism's context body) with a
     budget of :data:`LEDGER_PROBE_ANSWERS` answers (within ``limit``, the server's largest
@@ -184,10 +186,24 @@ async def audit_ledger(
         return out
     cid = str(info["id"])
     try:
-        return await _probe(target, cid, info, budget, query, ask, out, gdp_mu(*_b(budget)))
+        out = await _probe(target, cid, info, budget, query, ask, out, gdp_mu(*_b(budget)))
     finally:
         with contextlib.suppress(TargetError):  # a probe left behind answers nothing more
             await target.delete_context(cid)
+    if not bursts or body.get("task") != "classification":
+        return out  # bursts ask the classification routes (ESA's generation: not yet)
+    # The same budget under concurrency, on every answering route (planning.ledger_burst).
+    found = await audit_bursts(target, body, query, budget)
+    out["bursts"] = found
+    if found["status"] == "nonconforming":
+        bad = "; ".join(str(r["message"]) for r in found["routes"] if r.get("ok") is False)
+        if out["status"] == "ok":
+            out["status"], out["message"] = "nonconforming", "under concurrency: " + bad
+        elif out["status"] != "unchecked":
+            out["message"] += "; under concurrency: " + bad
+        else:
+            out["status"], out["message"] = "nonconforming", "under concurrency: " + bad
+    return out
 
 
 def _b(budget: Mapping[str, float]) -> tuple[float, float]:
@@ -213,7 +229,26 @@ async def _probe(
     mu = float(sens) / float(sigma)
     delta = float(budget["delta"])
     expected = math.floor(mu_max**2 / mu**2 * (1.0 + 1e-9))
-    out |= {"mu_per_answer": mu, "answers_expected": expected}
+    # What the claim implies (issue 35, item 4): a mechanism that meets its (epsilon, delta)
+    # is at most mu_claim-GDP per answer, so the budget holds at least this many answers;
+    # a reported noise that admits fewer is weaker than claimed (a BUG, not a departure of
+    # the ledger from its own costs).
+    claimed = mech.get("epsilon")
+    implied = (
+        None
+        if claimed is None
+        else math.floor(mu_max**2 / gdp_mu(float(claimed), delta) ** 2 * (1.0 + 1e-6))
+    )
+    out |= {"mu_per_answer": mu, "answers_expected": expected, "answers_claimed": implied}
+    if implied is not None:
+        checks.append(
+            {
+                "check": "the reported noise admits the answers the claim implies",
+                "ok": expected >= implied,
+                "reported": expected,
+                "expected": implied,
+            }
+        )
     if expected > _PROBE_LIMIT:
         out["message"] = (
             f"the probe's budget admits {expected} answers at the reported sigma, more than "
@@ -280,7 +315,8 @@ async def _probe(
     )
     failed = [c for c in checks if c["ok"] is False]
     out["answers"], out["refused_at"] = answered, refused_at
-    out["status"] = "nonconforming" if failed else "ok"
+    weaker = implied is not None and expected < implied
+    out["status"] = "bug" if weaker else "nonconforming" if failed else "ok"
     out["message"] = (
         "the ledger departs from the composition of its reported costs: "
         + "; ".join(

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dpicl_audit.results.estimate import Estimate
 from dpicl_audit.results.rdp import RdpAudit
 from dpicl_audit.results.record import Record, jsonable
-from dpicl_audit.results.run import RunResult, results_exit_code
+from dpicl_audit.results.run import RunResult, results_exit_code, underpowered
 from dpicl_audit.results.setting import SettingResult
 
 __all__ = [
@@ -38,4 +38,5 @@ __all__ = [
     "SettingResult",
     "jsonable",
     "results_exit_code",
+    "underpowered",
 ]

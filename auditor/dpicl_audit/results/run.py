@@ -11,7 +11,7 @@ from dpicl_audit.results.record import COUNT, MAPPING, NUMBER, SAME, TEXT, Codec
 from dpicl_audit.results.setting import SettingResult
 from dpicl_audit.verdicts import Status, Verdict, worst_status
 
-__all__ = ["RunResult", "results_exit_code"]
+__all__ = ["RunResult", "results_exit_code", "underpowered"]
 
 
 @dataclass(frozen=True)
@@ -93,17 +93,51 @@ class RunResult(Record):
         return [v for s in self.settings for v in s.verdicts()]
 
     def statuses(self) -> list[Status]:
-        """Every status that decides the run's exit code: its verdicts', and NONCONFORMING
-        where the ledger departs from its own reported costs."""
+        """Every status that decides the run's exit code: its verdicts', NONCONFORMING where
+        the ledger departs from its own reported costs, BUG where its reported noise admits
+        fewer answers than the claim implies."""
         out = [v.status for v in self.verdicts()]
-        if (self.ledger or {}).get("status") == "nonconforming":
+        ledger = (self.ledger or {}).get("status")
+        if ledger == "nonconforming":
             out.append(Status.NONCONFORMING)
+        elif ledger == "bug":  # the reported noise admits fewer answers than the claim
+            out.append(Status.BUG)
+        swept = self.extra.get("parameters")
+        if isinstance(swept, Mapping) and swept.get("status") == "nonconforming":
+            out.append(Status.NONCONFORMING)  # a client parameter changes the release
         return out
 
 
-def results_exit_code(results: Sequence[RunResult | Mapping[str, Any]]) -> int:
+def results_exit_code(
+    results: Sequence[RunResult | Mapping[str, Any]], *, strict: bool = False
+) -> int:
     """The exit status for these runs' results (typed, or as stored): :data:`~dpicl_audit.
     verdicts.EXIT_CODES` of the worst of their :meth:`RunResult.statuses`, else 0 (every
-    figure consistent, or no verdict at all)."""
+    figure consistent, or no verdict at all).
+
+    The gate (docs/auditing.md, "Exit codes"): an INCONCLUSIVE figure is one that could not
+    have seen a violation (too few trials for its epsilon), not a finding, so it exits 0
+    unless ``strict`` (``--strict``), where it exits 3. A NONCONFORMING, VIOLATION or BUG
+    figure exits 4 or 5 either way."""
     runs = [r if isinstance(r, RunResult) else RunResult.from_json(r) for r in results]
-    return worst_status([st for r in runs for st in r.statuses()]).exit_code
+    worst = worst_status([st for r in runs for st in r.statuses()])
+    if worst is Status.INCONCLUSIVE and not strict:
+        return 0
+    return worst.exit_code
+
+
+def underpowered(results: Sequence[RunResult | Mapping[str, Any]]) -> list[str]:
+    """One line per INCONCLUSIVE figure of these runs: run, setting, threat model and the
+    verdict's message (which says how many trials would give it power), for the gate's
+    report of what passed without power."""
+    runs = [r if isinstance(r, RunResult) else RunResult.from_json(r) for r in results]
+    out = []
+    for run in runs:
+        for s in run.settings:
+            found = [("black-box", s.black_box), ("white-box", s.white_box)]
+            verdicts = [(t, e.verdict) for t, e in found if e is not None]
+            verdicts += [("rdp", s.rdp_verdict)]
+            for threat, v in verdicts:
+                if v is not None and v.status is Status.INCONCLUSIVE:
+                    out.append(f"{run.run_id} {s.setting} {threat}: {v.message}")
+    return out

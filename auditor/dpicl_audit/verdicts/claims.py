@@ -23,8 +23,10 @@ if TYPE_CHECKING:
     from dpicl_audit.estimators.verdict_rules import VerdictResult
 
 __all__ = [
+    "CALIBRATION_TOL",
     "RDP_CUTS",
     "Figures",
+    "calibration_departure",
     "claim_for_the_family",
     "family_of",
     "for_the_family",
@@ -140,6 +142,11 @@ def gaussian_verdict(est: Figures | Mapping[str, Any], meta: Mapping[str, Any]) 
     together = None
     if res.verdict in ("VIOLATION", "BUG") and family is not None:
         res, together = _claim_for_the_family(res, est, rules, family, delta)
+    weaker = calibration_departure(meta)
+    if weaker is not None and res.verdict != "VIOLATION":
+        # Deterministic, beside the statistics: no trial can make a weak calibration right.
+        kept = res.reasons[:1] if res.verdict == "BUG" else ()
+        res = VerdictResult("BUG", (weaker, *kept))
     status = _STATUS_OF_WORD[res.verdict]
     if status is Status.OK:
         message = (
@@ -164,6 +171,40 @@ def gaussian_verdict(est: Figures | Mapping[str, Any], meta: Mapping[str, Any]) 
         family_wise=None if together is None else together.to_dict(),
         together=True,
     )
+
+
+#: Relative tolerance of the calibration check: the auditor's exact epsilon from the reported
+#: sigma and the server's calibration agree to about 1e-9 (analytic calibration); the claim
+#: is read as broken only above this.
+CALIBRATION_TOL = 1e-4
+
+
+def calibration_departure(meta: Mapping[str, Any]) -> str | None:
+    """The deterministic claim check of a Gaussian setting (issue 35, item 4): the exact
+    epsilon of the noise the server reports, at the design's sensitivity
+    (``meta["epsilon_exact"]``, the auditor's own computation), and the exact epsilon the
+    server itself reports (``meta["epsilon_exact_server"]``) must not exceed the claimed
+    epsilon. Either above it is a BUG whatever the trials say: the mechanism as reported is
+    weaker than its claim. Returns the reason, or None where the calibration meets the claim
+    (or nothing was reported)."""
+
+    theory = float(meta["epsilon_theory"])
+    limit = theory * (1 + CALIBRATION_TOL) + 1e-9
+    sigma, sens = meta.get("sigma"), meta.get("sensitivity")
+    for key, who in (("epsilon_exact", "the auditor's"), ("epsilon_exact_server", "the server's")):
+        found = meta.get(key)
+        if found is None or float(found) <= limit:
+            continue
+        noise = "" if sigma is None else f" (sigma {float(sigma):.6g}"
+        if noise and sens is not None:
+            noise += f", reported sensitivity {float(sens):.6g}"
+        noise += ")" if noise else ""
+        return (
+            f"the reported calibration{noise} is weaker than claimed: {who} exact epsilon "
+            f"{float(found):.4g} of that noise at the design's sensitivity exceeds the claimed "
+            f"epsilon {theory:g} (a deterministic check, not a statistical one)"
+        )
+    return None
 
 
 def _design_reference(meta: Mapping[str, Any], delta: float) -> dict[str, Any]:

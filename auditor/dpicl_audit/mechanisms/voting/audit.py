@@ -32,6 +32,7 @@ from dpicl_audit.client import AuditTarget
 from dpicl_audit.datasets import LabelledDataset
 from dpicl_audit.errors import TargetProtocolError
 from dpicl_audit.estimators.exact import voting_epsilon_exact
+from dpicl_audit.estimators.extra_fields import response_fields
 from dpicl_audit.mechanisms.base import SettingRows, TrialAt, ask, needs_internal
 from dpicl_audit.mechanisms.gaussian import GaussianMechanismAudit, gaussian_setting_meta
 from dpicl_audit.mechanisms.voting.build import build_design
@@ -43,6 +44,8 @@ from dpicl_audit.mechanisms.voting.estimates import (
 )
 from dpicl_audit.mechanisms.voting.rdp import RDP_ATTACKS, RdpDesign, build_rdp_design
 from dpicl_audit.plan import AuditPlan
+from dpicl_audit.planning.budgets import budget_limit
+from dpicl_audit.planning.parameters import sweep_parameters
 from dpicl_audit.results import SettingResult
 from dpicl_audit.store import ContextRecord, TrialRecord
 from dpicl_audit.verdicts import RDP_CUTS
@@ -103,6 +106,13 @@ class VotingAudit(GaussianMechanismAudit):
         label = str(out["label"])
         observation: dict[str, Any] = {"label": label}
         score: float | None = None
+        if not at.white:
+            # Every field besides the answer (issue 35): logged where a response has any
+            # that is not public by design, and tested for dependence on the world.
+            whole = out.get("response")
+            fields = response_fields(whole if isinstance(whole, Mapping) else out)
+            if fields:
+                observation["fields"] = fields
         if at.white:
             observation |= white_box_votes(out, at)
             try:
@@ -110,6 +120,17 @@ class VotingAudit(GaussianMechanismAudit):
             except KeyError as exc:
                 raise TargetProtocolError(f"/v1/debug/classify: {exc.args[0]}") from exc
         return at.record(design.query, observation, design.decide_label(label), latency, score)
+
+    async def audit_parameters(
+        self, target: AuditTarget, design: AuditDesign | RdpDesign, plan: AuditPlan
+    ) -> dict[str, Any] | None:
+        """The chat route's client parameters swept on a fresh C1 context at the first
+        epsilon (planning.parameters); none for paper 003's sequences."""
+        if isinstance(design, RdpDesign) or getattr(design, "attack", None) != "inquery":
+            return None
+        eps = float(plan.mechanism.epsilons[0])
+        body = self.context_body(design, plan, eps, 1, name=f"dpicl-audit {plan.seed} sweep")
+        return await sweep_parameters(target, body, design.query, limit=budget_limit(plan))
 
     def setting_meta(
         self,

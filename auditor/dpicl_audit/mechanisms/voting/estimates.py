@@ -4,10 +4,11 @@ and paper 003's RDP audit of a query sequence (:mod:`.rdp_estimates`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dpicl_audit.errors import InvalidPlan
+from dpicl_audit.estimators.extra_fields import dependence_test
 from dpicl_audit.estimators.label_release import label_release_epsilon, label_release_probabilities
 from dpicl_audit.mechanisms.base import SettingRows
 from dpicl_audit.mechanisms.trial_estimates import estimate_trials, with_verdict
@@ -19,6 +20,8 @@ from dpicl_audit.mechanisms.voting.rdp_estimates import estimate_rdp
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.schedule import STREAM_ORDER
 from dpicl_audit.results import SettingResult
+from dpicl_audit.store import TrialRecord
+from dpicl_audit.verdicts import Status, Verdict
 
 __all__ = ["estimate_sequence", "estimate_votes", "release_meta", "release_reference"]
 
@@ -82,7 +85,7 @@ def estimate_votes(s: SettingRows, calls_per_query: int) -> SettingResult:
     if bootstrap:  # the setting's own debug rows (the clean log holds every setting's)
         ids = {cid for cid in meta["context_ids"].values() if cid is not None}
         rows = [r for r in rows if r.context_id in ids]
-    return voting_conformance(
+    out = voting_conformance(
         design,
         out,
         rows,
@@ -92,6 +95,28 @@ def estimate_votes(s: SettingRows, calls_per_query: int) -> SettingResult:
         known_votes=plan.setting == "audit-template",
         seed=[plan.seed, k, STREAM_ORDER],
     )
+    return out if bootstrap else with_response_fields(out, rows)
+
+
+def with_response_fields(out: SettingResult, rows: Sequence[TrialRecord]) -> SettingResult:
+    """The setting with its response fields' dependence test (issue 35, item 1;
+    :func:`~dpicl_audit.estimators.extra_fields.dependence_test`) under ``response_fields``,
+    where any trial logged a field; a dependent field makes the black-box verdict a
+    VIOLATION that names it."""
+    found = dependence_test(
+        [
+            (r.world, str(r.observation.get("label")), r.observation.get("fields") or {})
+            for r in rows
+        ]
+    )
+    if found is None:
+        return out
+    out = out.updated(response_fields=found)
+    bb = out.black_box
+    if found["status"] == "violation" and bb is not None and bb.verdict is not None:
+        flagged = Verdict(Status.VIOLATION, str(found["message"]), violation=True)
+        out = out.updated(black_box=bb.updated(verdict=flagged))
+    return out
 
 
 def estimate_sequence(s: SettingRows, calls_per_query: int) -> SettingResult:

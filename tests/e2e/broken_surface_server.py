@@ -1,0 +1,207 @@
+"""Positive controls of issue 35: bugs of the kinds a deployed API's surfaces invite.
+
+Each fault is a :class:`tests.e2e.broken_realistic_server.Fault` (``patches``: the (module,
+attribute, replacement) triples it installs, for ``monkeypatch``; ``install()`` and
+``WARNING`` for ``python -m tests.servers tests.e2e.broken_surface_server:NAME PORT``).
+
+* ``WEAK_CALIBRATION``: private voting's sigma is the paper's classical formula alone,
+  without the guard that raises it to the analytic sigma where the formula breaks (epsilon
+  above about 8 at delta 1e-5): at epsilon 16 the noise it reports has an exact epsilon of
+  18.9. Everything it reports is the truth (sigma, its exact epsilon, the ledger's charges by
+  that sigma); only the claim is broken.
+* ``RACY_LEDGER``: the ledger checks the budget, lets the model run, then charges without
+  checking again (the charge's own condition dropped): one request at a time it refuses
+  exactly when it should; many in flight at once are all admitted on one check.
+* ``LEAKY_FIELD``: ``/v1/classify`` answers carry an extra field ``confidence``: the
+  un-noised vote share of the first label (a "helpful" score added by a gateway, computed
+  from the clean votes). The label itself is honestly private; the field is not. Install it
+  with :func:`leaky_app` around the app (an ASGI wrapper) plus its patch.
+* ``TEMPERATURE_NOISE``: the voting noise is scaled by the ``temperature`` a chat client
+  sends (none: the noise as calibrated); at ``temperature: 0`` the clean majority label comes
+  back every time. Install it with :func:`temperature_app` around the app plus its patch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import replace
+from typing import Any
+
+import dpicl.api.routes.inference as inference_mod
+import dpicl.mechanisms.partitioned as partitioned_mod
+import dpicl.mechanisms.voting.pipeline as voting_pipeline
+import dpicl.privacy.ledger as ledger_mod
+from dpicl.privacy.calibration import classic_sigma, sigma_for
+from tests.e2e.broken_realistic_server import Fault
+
+_honest_sigma_for = sigma_for
+
+
+def classic_only_sigma(
+    epsilon: float, delta: float, sensitivity: float, calibration: Any = "classic"
+) -> float:
+    """The classical sigma without the analytic guard (the analytic one when asked for)."""
+    if calibration == "classic":
+        return classic_sigma(epsilon, delta, sensitivity)
+    return _honest_sigma_for(epsilon, delta, sensitivity, calibration)
+
+
+WEAK_CALIBRATION = Fault(
+    ((partitioned_mod, "sigma_for", classic_only_sigma),),
+    "the classical sigma without its guard: weaker than claimed above epsilon 8",
+)
+
+_honest_charge = ledger_mod.Ledger.charge
+
+
+class _Unchecked:
+    """The repository, its charges made with no budget condition (an unbounded slack)."""
+
+    def __init__(self, repo: Any) -> None:
+        self._repo = repo
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._repo, name)
+
+    def charge_request(self, *args: Any, **kwargs: Any) -> Any:
+        return replace(self._repo.charge_request(*args, **kwargs), slack=1e300)
+
+
+async def racy_charge(self: Any, context: Any, cost: Any) -> Any:
+    """Check, await (the model runs), then charge unconditionally."""
+    fresh = await self._repo.get(context.id) or context
+    left = ledger_mod.Ledger.status(fresh, cost).remaining_queries
+    if left is not None and left < 1:
+        return await _honest_charge(self, context, cost)  # refused, as it should be
+    await asyncio.sleep(0.05)
+    unchecked = ledger_mod.Ledger(_Unchecked(self._repo), self.principal, _pending=self._state)  # type: ignore[arg-type]
+    return await _honest_charge(unchecked, context, cost)
+
+
+RACY_LEDGER = Fault(
+    ((ledger_mod.Ledger, "charge", racy_charge),),
+    "the ledger's check and charge are two steps: concurrent requests overspend the budget",
+)
+
+_honest_classify_body = inference_mod.classify_body
+#: The request's holder of the clean share (set by the ASGI wrapper, filled by the route).
+_LEAK: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextVar(
+    "leak", default=None
+)
+
+
+def leaky_classify_body(out: Any, engine: str) -> dict[str, object]:
+    """The honest body; the clean vote share of the first label noted for the wrapper."""
+    holder = _LEAK.get()
+    clean = getattr(getattr(out, "release", None), "clean_counts", None)
+    if holder is not None and clean is not None and float(sum(clean)) > 0:
+        holder["confidence"] = float(clean[0]) / float(sum(clean))
+    return _honest_classify_body(out, engine)
+
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+
+def leaky_app(app: Any) -> Any:
+    """``app`` with ``confidence`` added to every ``/v1/classify`` answer's JSON."""
+
+    async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("type") != "http" or scope.get("path") != "/v1/classify":
+            await app(scope, receive, send)
+            return
+        holder: dict[str, float] = {}
+        token = _LEAK.set(holder)
+        start: MutableMapping[str, Any] = {}
+        chunks: list[bytes] = []
+
+        async def capture(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                start.update(message)
+                return
+            chunks.append(message.get("body", b""))
+            if message.get("more_body"):
+                return
+            body = b"".join(chunks)
+            if start.get("status") == 200 and "confidence" in holder:
+                data = json.loads(body)
+                data["confidence"] = holder["confidence"]
+                body = json.dumps(data).encode()
+            headers = [(k, v) for k, v in start.get("headers", []) if k != b"content-length"]
+            headers.append((b"content-length", str(len(body)).encode()))
+            await send({**start, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+
+        try:
+            await app(scope, receive, capture)
+        finally:
+            _LEAK.reset(token)
+
+    return wrapped
+
+
+_TEMPERATURE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "temperature", default=None
+)
+_honest_private_vote = voting_pipeline.private_vote  # type: ignore[attr-defined]
+
+
+def temperature_scaled_vote(scores: Any, sigma: float, temperature: float, rng: Any) -> Any:
+    """Honest voting with the noise scaled by the chat client's temperature, where sent."""
+    scale = _TEMPERATURE.get()
+    noise = sigma if scale is None else max(sigma * scale, 1e-12)
+    return _honest_private_vote(scores, noise, temperature, rng)
+
+
+def temperature_app(app: Any) -> Any:
+    """``app`` with the chat body's ``temperature`` handed to the voting noise."""
+
+    async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("type") != "http" or scope.get("path") != "/v1/chat/completions":
+            await app(scope, receive, send)
+            return
+        messages = []
+        while True:
+            message = await receive()
+            messages.append(message)
+            if not message.get("more_body"):
+                break
+        raw = b"".join(m.get("body", b"") for m in messages)
+        given = None
+        with contextlib.suppress(ValueError, AttributeError):
+            given = json.loads(raw).get("temperature")
+        token = _TEMPERATURE.set(float(given) if isinstance(given, int | float) else None)
+        replay = iter(messages)
+
+        async def again() -> MutableMapping[str, Any]:
+            return next(replay, {"type": "http.disconnect"})
+
+        try:
+            await app(scope, again, send)
+        finally:
+            _TEMPERATURE.reset(token)
+
+    return wrapped
+
+
+TEMPERATURE_NOISE = Fault(
+    ((voting_pipeline, "private_vote", temperature_scaled_vote),),
+    "voting noise is scaled by the chat client's temperature (install temperature_app too)",
+)
+
+LEAKY_FIELD = Fault(
+    ((inference_mod, "classify_body", leaky_classify_body),),
+    "answers carry the un-noised vote share in an extra field (install leaky_app too)",
+)
+
+FAULTS = {
+    "weak_calibration": WEAK_CALIBRATION,
+    "racy_ledger": RACY_LEDGER,
+    "leaky_field": LEAKY_FIELD,
+    "temperature_noise": TEMPERATURE_NOISE,
+}
