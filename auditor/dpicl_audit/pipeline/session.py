@@ -9,7 +9,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -121,7 +121,21 @@ def opened_store(
         own.dispose()
 
 
-def client_for(plan: AuditPlan) -> DpiclClient:
+class ClientPlan(Protocol):
+    """What a client is built from: an audit plan's or a utility plan's target and
+    transport settings."""
+
+    @property
+    def target(self) -> TargetSpec: ...
+    @property
+    def concurrency(self) -> int: ...
+    @property
+    def timeout(self) -> float: ...
+    @property
+    def retries(self) -> int: ...
+
+
+def client_for(plan: ClientPlan) -> DpiclClient:
     """The plan's client: dpicl's own routes, or the OpenAI-compatible surface
     (``target.api``), whose contexts a ``target.context_hook`` may create."""
     t = plan.target

@@ -32,7 +32,12 @@ from dpicl_audit.errors import (
     TargetRejected,
 )
 from dpicl_audit.pipeline.progress import open_progress
-from dpicl_audit.pipeline.session import run_versions, server_health, with_budget_limit
+from dpicl_audit.pipeline.session import (
+    client_for,
+    run_versions,
+    server_health,
+    with_budget_limit,
+)
 from dpicl_audit.plan.specs import TargetSpec
 from dpicl_audit.planning.ledger import answers_in_budget, planned_queries
 from dpicl_audit.store import TrialRecord, TrialStore
@@ -41,30 +46,11 @@ from dpicl_audit.utility.estimators import rouge_l
 from dpicl_audit.utility.plan import Cell, UtilityPlan, draw_split
 from dpicl_audit.utility.report import summarise
 
-__all__ = ["KIND", "UtilityRun", "client_for", "estimate_seconds", "run_utility"]
+__all__ = ["KIND", "UtilityRun", "estimate_seconds", "run_utility"]
 
 KIND = "utility"
 _FLUSH_EVERY = 8
 _FLUSH_SECONDS = 2.0
-
-
-def client_for(plan: UtilityPlan) -> DpiclClient:
-    """The target's client (the same construction as ``run``'s, from a utility plan)."""
-    t = plan.target
-    options: dict[str, Any] = {
-        "admin_token": t.admin_token.get_secret_value() if t.admin_token else None,
-        "api_key": t.api_key.get_secret_value() if t.api_key else None,
-        "concurrency": plan.concurrency,
-        "timeout": plan.timeout,
-        "retries": plan.retries,
-    }
-    if t.api == "openai":
-        from dpicl_audit.client.context_hook import load_hook
-        from dpicl_audit.client.openai import OpenAIClient
-
-        hook = load_hook(t.context_hook, timeout=plan.timeout) if t.context_hook else None
-        return OpenAIClient(t.base_url, hook=hook, **options)
-    return DpiclClient(t.base_url, **options)
 
 
 def _baseline_client(plan: UtilityPlan, target: DpiclClient) -> DpiclClient | None:
