@@ -303,3 +303,14 @@ async def test_the_bundled_model_scores_alike_in_its_process_and_here() -> None:
     finally:
         await there.aclose()
         await here.aclose()
+
+
+def test_vllm_takes_the_dtype_and_load_format_settings() -> None:
+    from dpicl.engines.vllm import VllmOptions
+
+    auto = VllmOptions.from_settings(Settings(engine="vllm"))
+    assert (auto.dtype, auto.load_format) == (None, "auto")  # vLLM's own choice
+    chosen = VllmOptions.from_settings(
+        Settings(engine="vllm", dtype="float16", load_format="dummy")
+    )
+    assert (chosen.dtype, chosen.load_format) == ("float16", "dummy")
