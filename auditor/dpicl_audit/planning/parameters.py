@@ -27,7 +27,7 @@ from scipy import stats
 
 from dpicl_audit.client import AuditTarget
 from dpicl_audit.errors import TargetError, TargetNotFound, TargetRejected
-from dpicl_audit.planning.ledger import budget_for, planned_queries
+from dpicl_audit.planning.ledger import planned_queries
 
 __all__ = ["ALPHA", "PER_VARIANT", "VARIANTS", "sweep_parameters"]
 
@@ -52,20 +52,23 @@ async def _ask(target: Any, cid: str, query: str, extra: Mapping[str, Any]) -> s
     return str(out["choices"][0]["message"]["content"])
 
 
+#: The answers a sweep asks for: what its context's budget must hold.
+SWEEP_ANSWERS = planned_queries(PER_VARIANT * len(VARIANTS))
+
+
 async def sweep_parameters(
     target: AuditTarget,
     body: Mapping[str, Any],
     query: str,
     *,
-    limit: float,
+    budget: dict[str, float] | None,
 ) -> dict[str, Any] | None:
     """The sweep of the module docstring on a fresh context of ``body`` (a voting context
-    body); None where the target cannot send chat requests."""
+    body) with ``budget``, which holds :data:`SWEEP_ANSWERS` answers as the mechanism's
+    audit composes them (None: no budget within the server's limit does); None where the
+    target cannot send chat requests."""
     if not hasattr(target, "post"):
         return None
-    mech = body.get("mechanism") or {}
-    answers = planned_queries(PER_VARIANT * len(VARIANTS))
-    budget = budget_for(float(mech["epsilon"]), float(mech["delta"]), answers, limit)
     if budget is None:
         return {"status": "unchecked", "message": "no budget within the server's limit holds it"}
     probe = dict(body) | {"name": f"{body.get('name')} parameters", "budget": budget}

@@ -108,12 +108,16 @@ class LaplaceVotingAudit(VotingAudit):
     def context_budget(
         self, plan: AuditPlan, epsilon: float, world: int
     ) -> dict[str, float] | None:
-        # The planned answers must fit however the server composes pure epsilon-DP answers:
+        return self.answers_budget(plan, epsilon, self.planned_answers(plan, epsilon, world))
+
+    def answers_budget(
+        self, plan: AuditPlan, epsilon: float, answers: int
+    ) -> dict[str, float] | None:
+        # The answers must fit however the server composes pure epsilon-DP answers:
         # basic composition (answers x epsilon), or as mu-GDP with mu = 2 Phi^-1(e^eps /
         # (1 + e^eps)) (Dong, Roth and Su 2022, Corollary 2.13: epsilon-DP implies that
         # mu-GDP, exactly for randomized response), which is the looser of the two for few
         # answers. The budget is the larger, so neither accounting refuses a planned answer.
-        answers = self.planned_answers(plan, epsilon, world)
         delta = plan.mechanism.delta
         mu = 2.0 * float(stats.norm.ppf(math.exp(epsilon) / (1.0 + math.exp(epsilon))))
         total = max(answers * epsilon, composed_epsilon(mu, answers, delta)) * (1.0 + 1e-6)

@@ -45,7 +45,8 @@ from dpicl_audit.mechanisms.voting.estimates import (
 from dpicl_audit.mechanisms.voting.rdp import RDP_ATTACKS, RdpDesign, build_rdp_design
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.budgets import budget_limit
-from dpicl_audit.planning.parameters import sweep_parameters
+from dpicl_audit.planning.ledger import budget_for
+from dpicl_audit.planning.parameters import SWEEP_ANSWERS, sweep_parameters
 from dpicl_audit.results import SettingResult
 from dpicl_audit.store import ContextRecord, TrialRecord
 from dpicl_audit.verdicts import RDP_CUTS
@@ -130,7 +131,16 @@ class VotingAudit(GaussianMechanismAudit):
             return None
         eps = float(plan.mechanism.epsilons[0])
         body = self.context_body(design, plan, eps, 1, name=f"dpicl-audit {plan.seed} sweep")
-        return await sweep_parameters(target, body, design.query, limit=budget_limit(plan))
+        budget = self.answers_budget(plan, eps, SWEEP_ANSWERS)
+        return await sweep_parameters(target, body, design.query, budget=budget)
+
+    def answers_budget(
+        self, plan: AuditPlan, epsilon: float, answers: int
+    ) -> dict[str, float] | None:
+        """A budget that holds ``answers`` answers at ``epsilon`` as this mechanism's
+        answers compose (mu-GDP for the Gaussian mechanism); None beyond the server's
+        published limit. A mechanism that composes otherwise overrides it."""
+        return budget_for(epsilon, plan.mechanism.delta, answers, budget_limit(plan))
 
     def setting_meta(
         self,
