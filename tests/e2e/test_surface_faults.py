@@ -11,6 +11,7 @@ sit far from (docs/auditing.md, "Positive controls").
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -235,39 +236,9 @@ async def test_an_extra_field_that_carries_the_clean_votes_is_a_violation_naming
     """Issue 35, item 1: the label is honestly private, but an extra response field holds
     the un-noised vote share; the whole response is an observation, so the field's
     dependence on the world given the label is a VIOLATION that names it."""
-    from dpicl.api.app import build_app
-    from dpicl.config import Settings
-
-    for module, name, value in surface.FAULTS["leaky_field"].patches:
-        monkeypatch.setattr(module, name, value)
-    settings = Settings(
-        engine="oracle",
-        whitebox="off",
-        database_url=f"sqlite:///{tmp_path}/server.db",
-        admin_token=ADMIN,
-        api_keys=[USER],
+    res = await _audit_behind(
+        tmp_path, monkeypatch, "leaky_field", surface.leaky_app, epsilon=4.0, trials=200, seed=4
     )
-    app = build_app(settings)
-    async with app.router.lifespan_context(app):
-        client = DpiclClient(
-            "http://dpicl.test",
-            admin_token=ADMIN,
-            api_key=USER,
-            concurrency=8,
-            retries=1,
-            backoff=0.01,
-            transport=httpx.ASGITransport(app=surface.leaky_app(app)),
-        )
-        try:
-            plan = target_plan(
-                "http://dpicl.test", **{"mechanism.epsilons": [4.0], "trials": 200, "seed": 4}
-            )
-            res = await run_audit(
-                plan, db=f"sqlite:///{tmp_path}/a.db", target=client, out_dir=tmp_path,
-                progress=False,
-            )  # fmt: skip
-        finally:
-            await client.aclose()
     (s,) = res["settings"]
     found = s["response_fields"]
     assert found["status"] == "violation" and found["field"] == "confidence", found
@@ -367,6 +338,31 @@ async def test_a_client_parameter_that_reaches_the_noise_is_flagged(
     """Issue 35, item 2 (in part): noise scaled by the chat client's temperature (none
     sent: as calibrated) is NONCONFORMING naming the parameter; the honest server, which
     ignores it, exits 0."""
+    res = await _audit_behind(
+        tmp_path, monkeypatch, fault, surface.temperature_app, epsilon=1.0, trials=100, seed=2
+    )
+    swept = res["parameters"]
+    assert [v["variant"] for v in swept["variants"]] == [n for n, _ in VARIANTS]
+    if fault is None:
+        assert swept["status"] == "ok", swept
+        assert results_exit_code([res]) == 0
+    else:
+        assert swept["status"] == "nonconforming" and swept["variant"] == "temperature 0", swept
+        assert results_exit_code([res]) == 4
+
+
+async def _audit_behind(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    fault: str | None,
+    wrap: Callable[[Any], Any],
+    *,
+    epsilon: float,
+    trials: int,
+    seed: int,
+) -> dict[str, Any]:
+    """A default black-box audit at ``epsilon`` of the production app (with ``fault``'s
+    patches, if any) behind the ASGI wrapper ``wrap``."""
     from dpicl.api.app import build_app
     from dpicl.config import Settings
 
@@ -389,23 +385,14 @@ async def test_a_client_parameter_that_reaches_the_noise_is_flagged(
             concurrency=8,
             retries=1,
             backoff=0.01,
-            transport=httpx.ASGITransport(app=surface.temperature_app(app)),
+            transport=httpx.ASGITransport(app=wrap(app)),
         )
         try:
-            plan = target_plan(
-                "http://dpicl.test", **{"mechanism.epsilons": [1.0], "trials": 100, "seed": 2}
-            )
-            res = await run_audit(
+            flags = {"mechanism.epsilons": [epsilon], "trials": trials, "seed": seed}
+            plan = target_plan("http://dpicl.test", **flags)
+            return await run_audit(
                 plan, db=f"sqlite:///{tmp_path}/a.db", target=client, out_dir=tmp_path,
                 progress=False,
             )  # fmt: skip
         finally:
             await client.aclose()
-    swept = res["parameters"]
-    assert [v["variant"] for v in swept["variants"]] == [n for n, _ in VARIANTS]
-    if fault is None:
-        assert swept["status"] == "ok", swept
-        assert results_exit_code([res]) == 0
-    else:
-        assert swept["status"] == "nonconforming" and swept["variant"] == "temperature 0", swept
-        assert results_exit_code([res]) == 4
