@@ -236,8 +236,12 @@ async def test_an_extra_field_that_carries_the_clean_votes_is_a_violation_naming
     """Issue 35, item 1: the label is honestly private, but an extra response field holds
     the un-noised vote share; the whole response is an observation, so the field's
     dependence on the world given the label is a VIOLATION that names it."""
-    res = await _audit_behind(
-        tmp_path, monkeypatch, "leaky_field", surface.leaky_app, epsilon=4.0, trials=200, seed=4
+    res, _ = await _audit_behind(
+        tmp_path,
+        monkeypatch,
+        "leaky_field",
+        surface.leaky_app,
+        flags={"mechanism.epsilons": [4.0], "trials": 200, "seed": 4},
     )
     (s,) = res["settings"]
     found = s["response_fields"]
@@ -284,42 +288,14 @@ async def test_the_openai_surface_at_the_gate(
 ) -> None:
     """Through the OpenAI surface (``--api openai``): the honest server exits 0 and its
     three routes hold under concurrency; the racy ledger is flagged there too."""
-    from dpicl.api.app import build_app
-    from dpicl.config import Settings
-
-    if fault is not None:
-        for module, name, value in surface.FAULTS[fault].patches:
-            monkeypatch.setattr(module, name, value)
-    settings = Settings(
-        engine="oracle",
-        whitebox="off",
-        database_url=f"sqlite:///{tmp_path}/server.db",
-        admin_token=ADMIN,
-        api_keys=[USER],
+    res, left = await _audit_behind(
+        tmp_path,
+        monkeypatch,
+        fault,
+        lambda app: app,
+        client_class=OpenAIClient,
+        flags={"target.api": "openai", "mechanism.epsilons": [4.0], "trials": 300, "seed": 9},
     )
-    app = build_app(settings)
-    async with app.router.lifespan_context(app):
-        client = OpenAIClient(
-            "http://dpicl.test",
-            admin_token=ADMIN,
-            api_key=USER,
-            concurrency=8,
-            retries=1,
-            backoff=0.01,
-            transport=httpx.ASGITransport(app=app),
-        )
-        try:
-            flags = {"target.api": "openai", "mechanism.epsilons": [4.0], "trials": 300}
-            res = await run_audit(
-                target_plan("http://dpicl.test", **flags, seed=9),
-                db=f"sqlite:///{tmp_path}/a.db",
-                target=client,
-                out_dir=tmp_path,
-                progress=False,
-            )
-            left = await client.list_contexts()
-        finally:
-            await client.aclose()
     bursts = res["ledger"]["bursts"]
     assert [r["route"] for r in bursts["routes"]] == ["chat", "completions", "chat-stream"]
     assert left == []
@@ -338,8 +314,12 @@ async def test_a_client_parameter_that_reaches_the_noise_is_flagged(
     """Issue 35, item 2 (in part): noise scaled by the chat client's temperature (none
     sent: as calibrated) is NONCONFORMING naming the parameter; the honest server, which
     ignores it, exits 0."""
-    res = await _audit_behind(
-        tmp_path, monkeypatch, fault, surface.temperature_app, epsilon=1.0, trials=100, seed=2
+    res, _ = await _audit_behind(
+        tmp_path,
+        monkeypatch,
+        fault,
+        surface.temperature_app,
+        flags={"mechanism.epsilons": [1.0], "trials": 100, "seed": 2},
     )
     swept = res["parameters"]
     assert [v["variant"] for v in swept["variants"]] == [n for n, _ in VARIANTS]
@@ -357,12 +337,12 @@ async def _audit_behind(
     fault: str | None,
     wrap: Callable[[Any], Any],
     *,
-    epsilon: float,
-    trials: int,
-    seed: int,
-) -> dict[str, Any]:
-    """A default black-box audit at ``epsilon`` of the production app (with ``fault``'s
-    patches, if any) behind the ASGI wrapper ``wrap``."""
+    flags: dict[str, Any],
+    client_class: type[DpiclClient] = DpiclClient,
+) -> tuple[dict[str, Any], list[Any]]:
+    """A default audit (``flags`` on the plan) of the production app, with ``fault``'s
+    patches if any, behind the ASGI wrapper ``wrap``; its results and the contexts left on
+    the server afterwards."""
     from dpicl.api.app import build_app
     from dpicl.config import Settings
 
@@ -378,7 +358,7 @@ async def _audit_behind(
     )
     app = build_app(settings)
     async with app.router.lifespan_context(app):
-        client = DpiclClient(
+        client = client_class(
             "http://dpicl.test",
             admin_token=ADMIN,
             api_key=USER,
@@ -388,11 +368,11 @@ async def _audit_behind(
             transport=httpx.ASGITransport(app=wrap(app)),
         )
         try:
-            flags = {"mechanism.epsilons": [epsilon], "trials": trials, "seed": seed}
             plan = target_plan("http://dpicl.test", **flags)
-            return await run_audit(
+            res = await run_audit(
                 plan, db=f"sqlite:///{tmp_path}/a.db", target=client, out_dir=tmp_path,
                 progress=False,
             )  # fmt: skip
+            return res, await client.list_contexts()
         finally:
             await client.aclose()

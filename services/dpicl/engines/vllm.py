@@ -117,9 +117,7 @@ class VllmOptions:
             enforce_eager=settings.vllm_enforce_eager,
             tensor_parallel_size=settings.vllm_tensor_parallel_size,
             data_parallel_size=settings.vllm_data_parallel_size,
-            # DPICL_DTYPE auto: vLLM's own choice (the model's dtype on a GPU, float32 on
-            # its CPU build); DPICL_LOAD_FORMAT=dummy is vLLM's own random-weights loader.
-            dtype=None if settings.dtype == "auto" else settings.dtype,
+            dtype=None if settings.dtype == "auto" else settings.dtype,  # None: vLLM's choice
             load_format=settings.load_format,
             salt_secret=(
                 secret.get_secret_value().encode()
