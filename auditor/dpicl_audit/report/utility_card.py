@@ -101,7 +101,7 @@ def _one(results: Mapping[str, Any], rows: Sequence[ReportRow], runs: Sequence[R
         value = c.get(metric)
         spent = c.get("spent_epsilon")
         if c["setting"] in _BASELINES:
-            what = _e(c.get("refused", "")) if "refused" in c else ""
+            what = _e(c.get("refused") or c.get("measured_by") or "")
             shown = "not offered" if "refused" in c else _interval(value)
             if not c.get("queries") and "refused" not in c:
                 shown = "not measured"
