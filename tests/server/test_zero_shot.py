@@ -47,7 +47,9 @@ def test_zero_shot_leaves_the_exemplars_out_and_costs_nothing(
     with make_client(tmp_path, whitebox=whitebox, engine=engine) as c:
         # The canary is among the exemplars: every partition prompt holding it says "Yes";
         # the prompt without exemplars cannot see it and says "No".
-        cid = _create(c, voting_context(mechanism={"epsilon": 8.0}, budget={"epsilon": 20.0, "delta": 1e-4}))
+        cid = _create(
+            c, voting_context(mechanism={"epsilon": 8.0}, budget={"epsilon": 20.0, "delta": 1e-4})
+        )
         r = c.post(
             "/v1/zero-shot", json={"context_id": cid, "query": CANARY}, headers=admin_headers()
         )
