@@ -373,5 +373,7 @@ def test_the_non_private_baseline_needs_an_internal_white_box(
     cells = {c["setting"]: c for c in results["cells"]}
     assert cells["eps=8,T=2"]["accuracy"]["n"] == 8
     assert cells["few-shot"]["queries"] == 0 and said in cells["few-shot"]["refused"]
-    # nothing of the refused baseline stays in the log
-    assert _independent(tmp_path / "a.db", "u-wb").keys() == {"eps=8,T=2"}
+    # nothing of the refused baseline stays in the log; the zero-shot baseline needs no
+    # white-box level (POST /v1/zero-shot releases nothing private)
+    assert _independent(tmp_path / "a.db", "u-wb").keys() == {"eps=8,T=2", "zero-shot"}
+    assert cells["zero-shot"]["accuracy"]["n"] == 8 and "refused" not in cells["zero-shot"]
