@@ -4,8 +4,11 @@
 A white-box voting audit logs, per trial, the score ``noisy[positive] - noisy[negative]``.
 With the symmetric (pivotal) design the canary moves the clean margin from -1 to +1, so the
 score is ``N(+1, 2 sigma^2)`` with the canary and ``N(-1, 2 sigma^2)`` without, and the black-box
-decision (the positive label released) is ``score > 0``; sigma is the server's calibration
-(``dpicl.privacy.calibration.sigma_for``, classic, sensitivity sqrt 2) at the claimed epsilon.
+decision (the positive label released) is ``score > 0``. ``--design paper`` simulates paper
+000's [1, T-1] against [0, T] at T = 4 instead (margins -2 and -4: the black-box rule sits far
+in the tail, so the white-box figure rests on the held-out threshold). sigma is the server's
+calibration (``dpicl.privacy.calibration.sigma_for``, classic, sensitivity sqrt 2) at the
+claimed epsilon.
 The trials are split between the worlds as a default run splits them (1,000 per epsilon, 500
 each), and each simulated run goes through the auditor's own :func:`~dpicl_audit.estimators.
 whitebox.audit_figures` at the default confidence (0.95), exactly as a run calls it.
@@ -17,7 +20,7 @@ For each ``split`` it reports, over ``--reps`` simulated runs:
 * against a server whose noise is weaker than it claims (sigma divided by ``--leak``): the
   detection rate, the share of runs whose white-box figures give VIOLATION (``mu_lower`` above
   the claimed mu, or the classical bound above the claimed epsilon);
-* and the same detection rate at 2,000 and 4,000 trials.
+* and the same detection rate at the other ``--trials`` counts.
 
     nice -n 10 .venv/bin/python bench/whitebox_split.py [--reps 200] [--epsilons 1,4]
 
@@ -39,15 +42,22 @@ SENSITIVITY = math.sqrt(2.0)
 DELTA = 1e-5
 
 
+#: The clean margin noisy[positive] - noisy[negative] is centred at these (with, without the
+#: canary): pivotal (the canary's partition decides, T odd: [m+1, m] against [m, m+1]) and
+#: paper 000's [1, T-1] against [0, T] at T = 4, where the black-box rule is far in the tail.
+DESIGNS = {"pivotal": (1.0, -1.0), "paper": (-2.0, -4.0)}
+
+
 def one_run(
-    sigma: float, trials: int, split: float, seed: int
+    sigma: float, trials: int, split: float, seed: int, design: str = "pivotal"
 ) -> tuple[float | None, float | None]:
     """(mu_lower, epsilon_classical) of one simulated white-box run."""
     rng = np.random.default_rng(seed)
     half = trials // 2
     sd = math.sqrt(2.0) * sigma
-    pos = rng.normal(1.0, sd, half)
-    neg = rng.normal(-1.0, sd, trials - half)
+    m1, m0 = DESIGNS[design]
+    pos = rng.normal(m1, sd, half)
+    neg = rng.normal(m0, sd, trials - half)
     figs = audit_figures(
         pos,
         neg,
@@ -68,10 +78,12 @@ def main() -> None:
     ap.add_argument("--splits", default="0.2,0.3,0.4,0.5,0.6")
     ap.add_argument("--leak", type=float, default=1.5, help="sigma divided by this (a fault)")
     ap.add_argument("--trials", default="1000,2000,4000")
+    ap.add_argument("--design", default="pivotal", choices=sorted(DESIGNS))
     args = ap.parse_args()
     splits = [float(s) for s in args.splits.split(",")]
     trial_counts = [int(t) for t in args.trials.split(",")]
     t0 = time.perf_counter()
+    print(f"design {args.design}")
     print(
         "epsilon | split | honest mu_lower/mu_exact | honest eps_classic/eps_exact | "
         + " | ".join(f"detect x{args.leak:g} @{n}" for n in trial_counts)
@@ -83,14 +95,14 @@ def main() -> None:
         for split in splits:
             mus, cls = [], []
             for r in range(args.reps):
-                mu, ec = one_run(sigma, trial_counts[0], split, seed=r)
+                mu, ec = one_run(sigma, trial_counts[0], split, r, args.design)
                 mus.append((mu or 0.0) / mu_claim)
                 cls.append((ec or 0.0) / eps_exact)
             detect = []
             for n in trial_counts:
                 hits = 0
                 for r in range(args.reps):
-                    mu, ec = one_run(sigma / args.leak, n, split, seed=10_000 + r)
+                    mu, ec = one_run(sigma / args.leak, n, split, 10_000 + r, args.design)
                     hits += int((mu or 0.0) > mu_claim or (ec or 0.0) > eps)
                 detect.append(hits / args.reps)
             print(
