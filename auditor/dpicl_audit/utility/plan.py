@@ -82,8 +82,9 @@ class UtilityPlan(BaseModel):
     target: TargetSpec = Field(default_factory=TargetSpec)
     baseline_url: str | None = Field(
         default=None,
-        description="A white-box dpicl server (DPICL_WHITEBOX=internal) over the same model for "
-        "the non-private baseline; default: the target itself on dpicl's routes.",
+        description="A dpicl server over the same model for the baselines (zero-shot: any "
+        "white-box level; non-private: DPICL_WHITEBOX=internal); default: the target itself "
+        "on dpicl's routes.",
     )
     dataset: str = "bbc-news"
     task: Literal["classification", "generation"] | None = None
