@@ -351,8 +351,11 @@ def test_utility_on_the_bundled_model(start_server: Any, tmp_path: Path) -> None
     results = json.loads(result.stdout[result.stdout.index("{") :])
     cells = {c["setting"]: c for c in results["cells"]}
     assert cells["eps=8,T=2"]["accuracy"]["n"] == 6 == cells["few-shot"]["accuracy"]["n"]
+    assert cells["zero-shot"]["accuracy"]["n"] == 6 and not results["refused"]
     indep = _independent(tmp_path / "a.db", "u-model")
-    assert cells["few-shot"]["accuracy"]["high"] == pytest.approx(indep["few-shot"]["high"])
+    for name in ("few-shot", "zero-shot"):
+        assert cells[name]["accuracy"]["high"] == pytest.approx(indep[name]["high"])
+        assert indep[name]["right"] == indep[name]["k"]
 
 
 @pytest.mark.parametrize(("whitebox", "said"), [("noisy", "DPICL_WHITEBOX=internal"), ("off", "")])
