@@ -78,6 +78,10 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
     "tools": (None, []),
     "functions": (None, []),
+    # "none" asks the model to call no tool, which is all a context ever does (LangChain and
+    # agent frameworks send it, with ``tools: []``, to turn tools off).
+    "tool_choice": (None, "none"),
+    "function_call": (None, "none"),
     "stop": (None, []),
     "logit_bias": (None, {}),
     "response_format": (None, {"type": "text"}),
@@ -232,9 +236,9 @@ class ChatCompletionRequest(_Common):
     parallel_tool_calls: bool | None = Field(default=None, description="Ignored.")
     top_logprobs: Any = Field(default=None, description="Refused: un-noised internals.")
     tools: Any = Field(default=None, description="Refused.")
-    tool_choice: Any = Field(default=None, description="Refused.")
+    tool_choice: Any = Field(default=None, description='Refused unless "none".')
     functions: Any = Field(default=None, description="Refused.")
-    function_call: Any = Field(default=None, description="Refused.")
+    function_call: Any = Field(default=None, description='Refused unless "none".')
     response_format: Any = Field(default=None, description="Refused unless {type: text}.")
     modalities: Any = Field(default=None, description="Refused.")
     audio: Any = Field(default=None, description="Refused.")
