@@ -139,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         name="report",
         title="dpicl demo: private voting and ESA audited on the real CPU model and the oracle",
         notes=notes,
-        console=Console(width=max(Console().width, 160)),
+        console=Console(),
     )
     elapsed = time.monotonic() - t0
     print(f"\nreport: {path.resolve()}")

@@ -23,7 +23,7 @@ from dpicl_audit.report.html import render_html
 from dpicl_audit.report.plots import plot_epsilons, plot_tradeoff, plot_trials, run_colors
 from dpicl_audit.report.rdp import has_rdp, plot_rdp_bars, plot_rdp_curves
 from dpicl_audit.report.rows import report_rows
-from dpicl_audit.report.table import rich_table
+from dpicl_audit.report.table import print_report_table
 from dpicl_audit.report.utility_card import utility_card
 from dpicl_audit.report.words import noise_findings, run_verdict, verdict_sentence
 from dpicl_audit.results import jsonable
@@ -157,9 +157,10 @@ def write_combined_report(
     title = title or (
         f"dpicl audit report: {ids[0]}" if len(ids) == 1 else f"dpicl audit report: {len(ids)} runs"
     )
-    console = console or Console(width=max(Console().width, 160))
+    # The terminal's own width: the table degrades to one block per row where it is narrow.
+    console = console or Console()
     if runs:
-        console.print(rich_table(rows, title))
+        print_report_table(console, rows, title)
     for u in utility.values():
         print_utility(u, console)
     for r in rows:
