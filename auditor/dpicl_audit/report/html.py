@@ -72,6 +72,19 @@ details{margin:.35em 0;border:1px solid #e4e4e4;border-radius:4px;padding:.2em .
 summary{cursor:pointer;font-weight:bold;overflow-wrap:anywhere}
 img{max-width:100%;height:auto;border:1px solid #eee}code{background:#f4f4f4;padding:0 .25em}
 .small{font-size:.85em;color:#555}
+table.results td.wrap{overflow-wrap:break-word}
+@media (max-width:640px){
+table.results,table.results tbody{display:block;border:0}
+table.results tr.head{display:none}
+table.results tr{display:block;border:1px solid #ccc;border-left:6px solid var(--run,#ccc);
+border-radius:4px;margin:.5em 0;padding:.2em .4em}
+table.results td{display:flex;justify-content:space-between;gap:1em;border:0;
+padding:.1em .2em;max-width:none;white-space:normal}
+table.results td::before{content:attr(data-label);font-weight:normal;color:#555;
+text-align:left;white-space:nowrap}
+table.results td.name{display:block;font-weight:bold}
+table.results td.name::before{content:none}
+}
 """
 
 
@@ -84,8 +97,8 @@ def _results_table(
 ) -> str:
     shift = any(r.epsilon_exact_shift is not None for r in rows)
     head = (
-        "<tr><th class=l>run</th><th class=l>ε</th><th class=l>threat</th><th>ε theory</th>"
-        "<th>ε exact</th>"
+        "<tr class=head><th class=l>run</th><th class=l>ε</th><th class=l>threat</th>"
+        "<th>ε theory</th><th>ε exact</th>"
         + (
             "<th title='ESA: exact ε for the canary&#39;s actual embedding shift'>"
             "ε exact (shift)</th>"
@@ -104,17 +117,28 @@ def _results_table(
         trials = "-" if r.trials is None else f"{r.trials:,}"
         if r.method == "bootstrap":
             trials += " sim"
+        # data-label: on a phone (CSS, max-width 640px) each row is a card of "label value"
+        # lines, the run's name across its top, instead of a table scrolled sideways.
         body.append(
-            f"<tr><td class='l wrap'{run_style(colors, r.run_id)}><span class=swatch></span>"
-            f"{_e(labels.get(r.run_id, r.run_id))}</td>"
-            f"<td class='l nw'>{_e(eps_label(r.setting))}</td><td class='l nw'>{_e(r.threat)}</td>"
-            f"<td>{fmt(r.epsilon_theory, 2)}</td><td>{fmt(r.epsilon_exact)}</td>"
-            + (f"<td>{fmt(r.epsilon_exact_shift)}</td>" if shift else "")
-            + f"<td><b>{fmt(r.epsilon_emp)}</b></td><td>{fmt(r.epsilon_classic)}</td>"
-            f"<td>{fmt(r.mu_lower)}</td><td class=nw>{trials}</td>"
-            f"<td class='l nw {_e(r.status)}' title='{_e(r.message)}'>{_e(verdict)}</td></tr>"
+            f"<tr{run_style(colors, r.run_id)}><td class='l wrap name'>"
+            f"<span class=swatch></span>{_e(labels.get(r.run_id, r.run_id))}</td>"
+            f"<td class='l nw' data-label='ε'>{_e(eps_label(r.setting))}</td>"
+            f"<td class='l nw' data-label='threat'>{_e(r.threat)}</td>"
+            f"<td data-label='ε theory'>{fmt(r.epsilon_theory, 2)}</td>"
+            f"<td data-label='ε exact'>{fmt(r.epsilon_exact)}</td>"
+            + (
+                f"<td data-label='ε exact (shift)'>{fmt(r.epsilon_exact_shift)}</td>"
+                if shift
+                else ""
+            )
+            + f"<td data-label='ε emp (GDP)'><b>{fmt(r.epsilon_emp)}</b></td>"
+            f"<td data-label='ε classical'>{fmt(r.epsilon_classic)}</td>"
+            f"<td data-label='μ lower'>{fmt(r.mu_lower)}</td>"
+            f"<td class=nw data-label='trials'>{trials}</td>"
+            f"<td class='l nw {_e(r.status)}' data-label='verdict' title='{_e(r.message)}'>"
+            f"{_e(verdict)}</td></tr>"
         )
-    return f"<div class=scroll><table>{head}{''.join(body)}</table></div>"
+    return f"<div class=scroll><table class=results>{head}{''.join(body)}</table></div>"
 
 
 def noise_status(nc: Mapping[str, Any]) -> str:
