@@ -76,13 +76,14 @@ table.results td.wrap{overflow-wrap:break-word}
 @media (max-width:640px){
 table.results,table.results tbody{display:block;border:0}
 table.results tr.head{display:none}
-table.results tr{display:block;border:1px solid #ccc;border-left:6px solid var(--run,#ccc);
-border-radius:4px;margin:.5em 0;padding:.2em .4em}
+table.results tr{display:grid;grid-template-columns:1fr 1fr;column-gap:1em;
+border:1px solid #ccc;border-left:6px solid var(--run,#ccc);border-radius:4px;margin:.5em 0;
+padding:.2em .4em}
 table.results td{display:flex;justify-content:space-between;gap:1em;border:0;
 padding:.1em .2em;max-width:none;white-space:normal}
 table.results td::before{content:attr(data-label);font-weight:normal;color:#555;
 text-align:left;white-space:nowrap}
-table.results td.name{display:block;font-weight:bold}
+table.results td.name{display:block;font-weight:bold;grid-column:1/-1}
 table.results td.name::before{content:none}
 }
 """
