@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -17,6 +18,9 @@ from typer.testing import CliRunner
 from dpicl_audit.cli import app
 
 GOLDEN = Path(__file__).parent / "fixtures" / "golden_runs"
+# Each test writes a report of the nine golden runs (their plots): 20 to 60 s on 2 cores.
+pytestmark = pytest.mark.slow
+
 RUNS = sorted(json.loads((GOLDEN / "manifest.json").read_text(encoding="utf-8"))["runs"])
 
 
@@ -58,3 +62,25 @@ def test_report_is_one_table_when_wide(log: str, tmp_path: Path) -> None:
     text = report(log, tmp_path, 200)
     assert "ε emp GDP (conf)" in text  # the wide table's header
     assert max(len(line) for line in text.splitlines()) <= 200
+
+
+def test_inconclusive_cards_say_why_when_the_demo_asks(log: str, tmp_path: Path) -> None:
+    """The demo's INCONCLUSIVE cards say in a line why that is expected there (issue 39, item
+    14); other cards, and reports that do not ask, carry no such line."""
+    from rich.console import Console
+
+    from dpicl_audit.demo.main import WHY_INCONCLUSIVE
+    from dpicl_audit.report import write_combined_report
+
+    console = Console(record=True, width=80)
+    page = write_combined_report(
+        RUNS, log, tmp_path, name="demo", console=console, why_inconclusive=WHY_INCONCLUSIVE
+    ).read_text(encoding="utf-8")
+    cards = re.findall(r"<div class=card.*?</table></div>", page, re.S)
+    inconclusive = [c for c in cards if "badge inconclusive" in c]
+    assert inconclusive and len(inconclusive) < len(cards)
+    for card in cards:
+        assert (WHY_INCONCLUSIVE in card) == (card in inconclusive)
+    assert f"INCONCLUSIVE rows: {WHY_INCONCLUSIVE}"[:60] in console.export_text()
+    plain = write_combined_report(RUNS, log, tmp_path, name="plain", console=Console(width=80))
+    assert WHY_INCONCLUSIVE not in plain.read_text(encoding="utf-8")

@@ -306,6 +306,7 @@ def render_html(
     notes: Sequence[str],
     colors: Mapping[str, str] | None = None,
     utility_html: str = "",
+    why_inconclusive: str = "",
 ) -> str:
     """The page: one card per run first (name, verdict, ε bars), the privacy-utility card
     (``utility_html``, when utility runs are reported), then the findings grouped by run
@@ -355,7 +356,7 @@ def render_html(
 <title>{_e(title)}</title>
 <style>{_CSS}{CARD_CSS}</style></head><body>
 <h1>{_e(title)}</h1>
-{cards(runs, rows, colors)}
+{cards(runs, rows, colors, why_inconclusive)}
 <p class=small>Bars, per ε audited: <b>ε emp</b> (filled, the run's largest lower bound at its
 confidence) against <b>ε exact</b> (black tick: the true ε of the mechanism at the noise the
 server reports) and <b>ε theory</b> (dashed red tick: the ε the context was configured with).

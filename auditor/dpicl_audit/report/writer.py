@@ -135,8 +135,10 @@ def write_combined_report(
     title: str | None = None,
     notes: Sequence[str] = (),
     console: Console | None = None,
+    why_inconclusive: str = "",
 ) -> Path:
     """One report over several runs, side by side; returns the HTML file's path.
+    ``why_inconclusive``: a line for each INCONCLUSIVE run, on its card and after the table.
 
     Writes ``<out_dir>/<name>/report.html`` and ``report.json`` (the table rows, every run's
     results and the verdicts; a single run's ``results.json`` beside it keeps the runner's
@@ -163,6 +165,8 @@ def write_combined_report(
         print_report_table(console, rows, title)
     for u in utility.values():
         print_utility(u, console)
+    if why_inconclusive and any(r.status == "inconclusive" for r in rows):
+        console.print(f"INCONCLUSIVE rows: {why_inconclusive}", highlight=False)
     for r in rows:
         if r.status in ("violation", "bug"):
             console.print(f"[bold red]{verdict_sentence(r)}[/bold red]")
@@ -188,7 +192,8 @@ def write_combined_report(
     path = out / "report.html"
     images = _images(runs, rows, curves, colors) if runs else []
     card = utility_card(list(utility.values()), rows, runs)
-    _write_text(path, render_html(title, runs, rows, images, notes, colors, card))
+    page = render_html(title, runs, rows, images, notes, colors, card, why_inconclusive)
+    _write_text(path, page)
     return path
 
 
