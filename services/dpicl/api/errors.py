@@ -202,11 +202,15 @@ def install_error_handlers(app: FastAPI) -> None:
             # No route serves this path (an OpenAI route dpicl lacks: /v1/responses,
             # /v1/embeddings): OpenAI's shape, which holds the native fields too, so that an
             # OpenAI client reads why instead of failing on the body.
+            why = (
+                "the white-box routes /v1/debug/* exist only while DPICL_WHITEBOX is noisy "
+                "or internal"
+                if path.startswith("/v1/debug/")
+                else "dpicl's OpenAI-compatible routes are /v1/models, /v1/chat/completions "
+                "and /v1/completions"
+            )
             return openai_error_response(
-                404,
-                "not_found",
-                f"{request.method} {path} is not served by dpicl: its OpenAI-compatible routes "
-                "are /v1/models, /v1/chat/completions and /v1/completions",
+                404, "not_found", f"no route {request.method} {path} on this server ({why})"
             )
         headers = dict(exc.headers or {})
         if exc.status_code == 405:
