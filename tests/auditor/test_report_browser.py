@@ -207,7 +207,9 @@ window.addEventListener("load", function () {
     var room = td.getBoundingClientRect().width;
     if (need > room) { split.push(longest); }
   });
-  var out = document.createElement("pre");
+  // Inside the phone-sized frame the findings go to the top page, which --dump-dom prints.
+  var top = window.parent !== window ? window.parent.document : document;
+  var out = top.createElement("pre");
   out.id = "dpicl-probe";
   out.textContent = JSON.stringify({
     width: window.innerWidth,
@@ -218,7 +220,7 @@ window.addEventListener("load", function () {
     split: split,
     errors: []
   });
-  document.body.appendChild(out);
+  top.body.appendChild(out);
 });
 </script>"""
 
@@ -242,9 +244,17 @@ def test_results_table_at_phone_width(report_html: Path, tmp_path: Path) -> None
 
 
 def _probe_with(browser: str, html: Path, width: int, tmp: Path, probe: str) -> dict[str, object]:
+    """``probe`` run in ``html`` seen ``width`` px wide. Headless Chromium's window is at least
+    500 px wide, so the page is shown in a frame of that width inside a wider window."""
     page = tmp / f"with-{width}.html"
     page.write_text(
         html.read_text(encoding="utf-8").replace("<head>", "<head>" + probe, 1), encoding="utf-8"
+    )
+    frame = tmp / f"frame-{width}.html"
+    frame.write_text(
+        "<!DOCTYPE html><html><head><style>body{margin:0}iframe{border:0}</style></head><body>"
+        f"<iframe src='{page.name}' width='{width}' height='1000'></iframe></body></html>",
+        encoding="utf-8",
     )
     proc = subprocess.run(
         [
@@ -253,11 +263,12 @@ def _probe_with(browser: str, html: Path, width: int, tmp: Path, probe: str) -> 
             "--no-sandbox",
             "--disable-gpu",
             "--hide-scrollbars",
-            f"--window-size={width},1000",
+            "--allow-file-access-from-files",
+            f"--window-size={max(width, 500) + 40},1000",
             f"--user-data-dir={tmp / f'profile-w{width}'}",
             "--virtual-time-budget=15000",
             "--dump-dom",
-            page.as_uri(),
+            frame.as_uri(),
         ],
         capture_output=True,
         text=True,
@@ -267,6 +278,7 @@ def _probe_with(browser: str, html: Path, width: int, tmp: Path, probe: str) -> 
     assert found, f"the probe did not report (rc {proc.returncode}): {proc.stderr[-2000:]}"
     raw = found.group(1).replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">")
     result: dict[str, object] = json.loads(raw.replace("&amp;", "&"))
+    assert result["width"] == width, result  # the page really was seen at that width
     return result
 
 
