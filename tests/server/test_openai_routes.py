@@ -158,9 +158,9 @@ def test_a_request_loads_its_context_once(tmp_path: Path) -> None:
         loads: list[str] = []
         get_for_query = repo.get_for_query
 
-        async def counted(context_id: str) -> Any:
+        async def counted(context_id: str, **kwargs: Any) -> Any:
             loads.append(context_id)
-            return await get_for_query(context_id)
+            return await get_for_query(context_id, **kwargs)
 
         repo.get_for_query = counted
         chat = {"model": cid, "messages": [{"role": "user", "content": "Is it?"}]}

@@ -191,7 +191,7 @@ def model_of(ctx: StoredContext, engine: Engine) -> Model:
 
 async def one_model(model_id: str, svc: Services, principal: Principal) -> Model:
     with openai_params(model_id, "model"):
-        return model_of(await load_context(model_id, svc, principal), svc.engine)
+        return model_of(await load_context(model_id, svc, principal, exemplars=False), svc.engine)
 
 
 async def model_page(
@@ -203,7 +203,7 @@ async def model_page(
     if after is not None:
         try:
             # Scoped like every lookup: an id outside the key's scope reads as unknown.
-            ctx = await load_context(after, svc, principal)
+            ctx = await load_context(after, svc, principal, exemplars=False)
         except NotFound:
             raise InvalidRequest(
                 f"after={after[:80]!r} is not a model id this server lists", param="after"
