@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import json
 from abc import abstractmethod
-from typing import Any, ClassVar, Literal, NamedTuple
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
 
 from dpicl.api.schemas import BudgetInfo, ClassifyRequest, CostInfo, GenerateRequest
+from dpicl.domain import MAX_TEXT_CHARS, NONBLANK_NO_NUL
 from dpicl.errors import InvalidRequest, UnsupportedParameter
 
 #: At most this many messages in a chat request (only the last one is read).
@@ -211,8 +212,51 @@ class _Common(BaseModel):
             raise _native_error(exc, query.param) from None
 
 
+#: A query's text in the published schema: what the native routes accept as ``query``.
+_QUERY_TEXT: dict[str, Any] = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": MAX_TEXT_CHARS,
+    "pattern": NONBLANK_NO_NUL,
+}
+
+#: A user message in the published schema: text, or a non-empty list of text parts (what
+#: :meth:`ChatCompletionRequest.query` reads).
+_USER_CONTENT: dict[str, Any] = {
+    "required": ["content"],
+    "properties": {
+        "content": {
+            "anyOf": [
+                _QUERY_TEXT,
+                {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["type", "text"],
+                        "properties": {"type": {"const": "text"}, "text": _QUERY_TEXT},
+                    },
+                },
+            ]
+        }
+    },
+}
+
+
+def _messages_schema(schema: dict[str, Any]) -> None:
+    # What the server reads, said in the schema (issue 39: schemathesis found requests the
+    # schema admitted and the server refused): at least one user message, and every user
+    # message with text (the last one is the query).
+    schema["contains"] = {"properties": {"role": {"const": "user"}}, "required": ["role"]}
+    schema["items"] = {
+        **schema.get("items", {}),
+        "if": {"properties": {"role": {"const": "user"}}},
+        "then": _USER_CONTENT,
+    }
+
+
 class ChatMessage(BaseModel):
-    """One message; only the last one (a user message) is read: it is the query."""
+    """One message; only the last user message is read: it is the query."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -225,7 +269,13 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_Common):
     kind: ClassVar[Kind] = "chat"
 
-    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
+    messages: list[ChatMessage] = Field(
+        min_length=1,
+        max_length=MAX_MESSAGES,
+        description="The conversation; its last user message is the query (what follows it, "
+        "an assistant's or a tool's message, is not read). Earlier messages are not read.",
+        json_schema_extra=_messages_schema,
+    )
     max_completion_tokens: int | None = Field(
         default=None, ge=1, le=1024, description="Same as max_tokens."
     )
@@ -243,15 +293,17 @@ class ChatCompletionRequest(_Common):
     web_search_options: Any = Field(default=None, description="Refused.")
 
     def query(self) -> Query:
-        """The last message, which must be the user's."""
-        i = len(self.messages) - 1
-        last = self.messages[i]
-        if last.role != "user":
+        """The last user message. Messages after it (an assistant's, a tool's) are not read,
+        as the earlier ones are not: a conversation that ends in another role is accepted
+        (the published schema says so), one without a user message is not."""
+        users = [i for i, m in enumerate(self.messages) if m.role == "user"]
+        if not users:
             raise InvalidRequest(
-                f"messages.{i}.role: the last message is the query and must have role 'user' "
-                f"(got {last.role!r})",
-                param=f"messages.{i}.role",
+                "messages: no message has role 'user'; the last user message is the query",
+                param="messages",
             )
+        i = users[-1]
+        last = self.messages[i]
         content = last.content
         if isinstance(content, str):
             return Query(content, f"messages.{i}.content")
@@ -285,7 +337,19 @@ class ChatCompletionRequest(_Common):
 class CompletionRequest(_Common):
     kind: ClassVar[Kind] = "text"
 
-    prompt: Any = Field(description="The query: a string (or a list holding one string).")
+    prompt: Annotated[
+        Any,
+        # Typed loosely so that any value reaches query(), whose 400 says what is wrong;
+        # the published schema says what is accepted (issue 39: it admitted null).
+        WithJsonSchema(
+            {
+                "anyOf": [
+                    _QUERY_TEXT,
+                    {"type": "array", "minItems": 1, "maxItems": 1, "items": _QUERY_TEXT},
+                ]
+            }
+        ),
+    ] = Field(description="The query: a string (or a list holding one string).")
     echo: Any = Field(default=None, description="Refused: would return the prompt.")
     best_of: Any = Field(default=None, description="Only 1.")
     suffix: Any = Field(default=None, description="Refused.")

@@ -76,7 +76,12 @@ async def list_models(
         MAX_LIST_LIMIT
     ),
     after: Annotated[
-        str | None, Query(max_length=200, description="The `last_id` of the previous page.")
+        str | None,
+        Query(
+            pattern=r"^ctx_[0-9a-f]{24}$",
+            description="The `last_id` of the previous page (a model id; 404 when no model "
+            "this key lists has it).",
+        ),
     ] = None,
 ) -> ModelList:
     """List the contexts this key may query as OpenAI models, with their budget left."""

@@ -87,7 +87,12 @@ async def list_contexts(
     ] = DEFAULT_LIST_LIMIT,
     cursor: Annotated[
         str | None,
-        Query(max_length=200, description="The `next` of the previous page; omit for the first."),
+        Query(
+            max_length=200,
+            # base64url, as encode_cursor writes it (its padding may be given).
+            pattern=r"^[A-Za-z0-9_-]+={0,2}$",
+            description="The `next` of the previous page; omit for the first.",
+        ),
     ] = None,
 ) -> ContextList:
     """List the contexts the caller's key reaches, oldest first, a page at a time."""
