@@ -24,7 +24,14 @@ import json
 from abc import abstractmethod
 from typing import Annotated, Any, ClassVar, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+)
 
 from dpicl.api.schemas import BudgetInfo, ClassifyRequest, CostInfo, GenerateRequest
 from dpicl.domain import MAX_TEXT_CHARS, NONBLANK_NO_NUL
@@ -135,11 +142,36 @@ class StreamOptions(BaseModel):
     include_obfuscation: bool | None = Field(default=None, description="Ignored.")
 
 
+def _integral(value: Any) -> Any:
+    # JSON does not tell 46 from 46.0, nor does the published schema's "integer": an
+    # integral float is that integer (issue 39). A boolean stays refused (strict).
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+#: A token count: a JSON integer (46 or 46.0), never a boolean or a string.
+TokenCount = Annotated[int | None, BeforeValidator(_integral)]
+
+
+def _only_neutral(schema: dict[str, Any]) -> None:
+    # A refused parameter is typed loosely (any value reaches refuse_unsupported, whose 400
+    # names it), but the published schema admits only its neutral values: what is accepted
+    # (issue 39: schemathesis sent n=2 and logprobs=true as schema-valid requests).
+    for name, prop in schema.get("properties", {}).items():
+        if name in REFUSED:
+            desc = prop.get("description")
+            prop.clear()
+            prop["enum"] = list(NEUTRAL.get(name, (None,)))
+            if desc is not None:
+                prop["description"] = desc
+
+
 class _Common(BaseModel):
     """The fields chat and text completions share. Strict: ``"max_tokens": true`` or
     ``"stream": "yes"`` is a 400 naming the field, as OpenAI answers it, not a 1 or a True."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=_only_neutral)
 
     #: ``chat`` or ``text``: the shape of the completion it is answered with.
     kind: ClassVar[Kind]
@@ -151,7 +183,7 @@ class _Common(BaseModel):
         "voting and ESA send their one released answer as a single chunk.",
     )
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(
+    max_tokens: TokenCount = Field(
         default=None,
         ge=1,
         le=1024,
@@ -276,7 +308,7 @@ class ChatCompletionRequest(_Common):
         "an assistant's or a tool's message, is not read). Earlier messages are not read.",
         json_schema_extra=_messages_schema,
     )
-    max_completion_tokens: int | None = Field(
+    max_completion_tokens: TokenCount = Field(
         default=None, ge=1, le=1024, description="Same as max_tokens."
     )
     parallel_tool_calls: bool | None = Field(default=None, description="Ignored.")
