@@ -134,8 +134,13 @@ _MAX_KEY_CHARS = 200
 
 
 async def require_admin(request: Request, creds: Creds) -> Principal:
-    if creds is None or not services_of(request).tokens.is_admin(creds.credentials):
+    if creds is None:
         raise Unauthorized("an admin bearer token is required (Authorization: Bearer <token>)")
+    if not services_of(request).tokens.is_admin(creds.credentials):
+        raise Unauthorized(
+            "the bearer token is not this server's admin token (DPICL_ADMIN_TOKEN); this "
+            "route needs it"
+        )
     request.state.key_id = ADMIN.key_id
     return ADMIN
 
@@ -151,8 +156,15 @@ async def require_user(request: Request, creds: Creds) -> Principal:
         if principal is None and token.startswith(KEY_PREFIX) and len(token) <= _MAX_KEY_CHARS:
             key = await svc.repo.run(lambda conn: find_by_secret(conn, token))
             principal = key.principal() if key is not None else None
-    if principal is None:
+    if creds is None:
         raise Unauthorized("an API key is required (Authorization: Bearer <key>)")
+    if principal is None:
+        # One message for a key that never existed and one that was revoked: which keys
+        # exist is not for a caller without a valid key to learn.
+        raise Unauthorized(
+            "the API key in Authorization is not valid: it is unknown or was revoked "
+            "(ask the server's admin for a key)"
+        )
     request.state.key_id = principal.key_id
     return principal
 

@@ -86,6 +86,10 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
     "tools": (None, []),
     "functions": (None, []),
+    # "none" asks the model to call no tool, which is all a context ever does (LangChain and
+    # agent frameworks send it, with ``tools: []``, to turn tools off).
+    "tool_choice": (None, "none"),
+    "function_call": (None, "none"),
     "stop": (None, []),
     "logit_bias": (None, {}),
     "response_format": (None, {"type": "text"}),
@@ -314,9 +318,9 @@ class ChatCompletionRequest(_Common):
     parallel_tool_calls: bool | None = Field(default=None, description="Ignored.")
     top_logprobs: Any = Field(default=None, description="Refused: un-noised internals.")
     tools: Any = Field(default=None, description="Refused.")
-    tool_choice: Any = Field(default=None, description="Refused.")
+    tool_choice: Any = Field(default=None, description='Refused unless "none".')
     functions: Any = Field(default=None, description="Refused.")
-    function_call: Any = Field(default=None, description="Refused.")
+    function_call: Any = Field(default=None, description='Refused unless "none".')
     response_format: Any = Field(default=None, description="Refused unless {type: text}.")
     modalities: Any = Field(default=None, description="Refused.")
     audio: Any = Field(default=None, description="Refused.")
@@ -419,10 +423,28 @@ class DpiclAnswer(BaseModel):
     budget: BudgetInfo
 
 
+class UsageCost(BaseModel):
+    """The privacy cost inside ``usage``, named as the X-DPICL-* headers: clients keep
+    ``usage`` (LangChain's ``response_metadata["token_usage"]``, LiteLLM's ``usage``, the
+    ``llm`` tool's logged token details) where they drop a top-level extension."""
+
+    epsilon_spent: float = Field(description="This answer's epsilon as configured.")
+    delta_spent: float = Field(description="This answer's delta.")
+    context_epsilon_spent: float = Field(description="The context's ledger after it, at delta.")
+    delta: float = Field(description="The delta of context_epsilon_spent.")
+    epsilon_remaining: float | None = Field(
+        default=None, description="What the context's budget has left (null: no budget)."
+    )
+    queries_remaining: int | None = Field(
+        default=None, description="Answers the context's budget still admits (null: no limit)."
+    )
+
+
 class Usage(BaseModel):
     prompt_tokens: int = Field(description="0: dpicl does not count prompt tokens.")
     completion_tokens: int = Field(description="DPS-MOZO: the tokens released; else 0.")
     total_tokens: int
+    dpicl: UsageCost = Field(description="dpicl's extension: the privacy cost of this answer.")
 
 
 class ChatMessageOut(BaseModel):

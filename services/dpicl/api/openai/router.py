@@ -53,7 +53,12 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"description": "A bad or unsupported parameter (OpenAI's error shape)."} | _ERROR,
     401: {"description": "No valid API key."} | _ERROR,
     404: {"description": "model_not_found: no context with that id."} | _ERROR,
-    429: {"description": "budget_exhausted: nothing was charged; no Retry-After."} | _ERROR,
+    402: {
+        "description": "budget_exhausted: nothing was charged; no Retry-After, "
+        "x-should-retry: false."
+    }
+    | _ERROR,
+    429: {"description": "rate_limited: the key's rate limit; Retry-After says when."} | _ERROR,
 }
 
 _STREAM: dict[int | str, dict[str, Any]] = {

@@ -30,6 +30,7 @@ from dpicl.api.openai.protocol import (
     OpenAIRequest,
     Query,
     Usage,
+    UsageCost,
 )
 from dpicl.api.routes.contexts import list_reachable
 from dpicl.api.routes.inference import classify_outcome, generate_outcome
@@ -138,8 +139,19 @@ def extension(a: Answer, engine: str) -> DpiclAnswer:
 
 
 def usage_of(a: Answer) -> Usage:
+    cost, budget = a.cost, a.budget
     return Usage(
-        prompt_tokens=0, completion_tokens=a.completion_tokens, total_tokens=a.completion_tokens
+        prompt_tokens=0,
+        completion_tokens=a.completion_tokens,
+        total_tokens=a.completion_tokens,
+        dpicl=UsageCost(
+            epsilon_spent=cost.epsilon,
+            delta_spent=cost.delta,
+            context_epsilon_spent=budget.spent_epsilon,
+            delta=budget.delta,
+            epsilon_remaining=budget.remaining_epsilon,
+            queries_remaining=budget.remaining_queries,
+        ),
     )
 
 

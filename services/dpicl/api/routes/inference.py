@@ -23,7 +23,7 @@ from dpicl.store.keys import Principal
 from dpicl.store.repository import StoredContext
 
 ERRORS: dict[int | str, dict[str, object]] = {
-    code: {"model": ErrorResponse} for code in (401, 403, 404, 413, 422, 429, 503)
+    code: {"model": ErrorResponse} for code in (401, 402, 404, 413, 422, 429, 503)
 }
 
 router = APIRouter(prefix="/v1", tags=["inference"], responses=ERRORS)
