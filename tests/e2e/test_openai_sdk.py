@@ -242,7 +242,7 @@ def test_every_refused_parameter_is_named_and_uncharged(server: ServerProcess) -
     assert out.choices[0].message.content in ("Yes", "No")
     # Bad values and shapes: 400s naming them, never a 500.
     bad: list[tuple[str, dict[str, Any]]] = [
-        ("messages.0.role", {"messages": [{"role": "assistant", "content": "hi"}]}),
+        ("messages", {"messages": [{"role": "assistant", "content": "hi"}]}),
         ("messages.0.content", {"messages": [{"role": "user", "content": "   "}]}),
         (
             "messages.0.content.0.type",

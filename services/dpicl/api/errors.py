@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from dpicl.api.openai.errors import is_openai_path, openai_error_response
 from dpicl.domain import NO_NUL, NONBLANK_NO_NUL
 from dpicl.errors import DpiclError, PayloadTooLarge, RateLimited
-from dpicl.metrics import REFUSALS
+from dpicl.metrics import note_refusal
 
 log = logging.getLogger("dpicl.api")
 
@@ -31,6 +31,8 @@ def error_response(
     path: str = "",
 ) -> JSONResponse:
     """The error in dpicl's shape, or in OpenAI's on the OpenAI-compatible ``path``s."""
+    # Counted by the access log, with its route and final status, on every surface.
+    note_refusal(code)
     if code == "budget_exhausted":
         # No waiting refills a privacy budget: say so to every client that reads it (the
         # OpenAI SDKs do), and give no Retry-After, on both surfaces.
@@ -39,7 +41,6 @@ def error_response(
     if is_openai_path(path):
         return openai_error_response(status, code, message, param, headers)
     body = {"error": {"code": code, "message": message, "param": param}}
-    REFUSALS.labels(code).inc()
     return JSONResponse(status_code=status, content=body, headers=headers)
 
 
