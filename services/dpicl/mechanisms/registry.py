@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import logging
 from importlib.metadata import EntryPoint, entry_points
+from typing import Any
 
 from fastapi import APIRouter
 from pydantic import BaseModel
@@ -89,12 +90,12 @@ __all__ = [
 ]
 
 ENTRY_POINT_GROUP = "dpicl.mechanisms"
-BUILT_IN: tuple[Mechanism, ...] = (VOTING, ESA, DPS_MOZO, PUBLIC)
+BUILT_IN: tuple[Mechanism[Any], ...] = (VOTING, ESA, DPS_MOZO, PUBLIC)
 
 log = logging.getLogger("dpicl.mechanisms")
 
 
-def _load(ep: EntryPoint) -> Mechanism:
+def _load(ep: EntryPoint) -> Mechanism[Any]:
     try:
         obj = ep.load()
     except Exception as exc:
@@ -112,9 +113,9 @@ def _load(ep: EntryPoint) -> Mechanism:
     return obj
 
 
-def discover() -> dict[str, Mechanism]:
+def discover() -> dict[str, Mechanism[Any]]:
     """The built-ins, then every mechanism installed under :data:`ENTRY_POINT_GROUP`."""
-    found: dict[str, Mechanism] = {m.name: m for m in BUILT_IN}
+    found: dict[str, Mechanism[Any]] = {m.name: m for m in BUILT_IN}
     for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
         mech = _load(ep)
         if mech.name in found:
@@ -128,10 +129,10 @@ def discover() -> dict[str, Mechanism]:
 
 
 #: Every mechanism this server serves, by name: built-ins first, in a fixed order.
-MECHANISMS: dict[str, Mechanism] = discover()
+MECHANISMS: dict[str, Mechanism[Any]] = discover()
 
 
-def get_mechanism(name: str) -> Mechanism:
+def get_mechanism(name: str) -> Mechanism[Any]:
     """The mechanism called ``name``; a 4xx naming it when there is none."""
     try:
         return MECHANISMS[name]
@@ -143,9 +144,9 @@ def get_mechanism(name: str) -> Mechanism:
         ) from None
 
 
-def mechanism_of(context: StoredContext) -> Mechanism:
+def mechanism_of(context: StoredContext) -> Mechanism[Any]:
     """The mechanism a stored context uses (a 4xx naming it when it is not installed)."""
-    name = str(context.mechanism.get("name"))
+    name = context.mechanism_name
     if name not in MECHANISMS:
         raise InvalidRequest(
             f"context {context.id} uses mechanism {name!r}, which is not installed on this server",
