@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 import numpy as np
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, JsonValue, ValidationError
 
 from dpicl.domain import BudgetSpec, ContextLimits, Task
 from dpicl.engines.base import Embedder, Engine
@@ -24,9 +24,9 @@ from dpicl.store.repository import StoredContext
 if TYPE_CHECKING:
     from fastapi import APIRouter
 
-#: The stored mechanism record as JSON: the user's settings plus what calibration derived
-#: (what ``GET /v1/contexts/{id}`` shows as ``mechanism``).
-Record = dict[str, Any]
+#: The stored mechanism record, a JSON object: the user's settings plus what calibration
+#: derived (what ``GET /v1/contexts/{id}`` shows as ``mechanism``).
+Record = dict[str, JsonValue]
 
 #: A mechanism's calibration: its stored record, typed (a pydantic model).
 C = TypeVar("C", bound=BaseModel)
@@ -174,7 +174,7 @@ class Mechanism(ABC, Generic[C]):
         synthesis), which the app includes beside the contexts routes; default: none."""
         return ()
 
-    def calibration_report(self, options: Mapping[str, Any]) -> dict[str, Any]:
+    def calibration_report(self, options: Mapping[str, Any]) -> Record:
         """What ``dpicl calibrate`` prints for ``options`` (the command's options that were
         given, by settings field name: ``epsilon``, ``delta``, ``partitions``, ...): the
         record a context with these settings would store (:meth:`calibrate`), without the

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, JsonValue
 
 from dpicl.store.models import ContextRow
 
@@ -39,7 +39,8 @@ class StoredContext:
     labels: tuple[str, ...]
     exemplars: tuple[tuple[str, str], ...]
     template: str
-    mechanism: dict[str, Any]
+    #: The mechanism record as stored: a JSON object, read through :meth:`record_as`.
+    mechanism: dict[str, JsonValue]
     budget: dict[str, float] | None
     mu2_spent: float
     mu2_max: float | None

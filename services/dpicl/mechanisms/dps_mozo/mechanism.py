@@ -124,7 +124,7 @@ NOT_STORED = {
 MAX_TOKENS = 1_000_000 * 1024
 
 
-def calibration_report(options: Mapping[str, Any]) -> dict[str, Any]:
+def calibration_report(options: Mapping[str, Any]) -> Record:
     """``dpicl calibrate --mechanism dps-mozo``: eps0 (proven) or beta (paper) for
     ``tokens`` (n_queries x T_max) at ``sample_rate`` (n_shots/|D|), given directly instead
     of a context's queries and exemplars."""
@@ -148,7 +148,7 @@ def calibration_report(options: Mapping[str, Any]) -> dict[str, Any]:
     # queries: a placeholder the settings require; tokens stands for queries x max_tokens.
     mech: MozoSettings = settings_from_options(DPS_MOZO, opts | {"queries": 1})
     assert mech.delta is not None
-    out: dict[str, Any] = {"mechanism": DPS_MOZO.name, "epsilon": mech.epsilon, "delta": mech.delta}
+    out: Record = {"mechanism": DPS_MOZO.name, "epsilon": mech.epsilon, "delta": mech.delta}
     if mech.guarantee == "proven":
         if mech.alpha is not None:
             raise ConfigurationError(
@@ -167,7 +167,7 @@ def calibration_report(options: Mapping[str, Any]) -> dict[str, Any]:
     )
 
 
-def _calibrated(fields: dict[str, Any]) -> dict[str, Any]:
+def _calibrated(fields: Record) -> Record:
     """A calibration's derived values (its epsilon and delta are the report's own)."""
     return {k: v for k, v in fields.items() if k not in ("epsilon", "delta")}
 
@@ -213,7 +213,7 @@ class Mozo(Mechanism[MozoCalibration]):
     def record(self, calibration: MozoCalibration) -> Record:
         return calibration.model_dump(exclude=NOT_STORED[calibration.guarantee])
 
-    def calibration_report(self, options: Mapping[str, Any]) -> dict[str, Any]:
+    def calibration_report(self, options: Mapping[str, Any]) -> Record:
         return calibration_report(options)
 
     def own_budget(self, calibration: MozoCalibration) -> OwnBudget | None:
