@@ -84,7 +84,9 @@ class GaussianCalibration(PartitionedCalibration, _DeltaRecord):
     settings and the derived ``sigma``, ``sensitivity`` and ``epsilon_exact`` (in the order
     the mechanism's record stores them)."""
 
-    calibration: Literal["classic", "analytic"]
+    # Never read by an answer (sigma is stored): a record without it was calibrated by the
+    # classic formula, the only one there was.
+    calibration: Literal["classic", "analytic"] = "classic"
 
 
 class GaussianRecord(Protocol):
