@@ -11,6 +11,7 @@ from typing import Any
 from dpicl_audit.client import AuditTarget
 from dpicl_audit.errors import TargetProtocolError
 from dpicl_audit.mechanisms.base import MechanismAudit, exemplar_dicts
+from dpicl_audit.mechanisms.settings import GaussianSettings
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.budgets import (
     budget_limit,
@@ -65,8 +66,8 @@ def gaussian_setting_meta(
         "setting": setting,
         "epsilon_theory": epsilon,
         "delta": plan.mechanism.delta,
-        "partitions": plan.mechanism.partitions,
-        "calibration": plan.mechanism.calibration,
+        "partitions": GaussianSettings.of(plan).partitions,
+        "calibration": GaussianSettings.of(plan).calibration,
         "context_ids": {"C1": c1.context_id if c1 else None, "C0": c0.context_id if c0 else None},
         "sigma": None,
         "epsilon_exact": None,
@@ -107,7 +108,7 @@ class GaussianMechanismAudit(MechanismAudit):
         self, design: Any, plan: AuditPlan, epsilon: float, world: int, *, name: str
     ) -> dict[str, Any]:
         """The body fields voting and ESA share."""
-        mech = plan.mechanism
+        mech = GaussianSettings.of(plan)
         return {
             "name": name,
             "task": self.task,

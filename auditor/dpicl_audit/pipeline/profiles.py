@@ -42,13 +42,9 @@ TAIL_TRIALS = 3000
 def tail_plan(plan: AuditPlan) -> AuditPlan | None:
     """The ``verify`` profile's companion plan for ``plan``; None where it does not apply
     (a mechanism other than voting, or an attack other than the membership query)."""
-    if plan.mechanism.name != "voting" or plan.attack != "inquery":
+    mech = plan.mechanism.tail_gap(TAIL_EPSILON, TAIL_PARTITIONS)
+    if mech is None or plan.attack != "inquery" or plan.setting != "audit-template":
         return None
-    if plan.setting != "audit-template":
-        return None
-    mech = plan.mechanism.model_copy(
-        update={"epsilons": (TAIL_EPSILON,), "partitions": TAIL_PARTITIONS, "shots": 1}
-    )
     name = f"{plan.name} (tail gap)" if plan.name else "tail gap"
     return plan.model_copy(
         update={"design": "paper", "mechanism": mech, "trials": TAIL_TRIALS, "name": name}

@@ -76,6 +76,7 @@ from pathlib import Path
 from typing import Any
 
 from dpicl_audit.errors import InvalidPlan
+from dpicl_audit.mechanisms.catalog import settings_for
 
 __all__ = ["MASK", "MAX_PLAN_BYTES", "plan_data_from_sources", "public_plan_data"]
 
@@ -146,9 +147,10 @@ def public_plan_data(
         target["base_url"] = base_url
     payload["target"] = target
     mech = payload.get("mechanism")
-    if isinstance(mech, Mapping) and mech.get("name") == "dps-mozo":
-        # Plans stored before DPS-MOZO had a proven mode audited the paper's mode.
-        payload["mechanism"] = {"guarantee": "paper", **mech}
+    model = settings_for(str(mech.get("name"))) if isinstance(mech, Mapping) else None
+    if isinstance(mech, Mapping) and model is not None:
+        # What an older auditor meant where its stored plan has no value (mechanism's own).
+        payload["mechanism"] = {**model.stored_defaults, **mech}
     return payload
 
 

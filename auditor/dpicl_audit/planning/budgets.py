@@ -112,7 +112,7 @@ async def probe_ledger(
         return None
     eps = float(plan.mechanism.epsilons[0])
     body = mech.context_body(design, plan, eps, 0, name=f"dpicl-audit {plan.seed} probe")
-    max_tokens = plan.mechanism.max_tokens if mech.task == "generation" else None
+    max_tokens = plan.mechanism.answer_tokens
 
     async def ask(cid: str) -> Mapping[str, Any]:
         if max_tokens is None:

@@ -63,7 +63,7 @@ class RunContexts:
             "partitions": cell.partitions,
             "partition_seed": plan.seed,
         }
-        if plan.mechanism == "esa" and plan.max_tokens is not None:
+        if plan.task == "generation" and plan.max_tokens is not None:  # ESA: its length
             mech["max_tokens"] = plan.max_tokens
         limit = self.plan.target.max_budget_epsilon or 1000.0
         answers = planned_queries(self.answers_per_context(draw))

@@ -6,6 +6,7 @@ Imports run one way, top to bottom of this table (the registry imports :mod:`.au
 ==================  ============================================================
 module              what it holds
 ==================  ============================================================
+:mod:`.settings`    the audit settings (the plan's section, attacks, defaults)
 :mod:`.design`      the neighbour design and signal texts as data (stored as JSON)
 :mod:`.build`       building the designs; the release's closed-form rates
 :mod:`.signals`     the signal embeddings e(y1), e(y0): on the server or locally

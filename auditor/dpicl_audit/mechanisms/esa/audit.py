@@ -63,6 +63,7 @@ from dpicl_audit.mechanisms.esa.bootstrap import estimate_esa_bootstrap
 from dpicl_audit.mechanisms.esa.build import build_generation_design
 from dpicl_audit.mechanisms.esa.design import FloatArray, GenerationDesign
 from dpicl_audit.mechanisms.esa.estimates import esa_meta, estimate_esa_trials
+from dpicl_audit.mechanisms.esa.settings import EsaSettings
 from dpicl_audit.mechanisms.esa.signals import resolve_signal_embeddings
 from dpicl_audit.mechanisms.gaussian import GaussianMechanismAudit, gaussian_setting_meta
 from dpicl_audit.plan import AuditPlan
@@ -76,6 +77,7 @@ class EsaAudit(GaussianMechanismAudit):
     """ESA: the zero-shot candidate nearest a noisy mean of T partition embeddings."""
 
     name = "esa"
+    settings = EsaSettings
     task = "generation"
     design_type = GenerationDesign
     clean_name = "clean means"
@@ -104,7 +106,7 @@ class EsaAudit(GaussianMechanismAudit):
     ) -> dict[str, Any]:
         body = self.base_body(design, plan, epsilon, world, name=name)
         body["template"] = design.template
-        mech = plan.mechanism
+        mech = EsaSettings.of(plan)
         body["mechanism"] |= {
             "sensitivity": mech.sensitivity,
             "candidates": mech.candidates,
@@ -113,7 +115,7 @@ class EsaAudit(GaussianMechanismAudit):
         return body
 
     def calls_per_query(self, plan: AuditPlan) -> int:
-        return plan.mechanism.partitions + plan.mechanism.candidates
+        return EsaSettings.of(plan).partitions + EsaSettings.of(plan).candidates
 
     async def prepare(
         self,
@@ -137,7 +139,9 @@ class EsaAudit(GaussianMechanismAudit):
         self, target: AuditTarget, design: GenerationDesign, plan: AuditPlan, at: TrialAt
     ) -> TrialRecord:
         """One ESA audit query and what it observed."""
-        out, latency = await ask(target, at, design.query, max_tokens=plan.mechanism.max_tokens)
+        out, latency = await ask(
+            target, at, design.query, max_tokens=EsaSettings.of(plan).max_tokens
+        )
         text = str(out["text"])
         observation: dict[str, Any] = {"text": text}
         score: float | None = None

@@ -19,6 +19,7 @@ from dpicl_audit.mechanisms.esa.estimates import (
     signal_reference,
     signal_tightness,
 )
+from dpicl_audit.mechanisms.esa.settings import EsaSettings
 from dpicl_audit.mechanisms.trial_estimates import with_verdict
 from dpicl_audit.planning.schedule import STREAM_BOOTSTRAP
 from dpicl_audit.results import Estimate, SettingResult
@@ -82,7 +83,7 @@ def estimate_esa_bootstrap(s: SettingRows) -> SettingResult:
     with_rows = [r.observation["clean_mean"] for r in clean if r.world == 1]
     without_rows = [r.observation["clean_mean"] for r in clean if r.world == 0]
     n_sample = plan.bootstrap.n_sample
-    calls = plan.mechanism.partitions + plan.mechanism.candidates
+    calls = EsaSettings.of(plan).partitions + EsaSettings.of(plan).candidates
     # The setting's facts, then the bootstrap's.
     out = SettingResult.of(
         **meta

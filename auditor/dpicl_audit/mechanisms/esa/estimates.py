@@ -24,6 +24,7 @@ from dpicl_audit.estimators.exact import esa_epsilon_exact, esa_mean_sensitivity
 from dpicl_audit.mechanisms.base import SettingRows
 from dpicl_audit.mechanisms.esa.build import release_epsilon_meta
 from dpicl_audit.mechanisms.esa.design import GenerationDesign
+from dpicl_audit.mechanisms.esa.settings import EsaSettings
 from dpicl_audit.mechanisms.trial_estimates import (
     estimate_trials,
     finish_conformance,
@@ -53,8 +54,8 @@ def esa_meta(
 ) -> dict[str, Any]:
     """ESA's epsilon_exact (worst-case shift) and epsilon_exact_signal (the actual shift)."""
 
-    t = plan.mechanism.partitions
-    sens = esa_mean_sensitivity(t, original=plan.mechanism.sensitivity == "original")
+    t = EsaSettings.of(plan).partitions
+    sens = esa_mean_sensitivity(t, original=EsaSettings.of(plan).sensitivity == "original")
     dist = design.signal_distance()
     meta |= {
         "mechanism": "esa",
@@ -73,7 +74,7 @@ def esa_meta(
         # The released candidate's closed-form rates at the design's intended clean gaps,
         # fair-coin zero-shot candidates (mechanisms.esa.build): the black-box ceiling.
         meta |= release_epsilon_meta(
-            design.layout, dist, t, sigma, plan.mechanism.candidates, plan.mechanism.delta
+            design.layout, dist, t, sigma, EsaSettings.of(plan).candidates, plan.mechanism.delta
         )
     return meta
 

@@ -5,6 +5,7 @@ Imports run one way, top to bottom of this table (the registry imports :mod:`.au
 ==================  ============================================================
 module              what it holds
 ==================  ============================================================
+:mod:`.settings`    the audit settings (the plan's section, attacks, plan checks)
 :mod:`.design`      the neighbour design as data (stored with a run as JSON)
 :mod:`.build`       building the ``paper``, ``pivotal`` and ``identical`` designs
 :mod:`.rdp`         paper 003's adversaries: the query-sequence design, built

@@ -26,7 +26,7 @@ logic of the version that started it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from dpicl_audit.client import AuditTarget
 from dpicl_audit.datasets import LabelledDataset
@@ -35,6 +35,7 @@ from dpicl_audit.estimators.exact import voting_epsilon_exact
 from dpicl_audit.estimators.extra_fields import response_fields
 from dpicl_audit.mechanisms.base import SettingRows, TrialAt, ask, needs_internal
 from dpicl_audit.mechanisms.gaussian import GaussianMechanismAudit, gaussian_setting_meta
+from dpicl_audit.mechanisms.settings import MechanismSettings
 from dpicl_audit.mechanisms.voting.build import build_design
 from dpicl_audit.mechanisms.voting.design import AuditDesign
 from dpicl_audit.mechanisms.voting.estimates import (
@@ -43,6 +44,7 @@ from dpicl_audit.mechanisms.voting.estimates import (
     release_meta,
 )
 from dpicl_audit.mechanisms.voting.rdp import RDP_ATTACKS, RdpDesign, build_rdp_design
+from dpicl_audit.mechanisms.voting.settings import VotingSettings
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.budgets import budget_limit
 from dpicl_audit.planning.ledger import budget_for
@@ -58,6 +60,7 @@ class VotingAudit(GaussianMechanismAudit):
     """Private voting: labels released by a noisy argmax over T partition votes."""
 
     name = "voting"
+    settings: ClassVar[type[MechanismSettings]] = VotingSettings
     task = "classification"
     design_type = AuditDesign
     clean_name = "clean votes"
@@ -101,7 +104,7 @@ class VotingAudit(GaussianMechanismAudit):
             label = str(out["label"])
             seq_obs: dict[str, Any] = {"label": label, "q": at.index % len(design.queries)}
             if at.white:
-                seq_obs |= white_box_votes(out, at)
+                seq_obs |= self.white_box_observation(out, at)
             return at.record(query, seq_obs, int(label == design.poison_label), latency)
         out, latency = await ask(target, at, design.query)
         label = str(out["label"])
@@ -115,12 +118,17 @@ class VotingAudit(GaussianMechanismAudit):
             if fields:
                 observation["fields"] = fields
         if at.white:
-            observation |= white_box_votes(out, at)
+            observation |= self.white_box_observation(out, at)
             try:
                 score = design.score(observation["noisy_votes"])
             except KeyError as exc:
                 raise TargetProtocolError(f"/v1/debug/classify: {exc.args[0]}") from exc
         return at.record(design.query, observation, design.decide_label(label), latency, score)
+
+    def white_box_observation(self, out: Mapping[str, Any], at: TrialAt) -> dict[str, Any]:
+        """What a white-box trial logs of ``/v1/debug/classify`` (:func:`white_box_votes`;
+        a variant with other noise logs its own parameters)."""
+        return white_box_votes(out, at)
 
     async def audit_parameters(
         self, target: AuditTarget, design: AuditDesign | RdpDesign, plan: AuditPlan

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from dpicl_audit.mechanisms.settings import PartitionedSettings
 from dpicl_audit.mechanisms.trial_estimates import with_verdict
 from dpicl_audit.mechanisms.voting.design import AuditDesign
 from dpicl_audit.plan import AuditPlan
@@ -61,7 +62,7 @@ def estimate_voting_bootstrap(
         n_llm=len(with_rows),
         n_sample=n_sample,
         trials=2 * n_sample,
-        llm_calls=len(clean) * plan.mechanism.partitions,
+        llm_calls=len(clean) * PartitionedSettings.of(plan).partitions,
         positive=design.positive,
         negative=design.labels[neg],
     )
@@ -79,7 +80,7 @@ def estimate_voting_bootstrap(
         confidence=plan.confidence,
         rng=np.random.default_rng([plan.seed, STREAM_BOOTSTRAP, k]),
         fraction=plan.split,
-        calls_per_row=plan.mechanism.partitions,
+        calls_per_row=PartitionedSettings.of(plan).partitions,
     ).to_dict()
     power_meta = dict(meta) | _observed_signal(
         np.array(with_rows), np.array(without_rows), pos, neg, float(sigma_sim)

@@ -11,6 +11,7 @@ from dpicl_audit.errors import InvalidPlan
 from dpicl_audit.estimators.extra_fields import dependence_test
 from dpicl_audit.estimators.label_release import label_release_epsilon, label_release_probabilities
 from dpicl_audit.mechanisms.base import SettingRows
+from dpicl_audit.mechanisms.settings import PartitionedSettings
 from dpicl_audit.mechanisms.trial_estimates import estimate_trials, with_verdict
 from dpicl_audit.mechanisms.voting.bootstrap import estimate_voting_bootstrap
 from dpicl_audit.mechanisms.voting.conformance import voting_conformance
@@ -37,7 +38,7 @@ def release_meta(
         return {"design": f"rdp:{design.attack}"}
     meta: dict[str, Any] = {}
     if sigma is not None:
-        with_v, without_v = design_votes(design, plan.mechanism.partitions)
+        with_v, without_v = design_votes(design, PartitionedSettings.of(plan).partitions)
         meta["epsilon_exact_release"] = label_release_epsilon(
             with_v, without_v, sigma, plan.mechanism.delta
         )
@@ -78,7 +79,9 @@ def estimate_votes(s: SettingRows, calls_per_query: int) -> SettingResult:
         out = estimate_trials(plan, k, rows, meta, calls_per_query=calls_per_query)
         bb = out.black_box
         ref = release_reference(
-            meta, design.attack, plan.setting if plan.mechanism.temperature == 0 else ""
+            meta,
+            design.attack,
+            plan.setting if PartitionedSettings.of(plan).temperature == 0 else "",
         )
         if ref is not None and bb is not None and bb.verdict is not None:
             out = out.updated(black_box=with_verdict(bb, ref))
@@ -90,7 +93,7 @@ def estimate_votes(s: SettingRows, calls_per_query: int) -> SettingResult:
         out,
         rows,
         meta,
-        temperature=plan.mechanism.temperature,
+        temperature=PartitionedSettings.of(plan).temperature,
         bootstrap=bootstrap,
         known_votes=plan.setting == "audit-template",
         seed=[plan.seed, k, STREAM_ORDER],

@@ -46,6 +46,7 @@ from dpicl_audit.mechanisms.neighbours import (
     pair_to_json,
     pick_exemplars,
 )
+from dpicl_audit.mechanisms.settings import PartitionedSettings
 from dpicl_audit.plan import AuditPlan, RdpAttack
 from dpicl_audit.prompts import CLASSIFY_TEMPLATE
 
@@ -138,7 +139,7 @@ def _natq_poison(
     """The poison of a Pois-Nat Q adversary (Appendix D.2 heuristics)."""
     replaced = chosen[position].output
     if attack in ("pois-natq-confident", "pois-natq-unconfident"):
-        t = plan.mechanism.partitions
+        t = PartitionedSettings.of(plan).partitions
         hists = [np.sort(_agreement(ex.input, chosen, labels, t))[::-1] for ex in natural]
         if attack == "pois-natq-confident":
             pick = int(np.argmax([h[0] for h in hists]))
