@@ -11,6 +11,9 @@ module              what it holds
 :mod:`.build`       building the designs; the release's closed-form rates
 :mod:`.signals`     the signal embeddings e(y1), e(y0): on the server or locally
 :mod:`.estimates`   exact epsilons, the trials' estimates, the conformance tests
+:mod:`.exact`       the exact epsilon (dp-accounting PLD), independent of the server
+:mod:`.simulation`  Algorithm 1's simulated releases, vectorised (estimators take the
+                    decisions and scores)
 :mod:`.bootstrap`   Algorithm 1 over the collected clean means
 :mod:`.audit`       :class:`~.audit.EsaAudit`: context bodies, trials, estimates
 ==================  ============================================================

@@ -1,6 +1,6 @@
 """ESA's bootstrap (paper 000, Algorithm 1 over embeddings): resample the collected clean
 means, add noise of the measured-or-reported sigma (a chi-square check on the residuals),
-attack, bound (:func:`dpicl_audit.estimators.bootstrap.bootstrap_esa_audit`)."""
+attack, bound (:func:`.simulation.bootstrap_esa_audit`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 
-from dpicl_audit.estimators.bootstrap import bootstrap_esa_audit
 from dpicl_audit.estimators.power import flip_rate_from_signals
 from dpicl_audit.mechanisms.base import SettingRows
 from dpicl_audit.mechanisms.esa.design import GenerationDesign
@@ -20,6 +19,7 @@ from dpicl_audit.mechanisms.esa.estimates import (
     signal_tightness,
 )
 from dpicl_audit.mechanisms.esa.settings import EsaSettings
+from dpicl_audit.mechanisms.esa.simulation import bootstrap_esa_audit
 from dpicl_audit.mechanisms.trial_estimates import with_verdict
 from dpicl_audit.planning.schedule import STREAM_BOOTSTRAP
 from dpicl_audit.results import Estimate, SettingResult

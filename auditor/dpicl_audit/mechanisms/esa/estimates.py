@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 
 from dpicl_audit.estimators.conformance import ConformanceTest, residual_tests
-from dpicl_audit.estimators.exact import esa_epsilon_exact, esa_mean_sensitivity
 from dpicl_audit.mechanisms.base import SettingRows
 from dpicl_audit.mechanisms.esa.build import release_epsilon_meta
 from dpicl_audit.mechanisms.esa.design import GenerationDesign
+from dpicl_audit.mechanisms.esa.exact import esa_epsilon_exact, esa_mean_sensitivity
 from dpicl_audit.mechanisms.esa.settings import EsaSettings
 from dpicl_audit.mechanisms.trial_estimates import (
     estimate_trials,

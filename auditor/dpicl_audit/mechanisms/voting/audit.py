@@ -31,7 +31,6 @@ from typing import Any, ClassVar
 from dpicl_audit.client import AuditTarget
 from dpicl_audit.datasets import LabelledDataset
 from dpicl_audit.errors import TargetProtocolError
-from dpicl_audit.estimators.exact import voting_epsilon_exact
 from dpicl_audit.estimators.extra_fields import response_fields
 from dpicl_audit.mechanisms.base import SettingRows, TrialAt, ask, needs_internal
 from dpicl_audit.mechanisms.gaussian import GaussianMechanismAudit, gaussian_setting_meta
@@ -43,6 +42,7 @@ from dpicl_audit.mechanisms.voting.estimates import (
     estimate_votes,
     release_meta,
 )
+from dpicl_audit.mechanisms.voting.exact import voting_epsilon_exact
 from dpicl_audit.mechanisms.voting.rdp import RDP_ATTACKS, RdpDesign, build_rdp_design
 from dpicl_audit.mechanisms.voting.settings import VotingSettings
 from dpicl_audit.plan import AuditPlan

@@ -1,6 +1,6 @@
 """Private voting's bootstrap (paper 000, Algorithm 1): clean vote vectors resampled with
 noise of the server's sigma, after the noise check (:mod:`dpicl_audit.estimators.noise_check`); the
-simulation is :func:`dpicl_audit.estimators.bootstrap.bootstrap_voting_audit`."""
+simulation is :func:`.simulation.bootstrap_voting_audit`."""
 
 from __future__ import annotations
 
@@ -27,10 +27,9 @@ def estimate_voting_bootstrap(
     clean: Sequence[TrialRecord],
     meta: dict[str, Any],
 ) -> SettingResult:
-    from dpicl_audit.estimators.bootstrap import (
-        bootstrap_voting_audit,  # slow imports: only when needed
-    )
+    # slow imports: only when needed
     from dpicl_audit.estimators.noise_check import check_noise, residuals_from_observations
+    from dpicl_audit.mechanisms.voting.simulation import bootstrap_voting_audit
 
     out = SettingResult.of(**meta)  # the setting's facts, then the bootstrap's
     with_rows = [design.clean_vector(r.observation["clean_votes"]) for r in clean if r.world == 1]
