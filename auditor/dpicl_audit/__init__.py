@@ -10,6 +10,7 @@ aside; ``tests/auditor/test_structure.py`` checks these layers and that no impor
 inside a function, closes a cycle)::
 
     errors.py          the exception tree (below)
+    jsontypes.py       JsonObject: what the auditor writes as JSON, its values checked
     prompts.py         the audit prompts of paper 000 (Appendix B) and DPS-MOZO's
     datasets.py        bundled corpora, bbc-news (docs/data.md), JSONL/CSV/Hugging Face
     client/            the server under audit over HTTP: http (retries, timeouts,

@@ -31,7 +31,7 @@ MAX_LINES = 400
 #: only modules of lower layers, or of its own package. A module is placed by its longest
 #: prefix listed here.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("dpicl_audit", "errors"),
+    ("dpicl_audit", "errors", "jsontypes"),
     ("prompts", "datasets", "client", "store", "estimators"),
     # Each mechanism's settings model (the plan's section), below the plan, and the one
     # list of them (the catalog), known without importing the audits.

@@ -14,6 +14,7 @@ import typer.core
 from rich.console import Console
 
 from dpicl_audit.errors import AuditError
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.store.db import sqlite_file_missing
 
 if TYPE_CHECKING:
@@ -230,7 +231,7 @@ def require_log(db: str, run_id: str | None = None) -> None:
         raise typer.Exit(1)
 
 
-def load_results(db: str, run_id: str) -> dict[str, Any]:
+def load_results(db: str, run_id: str) -> JsonObject:
     """A run's results: as stored, else recomputed from its log."""
     from dpicl_audit.pipeline.estimation import estimate_run, load_run
     from dpicl_audit.store import TrialStore

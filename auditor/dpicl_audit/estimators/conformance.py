@@ -49,6 +49,7 @@ from scipy import integrate, stats
 
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.estimators.stats import FloatArray
+from dpicl_audit.jsontypes import JsonObject
 
 __all__ = [
     "CONFORMANCE_ERROR",
@@ -367,6 +368,6 @@ def _lag1(u: FloatArray, g: npt.NDArray[np.object_]) -> list[ConformanceTest]:
     ]
 
 
-def summarise(tests: Sequence[ConformanceTest], meta: Mapping[str, Any]) -> dict[str, Any]:
+def summarise(tests: Sequence[ConformanceTest], meta: Mapping[str, Any]) -> JsonObject:
     """The setting's conformance dict at its share of the run's error."""
     return Conformance(conformance_alpha(meta, len(tests)), tuple(tests)).to_dict()

@@ -50,6 +50,7 @@ from typing import Any, ClassVar, Protocol
 from dpicl_audit.client import AuditTarget, GenerationTarget
 from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import TargetProtocolError
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.mechanisms.settings import MechanismSettings, PartitionedSettings
 from dpicl_audit.mechanisms.trial_estimates import (
     estimate_trials,
@@ -85,7 +86,7 @@ class Design(Protocol):
     @property
     def query(self) -> str: ...
 
-    def to_json(self) -> dict[str, Any]: ...
+    def to_json(self) -> JsonObject: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,13 +189,13 @@ class MechanismAudit:
         design: Design = self.design_type.from_json(data)
         return design
 
-    def summary(self, design: Any) -> dict[str, Any]:
+    def summary(self, design: Any) -> JsonObject:
         """What the results and the report say about the design."""
         raise NotImplementedError
 
     def context_body(
         self, design: Any, plan: AuditPlan, epsilon: float, world: int, *, name: str
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         """The ``POST /v1/contexts`` body of C1 (``world == 1``) or C0 at one epsilon."""
         raise NotImplementedError
 
@@ -260,14 +261,14 @@ class MechanismAudit:
 
     async def audit_ledger(
         self, target: AuditTarget, design: Any, plan: AuditPlan
-    ) -> dict[str, Any] | None:
+    ) -> JsonObject | None:
         """The ledger audited from outside (:mod:`dpicl_audit.planning.ledger`); None where the
         mechanism has no such audit."""
         return None
 
     async def audit_parameters(
         self, target: AuditTarget, design: Any, plan: AuditPlan
-    ) -> dict[str, Any] | None:
+    ) -> JsonObject | None:
         """The client parameters swept (:mod:`dpicl_audit.planning.parameters`); None where
         the mechanism has no such audit."""
         return None

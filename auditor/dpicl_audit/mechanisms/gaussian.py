@@ -10,6 +10,7 @@ from typing import Any
 
 from dpicl_audit.client import AuditTarget
 from dpicl_audit.errors import TargetProtocolError
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.mechanisms.base import MechanismAudit, exemplar_dicts
 from dpicl_audit.mechanisms.settings import GaussianSettings
 from dpicl_audit.plan import AuditPlan
@@ -139,7 +140,7 @@ class GaussianMechanismAudit(MechanismAudit):
 
     async def audit_ledger(
         self, target: AuditTarget, design: Any, plan: AuditPlan
-    ) -> dict[str, Any] | None:
+    ) -> JsonObject | None:
         """A probe context of C0's body, asked until refused (ledger.probe_ledger)."""
 
         return await probe_ledger(self, target, design, plan)
@@ -157,7 +158,7 @@ class GaussianMechanismAudit(MechanismAudit):
         return context_capacity(plan)
 
     @staticmethod
-    def neighbour_summary(design: Any) -> dict[str, Any]:
+    def neighbour_summary(design: Any) -> JsonObject:
         """The design facts voting and ESA report alike."""
         return {
             "attack": design.attack,

@@ -28,6 +28,7 @@ from pydantic import (
 
 from dpicl_audit.attacks import check_attack
 from dpicl_audit.errors import InvalidPlan
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.mechanisms.catalog import mechanism_names, settings_for
 from dpicl_audit.plan.sources import MASK, plan_data_from_sources, public_plan_data
 from dpicl_audit.plan.specs import (
@@ -157,7 +158,7 @@ class AuditPlan(BaseModel):
 
     # ----------------------------------------------------------------- views
 
-    def public_dump(self) -> dict[str, Any]:
+    def public_dump(self) -> JsonObject:
         """The plan as JSON-ready data with the tokens masked (what the trial log stores)."""
         data = self.model_dump(mode="json")
         target = data["target"]

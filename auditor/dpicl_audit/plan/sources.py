@@ -76,6 +76,7 @@ from pathlib import Path
 from typing import Any
 
 from dpicl_audit.errors import InvalidPlan
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.mechanisms.catalog import settings_for
 
 __all__ = ["MASK", "MAX_PLAN_BYTES", "plan_data_from_sources", "public_plan_data"]
@@ -89,7 +90,7 @@ MAX_PLAN_BYTES = 1024 * 1024
 
 def plan_data_from_sources(
     path: str | Path | None, overrides: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
+) -> JsonObject:
     """A TOML file (optional) with dotted-key ``overrides`` (CLI flags) applied on top: the
     plan's data, which :meth:`~dpicl_audit.plan.AuditPlan.from_sources` validates.
 
@@ -133,7 +134,7 @@ def public_plan_data(
     admin_token: str | None = None,
     api_key: str | None = None,
     base_url: str | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """The data of a plan stored by :meth:`~dpicl_audit.plan.AuditPlan.public_dump`, with
     fresh credentials (:meth:`~dpicl_audit.plan.AuditPlan.from_public` validates it)."""
     payload = dict(data)

@@ -27,6 +27,7 @@ from scipy import stats
 
 from dpicl_audit.client import AuditTarget
 from dpicl_audit.errors import TargetError, TargetNotFound, TargetRejected
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.planning.ledger import planned_queries
 
 __all__ = ["ALPHA", "PER_VARIANT", "VARIANTS", "sweep_parameters"]
@@ -62,7 +63,7 @@ async def sweep_parameters(
     query: str,
     *,
     budget: dict[str, float] | None,
-) -> dict[str, Any] | None:
+) -> JsonObject | None:
     """The sweep of the module docstring on a fresh context of ``body`` (a voting context
     body) with ``budget``, which holds :data:`SWEEP_ANSWERS` answers as the mechanism's
     audit composes them (None: no budget within the server's limit does); None where the
@@ -99,7 +100,7 @@ async def sweep_parameters(
     return _judge(variants)
 
 
-def _judge(variants: list[dict[str, Any]]) -> dict[str, Any]:
+def _judge(variants: list[dict[str, Any]]) -> JsonObject:
     answered = [v for v in variants if not v["refused"]]
     names = sorted({lab for v in answered for lab in v["labels"]})
     out: dict[str, Any] = {"variants": variants, "per_variant": PER_VARIANT}

@@ -20,6 +20,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.utility.estimators import accuracy_interval, bootstrap_interval
 from dpicl_audit.utility.plan import FEW_SHOT, ZERO_SHOT
 
@@ -105,7 +106,7 @@ def summarise_trials(
 
 def summarise(
     store: TrialStore, run_id: str, plan: UtilityPlan, *, refused: dict[str, str] | None = None
-) -> dict[str, Any]:
+) -> JsonObject:
     """:func:`summarise_trials` over a run's logged trials; ``refused`` defaults to what the
     stored results said."""
     if refused is None:

@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import Any, ClassVar, Literal, get_args
 
 from dpicl_audit.errors import InvalidAuditInput
+from dpicl_audit.jsontypes import JsonObject
 
 __all__ = [
     "EXIT_CODES",
@@ -146,7 +147,7 @@ class Verdict:
             out["nonconforming"] = list(self.nonconforming)
         return out | dict(self.extra)
 
-    def _fields(self) -> dict[str, Any]:
+    def _fields(self) -> JsonObject:
         return {}
 
     @staticmethod
@@ -226,7 +227,7 @@ class GaussianVerdict(Verdict):
         "trials_needed",
     )
 
-    def _fields(self) -> dict[str, Any]:
+    def _fields(self) -> JsonObject:
         return {
             "reasons": list(self.reasons),
             "advice": list(self.advice),

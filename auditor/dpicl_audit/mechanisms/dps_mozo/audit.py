@@ -64,6 +64,7 @@ from dpicl_audit.estimators.conformance import ConformanceTest
 from dpicl_audit.estimators.draws import Draw, sampling_tests
 from dpicl_audit.estimators.exchangeable import order_can_inform
 from dpicl_audit.estimators.gdp import gdp_epsilon
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.mechanisms.base import (
     MechanismAudit,
     SettingRows,
@@ -158,7 +159,7 @@ class MozoAudit(MechanismAudit):
     def build_design(self, plan: AuditPlan, dataset: LabelledDataset) -> MozoDesign:
         return mozo_design(plan, dataset)
 
-    def summary(self, design: MozoDesign) -> dict[str, Any]:
+    def summary(self, design: MozoDesign) -> JsonObject:
         return {
             "attack": design.attack,
             "canary_kind": "signal",

@@ -58,6 +58,7 @@ import numpy as np
 from dpicl_audit.client import AuditTarget
 from dpicl_audit.datasets import LabelledDataset
 from dpicl_audit.errors import TargetProtocolError
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.mechanisms.base import SettingRows, TrialAt, ask, needs_internal
 from dpicl_audit.mechanisms.esa.bootstrap import estimate_esa_bootstrap
 from dpicl_audit.mechanisms.esa.build import build_generation_design
@@ -89,7 +90,7 @@ class EsaAudit(GaussianMechanismAudit):
     def build_design(self, plan: AuditPlan, dataset: LabelledDataset) -> GenerationDesign:
         return build_generation_design(plan, dataset)
 
-    def summary(self, design: GenerationDesign) -> dict[str, Any]:
+    def summary(self, design: GenerationDesign) -> JsonObject:
         return self.neighbour_summary(design) | {
             "labels": [design.y1, design.y0],
             "positive": design.y1,

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from dpicl_audit.estimators.conformance import ConformanceTest, residual_tests
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.mechanisms.base import SettingRows
 from dpicl_audit.mechanisms.esa.build import release_epsilon_meta
 from dpicl_audit.mechanisms.esa.design import GenerationDesign
@@ -51,7 +52,7 @@ _N_RANDOM_DIRECTIONS = 8
 
 def esa_meta(
     plan: AuditPlan, design: GenerationDesign, meta: dict[str, Any], sigma: float | None
-) -> dict[str, Any]:
+) -> JsonObject:
     """ESA's epsilon_exact (worst-case shift) and epsilon_exact_signal (the actual shift)."""
 
     t = EsaSettings.of(plan).partitions
@@ -147,7 +148,7 @@ def esa_setting_conformance(
     return esa_conformance(out, rows, meta, signal=signal, seed=seed, bootstrap=bootstrap)
 
 
-def signal_reference(meta: Mapping[str, Any]) -> dict[str, Any]:
+def signal_reference(meta: Mapping[str, Any]) -> JsonObject:
     """The meta a verdict reads: on the simulator, whose canary partition outputs exactly the
     design's signal texts, the design's own exact epsilon ``epsilon_exact_signal`` (the
     canary's actual shift ``D / T``) is the reference where it is below the worst case, so a

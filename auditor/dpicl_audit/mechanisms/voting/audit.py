@@ -32,6 +32,7 @@ from dpicl_audit.client import AuditTarget
 from dpicl_audit.datasets import LabelledDataset
 from dpicl_audit.errors import TargetProtocolError
 from dpicl_audit.estimators.extra_fields import response_fields
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.mechanisms.base import SettingRows, TrialAt, ask, needs_internal
 from dpicl_audit.mechanisms.gaussian import GaussianMechanismAudit, gaussian_setting_meta
 from dpicl_audit.mechanisms.settings import MechanismSettings
@@ -75,7 +76,7 @@ class VotingAudit(GaussianMechanismAudit):
             return RdpDesign.from_json(data)
         return AuditDesign.from_json(data)
 
-    def summary(self, design: AuditDesign | RdpDesign) -> dict[str, Any]:
+    def summary(self, design: AuditDesign | RdpDesign) -> JsonObject:
         return self.neighbour_summary(design) | design.summary_fields()
 
     def context_body(
@@ -86,7 +87,7 @@ class VotingAudit(GaussianMechanismAudit):
         world: int,
         *,
         name: str,
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         body = self.base_body(design, plan, epsilon, world, name=name)
         body["labels"] = list(design.labels)
         if design.template is not None:
@@ -125,14 +126,14 @@ class VotingAudit(GaussianMechanismAudit):
                 raise TargetProtocolError(f"/v1/debug/classify: {exc.args[0]}") from exc
         return at.record(design.query, observation, design.decide_label(label), latency, score)
 
-    def white_box_observation(self, out: Mapping[str, Any], at: TrialAt) -> dict[str, Any]:
+    def white_box_observation(self, out: Mapping[str, Any], at: TrialAt) -> JsonObject:
         """What a white-box trial logs of ``/v1/debug/classify`` (:func:`white_box_votes`;
         a variant with other noise logs its own parameters)."""
         return white_box_votes(out, at)
 
     async def audit_parameters(
         self, target: AuditTarget, design: AuditDesign | RdpDesign, plan: AuditPlan
-    ) -> dict[str, Any] | None:
+    ) -> JsonObject | None:
         """The chat route's client parameters swept on a fresh C1 context at the first
         epsilon (planning.parameters); none for paper 003's sequences."""
         if isinstance(design, RdpDesign) or getattr(design, "attack", None) != "inquery":
@@ -192,7 +193,7 @@ def _votes(value: Any, name: str) -> dict[str, float]:
         raise TargetProtocolError(f"/v1/debug/classify: {name} holds non-numbers") from exc
 
 
-def white_box_votes(out: Mapping[str, Any], at: TrialAt) -> dict[str, Any]:
+def white_box_votes(out: Mapping[str, Any], at: TrialAt) -> JsonObject:
     """What a white-box voting trial logs of ``/v1/debug/classify``: the noisy votes, sigma,
     and the clean votes (required when ``at.need_clean``: bootstrap needs them)."""
     observation: dict[str, Any] = {

@@ -10,6 +10,7 @@ from typing import Any
 from dpicl_audit.errors import InvalidPlan
 from dpicl_audit.estimators.extra_fields import dependence_test
 from dpicl_audit.estimators.label_release import label_release_epsilon, label_release_probabilities
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.mechanisms.base import SettingRows
 from dpicl_audit.mechanisms.settings import PartitionedSettings
 from dpicl_audit.mechanisms.trial_estimates import estimate_trials, with_verdict
@@ -29,7 +30,7 @@ __all__ = ["estimate_sequence", "estimate_votes", "release_meta", "release_refer
 
 def release_meta(
     design: AuditDesign | RdpDesign, plan: AuditPlan, sigma: float | None
-) -> dict[str, Any]:
+) -> JsonObject:
     """A setting's meta from the design: the layout, and where the noise ``sigma`` is known
     the released label's own exact epsilon at the design's intended clean votes (the ceiling
     of the assumption-free black-box bound) and its release rates. Paper 003's query
@@ -49,7 +50,7 @@ def release_meta(
     return meta
 
 
-def release_reference(meta: Mapping[str, Any], attack: str, setting: str) -> dict[str, Any] | None:
+def release_reference(meta: Mapping[str, Any], attack: str, setting: str) -> JsonObject | None:
     """The meta the black-box figure reads on the simulator, whose clean votes are exactly
     the design's: the released label's own exact epsilon ``epsilon_exact_release`` is the
     reference where it is below the worst case (issue 27: a bound above the design's own

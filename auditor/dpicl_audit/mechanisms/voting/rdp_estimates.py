@@ -39,6 +39,7 @@ from dpicl_audit.estimators.rdp_audit import (
     simulate_label_counts,
     two_cut_from_labels,
 )
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.mechanisms.voting.rdp import RdpDesign
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.results import RdpAudit
@@ -86,7 +87,7 @@ def _per_query(
     sigma: float | None,
     confidence: float,
     rng: np.random.Generator,
-) -> dict[str, Any]:
+) -> JsonObject:
     orders = np.asarray(DEFAULT_ORDERS)
     w1 = [r for r in rows if r.world == 1]
     w0 = [r for r in rows if r.world == 0]
