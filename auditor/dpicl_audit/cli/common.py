@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -190,7 +190,7 @@ def guard(fn: Callable[[], T]) -> T:
         raise typer.Exit(1) from exc
 
 
-def emit(results: dict[str, Any], as_json: bool, path: Path | None = None) -> None:
+def emit(results: Mapping[str, Any], as_json: bool, path: Path | None = None) -> None:
     from dpicl_audit.pipeline.results import print_results
     from dpicl_audit.results import jsonable
 

@@ -209,7 +209,7 @@ def utility(
     _write(results, Path(out) / rid / "utility.json", as_json)
 
 
-def _write(results: dict[str, Any], path: Path, as_json: bool) -> None:
+def _write(results: Mapping[str, Any], path: Path, as_json: bool) -> None:
     """The results to ``path`` (utility.json), then printed: as JSON or as the table."""
     from dpicl_audit.utility.report import print_utility
 

@@ -17,6 +17,7 @@ from rich.console import Console
 
 from dpicl_audit.demo.servers import DemoServer
 from dpicl_audit.estimators.trial_budget import POWER_MARGIN, plan_trials, planned_needs
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.pipeline.run import bootstrap_audit, run_audit
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.schedule import CLEAN_SETTING, new_run_id
@@ -35,7 +36,7 @@ console = Console(stderr=True)
 
 
 def _plan(srv: DemoServer, **overrides: Any) -> AuditPlan:
-    base: dict[str, Any] = {
+    base: JsonObject = {
         "target.base_url": srv.url,
         "target.admin_token": srv.admin_token,
         "target.api_key": srv.api_key,
@@ -91,7 +92,7 @@ MODEL_EPSILONS = (4.0, 8.0)
 
 def _esa_overrides(n_llm: int, n_sample: int, *, model: bool) -> dict[str, Any]:
     """ESA bootstrap on the bundled dialogue set with Table 3's first signal pair."""
-    out: dict[str, Any] = {
+    out: JsonObject = {
         "mechanism.name": "esa",
         "mechanism.partitions": 4,
         "mechanism.shots": 2,

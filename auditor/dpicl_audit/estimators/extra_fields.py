@@ -87,7 +87,7 @@ def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
 def response_fields(response: Mapping[str, Any]) -> JsonObject:
     """The fields of a response besides the answer and what is public by design, flattened
     to dotted paths (list indices as numbers); empty for a response that has none."""
-    flat: dict[str, Any] = {}
+    flat: JsonObject = {}
     _flatten(response, "", flat)
     kept = {k: v for k, v in flat.items() if not _public(k)}
     return dict(sorted(kept.items())[:_MAX_FIELDS])

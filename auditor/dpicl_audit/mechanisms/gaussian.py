@@ -63,7 +63,7 @@ def gaussian_setting_meta(
     with C1's mechanism record (None before contexts exist)."""
     setting = plan.setting_key(epsilon)
     c1, c0 = contexts.get((setting, 1)), contexts.get((setting, 0))
-    meta: dict[str, Any] = {
+    meta: JsonObject = {
         "setting": setting,
         "epsilon_theory": epsilon,
         "delta": plan.mechanism.delta,

@@ -97,7 +97,7 @@ def plan_data_from_sources(
     ``overrides`` maps dotted paths (``"mechanism.epsilons"``, ``"target.base_url"``) to
     values; ``None`` values are ignored so unset flags keep the file's values.
     """
-    data: dict[str, Any] = {}
+    data: JsonObject = {}
     if path is not None:
         p = Path(path)
         try:

@@ -38,7 +38,7 @@ async def deployment_settings(target: AuditTarget, ident: str) -> JsonObject:
     """``{"epsilon", "delta", "partitions"}`` of the deployed context ``ident`` (None where
     the deployment does not report one); raises TargetProtocolError where it reports no
     epsilon."""
-    found: dict[str, Any] = {}
+    found: JsonObject = {}
     try:
         info = await target.get_context(ident)
     except TargetError:

@@ -26,7 +26,7 @@ must be None.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -202,11 +202,11 @@ class TrialStore:
         self,
         run_id: str,
         *,
-        plan: dict[str, Any],
-        versions: dict[str, Any],
+        plan: Mapping[str, Any],
+        versions: Mapping[str, Any],
         kind: str = "run",
         name: str | None = None,
-        design: dict[str, Any] | None = None,
+        design: Mapping[str, Any] | None = None,
     ) -> None:
         now = _now()
         try:
@@ -221,11 +221,11 @@ class TrialStore:
         self,
         run_id: str,
         now: dt.datetime,
-        plan: dict[str, Any],
-        versions: dict[str, Any],
+        plan: Mapping[str, Any],
+        versions: Mapping[str, Any],
         kind: str,
         name: str | None,
-        design: dict[str, Any] | None,
+        design: Mapping[str, Any] | None,
     ) -> None:
         with self.engine.begin() as conn:
             conn.execute(
@@ -299,7 +299,7 @@ class TrialStore:
         world: int,
         epsilon: float,
         context_id: str,
-        info: dict[str, Any],
+        info: Mapping[str, Any],
     ) -> None:
         """Record (or replace) the server context of one (setting, world)."""
         with self.engine.begin() as conn:

@@ -13,6 +13,7 @@ bound): ``spent_epsilon_per_exemplar`` is the largest such sum over the draws.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -117,13 +118,13 @@ def summarise(
     return out
 
 
-def _interval(v: dict[str, Any] | None) -> str:
+def _interval(v: Mapping[str, Any] | None) -> str:
     if not v:
         return "-"
     return f"{v['value']:.3f} [{v['low']:.3f}, {v['high']:.3f}]"
 
 
-def print_utility(results: dict[str, Any], console: Console) -> None:
+def print_utility(results: Mapping[str, Any], console: Console) -> None:
     """The per-cell table, baselines first."""
     metric = results["metric"]
     # The interval's kind is said under the table: the column stays narrow enough for 80.

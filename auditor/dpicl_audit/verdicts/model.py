@@ -133,7 +133,7 @@ class Verdict:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object stored under an estimate's ``"verdict"``."""
-        out: dict[str, Any] = {"status": self.status.value}
+        out: JsonObject = {"status": self.status.value}
         if self.word is not None:
             out["verdict"] = self.word
         if self.violation is not None:

@@ -176,7 +176,7 @@ class MozoAudit(MechanismAudit):
         self, design: MozoDesign, plan: AuditPlan, epsilon: float, world: int, *, name: str
     ) -> dict[str, Any]:
         m = MozoSettings.of(plan)
-        mechanism: dict[str, Any] = {
+        mechanism: JsonObject = {
             "name": self.name,
             "guarantee": m.guarantee,
             "epsilon": float(epsilon),
@@ -216,7 +216,7 @@ class MozoAudit(MechanismAudit):
         )
         text = str(out["text"])
         cost = out.get("cost") if isinstance(out.get("cost"), Mapping) else {}
-        observation: dict[str, Any] = {
+        observation: JsonObject = {
             "text": text,
             "starts_with": _starts_with(text, design.signals),
             "cost_epsilon": (cost or {}).get("epsilon"),

@@ -144,7 +144,7 @@ class EsaAudit(GaussianMechanismAudit):
             target, at, design.query, max_tokens=EsaSettings.of(plan).max_tokens
         )
         text = str(out["text"])
-        observation: dict[str, Any] = {"text": text}
+        observation: JsonObject = {"text": text}
         score: float | None = None
         if at.white:
             noisy = _floats(out.get("noisy_mean"), "noisy_mean")

@@ -97,7 +97,7 @@ def estimate_esa_trials(s: SettingRows, calls_per_query: int) -> SettingResult:
     from scipy.stats import beta
 
     power = dict(meta)
-    note: dict[str, Any] = {}
+    note: JsonObject = {}
     rates = meta.get("release_rates")
     if rows and design.attack == "inquery" and rates is not None:
         n = len(rows)

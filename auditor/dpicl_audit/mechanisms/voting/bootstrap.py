@@ -4,7 +4,7 @@ simulation is :func:`.simulation.bootstrap_voting_audit`."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,7 +25,7 @@ def estimate_voting_bootstrap(
     design: AuditDesign,
     k: int,
     clean: Sequence[TrialRecord],
-    meta: dict[str, Any],
+    meta: Mapping[str, Any],
 ) -> SettingResult:
     # slow imports: only when needed
     from dpicl_audit.estimators.noise_check import check_noise, residuals_from_observations

@@ -37,7 +37,7 @@ def release_meta(
     sequences have no single release (so no release epsilon), only the adversary's name."""
     if isinstance(design, RdpDesign):
         return {"design": f"rdp:{design.attack}"}
-    meta: dict[str, Any] = {}
+    meta: JsonObject = {}
     if sigma is not None:
         with_v, without_v = design_votes(design, PartitionedSettings.of(plan).partitions)
         meta["epsilon_exact_release"] = label_release_epsilon(

@@ -22,7 +22,7 @@ Theorem 1 of 003, an upper-bound conversion: for the lower bounds it is illustra
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -165,7 +165,7 @@ def _for_the_family(
 
 
 def estimate_rdp(
-    plan: AuditPlan, design: RdpDesign, rows: Sequence[TrialRecord], meta: dict[str, Any]
+    plan: AuditPlan, design: RdpDesign, rows: Sequence[TrialRecord], meta: Mapping[str, Any]
 ) -> RdpAudit:
     """The ``rdp`` block of one epsilon (per query and composed), its epsilons, verdict."""
     orders = np.asarray(DEFAULT_ORDERS)
