@@ -47,7 +47,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
-from dpicl_audit.client import AuditTarget, GenerationTarget
+from dpicl_audit.client import AuditTarget, ContextBody, GenerationTarget
 from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import TargetProtocolError
 from dpicl_audit.jsontypes import JsonObject
@@ -195,7 +195,7 @@ class MechanismAudit:
 
     def context_body(
         self, design: Any, plan: AuditPlan, epsilon: float, world: int, *, name: str
-    ) -> JsonObject:
+    ) -> ContextBody:
         """The ``POST /v1/contexts`` body of C1 (``world == 1``) or C0 at one epsilon."""
         raise NotImplementedError
 

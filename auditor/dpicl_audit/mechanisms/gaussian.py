@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from dpicl_audit.client import AuditTarget
+from dpicl_audit.client import AuditTarget, ContextBody
 from dpicl_audit.errors import TargetProtocolError
 from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.mechanisms.base import MechanismAudit, exemplar_dicts
@@ -107,7 +107,7 @@ class GaussianMechanismAudit(MechanismAudit):
 
     def base_body(
         self, design: Any, plan: AuditPlan, epsilon: float, world: int, *, name: str
-    ) -> dict[str, Any]:
+    ) -> ContextBody:
         """The body fields voting and ESA share."""
         mech = GaussianSettings.of(plan)
         return {

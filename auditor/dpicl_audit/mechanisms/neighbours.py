@@ -128,7 +128,7 @@ class NeighbourPair:
         return self.exemplars_c1 if world == 1 else self.exemplars_c0
 
 
-def pair_to_json(design: Any) -> dict[str, Any]:
+def pair_to_json(design: Any) -> JsonObject:
     """A design dataclass as JSON-ready data (tuples as lists)."""
     data: JsonObject = asdict(design)
     data["exemplars_c0"] = [asdict(e) for e in design.exemplars_c0]

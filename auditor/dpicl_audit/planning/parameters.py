@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from dpicl_audit.client import AuditTarget
+from dpicl_audit.client import AuditTarget, ContextBody
 from dpicl_audit.errors import TargetError, TargetNotFound, TargetRejected
 from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.planning.ledger import planned_queries
@@ -59,7 +59,7 @@ SWEEP_ANSWERS = planned_queries(PER_VARIANT * len(VARIANTS))
 
 async def sweep_parameters(
     target: AuditTarget,
-    body: Mapping[str, Any],
+    body: ContextBody,
     query: str,
     *,
     budget: dict[str, float] | None,
@@ -72,7 +72,8 @@ async def sweep_parameters(
         return None
     if budget is None:
         return {"status": "unchecked", "message": "no budget within the server's limit holds it"}
-    probe = dict(body) | {"name": f"{body.get('name')} parameters", "budget": budget}
+    probe = body.copy()
+    probe["name"], probe["budget"] = f"{body['name']} parameters", budget
     info = await target.create_context(probe)
     cid = str(info["id"])
     variants: list[dict[str, Any]] = []

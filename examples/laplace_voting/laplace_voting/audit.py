@@ -37,6 +37,7 @@ import dp_accounting
 from dp_accounting.pld import PLDAccountant
 from scipy import stats
 
+from dpicl_audit.client import ContextBody
 from dpicl_audit.errors import InvalidAuditInput, TargetProtocolError
 from dpicl_audit.mechanisms.base import MechanismAudit, SettingRows, TrialAt, exemplar_dicts
 from dpicl_audit.mechanisms.gaussian import check_partition_seed
@@ -102,11 +103,11 @@ class LaplaceVotingAudit(VotingAudit):
 
     def context_body(
         self, design: Any, plan: AuditPlan, epsilon: float, world: int, *, name: str
-    ) -> dict[str, Any]:
+    ) -> ContextBody:
         # Its own settings: T partitions, a seed, a temperature; pure epsilon-DP, so no
         # delta and no Gaussian calibration.
         mech = LaplaceVotingSettings.of(plan)
-        body: dict[str, Any] = {
+        body: ContextBody = {
             "name": name,
             "task": self.task,
             "exemplars": exemplar_dicts(design.exemplars(world)),

@@ -57,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-from dpicl_audit.client import AuditTarget
+from dpicl_audit.client import AuditTarget, ContextBody
 from dpicl_audit.datasets import LabelledDataset
 from dpicl_audit.errors import InvalidAuditInput, TargetProtocolError
 from dpicl_audit.estimators.conformance import ConformanceTest
@@ -174,9 +174,9 @@ class MozoAudit(MechanismAudit):
 
     def context_body(
         self, design: MozoDesign, plan: AuditPlan, epsilon: float, world: int, *, name: str
-    ) -> dict[str, Any]:
+    ) -> ContextBody:
         m = MozoSettings.of(plan)
-        mechanism: JsonObject = {
+        mechanism: dict[str, object] = {
             "name": self.name,
             "guarantee": m.guarantee,
             "epsilon": float(epsilon),

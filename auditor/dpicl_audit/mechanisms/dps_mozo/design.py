@@ -12,6 +12,7 @@ import numpy as np
 
 from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import DatasetError
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.mechanisms.dps_mozo.settings import MozoSettings
 from dpicl_audit.mechanisms.neighbours import NeighbourPair, pair_from_json, pair_to_json
 from dpicl_audit.plan import AuditPlan
@@ -46,7 +47,7 @@ class MozoDesign(NeighbourPair):
     def decide_text(self, text: str) -> int:
         return decide(text, self.signals[0])
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return pair_to_json(self) | {"design_kind": "dps-mozo"}
 
     @classmethod

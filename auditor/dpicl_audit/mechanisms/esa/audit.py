@@ -55,7 +55,7 @@ from typing import Any
 
 import numpy as np
 
-from dpicl_audit.client import AuditTarget
+from dpicl_audit.client import AuditTarget, ContextBody
 from dpicl_audit.datasets import LabelledDataset
 from dpicl_audit.errors import TargetProtocolError
 from dpicl_audit.jsontypes import JsonObject
@@ -104,7 +104,7 @@ class EsaAudit(GaussianMechanismAudit):
 
     def context_body(
         self, design: GenerationDesign, plan: AuditPlan, epsilon: float, world: int, *, name: str
-    ) -> dict[str, Any]:
+    ) -> ContextBody:
         body = self.base_body(design, plan, epsilon, world, name=name)
         body["template"] = design.template
         mech = EsaSettings.of(plan)

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from dpicl_audit.client import AuditTarget
+from dpicl_audit.client import AuditTarget, ContextBody
 from dpicl_audit.datasets import LabelledDataset
 from dpicl_audit.errors import TargetProtocolError
 from dpicl_audit.estimators.extra_fields import response_fields
@@ -87,7 +87,7 @@ class VotingAudit(GaussianMechanismAudit):
         world: int,
         *,
         name: str,
-    ) -> JsonObject:
+    ) -> ContextBody:
         body = self.base_body(design, plan, epsilon, world, name=name)
         body["labels"] = list(design.labels)
         if design.template is not None:

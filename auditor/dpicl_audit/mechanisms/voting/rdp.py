@@ -38,6 +38,7 @@ import numpy as np
 
 from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import DatasetError
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.mechanisms.neighbours import (
     STREAM_DESIGN,
     NeighbourPair,
@@ -82,7 +83,7 @@ class RdpDesign(NeighbourPair):
     def clean_vector(self, votes: Mapping[str, float]) -> list[float]:
         return [float(votes.get(lab, 0.0)) for lab in self.labels]
 
-    def summary_fields(self) -> dict[str, Any]:
+    def summary_fields(self) -> JsonObject:
         """What a run's summary shows of this design beyond the neighbours."""
         return {
             "labels": list(self.labels),
@@ -91,7 +92,7 @@ class RdpDesign(NeighbourPair):
             "distinct_queries": len(set(self.queries)),
         }
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return pair_to_json(self) | {"design_kind": "rdp"}
 
     @classmethod
