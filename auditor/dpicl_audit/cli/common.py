@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -202,7 +202,7 @@ def emit(results: Mapping[str, Any], as_json: bool, path: Path | None = None) ->
         out_console.print(f"results: {path}")
 
 
-def exit_on_verdict(results: list[dict[str, Any]], strict: bool = False) -> None:
+def exit_on_verdict(results: Sequence[Mapping[str, Any]], strict: bool = False) -> None:
     """Exit with the worst verdict's code (verdicts.EXIT_CODES: 4 NONCONFORMING, 5 VIOLATION
     or BUG; 3 INCONCLUSIVE only under ``--strict``), so that a deployment pipeline can fail
     on it. Figures without power are listed on stderr either way, with what would give them

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -101,7 +101,7 @@ async def sweep_parameters(
     return _judge(variants)
 
 
-def _judge(variants: list[dict[str, Any]]) -> JsonObject:
+def _judge(variants: Sequence[Mapping[str, Any]]) -> JsonObject:
     answered = [v for v in variants if not v["refused"]]
     names = sorted({lab for v in answered for lab in v["labels"]})
     out: dict[str, Any] = {"variants": variants, "per_variant": PER_VARIANT}

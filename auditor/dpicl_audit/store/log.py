@@ -139,10 +139,10 @@ class RunRecord:
     created_at: dt.datetime
     updated_at: dt.datetime
     status: str
-    plan: dict[str, Any]
-    design: dict[str, Any] | None
-    versions: dict[str, Any]
-    results: dict[str, Any] | None
+    plan: Mapping[str, Any]
+    design: Mapping[str, Any] | None
+    versions: Mapping[str, Any]
+    results: Mapping[str, Any] | None
     wall_time_s: float
     llm_calls: int
     queries: int
@@ -155,7 +155,7 @@ class ContextRecord:
     world: int
     epsilon: float
     context_id: str
-    info: dict[str, Any]
+    info: Mapping[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +165,7 @@ class TrialRecord:
     world: int
     context_id: str
     query: str
-    observation: dict[str, Any]
+    observation: Mapping[str, Any]
     decision: int | None
     latency_s: float
     epsilon: float | None = None

@@ -185,6 +185,6 @@ def utility_results(store: TrialStore, run_ids: list[str]) -> dict[str, dict[str
         if run.results is not None:
             out[rid] = dict(run.results)
         else:
-            plan = UtilityPlan.model_validate(run.plan | {"target": {}})
+            plan = UtilityPlan.model_validate({**run.plan, "target": {}})
             out[rid] = summarise(store, rid, plan, refused={})
     return out

@@ -189,7 +189,7 @@ async def run_utility(
         stored = store.get_run(run_id)
         if stored.kind != KIND:
             raise InvalidPlan(f"run {run_id!r} is a {stored.kind} run; `dpicl-audit resume` it")
-        base = UtilityPlan.model_validate(stored.plan | {"target": {}})
+        base = UtilityPlan.model_validate({**stored.plan, "target": {}})
         spec = _with_overrides(
             TargetSpec.model_validate(_unmasked(stored.plan.get("target", {}))), overrides or {}
         )

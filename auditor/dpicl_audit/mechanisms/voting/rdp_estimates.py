@@ -122,7 +122,7 @@ def _released_cuts(
     }
 
 
-def _composed(per_query: Sequence[dict[str, Any]], key: str) -> list[float] | None:
+def _composed(per_query: Sequence[Mapping[str, Any]], key: str) -> list[float] | None:
     """The order-wise sum over the sequence, each distinct query as often as it is asked."""
     if not all(key in p for p in per_query):
         return None
@@ -135,7 +135,7 @@ def _composed(per_query: Sequence[dict[str, Any]], key: str) -> list[float] | No
 def _for_the_family(
     rdp: dict[str, Any],
     alone: Verdict,
-    per_query: Sequence[dict[str, Any]],
+    per_query: Sequence[Mapping[str, Any]],
     design: RdpDesign,
     family: Family,
 ) -> Verdict:
@@ -145,7 +145,7 @@ def _for_the_family(
     orders = np.asarray(rdp["orders"])
     strict = 1.0 - (1.0 - family.confidence) / (len(per_query) * family.size)
     again = [
-        p
+        dict(p)
         | _released_cuts(
             np.asarray(p["label_counts"]["C1"]),
             np.asarray(p["label_counts"]["C0"]),
