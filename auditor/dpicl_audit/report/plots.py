@@ -21,7 +21,6 @@ from scipy import stats
 
 from dpicl_audit.estimators.exact import VOTING_SENSITIVITY
 from dpicl_audit.estimators.stats import clopper_pearson_upper, per_interval_confidence
-from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.report.data import THREATS, ReportRow, RunData, num
 from dpicl_audit.report.figure import png, pyplot
 from dpicl_audit.results import Estimate
@@ -82,7 +81,7 @@ def _log_ticks(ax: Any, xs: Sequence[float]) -> None:
 
 def legend_outside(fig: Any, axes: Sequence[Any]) -> None:
     """One legend for the whole figure, below the plot area (never over the data)."""
-    seen: JsonObject = {}
+    seen: dict[str, object] = {}  # label -> its first artist handle
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
             if label and not label.startswith("_"):

@@ -12,7 +12,6 @@ from typing import Any, ClassVar, Self
 import numpy as np
 
 from dpicl_audit.errors import InvalidAuditInput
-from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.verdicts import Verdict
 
 __all__ = [
@@ -170,7 +169,7 @@ class Record:
 
     def _merged(self, typed: Mapping[str, Any]) -> dict[str, Any]:
         """``typed`` (a value per typed key) and ``extra``, keys in their stored order."""
-        out: JsonObject = {}
+        out: dict[str, Any] = {}
         for k in self.keys:
             out[k] = self.extra[k] if k in self.extra else typed[k]
         for k, v in typed.items():

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dpicl_audit.errors import InvalidAuditInput
-from dpicl_audit.jsontypes import JsonObject
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -73,7 +72,7 @@ def open_engine(url: str, schema: str | None) -> Engine:
     dialect = sa_url.get_backend_name()
     if schema is not None and dialect == "sqlite":
         raise InvalidAuditInput("schema= is for PostgreSQL; SQLite files have none")
-    kwargs: JsonObject = {"future": True}
+    kwargs: dict[str, Any] = {"future": True}
     if dialect == "sqlite":
         path = sa_url.database
         if path and path != ":memory:":
