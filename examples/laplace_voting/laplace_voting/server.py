@@ -132,10 +132,13 @@ class LaplaceVoting(PartitionedMechanism):
         )
 
     def debug_view(self, outcome: Any, whitebox: str) -> dict[str, Any] | None:
-        """``sigma`` is the noise's standard deviation, b sqrt(2) (the scale is sigma/sqrt 2)."""
+        """``scale`` is the Laplace scale b each count's noise was drawn with (what the audit
+        reads and checks); ``sigma``, the noise's standard deviation b sqrt(2), is there only
+        while the server's debug response requires one."""
         out: LaplaceOutcome = outcome
         labels = out.context.labels
         body: dict[str, Any] = {
+            "scale": out.scale,
             "sigma": out.scale * math.sqrt(2.0),
             "noisy_votes": {lab: float(v) for lab, v in zip(labels, out.noisy_counts, strict=True)},
         }
