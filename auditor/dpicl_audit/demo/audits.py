@@ -90,7 +90,7 @@ class Counts:
 MODEL_EPSILONS = (4.0, 8.0)
 
 
-def _esa_overrides(n_llm: int, n_sample: int, *, model: bool) -> dict[str, Any]:
+def _esa_overrides(n_llm: int, n_sample: int, *, model: bool) -> JsonObject:
     """ESA bootstrap on the bundled dialogue set with Table 3's first signal pair."""
     out: JsonObject = {
         "mechanism.name": "esa",

@@ -84,7 +84,7 @@ class ConformanceTest:
     df: int
     detail: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
 

@@ -31,7 +31,7 @@ def is_legacy_mozo(run: RunRecord) -> bool:
     return run.plan.get("kind") == LEGACY_MOZO_KIND
 
 
-def _plan(old: Mapping[str, Any]) -> dict[str, Any]:
+def _plan(old: Mapping[str, Any]) -> JsonObject:
     mechanism: JsonObject = {
         "name": "dps-mozo",
         "epsilons": [float(old["epsilon"])],
@@ -57,7 +57,7 @@ def _plan(old: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _design(plan: Mapping[str, Any], old: Mapping[str, Any]) -> dict[str, Any]:
+def _design(plan: Mapping[str, Any], old: Mapping[str, Any]) -> JsonObject:
 
     p = AuditPlan.from_mapping(plan)
     design = mozo_design(p, load_dataset(p.dataset)).to_json()
@@ -65,7 +65,7 @@ def _design(plan: Mapping[str, Any], old: Mapping[str, Any]) -> dict[str, Any]:
     return design
 
 
-def _results(run: RunRecord, plan: Mapping[str, Any], design: Mapping[str, Any]) -> dict[str, Any]:
+def _results(run: RunRecord, plan: Mapping[str, Any], design: Mapping[str, Any]) -> JsonObject:
     old = dict(run.results or {})
     bb = dict(old.get("black_box") or {})
     eps = float(plan["mechanism"]["epsilons"][0])

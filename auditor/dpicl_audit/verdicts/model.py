@@ -131,7 +131,7 @@ class Verdict:
         """A VIOLATION or BUG."""
         return self.status.flags
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """The JSON object stored under an estimate's ``"verdict"``."""
         out: JsonObject = {"status": self.status.value}
         if self.word is not None:
