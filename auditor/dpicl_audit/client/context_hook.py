@@ -29,12 +29,11 @@ import shlex
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from dpicl_audit.client.http import ContextBody
+from dpicl_audit.client.http import JSON, ContextBody
 from dpicl_audit.errors import InvalidPlan, TargetProtocolError
 
 __all__ = ["ContextHook", "context_info", "load_hook"]
 
-JSON = dict[str, Any]
 ContextHook = Callable[[ContextBody], Awaitable[JSON]]
 """Takes a context body; returns the context's description, with at least its ``id``."""
 

@@ -50,7 +50,7 @@ ROUTES = ("native", "chat", "completions", "chat-stream")
 _MAX_ANSWERS = 16
 
 
-def _request(route: str, cid: str, query: str) -> tuple[str, dict[str, Any]]:
+def _request(route: str, cid: str, query: str) -> tuple[str, JsonObject]:
     if route == "native":
         return "/v1/classify", {"context_id": cid, "query": query}
     if route == "completions":

@@ -37,7 +37,7 @@ ALPHA = 1e-4
 #: Answers asked per variant.
 PER_VARIANT = 60
 #: The client parameters swept (name, the chat body's extra fields).
-VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
+VARIANTS: tuple[tuple[str, dict[str, float]], ...] = (
     ("no parameter", {}),
     ("temperature 0", {"temperature": 0}),
     ("temperature 1", {"temperature": 1}),
