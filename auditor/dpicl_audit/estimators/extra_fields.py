@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from dpicl_audit.jsontypes import JsonObject
+
 __all__ = ["ALPHA", "PUBLIC", "dependence_test", "response_fields"]
 
 #: Error of the test: a server whose fields are independent of the world is flagged in at
@@ -82,10 +84,10 @@ def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
         out[prefix] = value
 
 
-def response_fields(response: Mapping[str, Any]) -> dict[str, Any]:
+def response_fields(response: Mapping[str, Any]) -> JsonObject:
     """The fields of a response besides the answer and what is public by design, flattened
     to dotted paths (list indices as numbers); empty for a response that has none."""
-    flat: dict[str, Any] = {}
+    flat: JsonObject = {}
     _flatten(response, "", flat)
     kept = {k: v for k, v in flat.items() if not _public(k)}
     return dict(sorted(kept.items())[:_MAX_FIELDS])

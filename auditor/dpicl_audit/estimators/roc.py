@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from dpicl_audit.jsontypes import JsonObject
+
 __all__ = ["LOW_FPRS", "roc_from_decisions", "roc_from_scores"]
 
 #: The false-positive rates at which the TPR is reported.
@@ -21,7 +23,7 @@ LOW_FPRS = (0.1, 0.01, 0.001)
 _MAX_POINTS = 101
 
 
-def roc_from_scores(pos: npt.ArrayLike, neg: npt.ArrayLike) -> dict[str, Any] | None:
+def roc_from_scores(pos: npt.ArrayLike, neg: npt.ArrayLike) -> JsonObject | None:
     """AUROC (the Mann-Whitney probability that a trial with the canary scores above one
     without, ties counting half), TPR at each of :data:`LOW_FPRS` (the largest TPR of a
     threshold whose empirical FPR is at most it) and the curve (at most 101 points)."""
@@ -40,7 +42,7 @@ def roc_from_scores(pos: npt.ArrayLike, neg: npt.ArrayLike) -> dict[str, Any] | 
     return _summary(auroc, fpr, tpr)
 
 
-def roc_from_decisions(tp: int, fn: int, fp: int, tn: int) -> dict[str, Any] | None:
+def roc_from_decisions(tp: int, fn: int, fp: int, tn: int) -> JsonObject | None:
     """The same figures for a binary decision: one operating point."""
     if tp + fn == 0 or fp + tn == 0:
         return None

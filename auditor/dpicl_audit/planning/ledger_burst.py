@@ -37,6 +37,7 @@ from dpicl_audit.client import AuditTarget
 from dpicl_audit.client.openai import OpenAIClient
 from dpicl_audit.errors import TargetError, TargetNotFound
 from dpicl_audit.estimators.gdp import gdp_mu
+from dpicl_audit.jsontypes import JsonObject
 
 __all__ = ["BURST_EXTRA", "ROUTES", "audit_bursts"]
 
@@ -49,12 +50,12 @@ ROUTES = ("native", "chat", "completions", "chat-stream")
 _MAX_ANSWERS = 16
 
 
-def _request(route: str, cid: str, query: str) -> tuple[str, dict[str, Any]]:
+def _request(route: str, cid: str, query: str) -> tuple[str, JsonObject]:
     if route == "native":
         return "/v1/classify", {"context_id": cid, "query": query}
     if route == "completions":
         return "/v1/completions", {"model": cid, "prompt": query}
-    body: dict[str, Any] = {"model": cid, "messages": [{"role": "user", "content": query}]}
+    body: JsonObject = {"model": cid, "messages": [{"role": "user", "content": query}]}
     if route == "chat-stream":
         body["stream"] = True
     return "/v1/chat/completions", body

@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from scipy import stats
 
-from dpicl_audit.client import AuditTarget
+from dpicl_audit.client import AuditTarget, ContextBody
 from dpicl_audit.errors import TargetError, TargetNotFound, TargetRejected
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.planning.ledger import planned_queries
 
 __all__ = ["ALPHA", "PER_VARIANT", "VARIANTS", "sweep_parameters"]
@@ -36,7 +37,7 @@ ALPHA = 1e-4
 #: Answers asked per variant.
 PER_VARIANT = 60
 #: The client parameters swept (name, the chat body's extra fields).
-VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
+VARIANTS: tuple[tuple[str, dict[str, float]], ...] = (
     ("no parameter", {}),
     ("temperature 0", {"temperature": 0}),
     ("temperature 1", {"temperature": 1}),
@@ -58,11 +59,11 @@ SWEEP_ANSWERS = planned_queries(PER_VARIANT * len(VARIANTS))
 
 async def sweep_parameters(
     target: AuditTarget,
-    body: Mapping[str, Any],
+    body: ContextBody,
     query: str,
     *,
     budget: dict[str, float] | None,
-) -> dict[str, Any] | None:
+) -> JsonObject | None:
     """The sweep of the module docstring on a fresh context of ``body`` (a voting context
     body) with ``budget``, which holds :data:`SWEEP_ANSWERS` answers as the mechanism's
     audit composes them (None: no budget within the server's limit does); None where the
@@ -71,7 +72,8 @@ async def sweep_parameters(
         return None
     if budget is None:
         return {"status": "unchecked", "message": "no budget within the server's limit holds it"}
-    probe = dict(body) | {"name": f"{body.get('name')} parameters", "budget": budget}
+    probe = body.copy()
+    probe["name"], probe["budget"] = f"{body['name']} parameters", budget
     info = await target.create_context(probe)
     cid = str(info["id"])
     variants: list[dict[str, Any]] = []
@@ -99,7 +101,7 @@ async def sweep_parameters(
     return _judge(variants)
 
 
-def _judge(variants: list[dict[str, Any]]) -> dict[str, Any]:
+def _judge(variants: Sequence[Mapping[str, Any]]) -> JsonObject:
     answered = [v for v in variants if not v["refused"]]
     names = sorted({lab for v in answered for lab in v["labels"]})
     out: dict[str, Any] = {"variants": variants, "per_variant": PER_VARIANT}

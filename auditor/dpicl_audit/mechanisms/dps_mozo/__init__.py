@@ -6,6 +6,7 @@ Imports run one way, top to bottom of this table (the registry imports :mod:`.au
 ==================  ============================================================
 module              what it holds
 ==================  ============================================================
+:mod:`.settings`    the audit settings (the plan's section, its plan checks)
 :mod:`.design`      the neighbour design as data, its builder and decision rule
 :mod:`.check`       the auditor's own recomputation of a token's bounds
 :mod:`.findings`    divergence and neighbour-ratio findings over a setting's rows

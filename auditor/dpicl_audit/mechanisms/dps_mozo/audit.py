@@ -9,7 +9,7 @@
   s1 right before the query, which pushes the first token to s1; in C0 the replacement's
   shot shows the same question answered s0. The zero-shot prompt sees both words quoted, so
   both are in its top-k (Line 5: tokens outside it can never be released).
-* **Guarantee** (``plan.mechanism.guarantee``, sent as ``mechanism.guarantee``).
+* **Guarantee** (``MozoSettings.of(plan).guarantee``, sent as ``mechanism.guarantee``).
   ``"proven"`` (the default, as on the server): the configured (epsilon, delta) is a true
   claim (each token pure ``per_token_epsilon``-DP, docs/privacy.md). ``"paper"``: the
   paper's RDP-derived figure, which is **nominal** (its per-token bound, Theorem B.3, is
@@ -57,13 +57,14 @@ from typing import Any
 
 import numpy as np
 
-from dpicl_audit.client import AuditTarget
+from dpicl_audit.client import AuditTarget, ContextBody
 from dpicl_audit.datasets import LabelledDataset
 from dpicl_audit.errors import InvalidAuditInput, TargetProtocolError
 from dpicl_audit.estimators.conformance import ConformanceTest
 from dpicl_audit.estimators.draws import Draw, sampling_tests
 from dpicl_audit.estimators.exchangeable import order_can_inform
 from dpicl_audit.estimators.gdp import gdp_epsilon
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.mechanisms.base import (
     MechanismAudit,
     SettingRows,
@@ -79,6 +80,7 @@ from dpicl_audit.mechanisms.dps_mozo.findings import (
     ratio_check,
     without_signal,
 )
+from dpicl_audit.mechanisms.dps_mozo.settings import MozoSettings
 from dpicl_audit.mechanisms.trial_estimates import Finish, finish_conformance, released_answers
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.results import Estimate, SettingResult
@@ -149,6 +151,7 @@ class MozoAudit(MechanismAudit):
     """DPS-MOZO: tokens sampled from the product of mixed one-shot distributions."""
 
     name = "dps-mozo"
+    settings = MozoSettings
     task = "generation"
     design_type = MozoDesign
     has_bootstrap = False
@@ -156,7 +159,7 @@ class MozoAudit(MechanismAudit):
     def build_design(self, plan: AuditPlan, dataset: LabelledDataset) -> MozoDesign:
         return mozo_design(plan, dataset)
 
-    def summary(self, design: MozoDesign) -> dict[str, Any]:
+    def summary(self, design: MozoDesign) -> JsonObject:
         return {
             "attack": design.attack,
             "canary_kind": "signal",
@@ -171,9 +174,9 @@ class MozoAudit(MechanismAudit):
 
     def context_body(
         self, design: MozoDesign, plan: AuditPlan, epsilon: float, world: int, *, name: str
-    ) -> dict[str, Any]:
-        m = plan.mechanism
-        mechanism: dict[str, Any] = {
+    ) -> ContextBody:
+        m = MozoSettings.of(plan)
+        mechanism: dict[str, object] = {
             "name": self.name,
             "guarantee": m.guarantee,
             "epsilon": float(epsilon),
@@ -194,7 +197,7 @@ class MozoAudit(MechanismAudit):
         }
 
     def calls_per_query(self, plan: AuditPlan) -> int:
-        return plan.mechanism.exemplars + 1  # |D| one-shot prompts and the zero-shot one
+        return MozoSettings.of(plan).exemplars + 1  # |D| one-shot prompts and the zero-shot one
 
     def claims_per_setting(self, design: Any, threat_models: Sequence[str]) -> int:
         # The black-box figure only: the white-box findings (mozo_findings) are direct
@@ -202,22 +205,24 @@ class MozoAudit(MechanismAudit):
         return 1
 
     def queries_per_context(self, plan: AuditPlan) -> int | None:
-        return plan.mechanism.queries_per_context
+        return MozoSettings.of(plan).queries_per_context
 
     async def trial(
         self, target: AuditTarget, design: MozoDesign, plan: AuditPlan, at: TrialAt
     ) -> TrialRecord:
-        _check_guarantee(at.context, plan.mechanism.guarantee)
-        out, latency = await ask(target, at, design.query, max_tokens=plan.mechanism.max_tokens)
+        _check_guarantee(at.context, MozoSettings.of(plan).guarantee)
+        out, latency = await ask(
+            target, at, design.query, max_tokens=MozoSettings.of(plan).max_tokens
+        )
         text = str(out["text"])
         cost = out.get("cost") if isinstance(out.get("cost"), Mapping) else {}
-        observation: dict[str, Any] = {
+        observation: JsonObject = {
             "text": text,
             "starts_with": _starts_with(text, design.signals),
             "cost_epsilon": (cost or {}).get("epsilon"),
         }
         if at.white:
-            observation |= _token_internals(out, plan.mechanism.guarantee)
+            observation |= _token_internals(out, MozoSettings.of(plan).guarantee)
         return at.record(design.query, observation, design.decide_text(text), latency)
 
     def setting_meta(
@@ -232,7 +237,7 @@ class MozoAudit(MechanismAudit):
         c1 = contexts.get((setting, 1)) or (mine[0] if mine else None)
         mech: Mapping[str, Any] = c1.info.get("mechanism", {}) if c1 is not None else {}
         alpha, beta = mech.get("alpha"), mech.get("beta")
-        proven = plan.mechanism.guarantee == "proven"
+        proven = MozoSettings.of(plan).guarantee == "proven"
         eps0, per_token = mech.get("max_log_ratio"), mech.get("per_token_epsilon")
         if proven and c1 is not None and (eps0 is None or per_token is None):
             raise TargetProtocolError(
@@ -255,7 +260,7 @@ class MozoAudit(MechanismAudit):
             "sigma": None,
             "epsilon_exact": None,
             "nominal": not proven,
-            "guarantee": plan.mechanism.guarantee,
+            "guarantee": MozoSettings.of(plan).guarantee,
             "alpha": alpha,
             "beta": beta,
             "max_log_ratio": None if eps0 is None else float(eps0),
@@ -271,7 +276,7 @@ class MozoAudit(MechanismAudit):
         plan, k, rows, meta = s.plan, s.k, s.rows, s.meta
         if s.bootstrap:
             raise InvalidAuditInput("DPS-MOZO has no bootstrap audit; use a run")
-        proven = plan.mechanism.guarantee == "proven"
+        proven = MozoSettings.of(plan).guarantee == "proven"
         out = estimate_trials(
             plan,
             k,
