@@ -16,6 +16,10 @@ attribute, replacement) triples it installs, for ``monkeypatch``; ``install()`` 
   un-noised vote share of the first label (a "helpful" score added by a gateway, computed
   from the clean votes). The label itself is honestly private; the field is not. Install it
   with :func:`leaky_app` around the app (an ASGI wrapper) plus its patch.
+* ``MOZO_ONE_TOKEN``: DPS-MOZO's eps0 is calibrated for one token per answer (``queries``
+  tokens) instead of ``queries x max_tokens`` (the composition over an answer's tokens
+  forgotten); the record still reports ``max_tokens`` and ``tokens`` as configured. Every
+  answer is a true DPS-MOZO answer at that eps0; only the claim over the context is broken.
 * ``TEMPERATURE_NOISE``: the voting noise is scaled by the ``temperature`` a chat client
   sends (none: the noise as calibrated); at ``temperature: 0`` the clean majority label comes
   back every time. Install it with :func:`temperature_app` around the app plus its patch.
@@ -32,6 +36,7 @@ from dataclasses import replace
 from typing import Any
 
 import dpicl.api.routes.inference as inference_mod
+import dpicl.mechanisms.dps_mozo.mechanism as mozo_mechanism
 import dpicl.mechanisms.partitioned as partitioned_mod
 import dpicl.mechanisms.voting.pipeline as voting_pipeline
 import dpicl.privacy.ledger as ledger_mod
@@ -199,7 +204,24 @@ LEAKY_FIELD = Fault(
     "answers carry the un-noised vote share in an extra field (install leaky_app too)",
 )
 
+_honest_calibrate_mozo = mozo_mechanism.calibrate_mozo
+
+
+def one_token_calibrate_mozo(mech: Any, n_exemplars: int) -> dict[str, Any]:
+    """eps0 for one token per answer; the record says the context's max_tokens and tokens."""
+    if mech.guarantee != "proven" or mech.max_tokens == 1:
+        return _honest_calibrate_mozo(mech, n_exemplars)
+    out = _honest_calibrate_mozo(mech.model_copy(update={"max_tokens": 1}), n_exemplars)
+    return out | {"max_tokens": mech.max_tokens, "tokens": mech.queries * mech.max_tokens}
+
+
+MOZO_ONE_TOKEN = Fault(
+    ((mozo_mechanism, "calibrate_mozo", one_token_calibrate_mozo),),
+    "DPS-MOZO's eps0 calibrated for one token per answer, not queries x max_tokens tokens",
+)
+
 FAULTS = {
+    "mozo_one_token": MOZO_ONE_TOKEN,
     "weak_calibration": WEAK_CALIBRATION,
     "racy_ledger": RACY_LEDGER,
     "leaky_field": LEAKY_FIELD,

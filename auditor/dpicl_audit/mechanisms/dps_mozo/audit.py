@@ -36,8 +36,10 @@
   the GDP figure assumes a Gaussian trade-off, which a pure-DP claim is not), compared with
   the claimed epsilon: above it is a VIOLATION; a white-box token outside either bound is a
   VIOLATION naming the trial and token. Paper mode: ``epsilon_emp`` is the larger of the GDP
-  and classical lower bounds, worded against the nominal claim. No exact epsilon either way,
-  so no ``bug`` branch on epsilon.
+  and classical lower bounds, worded against the nominal claim. No exact epsilon of the
+  release either way; proven mode's claim is checked deterministically against the reported
+  eps0 (:mod:`.claim`: the exact epsilon of ``queries x max_tokens`` tokens at that eps0
+  above the claim is a BUG, stored as ``calibration_departure``).
 * **Contexts.** A DPS-MOZO context answers ``queries_per_context`` queries and is then
   ``budget_exhausted``, so trial ``j`` of a world goes to that world's context
   ``j // queries_per_context`` (:func:`dpicl_audit.planning.schedule.context_slots`), created when
@@ -73,6 +75,7 @@ from dpicl_audit.mechanisms.base import (
     exemplar_dicts,
 )
 from dpicl_audit.mechanisms.dps_mozo.check import token_check
+from dpicl_audit.mechanisms.dps_mozo.claim import mozo_claim_departure
 from dpicl_audit.mechanisms.dps_mozo.design import MozoDesign, decide, mozo_design
 from dpicl_audit.mechanisms.dps_mozo.findings import (
     divergence_check,
@@ -83,7 +86,7 @@ from dpicl_audit.mechanisms.trial_estimates import Finish, finish_conformance, r
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.results import Estimate, SettingResult
 from dpicl_audit.store import ContextRecord, TrialRecord
-from dpicl_audit.verdicts import Verdict, for_the_family, verdict
+from dpicl_audit.verdicts import Status, Verdict, for_the_family, verdict
 
 __all__ = ["MOZO", "MozoAudit"]
 
@@ -239,7 +242,19 @@ class MozoAudit(MechanismAudit):
                 f"context {c1.context_id} reports no max_log_ratio/per_token_epsilon: it is "
                 "not in DPS-MOZO's proven mode"
             )
-        return {
+        # The claim against the reported eps0 (issue 35, item 4; mechanisms/dps_mozo/claim.py).
+        from_eps0, weaker = (
+            mozo_claim_departure(mech, epsilon, plan.mechanism.exemplars)
+            if proven and eps0 is not None
+            else (None, None)
+        )
+        # Stored only where the claim breaks: an honest run's JSON stays as it was.
+        departure = (
+            {}
+            if weaker is None
+            else {"epsilon_from_eps0": from_eps0, "calibration_departure": weaker}
+        )
+        return departure | {
             "setting": setting,
             "epsilon_theory": epsilon,
             "delta": float(mech.get("delta") or plan.mechanism.delta),
@@ -355,8 +370,12 @@ def _verdict_of(*, nominal: bool) -> Finish:
         basis = {} if nominal else {"epsilon_emp_basis": "classical"}
         est = est.updated(epsilon_emp=emp(mu, classical), **basis)
         again = lambda fw: judge(fw.mu_lower, fw.epsilon_lower_classic)  # noqa: E731
-        found = for_the_family(judge(mu, classical), est, meta, again)
-        return est.updated(verdict=without_signal(found, est))
+        found = without_signal(for_the_family(judge(mu, classical), est, meta, again), est)
+        weaker = meta.get("calibration_departure")
+        if weaker and found.status is not Status.VIOLATION:
+            # Deterministic, beside the statistics: no trial can make a weak calibration right.
+            found = Verdict(status=Status.BUG, message=f"BUG: {weaker}", exceeds_exact=True)
+        return est.updated(verdict=found)
 
     return finish
 
