@@ -12,9 +12,10 @@ from one distribution:
 * other fields (text, true/false): the chi-square test of the world x value table
   (scipy.stats.chi2_contingency), or Fisher's exact test on a 2 x 2 table.
 
-The smallest p-value over all fields and answers, times their number (Bonferroni), is the
-test's p-value; below :data:`ALPHA` (1e-4: a correct server is flagged in at most 1 run in
-10,000) it is a VIOLATION that names the field. Fields public by design are not tested here:
+The smallest p-value over all fields and answers, times their number (Bonferroni; a field
+with one value in both worlds for an answer is no test and not counted), is the test's
+p-value; below :data:`ALPHA` (1e-4: a correct server is flagged in at most 1 run in 10,000)
+it is a VIOLATION that names the field. Fields public by design are not tested here:
 the cost and the budget (checked against their own prediction by the ledger probe), the ids
 and timestamps of a response, and the answer itself (:data:`PUBLIC`).
 """
@@ -133,6 +134,8 @@ def dependence_test(
                 w: [f.get(name) for ww, a, f in rows if ww == w and a == answer and name in f]
                 for w in (1, 0)
             }
+            if len({repr(v) for v in [*side[1], *side[0]]}) < 2:
+                continue  # one value in both worlds: no test (and none counted)
             p = _p_value(side[1], side[0])
             if p is None:
                 continue

@@ -84,6 +84,7 @@ from dpicl_audit.mechanisms.dps_mozo.findings import (
 )
 from dpicl_audit.mechanisms.trial_estimates import Finish, finish_conformance, released_answers
 from dpicl_audit.plan import AuditPlan
+from dpicl_audit.planning.surface import audit_surface
 from dpicl_audit.results import Estimate, SettingResult
 from dpicl_audit.store import ContextRecord, TrialRecord
 from dpicl_audit.verdicts import Status, Verdict, for_the_family, verdict
@@ -195,6 +196,22 @@ class MozoAudit(MechanismAudit):
             "exemplars": exemplar_dicts(design.exemplars(world)),
             "mechanism": mechanism,
         }
+
+    async def audit_surface(
+        self, target: AuditTarget, design: MozoDesign, plan: AuditPlan
+    ) -> dict[str, Any] | None:
+        """Every route's whole response on a fresh C1/C0 pair at the first epsilon, and
+        ``max_tokens`` above the context's T_max (planning.surface)."""
+        eps = float(plan.mechanism.epsilons[0])
+
+        def body(world: int, answers: int) -> dict[str, Any]:
+            out = self.context_body(design, plan, eps, world, name=f"dpicl-audit {plan.seed}")
+            out["mechanism"] = dict(out["mechanism"]) | {"queries": answers}
+            return out
+
+        return await audit_surface(
+            target, body, design.query, task=self.task, limit=plan.mechanism.max_tokens
+        )
 
     def calls_per_query(self, plan: AuditPlan) -> int:
         return plan.mechanism.exemplars + 1  # |D| one-shot prompts and the zero-shot one
