@@ -31,6 +31,9 @@ attribute, replacement) triples it installs, for ``monkeypatch``; ``install()`` 
 * ``MOZO_NO_TOKEN_LIMIT``: DPS-MOZO's request limit not enforced: ``max_tokens`` above the
   context's calibrated ``T_max`` is answered with every token asked for (the calibration
   assumed at most ``T_max`` per answer), on every route.
+* ``RACY_QUERIES``: ``RACY_LEDGER`` for a context limited by its answers (DPS-MOZO's
+  ``queries``): the check reads the queries left, the model runs, the charge's own query
+  condition is dropped; one at a time it refuses when it should, a burst overspends.
 * ``TEMPERATURE_NOISE``: the voting noise is scaled by the ``temperature`` a chat client
   sends (none: the noise as calibrated); at ``temperature: 0`` the clean majority label comes
   back every time. Install it with :func:`temperature_app` around the app plus its patch.
@@ -47,6 +50,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import replace
 from typing import Any
 
+from sqlalchemy import bindparam, update
+
 import dpicl.api.openai.serving as serving_mod
 import dpicl.api.openai.streaming as streaming_mod
 import dpicl.api.routes.inference as inference_mod
@@ -55,6 +60,8 @@ import dpicl.mechanisms.dps_mozo.pipeline as mozo_pipeline
 import dpicl.mechanisms.partitioned as partitioned_mod
 import dpicl.mechanisms.voting.pipeline as voting_pipeline
 import dpicl.privacy.ledger as ledger_mod
+import dpicl.store.charges as charges_mod
+import dpicl.store.repository as repository_mod
 from dpicl.privacy.calibration import classic_sigma, sigma_for
 from tests.e2e.broken_realistic_server import Fault
 
@@ -105,6 +112,35 @@ async def racy_charge(self: Any, context: Any, cost: Any) -> Any:
 RACY_LEDGER = Fault(
     ((ledger_mod.Ledger, "charge", racy_charge),),
     "the ledger's check and charge are two steps: concurrent requests overspend the budget",
+)
+
+_CTX = charges_mod._CTX
+#: The context's charge without its query condition (the budget's condition kept).
+CHARGE_WITHOUT_QUERY_LIMIT = (
+    update(_CTX)
+    .where(
+        _CTX.c.id == bindparam("cid"),
+        _CTX.c.mu2_max.is_(None)
+        | (_CTX.c.mu2_spent + charges_mod._MU2 <= _CTX.c.mu2_max * bindparam("slack")),
+    )
+    .values(mu2_spent=_CTX.c.mu2_spent + charges_mod._MU2, queries=_CTX.c.queries + 1)
+    .returning(_CTX.c.mu2_spent, _CTX.c.queries)
+)
+
+
+class _NoQueryLimit(charges_mod.ChargeStatements):
+    """The repository's statements, its context charge without the query condition."""
+
+    def __init__(self, backend: str, *args: Any) -> None:
+        super().__init__(backend, CHARGE_WITHOUT_QUERY_LIMIT, charges_mod.REFUND)
+
+
+RACY_QUERIES = Fault(
+    (
+        (ledger_mod.Ledger, "charge", racy_charge),
+        (repository_mod, "ChargeStatements", _NoQueryLimit),
+    ),
+    "a query limit checked before the answer and not when charged: bursts overspend it",
 )
 
 _honest_classify_body = inference_mod.classify_body
@@ -316,6 +352,7 @@ MOZO_NO_TOKEN_LIMIT = Fault(
 )
 
 FAULTS = {
+    "racy_queries": RACY_QUERIES,
     "mozo_no_token_limit": MOZO_NO_TOKEN_LIMIT,
     "prompt_tokens": PROMPT_TOKENS,
     "context_version": CONTEXT_VERSION,

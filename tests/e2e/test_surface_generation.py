@@ -54,3 +54,27 @@ def test_mozo_claim_departures() -> None:
     _, why = mozo_claim_departure(honest | {"per_token_epsilon": 0.0834697}, 4.0, 4)
     assert why is not None and "understates" in why
     assert mozo_claim_departure({"max_log_ratio": None}, 4.0, 4) == (None, None)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", [None, "racy_queries"])
+async def test_mozo_query_limit_under_bursts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str | None
+) -> None:
+    """Issue 35, item 3 for DPS-MOZO: 16 requests in flight on a context of 2 queries, on
+    the native, completions and both streamed routes: the honest server answers exactly 2;
+    a limit checked before the answer and not when charged admits more, NONCONFORMING."""
+    res, left = await _audit(tmp_path, fault, monkeypatch, **(MOZO | {"trials": 20}))
+    led = res["ledger"]
+    routes = {r["route"]: r for r in led["bursts"]["routes"]}
+    assert set(routes) == {"native", "completions", "chat-stream", "completions-stream"}
+    assert left == []
+    if fault is None:
+        assert led["status"] == "ok", led["message"]
+        for r in routes.values():
+            assert r["answered"] == r["answers_expected"] == 2 == r["charged"], r
+        assert results_exit_code([res]) == 0
+    else:
+        assert led["status"] == "nonconforming" and "under concurrency" in led["message"]
+        assert all(r["answered"] > 2 for r in routes.values()), routes
+        assert results_exit_code([res]) == 4

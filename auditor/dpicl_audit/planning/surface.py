@@ -58,6 +58,8 @@ PER_WORLD = 40
 PER_WORLD_GENERATION = 20
 #: The answering routes, in the order they are asked.
 ROUTES = ("native", "chat", "completions", "chat-stream", "completions-stream")
+#: Fewer answers per world and route than this: the probe is not run (said so).
+MIN_PER_WORLD = 10
 #: Headers of the transport itself, not of the answer (ids are random: never a category).
 TRANSPORT = frozenset(
     {
@@ -275,17 +277,29 @@ async def audit_surface(
     task: str,
     limit: int | None = None,
     per_world: int | None = None,
+    capacity: int | None = None,
 ) -> dict[str, Any] | None:
     """The probe of the module docstring. ``bodies(world, answers)``: a context body of that
     world budgeted for ``answers`` answers; ``limit``: the context's ``max_tokens`` (a
-    generation mechanism's), None for classification. None where the client cannot send raw
-    requests."""
+    generation mechanism's), None for classification; ``capacity``: the most answers one
+    budget within the server's limit holds (fewer answers per route where it holds fewer).
+    None where the client cannot send raw requests."""
     if not hasattr(target, "send"):
         return None
     if per_world is None:
         per_world = PER_WORLD if task == "classification" else PER_WORLD_GENERATION
     routes = tuple(r for r in ROUTES if not (r == "native" and isinstance(target, OpenAIClient)))
-    asks = per_world * len(routes) + (2 * len(routes) if limit is not None else 0)
+    extra = 2 * len(routes) if limit is not None else 0
+    if capacity is not None:
+        per_world = min(per_world, (capacity - extra) // len(routes))
+    if per_world < MIN_PER_WORLD:
+        return {
+            "status": "unchecked",
+            "routes": [],
+            "message": f"no budget within the server's limit holds {MIN_PER_WORLD} answers "
+            f"per route ({len(routes)} routes): the responses were not probed",
+        }
+    asks = per_world * len(routes) + extra
     probe = 1 if limit is not None else None  # generation: one token, so that answers repeat
     ids: dict[int, str] = {}
     rows: list[tuple[int, str, dict[str, Any]]] = []

@@ -84,12 +84,17 @@ from dpicl_audit.mechanisms.dps_mozo.findings import (
 )
 from dpicl_audit.mechanisms.trial_estimates import Finish, finish_conformance, released_answers
 from dpicl_audit.plan import AuditPlan
+from dpicl_audit.planning.ledger import with_bursts
+from dpicl_audit.planning.ledger_burst import audit_bursts
 from dpicl_audit.planning.surface import audit_surface
 from dpicl_audit.results import Estimate, SettingResult
 from dpicl_audit.store import ContextRecord, TrialRecord
 from dpicl_audit.verdicts import Status, Verdict, for_the_family, verdict
 
-__all__ = ["MOZO", "MozoAudit"]
+__all__ = ["BURST_QUERIES", "MOZO", "MozoAudit"]
+
+#: The query limit of the burst's contexts (16 requests in flight on 2 answers).
+BURST_QUERIES = 2
 
 
 def _starts_with(text: str, signals: tuple[str, str]) -> str:
@@ -196,6 +201,21 @@ class MozoAudit(MechanismAudit):
             "exemplars": exemplar_dicts(design.exemplars(world)),
             "mechanism": mechanism,
         }
+
+    async def audit_ledger(
+        self, target: AuditTarget, design: MozoDesign, plan: AuditPlan
+    ) -> dict[str, Any] | None:
+        """DPS-MOZO's query limit under concurrency (planning.ledger_burst): on each
+        generation route a fresh C0 context of :data:`BURST_QUERIES` answers gets that many
+        and :data:`~dpicl_audit.planning.ledger_burst.BURST_EXTRA` more requests in flight;
+        exactly its queries must be answered (every answer is charged ``max_tokens``
+        tokens, so its token limit is the same count)."""
+        eps = float(plan.mechanism.epsilons[0])
+        body = self.context_body(design, plan, eps, 0, name=f"dpicl-audit {plan.seed} ledger")
+        body["mechanism"] = dict(body["mechanism"]) | {"queries": BURST_QUERIES}
+        found = await audit_bursts(target, body, design.query, None)
+        out: dict[str, Any] = {"status": "ok", "checks": [], "message": found["message"]}
+        return with_bursts(out, found)
 
     async def audit_surface(
         self, target: AuditTarget, design: MozoDesign, plan: AuditPlan

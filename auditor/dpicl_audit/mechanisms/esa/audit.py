@@ -67,7 +67,7 @@ from dpicl_audit.mechanisms.esa.signals import resolve_signal_embeddings
 from dpicl_audit.mechanisms.gaussian import GaussianMechanismAudit, gaussian_setting_meta
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.budgets import budget_limit
-from dpicl_audit.planning.ledger import budget_for
+from dpicl_audit.planning.ledger import answers_in_budget, budget_for
 from dpicl_audit.planning.surface import audit_surface
 from dpicl_audit.results import SettingResult
 from dpicl_audit.store import ContextRecord, TrialRecord
@@ -131,7 +131,8 @@ class EsaAudit(GaussianMechanismAudit):
             budget = budget_for(eps, plan.mechanism.delta, answers, budget_limit(plan))
             return out | {"budget": budget}
 
-        return await audit_surface(target, body, design.query, task=self.task)
+        fit = answers_in_budget(eps, plan.mechanism.delta, budget_limit(plan))
+        return await audit_surface(target, body, design.query, task=self.task, capacity=fit)
 
     async def prepare(
         self,

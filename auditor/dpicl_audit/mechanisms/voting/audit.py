@@ -45,7 +45,7 @@ from dpicl_audit.mechanisms.voting.estimates import (
 from dpicl_audit.mechanisms.voting.rdp import RDP_ATTACKS, RdpDesign, build_rdp_design
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.budgets import budget_limit
-from dpicl_audit.planning.ledger import budget_for
+from dpicl_audit.planning.ledger import answers_in_budget, budget_for
 from dpicl_audit.planning.parameters import SWEEP_ANSWERS, sweep_parameters
 from dpicl_audit.planning.surface import audit_surface
 from dpicl_audit.results import SettingResult
@@ -149,7 +149,8 @@ class VotingAudit(GaussianMechanismAudit):
             out = self.context_body(design, plan, eps, world, name=name)
             return out | {"budget": self.answers_budget(plan, eps, answers)}
 
-        return await audit_surface(target, body, design.query, task=self.task)
+        fit = answers_in_budget(eps, plan.mechanism.delta, budget_limit(plan))
+        return await audit_surface(target, body, design.query, task=self.task, capacity=fit)
 
     def answers_budget(
         self, plan: AuditPlan, epsilon: float, answers: int
