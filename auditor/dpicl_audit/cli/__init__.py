@@ -19,8 +19,9 @@ environment (``DPICL_AUDIT_ADMIN_TOKEN``, ``DPICL_AUDIT_API_KEY``) and are never
 Exit status: 0 on success, 1 when the audit fails (the message says why), 2 on bad usage.
 
 :mod:`.common` holds the app and shared options, :mod:`.flags` the ``run``/``bootstrap``
-flags' help texts and parsers, :mod:`.audit` those commands, :mod:`.log` the commands over the
-trial log, :mod:`.rdp` ``divergence``.
+flags (an option and the plan path it sets), help texts and parsers, :mod:`.audit_options`
+those commands' options in the panels ``--help`` shows, :mod:`.audit` those commands,
+:mod:`.log` the commands over the trial log, :mod:`.rdp` ``divergence``.
 """
 
 from __future__ import annotations

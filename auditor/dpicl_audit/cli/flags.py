@@ -1,14 +1,29 @@
-"""The ``run``/``bootstrap`` flags' help texts (with the plan's defaults) and value parsers."""
+"""The ``run``/``bootstrap`` flags: :class:`Flag` (an option and the plan path it
+overrides), their help texts (with the plan's defaults) and value parsers."""
 
 from __future__ import annotations
 
-from typing import Any
+import inspect
+from collections.abc import Callable
+from copy import copy
+from dataclasses import dataclass
+from typing import Annotated, Any, get_args
 
 import typer
+from typer.models import OptionInfo
 
 from dpicl_audit.plan import AuditPlan
 
-__all__ = ["help_text", "parse_floats", "parse_strings"]
+__all__ = [
+    "BOTH",
+    "Flag",
+    "help_text",
+    "own_flag",
+    "parse_floats",
+    "parse_strings",
+    "plan_flag",
+    "shared_flag",
+]
 
 _DEFAULTS = AuditPlan().model_dump(mode="json")
 #: Defaults that depend on the mechanism (the plan fills them in).
@@ -47,3 +62,58 @@ def parse_strings(text: str | None) -> list[str] | None:
     if text is None:
         return None
     return [x.strip() for x in text.split(",") if x.strip()]
+
+
+#: Commands that show a flag; the others hide it (``--trials-from`` is ``run``'s only).
+BOTH = ("run", "bootstrap")
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One option: the function parameter typer reads, and the plan path it overrides."""
+
+    name: str
+    type: Any
+    option: OptionInfo
+    path: str | None = None  # None: the command reads it (not part of the plan)
+    parse: Callable[[Any], Any] | None = None
+    default: Any = None
+    shown_in: tuple[str, ...] = BOTH
+
+    def parameter(self, kind: str, panel: str) -> inspect.Parameter:
+        info = copy(self.option)  # shared options (common.py) keep their own panel-less one
+        info.rich_help_panel = panel
+        info.hidden = info.hidden or kind not in self.shown_in
+        return inspect.Parameter(
+            self.name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=self.default,
+            annotation=Annotated[self.type, info],
+        )
+
+
+def shared_flag(name: str, alias: Any, path: str | None = None, default: Any = None) -> Flag:
+    """A flag from an option that other commands share (``UrlOpt``, ``DbOpt``: common.py)."""
+    typ, info = get_args(alias)
+    return Flag(name, typ, info, path, default=default)
+
+
+def plan_flag(name: str, typ: Any, path: str | None, help: str, **kw: Any) -> Flag:
+    """A flag whose help shows the plan's default for ``path`` (flags.help_text)."""
+    shown_in = kw.pop("shown_in", BOTH)
+    parse = kw.pop("parse", None)
+    return Flag(
+        name,
+        typ,
+        typer.Option(help=help_text(path, help) if path else help, **kw),
+        path,
+        parse,
+        shown_in=shown_in,
+    )
+
+
+def own_flag(name: str, typ: Any, path: str, help: str, **kw: Any) -> Flag:
+    """A flag with its own help text (no default in the plan to show)."""
+    shown_in = kw.pop("shown_in", BOTH)
+    parse = kw.pop("parse", None)
+    return Flag(name, typ, typer.Option(help=help, **kw), path, parse, shown_in=shown_in)
