@@ -52,7 +52,7 @@ from dpicl_audit.estimators.extra_fields import dependence_test, response_fields
 __all__ = ["PER_WORLD", "ROUTES", "TRANSPORT", "audit_surface", "read_answer"]
 
 #: Answers per world and route (a classification; a generation's: :data:`PER_WORLD_GENERATION`).
-PER_WORLD = 40
+PER_WORLD = 30
 #: Answers per world and route of a generation mechanism (DPS-MOZO's answers cost ``|D| + 1``
 #: model calls per token).
 PER_WORLD_GENERATION = 20
