@@ -22,7 +22,8 @@ read whole:
 * **Public by design** (the cost and the budget): checked against their own prediction. The
   ``X-DPICL-*`` headers must equal the body's cost and budget (``dpicl`` on the OpenAI
   routes), and every answer's cost must be the same in both worlds (the claim's cost, which
-  the ledger probe composes); a departure is NONCONFORMING naming the field.
+  the ledger probe composes); a departure is NONCONFORMING naming the field, as is a request
+  within the probe's budget that is not answered (a refusal before the planned count).
 * **Limits** (generation): each route is also asked with ``max_tokens`` one above the
   context's limit and at four times it. A refusal (4xx) is right; an answer is right only with
   at most the limit's tokens (counted from ``usage.completion_tokens`` and, streamed, the
@@ -332,6 +333,11 @@ async def audit_surface(
                 for w, a in answered
             ]
             departures += public_departures(route, answered)
+            if others:  # a refusal before the planned count is a finding (issue 35, item 3)
+                departures.append(
+                    f"{route}: {2 * per_world - len(answered)} of {2 * per_world} requests "
+                    f"within the probe's budget not answered ({', '.join(others)})"
+                )
             if probe is not None:
                 longer = [a["tokens"] for _, a in answered if (a["tokens"] or 0) > probe]
                 if longer:
