@@ -63,20 +63,8 @@ ROUTES = ("native", "chat", "completions", "chat-stream", "completions-stream")
 MIN_PER_WORLD = 10
 #: Headers of the transport itself, not of the answer (ids are random: never a category).
 TRANSPORT = frozenset(
-    {
-        "content-length",
-        "content-type",
-        "content-encoding",
-        "transfer-encoding",
-        "connection",
-        "date",
-        "server",
-        "cache-control",
-        "x-accel-buffering",
-        "x-request-id",
-        "vary",
-        "keep-alive",
-    }
+    {"content-length", "content-type", "content-encoding", "transfer-encoding", "connection"}
+    | {"date", "server", "cache-control", "x-accel-buffering", "x-request-id", "vary"}
 )
 #: The public cost headers and the body field each must equal (path in the body's cost
 #: extension: ``cost`` and ``budget`` natively, ``dpicl.cost``/``dpicl.budget`` otherwise).

@@ -74,7 +74,7 @@ from dpicl_audit.mechanisms.base import (
     estimate_trials,
     exemplar_dicts,
 )
-from dpicl_audit.mechanisms.dps_mozo.check import token_check
+from dpicl_audit.mechanisms.dps_mozo.check import token_internals
 from dpicl_audit.mechanisms.dps_mozo.claim import mozo_claim_departure
 from dpicl_audit.mechanisms.dps_mozo.design import MozoDesign, decide, mozo_design
 from dpicl_audit.mechanisms.dps_mozo.findings import (
@@ -101,57 +101,6 @@ def _starts_with(text: str, signals: tuple[str, str]) -> str:
     if decide(text, signals[0]):
         return "signal1"
     return "signal0" if decide(text, signals[1]) else "other"
-
-
-def _token_internals(out: Mapping[str, Any], guarantee: str) -> dict[str, Any]:
-    """The white-box observation. Proven mode: per token the lambdas and the auditor's own
-    :func:`~dpicl_audit.mechanisms.dps_mozo.check.token_check` figures (not the probabilities,
-    which would make the log ~1 kB per token and shot). Paper mode: per-token lambdas and
-    divergences (and, at internal, the exact per-shot divergences)."""
-    tokens = out.get("tokens")
-    if not isinstance(tokens, list):
-        raise TargetProtocolError("/v1/debug/generate returned no DPS-MOZO tokens[]")
-    got = out.get("guarantee", "paper")
-    if got != guarantee:
-        raise TargetProtocolError(
-            f"/v1/debug/generate reports guarantee {got!r}, the audit asked for {guarantee!r}"
-        )
-    kept = []
-    first: dict[str, Any] | None = None
-    for tok in tokens:
-        if not isinstance(tok, Mapping):
-            raise TargetProtocolError("/v1/debug/generate: a tokens[] entry is not an object")
-        if first is None and tok.get("shots") is not None and tok.get("product_probs"):
-            # The first token's released distribution and shot set: C1 and C0 answers drawn
-            # with the same shots are then the replace-one pair itself (mozo_findings).
-            first = {
-                "shots": sorted(int(i) for i in tok["shots"]),
-                "top_ids": tok.get("top_ids"),
-                "product_probs": tok["product_probs"],
-            }
-        if guarantee == "proven":
-            kept.append({"token_id": tok.get("token_id"), "lambdas": tok.get("lambdas")})
-            kept[-1] |= token_check(tok)
-            continue
-        kept.append(
-            {
-                key: tok.get(key)
-                for key in ("token_id", "lambdas", "divergences", "exact_divergences")
-                if tok.get(key) is not None
-            }
-        )
-    return {
-        "tokens": kept,
-        "first_token": first if guarantee == "proven" and kept else None,
-        "whitebox": out.get("whitebox"),
-        "alpha": out.get("alpha"),
-        "beta": out.get("beta"),
-        "max_log_ratio": out.get("max_log_ratio"),
-        "radius": out.get("radius"),
-        "per_token_bound": out.get("per_token_bound"),
-        "max_exact_divergence": out.get("max_exact_divergence"),
-        "max_exact_log_ratio": out.get("max_exact_log_ratio"),
-    }
 
 
 class MozoAudit(MechanismAudit):
@@ -257,7 +206,7 @@ class MozoAudit(MechanismAudit):
             "cost_epsilon": (cost or {}).get("epsilon"),
         }
         if at.white:
-            observation |= _token_internals(out, plan.mechanism.guarantee)
+            observation |= token_internals(out, plan.mechanism.guarantee)
         return at.record(design.query, observation, design.decide_text(text), latency)
 
     def setting_meta(
