@@ -98,8 +98,8 @@ class TargetNotFound(TargetRejected):
 
 
 class TargetBudgetExhausted(TargetRejected):
-    """403 (429 ``budget_exhausted`` on the OpenAI surface): the context's privacy budget
-    is spent (nothing was charged)."""
+    """402 ``budget_exhausted`` (403 natively and 429 on the OpenAI surface from servers
+    before issue 39): the context's privacy budget is spent (nothing was charged)."""
 
 
 class TargetUnavailable(TargetError):

@@ -151,8 +151,19 @@ def calibrate(
     ] = None,
 ) -> None:
     """Print the noise a mechanism needs for (epsilon, delta), as JSON."""
-    from dpicl.mechanisms.registry import get_mechanism
+    from dpicl.mechanisms.registry import MECHANISMS, get_mechanism
 
+    if mechanism not in MECHANISMS:
+        # Offline: no server is involved, so say what is installed in this environment and
+        # how a plug-in gets there.
+        typer.echo(
+            f"error: no mechanism {mechanism!r} is installed in this Python environment "
+            f"({sys.prefix}); installed: {', '.join(MECHANISMS)}. A plug-in is found once "
+            "its package is installed, e.g. .venv/bin/pip install --no-deps "
+            "./examples/laplace_voting for laplace-voting",
+            err=True,
+        )
+        raise typer.Exit(2)
     given = {
         "epsilon": epsilon,
         "delta": delta,

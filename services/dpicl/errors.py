@@ -11,7 +11,8 @@ one stable ``code`` in the single error shape ``{"error": {"code", "message", "p
     ├── Unauthorized                401 unauthorized
     ├── NotFound                    404 not_found
     │   └── ModelNotFound           404 model_not_found   (OpenAI surface: no such context)
-    ├── BudgetExhausted             403 budget_exhausted  (nothing was charged)
+    ├── BudgetExhausted             402 budget_exhausted  (nothing was charged; on both
+    │                                   surfaces, no Retry-After, x-should-retry: false)
     ├── PayloadTooLarge             413 payload_too_large
     ├── RequestTimeout              408 request_timeout   (the head or body came too slowly)
     ├── UriTooLong                  414 uri_too_long
@@ -74,7 +75,12 @@ class ModelNotFound(NotFound):
 
 
 class BudgetExhausted(DpiclError):
-    status_code = 403
+    """The context's (or the key's) privacy budget cannot afford the answer. 402, not 403 or
+    429: LiteLLM's router retries a 403 and a 429 and the OpenAI SDKs retry a 429, while no
+    waiting refills a privacy budget; the SDKs and LiteLLM pass a 402 on at once (README,
+    "Behind a gateway")."""
+
+    status_code = 402
     code = "budget_exhausted"
 
 

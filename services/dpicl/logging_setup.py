@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import sys
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Literal
@@ -23,10 +25,13 @@ LogFormat = Literal["json", "text"]
 REQUEST_ID: ContextVar[str] = ContextVar("dpicl_request_id", default="-")
 
 #: Attributes every LogRecord has; anything else in a record was passed with ``extra=``.
+#: ``color_message`` is uvicorn's: its message again, with ANSI colour escapes, which have no
+#: place in a log file or a collector's JSON.
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
     "message",
     "asctime",
     "taskName",
+    "color_message",
 }
 
 
@@ -75,9 +80,28 @@ class TextFormatter(logging.Formatter):
         return f"{line} {extras}" if extras else line
 
 
+def quiet_progress_bars() -> None:
+    """No progress bar on the log stream: loading a model (the embedder, the engine's) draws
+    one with ``\r`` on stderr, and a JSON line written meanwhile lands inside it, where a
+    line-based collector loses it. The environment variables reach the engine process and
+    modules not imported yet; the calls, those imported already."""
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # huggingface_hub, and transformers
+    os.environ["TQDM_DISABLE"] = "1"  # tqdm's own default (sentence-transformers, ...)
+    hub = sys.modules.get("huggingface_hub")
+    if hub is not None:
+        hub.utils.disable_progress_bars()
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+
+
 def configure_logging(level: int | str, fmt: LogFormat) -> None:
     """Route the root logger (dpicl's and uvicorn's loggers propagate to it) to stderr in
-    ``fmt``, replacing any handler a previous call installed."""
+    ``fmt``, replacing any handler a previous call installed. In JSON, nothing else may
+    write to that stream: progress bars are turned off (:func:`quiet_progress_bars`)."""
+    if fmt == "json":
+        quiet_progress_bars()
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     handler.addFilter(RequestIdFilter())

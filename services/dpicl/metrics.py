@@ -18,8 +18,11 @@ import contextlib
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 from prometheus_client import Counter, Gauge, Histogram
+
+from dpicl.errors import StorageUnavailable
 
 __all__ = [
     "BATCH_SIZE",
@@ -27,17 +30,26 @@ __all__ = [
     "BUDGET_EPSILON_SPENT",
     "DB_ERRORS",
     "DB_SECONDS",
+    "DEVICE_MEMORY_BYTES",
+    "ENGINE_REQUESTS_RUNNING",
+    "ENGINE_REQUESTS_WAITING",
     "EPSILON_CHARGED",
     "MULTIPROCESS_DIR_VAR",
+    "PREFIX_CACHE_ENTRIES",
     "PREFIX_CACHE_HITS",
+    "PREFIX_CACHE_LIMIT_BYTES",
     "PREFIX_CACHE_MISSES",
+    "PREFIX_CACHE_SIZE_BYTES",
     "QUEUE_WAIT_SECONDS",
     "REFUSALS",
     "REQUESTS",
+    "REQUESTS_RUNNING",
     "REQUEST_SECONDS",
     "db_timer",
     "forget_context",
+    "note_refusal",
     "record_release",
+    "refusal_codes",
 ]
 
 #: prometheus-client's multiprocess mode (``DPICL_WORKERS``): where set, each process writes
@@ -58,11 +70,19 @@ REQUEST_SECONDS = Histogram(
     ["method", "route"],
     buckets=_LATENCY,
 )
+REQUESTS_RUNNING = Gauge(
+    "dpicl_requests_running",
+    "HTTP requests being handled now: arrived, their response not yet finished (a scrape "
+    "counts itself).",
+    multiprocess_mode="livesum",
+)
 REFUSALS = Counter(
     "dpicl_refusals",
-    "Error answers by their error code (budget_exhausted, invalid_request, "
-    "storage_unavailable, ...).",
-    ["code"],
+    "Error answers of every route, native and OpenAI-compatible, by route template, status "
+    "and error code (budget_exhausted, invalid_request, not_found, model_not_found, "
+    "storage_unavailable, ...); a refusal written into a started stream has the stream's "
+    "status (200).",
+    ["route", "status", "code"],
 )
 DB_SECONDS = Histogram(
     "dpicl_db_operation_duration_seconds",
@@ -72,7 +92,9 @@ DB_SECONDS = Histogram(
 )
 DB_ERRORS = Counter(
     "dpicl_db_errors",
-    "Database calls that failed (error) or missed DPICL_DB_TIMEOUT_S (timeout).",
+    "Database calls that failed (error: the database or its connection failed) or missed "
+    "DPICL_DB_TIMEOUT_S (timeout). A refused charge (an exhausted budget) is an answer of "
+    "the database, not a failure: dpicl_refusals_total counts it.",
     ["operation", "kind"],
 )
 BATCH_SIZE = Histogram(
@@ -86,6 +108,42 @@ QUEUE_WAIT_SECONDS = Histogram(
     "Time a job waited in the micro-batcher's queue before its batch started.",
     ["batcher"],
     buckets=_LATENCY,
+)
+ENGINE_REQUESTS_WAITING = Gauge(
+    "dpicl_engine_requests_waiting",
+    "Engine jobs queued in a micro-batcher for the next batch (with the engine in a process "
+    "of its own: as of its latest answer).",
+    ["batcher"],
+    multiprocess_mode="livesum",
+)
+ENGINE_REQUESTS_RUNNING = Gauge(
+    "dpicl_engine_requests_running",
+    "Engine jobs in the batch a micro-batcher is running now (with the engine in a process "
+    "of its own: as of its latest answer).",
+    ["batcher"],
+    multiprocess_mode="livesum",
+)
+PREFIX_CACHE_SIZE_BYTES = Gauge(
+    "dpicl_prefix_cache_size_bytes",
+    "Bytes of KV cache the prompt-prefix cache holds (as of the engine's latest answer).",
+    multiprocess_mode="livesum",
+)
+PREFIX_CACHE_LIMIT_BYTES = Gauge(
+    "dpicl_prefix_cache_limit_bytes",
+    "The prompt-prefix cache's budget in bytes (DPICL_PREFIX_CACHE_MIB).",
+    multiprocess_mode="livesum",
+)
+PREFIX_CACHE_ENTRIES = Gauge(
+    "dpicl_prefix_cache_entries",
+    "Prompt prefixes the prefix cache holds (as of the engine's latest answer).",
+    multiprocess_mode="livesum",
+)
+DEVICE_MEMORY_BYTES = Gauge(
+    "dpicl_engine_device_memory_bytes",
+    "Memory of the engine's device: on CUDA allocated and reserved by torch and the "
+    "device's total; on CPU the engine process's resident memory (kind=resident).",
+    ["device", "kind"],
+    multiprocess_mode="mostrecent",
 )
 PREFIX_CACHE_HITS = Counter(
     "dpicl_prefix_cache_hits", "Prompt-prefix KV-cache lookups that found an entry."
@@ -117,18 +175,49 @@ BUDGET_EPSILON_REMAINING = Gauge(
 
 @contextmanager
 def db_timer(operation: str) -> Iterator[None]:
-    """Time one database call; count it as an error if it raises."""
+    """Time one database call; count it as an error if the database failed.
+
+    Only a failure is an error: :class:`StorageUnavailable` is what the store raises for
+    every database or connection error. Other exceptions pass uncounted: a refused charge
+    (a budget exhausted: the charge's control flow rolls its transaction back), a context
+    that is not there, a caller that left (cancelled). Counting those made an alert on this
+    metric fire whenever a budget ran out (issue 39).
+    """
     t0 = time.perf_counter()
     try:
         yield
     except TimeoutError:
         DB_ERRORS.labels(operation, "timeout").inc()
         raise
-    except BaseException:
+    except StorageUnavailable:
         DB_ERRORS.labels(operation, "error").inc()
         raise
     finally:
         DB_SECONDS.labels(operation).observe(time.perf_counter() - t0)
+
+
+#: The error codes answered in the request being served (api/access_log.py sets a fresh
+#: list per request; the error responses append to it). A list, not a value: a task the
+#: request starts (a stream) has a copy of the context, and shares the list with it.
+_REFUSAL_CODES: ContextVar[list[str] | None] = ContextVar("dpicl_refusal_codes", default=None)
+
+
+def note_refusal(code: str) -> None:
+    """The error ``code`` is being answered (counted by the access log with its status)."""
+    codes = _REFUSAL_CODES.get()
+    if codes is not None:
+        codes.append(code)
+
+
+@contextmanager
+def refusal_codes() -> Iterator[list[str]]:
+    """Collect the codes :func:`note_refusal` records in this request (the access log)."""
+    codes: list[str] = []
+    token = _REFUSAL_CODES.set(codes)
+    try:
+        yield codes
+    finally:
+        _REFUSAL_CODES.reset(token)
 
 
 def record_release(context_id: str, epsilon: float, spent: float, remaining: float | None) -> None:

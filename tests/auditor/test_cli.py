@@ -335,3 +335,18 @@ def test_verify_prints_and_stores_its_tail_gap_run(
     assert shown == printed == json.loads((out / "v" / "results.json").read_text())
     alone = json.loads(invoke("show", "v-tail", "--db", db, "--json").stdout)
     assert alone == tail
+
+
+def test_resume_hint_names_the_token_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command printed after Ctrl-C works as printed (issue 39, item 13): tokens are never
+    logged, so it names the variable resume reads the admin token from, never the token."""
+    from dpicl_audit.cli.common import ADMIN_TOKEN_VAR, resume_command
+
+    monkeypatch.delenv(ADMIN_TOKEN_VAR, raising=False)
+    hint = resume_command("r 1", "sqlite:///a.db")
+    assert hint.startswith("dpicl-audit resume 'r 1' --db sqlite:///a.db after export ")
+    assert f"{ADMIN_TOKEN_VAR}=..." in hint
+    monkeypatch.setenv(ADMIN_TOKEN_VAR, "secret-token")
+    hint = resume_command("r1", "sqlite:///a.db")
+    assert hint.startswith("dpicl-audit resume r1 --db sqlite:///a.db (")
+    assert ADMIN_TOKEN_VAR in hint and "secret-token" not in hint

@@ -194,7 +194,8 @@ async def test_persistent_5xx_reports_last_status() -> None:
 
 UNAUTHORIZED = _error(401, "unauthorized", "missing bearer token")
 NOT_FOUND = _error(404, "not_found", "no context with id 'x'", "context_id")
-BUDGET = _error(403, "budget_exhausted", "spent")
+BUDGET = _error(402, "budget_exhausted", "spent")
+BUDGET_LEGACY = _error(403, "budget_exhausted", "spent")  # servers before issue 39
 INVALID = _error(422, "invalid_request", "epsilon must be > 0", "mechanism.epsilon")
 TOO_LARGE = _error(413, "payload_too_large", "too big")
 
@@ -205,6 +206,7 @@ TOO_LARGE = _error(413, "payload_too_large", "too big")
         (UNAUTHORIZED, TargetUnauthorized, "unauthorized"),
         (NOT_FOUND, TargetNotFound, "not_found"),
         (BUDGET, TargetBudgetExhausted, "budget_exhausted"),
+        (BUDGET_LEGACY, TargetBudgetExhausted, "budget_exhausted"),
         (INVALID, TargetRejected, "invalid_request"),
         (TOO_LARGE, TargetRejected, "payload_too_large"),
         (httpx.Response(404, json={"detail": "Not Found"}), TargetNotFound, "http_error"),

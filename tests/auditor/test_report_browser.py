@@ -185,3 +185,112 @@ def test_the_probe_sees_what_it_must(tmp_path: Path) -> None:
     assert res["overflow"]
     assert res["belowFold"] and "late card" in res["belowFold"][0]  # type: ignore[index]
     assert res["brokenWords"] == ["NOT OK HERE"], res["brokenWords"]
+
+
+PHONE_PROBE = r"""<script>
+window.addEventListener("load", function () {
+  // The results table at phone width: it must fit the window (no sideways scrolling inside
+  // its box), and no run name may be broken inside a word ("de / mo / ora / cle").
+  var table = document.querySelector("table.results");
+  var box = table.parentElement;
+  var split = [];
+  Array.prototype.forEach.call(table.querySelectorAll("td.name"), function (td) {
+    var longest = td.textContent.split(/\s+/).reduce(function (a, b) {
+      return b.length > a.length ? b : a;
+    }, "");
+    var probe = document.createElement("span");
+    probe.style.whiteSpace = "nowrap";
+    probe.textContent = longest;
+    td.appendChild(probe);
+    var need = probe.getBoundingClientRect().width;
+    td.removeChild(probe);
+    var room = td.getBoundingClientRect().width;
+    if (need > room) { split.push(longest); }
+  });
+  // Inside the phone-sized frame the findings go to the top page, which --dump-dom prints.
+  var top = window.parent !== window ? window.parent.document : document;
+  var out = top.createElement("pre");
+  out.id = "dpicl-probe";
+  out.textContent = JSON.stringify({
+    width: window.innerWidth,
+    scrollWidth: document.documentElement.scrollWidth,
+    tableRight: table.getBoundingClientRect().right,
+    boxScrolls: box.scrollWidth > box.clientWidth + 1,
+    rows: table.querySelectorAll("tr").length,
+    split: split,
+    errors: []
+  });
+  top.body.appendChild(out);
+});
+</script>"""
+
+
+def test_results_table_at_phone_width(report_html: Path, tmp_path: Path) -> None:
+    """At 420 px (issue 39, item 15) the results table is one card per row that fits the
+    window: nothing to scroll sideways, no run name broken inside a word."""
+    browser = _browser()
+    if browser is None:
+        pytest.skip("no Chromium on PATH (see test_report_in_headless_chromium)")
+    page = tmp_path / "phone.html"
+    page.write_text(report_html.read_text(encoding="utf-8"), encoding="utf-8")
+    res = _probe_with(browser, page, 420, tmp_path, PHONE_PROBE)
+    assert res["scrollWidth"] <= res["width"], res  # type: ignore[operator]
+    assert res["tableRight"] <= res["width"] and not res["boxScrolls"], res  # type: ignore[operator]
+    assert res["rows"] > len(RUNS) and res["split"] == [], res  # type: ignore[operator]
+    # The same probe at a desktop width sees the one wide table (a control: the cards are the
+    # phone's layout only).
+    wide = _probe_with(browser, page, 1400, tmp_path, PHONE_PROBE)
+    assert wide["split"] == [] and not wide["boxScrolls"], wide
+
+
+def _probe_with(browser: str, html: Path, width: int, tmp: Path, probe: str) -> dict[str, object]:
+    """``probe`` run in ``html`` seen ``width`` px wide. Headless Chromium's window is at least
+    500 px wide, so the page is shown in a frame of that width inside a wider window."""
+    page = tmp / f"with-{width}.html"
+    page.write_text(
+        html.read_text(encoding="utf-8").replace("<head>", "<head>" + probe, 1), encoding="utf-8"
+    )
+    frame = tmp / f"frame-{width}.html"
+    frame.write_text(
+        "<!DOCTYPE html><html><head><style>body{margin:0}iframe{border:0}</style></head><body>"
+        f"<iframe src='{page.name}' width='{width}' height='1000'></iframe></body></html>",
+        encoding="utf-8",
+    )
+    proc = subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--allow-file-access-from-files",
+            f"--window-size={max(width, 500) + 40},1000",
+            f"--user-data-dir={tmp / f'profile-w{width}'}",
+            "--virtual-time-budget=15000",
+            "--dump-dom",
+            frame.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    found = re.search(r'<pre id="dpicl-probe">(.*?)</pre>', proc.stdout, re.S)
+    assert found, f"the probe did not report (rc {proc.returncode}): {proc.stderr[-2000:]}"
+    raw = found.group(1).replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">")
+    result: dict[str, object] = json.loads(raw.replace("&amp;", "&"))
+    assert result["width"] == width, result  # the page really was seen at that width
+    return result
+
+
+def test_run_colours_are_never_the_colours_of_a_verdict() -> None:
+    """Red, orange and yellow mean something is wrong (violation, bug): no run is drawn in
+    them (issue 39: a run drawn in red read as a violation on a card that said ok)."""
+    import colorsys
+
+    from dpicl_audit.report.plots import _COLORS
+
+    for colour in _COLORS:
+        r, g, b = (int(colour[i : i + 2], 16) / 255 for i in (1, 3, 5))
+        hue, _, sat = colorsys.rgb_to_hls(r, g, b)
+        warm = hue * 360 < 65 or hue * 360 > 330
+        assert not (warm and sat > 0.25), colour

@@ -39,6 +39,11 @@ def test_demo_quick_oracle(tmp_path: Path) -> None:
     assert kinds.count("bootstrap") >= 1 and kinds.count("run") >= 2  # + real trials
     # 40 real trials per epsilon cannot reach half of epsilon_exact: INCONCLUSIVE, not "ok"
     assert set(results["verdicts"].values()) <= {"ok", "inconclusive"}
+    # ... and its cards say why that is expected (a newcomer must not read it as a failure).
+    if "inconclusive" in results["verdicts"].values():
+        from dpicl_audit.demo.main import WHY_INCONCLUSIVE
+
+        assert WHY_INCONCLUSIVE in report.read_text()
     assert "servers stopped" in stderr
 
 

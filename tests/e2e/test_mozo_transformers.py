@@ -61,4 +61,4 @@ def test_mozo_generation_with_real_model_over_http(start_server: Any, tmp_path: 
         assert dbg["guarantee"] == "proven" and dbg["radius"] == dbg["max_log_ratio"]
         assert max(tok["log_ratios"]) <= dbg["max_log_ratio"]
     r = httpx.post(f"{srv.url}/v1/generate", json=query, headers=user_headers(), timeout=60)
-    assert r.status_code == 403 and r.json()["error"]["code"] == "budget_exhausted"
+    assert r.status_code == 402 and r.json()["error"]["code"] == "budget_exhausted"

@@ -183,9 +183,9 @@ def test_mozo_completion_and_stream(server: ServerProcess) -> None:
     assert ledger(server, cid)["queries"] == 3
     # The context's 3 queries are spent: a fourth is refused, streamed or not, uncharged.
     for stream in (False, True):
-        with pytest.raises(openai.RateLimitError) as err:
+        with pytest.raises(openai.APIStatusError) as err:
             client.completions.create(model=cid, prompt="again", stream=stream)
-        assert err.value.code == "budget_exhausted"
+        assert (err.value.status_code, err.value.code) == (402, "budget_exhausted")
     assert ledger(server, cid)["queries"] == 3
 
 
@@ -233,6 +233,8 @@ def test_every_refused_parameter_is_named_and_uncharged(server: ServerProcess) -
         messages=[{"role": "system", "content": "ignored"}, {"role": "user", "content": "q?"}],
         logprobs=False,
         n=1,
+        tools=[],
+        tool_choice="none",
         temperature=0.7,
         top_p=0.9,
         user="someone",
@@ -240,7 +242,7 @@ def test_every_refused_parameter_is_named_and_uncharged(server: ServerProcess) -
     assert out.choices[0].message.content in ("Yes", "No")
     # Bad values and shapes: 400s naming them, never a 500.
     bad: list[tuple[str, dict[str, Any]]] = [
-        ("messages.0.role", {"messages": [{"role": "assistant", "content": "hi"}]}),
+        ("messages", {"messages": [{"role": "assistant", "content": "hi"}]}),
         ("messages.0.content", {"messages": [{"role": "user", "content": "   "}]}),
         (
             "messages.0.content.0.type",
@@ -273,15 +275,16 @@ def test_every_refused_parameter_is_named_and_uncharged(server: ServerProcess) -
 def test_exhausted_budget_and_unknown_model(server: ServerProcess) -> None:
     # One answer's exact epsilon is 0.751; two compose to more than 0.9: one answer fits.
     cid = create(server, budgeted_voting(epsilon=0.9))
-    # The SDK retries a 429 by default; x-should-retry: false tells it not to.
+    # The SDK retries a 429 by default, not a 402; x-should-retry: false says so besides.
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=USER, max_retries=2)
     client.chat.completions.create(model=cid, messages=[{"role": "user", "content": "q"}])
     t0 = time.monotonic()
-    with pytest.raises(openai.RateLimitError) as err:
+    with pytest.raises(openai.APIStatusError) as err:
         client.chat.completions.create(model=cid, messages=[{"role": "user", "content": "q"}])
     assert time.monotonic() - t0 < 0.4  # not retried (the SDK's first backoff is >= 0.4 s)
     e = err.value
-    assert e.status_code == 429 and e.code == "budget_exhausted"
+    assert e.status_code == 402 and e.code == "budget_exhausted"
+    assert e.type == "insufficient_quota"
     assert "retry-after" not in e.response.headers
     assert e.response.headers["x-should-retry"] == "false"
     assert set(e.response.json()["error"]) == {"message", "type", "param", "code"}
@@ -293,13 +296,22 @@ def test_exhausted_budget_and_unknown_model(server: ServerProcess) -> None:
     assert nf.value.code == "model_not_found" and nf.value.param == "model"
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="gpt-4o", prompt="q")
-    with pytest.raises(openai.AuthenticationError):
+    with pytest.raises(openai.AuthenticationError) as auth:
         openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0).models.list()
-    # The native routes keep their own shape and statuses.
+    assert "not valid" in auth.value.message and "required" not in auth.value.message
+    # Routes dpicl does not serve answer in OpenAI's shape too, so the SDK says why.
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.embeddings.create(model=cid, input="q")
+    assert "/v1/embeddings" in missing.value.message and missing.value.code == "not_found"
+    r = httpx.post(f"{server.url}/v1/responses", json={"model": cid, "input": "q"})
+    assert r.status_code == 404
+    assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+    # The native routes keep their own shape; an exhausted budget is the same 402 there.
     r = httpx.post(
         f"{server.url}/v1/classify", json={"context_id": cid, "query": "q"}, headers=user_headers()
     )
-    assert r.status_code == 403
+    assert r.status_code == 402 and r.headers["x-should-retry"] == "false"
+    assert "retry-after" not in r.headers
     assert r.json() == {
         "error": {
             "code": "budget_exhausted",

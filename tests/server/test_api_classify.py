@@ -144,7 +144,7 @@ def test_budget_allows_exactly_k_then_refuses_without_charging(tmp_path: Path) -
             r = c.post(
                 "/v1/classify", json={"context_id": cid, "query": CANARY}, headers=user_headers()
             )
-            assert r.status_code == 403
+            assert r.status_code == 402
             assert r.json()["error"]["code"] == "budget_exhausted"
         info = c.get(f"/v1/contexts/{cid}", headers=admin_headers()).json()
         assert info["spent"]["queries"] == k

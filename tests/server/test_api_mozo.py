@@ -1,6 +1,6 @@
 """DPS-MOZO over the real app: oracle engine (a labelled simulator), real SQLite ledger.
 
-Covers the query budget (exactly `queries` answers, then 403 budget_exhausted), the debug
+Covers the query budget (exactly `queries` answers, then 402 budget_exhausted), the debug
 fields at noisy and internal, the per-token bounds, the offline mode and bad settings.
 """
 
@@ -73,7 +73,7 @@ def test_context_answers_exactly_its_queries(tmp_path: Path) -> None:
             spent.append(out["budget"]["spent_epsilon"])
         assert spent == sorted(spent) and spent[-1] <= 4.0 + 1e-6
         r = generate(client, info["id"])
-        assert r.status_code == 403
+        assert r.status_code == 402
         assert r.json()["error"]["code"] == "budget_exhausted"
         after = client.get(f"/v1/contexts/{info['id']}", headers=admin_headers()).json()
         assert after["spent"]["queries"] == 3
@@ -100,7 +100,7 @@ def test_proven_is_the_default_and_its_epsilon_is_exact(tmp_path: Path) -> None:
                 proven_epsilon(cal.max_log_ratio, 2, 2 / 8, 6 * (k + 1), 1 / 8)
             )
         assert spent[-1] <= 4.0
-        assert generate(client, info["id"]).status_code == 403
+        assert generate(client, info["id"]).status_code == 402
 
 
 def test_proven_rejects_alpha(tmp_path: Path) -> None:
@@ -188,7 +188,7 @@ def test_offline_synthesis_then_free_serving(tmp_path: Path) -> None:
         url = f"/v1/contexts/{info['id']}/synthesize"
         too_many = {"inputs": [f"public input {i}" for i in range(4)]}
         r = client.post(url, json=too_many, headers=admin_headers())
-        assert r.status_code == 403 and r.json()["error"]["code"] == "budget_exhausted"
+        assert r.status_code == 402 and r.json()["error"]["code"] == "budget_exhausted"
         r = client.post(url, json={"inputs": ["a public input"]}, headers=user_headers())
         assert r.status_code == 401
         r = client.post(

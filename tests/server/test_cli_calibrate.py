@@ -96,3 +96,11 @@ def test_bad_options_exit_2_naming_the_value(args: list[str], names: str) -> Non
 def test_set_passes_any_other_setting() -> None:
     out = printed("--mechanism", "voting", "--epsilon", "1", "--set", "temperature=0.5")
     assert out["temperature"] == 0.5
+
+
+def test_an_unknown_mechanism_is_not_installed_here_not_on_a_server() -> None:
+    """calibrate runs offline: an unknown name is "not installed in this environment", with
+    the plug-in's install step (issue 39: it said "on this server")."""
+    code, out = calibrate("--mechanism", "no-such-mechanism", "--epsilon", "1")
+    assert code == 2 and "'no-such-mechanism'" in out and "server" not in out, out
+    assert "installed" in out and "pip install" in out and "voting" in out

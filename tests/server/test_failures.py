@@ -74,7 +74,7 @@ def test_failing_call_does_not_hold_the_last_unit_of_budget(
         assert vs == 200, vb  # it waited for the failure's refund instead of being refused
         assert vb["budget"]["remaining_queries"] == 0  # type: ignore[index]
         status, again = ask("one more")
-        assert status == 403 and again["error"]["code"] == "budget_exhausted"  # type: ignore[index]
+        assert status == 402 and again["error"]["code"] == "budget_exhausted"  # type: ignore[index]
     assert SECRET not in caplog.text
     assert SECRET not in json_log(caplog.records)
 

@@ -126,3 +126,49 @@ def test_api_fuzz(server: ServerProcess, mode: str) -> None:
     # Negative mode has nothing to break in the seven operations without any input (GET and
     # HEAD of the three health routes, GET /v1/contexts).
     assert fuzzed >= (len(operations) if mode == "positive" else len(operations) - 7), fuzzed
+
+
+#: The operations whose schema says everything the server checks of a request (no rule across
+#: fields or against stored contexts, no server setting): there a schema-valid request must
+#: be accepted. The model of a completion is any id: an unknown one is a 404, which is
+#: acceptance in schemathesis' terms (the request was valid; the thing is not there).
+ACCEPTANCE_OPERATIONS = (
+    "POST /v1/completions",
+    "POST /v1/chat/completions",
+    "GET /v1/models",
+    "GET /v1/models/{model}",
+    "GET /v1/contexts",
+    "POST /v1/keys",
+)
+
+
+@pytest.mark.slow
+def test_schema_valid_requests_are_accepted(server: ServerProcess) -> None:
+    """0 "schema-valid request rejected" (schemathesis' positive_data_acceptance) on the
+    operations above (issue 39: the schema admitted a null prompt, tool-ended conversations,
+    non-id cursors, refused parameters' values and keys with both scopes)."""
+    operations = [op for op in _operations(server.url) if op.label in ACCEPTANCE_OPERATIONS]
+    assert sorted(op.label for op in operations) == sorted(ACCEPTANCE_OPERATIONS)
+    rejected: list[str] = []
+    for operation in operations:
+
+        @given(case=operation.as_strategy(generation_mode=GenerationMode.POSITIVE))
+        @settings(
+            max_examples=EXAMPLES,
+            deadline=None,
+            derandomize=True,
+            suppress_health_check=list(HealthCheck),
+            database=None,
+        )
+        def accept(case: Any) -> None:
+            case.call_and_validate(
+                headers={"Authorization": f"Bearer {ADMIN}"},
+                checks=[positive_data_acceptance],
+                timeout=10,
+            )
+
+        try:
+            accept()
+        except Exception as exc:  # schemathesis' failure group: name the operation
+            rejected.append(f"{operation.label}: {str(exc)[:600]}")
+    assert not rejected, "\n\n".join(rejected)

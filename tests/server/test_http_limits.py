@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import re
 import socket
 import time
@@ -304,3 +305,86 @@ def test_the_limits_defaults() -> None:
     s = Settings()
     assert (s.max_header_bytes, s.max_header_count) == (64 * 1024, 100)
     assert (s.header_timeout_s, s.body_timeout_s, s.max_connections) == (10.0, 30.0, 512)
+
+
+OOM_MARKER = b"OOM-IN-THE-PROTOCOL"
+
+
+def _metric(name: str, **labels: str) -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_memory_running_out_while_a_body_is_read_is_answered_like_any_503(
+    server: ThreadServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A MemoryError in the protocol layer while it buffers a body (issue 39): the app
+    answers it, so it has ``Retry-After: 1``, the caller's ``X-Request-ID``, an access-log
+    line and its metrics, and the log says what happened (not "a refused head")."""
+    from dpicl.api.http_limits import LimitedHttpToolsProtocol
+
+    real = LimitedHttpToolsProtocol.on_body
+
+    def on_body(self: LimitedHttpToolsProtocol, body: bytes) -> None:
+        if OOM_MARKER in body:
+            raise MemoryError  # where buffering a body runs the heap out
+        real(self, body)
+
+    monkeypatch.setattr(LimitedHttpToolsProtocol, "on_body", on_body, raising=False)
+    caplog.set_level(logging.INFO)
+    labels = {"route": "/v1/classify", "status": "503", "code": "server_busy"}
+    before = _metric("dpicl_refusals_total", **labels)
+    body = b'{"context_id": "ctx_' + b"0" * 24 + b'", "query": "' + OOM_MARKER + b'"}'
+    with _connect(server) as sock:
+        head = (
+            b"POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer " + ADMIN.encode() + b"\r\nX-Request-ID: oom-body-1\r\n"
+            b"Content-Length: " + str(len(body) + 1000).encode() + b"\r\n\r\n"
+        )
+        sock.sendall(head + body)  # 1,000 bytes of it never come: they are not waited for
+        status, headers, raw = _read_response(sock)
+        assert _closed(sock)
+    assert status == 503 and _error(raw)["code"] == "server_busy", raw
+    assert "memory" in _error(raw)["message"]
+    assert headers["retry-after"] == "1" and headers["x-request-id"] == "oom-body-1"
+    access = [r for r in caplog.records if r.name == "dpicl.access"]
+    assert any(
+        getattr(r, "request_id", None) == "oom-body-1" and getattr(r, "status", None) == 503
+        for r in access
+    ), [r.__dict__ for r in access]
+    said = [r.getMessage() for r in caplog.records if "memory" in r.getMessage()]
+    assert said and not any("head" in m for m in said), said
+    assert _metric("dpicl_refusals_total", **labels) == before + 1
+    with _connect(server) as sock:  # and the server goes on
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert _read_response(sock)[0] == 200
+
+
+def test_memory_running_out_in_a_head_is_503_with_retry_after_and_request_id(
+    server: ThreadServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from dpicl.api.http_limits import LimitedHttpToolsProtocol
+
+    real = LimitedHttpToolsProtocol.on_header
+
+    def on_header(self: LimitedHttpToolsProtocol, name: bytes, value: bytes) -> None:
+        if OOM_MARKER in value:
+            raise MemoryError
+        real(self, name, value)
+
+    monkeypatch.setattr(LimitedHttpToolsProtocol, "on_header", on_header)
+    caplog.set_level(logging.INFO)
+    labels = {"route": "<unmatched>", "status": "503", "code": "server_busy"}
+    before = _metric("dpicl_refusals_total", **labels)
+    with _connect(server) as sock:
+        sock.sendall(
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Request-ID: oom-head-1\r\n"
+            b"X-Big: " + OOM_MARKER + b"\r\nX-After: 1\r\n\r\n"
+        )
+        status, headers, raw = _read_response(sock)
+    assert status == 503 and _error(raw)["code"] == "server_busy", raw
+    assert headers["retry-after"] == "1" and headers["x-request-id"] == "oom-head-1"
+    access = [r for r in caplog.records if r.name == "dpicl.access"]
+    assert any(getattr(r, "request_id", None) == "oom-head-1" for r in access)
+    assert _metric("dpicl_refusals_total", **labels) == before + 1

@@ -117,7 +117,7 @@ def test_scope_budget_revocation_and_spend_in_process(tmp_path: Path) -> None:
         assert c.get(f"/v1/contexts/{mine}/spend", headers=h).status_code == 401
         assert _ask(c, mine, h).status_code == 200
         r = _ask(c, mine, h)
-        assert r.status_code == 403 and "own privacy budget" in r.json()["error"]["message"]
+        assert r.status_code == 402 and "own privacy budget" in r.json()["error"]["message"]
         assert _ask(c, mine, user_headers()).status_code == 200  # the context still answers
         spend = c.get(f"/v1/contexts/{mine}/spend", headers=admin_headers()).json()
         totals = {t["key_id"]: t for t in spend["by_key"]}
@@ -231,7 +231,7 @@ def test_a_database_at_0002_keeps_its_contexts_ledgers_and_static_keys(tmp_path:
         version = conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar()
         mu2 = conn.execute(sa.text("SELECT mu2_spent FROM dpicl_contexts")).scalar()
     eng.dispose()
-    assert version == head() == "0003"
+    assert version == head() == "0004"
     assert mu2 is not None and mu2 > 0.25
 
 
@@ -329,12 +329,13 @@ def test_the_openai_surface_keeps_a_keys_scope_and_budget(tmp_path: Path) -> Non
             r = c.post("/v1/chat/completions", json=chat, headers=h)
             assert (r.status_code, r.json()["error"]["code"]) == (404, "model_not_found")
             r = c.get("/v1/models", params={"after": model}, headers=h)
-            assert r.status_code == 400 and r.json()["error"]["param"] == "after"
+            assert (r.status_code, r.json()["error"]["param"]) == (404, "after"), r.text
+            assert r.json()["error"]["code"] == "model_not_found"
         chat = {"model": mine, "messages": [{"role": "user", "content": "q"}]}
         assert c.post("/v1/chat/completions", json=chat, headers=h).status_code == 200
         # The key's own budget (one answer) is spent: the next is refused, nothing charged.
         r = c.post("/v1/chat/completions", json=chat, headers=h)
-        assert (r.status_code, r.json()["error"]["code"]) == (429, "budget_exhausted")
+        assert (r.status_code, r.json()["error"]["code"]) == (402, "budget_exhausted")
         assert "Retry-After" not in r.headers and r.headers["x-should-retry"] == "false"
         spend = c.get(f"/v1/contexts/{mine}/spend", headers=admin_headers()).json()
         totals = {t["key_id"]: t for t in spend["by_key"]}

@@ -121,7 +121,7 @@ def test_cache_shows_fresh_budgets_after_charges_by_another_process(tmp_path: Pa
         finally:
             other.dispose()
         r = c.post("/v1/classify", json={"context_id": cid, "query": "x"}, headers=user_headers())
-        assert r.status_code == 403 and r.json()["error"]["code"] == "budget_exhausted", r.text
+        assert r.status_code == 402 and r.json()["error"]["code"] == "budget_exhausted", r.text
 
 
 def test_context_cache_is_bounded_by_bytes(tmp_path: Path) -> None:

@@ -78,8 +78,11 @@ def test_metrics_count_requests_by_route_template_refusals_and_budgets(tmp_path:
     assert delta("dpicl_http_requests_total", method="GET", route=route, status="200") == 1
     assert delta("dpicl_http_requests_total", method="GET", route=route, status="404") == 1
     assert delta("dpicl_http_request_duration_seconds_count", method="POST", route="/v1/classify")
-    assert delta("dpicl_refusals_total", code="not_found") == 1
-    assert delta("dpicl_refusals_total", code="invalid_request") == 1
+    assert delta("dpicl_refusals_total", route=route, status="404", code="not_found") == 1
+    assert (
+        delta("dpicl_refusals_total", route="/v1/classify", status="422", code="invalid_request")
+        == 1
+    )
     # Two answers of epsilon 1 each; the budget's composed spend and what is left.
     assert value(text, "dpicl_epsilon_charged_total", context_id=cid) == pytest.approx(2.0)
     spent = value(text, "dpicl_budget_epsilon_spent", context_id=cid)

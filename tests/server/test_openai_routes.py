@@ -7,6 +7,7 @@ loaded once)."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,8 @@ def test_model_pages_and_errors_in_openai_shape(tmp_path: Path) -> None:
         assert [m["id"] for m in rest["data"]] == ids[2:] and rest["has_more"] is False
         for r, status, param in [
             (c.get("/v1/models?after=ctx_nope", headers=user_headers()), 400, "after"),
+            # The form of an id, naming no model: 404, as the model itself would be.
+            (c.get(f"/v1/models?after=ctx_{'0' * 24}", headers=user_headers()), 404, "after"),
             (c.get("/v1/models?limit=0", headers=user_headers()), 400, "limit"),
             (c.put("/v1/models", headers=user_headers()), 405, None),
             (
@@ -158,9 +161,9 @@ def test_a_request_loads_its_context_once(tmp_path: Path) -> None:
         loads: list[str] = []
         get_for_query = repo.get_for_query
 
-        async def counted(context_id: str) -> Any:
+        async def counted(context_id: str, **kwargs: Any) -> Any:
             loads.append(context_id)
-            return await get_for_query(context_id)
+            return await get_for_query(context_id, **kwargs)
 
         repo.get_for_query = counted
         chat = {"model": cid, "messages": [{"role": "user", "content": "Is it?"}]}
@@ -211,3 +214,63 @@ def test_a_request_converts_itself_to_the_native_request() -> None:
     with pytest.raises(InvalidRequest, match=r"^prompt: the query must contain a visible") as e:
         blank.to_native("classification", blank.query())
     assert e.value.param == "prompt"
+
+
+def test_the_last_user_message_is_the_query_whatever_follows_it(tmp_path: Path) -> None:
+    """What the published schema says (issue 39): a conversation with a user message is
+    answered, even when a tool's or an assistant's message follows it; one without is not."""
+    with make_client(tmp_path) as c:
+        cid = c.post("/v1/contexts", json=voting_context(), headers=admin_headers()).json()["id"]
+        tail = [
+            {"role": "user", "content": "Is it?"},
+            {"role": "tool", "content": "42", "tool_call_id": "call_1"},
+            {"role": "assistant", "content": "Thinking"},
+        ]
+        r = c.post(
+            "/v1/chat/completions", json={"model": cid, "messages": tail}, headers=user_headers()
+        )
+        assert r.status_code == 200, r.text
+        none = [{"role": "tool", "content": "42"}]
+        r = c.post(
+            "/v1/chat/completions", json={"model": cid, "messages": none}, headers=user_headers()
+        )
+        assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
+        r = c.post("/v1/completions", json={"model": cid, "prompt": None}, headers=user_headers())
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+
+
+def test_the_published_schema_says_what_is_accepted(tmp_path: Path) -> None:
+    """The OpenAPI document refuses what the server refuses (issue 39): a null prompt, a
+    conversation without a user message, a model cursor that is not a model id, a key with
+    both scopes (or neither)."""
+    import jsonschema
+
+    with make_client(tmp_path) as c:
+        doc = c.get("/openapi.json").json()
+
+    def valid(name: str, body: Any) -> bool:
+        schema = {**doc["components"]["schemas"][name], "components": doc["components"]}
+        try:
+            jsonschema.validate(body, schema, cls=jsonschema.Draft202012Validator)
+        except jsonschema.ValidationError:
+            return False
+        return True
+
+    cid = "ctx_" + "0" * 24
+    assert valid("CompletionRequest", {"model": cid, "prompt": "q"})
+    assert valid("CompletionRequest", {"model": cid, "prompt": ["q"]})
+    for prompt in (None, [], ["a", "b"], [1, 2], "   "):
+        assert not valid("CompletionRequest", {"model": cid, "prompt": prompt}), prompt
+    user = {"role": "user", "content": "q"}
+    tool = {"role": "tool", "content": "x"}
+    assert valid("ChatCompletionRequest", {"model": cid, "messages": [user, tool]})
+    assert not valid("ChatCompletionRequest", {"model": cid, "messages": [tool]})
+    assert not valid("ChatCompletionRequest", {"model": cid, "messages": [{"role": "user"}]})
+    assert valid("KeySpec", {"tenant": "acme"})
+    assert valid("KeySpec", {"contexts": [cid]})
+    assert valid("KeySpec", {"tenant": None, "contexts": [cid]})
+    assert not valid("KeySpec", {"tenant": "acme", "contexts": [cid]})
+    assert not valid("KeySpec", {})
+    models = doc["paths"]["/v1/models"]["get"]["parameters"]
+    after = next(p for p in models if p["name"] == "after")
+    assert re.fullmatch(after["schema"]["anyOf"][0]["pattern"].strip("^$"), cid)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shlex
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -157,12 +159,25 @@ StrictOpt = Annotated[
 ]
 
 
+#: Where ``resume`` reads the admin token from when no ``--admin-token`` is given.
+ADMIN_TOKEN_VAR = "DPICL_AUDIT_ADMIN_TOKEN"
+
+
 def resume_command(run_id: str, db: str) -> str:
-    """The command line that continues ``run_id`` (``--db`` only when not the default)."""
+    """The command line that continues ``run_id`` (``--db`` only when not the default), and
+    the admin token it needs: tokens are never logged, so a run started with
+    ``--admin-token`` must be given it again, and the hint names the variable to set
+    (never the token)."""
     from dpicl_audit.store.db import DEFAULT_DB
 
-    where = "" if db == DEFAULT_DB else f" --db {db}"
-    return f"dpicl-audit resume {run_id}{where}"
+    where = "" if db == DEFAULT_DB else f" --db {shlex.quote(db)}"
+    command = f"dpicl-audit resume {shlex.quote(run_id)}{where}"
+    if os.environ.get(ADMIN_TOKEN_VAR):
+        return f"{command} (it reads the admin token from {ADMIN_TOKEN_VAR}, set here)"
+    return (
+        f"{command} after export {ADMIN_TOKEN_VAR}=... (the server's admin token; "
+        "tokens are not stored in the log)"
+    )
 
 
 def run_async(coro: Coroutine[Any, Any, T], resume_hint: str | None = None) -> T:

@@ -104,8 +104,10 @@ def error_from_response(response: httpx.Response, path: str = "") -> TargetRejec
     cls = _REJECTIONS.get(response.status_code, TargetRejected)
     if response.status_code == 403 and code != "budget_exhausted":
         cls = TargetRejected
-    if response.status_code == 429 and code == "budget_exhausted":
-        cls = TargetBudgetExhausted  # the OpenAI-compatible surface's status for it
+    if response.status_code in (402, 403, 429) and code == "budget_exhausted":
+        # 402 on both surfaces; servers before issue 39 answered 403 (native) and 429
+        # (OpenAI surface), and the auditor still audits them.
+        cls = TargetBudgetExhausted
     return cls(response.status_code, code, message, param, path=path)
 
 

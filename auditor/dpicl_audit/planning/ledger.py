@@ -16,7 +16,7 @@ few answers, created beside the run's contexts:
    budget's ``mu_max = gdp_mu(B, delta)`` then admits exactly ``N = floor(mu_max^2 / mu^2)``
    answers;
 2. it is asked until refused: the server must answer exactly ``N`` and refuse the next
-   (403 ``budget_exhausted``);
+   (402 ``budget_exhausted``);
 3. after each answer the reported ``spent_epsilon`` must equal ``gdp_epsilon(sqrt(k) mu,
    delta)``, ``remaining_epsilon`` the budget minus it, and ``remaining_queries`` ``N - k``;
 4. the context's record after the refusal must still count ``N`` answers (a refused query

@@ -102,7 +102,7 @@ def _outcome(route: str, got: httpx.Response | Exception) -> str:
                 return "refused" if code == "budget_exhausted" else f"stream error {code}"
         return "answered"
     code = _code(got)
-    if got.status_code in (403, 429) and code == "budget_exhausted":
+    if got.status_code in (402, 403, 429) and code == "budget_exhausted":
         return "refused"
     if (
         got.status_code in (404, 405)

@@ -61,7 +61,14 @@ def _bars(rows: Sequence[ReportRow]) -> str:
     return f"<table class=bars>{''.join(out)}</table>"
 
 
-def cards(runs: Sequence[RunData], rows: Sequence[ReportRow], colors: Mapping[str, str]) -> str:
+def cards(
+    runs: Sequence[RunData],
+    rows: Sequence[ReportRow],
+    colors: Mapping[str, str],
+    why_inconclusive: str = "",
+) -> str:
+    """One card per run; ``why_inconclusive`` is a line an INCONCLUSIVE card adds (the demo:
+    why that is expected there, so that a newcomer does not read it as a failure)."""
     cards = []
     for rd in runs:
         mine = [r for r in rows if r.run_id == rd.run_id]
@@ -78,6 +85,11 @@ def cards(runs: Sequence[RunData], rows: Sequence[ReportRow], colors: Mapping[st
             f"<div class=name>{_e(rd.label)}</div>"
             f"<span class='badge {_e(status)}'>{_e(badge)}</span> "
             f"<span class=small>{_e(VERDICT_SENTENCES.get(status, 'no estimate'))}</span>"
-            f"<div class=small>{_e(what)}</div>{_bars(mine)}</div>"
+            + (
+                f"<div class=small><i>{_e(why_inconclusive)}</i></div>"
+                if status == "inconclusive" and why_inconclusive
+                else ""
+            )
+            + f"<div class=small>{_e(what)}</div>{_bars(mine)}</div>"
         )
     return f"<div class=cards>{''.join(cards)}</div>"

@@ -72,6 +72,20 @@ details{margin:.35em 0;border:1px solid #e4e4e4;border-radius:4px;padding:.2em .
 summary{cursor:pointer;font-weight:bold;overflow-wrap:anywhere}
 img{max-width:100%;height:auto;border:1px solid #eee}code{background:#f4f4f4;padding:0 .25em}
 .small{font-size:.85em;color:#555}
+table.results td.wrap{overflow-wrap:break-word}
+@media (max-width:640px){
+table.results,table.results tbody{display:block;border:0}
+table.results tr.head{display:none}
+table.results tr{display:grid;grid-template-columns:1fr 1fr;column-gap:1em;
+border:1px solid #ccc;border-left:6px solid var(--run,#ccc);border-radius:4px;margin:.5em 0;
+padding:.2em .4em}
+table.results td{display:flex;justify-content:space-between;gap:1em;border:0;
+padding:.1em .2em;max-width:none;white-space:normal}
+table.results td::before{content:attr(data-label);font-weight:normal;color:#555;
+text-align:left;white-space:nowrap}
+table.results td.name{display:block;font-weight:bold;grid-column:1/-1}
+table.results td.name::before{content:none}
+}
 """
 
 
@@ -84,8 +98,8 @@ def _results_table(
 ) -> str:
     shift = any(r.epsilon_exact_shift is not None for r in rows)
     head = (
-        "<tr><th class=l>run</th><th class=l>ε</th><th class=l>threat</th><th>ε theory</th>"
-        "<th>ε exact</th>"
+        "<tr class=head><th class=l>run</th><th class=l>ε</th><th class=l>threat</th>"
+        "<th>ε theory</th><th>ε exact</th>"
         + (
             "<th title='ESA: exact ε for the canary&#39;s actual embedding shift'>"
             "ε exact (shift)</th>"
@@ -104,17 +118,28 @@ def _results_table(
         trials = "-" if r.trials is None else f"{r.trials:,}"
         if r.method == "bootstrap":
             trials += " sim"
+        # data-label: on a phone (CSS, max-width 640px) each row is a card of "label value"
+        # lines, the run's name across its top, instead of a table scrolled sideways.
         body.append(
-            f"<tr><td class='l wrap'{run_style(colors, r.run_id)}><span class=swatch></span>"
-            f"{_e(labels.get(r.run_id, r.run_id))}</td>"
-            f"<td class='l nw'>{_e(eps_label(r.setting))}</td><td class='l nw'>{_e(r.threat)}</td>"
-            f"<td>{fmt(r.epsilon_theory, 2)}</td><td>{fmt(r.epsilon_exact)}</td>"
-            + (f"<td>{fmt(r.epsilon_exact_shift)}</td>" if shift else "")
-            + f"<td><b>{fmt(r.epsilon_emp)}</b></td><td>{fmt(r.epsilon_classic)}</td>"
-            f"<td>{fmt(r.mu_lower)}</td><td class=nw>{trials}</td>"
-            f"<td class='l nw {_e(r.status)}' title='{_e(r.message)}'>{_e(verdict)}</td></tr>"
+            f"<tr{run_style(colors, r.run_id)}><td class='l wrap name'>"
+            f"<span class=swatch></span>{_e(labels.get(r.run_id, r.run_id))}</td>"
+            f"<td class='l nw' data-label='ε'>{_e(eps_label(r.setting))}</td>"
+            f"<td class='l nw' data-label='threat'>{_e(r.threat)}</td>"
+            f"<td data-label='ε theory'>{fmt(r.epsilon_theory, 2)}</td>"
+            f"<td data-label='ε exact'>{fmt(r.epsilon_exact)}</td>"
+            + (
+                f"<td data-label='ε exact (shift)'>{fmt(r.epsilon_exact_shift)}</td>"
+                if shift
+                else ""
+            )
+            + f"<td data-label='ε emp (GDP)'><b>{fmt(r.epsilon_emp)}</b></td>"
+            f"<td data-label='ε classical'>{fmt(r.epsilon_classic)}</td>"
+            f"<td data-label='μ lower'>{fmt(r.mu_lower)}</td>"
+            f"<td class=nw data-label='trials'>{trials}</td>"
+            f"<td class='l nw {_e(r.status)}' data-label='verdict' title='{_e(r.message)}'>"
+            f"{_e(verdict)}</td></tr>"
         )
-    return f"<div class=scroll><table>{head}{''.join(body)}</table></div>"
+    return f"<div class=scroll><table class=results>{head}{''.join(body)}</table></div>"
 
 
 def noise_status(nc: Mapping[str, Any]) -> str:
@@ -281,6 +306,7 @@ def render_html(
     notes: Sequence[str],
     colors: Mapping[str, str] | None = None,
     utility_html: str = "",
+    why_inconclusive: str = "",
 ) -> str:
     """The page: one card per run first (name, verdict, ε bars), the privacy-utility card
     (``utility_html``, when utility runs are reported), then the findings grouped by run
@@ -330,7 +356,7 @@ def render_html(
 <title>{_e(title)}</title>
 <style>{_CSS}{CARD_CSS}</style></head><body>
 <h1>{_e(title)}</h1>
-{cards(runs, rows, colors)}
+{cards(runs, rows, colors, why_inconclusive)}
 <p class=small>Bars, per ε audited: <b>ε emp</b> (filled, the run's largest lower bound at its
 confidence) against <b>ε exact</b> (black tick: the true ε of the mechanism at the noise the
 server reports) and <b>ε theory</b> (dashed red tick: the ε the context was configured with).

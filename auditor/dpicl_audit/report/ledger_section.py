@@ -39,8 +39,8 @@ def ledger_html(runs: Sequence[RunData]) -> str:
             f"{_e(round(float(budget.get('epsilon', 0.0)), 4))} at delta "
             f"{_e(budget.get('delta'))})</div>"
             + (
-                "<table><tr><th>check</th><th>result</th><th>reported</th><th>expected</th>"
-                f"</tr>{rows}</table>"
+                "<div class=scroll><table><tr><th>check</th><th>result</th><th>reported</th>"
+                f"<th>expected</th></tr>{rows}</table></div>"
                 if rows
                 else ""
             )
@@ -67,8 +67,8 @@ def conformance_html(runs: Sequence[RunData]) -> str:
         "<h2>Conformance</h2><p class=small>The server's releases tested against the "
         "distribution the design predicts (release rates; the noise's scale, correlation, "
         "tails, independence and determinism where the debug endpoint shows it).</p>"
-        "<table><tr><th>run</th><th>setting</th><th>status</th><th>differs</th><th>tests</th>"
-        f"</tr>{''.join(rows)}</table>"
+        "<div class=scroll><table><tr><th>run</th><th>setting</th><th>status</th>"
+        f"<th>differs</th><th>tests</th></tr>{''.join(rows)}</table></div>"
     )
 
 
@@ -97,8 +97,8 @@ def roc_html(runs: Sequence[RunData]) -> str:
     return (
         "<h2>Attack ROC</h2><p class=small>The attack's ROC on the logged trials, as "
         "membership-inference tools report it: descriptive figures beside the bounds above, "
-        "which are the audit's claims.</p><table><tr><th>run</th><th>setting</th><th>threat"
-        f"</th><th>AUROC</th>{heads}</tr>{''.join(rows)}</table>"
+        "which are the audit's claims.</p><div class=scroll><table><tr><th>run</th><th>setting"
+        f"</th><th>threat</th><th>AUROC</th>{heads}</tr>{''.join(rows)}</table></div>"
     )
 
 

@@ -23,7 +23,7 @@ from dpicl_audit.report.html import render_html
 from dpicl_audit.report.plots import plot_epsilons, plot_tradeoff, plot_trials, run_colors
 from dpicl_audit.report.rdp import has_rdp, plot_rdp_bars, plot_rdp_curves
 from dpicl_audit.report.rows import report_rows
-from dpicl_audit.report.table import rich_table
+from dpicl_audit.report.table import print_report_table
 from dpicl_audit.report.utility_card import utility_card
 from dpicl_audit.report.words import noise_findings, run_verdict, verdict_sentence
 from dpicl_audit.results import jsonable
@@ -135,8 +135,10 @@ def write_combined_report(
     title: str | None = None,
     notes: Sequence[str] = (),
     console: Console | None = None,
+    why_inconclusive: str = "",
 ) -> Path:
     """One report over several runs, side by side; returns the HTML file's path.
+    ``why_inconclusive``: a line for each INCONCLUSIVE run, on its card and after the table.
 
     Writes ``<out_dir>/<name>/report.html`` and ``report.json`` (the table rows, every run's
     results and the verdicts; a single run's ``results.json`` beside it keeps the runner's
@@ -157,11 +159,14 @@ def write_combined_report(
     title = title or (
         f"dpicl audit report: {ids[0]}" if len(ids) == 1 else f"dpicl audit report: {len(ids)} runs"
     )
-    console = console or Console(width=max(Console().width, 160))
+    # The terminal's own width: the table degrades to one block per row where it is narrow.
+    console = console or Console()
     if runs:
-        console.print(rich_table(rows, title))
+        print_report_table(console, rows, title)
     for u in utility.values():
         print_utility(u, console)
+    if why_inconclusive and any(r.status == "inconclusive" for r in rows):
+        console.print(f"INCONCLUSIVE rows: {why_inconclusive}", highlight=False)
     for r in rows:
         if r.status in ("violation", "bug"):
             console.print(f"[bold red]{verdict_sentence(r)}[/bold red]")
@@ -187,7 +192,8 @@ def write_combined_report(
     path = out / "report.html"
     images = _images(runs, rows, curves, colors) if runs else []
     card = utility_card(list(utility.values()), rows, runs)
-    _write_text(path, render_html(title, runs, rows, images, notes, colors, card))
+    page = render_html(title, runs, rows, images, notes, colors, card, why_inconclusive)
+    _write_text(path, page)
     return path
 
 

@@ -24,7 +24,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dpicl.logging_setup import REQUEST_ID
-from dpicl.metrics import REQUEST_SECONDS, REQUESTS
+from dpicl.metrics import REFUSALS, REQUEST_SECONDS, REQUESTS, REQUESTS_RUNNING, refusal_codes
 
 __all__ = ["AccessLogMiddleware", "valid_request_id"]
 
@@ -53,6 +53,17 @@ def _route_template(scope: Scope) -> str:
                 break
     path = getattr(route, "path", None)
     return path if isinstance(path, str) else UNMATCHED
+
+
+def count_refusal(route: str, status: int, codes: list[str]) -> None:
+    """Count a request's error answer in ``dpicl_refusals_total``: the code its error
+    response named (the last: a handler may answer an error met while answering another), or
+    for an error status without one (a response no handler of ours wrote) ``http_<status>``.
+    A refusal inside a stream already started keeps the stream's status."""
+    if codes:
+        REFUSALS.labels(route, str(status), codes[-1]).inc()
+    elif status >= 400:
+        REFUSALS.labels(route, str(status), f"http_{status}").inc()
 
 
 class AccessLogMiddleware:
@@ -84,14 +95,18 @@ class AccessLogMiddleware:
                 message = {**message, "headers": [*headers, header]}
             await send(message)
 
+        REQUESTS_RUNNING.inc()
         try:
-            await self.app(scope, receive, send_with_id)
+            with refusal_codes() as codes:
+                await self.app(scope, receive, send_with_id)
         finally:
+            REQUESTS_RUNNING.dec()
             elapsed = time.perf_counter() - t0
             method = str(scope.get("method", "?"))
             route = _route_template(scope)
             REQUESTS.labels(method, route, str(status)).inc()
             REQUEST_SECONDS.labels(method, route).observe(elapsed)
+            count_refusal(route, status, codes)
             state = scope.get("state") or {}
             log.info(
                 "%s %s %d %.1f ms",

@@ -4,7 +4,8 @@ Three kinds of token: the admin token, static keys (``DPICL_API_KEYS``) and data
 (``POST /v1/keys``). The first two are compared in memory; a database key is looked up on
 every request (no cache: a revocation holds at once in every process; see
 :mod:`dpicl.store.keys`). Every route that reaches a context goes through
-:func:`load_context`, the one place where a key's scope is checked.
+:func:`load_context`, the one place where a key's scope is checked (before the context
+is read).
 """
 
 from __future__ import annotations
@@ -133,8 +134,13 @@ _MAX_KEY_CHARS = 200
 
 
 async def require_admin(request: Request, creds: Creds) -> Principal:
-    if creds is None or not services_of(request).tokens.is_admin(creds.credentials):
+    if creds is None:
         raise Unauthorized("an admin bearer token is required (Authorization: Bearer <token>)")
+    if not services_of(request).tokens.is_admin(creds.credentials):
+        raise Unauthorized(
+            "the bearer token is not this server's admin token (DPICL_ADMIN_TOKEN); this "
+            "route needs it"
+        )
     request.state.key_id = ADMIN.key_id
     return ADMIN
 
@@ -150,23 +156,48 @@ async def require_user(request: Request, creds: Creds) -> Principal:
         if principal is None and token.startswith(KEY_PREFIX) and len(token) <= _MAX_KEY_CHARS:
             key = await svc.repo.run(lambda conn: find_by_secret(conn, token))
             principal = key.principal() if key is not None else None
-    if principal is None:
+    if creds is None:
         raise Unauthorized("an API key is required (Authorization: Bearer <key>)")
+    if principal is None:
+        # One message for a key that never existed and one that was revoked: which keys
+        # exist is not for a caller without a valid key to learn.
+        raise Unauthorized(
+            "the API key in Authorization is not valid: it is unknown or was revoked "
+            "(ask the server's admin for a key)"
+        )
     request.state.key_id = principal.key_id
     return principal
 
 
 async def load_context(
-    context_id: str, svc: Services, principal: Principal, *, for_query: bool = False
+    context_id: str,
+    svc: Services,
+    principal: Principal,
+    *,
+    for_query: bool = False,
+    exemplars: bool = True,
 ) -> StoredContext:
     """The context ``context_id`` if ``principal`` reaches it, or 404: the same 404 as for a
     context that does not exist, so a key cannot probe for ids outside its scope.
     ``for_query``: a context about to be charged, which may come from the in-process cache
-    (its ledger columns may be stale)."""
+    (its ledger columns may be stale). ``exemplars=False``: its metadata only (an empty
+    tuple of exemplars: never query through it).
+
+    The scope is checked before the context is read, never after: a 404 must take the time
+    of a missing id's too, whatever the size of the context it hides (issue 39). An id
+    outside a key's list is refused without a lookup; a tenant key's lookup finds only its
+    tenant's contexts (:func:`dpicl.store.repository._lookup`), in the cache as in the
+    database (a cached context of another tenant is looked up as a missing one)."""
     ctx: StoredContext | None = None
     # An id that no context can have is not looked up (nor sent to the database).
-    if is_context_id(context_id):
-        ctx = await (svc.repo.get_for_query if for_query else svc.repo.get)(context_id)
+    if is_context_id(context_id) and principal.may_reach(context_id):
+        tenant = principal.lookup_tenant
+        if for_query:
+            ctx = await svc.repo.get_for_query(context_id, tenant=tenant)
+        elif exemplars:
+            ctx = await svc.repo.get(context_id, tenant=tenant)
+        else:
+            ctx = await svc.repo.get_info(context_id, tenant=tenant)
     if ctx is None or not principal.reaches(ctx.id, ctx.tenant):
         raise NotFound(f"no context with id {context_id[:80]!r}", param="context_id")
     return ctx

@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from dpicl.api.openai.errors import is_openai_path, openai_error_response
 from dpicl.domain import NO_NUL, NONBLANK_NO_NUL
 from dpicl.errors import DpiclError, PayloadTooLarge, RateLimited
-from dpicl.metrics import REFUSALS
+from dpicl.metrics import note_refusal
 
 log = logging.getLogger("dpicl.api")
 
@@ -31,10 +31,16 @@ def error_response(
     path: str = "",
 ) -> JSONResponse:
     """The error in dpicl's shape, or in OpenAI's on the OpenAI-compatible ``path``s."""
+    # Counted by the access log, with its route and final status, on every surface.
+    note_refusal(code)
+    if code == "budget_exhausted":
+        # No waiting refills a privacy budget: say so to every client that reads it (the
+        # OpenAI SDKs do), and give no Retry-After, on both surfaces.
+        headers = {k: v for k, v in dict(headers or {}).items() if k.lower() != "retry-after"}
+        headers["x-should-retry"] = "false"
     if is_openai_path(path):
         return openai_error_response(status, code, message, param, headers)
     body = {"error": {"code": code, "message": message, "param": param}}
-    REFUSALS.labels(code).inc()
     return JSONResponse(status_code=status, content=body, headers=headers)
 
 
@@ -137,6 +143,13 @@ def _allowed_methods(request: Request) -> list[str]:
     return allowed
 
 
+def _routed(request: Request) -> bool:
+    """Whether some route serves this path with some method (a 404 from a route, such as an
+    unknown context, keeps the route's shape)."""
+    # PARTIAL: the path matches and the method does not (that is a 405, not a 404).
+    return any(r.matches(request.scope)[0] != Match.NONE for r in request.app.router.routes)
+
+
 #: What a request that ran the server out of memory gets: the request is not wrong (its body
 #: is within DPICL_MAX_BODY_BYTES), the server is short of memory now (other requests' bodies).
 OUT_OF_MEMORY = (
@@ -185,6 +198,21 @@ def install_error_handlers(app: FastAPI) -> None:
                 400, "invalid_json", _unreadable_json(cause), path=request.url.path
             )
         codes = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}
+        path = request.url.path
+        if exc.status_code == 404 and path.startswith("/v1/") and not _routed(request):
+            # No route serves this path (an OpenAI route dpicl lacks: /v1/responses,
+            # /v1/embeddings): OpenAI's shape, which holds the native fields too, so that an
+            # OpenAI client reads why instead of failing on the body.
+            why = (
+                "the white-box routes /v1/debug/* exist only while DPICL_WHITEBOX is noisy "
+                "or internal"
+                if path.startswith("/v1/debug/")
+                else "dpicl's OpenAI-compatible routes are /v1/models, /v1/chat/completions "
+                "and /v1/completions"
+            )
+            return openai_error_response(
+                404, "not_found", f"no route {request.method} {path} on this server ({why})"
+            )
         headers = dict(exc.headers or {})
         if exc.status_code == 405:
             # Starlette's Allow lists one route's methods; a path served by several routes

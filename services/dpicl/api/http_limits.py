@@ -18,14 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from dpicl.api.access_log import UNMATCHED, count_refusal, valid_request_id
 from dpicl.api.errors import OUT_OF_MEMORY, error_response
 from dpicl.errors import DpiclError, HeadersTooLarge, RequestTimeout, ServerBusy, UriTooLong
+from dpicl.metrics import REQUESTS
 
 if TYPE_CHECKING:
     from starlette.types import Receive, Scope, Send
@@ -86,6 +89,48 @@ class _HeadRefused(Exception):
     def __init__(self, error: DpiclError) -> None:
         super().__init__(error.message)
         self.error = error
+
+
+class _UnreadableBody(bytearray):
+    """What a request's body buffer becomes when memory ran out while it was read: the
+    application's next read of the body (uvicorn's ``receive``, which copies the buffer
+    with ``bytes()``) raises ``MemoryError``, which the application answers like any other
+    (503 ``server_busy``, ``Retry-After: 1``, the request's id, its access-log line and its
+    metrics: api/errors.py, api/access_log.py). The bytes of the body that did arrive are
+    dropped with it."""
+
+    def __bytes__(self) -> bytes:
+        raise MemoryError
+
+
+class _LingeringTransport:
+    """The transport of a request whose body is left unread, as uvicorn's cycle sees it:
+    closing it ends the answer and closes a little later (see ``_refuse``), so that the
+    client still sending its body reads the answer instead of a reset."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def close(self) -> None:
+        _linger_close(self._transport, self._loop)
+
+
+def _linger_close(transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+    # A lingering close: closing with the client's unread bytes in the socket sends a
+    # reset, which can destroy the answer before the client reads it (a client still
+    # sending a huge head sees "connection reset" instead of 431). So end the answer,
+    # discard what still arrives (data_received ignores it), and close a little later.
+    if transport.is_closing():
+        return
+    if not transport.can_write_eof():
+        transport.close()
+        return
+    transport.write_eof()
+    loop.call_later(_LINGER_S, transport.close)
 
 
 class LimitedHttpToolsProtocol(HttpToolsProtocol):
@@ -228,28 +273,53 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def _out_of_memory(self) -> None:
         cycle = self.cycle
         if cycle is not None and not cycle.response_complete:
-            # The app may be waiting for the rest of the body: it hears the client left.
-            cycle.body = bytearray()
-            cycle.disconnected = True
-            cycle.message_event.set()
             if cycle.response_started:
                 self.transport.close()  # a second response cannot follow the first
                 return
-        self._refuse(ServerBusy(OUT_OF_MEMORY))
+            # A request whose body was being read: the application answers it, as any
+            # other (see _UnreadableBody), and the connection closes after that answer (the
+            # rest of the body is unread; data_received drops what still arrives).
+            log.warning("out of memory while reading a request body (answered 503 server_busy)")
+            self.refused = True
+            cycle.keep_alive = False
+            cycle.body = _UnreadableBody()
+            cycle.more_body = False
+            cycle.transport = _LingeringTransport(self.transport, self.loop)  # type: ignore[assignment]
+            cycle.message_event.set()
+            return
+        self._refuse(ServerBusy(OUT_OF_MEMORY), retry_after=True)
 
-    def _refuse(self, error: DpiclError) -> None:
+    def _request_id(self) -> str:
+        """The request id of a refusal answered here: the caller's ``X-Request-ID`` when
+        its head was parsed that far and the id is valid (api/access_log.py), else a new
+        one."""
+        for name, value in getattr(self, "headers", None) or ():
+            if name == b"x-request-id":
+                given = str(value.decode("latin-1"))
+                if valid_request_id(given):
+                    return given
+        return secrets.token_hex(8)
+
+    def _refuse(self, error: DpiclError, *, retry_after: bool = False) -> None:
         """Answer ``error`` in the JSON error shape and close the connection (the rest of the
         request is unread). A response still being computed for an earlier pipelined
-        request on this connection is lost, as with uvicorn's own 400."""
+        request on this connection is lost, as with uvicorn's own 400. Like an answer of
+        the application, it carries ``X-Request-ID``, writes an access-log line and is
+        counted in the metrics (under the route ``<unmatched>``: no route was reached)."""
         self.refused = True
         self._cancel_head_timer()
-        log.warning("refused a request head: %s", error.message)
+        rid = self._request_id()
+        what = "request head" if self.in_head or self.cycle is None else "request"
+        log.warning("refused a %s: %s", what, error.message, extra={"request_id": rid})
         # The app's own error shape and rendering (dpicl.api.errors.error_response).
         body = bytes(error_response(error.status_code, error.code, error.message, error.param).body)
         content = [STATUS_LINE[error.status_code]]
         for name, value in self.server_state.default_headers:
             content += [name, b": ", value, b"\r\n"]
+        if retry_after:
+            content.append(b"retry-after: 1\r\n")
         content += [
+            b"x-request-id: " + rid.encode("ascii") + b"\r\n",
             b"content-type: application/json\r\n",
             b"content-length: " + str(len(body)).encode("ascii") + b"\r\n",
             b"connection: close\r\n",
@@ -257,15 +327,32 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             body,
         ]
         self.transport.write(b"".join(content))
-        if not self.transport.can_write_eof():
-            self.transport.close()
-            return
-        # A lingering close: closing with the client's unread bytes in the socket sends a
-        # reset, which can destroy the answer before the client reads it (a client still
-        # sending a huge head sees "connection reset" instead of 431). So end the answer,
-        # discard what still arrives (data_received ignores it), and close a little later.
-        self.transport.write_eof()
-        self.loop.call_later(_LINGER_S, self.transport.close)
+        self._log_refusal(error, rid)
+        _linger_close(self.transport, self.loop)
+
+    def _log_refusal(self, error: DpiclError, rid: str) -> None:
+        """The access-log line and the request metrics of a refusal answered here."""
+        try:
+            method = self.parser.get_method().decode("ascii", "replace")
+        except Exception:  # the head ended before its method was parsed
+            method = "?"
+        status = error.status_code
+        REQUESTS.labels(method, UNMATCHED, str(status)).inc()
+        count_refusal(UNMATCHED, status, [error.code])
+        logging.getLogger("dpicl.access").info(
+            "%s %s %d (refused by the HTTP protocol layer)",
+            method,
+            UNMATCHED,
+            status,
+            extra={
+                "request_id": rid,
+                "method": method,
+                "route": UNMATCHED,
+                "status": status,
+                "latency_ms": None,
+                "key_id": None,
+            },
+        )
 
     # The head's deadline
 

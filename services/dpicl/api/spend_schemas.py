@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.config import JsonDict
 
 from dpicl.domain import MAX_NAME_CHARS, BudgetSpec, JsonNumber, Tenant, Text
 from dpicl.privacy.accounting import spent_epsilon
@@ -20,10 +21,20 @@ MAX_KEY_CONTEXTS = 1000
 MAX_RATE_LIMIT = 1_000_000
 
 
+#: Exactly one scope, in the published schema (issue 39: it admitted a key with both, which
+#: the route refuses): a tenant, or a list of contexts, not both and not neither.
+_ONE_SCOPE: JsonDict = {
+    "oneOf": [
+        {"required": ["tenant"], "properties": {"tenant": {"type": "string"}}},
+        {"required": ["contexts"], "properties": {"contexts": {"type": "array"}}},
+    ]
+}
+
+
 class KeySpec(BaseModel):
     """The body of ``POST /v1/keys``: exactly one scope (a tenant or a list of contexts)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", json_schema_extra=_ONE_SCOPE)
 
     name: Annotated[Text, Field(max_length=MAX_NAME_CHARS)] | None = None
     tenant: Tenant | None = Field(

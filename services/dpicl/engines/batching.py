@@ -31,7 +31,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from dpicl.metrics import BATCH_SIZE, QUEUE_WAIT_SECONDS
+from dpicl.metrics import (
+    BATCH_SIZE,
+    ENGINE_REQUESTS_RUNNING,
+    ENGINE_REQUESTS_WAITING,
+    QUEUE_WAIT_SECONDS,
+)
 
 __all__ = ["MicroBatcher"]
 
@@ -97,6 +102,7 @@ class MicroBatcher(Generic[J, R]):
             state = self._states[loop] = _LoopState()
         item: _Pending[J, R] = _Pending(job, max(1, size), loop.create_future())
         state.queue.append(item)
+        ENGINE_REQUESTS_WAITING.labels(self.name).set(self._jobs(state))
         state.arrived.set()
         if state.task is None or state.task.done():
             state.task = loop.create_task(self._drain(state))
@@ -144,8 +150,11 @@ class MicroBatcher(Generic[J, R]):
         while state.queue:
             await self._gather(state)
             batch = self._take(state)
+            ENGINE_REQUESTS_WAITING.labels(self.name).set(self._jobs(state))
             if not batch:
                 continue
+            running = ENGINE_REQUESTS_RUNNING.labels(self.name)
+            running.set(len(batch))
             self.batch_sizes.append(len(batch))
             t0 = time.monotonic()
             BATCH_SIZE.labels(self.name).observe(len(batch))
@@ -164,6 +173,8 @@ class MicroBatcher(Generic[J, R]):
                 for item in [*batch, *state.queue]:
                     item.future.cancel()
                 raise
+            finally:
+                running.set(0)
             state.last_run_s = time.monotonic() - t0
             state.callers = len(batch) + self._jobs(state)
             for item, res in zip(batch, results, strict=True):

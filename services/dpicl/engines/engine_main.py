@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
@@ -24,6 +25,7 @@ from typing import Any
 from dpicl.engines import batching, prefix_cache
 from dpicl.engines.base import DecodingSession, Engine
 from dpicl.engines.factory import build_from
+from dpicl.engines.memory import device_memory
 from dpicl.engines.oracle import decode_oracle_tokens
 from dpicl.engines.process import (
     EngineInfo,
@@ -53,11 +55,25 @@ class _Relay:
     def inc(self, value: float = 1.0) -> None:
         self.sink.append((self.name, self.labels_, "inc", float(value)))
 
+    def set(self, value: float) -> None:
+        self.sink.append((self.name, self.labels_, "set", float(value)))
+
 
 #: The metrics the engine's own code observes, by module (see :class:`_Relay`).
 _RELAYED = {
-    batching: ("BATCH_SIZE", "QUEUE_WAIT_SECONDS"),
-    prefix_cache: ("PREFIX_CACHE_HITS", "PREFIX_CACHE_MISSES"),
+    batching: (
+        "BATCH_SIZE",
+        "QUEUE_WAIT_SECONDS",
+        "ENGINE_REQUESTS_WAITING",
+        "ENGINE_REQUESTS_RUNNING",
+    ),
+    prefix_cache: (
+        "PREFIX_CACHE_HITS",
+        "PREFIX_CACHE_MISSES",
+        "PREFIX_CACHE_SIZE_BYTES",
+        "PREFIX_CACHE_ENTRIES",
+        "PREFIX_CACHE_LIMIT_BYTES",
+    ),
 }
 
 
@@ -95,6 +111,8 @@ class _Server:
         self.sessions: dict[int, DecodingSession] = {}
         self.next_sid = 1
         self.sink: list[Observation] = []
+        self.device = str(getattr(engine, "device", "cpu"))
+        self.memory_read_at = float("-inf")
         self.ops: dict[str, Callable[..., Awaitable[Any]]] = {
             "score": engine.score_labels,
             "generate": engine.generate,
@@ -126,7 +144,17 @@ class _Server:
         if session is not None:
             await session.aclose()
 
+    def _sample_memory(self) -> None:
+        # At most once a second: a reply every millisecond need not read /proc each time.
+        now = time.monotonic()
+        if now - self.memory_read_at < 1.0:
+            return
+        self.memory_read_at = now
+        for device, kind, value in device_memory(self.device):
+            self.sink.append(("DEVICE_MEMORY_BYTES", (device, kind), "set", value))
+
     def _reply(self, message: tuple[Any, ...]) -> None:
+        self._sample_memory()
         observations, self.sink[:] = list(self.sink), []
         try:
             self.conn.send((*message, observations))

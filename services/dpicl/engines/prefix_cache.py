@@ -29,7 +29,13 @@ from dataclasses import dataclass
 
 import torch
 
-from dpicl.metrics import PREFIX_CACHE_HITS, PREFIX_CACHE_MISSES
+from dpicl.metrics import (
+    PREFIX_CACHE_ENTRIES,
+    PREFIX_CACHE_HITS,
+    PREFIX_CACHE_LIMIT_BYTES,
+    PREFIX_CACHE_MISSES,
+    PREFIX_CACHE_SIZE_BYTES,
+)
 
 __all__ = ["PrefixCache", "PrefixEntry", "PrefixStats", "prefix_fingerprint"]
 
@@ -90,6 +96,14 @@ class PrefixCache:
         self.nbytes = 0
         self.stats = PrefixStats()
         self._entries: OrderedDict[tuple[str, str], PrefixEntry] = OrderedDict()
+        self._publish()
+
+    def _publish(self) -> None:
+        """What it holds, for /metrics (every change; the budget too: the engine process's
+        metrics are relayed from the first answer on, after this cache was built)."""
+        PREFIX_CACHE_SIZE_BYTES.set(self.nbytes)
+        PREFIX_CACHE_ENTRIES.set(len(self._entries))
+        PREFIX_CACHE_LIMIT_BYTES.set(self.max_bytes)
 
     @property
     def enabled(self) -> bool:
@@ -119,6 +133,7 @@ class PrefixCache:
         if old is not None:
             self.nbytes -= old.nbytes
         if size > self.max_bytes:
+            self._publish()
             return
         self._entries[key] = entry
         self.nbytes += size
@@ -126,7 +141,9 @@ class PrefixCache:
             _, dropped = self._entries.popitem(last=False)
             self.nbytes -= dropped.nbytes
             self.stats.evictions += 1
+        self._publish()
 
     def clear(self) -> None:
         self._entries.clear()
         self.nbytes = 0
+        self._publish()

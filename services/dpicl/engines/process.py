@@ -151,6 +151,8 @@ def record(observations: Sequence[Observation]) -> None:
             metric = metric.labels(*labels)
         if kind == "inc":
             metric.inc(value)
+        elif kind == "set":
+            metric.set(value)
         else:
             metric.observe(value)
 
@@ -158,6 +160,9 @@ def record(observations: Sequence[Observation]) -> None:
 class ProcessEngine:
     """An :class:`~dpicl.engines.base.Engine` whose model runs in an engine process (see
     the module docstring). Build it with :meth:`start`."""
+
+    #: Its device memory is read in the engine process and relayed (not read at a scrape).
+    relays_metrics = True
 
     def __init__(
         self,

@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from dpicl.errors import StorageUnavailable
 from dpicl.store.deadline import CallAborted, DbCall, once_more_if_stale, run_with_deadline
-from dpicl.store.migrations import current, upgrade
+from dpicl.store.migrations import revision_of, upgrade
 
 __all__ = [
     "DEADLINE_GRACE_S",
@@ -190,7 +190,7 @@ class Database:
 
         def fn(conn: Connection) -> str | None:
 
-            return current(conn)
+            return revision_of(conn)
 
         return await self.run_core(fn, op="schema_revision")
 

@@ -21,6 +21,7 @@ as unknown, and a charge of unknown outcome as spent (docs/privacy.md).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import os
 import socket
@@ -103,8 +104,12 @@ async def run_with_deadline(
     """Run ``work`` on ``pool`` and wait at most ``timeout_s``; past it, abort the call and
     raise ``TimeoutError`` (the caller answers 503). ``op`` names it in the metrics."""
     call = DbCall()
+    # The thread runs in a copy of this task's context: what it logs (a database error)
+    # carries the request's id (dpicl.logging_setup.REQUEST_ID), as every line of a request
+    # must. run_in_executor, unlike asyncio.to_thread, copies nothing.
+    context = contextvars.copy_context()
     try:
-        future = asyncio.get_running_loop().run_in_executor(pool, work, call)
+        future = asyncio.get_running_loop().run_in_executor(pool, context.run, work, call)
     except RuntimeError:
         # The pool could not start a thread (memory or the thread limit ran out): the
         # server's state, answered like a full server, and nothing ran.

@@ -93,6 +93,22 @@ class Principal:
             return context_id in self.contexts
         return self.tenant is not None and tenant == self.tenant
 
+    def may_reach(self, context_id: str) -> bool:
+        """Whether any context named ``context_id`` could be in this principal's scope,
+        known without a lookup: False for an id outside a key's list (or for a key with
+        neither a list nor a tenant). Such an id is refused before the database is asked, in
+        the same time whether or not it exists."""
+        if self.kind != "key":
+            return True
+        if self.contexts is not None:
+            return context_id in self.contexts
+        return self.tenant is not None
+
+    @property
+    def lookup_tenant(self) -> str | None:
+        """The tenant a context lookup filters by (a tenant key's), or None (no filter)."""
+        return self.tenant if self.kind == "key" and self.contexts is None else None
+
 
 ADMIN = Principal(key_id="admin", kind="admin")
 INTERNAL = Principal(key_id="internal", kind="internal")

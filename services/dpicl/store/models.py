@@ -46,6 +46,9 @@ class ContextRow(Base):
     __table_args__ = (
         Index("ix_dpicl_contexts_created_at_id", "created_at", "id"),
         Index("ix_dpicl_contexts_tenant_created_at_id", "tenant", "created_at", "id"),
+        # A tenant key's lookup (id = ? AND tenant = ?) answered from the index alone: another
+        # tenant's row is never read, so its size cannot show in a 404's time (issue 39).
+        Index("ix_dpicl_contexts_tenant_id", "tenant", "id"),
     )
 
 

@@ -5,10 +5,10 @@ OpenAI: ``{"error": {"message", "type", "param", "code"}}``. The same failures a
 native routes, with OpenAI's statuses where its clients expect them:
 
 * a bad value (native 422 ``invalid_request``) is a 400, as OpenAI answers it;
-* an exhausted budget (native 403) is a 429 with code ``budget_exhausted``, without
-  ``Retry-After`` (waiting does not refill a privacy budget) and with ``x-should-retry:
-  false``, which the official SDKs honour instead of retrying a 429 (a key's rate limit,
-  429 ``rate_limited``, keeps its ``Retry-After``: that one passes);
+* an exhausted budget is the native 402 ``budget_exhausted`` (type ``insufficient_quota``),
+  without ``Retry-After`` and with ``x-should-retry: false`` (api/errors.py adds them on both
+  surfaces): neither the SDKs nor LiteLLM retry a 402, where they retry a 429 (a key's rate
+  limit, 429 ``rate_limited``, keeps its ``Retry-After``: that one passes);
 * an unknown context is a 404 with code ``model_not_found``.
 """
 
@@ -28,7 +28,8 @@ _TYPES = {
     405: "invalid_request_error",
     408: "invalid_request_error",
     413: "invalid_request_error",
-    429: "insufficient_quota",
+    402: "insufficient_quota",
+    429: "rate_limit_error",
     503: "server_error",
 }
 
@@ -44,8 +45,6 @@ def openai_status(status: int, code: str) -> int:
     """The status an OpenAI client gets for a native (status, code)."""
     if status == 422:
         return 400
-    if code == "budget_exhausted":
-        return 429
     return status
 
 
@@ -58,11 +57,6 @@ def openai_error_response(
     if status == 404 and code == "not_found" and param == "model":
         code = "model_not_found"
     out_headers = dict(headers or {})
-    if code == "budget_exhausted":
-        # Waiting does not refill a privacy budget. A rate limit (429 rate_limited) keeps
-        # its Retry-After, and the SDKs retry it after that long.
-        out_headers.pop("Retry-After", None)
-        out_headers["x-should-retry"] = "false"
     body = {
         "error": {
             "message": message,

@@ -22,11 +22,19 @@ from __future__ import annotations
 
 import json
 from abc import abstractmethod
-from typing import Any, ClassVar, Literal, NamedTuple
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+)
 
 from dpicl.api.schemas import BudgetInfo, ClassifyRequest, CostInfo, GenerateRequest
+from dpicl.domain import MAX_TEXT_CHARS, NONBLANK_NO_NUL
 from dpicl.errors import InvalidRequest, UnsupportedParameter
 
 #: At most this many messages in a chat request (only the last one is read).
@@ -78,6 +86,10 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
     "tools": (None, []),
     "functions": (None, []),
+    # "none" asks the model to call no tool, which is all a context ever does (LangChain and
+    # agent frameworks send it, with ``tools: []``, to turn tools off).
+    "tool_choice": (None, "none"),
+    "function_call": (None, "none"),
     "stop": (None, []),
     "logit_bias": (None, {}),
     "response_format": (None, {"type": "text"}),
@@ -134,11 +146,36 @@ class StreamOptions(BaseModel):
     include_obfuscation: bool | None = Field(default=None, description="Ignored.")
 
 
+def _integral(value: Any) -> Any:
+    # JSON does not tell 46 from 46.0, nor does the published schema's "integer": an
+    # integral float is that integer (issue 39). A boolean stays refused (strict).
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+#: A token count: a JSON integer (46 or 46.0), never a boolean or a string.
+TokenCount = Annotated[int | None, BeforeValidator(_integral)]
+
+
+def _only_neutral(schema: dict[str, Any]) -> None:
+    # A refused parameter is typed loosely (any value reaches refuse_unsupported, whose 400
+    # names it), but the published schema admits only its neutral values: what is accepted
+    # (issue 39: schemathesis sent n=2 and logprobs=true as schema-valid requests).
+    for name, prop in schema.get("properties", {}).items():
+        if name in REFUSED:
+            desc = prop.get("description")
+            prop.clear()
+            prop["enum"] = list(NEUTRAL.get(name, (None,)))
+            if desc is not None:
+                prop["description"] = desc
+
+
 class _Common(BaseModel):
     """The fields chat and text completions share. Strict: ``"max_tokens": true`` or
     ``"stream": "yes"`` is a 400 naming the field, as OpenAI answers it, not a 1 or a True."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=_only_neutral)
 
     #: ``chat`` or ``text``: the shape of the completion it is answered with.
     kind: ClassVar[Kind]
@@ -150,7 +187,7 @@ class _Common(BaseModel):
         "voting and ESA send their one released answer as a single chunk.",
     )
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(
+    max_tokens: TokenCount = Field(
         default=None,
         ge=1,
         le=1024,
@@ -211,8 +248,51 @@ class _Common(BaseModel):
             raise _native_error(exc, query.param) from None
 
 
+#: A query's text in the published schema: what the native routes accept as ``query``.
+_QUERY_TEXT: dict[str, Any] = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": MAX_TEXT_CHARS,
+    "pattern": NONBLANK_NO_NUL,
+}
+
+#: A user message in the published schema: text, or a non-empty list of text parts (what
+#: :meth:`ChatCompletionRequest.query` reads).
+_USER_CONTENT: dict[str, Any] = {
+    "required": ["content"],
+    "properties": {
+        "content": {
+            "anyOf": [
+                _QUERY_TEXT,
+                {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["type", "text"],
+                        "properties": {"type": {"const": "text"}, "text": _QUERY_TEXT},
+                    },
+                },
+            ]
+        }
+    },
+}
+
+
+def _messages_schema(schema: dict[str, Any]) -> None:
+    # What the server reads, said in the schema (issue 39: schemathesis found requests the
+    # schema admitted and the server refused): at least one user message, and every user
+    # message with text (the last one is the query).
+    schema["contains"] = {"properties": {"role": {"const": "user"}}, "required": ["role"]}
+    schema["items"] = {
+        **schema.get("items", {}),
+        "if": {"properties": {"role": {"const": "user"}}},
+        "then": _USER_CONTENT,
+    }
+
+
 class ChatMessage(BaseModel):
-    """One message; only the last one (a user message) is read: it is the query."""
+    """One message; only the last user message is read: it is the query."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -225,16 +305,22 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_Common):
     kind: ClassVar[Kind] = "chat"
 
-    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
-    max_completion_tokens: int | None = Field(
+    messages: list[ChatMessage] = Field(
+        min_length=1,
+        max_length=MAX_MESSAGES,
+        description="The conversation; its last user message is the query (what follows it, "
+        "an assistant's or a tool's message, is not read). Earlier messages are not read.",
+        json_schema_extra=_messages_schema,
+    )
+    max_completion_tokens: TokenCount = Field(
         default=None, ge=1, le=1024, description="Same as max_tokens."
     )
     parallel_tool_calls: bool | None = Field(default=None, description="Ignored.")
     top_logprobs: Any = Field(default=None, description="Refused: un-noised internals.")
     tools: Any = Field(default=None, description="Refused.")
-    tool_choice: Any = Field(default=None, description="Refused.")
+    tool_choice: Any = Field(default=None, description='Refused unless "none".')
     functions: Any = Field(default=None, description="Refused.")
-    function_call: Any = Field(default=None, description="Refused.")
+    function_call: Any = Field(default=None, description='Refused unless "none".')
     response_format: Any = Field(default=None, description="Refused unless {type: text}.")
     modalities: Any = Field(default=None, description="Refused.")
     audio: Any = Field(default=None, description="Refused.")
@@ -243,15 +329,17 @@ class ChatCompletionRequest(_Common):
     web_search_options: Any = Field(default=None, description="Refused.")
 
     def query(self) -> Query:
-        """The last message, which must be the user's."""
-        i = len(self.messages) - 1
-        last = self.messages[i]
-        if last.role != "user":
+        """The last user message. Messages after it (an assistant's, a tool's) are not read,
+        as the earlier ones are not: a conversation that ends in another role is accepted
+        (the published schema says so), one without a user message is not."""
+        users = [i for i, m in enumerate(self.messages) if m.role == "user"]
+        if not users:
             raise InvalidRequest(
-                f"messages.{i}.role: the last message is the query and must have role 'user' "
-                f"(got {last.role!r})",
-                param=f"messages.{i}.role",
+                "messages: no message has role 'user'; the last user message is the query",
+                param="messages",
             )
+        i = users[-1]
+        last = self.messages[i]
         content = last.content
         if isinstance(content, str):
             return Query(content, f"messages.{i}.content")
@@ -285,7 +373,19 @@ class ChatCompletionRequest(_Common):
 class CompletionRequest(_Common):
     kind: ClassVar[Kind] = "text"
 
-    prompt: Any = Field(description="The query: a string (or a list holding one string).")
+    prompt: Annotated[
+        Any,
+        # Typed loosely so that any value reaches query(), whose 400 says what is wrong;
+        # the published schema says what is accepted (issue 39: it admitted null).
+        WithJsonSchema(
+            {
+                "anyOf": [
+                    _QUERY_TEXT,
+                    {"type": "array", "minItems": 1, "maxItems": 1, "items": _QUERY_TEXT},
+                ]
+            }
+        ),
+    ] = Field(description="The query: a string (or a list holding one string).")
     echo: Any = Field(default=None, description="Refused: would return the prompt.")
     best_of: Any = Field(default=None, description="Only 1.")
     suffix: Any = Field(default=None, description="Refused.")
@@ -323,10 +423,28 @@ class DpiclAnswer(BaseModel):
     budget: BudgetInfo
 
 
+class UsageCost(BaseModel):
+    """The privacy cost inside ``usage``, named as the X-DPICL-* headers: clients keep
+    ``usage`` (LangChain's ``response_metadata["token_usage"]``, LiteLLM's ``usage``, the
+    ``llm`` tool's logged token details) where they drop a top-level extension."""
+
+    epsilon_spent: float = Field(description="This answer's epsilon as configured.")
+    delta_spent: float = Field(description="This answer's delta.")
+    context_epsilon_spent: float = Field(description="The context's ledger after it, at delta.")
+    delta: float = Field(description="The delta of context_epsilon_spent.")
+    epsilon_remaining: float | None = Field(
+        default=None, description="What the context's budget has left (null: no budget)."
+    )
+    queries_remaining: int | None = Field(
+        default=None, description="Answers the context's budget still admits (null: no limit)."
+    )
+
+
 class Usage(BaseModel):
     prompt_tokens: int = Field(description="0: dpicl does not count prompt tokens.")
     completion_tokens: int = Field(description="DPS-MOZO: the tokens released; else 0.")
     total_tokens: int
+    dpicl: UsageCost = Field(description="dpicl's extension: the privacy cost of this answer.")
 
 
 class ChatMessageOut(BaseModel):

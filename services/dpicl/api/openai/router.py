@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from dpicl.api.deps import Caller, Svc, only_query_params
+from dpicl.api.disconnect import unless_disconnected
 from dpicl.api.openai.protocol import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -52,7 +53,12 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"description": "A bad or unsupported parameter (OpenAI's error shape)."} | _ERROR,
     401: {"description": "No valid API key."} | _ERROR,
     404: {"description": "model_not_found: no context with that id."} | _ERROR,
-    429: {"description": "budget_exhausted: nothing was charged; no Retry-After."} | _ERROR,
+    402: {
+        "description": "budget_exhausted: nothing was charged; no Retry-After, "
+        "x-should-retry: false."
+    }
+    | _ERROR,
+    429: {"description": "rate_limited: the key's rate limit; Retry-After says when."} | _ERROR,
 }
 
 _STREAM: dict[int | str, dict[str, Any]] = {
@@ -76,7 +82,12 @@ async def list_models(
         MAX_LIST_LIMIT
     ),
     after: Annotated[
-        str | None, Query(max_length=200, description="The `last_id` of the previous page.")
+        str | None,
+        Query(
+            pattern=r"^ctx_[0-9a-f]{24}$",
+            description="The `last_id` of the previous page (a model id; 404 when no model "
+            "this key lists has it).",
+        ),
     ] = None,
 ) -> ModelList:
     """List the contexts this key may query as OpenAI models, with their budget left."""
@@ -89,25 +100,30 @@ async def get_model(model: str, svc: Svc, caller: Caller) -> Model:
     return await one_model(model, svc, caller)
 
 
-async def _complete(req: OpenAIRequest, svc: Svc, caller: Principal) -> Response:
+async def _complete(req: OpenAIRequest, svc: Svc, caller: Principal, request: Request) -> Response:
     # Checked before anything is loaded or charged, and before a stream starts.
     req.refuse_unsupported()
     query = req.query()
     if req.stream:
         return await stream_answer(req, query, svc, caller)
-    a = await answer(req, query, svc, principal=caller)
+    # Stopped if its client leaves, as a stream is (api/disconnect.py).
+    a = await unless_disconnected(request, answer(req, query, svc, principal=caller))
     return JSONResponse(
         completion_body(req.kind, a, svc.engine.name), headers=cost_headers(a.cost, a.budget)
     )
 
 
 @router.post("/chat/completions", response_model=ChatCompletion, responses=_STREAM)
-async def chat_completions(req: ChatCompletionRequest, svc: Svc, caller: Caller) -> Response:
+async def chat_completions(
+    req: ChatCompletionRequest, svc: Svc, caller: Caller, request: Request
+) -> Response:
     """Answer the last user message with the context `model` (its label or a DP text)."""
-    return await _complete(req, svc, caller)
+    return await _complete(req, svc, caller, request)
 
 
 @router.post("/completions", response_model=TextCompletion, responses=_STREAM)
-async def completions(req: CompletionRequest, svc: Svc, caller: Caller) -> Response:
+async def completions(
+    req: CompletionRequest, svc: Svc, caller: Caller, request: Request
+) -> Response:
     """Answer `prompt` with the context `model` (its label or a DP text)."""
-    return await _complete(req, svc, caller)
+    return await _complete(req, svc, caller, request)

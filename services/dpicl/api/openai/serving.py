@@ -30,6 +30,7 @@ from dpicl.api.openai.protocol import (
     OpenAIRequest,
     Query,
     Usage,
+    UsageCost,
 )
 from dpicl.api.routes.contexts import list_reachable
 from dpicl.api.routes.inference import classify_outcome, generate_outcome
@@ -37,7 +38,7 @@ from dpicl.api.schemas import BudgetInfo, ClassifyRequest, CostInfo
 from dpicl.contexts import cost_of
 from dpicl.engines.base import Engine
 from dpicl.engines.placement import placement_of
-from dpicl.errors import DpiclError, InvalidRequest, ModelNotFound, NotFound
+from dpicl.errors import DpiclError, ModelNotFound, NotFound
 from dpicl.mechanisms.base import TokenSink
 from dpicl.privacy.ledger import BudgetStatus, Cost, Ledger
 from dpicl.store.keys import Principal
@@ -138,8 +139,19 @@ def extension(a: Answer, engine: str) -> DpiclAnswer:
 
 
 def usage_of(a: Answer) -> Usage:
+    cost, budget = a.cost, a.budget
     return Usage(
-        prompt_tokens=0, completion_tokens=a.completion_tokens, total_tokens=a.completion_tokens
+        prompt_tokens=0,
+        completion_tokens=a.completion_tokens,
+        total_tokens=a.completion_tokens,
+        dpicl=UsageCost(
+            epsilon_spent=cost.epsilon,
+            delta_spent=cost.delta,
+            context_epsilon_spent=budget.spent_epsilon,
+            delta=budget.delta,
+            epsilon_remaining=budget.remaining_epsilon,
+            queries_remaining=budget.remaining_queries,
+        ),
     )
 
 
@@ -191,7 +203,7 @@ def model_of(ctx: StoredContext, engine: Engine) -> Model:
 
 async def one_model(model_id: str, svc: Services, principal: Principal) -> Model:
     with openai_params(model_id, "model"):
-        return model_of(await load_context(model_id, svc, principal), svc.engine)
+        return model_of(await load_context(model_id, svc, principal, exemplars=False), svc.engine)
 
 
 async def model_page(
@@ -203,10 +215,14 @@ async def model_page(
     if after is not None:
         try:
             # Scoped like every lookup: an id outside the key's scope reads as unknown.
-            ctx = await load_context(after, svc, principal)
+            ctx = await load_context(after, svc, principal, exemplars=False)
         except NotFound:
-            raise InvalidRequest(
-                f"after={after[:80]!r} is not a model id this server lists", param="after"
+            # A 404, as for the model itself: the id has the form of one (the schema says
+            # so) and names no model this key lists (deleted since, or never seen).
+            raise ModelNotFound(
+                f"after={after[:80]!r}: no model this key lists has that id (pass the "
+                "last_id of the previous page)",
+                param="after",
             ) from None
         key = (ctx.created_at, ctx.id)
     listed, last = await list_reachable(svc, principal, limit, key)

@@ -31,6 +31,7 @@ from dpicl.api.openai.serving import (
     usage_of,
 )
 from dpicl.errors import DpiclError
+from dpicl.metrics import note_refusal
 from dpicl.privacy.ledger import BudgetStatus, Cost
 from dpicl.store.keys import Principal
 
@@ -94,6 +95,7 @@ class _QueueSink:
 
 
 def _error_event(exc: DpiclError) -> str:
+    note_refusal(exc.code)  # counted in dpicl_refusals_total with the stream's status
     status = openai_status(exc.status_code, exc.code)
     kind = "server_error" if status >= 500 else "invalid_request_error"
     return _sse(

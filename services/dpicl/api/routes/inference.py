@@ -3,6 +3,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from dpicl.api.deps import Caller, Services, load_context, services_of
+from dpicl.api.disconnect import unless_disconnected
 from dpicl.api.schemas import (
     BudgetInfo,
     ClassifyRequest,
@@ -22,7 +23,7 @@ from dpicl.store.keys import Principal
 from dpicl.store.repository import StoredContext
 
 ERRORS: dict[int | str, dict[str, object]] = {
-    code: {"model": ErrorResponse} for code in (401, 403, 404, 413, 422, 429, 503)
+    code: {"model": ErrorResponse} for code in (401, 402, 404, 413, 422, 429, 503)
 }
 
 router = APIRouter(prefix="/v1", tags=["inference"], responses=ERRORS)
@@ -113,7 +114,7 @@ def classify_body(out: Outcome, engine: str) -> dict[str, object]:
 async def classify(req: ClassifyRequest, request: Request, caller: Caller) -> ClassifyResponse:
     """Classify a query with private voting; returns the label, its cost and the budget left."""
     svc = services_of(request)
-    out = await classify_outcome(req, svc, principal=caller)
+    out = await unless_disconnected(request, classify_outcome(req, svc, principal=caller))
     return ClassifyResponse.model_validate(classify_body(out, svc.engine.name))
 
 
@@ -167,5 +168,5 @@ def generate_body(out: Outcome, engine: str) -> dict[str, object]:
 async def generate(req: GenerateRequest, request: Request, caller: Caller) -> GenerateResponse:
     """Generate text (ESA, DPS-MOZO or public few-shot); returns it, its cost and budget left."""
     svc = services_of(request)
-    out = await generate_outcome(req, svc, principal=caller)
+    out = await unless_disconnected(request, generate_outcome(req, svc, principal=caller))
     return GenerateResponse.model_validate(generate_body(out, svc.engine.name))

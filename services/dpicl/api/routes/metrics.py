@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import os
 
-from fastapi import APIRouter, Depends, Response
+from fastapi import APIRouter, Depends, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
 
 from dpicl.api.deps import require_admin
 from dpicl.api.schemas import ErrorResponse
-from dpicl.metrics import MULTIPROCESS_DIR_VAR
+from dpicl.engines.memory import device_memory
+from dpicl.metrics import DEVICE_MEMORY_BYTES, MULTIPROCESS_DIR_VAR
 
 
 def exposition() -> bytes:
@@ -37,8 +38,13 @@ def metrics_router(access: str) -> APIRouter:
             401: {"model": ErrorResponse},
         },
     )
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
         """This server's metrics in Prometheus text format (one replica's; scrape each)."""
+        engine = request.app.state.services.engine
+        if not getattr(engine, "relays_metrics", False):
+            # The engine runs in this process: its memory is this process's, read now.
+            for device, kind, value in device_memory(str(getattr(engine, "device", "cpu"))):
+                DEVICE_MEMORY_BYTES.labels(device, kind).set(value)
         return Response(exposition(), media_type=CONTENT_TYPE_LATEST)
 
     return router

@@ -90,7 +90,7 @@ def _check_inputs(req: SynthesizeRequest, most: int, limit: int) -> None:
     "/{context_id}/synthesize",
     response_model=SynthesizeResponse,
     status_code=status.HTTP_201_CREATED,
-    responses={403: {"model": ErrorResponse}, 404: {"model": ErrorResponse}},
+    responses={402: {"model": ErrorResponse}, 404: {"model": ErrorResponse}},
     dependencies=[Admin],
 )
 async def synthesize_context(

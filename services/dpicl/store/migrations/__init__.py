@@ -1,7 +1,9 @@
 """Schema migrations (Alembic), run by every server process on start.
 
 Many processes may start at once on one database, so the upgrade runs under a lock that only
-one of them holds at a time: a PostgreSQL advisory lock, a lock file beside a SQLite file.
+one of them holds at a time: a PostgreSQL advisory lock, for a SQLite file a lock file in
+this user's temporary directory named after the file's absolute path (not beside it: the
+default database is ``./dpicl.db``, and the lock was left in the working directory).
 The others wait, then find the schema at head and do nothing. A database created before the
 migrations existed (by ``create_all``, same schema as revision 0001) is adopted by stamping
 it at 0001, without touching its rows.
@@ -13,6 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
+import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -51,13 +56,23 @@ def head() -> str:
     return rev
 
 
+def sqlite_lock_path(database: str) -> Path:
+    """Where the processes migrating the SQLite file ``database`` take turns: one lock file
+    per file (its absolute path, hashed) and per user (another user's lock file could not
+    be opened), in the temporary directory, which also holds no stale lock after a reboot."""
+    where = str(Path(database).expanduser().resolve())
+    digest = hashlib.sha256(where.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    return Path(tempfile.gettempdir()) / f"dpicl-migrate-{uid}-{digest}.lock"
+
+
 @contextlib.contextmanager
 def _migration_lock(engine: Engine) -> Iterator[Connection]:
     backend = engine.url.get_backend_name()
     if backend == "sqlite":
         path = engine.url.database
         lock: contextlib.AbstractContextManager[object] = (
-            FileLock(str(Path(path).expanduser()) + ".migrate.lock", timeout=_MIGRATION_WAIT_S)
+            FileLock(str(sqlite_lock_path(path)), timeout=_MIGRATION_WAIT_S)
             if path and path != ":memory:"
             else contextlib.nullcontext()
         )
@@ -86,6 +101,16 @@ def _migration_lock(engine: Engine) -> Iterator[Connection]:
 
 def current(connection: Connection) -> str | None:
     return MigrationContext.configure(connection).get_current_revision()
+
+
+def revision_of(connection: Connection) -> str | None:
+    """The revision the database is at (None: no schema), read from Alembic's table
+    directly: :func:`current` builds a MigrationContext, which logs two INFO lines each
+    time, and ``/readyz`` asks on every probe."""
+    if not connection.dialect.has_table(connection, "alembic_version"):
+        return None
+    rows = [r[0] for r in connection.execute(text("SELECT version_num FROM alembic_version"))]
+    return "+".join(sorted(rows)) if rows else None
 
 
 def upgrade(engine: Engine) -> None:
