@@ -235,7 +235,10 @@ def temperature_app(app: Any) -> Any:
         replay = iter(messages)
 
         async def again() -> MutableMapping[str, Any]:
-            return next(replay, {"type": "http.disconnect"})
+            # The body replayed, then the client's own messages (a streamed answer listens
+            # for the client's disconnect: one made up here would cut its stream short).
+            replayed = next(replay, None)
+            return replayed if replayed is not None else await receive()
 
         try:
             await app(scope, again, send)
