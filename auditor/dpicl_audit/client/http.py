@@ -271,6 +271,23 @@ class DpiclClient:
         out = await asyncio.gather(*(one(b) for b in bodies), return_exceptions=True)
         return [r if isinstance(r, httpx.Response | Exception) else Exception(r) for r in out]
 
+    async def send(self, path: str, body: JSON) -> httpx.Response:
+        """``POST path`` with the user key, once (no retry: it would spend twice), within the
+        client's concurrency; the response whatever its status, for a caller that reads it
+        whole (headers, stream: :mod:`dpicl_audit.planning.surface`). A transport failure
+        raises :class:`~dpicl_audit.errors.TargetUnavailable`."""
+        headers = {"Authorization": f"Bearer {self._key}"} if self._key else {}
+        try:
+            async with self._sem:
+                self.requests_sent += 1
+                return await self._http.request("POST", path, json=body, headers=headers)
+        except httpx.TransportError as exc:
+            raise TargetUnavailable(
+                f"POST {self.base_url}{path} failed: {type(exc).__name__}: {exc}",
+                status=None,
+                attempts=1,
+            ) from exc
+
     async def spend(self, context_id: str) -> JSON:
         """``GET /v1/contexts/{id}/spend`` (admin): the context's spend rows and totals."""
         return await self._json("GET", f"/v1/contexts/{context_id}/spend", token=self._admin)

@@ -273,6 +273,14 @@ class MechanismAudit:
         the mechanism has no such audit."""
         return None
 
+    async def audit_surface(
+        self, target: AuditTarget, design: Any, plan: AuditPlan
+    ) -> dict[str, Any] | None:
+        """The whole response on every answering route, and ``max_tokens`` against the
+        context's limit (:mod:`dpicl_audit.planning.surface`); None where the mechanism has
+        no such audit."""
+        return None
+
     def claims_per_setting(self, design: Any, threat_models: Sequence[str]) -> int:
         """How many statistical tests one epsilon setting may state a VIOLATION or BUG
         from: one figure per threat model. A run's claims hold for all of its settings'

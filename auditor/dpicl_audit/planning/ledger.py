@@ -191,10 +191,15 @@ async def audit_ledger(
     finally:
         with contextlib.suppress(TargetError):  # a probe left behind answers nothing more
             await target.delete_context(cid)
-    if not bursts or body.get("task") != "classification":
-        return out  # bursts ask the classification routes (ESA's generation: not yet)
+    if not bursts:
+        return out
     # The same budget under concurrency, on every answering route (planning.ledger_burst).
-    found = await audit_bursts(target, body, query, budget)
+    return with_bursts(out, await audit_bursts(target, body, query, budget))
+
+
+def with_bursts(out: dict[str, Any], found: dict[str, Any]) -> dict[str, Any]:
+    """The ledger's section ``out`` with the bursts' ``found`` (planning.ledger_burst): a
+    failed burst makes it NONCONFORMING."""
     out["bursts"] = found
     if found["status"] == "nonconforming":
         bad = "; ".join(str(r["message"]) for r in found["routes"] if r.get("ok") is False)

@@ -7,12 +7,12 @@ noise (e.g. noise scaled by the client's temperature: at ``temperature: 0`` the 
 comes back every time) releases the un-noised answer to any client who asks. So, after the
 trials, a fresh context of the run's C1 body at the plan's first epsilon (budgeted for the
 sweep) is asked the audit query :data:`PER_VARIANT` times through ``/v1/chat/completions``
-with each variant of :data:`VARIANTS` (no parameter, temperature 0, 1 and 2, top_p 0.1). A
-variant the server refuses (a 4xx naming it) is fine. The labels of the answered variants
-must come from one distribution: the chi-square test of homogeneity of the variants x labels
-table (scipy.stats.chi2_contingency), p below :data:`ALPHA` (1e-4: a correct server is flagged
-in at most 1 run in 10,000) is NONCONFORMING (exit 4) and names the variant whose labels
-depart most from the no-parameter answers. The result is ``results["parameters"]``.
+with each variant of :data:`VARIANTS` (no parameter, temperature 0, 1 and 2, top_p 0.1,
+max_tokens 1). A variant the server refuses (a 4xx naming it) is fine. The labels of the
+answered variants must come from one distribution: the chi-square test of homogeneity of the
+variants x labels table (scipy.stats.chi2_contingency), p below :data:`ALPHA` (1e-4: a correct
+server is flagged in at most 1 run in 10,000) is NONCONFORMING (exit 4) and names the variant
+whose labels depart most from the no-parameter answers. The result is ``results["parameters"]``.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ VARIANTS: tuple[tuple[str, dict[str, float]], ...] = (
     ("temperature 1", {"temperature": 1}),
     ("temperature 2", {"temperature": 2}),
     ("top_p 0.1", {"top_p": 0.1}),
+    ("max_tokens 1", {"max_tokens": 1}),
 )
 _CHAT = "/v1/chat/completions"
 

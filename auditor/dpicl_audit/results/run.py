@@ -106,7 +106,18 @@ class RunResult(Record):
         swept = self.extra.get("parameters")
         if isinstance(swept, Mapping) and swept.get("status") == "nonconforming":
             out.append(Status.NONCONFORMING)  # a client parameter changes the release
+        surface = self.extra.get("surface")  # every route's whole response (planning.surface)
+        if isinstance(surface, Mapping) and surface.get("status") in _SURFACE:
+            out.append(_SURFACE[str(surface["status"])])
         return out
+
+
+#: The statuses of the surface probe (planning.surface) that decide the exit code.
+_SURFACE = {
+    "nonconforming": Status.NONCONFORMING,
+    "violation": Status.VIOLATION,
+    "bug": Status.BUG,
+}
 
 
 def results_exit_code(

@@ -68,6 +68,9 @@ from dpicl_audit.mechanisms.esa.settings import EsaSettings
 from dpicl_audit.mechanisms.esa.signals import resolve_signal_embeddings
 from dpicl_audit.mechanisms.gaussian import GaussianMechanismAudit, gaussian_setting_meta
 from dpicl_audit.plan import AuditPlan
+from dpicl_audit.planning.budgets import budget_limit
+from dpicl_audit.planning.ledger import answers_in_budget, budget_for
+from dpicl_audit.planning.surface import audit_surface
 from dpicl_audit.results import SettingResult
 from dpicl_audit.store import ContextRecord, TrialRecord
 
@@ -117,6 +120,22 @@ class EsaAudit(GaussianMechanismAudit):
 
     def calls_per_query(self, plan: AuditPlan) -> int:
         return EsaSettings.of(plan).partitions + EsaSettings.of(plan).candidates
+
+    async def audit_surface(
+        self, target: AuditTarget, design: GenerationDesign, plan: AuditPlan
+    ) -> dict[str, Any] | None:
+        """Every route's whole response on a fresh C1/C0 pair at the first epsilon
+        (planning.surface). ESA's ``max_tokens`` bounds its candidates' length, which its
+        noise does not depend on: no limit is probed."""
+        eps = float(plan.mechanism.epsilons[0])
+
+        def body(world: int, answers: int) -> ContextBody:
+            out = self.context_body(design, plan, eps, world, name=f"dpicl-audit {plan.seed}")
+            budget = budget_for(eps, plan.mechanism.delta, answers, budget_limit(plan))
+            return out | {"budget": budget}
+
+        fit = answers_in_budget(eps, plan.mechanism.delta, budget_limit(plan))
+        return await audit_surface(target, body, design.query, task=self.task, capacity=fit)
 
     async def prepare(
         self,

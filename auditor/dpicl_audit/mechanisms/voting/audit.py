@@ -48,8 +48,9 @@ from dpicl_audit.mechanisms.voting.rdp import RDP_ATTACKS, RdpDesign, build_rdp_
 from dpicl_audit.mechanisms.voting.settings import VotingSettings
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.budgets import budget_limit
-from dpicl_audit.planning.ledger import budget_for
+from dpicl_audit.planning.ledger import answers_in_budget, budget_for
 from dpicl_audit.planning.parameters import SWEEP_ANSWERS, sweep_parameters
+from dpicl_audit.planning.surface import audit_surface
 from dpicl_audit.results import SettingResult
 from dpicl_audit.store import ContextRecord, TrialRecord
 from dpicl_audit.verdicts import RDP_CUTS
@@ -142,6 +143,23 @@ class VotingAudit(GaussianMechanismAudit):
         body = self.context_body(design, plan, eps, 1, name=f"dpicl-audit {plan.seed} sweep")
         budget = self.answers_budget(plan, eps, SWEEP_ANSWERS)
         return await sweep_parameters(target, body, design.query, budget=budget)
+
+    async def audit_surface(
+        self, target: AuditTarget, design: AuditDesign | RdpDesign, plan: AuditPlan
+    ) -> dict[str, Any] | None:
+        """Every route's whole response on a fresh C1/C0 pair at the first epsilon
+        (planning.surface); none for paper 003's sequences."""
+        if isinstance(design, RdpDesign) or getattr(design, "attack", None) != "inquery":
+            return None
+        eps = float(plan.mechanism.epsilons[0])
+
+        def body(world: int, answers: int) -> ContextBody:
+            name = f"dpicl-audit {plan.seed} C{world}"
+            out = self.context_body(design, plan, eps, world, name=name)
+            return out | {"budget": self.answers_budget(plan, eps, answers)}
+
+        fit = answers_in_budget(eps, plan.mechanism.delta, budget_limit(plan))
+        return await audit_surface(target, body, design.query, task=self.task, capacity=fit)
 
     def answers_budget(
         self, plan: AuditPlan, epsilon: float, answers: int
