@@ -28,13 +28,9 @@ from typing import Any
 import httpx
 import numpy as np
 
-from dpicl_audit.estimators import (
-    classic_sigma,
-    estimate_from_counts,
-    split_threshold_estimate,
-    voting_epsilon_exact,
-)
-from dpicl_audit.estimators.bootstrap import bootstrap_voting_audit
+from dpicl_audit.estimators import classic_sigma, estimate_from_counts, split_threshold_estimate
+from dpicl_audit.mechanisms.voting.exact import voting_epsilon_exact
+from dpicl_audit.mechanisms.voting.simulation import bootstrap_voting_audit
 
 N_SAMPLE = 400_000
 DELTA = 1e-5

@@ -34,7 +34,7 @@ import numpy as np
 from dpicl.contexts import create_context
 from dpicl.engines.base import Embedder, Engine, FloatArray, GenerationParams, PromptSpec
 from dpicl.engines.factory import build_embedder, build_engine
-from dpicl.mechanisms.esa.pipeline import run_esa
+from dpicl.mechanisms.esa.pipeline import EsaCalibration, run_esa
 from dpicl.pipelines.partitions import partition_prompts, zero_shot_prompt
 from dpicl.privacy.accounting import MU2_RTOL
 from dpicl.privacy.ledger import Ledger
@@ -120,7 +120,7 @@ async def main(quick: bool) -> None:
         )
         zero = zero_shot_prompt(ctx, query)
         params = GenerationParams(max_tokens=24, temperature=1.0, seed=1)
-        n = int(ctx.mechanism["candidates"])
+        n = ctx.record_as(EsaCalibration).candidates
         tb, ts = [], []
         for _ in range(reps):
             t0 = time.perf_counter()

@@ -47,7 +47,7 @@ from dpicl.engines.factory import build_engine
 from dpicl.engines.transformers import TransformersEngine
 from dpicl.engines.transformers_generation import sample
 from dpicl.engines.tuning import EngineTuning
-from dpicl.mechanisms.voting.pipeline import run_voting
+from dpicl.mechanisms.voting.pipeline import VotingCalibration, run_voting
 from dpicl.mechanisms.voting.release import private_vote
 from dpicl.pipelines.partitions import partition_prompts
 from dpicl.privacy.ledger import Ledger
@@ -140,7 +140,8 @@ async def dp_share(engine: TransformersEngine, partitions: int, reps: int, small
         ctx = await news_context(repo, partitions)
         rng = np.random.default_rng()
         cost = cost_of(ctx)
-        sigma, temp = float(ctx.mechanism["sigma"]), float(ctx.mechanism["temperature"])
+        cal = ctx.record_as(VotingCalibration)
+        sigma, temp = cal.sigma, cal.temperature
         q = query(0)
         prompts = partition_prompts(ctx, q)
         scores = await engine.score_labels(prompts, ctx.labels)

@@ -10,6 +10,7 @@ aside; ``tests/auditor/test_structure.py`` checks these layers and that no impor
 inside a function, closes a cycle)::
 
     errors.py          the exception tree (below)
+    jsontypes.py       JsonObject: what the auditor writes as JSON, its values checked
     prompts.py         the audit prompts of paper 000 (Appendix B) and DPS-MOZO's
     datasets.py        bundled corpora, bbc-news (docs/data.md), JSONL/CSV/Hugging Face
     client/            the server under audit over HTTP: http (retries, timeouts,
@@ -19,8 +20,10 @@ inside a function, closes a cycle)::
                        RDP, thresholds, white-box figures, power, conformance, family-wise
                        claims; bootstrap.py (Algorithm 1 of paper 000, vectorised) and
                        noise_check.py its guard; figure_power.py, trial_budget.py
-    mechanisms/names.py  the mechanism names, known without importing the audits
-    attacks.py         which attack applies to which mechanism and threat model
+    mechanisms/settings.py, mechanisms/*/settings.py, mechanisms/catalog.py
+                       each mechanism's audit settings (the plan's [mechanism]), and the
+                       one list of them, known without importing the audits
+    attacks.py         each attack's threat models and source
     verdicts/          what a bound says about the claims (violation, bug, nonconforming,
                        inconclusive, ok): model (the one Verdict type, its Status and the
                        CLI's exit code by the worst of them), claims (the rules applied)
@@ -55,11 +58,11 @@ inside a function, closes a cycle)::
                        list, ...), rdp (divergence), utility
     demo/              ``make demo``: servers, audits, main
 
-A new mechanism is one package in ``mechanisms/`` registered in
-:data:`dpicl_audit.mechanisms.registry.MECHANISMS`, or one outside this package registered
-through the ``dpicl_audit.mechanisms`` entry point group (:mod:`dpicl_audit.mechanisms.registry`,
+A new mechanism is one package in ``mechanisms/`` (its settings listed in
+:data:`dpicl_audit.mechanisms.catalog.BUILTIN`), or one outside this package registered
+through the ``dpicl_audit.mechanisms`` entry point group (:mod:`dpicl_audit.mechanisms.catalog`,
 ``examples/laplace_voting``); a new attack is an entry in :data:`dpicl_audit.attacks.ATTACKS`
-handled by the mechanisms it applies to; a new verdict is a branch in
+named in the ``attacks`` of the mechanisms that handle it; a new verdict is a branch in
 :mod:`dpicl_audit.verdicts`.
 
 Every error the auditor raises on purpose belongs to one tree (:mod:`dpicl_audit.errors`)::

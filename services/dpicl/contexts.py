@@ -7,9 +7,8 @@ calibrates itself and declares its cost event (:mod:`dpicl.mechanisms.registry`)
 
 from __future__ import annotations
 
-from typing import Any
-
 from dpicl.domain import ContextLimits
+from dpicl.mechanisms.base import Record
 from dpicl.mechanisms.registry import get_mechanism, mechanism_of
 from dpicl.privacy.accounting import budget_mu2
 from dpicl.privacy.ledger import Cost
@@ -18,19 +17,21 @@ from dpicl.store.models import ContextRow
 from dpicl.store.repository import ContextRepository, StoredContext, new_context_id
 
 
-def calibrate_mechanism(spec: ContextSpec) -> dict[str, Any]:
+def calibrate_mechanism(spec: ContextSpec) -> Record:
     """The stored mechanism record: the user's settings plus what calibration derived."""
-    return get_mechanism(spec.mechanism.name).calibrate(spec.mechanism, len(spec.exemplars))
+    mech = get_mechanism(spec.mechanism.name)
+    return mech.record(mech.calibrate(spec.mechanism, len(spec.exemplars)))
 
 
 async def create_context(
     spec: ContextSpec, repo: ContextRepository, limits: ContextLimits | None = None
 ) -> StoredContext:
     spec.check(limits)
-    mechanism = calibrate_mechanism(spec)
+    mech = get_mechanism(spec.mechanism.name)
+    calibration = mech.calibrate(spec.mechanism, len(spec.exemplars))
     budget = spec.budget.model_dump() if spec.budget is not None else None
     max_queries: int | None = None
-    own = get_mechanism(spec.mechanism.name).own_budget(mechanism)
+    own = mech.own_budget(calibration)
     if own is not None:
         # The mechanism's own (epsilon, delta) is the context's budget, spent in queries.
         budget = {"epsilon": own.epsilon, "delta": own.delta}
@@ -43,7 +44,7 @@ async def create_context(
         labels=list(spec.labels),
         exemplars=[e.model_dump() for e in spec.exemplars],
         template=spec.resolved_template(),
-        mechanism=mechanism,
+        mechanism=mech.record(calibration),
         budget=budget,
         mu2_spent=0.0,
         mu2_max=mu2_max,
@@ -56,4 +57,4 @@ async def create_context(
 
 def cost_of(context: StoredContext) -> Cost:
     """The cost event of one answer of ``context``'s mechanism."""
-    return mechanism_of(context).cost(context.mechanism)
+    return mechanism_of(context).cost_of(context)

@@ -13,7 +13,6 @@ from scipy import stats
 
 from dpicl.mechanisms.esa.release import esa_release  # the server's rule, to check the closed form
 from dpicl_audit.datasets import load_dataset
-from dpicl_audit.estimators.exact import esa_epsilon_exact
 from dpicl_audit.mechanisms.base import SettingRows
 from dpicl_audit.mechanisms.esa.audit import EsaAudit
 from dpicl_audit.mechanisms.esa.build import (
@@ -22,6 +21,7 @@ from dpicl_audit.mechanisms.esa.build import (
     esa_release_rates,
 )
 from dpicl_audit.mechanisms.esa.estimates import esa_meta
+from dpicl_audit.mechanisms.esa.exact import esa_epsilon_exact
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.store import TrialRecord
 

@@ -25,8 +25,6 @@ from dpicl_audit.estimators import (
     clopper_pearson_lower,
     clopper_pearson_upper,
     epsilon_lower_classic,
-    esa_epsilon_exact,
-    esa_mean_sensitivity,
     estimate_from_counts,
     gaussian_epsilon_exact,
     gdp_delta,
@@ -34,8 +32,9 @@ from dpicl_audit.estimators import (
     gdp_mu,
     mu_lower,
     per_interval_confidence,
-    voting_epsilon_exact,
 )
+from dpicl_audit.mechanisms.esa.exact import esa_epsilon_exact, esa_mean_sensitivity
+from dpicl_audit.mechanisms.voting.exact import voting_epsilon_exact
 
 # ----------------------------------------------------------------------------- Clopper-Pearson
 
@@ -362,7 +361,8 @@ def test_exact_epsilons() -> None:
 def test_exact_epsilon_is_computed_once_per_sigma_and_delta() -> None:
     """Issue 13, item 3: what depends only on (sigma, delta) is cached, and the cached value
     is the one a fresh PLD accountant gives."""
-    from dpicl_audit.estimators.exact import _pld_epsilon, voting_epsilon_exact
+    from dpicl_audit.estimators.exact import _pld_epsilon
+    from dpicl_audit.mechanisms.voting.exact import voting_epsilon_exact
 
     sigma = 1.2345678
     first = voting_epsilon_exact(sigma, 1e-5)

@@ -10,7 +10,7 @@ import pytest
 from scipy import integrate, special, stats
 
 from dpicl_audit.errors import InvalidAuditInput
-from dpicl_audit.estimators import classic_sigma, voting_epsilon_exact
+from dpicl_audit.estimators import classic_sigma
 from dpicl_audit.estimators.label_release import (
     binary_release_epsilon,
     discrete_epsilon,
@@ -20,6 +20,7 @@ from dpicl_audit.estimators.label_release import (
     pivotal_rates,
     pivotal_votes,
 )
+from dpicl_audit.mechanisms.voting.exact import voting_epsilon_exact
 
 DELTA = 1e-5
 

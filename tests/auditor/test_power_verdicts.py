@@ -8,12 +8,7 @@ import numpy as np
 import pytest
 
 from dpicl_audit.errors import InvalidAuditInput
-from dpicl_audit.estimators import (
-    classic_sigma,
-    estimate_from_counts,
-    gdp_epsilon,
-    voting_epsilon_exact,
-)
+from dpicl_audit.estimators import classic_sigma, estimate_from_counts, gdp_epsilon
 from dpicl_audit.estimators.label_release import (
     label_release_probabilities,
     pivotal_design,
@@ -25,6 +20,7 @@ from dpicl_audit.estimators.power import (
     reachable_from_rates,
 )
 from dpicl_audit.estimators.verdict_rules import decide_verdict
+from dpicl_audit.mechanisms.voting.exact import voting_epsilon_exact
 
 DELTA = 1e-5
 

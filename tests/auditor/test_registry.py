@@ -1,6 +1,7 @@
-"""The mechanism registry finds audits other packages register through entry points (group
-``dpicl_audit.mechanisms``), the plan admits their names, and broken registrations are refused
-with errors that name them. Each case installs a fake distribution (a package and a
+"""The mechanism registry finds mechanisms other packages register through entry points
+(group ``dpicl_audit.mechanisms``: a settings model, whose ``audit`` names the audit), the
+plan admits their names and settings, and broken registrations are refused with errors that
+name them. Each case installs a fake distribution (a package and a
 ``*.dist-info`` with ``entry_points.txt``) in a temporary directory and imports the auditor in
 a fresh interpreter with that directory on ``sys.path``, since the registry reads the entry
 points once, on import."""
@@ -18,22 +19,44 @@ from typing import Any
 import pytest
 
 from dpicl_audit.errors import InvalidPlan
-from dpicl_audit.mechanisms.names import BUILTIN, mechanism_names
+from dpicl_audit.mechanisms.catalog import BUILTIN, mechanism_names, model_name
 from dpicl_audit.plan import AuditPlan
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "laplace_voting"
 
+FAKE_SETTINGS = """
+from typing import ClassVar, Literal
+
+from dpicl_audit.mechanisms.settings import GaussianSettings
+
+class FakeSettings(GaussianSettings):
+    audit: ClassVar[str] = "fake_audit:FAKE"
+    attacks: ClassVar[tuple[str, ...]] = ("inquery",)
+    name: Literal["fake-voting"] = "fake-voting"
+
+class NoAudit(FakeSettings):
+    audit: ClassVar[str] = "fake_audit:NOT_AN_AUDIT"
+
+NOT_SETTINGS = object()
+"""
+
 FAKE_AUDIT = """
 from dpicl_audit.mechanisms.voting.audit import VotingAudit
+from fake_mech import FakeSettings
 
 class FakeVoting(VotingAudit):
     name = "fake-voting"
-    attacks = ("inquery",)
+    settings = FakeSettings
 
 FAKE = FakeVoting()
 NOT_AN_AUDIT = object()
 """
+
+
+def _fake(site: Path) -> None:
+    (site / "fake_mech.py").write_text(FAKE_SETTINGS)
+    (site / "fake_audit.py").write_text(FAKE_AUDIT)
 
 
 def _install(site: Path, dist: str, entry_points: dict[str, str]) -> None:
@@ -87,10 +110,10 @@ PROBE = """
 
 
 def test_a_registered_audit_is_found_and_planned(tmp_path: Path) -> None:
-    (tmp_path / "fake_mech.py").write_text(FAKE_AUDIT)
-    _install(tmp_path, "fake_mech", {"fake-voting": "fake_mech:FAKE"})
+    _fake(tmp_path)
+    _install(tmp_path, "fake_mech", {"fake-voting": "fake_mech:FakeSettings"})
     got = _json(_run([tmp_path], PROBE.format(name="fake-voting", attack="inquery")))
-    assert got["known"] == sorted([*BUILTIN, "fake-voting"])
+    assert got["known"] == sorted([*map(model_name, BUILTIN), "fake-voting"])
     assert got["class"] == "FakeVoting" and got["plan"] == "fake-voting"
     # The attacks it takes are its audit's: ``repeat`` (an ESA attack) is refused, by name.
     assert "'repeat' does not apply to fake-voting" in got["refused"]
@@ -99,15 +122,16 @@ def test_a_registered_audit_is_found_and_planned(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("entry", "message"),
     [
-        ({"fake-voting": "fake_mech:NOT_AN_AUDIT"}, "not a MechanismAudit instance"),
-        ({"other-name": "fake_mech:FAKE"}, "loads the audit of 'fake-voting'"),
-        ({"voting": "fake_mech:FAKE"}, "already audited"),
+        ({"fake-voting": "fake_mech:NOT_SETTINGS"}, "not a MechanismSettings subclass"),
+        ({"fake-voting": "fake_mech:NoAudit"}, "not a MechanismAudit instance"),
+        ({"other-name": "fake_mech:FakeSettings"}, "loads the settings of 'fake-voting'"),
+        ({"voting": "fake_mech:FakeSettings"}, "already audited"),
     ],
 )
 def test_a_broken_registration_is_refused_by_name(
     tmp_path: Path, entry: dict[str, str], message: str
 ) -> None:
-    (tmp_path / "fake_mech.py").write_text(FAKE_AUDIT)
+    _fake(tmp_path)
     _install(tmp_path, "fake_mech", entry)
     out = _run([tmp_path], "import dpicl_audit.mechanisms.registry")
     assert out.returncode != 0
@@ -123,9 +147,11 @@ def test_an_unknown_mechanism_is_refused_naming_it_and_the_known_ones() -> None:
 
 
 def test_the_laplace_voting_example_registers_from_outside(tmp_path: Path) -> None:
-    """``examples/laplace_voting`` adds one folder and one entry point: the registry loads its
-    audit, the plan takes its name, and its exact epsilon is the Laplace mechanism's."""
-    _install(tmp_path, "laplace_voting", {"laplace-voting": "laplace_voting.audit:LAPLACE_VOTING"})
+    """``examples/laplace_voting`` adds one folder and one entry point: the plan takes its
+    name and its own settings, the registry loads its audit, and its exact epsilon is the
+    Laplace mechanism's."""
+    entry = {"laplace-voting": "laplace_voting.audit_settings:LaplaceVotingSettings"}
+    _install(tmp_path, "laplace_voting", entry)
     got = _json(_run([tmp_path, EXAMPLE], PROBE.format(name="laplace-voting", attack="brainwash")))
     assert "laplace-voting" in got["known"] and got["class"] == "LaplaceVotingAudit"
     code = """
@@ -146,8 +172,17 @@ def test_the_laplace_voting_example_registers_from_outside(tmp_path: Path) -> No
         from dpicl_audit.plan import AuditPlan
         from laplace_voting.audit import LAPLACE_VOTING as L
         plan = AuditPlan.from_mapping({"mechanism": {"name": "laplace-voting"}, "trials": 50})
-        print(json.dumps([L.planned_answers(plan, 2.0, 1), L.context_budget(plan, 2.0, 1)]))
+        print(json.dumps([
+            L.planned_answers(plan, 2.0, 1),
+            L.context_budget(plan, 2.0, 1),
+            type(plan.mechanism).__name__,
+            sorted(plan.mechanism.model_dump()),
+            plan.mechanism.scale(2.0),
+        ]))
     """
-    answers, budget = _json(_run([tmp_path, EXAMPLE], code))
+    answers, budget, model, fields, scale = _json(_run([tmp_path, EXAMPLE], code))
+    # Its own settings: T partitions, no Gaussian calibration; the scale is 2 / epsilon.
+    assert model == "LaplaceVotingSettings" and "calibration" not in fields
+    assert "partitions" in fields and scale == 1.0
     # Budgeted by basic composition, which no pure-DP ledger exceeds.
     assert budget["epsilon"] >= 2.0 * answers

@@ -13,9 +13,9 @@ import pytest
 
 import dpicl_audit
 from dpicl_audit import errors
-from dpicl_audit.attacks import ATTACKS, attacks_for
+from dpicl_audit.attacks import ATTACKS, attacks_for, mechanisms_taking
 from dpicl_audit.mechanisms.base import MechanismAudit
-from dpicl_audit.mechanisms.names import BUILTIN, mechanism_names
+from dpicl_audit.mechanisms.catalog import BUILTIN, mechanism_names, model_name
 from dpicl_audit.mechanisms.registry import MECHANISMS
 from dpicl_audit.plan import Attack
 from tests.import_graph import cycles, graph
@@ -31,10 +31,13 @@ MAX_LINES = 400
 #: only modules of lower layers, or of its own package. A module is placed by its longest
 #: prefix listed here.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("dpicl_audit", "errors"),
+    ("dpicl_audit", "errors", "jsontypes"),
     ("prompts", "datasets", "client", "store", "estimators"),
-    # The names a plan validates, known without importing the audits (mechanisms.registry).
-    ("mechanisms.names",),
+    # Each mechanism's settings model (the plan's section), below the plan, and the one
+    # list of them (the catalog), known without importing the audits.
+    ("mechanisms.settings",),
+    ("mechanisms.voting.settings", "mechanisms.esa.settings", "mechanisms.dps_mozo.settings"),
+    ("mechanisms.catalog",),
     ("attacks", "verdicts"),
     # The typed results: the mechanisms build them, the pipeline and the report read them.
     ("results",),
@@ -117,7 +120,9 @@ def test_the_cycle_check_can_fail(tmp_path: Path) -> None:
         (("dpicl_audit.plan.model", "dpicl_audit.mechanisms.registry"), True),
         (("dpicl_audit.mechanisms.base", "dpicl_audit.pipeline.runner"), True),
         (("dpicl_audit.store.log", "dpicl_audit.estimators.gdp"), True),
-        (("dpicl_audit.attacks", "dpicl_audit.mechanisms.names"), False),
+        (("dpicl_audit.attacks", "dpicl_audit.mechanisms.catalog"), False),
+        (("dpicl_audit.mechanisms.catalog", "dpicl_audit.mechanisms.voting.audit"), True),
+        (("dpicl_audit.mechanisms.esa.settings", "dpicl_audit.mechanisms.voting.settings"), True),
         (("dpicl_audit.mechanisms.voting.audit", "dpicl_audit.mechanisms.base"), False),
     ],
 )
@@ -169,11 +174,13 @@ def test_exception_tree_is_drawn_in_the_package_docstring() -> None:
 def test_registries_agree_with_the_plan() -> None:
     assert set(get_args(Attack)) == set(ATTACKS)
     # Without entry points installed, the registry holds the built-in audits only.
-    assert set(mechanism_names()) == set(MECHANISMS) == set(BUILTIN)
-    for name in MECHANISMS:
+    assert set(mechanism_names()) == set(MECHANISMS) == {model_name(m) for m in BUILTIN}
+    for name, audit in MECHANISMS.items():
         assert attacks_for(name), f"no attack applies to {name}"
-    for spec in ATTACKS.values():
-        assert set(spec.mechanisms) <= set(MECHANISMS)
+        assert set(attacks_for(name)) <= set(ATTACKS), name
+        assert audit.settings in BUILTIN and model_name(audit.settings) == name
+    for attack in ATTACKS:
+        assert mechanisms_taking(attack), f"no mechanism takes {attack}"
 
 
 def test_every_mechanism_implements_the_protocol() -> None:

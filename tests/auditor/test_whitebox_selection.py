@@ -13,12 +13,7 @@ import numpy as np
 import pytest
 
 from dpicl_audit.errors import InvalidAuditInput
-from dpicl_audit.estimators import (
-    classic_sigma,
-    estimate_from_counts,
-    gdp_epsilon,
-    voting_epsilon_exact,
-)
+from dpicl_audit.estimators import classic_sigma, estimate_from_counts, gdp_epsilon
 from dpicl_audit.estimators.label_release import label_release_epsilon, pivotal_design
 from dpicl_audit.estimators.whitebox import (
     CLASSICAL_LABEL,
@@ -28,6 +23,7 @@ from dpicl_audit.estimators.whitebox import (
     roc_hull,
     whitebox_estimate,
 )
+from dpicl_audit.mechanisms.voting.exact import voting_epsilon_exact
 
 DELTA = 1e-5
 

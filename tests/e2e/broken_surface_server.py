@@ -16,6 +16,24 @@ attribute, replacement) triples it installs, for ``monkeypatch``; ``install()`` 
   un-noised vote share of the first label (a "helpful" score added by a gateway, computed
   from the clean votes). The label itself is honestly private; the field is not. Install it
   with :func:`leaky_app` around the app (an ASGI wrapper) plus its patch.
+* ``MOZO_ONE_TOKEN``: DPS-MOZO's eps0 is calibrated for one token per answer (``queries``
+  tokens) instead of ``queries x max_tokens`` (the composition over an answer's tokens
+  forgotten); the record still reports ``max_tokens`` and ``tokens`` as configured. Every
+  answer is a true DPS-MOZO answer at that eps0; only the claim over the context is broken.
+* ``PROMPT_TOKENS``: the OpenAI routes' ``usage.prompt_tokens`` (0 by design: dpicl does not
+  count them) estimates the prompt's tokens from its characters, exemplars included (a
+  "complete" usage block): neighbouring contexts whose differing exemplar has another length
+  answer with another count, streamed or not.
+* ``CONTEXT_VERSION``: every answer, on every route, carries a header
+  ``X-DPICL-Context-Version``, a short hash of the context's exemplars (for a cache in front
+  of the server): it names which of the neighbouring contexts answered. Install it with
+  :func:`version_app` around the app plus its patch.
+* ``MOZO_NO_TOKEN_LIMIT``: DPS-MOZO's request limit not enforced: ``max_tokens`` above the
+  context's calibrated ``T_max`` is answered with every token asked for (the calibration
+  assumed at most ``T_max`` per answer), on every route.
+* ``RACY_QUERIES``: ``RACY_LEDGER`` for a context limited by its answers (DPS-MOZO's
+  ``queries``): the check reads the queries left, the model runs, the charge's own query
+  condition is dropped; one at a time it refuses when it should, a burst overspends.
 * ``TEMPERATURE_NOISE``: the voting noise is scaled by the ``temperature`` a chat client
   sends (none: the noise as calibrated); at ``temperature: 0`` the clean majority label comes
   back every time. Install it with :func:`temperature_app` around the app plus its patch.
@@ -26,15 +44,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import hashlib
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import replace
 from typing import Any
 
+from sqlalchemy import bindparam, update
+
+import dpicl.api.openai.serving as serving_mod
+import dpicl.api.openai.streaming as streaming_mod
 import dpicl.api.routes.inference as inference_mod
+import dpicl.mechanisms.dps_mozo.mechanism as mozo_mechanism
+import dpicl.mechanisms.dps_mozo.pipeline as mozo_pipeline
 import dpicl.mechanisms.partitioned as partitioned_mod
 import dpicl.mechanisms.voting.pipeline as voting_pipeline
 import dpicl.privacy.ledger as ledger_mod
+import dpicl.store.charges as charges_mod
+import dpicl.store.repository as repository_mod
 from dpicl.privacy.calibration import classic_sigma, sigma_for
 from tests.e2e.broken_realistic_server import Fault
 
@@ -85,6 +112,35 @@ async def racy_charge(self: Any, context: Any, cost: Any) -> Any:
 RACY_LEDGER = Fault(
     ((ledger_mod.Ledger, "charge", racy_charge),),
     "the ledger's check and charge are two steps: concurrent requests overspend the budget",
+)
+
+_CTX = charges_mod._CTX
+#: The context's charge without its query condition (the budget's condition kept).
+CHARGE_WITHOUT_QUERY_LIMIT = (
+    update(_CTX)
+    .where(
+        _CTX.c.id == bindparam("cid"),
+        _CTX.c.mu2_max.is_(None)
+        | (_CTX.c.mu2_spent + charges_mod._MU2 <= _CTX.c.mu2_max * bindparam("slack")),
+    )
+    .values(mu2_spent=_CTX.c.mu2_spent + charges_mod._MU2, queries=_CTX.c.queries + 1)
+    .returning(_CTX.c.mu2_spent, _CTX.c.queries)
+)
+
+
+class _NoQueryLimit(charges_mod.ChargeStatements):
+    """The repository's statements, its context charge without the query condition."""
+
+    def __init__(self, backend: str, *args: Any) -> None:
+        super().__init__(backend, CHARGE_WITHOUT_QUERY_LIMIT, charges_mod.REFUND)
+
+
+RACY_QUERIES = Fault(
+    (
+        (ledger_mod.Ledger, "charge", racy_charge),
+        (repository_mod, "ChargeStatements", _NoQueryLimit),
+    ),
+    "a query limit checked before the answer and not when charged: bursts overspend it",
 )
 
 _honest_classify_body = inference_mod.classify_body
@@ -179,7 +235,10 @@ def temperature_app(app: Any) -> Any:
         replay = iter(messages)
 
         async def again() -> MutableMapping[str, Any]:
-            return next(replay, {"type": "http.disconnect"})
+            # The body replayed, then the client's own messages (a streamed answer listens
+            # for the client's disconnect: one made up here would cut its stream short).
+            replayed = next(replay, None)
+            return replayed if replayed is not None else await receive()
 
         try:
             await app(scope, again, send)
@@ -199,7 +258,108 @@ LEAKY_FIELD = Fault(
     "answers carry the un-noised vote share in an extra field (install leaky_app too)",
 )
 
+_honest_calibrate_mozo = mozo_mechanism.calibrate_mozo
+
+
+def one_token_calibrate_mozo(mech: Any, n_exemplars: int) -> dict[str, Any]:
+    """eps0 for one token per answer; the record says the context's max_tokens and tokens."""
+    if mech.guarantee != "proven" or mech.max_tokens == 1:
+        return _honest_calibrate_mozo(mech, n_exemplars)
+    out = _honest_calibrate_mozo(mech.model_copy(update={"max_tokens": 1}), n_exemplars)
+    return out | {"max_tokens": mech.max_tokens, "tokens": mech.queries * mech.max_tokens}
+
+
+MOZO_ONE_TOKEN = Fault(
+    ((mozo_mechanism, "calibrate_mozo", one_token_calibrate_mozo),),
+    "DPS-MOZO's eps0 calibrated for one token per answer, not queries x max_tokens tokens",
+)
+
+_honest_usage_of = serving_mod.usage_of
+
+
+def counted_usage_of(a: Any) -> Any:
+    """The honest usage, with the prompt's tokens estimated (4 characters a token)."""
+    chars = sum(len(i) + len(o) for i, o in a.context.exemplars) + len(a.context.template)
+    usage = _honest_usage_of(a)
+    return usage.model_copy(
+        update={"prompt_tokens": chars // 4, "total_tokens": chars // 4 + usage.completion_tokens}
+    )
+
+
+PROMPT_TOKENS = Fault(
+    (
+        (serving_mod, "usage_of", counted_usage_of),
+        (streaming_mod, "usage_of", counted_usage_of),
+    ),
+    "usage.prompt_tokens counts the prompt's characters, the private exemplars included",
+)
+
+_honest_load_context = inference_mod.load_context
+#: The request's holder of the context's version (set by the ASGI wrapper, filled on load).
+_VERSION: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
+    "version", default=None
+)
+
+
+async def versioned_load_context(context_id: str, svc: Any, principal: Any, **kw: Any) -> Any:
+    """The honest lookup; a hash of the context's exemplars noted for the wrapper."""
+    ctx = await _honest_load_context(context_id, svc, principal, **kw)
+    holder = _VERSION.get()
+    if holder is not None and kw.get("for_query"):
+        holder["version"] = hashlib.sha256(repr(ctx.exemplars).encode()).hexdigest()[:12]
+    return ctx
+
+
+def version_app(app: Any) -> Any:
+    """``app`` with ``X-DPICL-Context-Version`` added to every answer's headers."""
+
+    async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("type") != "http":
+            await app(scope, receive, send)
+            return
+        holder: dict[str, str] = {}
+        token = _VERSION.set(holder)
+
+        async def tagged(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start" and "version" in holder:
+                headers = [*message.get("headers", [])]
+                headers.append((b"x-dpicl-context-version", holder["version"].encode()))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        try:
+            await app(scope, receive, tagged)
+        finally:
+            _VERSION.reset(token)
+
+    return wrapped
+
+
+CONTEXT_VERSION = Fault(
+    (
+        (inference_mod, "load_context", versioned_load_context),
+        (serving_mod, "load_context", versioned_load_context),
+    ),
+    "answers carry a hash of the context's exemplars in a header (install version_app too)",
+)
+
+
+def unlimited_max_tokens(context: Any, max_tokens: int | None) -> int:
+    """The client's max_tokens as asked; the context's T_max only where none is sent."""
+    return int(context.mechanism["max_tokens"]) if max_tokens is None else max_tokens
+
+
+MOZO_NO_TOKEN_LIMIT = Fault(
+    ((mozo_pipeline, "_max_tokens", unlimited_max_tokens),),
+    "DPS-MOZO answers max_tokens above the context's T_max with every token asked for",
+)
+
 FAULTS = {
+    "racy_queries": RACY_QUERIES,
+    "mozo_no_token_limit": MOZO_NO_TOKEN_LIMIT,
+    "prompt_tokens": PROMPT_TOKENS,
+    "context_version": CONTEXT_VERSION,
+    "mozo_one_token": MOZO_ONE_TOKEN,
     "weak_calibration": WEAK_CALIBRATION,
     "racy_ledger": RACY_LEDGER,
     "leaky_field": LEAKY_FIELD,

@@ -8,7 +8,9 @@ The exit codes printed are the default gate's (INCONCLUSIVE passes as 0; ``--str
 ``--strict``'s 3 instead); ``left`` counts the contexts the audits left on the server, and
 ``needs`` the trials each figure without power asks for. Faults of
 ``tests/e2e/broken_surface_server.py`` are known too; those installed with an ASGI wrapper
-(``leaky_field``, ``temperature_noise``) are inert here (no wrapper): their tests measure them.
+(``leaky_field``, ``temperature_noise``, ``context_version``) are inert here (no wrapper):
+their tests measure them. The DPS-MOZO ones (``mozo_one_token``, ``mozo_no_token_limit``,
+``racy_queries``) need ``--flags '{"mechanism.name": "dps-mozo"}'``.
 
     python -m tests.e2e.measure_faults --reps 5 [--whitebox off] [--flags '{"trials": 400}']
 """

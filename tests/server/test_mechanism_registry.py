@@ -127,6 +127,10 @@ SCRIPT = textwrap.dedent(
         dbg = r.json()
         assert dbg["clean_votes"] == {"Yes": 1, "No": 3}, dbg  # the canary's partition
         assert math.isclose(dbg["sigma"], 2.0 * math.sqrt(2.0))
+        assert dbg["scale"] == 2.0, dbg  # its own Laplace scale, from its own debug model
+        schema = spec["components"]["schemas"]["DebugClassifyResponse"]
+        assert "sigma" in schema["required"] and "scale" not in schema["required"], schema
+        assert schema["properties"]["scale"]["description"].startswith("laplace-voting:")
 
         r = c.post("/v1/generate", json={"context_id": cid, "query": canary},
                    headers=user_headers())

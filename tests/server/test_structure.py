@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import dpicl
+from dpicl.mechanisms.registry import MECHANISMS
 from tests.import_graph import cycles, graph
 
 PACKAGE = Path(dpicl.__file__).resolve().parent
@@ -200,3 +201,86 @@ def test_no_module_keeps_an_old_path_alive() -> None:
     assert _aliases_itself(
         ast.parse("import sys\nimport m as _moved\nsys.modules[__name__] = _moved\n")
     )
+
+
+#: The longest function the server may have (issue 38, item 6: one screen, with margin).
+MAX_FUNCTION_LINES = 120
+
+
+def long_functions(root: Path, limit: int) -> list[str]:
+    """Every function (methods and nested ones included) longer than ``limit`` lines."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > limit:
+                    found.append(f"{path.relative_to(root)}:{node.lineno} {node.name} ({lines})")
+    return found
+
+
+def test_no_function_is_longer_than_a_screen(tmp_path: Path) -> None:
+    assert long_functions(PACKAGE, MAX_FUNCTION_LINES) == []
+    # The check can fail.
+    (tmp_path / "m.py").write_text("def f() -> None:\n" + "    pass\n" * MAX_FUNCTION_LINES)
+    assert long_functions(tmp_path, MAX_FUNCTION_LINES) == ["m.py:1 f (121)"]
+
+
+def _core_modules() -> list[tuple[str, ast.Module]]:
+    """The server's modules outside ``dpicl/mechanisms/``."""
+    return [
+        (str(p.relative_to(PACKAGE)), ast.parse(p.read_text()))
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if "mechanisms" not in p.relative_to(PACKAGE).parts
+    ]
+
+
+def _names_a_mechanism(tree: ast.Module, names: set[str]) -> list[int]:
+    """Lines of ``tree`` that compare something with a mechanism's name."""
+    return sorted(
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Compare)
+        for part in ast.walk(node)
+        if isinstance(part, ast.Constant) and part.value in names
+    )
+
+
+def _reads_the_record_by_key(tree: ast.Module) -> list[int]:
+    """Lines of ``tree`` that read a stored mechanism record by key (``x.mechanism["k"]``,
+    ``x.mechanism.get("k")``) instead of through the mechanism's typed calibration."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            target = node.value
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "get"
+        ):
+            target = node.func.value
+        else:
+            continue
+        if isinstance(target, ast.Attribute) and target.attr == "mechanism":
+            out.append(node.lineno)
+    return sorted(out)
+
+
+def test_the_core_names_no_mechanism_and_reads_no_record_by_key() -> None:
+    # Issue 38: outside mechanisms/, no line tests a mechanism's name, and every answer
+    # reads its context's calibration (parsed once), not the stored record by string key.
+    names = set(MECHANISMS)
+    named = {f: lines for f, tree in _core_modules() if (lines := _names_a_mechanism(tree, names))}
+    assert named == {}
+    by_key = {
+        f: lines
+        for f, tree in _core_modules()
+        if (lines := _reads_the_record_by_key(tree)) and f != "store/records.py"
+    }
+    assert by_key == {}
+    # Both checks can fail: the shapes they had before issue 38.
+    bad = ast.parse(
+        'if ctx.mechanism.get("name") == "dps-mozo":\n    s = float(ctx.mechanism["sigma"])\n'
+    )
+    assert _names_a_mechanism(bad, names) == [1]
+    assert _reads_the_record_by_key(bad) == [1, 2]

@@ -5,7 +5,7 @@ left out keeps the TOML file's value, else that default).
 """
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,7 @@ def audit_command(kind: str) -> Callable[..., None]:
     return command
 
 
-def _build_plan(kind: str, values: dict[str, Any]) -> AuditPlan:
+def _build_plan(kind: str, values: Mapping[str, Any]) -> AuditPlan:
     """The plan from ``--plan`` and the flags (``--trials-from`` read from its bootstrap)."""
     plan, overrides = values["plan"], plan_overrides(values)
     audit_plan = guard(lambda: AuditPlan.from_sources(plan, overrides))
@@ -57,7 +57,7 @@ def _build_plan(kind: str, values: dict[str, Any]) -> AuditPlan:
     return audit_plan
 
 
-def _audit(kind: str, values: dict[str, Any]) -> None:
+def _audit(kind: str, values: Mapping[str, Any]) -> None:
     from dpicl_audit.pipeline.profiles import companion_plan, tail_run_id
     from dpicl_audit.pipeline.results import record_tail_gap
     from dpicl_audit.pipeline.run import bootstrap_audit, run_audit

@@ -13,7 +13,7 @@ from typing import Literal
 
 import typer
 
-from dpicl_audit.attacks import ATTACKS
+from dpicl_audit.attacks import ATTACKS, mechanisms_taking
 from dpicl_audit.cli.common import (
     AdminOpt,
     DbOpt,
@@ -80,7 +80,7 @@ def target_flags() -> list[Flag]:
 
 def audit_flags() -> list[Flag]:
     """What is audited: the mechanism, the data, the canary, the attack."""
-    attacks = "; ".join(f"{a.name} ({', '.join(a.mechanisms)})" for a in ATTACKS.values())
+    attacks = "; ".join(f"{a} ({', '.join(mechanisms_taking(a))})" for a in ATTACKS)
     return [
         plan_flag(
             "mechanism",

@@ -7,7 +7,7 @@ import json
 import os
 import shlex
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -16,6 +16,7 @@ import typer.core
 from rich.console import Console
 
 from dpicl_audit.errors import AuditError
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.store.db import sqlite_file_missing
 
 if TYPE_CHECKING:
@@ -204,7 +205,7 @@ def guard(fn: Callable[[], T]) -> T:
         raise typer.Exit(1) from exc
 
 
-def emit(results: dict[str, Any], as_json: bool, path: Path | None = None) -> None:
+def emit(results: Mapping[str, Any], as_json: bool, path: Path | None = None) -> None:
     from dpicl_audit.pipeline.results import print_results
     from dpicl_audit.results import jsonable
 
@@ -216,7 +217,7 @@ def emit(results: dict[str, Any], as_json: bool, path: Path | None = None) -> No
         out_console.print(f"results: {path}")
 
 
-def exit_on_verdict(results: list[dict[str, Any]], strict: bool = False) -> None:
+def exit_on_verdict(results: Sequence[Mapping[str, Any]], strict: bool = False) -> None:
     """Exit with the worst verdict's code (verdicts.EXIT_CODES: 4 NONCONFORMING, 5 VIOLATION
     or BUG; 3 INCONCLUSIVE only under ``--strict``), so that a deployment pipeline can fail
     on it. Figures without power are listed on stderr either way, with what would give them
@@ -245,7 +246,7 @@ def require_log(db: str, run_id: str | None = None) -> None:
         raise typer.Exit(1)
 
 
-def load_results(db: str, run_id: str) -> dict[str, Any]:
+def load_results(db: str, run_id: str) -> JsonObject:
     """A run's results: as stored, else recomputed from its log."""
     from dpicl_audit.pipeline.estimation import estimate_run, load_run
     from dpicl_audit.store import TrialStore

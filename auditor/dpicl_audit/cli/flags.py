@@ -4,6 +4,7 @@ overrides), their help texts (with the plan's defaults) and value parsers."""
 from __future__ import annotations
 
 import inspect
+import json
 from collections.abc import Callable
 from copy import copy
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from typing import Annotated, Any, get_args
 import typer
 from typer.models import OptionInfo
 
+from dpicl_audit.mechanisms.catalog import settings_models
 from dpicl_audit.plan import AuditPlan
 
 __all__ = [
@@ -42,11 +44,30 @@ def help_text(path: str, text: str) -> str:
     if path in _PER_MECHANISM:
         return f"{text} (default: {_PER_MECHANISM[path]})"
     node: Any = _DEFAULTS
-    for part in path.split("."):
-        node = node[part]
+    section, _, field = path.partition(".")
+    if section == "mechanism" and field not in node[section]:
+        # A field of another mechanism's settings than the default one's: its default there.
+        node = _mechanism_default(field)
+    else:
+        node = node[section]
+        if field:
+            node = node[field]
     if isinstance(node, list):
         node = ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in node)
     return f"{text} (default: {node})"
+
+
+def _mechanism_default(field: str) -> object:
+    """The default of ``field`` in the settings of the mechanisms that have it (one value:
+    ``_PER_MECHANISM`` spells out those that differ)."""
+    values = {
+        json.dumps(model.model_fields[field].default)
+        for model in settings_models()
+        if field in model.model_fields
+    }
+    if len(values) != 1:
+        raise KeyError(f"mechanism.{field}: defaults differ per mechanism: {sorted(values)}")
+    return json.loads(values.pop())
 
 
 def parse_floats(text: str | None, name: str) -> list[float] | None:

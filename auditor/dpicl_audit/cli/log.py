@@ -10,6 +10,7 @@ import importlib
 import json
 import math
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -75,7 +76,7 @@ def resume(
     exit_on_verdict([results], strict)  # a resumed run ends like ``run``
 
 
-def _expected(run: Any, plan: dict[str, Any]) -> int:
+def _expected(run: Any, plan: Mapping[str, Any]) -> int:
     if run.kind == "bootstrap":
         return 2 * int(plan.get("bootstrap", {}).get("n_llm", 0))
     return int(plan.get("trials", 0)) * len(plan.get("mechanism", {}).get("epsilons", []))

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -32,6 +33,9 @@ from dpicl_audit.cli.common import JsonOpt as _JsonOpt
 from dpicl_audit.cli.flags import parse_floats
 from dpicl_audit.store.db import DEFAULT_DB
 
+if TYPE_CHECKING:
+    from dpicl_audit.utility.plan import UtilityPlan
+
 __all__ = ["utility"]
 
 _DEFAULT_OUT = Path("runs")
@@ -44,6 +48,45 @@ def _ints(text: str | None) -> list[int] | None:
     if any(v != int(v) for v in vals):
         raise typer.BadParameter(f"--partitions must be whole numbers, got {text!r}")
     return [int(v) for v in vals]
+
+
+def _new_plan(
+    flags: Mapping[str, object], target: Mapping[str, str | None], baselines: bool
+) -> UtilityPlan:
+    """A new run's plan from the flags given; exit 2 naming the first bad value."""
+    from pydantic import ValidationError
+
+    from dpicl_audit.utility.plan import UtilityPlan
+
+    try:
+        plan = UtilityPlan.model_validate(
+            {k: v for k, v in flags.items() if v is not None}
+            | {"baselines": baselines, "target": {k: v for k, v in target.items() if v}}
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "plan"
+        msg = str(first["msg"]).removeprefix("Value error, ")
+        err_console.print(f"[bold red]error:[/bold red] {where}: {msg}")
+        raise typer.Exit(2) from None
+    if plan.target.admin_token is None and plan.target.context_hook is None:
+        err_console.print(
+            "[bold red]error:[/bold red] the utility audit creates contexts: give "
+            "--admin-token (or DPICL_AUDIT_ADMIN_TOKEN), or --api openai --context-hook"
+        )
+        raise typer.Exit(2)
+    return plan
+
+
+def _resumed(resume: str, flags: Mapping[str, object]) -> str:
+    """``--resume RUN``: the run's id; exit 2 where a flag would change its stored plan."""
+    given = [f"--{k.replace('_', '-')}" for k, v in flags.items() if v is not None]
+    if given:
+        err_console.print(
+            f"[bold red]error:[/bold red] --resume continues the stored plan; drop {given}"
+        )
+        raise typer.Exit(2)
+    return resume
 
 
 @app.command()
@@ -123,22 +166,18 @@ def utility(
 ) -> None:
     """Accuracy (or ROUGE-L) per epsilon and T with 95% intervals, beside the zero-shot and
     non-private baselines and the budget the ledger says the evaluation spent."""
-    from pydantic import ValidationError
-
     from dpicl_audit.planning.schedule import check_run_id, new_run_id
     from dpicl_audit.store import TrialStore
-    from dpicl_audit.utility.plan import UtilityPlan
-    from dpicl_audit.utility.report import print_utility
     from dpicl_audit.utility.runner import run_utility
 
-    target: dict[str, Any] = {
+    target: dict[str, str | None] = {
         "base_url": url,
         "admin_token": admin_token,
         "api_key": api_key,
         "api": api,
         "context_hook": context_hook,
     }
-    flags: dict[str, Any] = {
+    flags: dict[str, object] = {
         "dataset": dataset,
         "epsilons": parse_floats(epsilons, "--epsilons"),
         "partitions": _ints(partitions),
@@ -151,52 +190,29 @@ def utility(
         "seed": seed,
         "concurrency": concurrency,
     }
-    plan: UtilityPlan | None = None
     if resume is None:
-        try:
-            plan = UtilityPlan.model_validate(
-                {k: v for k, v in flags.items() if v is not None}
-                | {"baselines": baselines, "target": {k: v for k, v in target.items() if v}}
-            )
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "plan"
-            msg = str(first["msg"]).removeprefix("Value error, ")
-            err_console.print(f"[bold red]error:[/bold red] {where}: {msg}")
-            raise typer.Exit(2) from None
-        if plan.target.admin_token is None and plan.target.context_hook is None:
-            err_console.print(
-                "[bold red]error:[/bold red] the utility audit creates contexts: give "
-                "--admin-token (or DPICL_AUDIT_ADMIN_TOKEN), or --api openai --context-hook"
-            )
-            raise typer.Exit(2)
+        plan: UtilityPlan | None = _new_plan(flags, target, baselines)
         rid = guard(lambda: check_run_id(run_id or new_run_id().replace("audit-", "utility-")))
     else:
-        given = [f"--{k.replace('_', '-')}" for k, v in flags.items() if v is not None]
-        if given:
-            err_console.print(
-                f"[bold red]error:[/bold red] --resume continues the stored plan; drop {given}"
-            )
-            raise typer.Exit(2)
-        rid = resume
+        plan, rid = None, _resumed(resume, flags)
+    credentials = {"base_url": url, "admin_token": admin_token, "api_key": api_key}
     store = guard(lambda: TrialStore(db))
     try:
         results = run_async(
-            run_utility(
-                plan,
-                store=store,
-                run_id=rid,
-                console=err_console,
-                progress=progress,
-                resume=resume is not None,
-                overrides={"base_url": url, "admin_token": admin_token, "api_key": api_key},
-            ),
+            run_utility(plan, store=store, run_id=rid, console=err_console, progress=progress,
+                        resume=resume is not None, overrides=credentials),
             resume_hint=f"dpicl-audit utility --resume {rid}"
             + ("" if db == DEFAULT_DB else f" --db {db}"),
-        )
+        )  # fmt: skip
     finally:
         store.dispose()
-    path = Path(out) / rid / "utility.json"
+    _write(results, Path(out) / rid / "utility.json", as_json)
+
+
+def _write(results: Mapping[str, Any], path: Path, as_json: bool) -> None:
+    """The results to ``path`` (utility.json), then printed: as JSON or as the table."""
+    from dpicl_audit.utility.report import print_utility
+
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=2) + "\n")
     if as_json:

@@ -18,9 +18,17 @@ from __future__ import annotations
 from dpicl_audit.client.http import (
     JSON,
     AuditTarget,
+    ContextBody,
     DpiclClient,
     GenerationTarget,
     error_from_response,
 )
 
-__all__ = ["JSON", "AuditTarget", "DpiclClient", "GenerationTarget", "error_from_response"]
+__all__ = [
+    "JSON",
+    "AuditTarget",
+    "ContextBody",
+    "DpiclClient",
+    "GenerationTarget",
+    "error_from_response",
+]

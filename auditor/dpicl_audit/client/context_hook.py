@@ -29,12 +29,12 @@ import shlex
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from dpicl_audit.client.http import JSON, ContextBody
 from dpicl_audit.errors import InvalidPlan, TargetProtocolError
 
 __all__ = ["ContextHook", "context_info", "load_hook"]
 
-JSON = dict[str, Any]
-ContextHook = Callable[[JSON], Awaitable[JSON]]
+ContextHook = Callable[[ContextBody], Awaitable[JSON]]
 """Takes a context body; returns the context's description, with at least its ``id``."""
 
 _ENTRY_POINT = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -83,7 +83,7 @@ def load_hook(spec: str, *, timeout: float) -> ContextHook:
 
 
 def _python_hook(spec: str, fn: Callable[..., Any]) -> ContextHook:
-    async def call(body: JSON) -> JSON:
+    async def call(body: ContextBody) -> JSON:
         if inspect.iscoroutinefunction(fn):
             out = await fn(dict(body))
         else:
@@ -95,7 +95,7 @@ def _python_hook(spec: str, fn: Callable[..., Any]) -> ContextHook:
 
 
 def _command_hook(spec: str, argv: list[str], timeout: float) -> ContextHook:
-    async def call(body: JSON) -> JSON:
+    async def call(body: ContextBody) -> JSON:
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,

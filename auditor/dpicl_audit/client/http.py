@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
-from typing import Any, Protocol, Self, runtime_checkable
+from typing import Any, Protocol, Required, Self, TypedDict, runtime_checkable
 from urllib.parse import urlencode
 
 import httpx
@@ -30,9 +30,29 @@ from dpicl_audit.errors import (
     TargetUnavailable,
 )
 
-__all__ = ["AuditTarget", "DpiclClient", "GenerationTarget", "error_from_response"]
+__all__ = [
+    "AuditTarget",
+    "ContextBody",
+    "DpiclClient",
+    "GenerationTarget",
+    "error_from_response",
+]
 
 JSON = dict[str, Any]
+
+
+class ContextBody(TypedDict, total=False):
+    """The body of ``POST /v1/contexts`` (HTTP API v1) as an audit builds it; ``mechanism``
+    holds the settings of the mechanism it names (each mechanism's audit writes its own)."""
+
+    name: Required[str]
+    task: Required[str]
+    exemplars: Required[list[dict[str, str]]]
+    mechanism: Required[dict[str, object]]
+    budget: dict[str, float] | None
+    labels: list[str]
+    template: str
+
 
 #: Contexts per page of GET /v1/contexts (the server's largest page is 200).
 LIST_PAGE_SIZE = 100
@@ -44,7 +64,7 @@ class AuditTarget(Protocol):
 
     async def health(self) -> JSON: ...
 
-    async def create_context(self, body: JSON) -> JSON: ...
+    async def create_context(self, body: ContextBody) -> JSON: ...
 
     async def get_context(self, context_id: str) -> JSON: ...
 
@@ -177,7 +197,7 @@ class DpiclClient:
         return base * (0.5 + random.random() / 2.0)  # jitter: spread retries of many workers
 
     async def request(
-        self, method: str, path: str, *, token: str | None, json: JSON | None = None
+        self, method: str, path: str, *, token: str | None, json: Mapping[str, object] | None = None
     ) -> httpx.Response:
         """One request with retries; returns a 2xx response or raises a TargetError."""
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -209,7 +229,7 @@ class DpiclClient:
         )
 
     async def _json(
-        self, method: str, path: str, *, token: str | None, json: JSON | None = None
+        self, method: str, path: str, *, token: str | None, json: Mapping[str, object] | None = None
     ) -> JSON:
         response = await self.request(method, path, token=token, json=json)
         try:
@@ -227,7 +247,7 @@ class DpiclClient:
     async def health(self) -> JSON:
         return await self._json("GET", "/healthz", token=None)
 
-    async def create_context(self, body: JSON) -> JSON:
+    async def create_context(self, body: ContextBody) -> JSON:
         info = await self._json("POST", "/v1/contexts", token=self._admin, json=body)
         _require(info, ("id", "mechanism"), "POST /v1/contexts")
         return info
@@ -250,6 +270,23 @@ class DpiclClient:
 
         out = await asyncio.gather(*(one(b) for b in bodies), return_exceptions=True)
         return [r if isinstance(r, httpx.Response | Exception) else Exception(r) for r in out]
+
+    async def send(self, path: str, body: JSON) -> httpx.Response:
+        """``POST path`` with the user key, once (no retry: it would spend twice), within the
+        client's concurrency; the response whatever its status, for a caller that reads it
+        whole (headers, stream: :mod:`dpicl_audit.planning.surface`). A transport failure
+        raises :class:`~dpicl_audit.errors.TargetUnavailable`."""
+        headers = {"Authorization": f"Bearer {self._key}"} if self._key else {}
+        try:
+            async with self._sem:
+                self.requests_sent += 1
+                return await self._http.request("POST", path, json=body, headers=headers)
+        except httpx.TransportError as exc:
+            raise TargetUnavailable(
+                f"POST {self.base_url}{path} failed: {type(exc).__name__}: {exc}",
+                status=None,
+                attempts=1,
+            ) from exc
 
     async def spend(self, context_id: str) -> JSON:
         """``GET /v1/contexts/{id}/spend`` (admin): the context's spend rows and totals."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from dpicl_audit.client.context_hook import ContextHook
-from dpicl_audit.client.http import JSON, DpiclClient
+from dpicl_audit.client.http import JSON, ContextBody, DpiclClient
 from dpicl_audit.errors import TargetProtocolError
 
 __all__ = ["OpenAIClient"]
@@ -42,7 +42,7 @@ class OpenAIClient(DpiclClient):
 
     # --------------------------------------------------------------- contexts
 
-    async def create_context(self, body: JSON) -> JSON:
+    async def create_context(self, body: ContextBody) -> JSON:
         if self._hook is None:
             return await super().create_context(body)
         return await self._hook(body)

@@ -17,6 +17,7 @@ from rich.console import Console
 
 from dpicl_audit.demo.servers import DemoServer
 from dpicl_audit.estimators.trial_budget import POWER_MARGIN, plan_trials, planned_needs
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.pipeline.run import bootstrap_audit, run_audit
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.schedule import CLEAN_SETTING, new_run_id
@@ -35,7 +36,7 @@ console = Console(stderr=True)
 
 
 def _plan(srv: DemoServer, **overrides: Any) -> AuditPlan:
-    base: dict[str, Any] = {
+    base: JsonObject = {
         "target.base_url": srv.url,
         "target.admin_token": srv.admin_token,
         "target.api_key": srv.api_key,
@@ -89,9 +90,9 @@ class Counts:
 MODEL_EPSILONS = (4.0, 8.0)
 
 
-def _esa_overrides(n_llm: int, n_sample: int, *, model: bool) -> dict[str, Any]:
+def _esa_overrides(n_llm: int, n_sample: int, *, model: bool) -> JsonObject:
     """ESA bootstrap on the bundled dialogue set with Table 3's first signal pair."""
-    out: dict[str, Any] = {
+    out: JsonObject = {
         "mechanism.name": "esa",
         "mechanism.partitions": 4,
         "mechanism.shots": 2,
@@ -270,35 +271,13 @@ async def audit_model(
             f"{_need_text(needs[eps])}; {fit} fit the time left at {per_trial:.2f} s a trial)",
         )
         t_run = time.monotonic()
-        run_id = new_run_id()
         # Re-planned as it goes: a run that overruns its share of the time (the machine got
         # slower than the rate it was planned at) is stopped there, and its logged trials
         # are what the report estimates from. Stopping at a time, whatever the answers were,
         # does not bias the estimate; a run cut short is INCONCLUSIVE where it lacks power.
         share = (trials * per_trial + overhead) * _OVERRUN + _RUN_OVERHEAD_S
         cap = max(_RUN_OVERHEAD_S, min(share, deadline - t_run - _REPORT_RESERVE_S))
-        run_res: dict[str, Any] | None
-        try:
-            run_res = await asyncio.wait_for(
-                run_audit(
-                    _plan(
-                        srv,
-                        name=f"demo transformers white-box eps={eps:g}",
-                        threat_model="white-box",
-                        trials=trials,
-                        concurrency=_MODEL_CONCURRENCY,
-                        timeout=600.0,
-                        **{"mechanism.epsilons": [eps]},
-                    ),
-                    db=db,
-                    run_id=run_id,
-                    out_dir=out,
-                    console=console,
-                ),
-                timeout=cap,
-            )
-        except TimeoutError:
-            run_res = None
+        run_id, run_res = await _white_box_run(srv, db, out, eps, trials, cap)
         wall = time.monotonic() - t_run
         logged = _logged_rows(db, run_id)
         done = len(logged)
@@ -330,6 +309,28 @@ async def audit_model(
     )
     notes.append(note)
     return ids
+
+
+async def _white_box_run(
+    srv: DemoServer, db: Path, out: Path, eps: float, trials: int, cap: float
+) -> tuple[str, dict[str, Any] | None]:
+    """One real white-box run at ``eps``, stopped after ``cap`` seconds: its id, and its
+    results (None where it was stopped)."""
+    run_id = new_run_id()
+    plan = _plan(
+        srv,
+        name=f"demo transformers white-box eps={eps:g}",
+        threat_model="white-box",
+        trials=trials,
+        concurrency=_MODEL_CONCURRENCY,
+        timeout=600.0,
+        **{"mechanism.epsilons": [eps]},
+    )
+    try:
+        run = run_audit(plan, db=db, run_id=run_id, out_dir=out, console=console)
+        return run_id, await asyncio.wait_for(run, timeout=cap)
+    except TimeoutError:
+        return run_id, None
 
 
 def _need_text(need: int | None) -> str:

@@ -10,9 +10,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 import httpx
+
+from dpicl_audit.jsontypes import JsonObject
 
 __all__ = ["DemoServer"]
 
@@ -65,7 +67,7 @@ class DemoServer:
         )
         return self
 
-    def wait_ready(self, timeout: float) -> dict[str, Any]:
+    def wait_ready(self, timeout: float) -> JsonObject:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:

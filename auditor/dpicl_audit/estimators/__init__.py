@@ -19,7 +19,8 @@
   :mod:`.draws` whether sampled tokens were drawn from the distribution reported (DPS-MOZO);
   :mod:`.exchangeable` whether repeated answers to one query are in a random order;
 * :mod:`.rdp_audit` paper 003's RDP audit of a query sequence; :mod:`.roc` ROC curves;
-* :mod:`.bootstrap` Algorithm 1 of paper 000, vectorised, and :mod:`.noise_check` its guard
+* :mod:`.bootstrap` Algorithm 1 of paper 000: estimates from simulated decisions and scores
+  (each mechanism simulates its own), and :mod:`.noise_check` its guard
   (does the server add the noise it claims?);
 * :mod:`.extra_fields` every response field besides the answer, tested for dependence on the
   neighbouring world given the answer.
@@ -36,10 +37,7 @@ from dpicl_audit.estimators.exact import (
     VOTING_SENSITIVITY,
     analytic_sigma,
     classic_sigma,
-    esa_epsilon_exact,
-    esa_mean_sensitivity,
     gaussian_epsilon_exact,
-    voting_epsilon_exact,
 )
 from dpicl_audit.estimators.gdp import gdp_delta, gdp_epsilon, gdp_mu, mu_from_rates, mu_lower
 from dpicl_audit.estimators.rdp import (
@@ -79,8 +77,6 @@ __all__ = [
     "clopper_pearson_lower",
     "clopper_pearson_upper",
     "epsilon_lower_classic",
-    "esa_epsilon_exact",
-    "esa_mean_sensitivity",
     "estimate_from_counts",
     "gaussian_epsilon_exact",
     "gdp_delta",
@@ -94,5 +90,4 @@ __all__ = [
     "rdp_two_cut_lower",
     "renyi_noisy_argmax_exact",
     "split_threshold_estimate",
-    "voting_epsilon_exact",
 ]

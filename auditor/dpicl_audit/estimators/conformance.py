@@ -48,6 +48,8 @@ import numpy.typing as npt
 from scipy import integrate, stats
 
 from dpicl_audit.errors import InvalidAuditInput
+from dpicl_audit.estimators.stats import FloatArray
+from dpicl_audit.jsontypes import JsonObject
 
 __all__ = [
     "CONFORMANCE_ERROR",
@@ -82,7 +84,7 @@ class ConformanceTest:
     df: int
     detail: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
 
@@ -216,89 +218,111 @@ def residual_tests(
     n, d = r.shape
     if n < 2:
         return []
-    out: list[ConformanceTest] = []
     # Determinism: a continuous noise never repeats an answer exactly.
     distinct, first = np.unique(r, axis=0, return_index=True)
-    n_distinct = int(distinct.shape[0])
-    if n_distinct < n:
-        out.append(
-            ConformanceTest(
-                "determinism",
-                "repeated_answers",
-                0.0,
-                float(n - n_distinct),
-                n,
-                f"{n - n_distinct} of {n} noisy answers repeat an earlier one exactly "
-                "(continuous noise never does)",
-            )
-        )
+    out = _determinism(n, int(distinct.shape[0]))
     # The distinct answers only: repeats are one draw (their true degrees of freedom).
-    u = r[np.sort(first)] / s
-    m = u.shape[0]
+    kept = np.sort(first)
+    u = r[kept] / s
     label = list(names) if names is not None and len(names) == d else [str(j) for j in range(d)]
-    # Scale per coordinate (Bonferroni over the d coordinates inside this one test).
+    out.append(_scale_per_coordinate(u, s, label))
+    if 1 < d <= 8:  # jointly: correlation across coordinates
+        out += _pair_correlations(u, label)
+    elif d > 8 and directions is not None:
+        out.append(_scale_along(u, s, directions))
+    out += _tails(u)
+    g = np.asarray(list(groups) if groups is not None else [0] * n, dtype=object)
+    out += _lag1(u, g[kept])
+    return out
+
+
+def _determinism(n: int, n_distinct: int) -> list[ConformanceTest]:
+    if n_distinct == n:
+        return []
+    return [
+        ConformanceTest(
+            "determinism",
+            "repeated_answers",
+            0.0,
+            float(n - n_distinct),
+            n,
+            f"{n - n_distinct} of {n} noisy answers repeat an earlier one exactly "
+            "(continuous noise never does)",
+        )
+    ]
+
+
+def _scale_per_coordinate(u: FloatArray, s: float, label: list[str]) -> ConformanceTest:
+    """Scale per coordinate (Bonferroni over the d coordinates inside this one test)."""
+    m, d = u.shape
     ss = np.sum(u * u, axis=0)
     p_coord = np.array([_chi2_two_sided(float(v), m) for v in ss])
     j = int(np.argmin(p_coord))
-    out.append(
-        ConformanceTest(
-            "noise scale",
-            "scale_per_coordinate",
-            min(1.0, float(p_coord[j]) * d),
-            float(math.sqrt(ss[j] / m) * s),
-            m,
-            f"coordinate {label[j]}'s noise has sigma {math.sqrt(ss[j] / m) * s:.4g} over {m} "
-            f"answers, the server reports {s:.4g}"
-            + (f" (the least likely of {d} coordinates)" if d > 1 else ""),
-        )
+    return ConformanceTest(
+        "noise scale",
+        "scale_per_coordinate",
+        min(1.0, float(p_coord[j]) * d),
+        float(math.sqrt(ss[j] / m) * s),
+        m,
+        f"coordinate {label[j]}'s noise has sigma {math.sqrt(ss[j] / m) * s:.4g} over {m} "
+        f"answers, the server reports {s:.4g}"
+        + (f" (the least likely of {d} coordinates)" if d > 1 else ""),
     )
-    # Jointly: correlation across coordinates.
-    if 1 < d <= 8:
-        worst: tuple[float, float, str] | None = None
-        pairs = d * (d - 1) // 2
-        for a in range(d):
-            for b in range(a + 1, d):
-                # Known mean 0 and scale: sum of products / m is the correlation; its
-                # exact null distribution (product_sum_two_sided), not a normal one.
-                total = float(np.dot(u[:, a], u[:, b]))
-                rho = total / m
-                p = product_sum_two_sided(total, m)
-                if worst is None or p < worst[0]:
-                    worst = (p, rho, f"{label[a]} and {label[b]}")
-        if worst is not None:
-            out.append(
-                ConformanceTest(
-                    "correlation",
-                    "correlation_across_coordinates",
-                    min(1.0, worst[0] * pairs),
-                    worst[1],
-                    m,
-                    f"the noise of {worst[2]} correlates at {worst[1]:.3f} over {m} answers "
-                    "(independent noise: 0)",
-                )
-            )
-    elif d > 8 and directions is not None:
-        dirs = np.atleast_2d(np.asarray(directions, dtype=np.float64))
-        dirs = dirs / np.linalg.norm(dirs, axis=1, keepdims=True)
-        proj = u @ dirs.T
-        pss = np.sum(proj * proj, axis=0)
-        p_dir = np.array([_chi2_two_sided(float(v), m) for v in pss])
-        k = int(np.argmin(p_dir))
-        out.append(
-            ConformanceTest(
-                "correlation",
-                "scale_along_directions",
-                min(1.0, float(p_dir[k]) * len(dirs)),
-                float(math.sqrt(pss[k] / m) * s),
-                m,
-                f"along fixed direction {k} the noise has sigma {math.sqrt(pss[k] / m) * s:.4g} "
-                f"(independent coordinates of sigma {s:.4g} give {s:.4g} in every direction)",
-            )
+
+
+def _pair_correlations(u: FloatArray, label: list[str]) -> list[ConformanceTest]:
+    m, d = u.shape
+    worst: tuple[float, float, str] | None = None
+    pairs = d * (d - 1) // 2
+    for a in range(d):
+        for b in range(a + 1, d):
+            # Known mean 0 and scale: sum of products / m is the correlation; its
+            # exact null distribution (product_sum_two_sided), not a normal one.
+            total = float(np.dot(u[:, a], u[:, b]))
+            rho = total / m
+            p = product_sum_two_sided(total, m)
+            if worst is None or p < worst[0]:
+                worst = (p, rho, f"{label[a]} and {label[b]}")
+    if worst is None:
+        return []
+    return [
+        ConformanceTest(
+            "correlation",
+            "correlation_across_coordinates",
+            min(1.0, worst[0] * pairs),
+            worst[1],
+            m,
+            f"the noise of {worst[2]} correlates at {worst[1]:.3f} over {m} answers "
+            "(independent noise: 0)",
         )
-    # Tails: the fraction beyond 2 sigma (exact binomial) and the shape (KS), pooled.
+    ]
+
+
+def _scale_along(u: FloatArray, s: float, directions: npt.ArrayLike) -> ConformanceTest:
+    m = u.shape[0]
+    dirs = np.atleast_2d(np.asarray(directions, dtype=np.float64))
+    dirs = dirs / np.linalg.norm(dirs, axis=1, keepdims=True)
+    proj = u @ dirs.T
+    pss = np.sum(proj * proj, axis=0)
+    p_dir = np.array([_chi2_two_sided(float(v), m) for v in pss])
+    k = int(np.argmin(p_dir))
+    return ConformanceTest(
+        "correlation",
+        "scale_along_directions",
+        min(1.0, float(p_dir[k]) * len(dirs)),
+        float(math.sqrt(pss[k] / m) * s),
+        m,
+        f"along fixed direction {k} the noise has sigma {math.sqrt(pss[k] / m) * s:.4g} "
+        f"(independent coordinates of sigma {s:.4g} give {s:.4g} in every direction)",
+    )
+
+
+def _tails(u: FloatArray) -> list[ConformanceTest]:
+    """The fraction beyond 2 sigma (exact binomial) and the shape (KS), pooled."""
     flat = u.ravel()
     beyond = int(np.sum(np.abs(flat) > _TAIL_K))
-    out.append(
+    ks = stats.kstest(flat, "norm")
+    return [
         ConformanceTest(
             "tails",
             "beyond_2_sigma",
@@ -307,10 +331,7 @@ def residual_tests(
             flat.size,
             f"{beyond} of {flat.size} noise values lie beyond 2 sigma, a Gaussian puts "
             f"{_TAIL_P:.2%} there",
-        )
-    )
-    ks = stats.kstest(flat, "norm")
-    out.append(
+        ),
         ConformanceTest(
             "tails",
             "shape_ks",
@@ -318,33 +339,35 @@ def residual_tests(
             float(ks.statistic),
             flat.size,
             f"the noise's distribution differs from the Gaussian's by KS {float(ks.statistic):.3g}",
-        )
-    )
-    # Independence across repeated identical queries: consecutive answers of one context.
-    g = np.asarray(list(groups) if groups is not None else [0] * n, dtype=object)
-    g = g[np.sort(first)]
+        ),
+    ]
+
+
+def _lag1(u: FloatArray, g: npt.NDArray[np.object_]) -> list[ConformanceTest]:
+    """Independence across repeated identical queries: consecutive answers of one context."""
+    d = u.shape[1]
     total, count = 0.0, 0
     for key in dict.fromkeys(g.tolist()):
         block = u[g == key]
         if block.shape[0] >= 2:
             total += float(np.sum(block[1:] * block[:-1]))
             count += (block.shape[0] - 1) * d
-    if count:
-        z = total / math.sqrt(count)
-        out.append(
-            ConformanceTest(
-                "independence",
-                "lag1_products",
-                float(2.0 * stats.norm.sf(abs(z))),
-                total / count,
-                count,
-                f"consecutive answers to the same query correlate at {total / count:.3f} "
-                f"({count} pairs; independent noise: 0)",
-            )
+    if not count:
+        return []
+    z = total / math.sqrt(count)
+    return [
+        ConformanceTest(
+            "independence",
+            "lag1_products",
+            float(2.0 * stats.norm.sf(abs(z))),
+            total / count,
+            count,
+            f"consecutive answers to the same query correlate at {total / count:.3f} "
+            f"({count} pairs; independent noise: 0)",
         )
-    return out
+    ]
 
 
-def summarise(tests: Sequence[ConformanceTest], meta: Mapping[str, Any]) -> dict[str, Any]:
+def summarise(tests: Sequence[ConformanceTest], meta: Mapping[str, Any]) -> JsonObject:
     """The setting's conformance dict at its share of the run's error."""
     return Conformance(conformance_alpha(meta, len(tests)), tuple(tests)).to_dict()

@@ -16,6 +16,7 @@ from dpicl_audit.estimators.stats import (
     check_delta,
     per_interval_confidence,
 )
+from dpicl_audit.jsontypes import JsonObject
 
 __all__ = ["MAX_COUNT", "AuditEstimate", "estimate_from_counts"]
 
@@ -54,7 +55,7 @@ class AuditEstimate:
         """Trials run without the canary."""
         return self.fp + self.tn
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """Plain JSON-ready dict of every field (and ``n_pos``, ``n_neg``)."""
         out = asdict(self)
         out["n_pos"] = self.n_pos

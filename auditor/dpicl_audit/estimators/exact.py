@@ -1,6 +1,7 @@
 """The mechanisms' own privacy curves, computed independently of the server.
 
-* ``epsilon_exact``: the true (epsilon, delta) of a (composed) Gaussian mechanism, from
+* ``epsilon_exact``: the true (epsilon, delta) of a (composed) Gaussian mechanism of a given
+  L2 sensitivity (each mechanism's folder says which: voting's ``exact.py``, ESA's), from
   dp-accounting's privacy-loss-distribution (PLD) accountant. The server has its own
   accounting code; this one deliberately shares none of it, so that an error in either shows
   up as a disagreement in the report.
@@ -8,9 +9,8 @@
   paper 000, Algorithm 2) and the analytic Gaussian mechanism (Balle and Wang 2018) give for a
   target (epsilon, delta).
 
-Sensitivities (replace-one neighbours, DESIGN.md section 4): private voting changes two vote
-counts by one each, so ``Delta2 = sqrt(2)``; ESA's mean of ``T`` unit vectors moves by at most
-``2 / T`` (or the configured shift).
+``VOTING_SENSITIVITY`` (``sqrt(2)``) is the noise formulas' default sensitivity, that of
+paper 000's Algorithm 2 which they are quoted from.
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ import math
 from functools import lru_cache
 
 import dp_accounting
-import numpy as np
-import numpy.typing as npt
 from dp_accounting.pld import PLDAccountant
 
 from dpicl_audit.errors import InvalidAuditInput
@@ -31,10 +29,7 @@ __all__ = [
     "VOTING_SENSITIVITY",
     "analytic_sigma",
     "classic_sigma",
-    "esa_epsilon_exact",
-    "esa_mean_sensitivity",
     "gaussian_epsilon_exact",
-    "voting_epsilon_exact",
 ]
 
 VOTING_SENSITIVITY = math.sqrt(2.0)
@@ -81,33 +76,6 @@ def _pld_epsilon(noise_multiplier: float, delta: float, count: int, interval: fl
     accountant = PLDAccountant(value_discretization_interval=interval)
     accountant.compose(dp_accounting.GaussianDpEvent(noise_multiplier=noise_multiplier), count)
     return max(0.0, float(accountant.get_epsilon(delta)))
-
-
-def voting_epsilon_exact(sigma: float, delta: float, count: int = 1) -> float:
-    """epsilon at ``delta`` of private voting with Gaussian noise ``sigma`` on every count.
-
-    Replacing one exemplar changes one partition's vote: one count -1 and one +1, an L2
-    change of ``sqrt(2)``. The noisy histogram is then exactly the Gaussian mechanism with
-    that sensitivity (the released argmax can only leak less).
-    """
-    return gaussian_epsilon_exact(sigma, VOTING_SENSITIVITY, delta, count)
-
-
-def esa_epsilon_exact(
-    sigma: float, shift: float | npt.NDArray[np.float64], delta: float, count: int = 1
-) -> float:
-    """epsilon at ``delta`` of ESA's noisy mean when the neighbours' clean means differ by
-    ``shift`` (its L2 norm, or the difference vector itself)."""
-    norm = float(np.linalg.norm(np.asarray(shift, dtype=np.float64)))
-    return gaussian_epsilon_exact(sigma, norm, delta, count)
-
-
-def esa_mean_sensitivity(partitions: int, *, original: bool = False) -> float:
-    """L2 sensitivity of the mean of ``partitions`` unit-norm embeddings: ``2 / T``, or 1 for
-    the original paper's setting (``sensitivity: "original"``)."""
-    if partitions < 1:
-        raise InvalidAuditInput(f"partitions must be at least 1, got {partitions}")
-    return 1.0 if original else 2.0 / partitions
 
 
 def classic_sigma(epsilon: float, delta: float, sensitivity: float = VOTING_SENSITIVITY) -> float:

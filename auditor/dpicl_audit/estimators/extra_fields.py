@@ -12,9 +12,12 @@ from one distribution:
 * other fields (text, true/false): the chi-square test of the world x value table
   (scipy.stats.chi2_contingency), or Fisher's exact test on a 2 x 2 table.
 
-The smallest p-value over all fields and answers, times their number (Bonferroni), is the
-test's p-value; below :data:`ALPHA` (1e-4: a correct server is flagged in at most 1 run in
-10,000) it is a VIOLATION that names the field. Fields public by design are not tested here:
+Per field, the answers' p-values (their trials are disjoint: independent tests) are combined
+by Fisher's method (scipy.stats.combine_pvalues); an answer where the field has one value in
+both worlds is no test. The smallest field's p-value, times the number of fields tested
+(Bonferroni; a field with one value everywhere is not tested), is the test's p-value; below
+:data:`ALPHA` (1e-4: a correct server is flagged in at most 1 run in 10,000) it is a
+VIOLATION that names the field. Fields public by design are not tested here:
 the cost and the budget (checked against their own prediction by the ledger probe), the ids
 and timestamps of a response, and the answer itself (:data:`PUBLIC`).
 """
@@ -27,6 +30,8 @@ from typing import Any
 
 import numpy as np
 from scipy import stats
+
+from dpicl_audit.jsontypes import JsonObject
 
 __all__ = ["ALPHA", "PUBLIC", "dependence_test", "response_fields"]
 
@@ -82,10 +87,10 @@ def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
         out[prefix] = value
 
 
-def response_fields(response: Mapping[str, Any]) -> dict[str, Any]:
+def response_fields(response: Mapping[str, Any]) -> JsonObject:
     """The fields of a response besides the answer and what is public by design, flattened
     to dotted paths (list indices as numbers); empty for a response that has none."""
-    flat: dict[str, Any] = {}
+    flat: JsonObject = {}
     _flatten(response, "", flat)
     kept = {k: v for k, v in flat.items() if not _public(k)}
     return dict(sorted(kept.items())[:_MAX_FIELDS])
@@ -128,17 +133,28 @@ def dependence_test(
     best: tuple[float, str, str] | None = None
     tests = 0
     for name in names:
+        found: list[tuple[float, str]] = []
         for answer in sorted({a for _, a, _ in rows}):
             side = {
                 w: [f.get(name) for ww, a, f in rows if ww == w and a == answer and name in f]
                 for w in (1, 0)
             }
+            if len({repr(v) for v in [*side[1], *side[0]]}) < 2:
+                continue  # one value in both worlds: no test
             p = _p_value(side[1], side[0])
-            if p is None:
-                continue
-            tests += 1
-            if best is None or p < best[0]:
-                best = (p, name, answer)
+            if p is not None:
+                found.append((p, answer))
+        if not found:
+            continue
+        # The answers' tests use disjoint trials: independent, combined by Fisher's method.
+        tests += 1
+        combined = (
+            found[0][0]
+            if len(found) == 1
+            else float(stats.combine_pvalues([p for p, _ in found], method="fisher").pvalue)
+        )
+        if best is None or combined < best[0]:
+            best = (combined, name, min(found)[1])
     if best is None or tests == 0:
         return {
             "status": "ok",
@@ -153,11 +169,12 @@ def dependence_test(
     shown = "0" if p == 0 else f"{p:.2g}" if math.isfinite(p) else str(p)
     message = (
         f"PRIVACY VIOLATION: the response field {best[1]!r} depends on the neighbouring "
-        f"world given the released answer {best[2]!r} (p = {shown} over {tests} tests, "
+        f"world given the released answer (most at {best[2]!r}; p = {shown} over {tests} "
+        "fields, "
         f"below {alpha:g}): it releases the private data beside the DP answer"
         if flagged
         else f"no response field depends on the world given the answer (fields {names}; "
-        f"smallest corrected p = {shown} over {tests} tests)"
+        f"smallest corrected p = {shown} over {tests} fields)"
     )
     return {
         "status": "violation" if flagged else "ok",

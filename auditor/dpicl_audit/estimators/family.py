@@ -25,6 +25,7 @@ from typing import Any
 
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.estimators.counts import estimate_from_counts
+from dpicl_audit.jsontypes import JsonObject
 
 __all__ = ["FamilyWise", "family_wise_figures", "figure_tests"]
 
@@ -39,7 +40,7 @@ class FamilyWise:
     mu_lower: float
     epsilon_lower_classic: float
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
 

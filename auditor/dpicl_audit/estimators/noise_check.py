@@ -48,6 +48,7 @@ import numpy.typing as npt
 from scipy import stats
 
 from dpicl_audit.errors import InvalidAuditInput
+from dpicl_audit.jsontypes import JsonObject
 
 __all__ = [
     "DEFAULT_NOISE_CONFIDENCE",
@@ -82,7 +83,7 @@ class NoiseCheck:
         """True when the noise is smaller than claimed (the privacy-relevant disagreement)."""
         return self.status == "smaller"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         out = asdict(self)
         out["flagged"] = self.flagged
         return out

@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from dpicl_audit.jsontypes import JsonObject
+
 __all__ = ["LOW_FPRS", "ROC_DEFINITION", "roc_from_decisions", "roc_from_scores", "tpr_at"]
 
 #: The name of the one ROC curve that the AUROC and the TPR at low FPR both read.
@@ -32,7 +34,7 @@ LOW_FPRS = (0.1, 0.01, 0.001)
 _MAX_POINTS = 101
 
 
-def roc_from_scores(pos: npt.ArrayLike, neg: npt.ArrayLike) -> dict[str, Any] | None:
+def roc_from_scores(pos: npt.ArrayLike, neg: npt.ArrayLike) -> JsonObject | None:
     """AUROC (the area under the curve of :data:`ROC_DEFINITION`: the Mann-Whitney probability
     that a trial with the canary scores above one without, ties counting half), the TPR at
     each of :data:`LOW_FPRS` (the curve's height there) and the curve (at most 101 points)."""
@@ -50,7 +52,7 @@ def roc_from_scores(pos: npt.ArrayLike, neg: npt.ArrayLike) -> dict[str, Any] | 
     return _summary(fpr, tpr)
 
 
-def roc_from_decisions(tp: int, fn: int, fp: int, tn: int) -> dict[str, Any] | None:
+def roc_from_decisions(tp: int, fn: int, fp: int, tn: int) -> JsonObject | None:
     """The same figures for a binary decision: one operating point."""
     if tp + fn == 0 or fp + tn == 0:
         return None

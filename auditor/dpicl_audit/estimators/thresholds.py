@@ -27,7 +27,6 @@ The split, the held-out bound and the checks of the inputs are :mod:`.held_out`'
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -53,6 +52,7 @@ from dpicl_audit.estimators.stats import (
     clopper_pearson_upper,
     per_interval_confidence,
 )
+from dpicl_audit.jsontypes import JsonObject
 
 __all__ = [
     "SELECTION_CONFIDENCE",
@@ -123,7 +123,7 @@ class ThresholdEstimate(BoundFields):
     def bound(self) -> AuditEstimate:
         return self.held_out
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """JSON-ready dict: the held-out bound at top level, the optimistic one labelled."""
         held = self.held_out.to_dict()
         optimistic = self.optimistic.to_dict()

@@ -61,6 +61,7 @@ from dpicl_audit.estimators.stats import (
     clopper_pearson_upper,
     per_interval_confidence,
 )
+from dpicl_audit.jsontypes import JsonObject
 
 __all__ = [
     "CLASSICAL_LABEL",
@@ -113,7 +114,7 @@ class WhiteBoxEstimate(BoundFields):
         """The objective's value: ``mu_lower`` or the classical epsilon."""
         return _value(self.estimate, self.objective)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """JSON-ready dict: the combined figure at top level, both tests below."""
         return {
             "objective": self.objective,
@@ -292,7 +293,7 @@ class AuditFigures:
     gdp_label: str = GAUSSIAN_LABEL
     classical_label: str = CLASSICAL_LABEL
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """JSON-ready dict with both figures and their labels."""
         return {
             "confidence": self.confidence,

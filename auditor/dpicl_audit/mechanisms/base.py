@@ -13,13 +13,13 @@ for its mechanism:
 5. how a bootstrap simulates it, where one exists (:meth:`~MechanismAudit.estimate`).
 
 **A subclass must provide** the class attributes ``name`` (the plan's and the server's
-``mechanism.name``; a registered audit's entry point has the same name), ``task``
+``mechanism.name``), ``settings`` (its settings model, :mod:`.settings`: the plan's
+``[mechanism]`` section, the attacks it takes, its plan checks and report lines), ``task``
 (``"classification"`` or ``"generation"``) and ``design_type`` (a frozen dataclass with
 ``to_json``/``from_json``, stored with the run), and the methods ``build_design``,
 ``summary``, ``context_body``, ``trial``, ``setting_meta`` and ``estimate``. It may override
-``has_bootstrap``, ``learns_from_contexts``, ``attacks`` (a registered mechanism: the attacks
-it takes, by name of :data:`dpicl_audit.attacks.ATTACKS`), ``calls_per_query``,
-``queries_per_context``, ``check_context``, ``check_pair``, ``prepare``, ``audit_ledger`` and
+``has_bootstrap``, ``learns_from_contexts``, ``calls_per_query``, ``queries_per_context``,
+``check_context``, ``check_pair``, ``prepare``, ``audit_ledger`` and
 ``claims_per_setting``.
 A variant of a built-in mechanism subclasses its audit and overrides what differs (the
 Laplace-noise voting of ``examples/laplace_voting``: the exact epsilon).
@@ -47,9 +47,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
-from dpicl_audit.client import AuditTarget, GenerationTarget
+from dpicl_audit.client import AuditTarget, ContextBody, GenerationTarget
 from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import TargetProtocolError
+from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.mechanisms.settings import MechanismSettings, PartitionedSettings
 from dpicl_audit.mechanisms.trial_estimates import (
     estimate_trials,
     figure_fields,
@@ -84,7 +86,7 @@ class Design(Protocol):
     @property
     def query(self) -> str: ...
 
-    def to_json(self) -> dict[str, Any]: ...
+    def to_json(self) -> JsonObject: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,8 +176,8 @@ class MechanismAudit:
     clean_name: ClassVar[str] = "clean rows"
     #: the design dataclass (stored with the run through ``to_json``/``from_json``).
     design_type: ClassVar[Any]
-    #: the attacks a registered mechanism takes (None: those ``attacks.ATTACKS`` lists for it).
-    attacks: ClassVar[tuple[str, ...] | None] = None
+    #: its settings model (the plan's ``[mechanism]``; the attacks it takes: ``.attacks``).
+    settings: ClassVar[type[MechanismSettings]]
 
     # ---------------------------------------------------------------- design
 
@@ -187,19 +189,19 @@ class MechanismAudit:
         design: Design = self.design_type.from_json(data)
         return design
 
-    def summary(self, design: Any) -> dict[str, Any]:
+    def summary(self, design: Any) -> JsonObject:
         """What the results and the report say about the design."""
         raise NotImplementedError
 
     def context_body(
         self, design: Any, plan: AuditPlan, epsilon: float, world: int, *, name: str
-    ) -> dict[str, Any]:
+    ) -> ContextBody:
         """The ``POST /v1/contexts`` body of C1 (``world == 1``) or C0 at one epsilon."""
         raise NotImplementedError
 
     def calls_per_query(self, plan: AuditPlan) -> int:
         """LLM calls behind one audit query."""
-        return plan.mechanism.partitions
+        return PartitionedSettings.of(plan).partitions
 
     def queries_per_context(self, plan: AuditPlan) -> int | None:
         """How many queries one context answers (None: any number)."""
@@ -259,16 +261,24 @@ class MechanismAudit:
 
     async def audit_ledger(
         self, target: AuditTarget, design: Any, plan: AuditPlan
-    ) -> dict[str, Any] | None:
+    ) -> JsonObject | None:
         """The ledger audited from outside (:mod:`dpicl_audit.planning.ledger`); None where the
         mechanism has no such audit."""
         return None
 
     async def audit_parameters(
         self, target: AuditTarget, design: Any, plan: AuditPlan
-    ) -> dict[str, Any] | None:
+    ) -> JsonObject | None:
         """The client parameters swept (:mod:`dpicl_audit.planning.parameters`); None where
         the mechanism has no such audit."""
+        return None
+
+    async def audit_surface(
+        self, target: AuditTarget, design: Any, plan: AuditPlan
+    ) -> dict[str, Any] | None:
+        """The whole response on every answering route, and ``max_tokens`` against the
+        context's limit (:mod:`dpicl_audit.planning.surface`); None where the mechanism has
+        no such audit."""
         return None
 
     def claims_per_setting(self, design: Any, threat_models: Sequence[str]) -> int:

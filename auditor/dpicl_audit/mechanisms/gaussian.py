@@ -8,9 +8,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from dpicl_audit.client import AuditTarget
+from dpicl_audit.client import AuditTarget, ContextBody
 from dpicl_audit.errors import TargetProtocolError
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.mechanisms.base import MechanismAudit, exemplar_dicts
+from dpicl_audit.mechanisms.settings import GaussianSettings
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.budgets import (
     budget_limit,
@@ -61,12 +63,12 @@ def gaussian_setting_meta(
     with C1's mechanism record (None before contexts exist)."""
     setting = plan.setting_key(epsilon)
     c1, c0 = contexts.get((setting, 1)), contexts.get((setting, 0))
-    meta: dict[str, Any] = {
+    meta: JsonObject = {
         "setting": setting,
         "epsilon_theory": epsilon,
         "delta": plan.mechanism.delta,
-        "partitions": plan.mechanism.partitions,
-        "calibration": plan.mechanism.calibration,
+        "partitions": GaussianSettings.of(plan).partitions,
+        "calibration": GaussianSettings.of(plan).calibration,
         "context_ids": {"C1": c1.context_id if c1 else None, "C0": c0.context_id if c0 else None},
         "sigma": None,
         "epsilon_exact": None,
@@ -105,9 +107,9 @@ class GaussianMechanismAudit(MechanismAudit):
 
     def base_body(
         self, design: Any, plan: AuditPlan, epsilon: float, world: int, *, name: str
-    ) -> dict[str, Any]:
+    ) -> ContextBody:
         """The body fields voting and ESA share."""
-        mech = plan.mechanism
+        mech = GaussianSettings.of(plan)
         return {
             "name": name,
             "task": self.task,
@@ -138,7 +140,7 @@ class GaussianMechanismAudit(MechanismAudit):
 
     async def audit_ledger(
         self, target: AuditTarget, design: Any, plan: AuditPlan
-    ) -> dict[str, Any] | None:
+    ) -> JsonObject | None:
         """A probe context of C0's body, asked until refused (ledger.probe_ledger)."""
 
         return await probe_ledger(self, target, design, plan)
@@ -156,7 +158,7 @@ class GaussianMechanismAudit(MechanismAudit):
         return context_capacity(plan)
 
     @staticmethod
-    def neighbour_summary(design: Any) -> dict[str, Any]:
+    def neighbour_summary(design: Any) -> JsonObject:
         """The design facts voting and ESA report alike."""
         return {
             "attack": design.attack,

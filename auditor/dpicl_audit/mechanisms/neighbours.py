@@ -16,6 +16,7 @@ import numpy as np
 
 from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import DatasetError
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.plan import AuditPlan, VotingDesign
 
 __all__ = [
@@ -127,9 +128,9 @@ class NeighbourPair:
         return self.exemplars_c1 if world == 1 else self.exemplars_c0
 
 
-def pair_to_json(design: Any) -> dict[str, Any]:
+def pair_to_json(design: Any) -> JsonObject:
     """A design dataclass as JSON-ready data (tuples as lists)."""
-    data: dict[str, Any] = asdict(design)
+    data: JsonObject = asdict(design)
     data["exemplars_c0"] = [asdict(e) for e in design.exemplars_c0]
     for key, value in data.items():
         if isinstance(value, tuple):

@@ -1,53 +1,58 @@
-"""The one registry of mechanism audits: the built-in ones and those found through entry points.
+"""The one registry of mechanism audits: each settings model's audit (:mod:`.catalog`).
 
-A third-party package adds a mechanism without touching this package: it ships a
-:class:`~.base.MechanismAudit` instance and declares it in its ``pyproject.toml``::
+A third-party package adds a mechanism without touching this package: it ships a settings
+model (a :class:`~.settings.MechanismSettings` subclass, whose ``audit`` names a
+:class:`~.base.MechanismAudit` instance) and declares the model in its ``pyproject.toml``::
 
     [project.entry-points."dpicl_audit.mechanisms"]
-    laplace-voting = "laplace_voting.audit:LAPLACE_VOTING"
+    laplace-voting = "laplace_voting.audit_settings:LaplaceVotingSettings"
 
-The entry point's name must be the instance's ``name`` (the plan's ``mechanism.name`` and the
-server's ``mechanism.name``). What the subclass must provide is listed in
-:class:`~.base.MechanismAudit`'s docstring; the attacks it takes in its ``attacks``.
+The entry point's name must be the model's ``name`` (the plan's ``mechanism.name``), and
+the audit's ``name`` the same (the server's ``mechanism.name``). What the audit must provide
+is listed in :class:`~.base.MechanismAudit`'s docstring.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from importlib import import_module
 from typing import Any
 
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.mechanisms.base import Design, MechanismAudit
-from dpicl_audit.mechanisms.dps_mozo.audit import MOZO
-from dpicl_audit.mechanisms.esa.audit import ESA
-from dpicl_audit.mechanisms.names import ENTRY_POINT_GROUP, external_entry_points
-from dpicl_audit.mechanisms.voting.audit import VOTING
+from dpicl_audit.mechanisms.catalog import model_name, settings_models
+from dpicl_audit.mechanisms.settings import MechanismSettings
 
 __all__ = ["MECHANISMS", "discover", "get_mechanism", "load_design"]
 
 
+def _audit_of(model: type[MechanismSettings]) -> MechanismAudit:
+    """The audit a settings model names (``"module:ATTRIBUTE"``), checked."""
+    name, where = model_name(model), getattr(model, "audit", None)
+    if not isinstance(where, str) or where.count(":") != 1:
+        raise InvalidAuditInput(
+            f"the settings of {name!r} ({model.__qualname__}) name no audit: set its class "
+            "attribute audit = 'module:ATTRIBUTE'"
+        )
+    module, attribute = where.split(":")
+    audit = getattr(import_module(module), attribute, None)
+    if not isinstance(audit, MechanismAudit):
+        raise InvalidAuditInput(
+            f"the settings of {name!r} name {where}, which is {audit!r}, not a "
+            "MechanismAudit instance"
+        )
+    if audit.name != name or getattr(audit, "settings", None) is not model:
+        raise InvalidAuditInput(
+            f"the settings of {name!r} name {where}, the audit of {audit.name!r} with settings "
+            f"{getattr(audit, 'settings', None)!r}; the audit's name and settings must be "
+            "the mechanism's"
+        )
+    return audit
+
+
 def discover() -> dict[str, MechanismAudit]:
-    """The built-in audits and every installed entry point of :data:`ENTRY_POINT_GROUP`."""
-    found: dict[str, MechanismAudit] = {m.name: m for m in (VOTING, ESA, MOZO)}
-    for ep in external_entry_points():
-        if ep.name in found:
-            raise InvalidAuditInput(
-                f"entry point {ep.name!r} ({ep.value}) of {ENTRY_POINT_GROUP} names a "
-                f"mechanism that is already audited; known: {sorted(found)}"
-            )
-        audit = ep.load()
-        if not isinstance(audit, MechanismAudit):
-            raise InvalidAuditInput(
-                f"entry point {ep.name!r} ({ep.value}) loads {audit!r}, not a MechanismAudit "
-                "instance"
-            )
-        if audit.name != ep.name:
-            raise InvalidAuditInput(
-                f"entry point {ep.name!r} ({ep.value}) loads the audit of {audit.name!r}; the "
-                "entry point's name must be the mechanism's"
-            )
-        found[ep.name] = audit
-    return found
+    """The audit of every mechanism (:func:`~.catalog.settings_models`), by name."""
+    return {model_name(model): _audit_of(model) for model in settings_models()}
 
 
 MECHANISMS: dict[str, MechanismAudit] = discover()

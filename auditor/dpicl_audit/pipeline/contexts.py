@@ -25,6 +25,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from dpicl_audit.client import ContextBody
 from dpicl_audit.errors import TargetError, TargetNotFound, TargetProtocolError
 from dpicl_audit.pipeline.run_context import RunContext
 from dpicl_audit.store import ContextRecord
@@ -163,11 +164,12 @@ class ContextBook:
                 self._listing = []
         return next((c for c in self._listing if c.get("name") == name), None)
 
-    def _body(self, epsilon: float, world: int, setting: str, slot: int) -> dict[str, Any]:
+    def _body(self, epsilon: float, world: int, setting: str, slot: int) -> ContextBody:
         name = self.name(setting, world, slot)
-        return self.run_ctx.mechanism.context_body(
+        body: ContextBody = self.run_ctx.mechanism.context_body(
             self.run_ctx.design, self.run_ctx.plan, epsilon, world, name=name
         )
+        return body
 
     async def _create(
         self, setting: str, epsilon: float, world: int, slot: int, name: str, generation: int = 0

@@ -12,9 +12,11 @@ and its stored estimate is kept as the run's black-box result.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from dpicl_audit.datasets import load_dataset
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.mechanisms.dps_mozo.design import mozo_design
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.store import RunRecord
@@ -29,8 +31,8 @@ def is_legacy_mozo(run: RunRecord) -> bool:
     return run.plan.get("kind") == LEGACY_MOZO_KIND
 
 
-def _plan(old: dict[str, Any]) -> dict[str, Any]:
-    mechanism: dict[str, Any] = {
+def _plan(old: Mapping[str, Any]) -> JsonObject:
+    mechanism: JsonObject = {
         "name": "dps-mozo",
         "epsilons": [float(old["epsilon"])],
         "exemplars": int(old["n_exemplars"]),
@@ -55,7 +57,7 @@ def _plan(old: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _design(plan: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
+def _design(plan: Mapping[str, Any], old: Mapping[str, Any]) -> JsonObject:
 
     p = AuditPlan.from_mapping(plan)
     design = mozo_design(p, load_dataset(p.dataset)).to_json()
@@ -63,7 +65,7 @@ def _design(plan: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
     return design
 
 
-def _results(run: RunRecord, plan: dict[str, Any], design: dict[str, Any]) -> dict[str, Any]:
+def _results(run: RunRecord, plan: Mapping[str, Any], design: Mapping[str, Any]) -> JsonObject:
     old = dict(run.results or {})
     bb = dict(old.get("black_box") or {})
     eps = float(plan["mechanism"]["epsilons"][0])

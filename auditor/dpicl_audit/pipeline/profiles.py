@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from dpicl_audit.errors import InvalidAuditInput
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.plan import AuditPlan
 
 __all__ = [
@@ -42,13 +43,9 @@ TAIL_TRIALS = 3000
 def tail_plan(plan: AuditPlan) -> AuditPlan | None:
     """The ``verify`` profile's companion plan for ``plan``; None where it does not apply
     (a mechanism other than voting, or an attack other than the membership query)."""
-    if plan.mechanism.name != "voting" or plan.attack != "inquery":
+    mech = plan.mechanism.tail_gap(TAIL_EPSILON, TAIL_PARTITIONS)
+    if mech is None or plan.attack != "inquery" or plan.setting != "audit-template":
         return None
-    if plan.setting != "audit-template":
-        return None
-    mech = plan.mechanism.model_copy(
-        update={"epsilons": (TAIL_EPSILON,), "partitions": TAIL_PARTITIONS, "shots": 1}
-    )
     name = f"{plan.name} (tail gap)" if plan.name else "tail gap"
     return plan.model_copy(
         update={"design": "paper", "mechanism": mech, "trials": TAIL_TRIALS, "name": name}
@@ -72,7 +69,7 @@ def tail_run_id(run_id: str) -> str:
     return f"{run_id}-tail"
 
 
-def with_tail_gap(results: Mapping[str, Any], tail: Mapping[str, Any]) -> dict[str, Any]:
+def with_tail_gap(results: Mapping[str, Any], tail: Mapping[str, Any]) -> JsonObject:
     """A ``verify`` run's results as one JSON document: the companion's inside the run's
     (stored with the run: what ``run --profile verify --json`` prints, and ``show`` and the
     run's ``results.json`` again)."""

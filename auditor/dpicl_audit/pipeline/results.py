@@ -230,6 +230,10 @@ def print_results(results: Mapping[str, Any], console: Console | None = None) ->
     if swept:  # the client's parameters varied (dpicl_audit.planning.parameters)
         colour = "green" if swept.get("status") == "ok" else "bold yellow"
         console.print(f"[{colour}]parameters: {swept.get('message', '')}[/{colour}]")
+    surface = results.get("surface")
+    if surface:  # every route's whole response (dpicl_audit.planning.surface)
+        colour = "green" if surface.get("status") == "ok" else "bold red"
+        console.print(f"[{colour}]surface: {surface.get('message', '')}[/{colour}]")
     console.print(
         f"{results.get('queries', 0)} queries, {results.get('llm_calls', 0)} LLM calls, "
         f"{_fmt(results.get('wall_time_s'), 1)} s wall time"

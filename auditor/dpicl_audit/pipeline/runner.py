@@ -74,6 +74,11 @@ class AuditRunner:
             swept = await run.mechanism.audit_parameters(run.target, run.design, run.plan)
             if swept is not None:
                 estimated = estimated.updated(parameters=swept)
+            # Every route's whole response and max_tokens (planning.surface), where it can.
+            if run.kind == "run" and run.plan.threat_model == "black-box":
+                surface = await run.mechanism.audit_surface(run.target, run.design, run.plan)
+                if surface is not None:
+                    estimated = estimated.updated(surface=surface)
             run.store.add_usage(run.run_id, wall_time_s=time.monotonic() - t0)
             results = finish_run(run.store, run.run_id, estimated)
         except AuditError as exc:

@@ -16,6 +16,7 @@ import numpy as np
 from dpicl_audit import __version__
 from dpicl_audit.client import AuditTarget, DpiclClient
 from dpicl_audit.errors import InvalidPlan, TargetError, TargetUnavailable
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.plan.specs import TargetSpec
 from dpicl_audit.planning.budgets import budget_limit, published_budget_limit
@@ -33,7 +34,7 @@ __all__ = [
 ]
 
 
-def run_versions(health: Mapping[str, Any] | None, error: str | None = None) -> dict[str, Any]:
+def run_versions(health: Mapping[str, Any] | None, error: str | None = None) -> JsonObject:
     import httpx
     import scipy
     import sqlalchemy

@@ -29,22 +29,24 @@ from pydantic import (
 from dpicl_audit.attacks import check_attack
 from dpicl_audit.errors import InvalidPlan
 from dpicl_audit.estimators.held_out import DEFAULT_SELECTION_FRACTION
+from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.mechanisms.catalog import mechanism_names, settings_for
 from dpicl_audit.plan.sources import MASK, plan_data_from_sources, public_plan_data
 from dpicl_audit.plan.specs import (
     FROZEN,
-    MECHANISM_DEFAULTS,
     Attack,
     BootstrapSpec,
     CanaryKind,
     DeploymentSpec,
     GenerationSpec,
-    MechanismSpec,
+    MechanismSection,
     MozoSpec,
     NeighbourSpec,
     Setting,
     TargetSpec,
     ThreatModel,
     VotingDesign,
+    default_mechanism,
 )
 
 __all__ = ["AuditPlan"]
@@ -60,7 +62,7 @@ class AuditPlan(BaseModel):
     dataset: str = "news-mini"
     canary: CanaryKind = "natural"
     neighbour: NeighbourSpec = Field(default_factory=NeighbourSpec)
-    mechanism: MechanismSpec = Field(default_factory=MechanismSpec)
+    mechanism: MechanismSection = Field(default_factory=default_mechanism)
     setting: Setting = "audit-template"
     deployment: DeploymentSpec = Field(default_factory=DeploymentSpec)
     threat_model: ThreatModel = "black-box"
@@ -90,17 +92,15 @@ class AuditPlan(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _mechanism_defaults(cls, data: Any) -> Any:
-        # Generation audits default to the bundled dialogue-summarisation set; DPS-MOZO's
-        # audit needs only the first tokens (T_max = 2).
+        # A mechanism may change a plan default (generation audits: the bundled
+        # dialogue-summarisation set); a value the plan gives is kept.
         if not isinstance(data, Mapping):
             return data
         mech = data.get("mechanism")
         name = mech.get("name") if isinstance(mech, Mapping) else getattr(mech, "name", None)
-        defaults = MECHANISM_DEFAULTS.get(str(name), {})
-        if "dataset" in defaults and "dataset" not in data:
-            data = {**data, "dataset": defaults["dataset"]}
-        if "max_tokens" in defaults and isinstance(mech, Mapping) and "max_tokens" not in mech:
-            data = {**data, "mechanism": {**mech, "max_tokens": defaults["max_tokens"]}}
+        model = settings_for(str(name if name is not None else mechanism_names()[0]))
+        if model is not None:
+            data = {**model.plan_defaults, **data}
         return data
 
     @field_validator("dataset")
@@ -128,31 +128,8 @@ class AuditPlan(BaseModel):
                 f"neighbour.position {pos} is outside the context of "
                 f"{self.mechanism.n_exemplars} exemplars (partitions x shots)"
             )
-        name = self.mechanism.name
-        check_attack(self.attack, name, self.threat_model)
-        if self.design in ("pivotal", "identical") and not (
-            name in ("voting", "esa")
-            and self.attack == "inquery"
-            and self.setting == "audit-template"
-        ):
-            raise ValueError(
-                f"design {self.design!r} is a voting or ESA inquery design in the audit template; "
-                f"this plan audits {name} with attack {self.attack!r} in {self.setting!r}"
-            )
-        if name != "voting" and self.setting != "audit-template":
-            raise ValueError(f"{name} audits support only setting = 'audit-template'")
-        n_shots = self.mechanism.n_shots
-        if name == "dps-mozo" and n_shots is not None and n_shots > self.mechanism.exemplars:
-            raise ValueError(
-                f"mechanism.n_shots {n_shots} exceeds mechanism.exemplars "
-                f"{self.mechanism.exemplars}"
-            )
-        alpha = self.mechanism.alpha
-        if name == "dps-mozo" and alpha is not None and self.mechanism.guarantee != "paper":
-            raise ValueError(
-                f"mechanism.alpha {alpha} applies only to mechanism.guarantee = 'paper' "
-                "(the proven mode has no Renyi order)"
-            )
+        check_attack(self.attack, self.mechanism.name, self.threat_model)
+        self.mechanism.check_plan(self)
         return self
 
     # ----------------------------------------------------------------- construction
@@ -183,7 +160,7 @@ class AuditPlan(BaseModel):
 
     # ----------------------------------------------------------------- views
 
-    def public_dump(self) -> dict[str, Any]:
+    def public_dump(self) -> JsonObject:
         """The plan as JSON-ready data with the tokens masked (what the trial log stores)."""
         data = self.model_dump(mode="json")
         target = data["target"]
@@ -235,7 +212,10 @@ def _shows_input(err: Any, loc: str, msg: str) -> bool:
 def _describe(exc: ValidationError) -> str:
     msgs = []
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "plan"
+        parts = [str(p) for p in err["loc"]]
+        if parts[:1] == ["mechanism"] and len(parts) > 2 and parts[1] in mechanism_names():
+            del parts[1]  # the union's tag: the section's field is mechanism.<field>
+        loc = ".".join(parts) or "plan"
         msg = str(err["msg"]).removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown setting"

@@ -76,6 +76,8 @@ from pathlib import Path
 from typing import Any
 
 from dpicl_audit.errors import InvalidPlan
+from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.mechanisms.catalog import settings_for
 
 __all__ = ["MASK", "MAX_PLAN_BYTES", "plan_data_from_sources", "public_plan_data"]
 
@@ -88,14 +90,14 @@ MAX_PLAN_BYTES = 1024 * 1024
 
 def plan_data_from_sources(
     path: str | Path | None, overrides: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
+) -> JsonObject:
     """A TOML file (optional) with dotted-key ``overrides`` (CLI flags) applied on top: the
     plan's data, which :meth:`~dpicl_audit.plan.AuditPlan.from_sources` validates.
 
     ``overrides`` maps dotted paths (``"mechanism.epsilons"``, ``"target.base_url"``) to
     values; ``None`` values are ignored so unset flags keep the file's values.
     """
-    data: dict[str, Any] = {}
+    data: JsonObject = {}
     if path is not None:
         p = Path(path)
         try:
@@ -132,7 +134,7 @@ def public_plan_data(
     admin_token: str | None = None,
     api_key: str | None = None,
     base_url: str | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """The data of a plan stored by :meth:`~dpicl_audit.plan.AuditPlan.public_dump`, with
     fresh credentials (:meth:`~dpicl_audit.plan.AuditPlan.from_public` validates it)."""
     payload = dict(data)
@@ -146,9 +148,10 @@ def public_plan_data(
         target["base_url"] = base_url
     payload["target"] = target
     mech = payload.get("mechanism")
-    if isinstance(mech, Mapping) and mech.get("name") == "dps-mozo":
-        # Plans stored before DPS-MOZO had a proven mode audited the paper's mode.
-        payload["mechanism"] = {"guarantee": "paper", **mech}
+    model = settings_for(str(mech.get("name"))) if isinstance(mech, Mapping) else None
+    if isinstance(mech, Mapping) and model is not None:
+        # What an older auditor meant where its stored plan has no value (mechanism's own).
+        payload["mechanism"] = {**model.stored_defaults, **mech}
     return payload
 
 

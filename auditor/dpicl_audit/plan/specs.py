@@ -1,14 +1,18 @@
 """The sections of an audit plan (target, mechanism, neighbours, deployment, bootstrap,
-generation, DPS-MOZO) and the names their fields take; :mod:`.model` puts them together."""
+generation, DPS-MOZO) and the names their fields take; :mod:`.model` puts them together.
+
+The mechanism section is each mechanism's own settings model (in its folder of
+:mod:`dpicl_audit.mechanisms`), told apart by ``name``: :data:`MechanismSection` is their
+union, assembled from the catalogue of mechanisms as the server's context body is."""
 
 from __future__ import annotations
 
-import math
-from typing import Annotated, Any, Literal, Self
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self, TypeAlias, Union
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     SecretStr,
@@ -16,12 +20,12 @@ from pydantic import (
     model_validator,
 )
 
-from dpicl_audit.mechanisms.names import check_mechanism_name
+from dpicl_audit.mechanisms.catalog import check_mechanism_name, mechanism_names, settings_models
+from dpicl_audit.mechanisms.settings import Calibration, MechanismSettings
 from dpicl_audit.prompts import SIGNAL_PAIRS
 
 __all__ = [
     "FROZEN",
-    "MECHANISM_DEFAULTS",
     "Attack",
     "BootstrapSpec",
     "Calibration",
@@ -29,8 +33,8 @@ __all__ = [
     "DeploymentSpec",
     "EmbeddingSource",
     "GenerationSpec",
-    "MechanismName",
-    "MechanismSpec",
+    "MechanismSection",
+    "MechanismSettings",
     "MozoSpec",
     "NeighbourSpec",
     "RdpAttack",
@@ -39,6 +43,7 @@ __all__ = [
     "TargetSpec",
     "ThreatModel",
     "VotingDesign",
+    "default_mechanism",
 ]
 
 CanaryKind = Literal["natural", "mislabeled", "random"]
@@ -54,10 +59,6 @@ RdpAttack = Literal[
     "pois-natq-mapping",
 ]
 Attack = Literal["inquery", "brainwash", "repeat", "reference-vector", RdpAttack]
-Calibration = Literal["classic", "analytic"]
-#: A mechanism with an audit: built in (``voting``, ``esa``, ``dps-mozo``) or registered through
-#: the ``dpicl_audit.mechanisms`` entry points (mechanisms.names, read without loading them).
-MechanismName = Annotated[str, AfterValidator(check_mechanism_name)]
 EmbeddingSource = Literal["auto", "server", "local"]
 #: Voting's neighbour designs (docs/auditing.md, "Designs"): ``paper`` = paper 000's
 #: [1, T-1] against [0, T]; ``pivotal`` = the other partitions pinned so the canary's
@@ -70,11 +71,34 @@ VotingDesign = Literal["auto", "paper", "pivotal", "identical"]
 #: Which surface the audit queries go through: dpicl's own routes, or the OpenAI-compatible
 #: chat completions (any OpenAI-compatible DP-ICL endpoint, with a context hook).
 TargetApi = Literal["native", "openai"]
-#: Dataset and max_tokens defaults that differ from voting's, per mechanism.
-MECHANISM_DEFAULTS: dict[str, dict[str, Any]] = {
-    "esa": {"dataset": "dialogsum-mini"},
-    "dps-mozo": {"dataset": "dialogsum-mini", "max_tokens": 2},
-}
+
+
+def _named(data: Any) -> Any:
+    """The section with its ``name`` checked (an unknown one named, with the known ones),
+    the default mechanism's where it has none."""
+    if isinstance(data, Mapping):
+        data = {"name": mechanism_names()[0], **data}
+        check_mechanism_name(data["name"])
+    return data
+
+
+#: The plan's ``[mechanism]``: the settings of any mechanism with an audit, built in or
+#: registered (mechanisms.catalog), told apart by ``name``. The type checker sees their
+#: base; an audit reads its own fields through its settings model (``settings_of``).
+if TYPE_CHECKING:
+    MechanismSection: TypeAlias = MechanismSettings
+else:
+    MechanismSection = Annotated[
+        Union[settings_models()],  # noqa: UP007 (a union built from a tuple of models)
+        Field(discriminator="name"),
+        BeforeValidator(_named),
+    ]
+
+
+def default_mechanism() -> MechanismSettings:
+    """The section of a plan that names no mechanism: the first built-in's defaults."""
+    return settings_models()[0](name=mechanism_names()[0])
+
 
 FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -143,66 +167,6 @@ class TargetSpec(BaseModel):
         if self.context_hook is not None and not self.context_hook.strip():
             raise ValueError("context_hook is blank")
         return self
-
-
-class MechanismSpec(BaseModel):
-    """The mechanism settings (private voting or ESA) the audit creates its contexts with."""
-
-    model_config = FROZEN
-
-    name: MechanismName = "voting"
-    epsilons: tuple[float, ...] = Field(default=(1.0, 2.0, 4.0, 8.0), min_length=1)
-    delta: float = 1e-5
-    partitions: int = Field(default=4, ge=1, le=1000, description="T, disjoint partitions.")
-    shots: int = Field(default=2, ge=1, le=100, description="Exemplars per partition.")
-    temperature: float = Field(default=0.0, ge=0.0, le=10.0)
-    calibration: Calibration = "classic"
-    sensitivity: Literal["tight", "original"] = Field(
-        default="tight", description="ESA: L2 sensitivity 2/T (tight) or 1 (original)."
-    )
-    candidates: int = Field(default=8, ge=1, le=64, description="ESA: zero-shot candidates.")
-    max_tokens: int = Field(
-        default=64, ge=1, le=1024, description="ESA, DPS-MOZO: tokens per answer."
-    )
-    exemplars: int = Field(default=4, ge=1, le=10_000, description="DPS-MOZO: |D|.")
-    n_shots: int | None = Field(
-        default=None, ge=1, le=10_000, description="DPS-MOZO: shots per token (None: |D|)."
-    )
-    top_k: int = Field(default=100, ge=1, le=100_000, description="DPS-MOZO: top-k.")
-    guarantee: Literal["proven", "paper"] = Field(
-        default="proven",
-        description="DPS-MOZO: proven (max-log-ratio, a true claim) | paper (nominal).",
-    )
-    alpha: int | None = Field(
-        default=None, ge=2, le=1024, description="DPS-MOZO (paper mode): Renyi order."
-    )
-    queries_per_context: int = Field(
-        default=1, ge=1, le=100_000, description="DPS-MOZO: answers per context."
-    )
-
-    @field_validator("epsilons")
-    @classmethod
-    def _eps(cls, v: tuple[float, ...]) -> tuple[float, ...]:
-        for e in v:
-            if not math.isfinite(e) or e <= 0:
-                raise ValueError(f"every epsilon must be a finite number > 0, got {e!r}")
-        if len(set(v)) != len(v):
-            raise ValueError(f"epsilons must be distinct, got {list(v)!r}")
-        return tuple(float(e) for e in v)
-
-    @field_validator("delta")
-    @classmethod
-    def _delta(cls, v: float) -> float:
-        if not 0.0 < v < 1.0:
-            raise ValueError(f"delta must lie in the open interval (0, 1), got {v!r}")
-        return v
-
-    @property
-    def n_exemplars(self) -> int:
-        """Context size: T partitions of ``shots`` exemplars each (DPS-MOZO: ``exemplars``)."""
-        if self.name == "dps-mozo":
-            return self.exemplars
-        return self.partitions * self.shots
 
 
 class NeighbourSpec(BaseModel):

@@ -9,6 +9,8 @@ module                what it holds
 :mod:`.budgets`       the plan's budgets: answers per context, contexts per world
 :mod:`.ledger_burst`  the ledger under concurrency: N + k requests in flight per route
 :mod:`.parameters`    the chat route's client parameters varied (temperature, top_p)
+:mod:`.surface`       every route's whole response (headers, stream chunks, usage) and
+                      max_tokens against a generation context's limit
 :mod:`.deployment`    a deployed context's own epsilon, delta and partitions in the plan
 ====================  ============================================================
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from dpicl_audit.client import AuditTarget, GenerationTarget
 from dpicl_audit.errors import TargetProtocolError
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.ledger import (
     MAX_BUDGET_EPSILON,
@@ -103,7 +104,7 @@ def context_capacity(plan: AuditPlan) -> int | None:
 
 async def probe_ledger(
     mech: Any, target: AuditTarget, design: Any, plan: AuditPlan
-) -> dict[str, Any] | None:
+) -> JsonObject | None:
     """A probe context of C0's body at the plan's first epsilon, asked the audit query until
     refused (:func:`dpicl_audit.planning.ledger.audit_ledger`); None for designs without one
     query."""
@@ -112,7 +113,7 @@ async def probe_ledger(
         return None
     eps = float(plan.mechanism.epsilons[0])
     body = mech.context_body(design, plan, eps, 0, name=f"dpicl-audit {plan.seed} probe")
-    max_tokens = plan.mechanism.max_tokens if mech.task == "generation" else None
+    max_tokens = plan.mechanism.answer_tokens
 
     async def ask(cid: str) -> Mapping[str, Any]:
         if max_tokens is None:

@@ -20,6 +20,7 @@ from typing import Any
 
 from dpicl_audit.client import AuditTarget
 from dpicl_audit.errors import InvalidPlan, TargetError, TargetProtocolError
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.plan import AuditPlan
 
 __all__ = ["adopt_deployment", "deployment_settings"]
@@ -33,11 +34,11 @@ def _number(value: Any) -> float | None:
     return out if math.isfinite(out) and out > 0 else None
 
 
-async def deployment_settings(target: AuditTarget, ident: str) -> dict[str, Any]:
+async def deployment_settings(target: AuditTarget, ident: str) -> JsonObject:
     """``{"epsilon", "delta", "partitions"}`` of the deployed context ``ident`` (None where
     the deployment does not report one); raises TargetProtocolError where it reports no
     epsilon."""
-    found: dict[str, Any] = {}
+    found: JsonObject = {}
     try:
         info = await target.get_context(ident)
     except TargetError:

@@ -33,7 +33,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from dpicl_audit.client import AuditTarget
+from dpicl_audit.client import AuditTarget, ContextBody
 from dpicl_audit.errors import TargetBudgetExhausted, TargetError
 from dpicl_audit.estimators.gdp import gdp_epsilon, gdp_mu
 from dpicl_audit.planning.ledger_burst import audit_bursts
@@ -152,7 +152,7 @@ def _close(a: float | None, b: float | None) -> bool:
 
 async def audit_ledger(
     target: AuditTarget,
-    body: Mapping[str, Any],
+    body: ContextBody,
     query: str,
     *,
     ask: Any,
@@ -165,7 +165,7 @@ async def audit_ledger(
     answer's JSON) until refused, and check the ledger's figures (module docstring). Returns
     the ``ledger`` section of the results."""
 
-    mech = dict(body.get("mechanism") or {})
+    mech: Mapping[str, Any] = body["mechanism"]  # the settings as the body sends them
     eps, delta = float(mech["epsilon"]), float(mech["delta"])
     # One answer where the server's limit holds no more at this epsilon: the refusal of the
     # second is still checked.
@@ -177,7 +177,8 @@ async def audit_ledger(
             "message": f"no budget within the server's limit of epsilon {limit:g} holds "
             f"one answer at epsilon {eps:g}",
         }
-    probe = dict(body) | {"name": f"{body.get('name')} ledger", "budget": budget}
+    probe = body.copy()
+    probe["name"], probe["budget"] = f"{body['name']} ledger", budget
     out: dict[str, Any] = {"budget": budget, "checks": [], "status": "unchecked"}
     try:
         info = await target.create_context(probe)
@@ -190,10 +191,15 @@ async def audit_ledger(
     finally:
         with contextlib.suppress(TargetError):  # a probe left behind answers nothing more
             await target.delete_context(cid)
-    if not bursts or body.get("task") != "classification":
-        return out  # bursts ask the classification routes (ESA's generation: not yet)
+    if not bursts:
+        return out
     # The same budget under concurrency, on every answering route (planning.ledger_burst).
-    found = await audit_bursts(target, body, query, budget)
+    return with_bursts(out, await audit_bursts(target, body, query, budget))
+
+
+def with_bursts(out: dict[str, Any], found: dict[str, Any]) -> dict[str, Any]:
+    """The ledger's section ``out`` with the bursts' ``found`` (planning.ledger_burst): a
+    failed burst makes it NONCONFORMING."""
     out["bursts"] = found
     if found["status"] == "nonconforming":
         bad = "; ".join(str(r["message"]) for r in found["routes"] if r.get("ok") is False)

@@ -37,8 +37,9 @@ from dpicl_audit.client import AuditTarget
 from dpicl_audit.client.openai import OpenAIClient
 from dpicl_audit.errors import TargetError, TargetNotFound
 from dpicl_audit.estimators.gdp import gdp_mu
+from dpicl_audit.jsontypes import JsonObject
 
-__all__ = ["BURST_EXTRA", "ROUTES", "audit_bursts"]
+__all__ = ["BURST_EXTRA", "ROUTES", "ROUTES_GENERATION", "audit_bursts"]
 
 #: Requests beyond the budget's answers in each burst (16 in flight on a budget of 2).
 BURST_EXTRA = 14
@@ -49,15 +50,25 @@ ROUTES = ("native", "chat", "completions", "chat-stream")
 _MAX_ANSWERS = 16
 
 
-def _request(route: str, cid: str, query: str) -> tuple[str, dict[str, Any]]:
+#: The answering routes of a generation context (DPS-MOZO, ESA): completions streamed too.
+ROUTES_GENERATION = ("native", "completions", "chat-stream", "completions-stream")
+
+
+def _request(
+    route: str, cid: str, query: str, task: str = "classification"
+) -> tuple[str, JsonObject]:
     if route == "native":
-        return "/v1/classify", {"context_id": cid, "query": query}
-    if route == "completions":
-        return "/v1/completions", {"model": cid, "prompt": query}
-    body: dict[str, Any] = {"model": cid, "messages": [{"role": "user", "content": query}]}
-    if route == "chat-stream":
+        path = "/v1/classify" if task == "classification" else "/v1/generate"
+        return path, {"context_id": cid, "query": query}
+    body: JsonObject
+    if route.startswith("completions"):
+        path, body = "/v1/completions", {"model": cid, "prompt": query}
+    else:
+        path = "/v1/chat/completions"
+        body = {"model": cid, "messages": [{"role": "user", "content": query}]}
+    if route.endswith("-stream"):
         body["stream"] = True
-    return "/v1/chat/completions", body
+    return path, body
 
 
 def _code(response: httpx.Response) -> str | None:
@@ -86,7 +97,7 @@ def _outcome(route: str, got: httpx.Response | Exception) -> str:
     if isinstance(got, Exception):
         return f"transport error {type(got).__name__}"
     if got.status_code == 200:
-        if route == "chat-stream":
+        if route.endswith("-stream"):
             code = _streamed_error(got)
             if code is not None:
                 return "refused" if code == "budget_exhausted" else f"stream error {code}"
@@ -103,23 +114,41 @@ def _outcome(route: str, got: httpx.Response | Exception) -> str:
     return f"HTTP {got.status_code} {code or ''}".strip()
 
 
+def _expected(info: Mapping[str, Any], budget: Mapping[str, float] | None) -> int | str:
+    """The answers the burst context admits: its own query limit where it has one (DPS-MOZO's
+    ``queries``), else those its budget holds at the noise it reports; or why not known."""
+    mech = info.get("mechanism") or {}
+    if budget is None:
+        queries = mech.get("queries")
+        return int(queries) if isinstance(queries, int) else "no query limit reported"
+    sigma, sens = mech.get("sigma"), mech.get("sensitivity")
+    if sigma is None or sens is None:
+        return "no sigma or sensitivity reported"
+    mu = float(sens) / float(sigma)
+    mu_max = gdp_mu(float(budget["epsilon"]), float(budget["delta"]))
+    return math.floor(mu_max**2 / mu**2 * (1.0 + 1e-9))
+
+
 async def _one_route(
-    target: Any, route: str, body: Mapping[str, Any], query: str, budget: Mapping[str, float]
+    target: Any,
+    route: str,
+    body: Mapping[str, Any],
+    query: str,
+    budget: Mapping[str, float] | None,
 ) -> dict[str, Any]:
-    probe = dict(body) | {"name": f"{body.get('name')} burst {route}", "budget": dict(budget)}
+    probe = dict(body) | {"name": f"{body.get('name')} burst {route}"}
+    if budget is not None:
+        probe["budget"] = dict(budget)
+    task = str(body.get("task") or "classification")
     info = await target.create_context(probe)
     cid = str(info["id"])
     try:
-        mech = info.get("mechanism") or {}
-        sigma, sens = mech.get("sigma"), mech.get("sensitivity")
-        if sigma is None or sens is None:
-            return {"route": route, "ok": None, "message": "no sigma or sensitivity reported"}
-        mu = float(sens) / float(sigma)
-        mu_max = gdp_mu(float(budget["epsilon"]), float(budget["delta"]))
-        expected = math.floor(mu_max**2 / mu**2 * (1.0 + 1e-9))
+        expected = _expected(info, budget)
+        if isinstance(expected, str):
+            return {"route": route, "ok": None, "message": expected}
         if expected > _MAX_ANSWERS:
             return {"route": route, "ok": None, "message": f"the budget holds {expected} answers"}
-        path, req = _request(route, cid, query)
+        path, req = _request(route, cid, query, task)
         sent = expected + BURST_EXTRA
         outcomes = [_outcome(route, r) for r in await target.burst(path, [req] * sent)]
         if all(o == "no-route" for o in outcomes):
@@ -183,11 +212,15 @@ async def audit_bursts(
     target: AuditTarget,
     body: Mapping[str, Any],
     query: str,
-    budget: Mapping[str, float],
-    routes: tuple[str, ...] = ROUTES,
+    budget: Mapping[str, float] | None,
+    routes: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
-    """Burst each route in ``routes`` (module docstring) on a fresh context of ``body`` with
-    ``budget``; the ``bursts`` section of the ledger's results."""
+    """Burst each route in ``routes`` (module docstring; default: :data:`ROUTES`, or
+    :data:`ROUTES_GENERATION` for a generation body) on a fresh context of ``body`` with
+    ``budget`` (None: a context limited by its own ``queries``, DPS-MOZO's); the ``bursts``
+    section of the ledger's results."""
+    if routes is None:
+        routes = ROUTES if body.get("task") == "classification" else ROUTES_GENERATION
     if not hasattr(target, "burst"):
         return {"status": "unchecked", "routes": [], "message": "the client cannot burst"}
     if isinstance(target, OpenAIClient):  # an OpenAI-compatible deployment: its own routes

@@ -7,26 +7,27 @@ noise (e.g. noise scaled by the client's temperature: at ``temperature: 0`` the 
 comes back every time) releases the un-noised answer to any client who asks. So, after the
 trials, a fresh context of the run's C1 body at the plan's first epsilon (budgeted for the
 sweep) is asked the audit query :data:`PER_VARIANT` times through ``/v1/chat/completions``
-with each variant of :data:`VARIANTS` (no parameter, temperature 0, 1 and 2, top_p 0.1). A
-variant the server refuses (a 4xx naming it) is fine. The labels of the answered variants
-must come from one distribution: the chi-square test of homogeneity of the variants x labels
-table (scipy.stats.chi2_contingency), p below :data:`ALPHA` (1e-4: a correct server is flagged
-in at most 1 run in 10,000) is NONCONFORMING (exit 4) and names the variant whose labels
-depart most from the no-parameter answers. The result is ``results["parameters"]``.
+with each variant of :data:`VARIANTS` (no parameter, temperature 0, 1 and 2, top_p 0.1,
+max_tokens 1). A variant the server refuses (a 4xx naming it) is fine. The labels of the
+answered variants must come from one distribution: the chi-square test of homogeneity of the
+variants x labels table (scipy.stats.chi2_contingency), p below :data:`ALPHA` (1e-4: a correct
+server is flagged in at most 1 run in 10,000) is NONCONFORMING (exit 4) and names the variant
+whose labels depart most from the no-parameter answers. The result is ``results["parameters"]``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from scipy import stats
 
-from dpicl_audit.client import AuditTarget
+from dpicl_audit.client import AuditTarget, ContextBody
 from dpicl_audit.errors import TargetError, TargetNotFound, TargetRejected
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.planning.ledger import planned_queries
 
 __all__ = ["ALPHA", "PER_VARIANT", "VARIANTS", "sweep_parameters"]
@@ -36,12 +37,13 @@ ALPHA = 1e-4
 #: Answers asked per variant.
 PER_VARIANT = 60
 #: The client parameters swept (name, the chat body's extra fields).
-VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
+VARIANTS: tuple[tuple[str, dict[str, float]], ...] = (
     ("no parameter", {}),
     ("temperature 0", {"temperature": 0}),
     ("temperature 1", {"temperature": 1}),
     ("temperature 2", {"temperature": 2}),
     ("top_p 0.1", {"top_p": 0.1}),
+    ("max_tokens 1", {"max_tokens": 1}),
 )
 _CHAT = "/v1/chat/completions"
 
@@ -58,11 +60,11 @@ SWEEP_ANSWERS = planned_queries(PER_VARIANT * len(VARIANTS))
 
 async def sweep_parameters(
     target: AuditTarget,
-    body: Mapping[str, Any],
+    body: ContextBody,
     query: str,
     *,
     budget: dict[str, float] | None,
-) -> dict[str, Any] | None:
+) -> JsonObject | None:
     """The sweep of the module docstring on a fresh context of ``body`` (a voting context
     body) with ``budget``, which holds :data:`SWEEP_ANSWERS` answers as the mechanism's
     audit composes them (None: no budget within the server's limit does); None where the
@@ -71,7 +73,8 @@ async def sweep_parameters(
         return None
     if budget is None:
         return {"status": "unchecked", "message": "no budget within the server's limit holds it"}
-    probe = dict(body) | {"name": f"{body.get('name')} parameters", "budget": budget}
+    probe = body.copy()
+    probe["name"], probe["budget"] = f"{body['name']} parameters", budget
     info = await target.create_context(probe)
     cid = str(info["id"])
     variants: list[dict[str, Any]] = []
@@ -99,7 +102,7 @@ async def sweep_parameters(
     return _judge(variants)
 
 
-def _judge(variants: list[dict[str, Any]]) -> dict[str, Any]:
+def _judge(variants: Sequence[Mapping[str, Any]]) -> JsonObject:
     answered = [v for v in variants if not v["refused"]]
     names = sorted({lab for v in answered for lab in v["labels"]})
     out: dict[str, Any] = {"variants": variants, "per_variant": PER_VARIANT}

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dpicl_audit.errors import InvalidAuditInput
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.mechanisms.base import Design
 from dpicl_audit.pipeline.estimation import estimate_run, load_run, run_design, run_plan
 from dpicl_audit.plan import AuditPlan
@@ -97,7 +98,7 @@ class ReportRow:
     # run estimated before claims were stated for the run (each figure then stands alone).
     family_size: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 

@@ -242,18 +242,7 @@ def _run_details(rd: RunData, rows: Sequence[ReportRow]) -> str:
     p, d, res = rd.plan, rd.results.design, rd.results
     m = p.mechanism
     server = res.server
-    if m.name == "dps-mozo":
-        mech = (
-            f"dps-mozo, |D|={m.exemplars}, n_shots={m.n_shots or m.exemplars}, top_k={m.top_k}, "
-            f"max_tokens={m.max_tokens}, {m.queries_per_context} queries per context, "
-            f"delta={m.delta:g}"
-        )
-    else:
-        mech = (
-            f"{m.name}, T={m.partitions}, {m.shots} shots/partition, temperature "
-            f"{m.temperature}, delta={m.delta:g}, calibration {m.calibration}"
-            + (f", T_cand={m.candidates}, max_tokens={m.max_tokens}" if m.name == "esa" else "")
-        )
+    mech = m.describe()  # each mechanism's settings say what the report shows of them
     items: list[tuple[str, Any]] = [
         ("run", _e(rd.run_id)),
         ("status", _e(res.status)),

@@ -83,7 +83,7 @@ def _log_ticks(ax: Any, xs: Sequence[float]) -> None:
 
 def legend_outside(fig: Any, axes: Sequence[Any]) -> None:
     """One legend for the whole figure, below the plot area (never over the data)."""
-    seen: dict[str, Any] = {}
+    seen: dict[str, object] = {}  # label -> its first artist handle
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
             if label and not label.startswith("_"):

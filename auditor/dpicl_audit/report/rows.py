@@ -38,8 +38,7 @@ def report_rows(runs: Sequence[RunData]) -> list[ReportRow]:
         design = f"{rd.plan.canary} canary, {rd.plan.setting}"
         if layout:
             design = f"{layout} design, {design}"
-        if rd.mechanism == "dps-mozo":
-            design = f"signal canary ({'/'.join(rd.plan.mozo.signals)})"
+        design = rd.plan.mechanism.design_text(rd.plan) or design
         for s in run.settings:
             for threat, key in THREATS:
                 est = s.estimate(key)

@@ -73,8 +73,15 @@ def _audit_at(
     emps = [r for r in same if r.epsilon_emp is not None]
     best = max(emps, key=lambda r: float(r.epsilon_emp or 0.0)) if emps else None
     emp = f"{fmt(best.epsilon_emp, 2)} ({best.threat})" if best else "-"
+    # T where the audited mechanism has partitions (a partitioned mechanism's settings)
     ts = sorted(
-        {rd.plan.mechanism.partitions for rd in runs if rd.run_id in {r.run_id for r in same}}
+        t
+        for t in {
+            getattr(rd.plan.mechanism, "partitions", None)
+            for rd in runs
+            if rd.run_id in {r.run_id for r in same}
+        }
+        if isinstance(t, int)
     )
     return fmt(epsilon, 2), fmt(exact, 2), emp, ", ".join(str(t) for t in ts) or "-"
 

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.results.record import COUNT, MAPPING, NUMBER, SAME, TEXT, Codec, Record
 from dpicl_audit.results.setting import SettingResult
 from dpicl_audit.verdicts import Status, Verdict, worst_status
@@ -55,7 +56,7 @@ class RunResult(Record):
             out["tail_gap"] = RunResult.from_json(verify["tail_gap"])
         return out
 
-    def _written(self) -> dict[str, Any]:
+    def _written(self) -> JsonObject:
         out = super()._written()
         listed = self.settings or "settings" in self.keys
         out["settings"] = [s.to_json() for s in self.settings] if listed else None
@@ -105,7 +106,18 @@ class RunResult(Record):
         swept = self.extra.get("parameters")
         if isinstance(swept, Mapping) and swept.get("status") == "nonconforming":
             out.append(Status.NONCONFORMING)  # a client parameter changes the release
+        surface = self.extra.get("surface")  # every route's whole response (planning.surface)
+        if isinstance(surface, Mapping) and surface.get("status") in _SURFACE:
+            out.append(_SURFACE[str(surface["status"])])
         return out
+
+
+#: The statuses of the surface probe (planning.surface) that decide the exit code.
+_SURFACE = {
+    "nonconforming": Status.NONCONFORMING,
+    "violation": Status.VIOLATION,
+    "bug": Status.BUG,
+}
 
 
 def results_exit_code(

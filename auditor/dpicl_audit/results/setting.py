@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from dpicl_audit.errors import InvalidAuditInput
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.results.estimate import Estimate
 from dpicl_audit.results.rdp import RdpAudit
 from dpicl_audit.results.record import COUNT, MAPPING, NUMBER, SAME, TEXT, Codec, Record
@@ -63,7 +64,7 @@ class SettingResult(Record):
                 out.pop(k, None)  # absent or not an object: kept as stored, in extra
         return out
 
-    def _written(self) -> dict[str, Any]:
+    def _written(self) -> JsonObject:
         out = super()._written()
         for k in _NESTED:
             found = getattr(self, k)

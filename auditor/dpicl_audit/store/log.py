@@ -26,7 +26,7 @@ must be None.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,10 +139,10 @@ class RunRecord:
     created_at: dt.datetime
     updated_at: dt.datetime
     status: str
-    plan: dict[str, Any]
-    design: dict[str, Any] | None
-    versions: dict[str, Any]
-    results: dict[str, Any] | None
+    plan: Mapping[str, Any]
+    design: Mapping[str, Any] | None
+    versions: Mapping[str, Any]
+    results: Mapping[str, Any] | None
     wall_time_s: float
     llm_calls: int
     queries: int
@@ -155,7 +155,7 @@ class ContextRecord:
     world: int
     epsilon: float
     context_id: str
-    info: dict[str, Any]
+    info: Mapping[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +165,7 @@ class TrialRecord:
     world: int
     context_id: str
     query: str
-    observation: dict[str, Any]
+    observation: Mapping[str, Any]
     decision: int | None
     latency_s: float
     epsilon: float | None = None
@@ -202,11 +202,11 @@ class TrialStore:
         self,
         run_id: str,
         *,
-        plan: dict[str, Any],
-        versions: dict[str, Any],
+        plan: Mapping[str, Any],
+        versions: Mapping[str, Any],
         kind: str = "run",
         name: str | None = None,
-        design: dict[str, Any] | None = None,
+        design: Mapping[str, Any] | None = None,
     ) -> None:
         now = _now()
         try:
@@ -221,11 +221,11 @@ class TrialStore:
         self,
         run_id: str,
         now: dt.datetime,
-        plan: dict[str, Any],
-        versions: dict[str, Any],
+        plan: Mapping[str, Any],
+        versions: Mapping[str, Any],
         kind: str,
         name: str | None,
-        design: dict[str, Any] | None,
+        design: Mapping[str, Any] | None,
     ) -> None:
         with self.engine.begin() as conn:
             conn.execute(
@@ -299,7 +299,7 @@ class TrialStore:
         world: int,
         epsilon: float,
         context_id: str,
-        info: dict[str, Any],
+        info: Mapping[str, Any],
     ) -> None:
         """Record (or replace) the server context of one (setting, world)."""
         with self.engine.begin() as conn:

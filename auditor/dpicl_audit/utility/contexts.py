@@ -16,9 +16,10 @@ from typing import Any
 
 from rich.console import Console
 
-from dpicl_audit.client import DpiclClient
+from dpicl_audit.client import ContextBody, DpiclClient
 from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import TargetError, TargetNotFound
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.planning.ledger import budget_for, planned_queries
 from dpicl_audit.store import ContextRecord, TrialStore
 from dpicl_audit.utility.plan import FEW_SHOT, ZERO_SHOT, Cell, Draws, UtilityPlan
@@ -51,7 +52,7 @@ class RunContexts:
     def answers_per_context(self, draw: int) -> int:
         return sum(1 for i in range(self.plan.queries) if self.draws.context_of(i) == draw)
 
-    def body(self, cell: Cell, draw: int) -> dict[str, Any]:
+    def body(self, cell: Cell, draw: int) -> ContextBody:
         """The ``POST /v1/contexts`` body of one (cell, draw), budgeted for its answers."""
         plan = self.plan
         examples = [self.data.examples[int(k)] for k in self.draws.contexts[draw]]
@@ -60,20 +61,20 @@ class RunContexts:
         # no dpicl server beside it is asked for a context without exemplars instead.
         empty = cell.kind == "zero-shot" and self.baseline is None
         exemplars = [] if empty else [_ex(e) for e in examples]
-        mech: dict[str, Any] = {
+        mech: dict[str, object] = {
             "name": plan.mechanism,
             "epsilon": cell.epsilon,
             "delta": plan.delta,
             "partitions": cell.partitions,
             "partition_seed": plan.seed,
         }
-        if plan.mechanism == "esa" and plan.max_tokens is not None:
+        if plan.task == "generation" and plan.max_tokens is not None:  # ESA: its length
             mech["max_tokens"] = plan.max_tokens
         limit = self.plan.target.max_budget_epsilon or 1000.0
         answers = planned_queries(self.answers_per_context(draw))
-        body: dict[str, Any] = {
+        body: ContextBody = {
             "name": self.context_name(cell, draw),
-            "task": plan.task,
+            "task": plan.task or "classification",  # set by the plan from the dataset
             "exemplars": exemplars,
             "mechanism": mech,
             "budget": budget_for(cell.epsilon, plan.delta, answers, limit),
@@ -148,7 +149,7 @@ class RunContexts:
         )
         return self.store.contexts(self.run_id)[(cell.name, draw)]
 
-    async def _adoptable(self, client: DpiclClient, name: str) -> dict[str, Any] | None:
+    async def _adoptable(self, client: DpiclClient, name: str) -> JsonObject | None:
         """A context the run created before a crash let it reach the log (by its name)."""
         listing = self._listings.get(id(client))
         if listing is None:

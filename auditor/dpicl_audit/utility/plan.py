@@ -28,6 +28,7 @@ import numpy.typing as npt
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from dpicl_audit.errors import InvalidPlan
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.plan.specs import FROZEN, TargetSpec
 from dpicl_audit.utility.estimators import interval_width
 
@@ -150,7 +151,7 @@ class UtilityPlan(BaseModel):
             out += [Cell(FEW_SHOT, "few-shot", 1.0, 1), Cell(ZERO_SHOT, "zero-shot", 1.0, 1)]
         return out
 
-    def stored(self) -> dict[str, Any]:
+    def stored(self) -> JsonObject:
         return self.model_dump(mode="json")
 
 

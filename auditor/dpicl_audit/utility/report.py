@@ -13,6 +13,7 @@ bound): ``spent_epsilon_per_exemplar`` is the largest such sum over the draws.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,6 +21,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.utility.estimators import accuracy_interval, bootstrap_interval
 from dpicl_audit.utility.plan import FEW_SHOT, ZERO_SHOT
 
@@ -108,7 +110,7 @@ def summarise_trials(
 
 def summarise(
     store: TrialStore, run_id: str, plan: UtilityPlan, *, refused: dict[str, str] | None = None
-) -> dict[str, Any]:
+) -> JsonObject:
     """:func:`summarise_trials` over a run's logged trials; ``refused`` defaults to what the
     stored results said."""
     if refused is None:
@@ -119,13 +121,13 @@ def summarise(
     return out
 
 
-def _interval(v: dict[str, Any] | None) -> str:
+def _interval(v: Mapping[str, Any] | None) -> str:
     if not v:
         return "-"
     return f"{v['value']:.3f} [{v['low']:.3f}, {v['high']:.3f}]"
 
 
-def print_utility(results: dict[str, Any], console: Console) -> None:
+def print_utility(results: Mapping[str, Any], console: Console) -> None:
     """The per-cell table, baselines first."""
     metric = results["metric"]
     # The interval's kind is said under the table: the column stays narrow enough for 80.
@@ -189,6 +191,6 @@ def utility_results(store: TrialStore, run_ids: list[str]) -> dict[str, dict[str
         if run.results is not None:
             out[rid] = dict(run.results)
         else:
-            plan = UtilityPlan.model_validate(run.plan | {"target": {}})
+            plan = UtilityPlan.model_validate({**run.plan, "target": {}})
             out[rid] = summarise(store, rid, plan, refused={})
     return out

@@ -32,6 +32,7 @@ from dpicl_audit.errors import (
     TargetProtocolError,
     TargetRejected,
 )
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.pipeline.progress import open_progress
 from dpicl_audit.pipeline.session import (
     client_for,
@@ -197,13 +198,13 @@ async def run_utility(
     progress: bool = True,
     resume: bool = False,
     overrides: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """Run (or, with ``resume``, continue) a utility audit; return its results."""
     if resume:
         stored = store.get_run(run_id)
         if stored.kind != KIND:
             raise InvalidPlan(f"run {run_id!r} is a {stored.kind} run; `dpicl-audit resume` it")
-        base = UtilityPlan.model_validate(stored.plan | {"target": {}})
+        base = UtilityPlan.model_validate({**stored.plan, "target": {}})
         spec = _with_overrides(
             TargetSpec.model_validate(_unmasked(stored.plan.get("target", {}))), overrides or {}
         )
@@ -256,7 +257,7 @@ async def run_utility(
         await target.aclose()
 
 
-async def _execute(run: UtilityRun, progress: bool) -> dict[str, Any]:
+async def _execute(run: UtilityRun, progress: bool) -> JsonObject:
     plan, console = run.plan, run.console
     cells = plan.cells()
     if plan.baselines and run.baseline is None:
@@ -364,6 +365,6 @@ def _with_overrides(stored: TargetSpec, overrides: Mapping[str, Any]) -> TargetS
     return TargetSpec.model_validate(stored.model_dump() | update)
 
 
-def _unmasked(target: Mapping[str, Any]) -> dict[str, Any]:
+def _unmasked(target: Mapping[str, Any]) -> JsonObject:
     """A stored target without its masked tokens."""
     return {k: v for k, v in target.items() if k not in ("admin_token", "api_key")}

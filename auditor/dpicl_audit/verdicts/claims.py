@@ -16,6 +16,7 @@ from dpicl_audit.estimators.figure_power import exact_mus, reach_model
 from dpicl_audit.estimators.gdp import gdp_mu
 from dpicl_audit.estimators.power import trials_for_power
 from dpicl_audit.estimators.verdict_rules import VerdictResult, decide_verdict
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.verdicts.model import Family, GaussianVerdict, Status, Verdict
 
 if TYPE_CHECKING:
@@ -207,7 +208,7 @@ def calibration_departure(meta: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _design_reference(meta: Mapping[str, Any], delta: float) -> dict[str, Any]:
+def _design_reference(meta: Mapping[str, Any], delta: float) -> JsonObject:
     """The design's own exact epsilon (``meta["epsilon_exact_design"]``, below the worst
     case; with its mu where it is a Gaussian mechanism's), for the BUG rule."""
 

@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import Any, ClassVar, Literal, get_args
 
 from dpicl_audit.errors import InvalidAuditInput
+from dpicl_audit.jsontypes import JsonObject
 
 __all__ = [
     "EXIT_CODES",
@@ -130,9 +131,9 @@ class Verdict:
         """A VIOLATION or BUG."""
         return self.status.flags
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """The JSON object stored under an estimate's ``"verdict"``."""
-        out: dict[str, Any] = {"status": self.status.value}
+        out: JsonObject = {"status": self.status.value}
         if self.word is not None:
             out["verdict"] = self.word
         if self.violation is not None:
@@ -146,7 +147,7 @@ class Verdict:
             out["nonconforming"] = list(self.nonconforming)
         return out | dict(self.extra)
 
-    def _fields(self) -> dict[str, Any]:
+    def _fields(self) -> JsonObject:
         return {}
 
     @staticmethod
@@ -226,7 +227,7 @@ class GaussianVerdict(Verdict):
         "trials_needed",
     )
 
-    def _fields(self) -> dict[str, Any]:
+    def _fields(self) -> JsonObject:
         return {
             "reasons": list(self.reasons),
             "advice": list(self.advice),

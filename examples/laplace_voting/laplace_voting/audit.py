@@ -17,9 +17,14 @@ neighbours, context bodies, queries, trials and decision rules) with the noise m
   Gaussian trade-off, which a Laplace mechanism does not have. Above the claim it is a
   VIOLATION, above the exact epsilon a BUG.
 
-There is no bootstrap (the voting bootstrap resamples with Gaussian noise). Registered through
-the entry point ``laplace-voting = "laplace_voting.audit:LAPLACE_VOTING"`` of the group
-``dpicl_audit.mechanisms``; nothing inside ``dpicl_audit`` names it.
+Its settings are its own (:mod:`.audit_settings`: partitions, shots, temperature; no
+Gaussian calibration), and so is its context body; a white-box trial logs the Laplace
+``scale`` the server reports beside the noisy votes (never a Gaussian sigma). There is no
+bootstrap (the voting bootstrap resamples with Gaussian noise). Registered through its
+settings, the entry point ``laplace-voting =
+"laplace_voting.audit_settings:LaplaceVotingSettings"`` of the group
+``dpicl_audit.mechanisms``, whose ``audit`` names :data:`LAPLACE_VOTING`; nothing inside
+``dpicl_audit`` names it.
 """
 
 from __future__ import annotations
@@ -32,27 +37,21 @@ import dp_accounting
 from dp_accounting.pld import PLDAccountant
 from scipy import stats
 
+from dpicl_audit.client import ContextBody
 from dpicl_audit.errors import InvalidAuditInput, TargetProtocolError
-from dpicl_audit.mechanisms.base import MechanismAudit, SettingRows
+from dpicl_audit.mechanisms.base import MechanismAudit, SettingRows, TrialAt, exemplar_dicts
 from dpicl_audit.mechanisms.gaussian import check_partition_seed
 from dpicl_audit.mechanisms.trial_estimates import estimate_trials
-from dpicl_audit.mechanisms.voting.audit import VotingAudit
+from dpicl_audit.mechanisms.voting.audit import VotingAudit, white_box_votes
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.budgets import budget_limit
 from dpicl_audit.planning.ledger import composed_epsilon
 from dpicl_audit.results import Estimate, SettingResult
 from dpicl_audit.store import ContextRecord
 from dpicl_audit.verdicts import Verdict, for_the_family, verdict
+from laplace_voting.audit_settings import CHANGED_COUNTS, LaplaceVotingSettings, laplace_scale
 
 __all__ = ["LAPLACE_VOTING", "LaplaceVotingAudit", "laplace_epsilon_exact", "laplace_scale"]
-
-#: Counts one replaced exemplar changes (by 1 each): the L1 sensitivity of the histogram.
-CHANGED_COUNTS = 2
-
-
-def laplace_scale(epsilon: float) -> float:
-    """The noise scale ``b = 2 / epsilon`` per count (L1 sensitivity 2)."""
-    return CHANGED_COUNTS / float(epsilon)
 
 
 def laplace_epsilon_exact(scale: float, delta: float) -> float:
@@ -64,26 +63,32 @@ def laplace_epsilon_exact(scale: float, delta: float) -> float:
     return max(0.0, float(accountant.get_epsilon(delta)))
 
 
+def _check_scale(got: float, epsilon: float, where: object) -> float:
+    want = laplace_scale(epsilon)
+    if not math.isclose(got, want, rel_tol=1e-9):
+        raise TargetProtocolError(
+            f"context {where} reports Laplace scale {got}, the audit expects "
+            f"2 / epsilon = {want} at epsilon {epsilon}"
+        )
+    return want
+
+
 def _scale_of(info: Mapping[str, Any], epsilon: float) -> float:
     """The scale the context reports (``mechanism.scale``), which must be ``2 / epsilon``;
     ``2 / epsilon`` where it reports none."""
     mech = info.get("mechanism") or {}
-    want = laplace_scale(epsilon)
     got = mech.get("scale") if isinstance(mech, Mapping) else None
-    if got is not None and not math.isclose(float(got), want, rel_tol=1e-9):
-        raise TargetProtocolError(
-            f"context {info.get('id')} reports Laplace scale {got}, the audit expects "
-            f"2 / epsilon = {want} at epsilon {epsilon}"
-        )
-    return want
+    if got is not None:
+        return _check_scale(float(got), epsilon, info.get("id"))
+    return laplace_scale(epsilon)
 
 
 class LaplaceVotingAudit(VotingAudit):
     """Private voting with Laplace noise: voting's audit with the Laplace noise model."""
 
     name = "laplace-voting"
+    settings = LaplaceVotingSettings
     has_bootstrap = False
-    attacks = ("inquery", "brainwash")
 
     def check_context(self, info: Mapping[str, Any], design: Any, epsilon: float) -> None:
         # Voting's checks without the Gaussian one (a reported sigma): the Laplace scale.
@@ -98,12 +103,39 @@ class LaplaceVotingAudit(VotingAudit):
 
     def context_body(
         self, design: Any, plan: AuditPlan, epsilon: float, world: int, *, name: str
-    ) -> dict[str, Any]:
-        body = super().context_body(design, plan, epsilon, world, name=name)
-        # Pure epsilon-DP settings: no delta, no Gaussian calibration formula.
-        for gaussian_only in ("delta", "calibration"):
-            body["mechanism"].pop(gaussian_only, None)
+    ) -> ContextBody:
+        # Its own settings: T partitions, a seed, a temperature; pure epsilon-DP, so no
+        # delta and no Gaussian calibration.
+        mech = LaplaceVotingSettings.of(plan)
+        body: ContextBody = {
+            "name": name,
+            "task": self.task,
+            "exemplars": exemplar_dicts(design.exemplars(world)),
+            "labels": list(design.labels),
+            "mechanism": {
+                "name": self.name,
+                "epsilon": float(epsilon),
+                "partitions": mech.partitions,
+                "partition_seed": design.partition_seed,
+                "partitioning": "positional",
+                "temperature": mech.temperature,
+            },
+            "budget": self.context_budget(plan, epsilon, world),
+        }
+        if design.template is not None:
+            body["template"] = design.template
         return body
+
+    def white_box_observation(self, out: Mapping[str, Any], at: TrialAt) -> dict[str, Any]:
+        # The votes as voting's, with the Laplace scale the server reports in place of a
+        # Gaussian sigma (checked against 2 / epsilon where the server gives one).
+        observation = white_box_votes(out, at)
+        observation.pop("sigma", None)
+        scale = out.get("scale")
+        if scale is not None and at.epsilon is not None:
+            _check_scale(float(scale), at.epsilon, at.context.context_id)
+        observation["scale"] = scale
+        return observation
 
     def context_budget(
         self, plan: AuditPlan, epsilon: float, world: int
@@ -142,7 +174,7 @@ class LaplaceVotingAudit(VotingAudit):
             "setting": setting,
             "epsilon_theory": epsilon,
             "delta": plan.mechanism.delta,
-            "partitions": plan.mechanism.partitions,
+            "partitions": LaplaceVotingSettings.of(plan).partitions,
             "context_ids": {"C1": c1 and c1.context_id, "C0": c0 and c0.context_id},
             "noise": "laplace",
             "scale": scale,

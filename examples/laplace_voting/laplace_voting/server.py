@@ -20,7 +20,6 @@ every count, ties broken uniformly at random.
 from __future__ import annotations
 
 import math
-import secrets
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -30,10 +29,16 @@ from pydantic import Field
 
 from dpicl.domain import Float
 from dpicl.errors import ConfigurationError
-from dpicl.mechanisms.base import Answering, NewContext, Outcome, Record
-from dpicl.mechanisms.partitioned import PartitionedMechanism, PartitionedSettings
+from dpicl.mechanisms.base import Answering, NewContext, Outcome
+from dpicl.mechanisms.partitioned import (
+    PartitionedCalibration,
+    PartitionedMechanism,
+    PartitionedSettings,
+    partition_seed,
+)
 from dpicl.mechanisms.voting.pipeline import paid_scores, warn_abstained
 from dpicl.mechanisms.voting.release import partition_votes, vote_histogram
+from dpicl.mechanisms.voting.view import VotingView, voting_view
 from dpicl.privacy.accounting import pure_dp_mu2
 from dpicl.privacy.ledger import BudgetStatus, Cost, Ledger
 from dpicl.store.repository import StoredContext
@@ -47,6 +52,26 @@ class LaplaceVotingSettings(PartitionedSettings):
 
     name: Literal["laplace-voting"] = "laplace-voting"
     temperature: Float = Field(default=0.0, ge=0.0, le=10.0)
+
+
+class LaplaceCalibration(PartitionedCalibration):
+    """A laplace-voting context's stored record: epsilon, the partition layout, the
+    settings, then the Laplace scale b = Delta1 / epsilon and what the server's reports read
+    (``sensitivity``, ``delta`` 0, ``epsilon_exact``)."""
+
+    name: Literal["laplace-voting"] = "laplace-voting"
+    temperature: float
+    scale: float
+    sensitivity: float
+    delta: float
+    epsilon_exact: float
+
+
+class LaplaceView(VotingView):
+    """Private voting's white-box fields plus the Laplace ``scale``. ``sigma`` is the
+    noise's standard deviation, b sqrt(2), kept for auditors that read a voting view."""
+
+    scale: float = Field(description="The Laplace noise's scale b on every count.")
 
 
 def laplace_vote(
@@ -78,12 +103,14 @@ class LaplaceOutcome:
         return self.label
 
 
-class LaplaceVoting(PartitionedMechanism):
+class LaplaceVoting(PartitionedMechanism[LaplaceCalibration]):
     """Noisy argmax of the partitions' vote histogram under Laplace noise."""
 
     name = "laplace-voting"
     task = "classification"
     settings = LaplaceVotingSettings
+    calibration = LaplaceCalibration
+    debug_model = LaplaceView
 
     def check(self, settings: Any, new: NewContext) -> None:
         super().check(settings, new)
@@ -94,31 +121,32 @@ class LaplaceVoting(PartitionedMechanism):
                 param="budget",
             )
 
-    def calibrate(self, settings: Any, n_exemplars: int) -> dict[str, Any]:
-        seed = settings.partition_seed
-        record: dict[str, Any] = settings.model_dump()
-        return record | {
-            "partition_seed": seed if seed is not None else secrets.randbits(63),
-            "scale": L1_SENSITIVITY / settings.epsilon,
-            "sensitivity": L1_SENSITIVITY,
-            "delta": 0.0,
-            "epsilon_exact": settings.epsilon,
-        }
+    def calibrate(self, settings: Any, n_exemplars: int) -> LaplaceCalibration:
+        return LaplaceCalibration(
+            **settings.model_dump()
+            | {
+                "partition_seed": partition_seed(settings),
+                "scale": L1_SENSITIVITY / settings.epsilon,
+                "sensitivity": L1_SENSITIVITY,
+                "delta": 0.0,
+                "epsilon_exact": settings.epsilon,
+            }
+        )
 
-    def cost(self, record: Record) -> Cost:
-        eps = float(record["epsilon"])
+    def cost(self, calibration: LaplaceCalibration) -> Cost:
+        eps = calibration.epsilon
         return Cost(
             epsilon=eps, delta=0.0, epsilon_exact=eps, mu2=pure_dp_mu2(eps), pure_epsilon=eps
         )
 
     async def answer(self, context: StoredContext, query: str, how: Answering) -> Outcome:
-        m = context.mechanism
-        cost = self.cost(m)
+        cal = self.calibration_of(context)
+        cost = self.cost(cal)
         charged, scores = await paid_scores(
             context, query, cost, engine=how.runtime.engine, ledger=how.ledger
         )
-        scale = float(m["scale"])
-        index, votes, clean, noisy = laplace_vote(scores, scale, float(m["temperature"]), how.rng)
+        scale = cal.scale
+        index, votes, clean, noisy = laplace_vote(scores, scale, cal.temperature, how.rng)
         warn_abstained(votes, context)
         return LaplaceOutcome(
             context=charged,
@@ -131,22 +159,15 @@ class LaplaceVoting(PartitionedMechanism):
             budget=Ledger.status(charged, cost),
         )
 
-    def debug_view(self, outcome: Any, whitebox: str) -> dict[str, Any] | None:
-        """``sigma`` is the noise's standard deviation, b sqrt(2) (the scale is sigma/sqrt 2)."""
+    def debug_view(self, outcome: Any, whitebox: str) -> LaplaceView:
+        """The noisy votes and the Laplace scale (and sigma, the noise's standard deviation
+        b sqrt(2)); at ``internal`` also the clean votes and each partition's vote."""
         out: LaplaceOutcome = outcome
-        labels = out.context.labels
-        body: dict[str, Any] = {
-            "sigma": out.scale * math.sqrt(2.0),
-            "noisy_votes": {lab: float(v) for lab, v in zip(labels, out.noisy_counts, strict=True)},
-        }
-        if whitebox == "internal":
-            body["clean_votes"] = {
-                lab: int(v) for lab, v in zip(labels, out.clean_counts, strict=True)
-            }
-            body["partition_votes"] = [
-                labels[v] if v >= 0 else None for v in map(int, out.partition_votes)
-            ]
-        return body
+        internal = (out.clean_counts, out.partition_votes) if whitebox == "internal" else None
+        votes = voting_view(
+            out.context.labels, out.scale * math.sqrt(2.0), out.noisy_counts, internal
+        )
+        return LaplaceView(**votes.model_dump(), scale=out.scale)
 
 
 #: The entry point's object: ``laplace-voting = "laplace_voting.server:LAPLACE_VOTING"``.

@@ -136,16 +136,6 @@ class ClassifyResponse(BaseModel):
     budget: BudgetInfo
 
 
-class DebugClassifyResponse(ClassifyResponse):
-    whitebox: str = Field(description="noisy or internal")
-    sigma: float
-    noisy_votes: dict[str, float]
-    clean_votes: dict[str, int] | None = None
-    partition_votes: list[str | None] | None = Field(
-        default=None, description="Each partition's vote; null where it abstained."
-    )
-
-
 class HealthLimits(BaseModel):
     """The limits a client must plan its contexts around (this server's settings)."""
 
@@ -239,82 +229,6 @@ class GenerateResponse(BaseModel):
     mechanism: str
     cost: CostInfo
     budget: BudgetInfo
-
-
-class MozoTokenInfo(BaseModel):
-    """One DPS-MOZO token's internals (``/v1/debug/generate``)."""
-
-    token_id: int = Field(description="The released token id.")
-    top_ids: list[int] = Field(description="The zero-shot top-k token ids (public).")
-    lambdas: list[float] = Field(description="Each sampled shot's mixing weight.")
-    log_ratios: list[float] = Field(
-        description="Per shot max_y |log mixed(y) - log zero(y)| on top_ids "
-        "(<= max_log_ratio in the proven mode)."
-    )
-    divergences: list[list[float]] | None = Field(
-        default=None,
-        description="paper mode: per shot [D_alpha(mixed||zero), D_alpha(zero||mixed)] "
-        "reached (<= beta*alpha).",
-    )
-    shots: list[int] | None = Field(default=None, description="internal: sampled exemplars.")
-    mixed_probs: list[list[float]] | None = Field(
-        default=None, description="internal: each shot's mixed distribution over top_ids."
-    )
-    zero_shot_probs: list[float] | None = Field(
-        default=None, description="internal: the zero-shot distribution over top_ids."
-    )
-    product_probs: list[float] | None = Field(
-        default=None, description="internal: the released distribution over top_ids."
-    )
-    exact_divergences: list[list[float]] | None = Field(
-        default=None,
-        description="internal, paper mode: per shot [D(P||P_i), D(P_i||P)] at alpha, P the "
-        "released product and P_i the product with that shot replaced by the zero-shot "
-        "distribution.",
-    )
-    exact_log_ratios: list[float] | None = Field(
-        default=None,
-        description="internal: per shot max_y |log P(y) - log P_i(y)| (P, P_i as for "
-        "exact_divergences); <= 2*max_log_ratio in the proven mode.",
-    )
-
-
-class DebugGenerateResponse(GenerateResponse):
-    whitebox: str
-    sigma: float | None = Field(default=None, description="ESA")
-    noisy_mean: list[float] | None = Field(default=None, description="ESA")
-    candidates: list[str] | None = Field(default=None, description="ESA")
-    distances: list[float] | None = Field(default=None, description="ESA")
-    clean_mean: list[float] | None = None
-    partition_texts: list[str] | None = None
-    partition_embeddings: list[list[float]] | None = None
-    guarantee: str | None = Field(
-        default=None, description="DPS-MOZO: proven (true epsilon) or paper (nominal)."
-    )
-    max_log_ratio: float | None = Field(
-        default=None, description="DPS-MOZO proven: eps0, each shot's max log-ratio bound."
-    )
-    per_token_epsilon: float | None = Field(
-        default=None,
-        description="DPS-MOZO proven: pure DP of one token, 4*eps0 (2*eps0 with one shot).",
-    )
-    alpha: int | None = Field(default=None, description="DPS-MOZO paper: Renyi order.")
-    beta: float | None = Field(default=None, description="DPS-MOZO paper: target leakage.")
-    radius: float | None = Field(
-        default=None, description="DPS-MOZO per-shot bound: eps0 (proven) or beta*alpha (paper)."
-    )
-    per_token_bound: float | None = Field(
-        default=None,
-        description="DPS-MOZO per-token bound: the max log-ratio per_token_epsilon (proven) "
-        "or the nominal RDP 4*beta*alpha of Theorem B.3 (paper).",
-    )
-    tokens: list[MozoTokenInfo] | None = Field(default=None, description="DPS-MOZO, per token.")
-    max_exact_divergence: float | None = Field(
-        default=None, description="internal, paper: the largest exact per-shot divergence seen."
-    )
-    max_exact_log_ratio: float | None = Field(
-        default=None, description="internal: the largest exact per-shot log-ratio seen."
-    )
 
 
 class ZeroShotResponse(BaseModel):

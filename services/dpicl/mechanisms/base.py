@@ -10,10 +10,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 import numpy as np
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, JsonValue, ValidationError
 
 from dpicl.domain import BudgetSpec, ContextLimits, Task
 from dpicl.engines.base import Embedder, Engine
@@ -24,8 +24,12 @@ from dpicl.store.repository import StoredContext
 if TYPE_CHECKING:
     from fastapi import APIRouter
 
-#: The stored mechanism record: the user's settings plus what calibration derived.
-Record = Mapping[str, Any]
+#: The stored mechanism record, a JSON object: the user's settings plus what calibration
+#: derived (what ``GET /v1/contexts/{id}`` shows as ``mechanism``).
+Record = dict[str, JsonValue]
+
+#: A mechanism's calibration: its stored record, typed (a pydantic model).
+C = TypeVar("C", bound=BaseModel)
 
 
 class Runtime(Protocol):
@@ -103,9 +107,10 @@ class OwnBudget:
     max_queries: int
 
 
-class Mechanism(ABC):
-    """One DP mechanism the server serves. Subclass it, set the class attributes and
-    implement the abstract methods; the registry documents the contract."""
+class Mechanism(ABC, Generic[C]):
+    """One DP mechanism the server serves, with its calibration model ``C``. Subclass it,
+    set the class attributes and implement the abstract methods; the registry documents the
+    contract."""
 
     #: The mechanism's name: the ``name`` of its settings and of its stored record.
     name: ClassVar[str]
@@ -115,6 +120,13 @@ class Mechanism(ABC):
     #: whose ``name`` field is ``Literal[<name>]``), or None for a mechanism that is never
     #: created from a request (``public`` contexts are derived by a synthesis).
     settings: ClassVar[type[BaseModel] | None]
+    #: The stored record, typed: what :meth:`calibrate` derives and every answer reads,
+    #: parsed once per loaded context (:meth:`calibration_of`).
+    calibration: type[C]
+    #: The white-box fields :meth:`debug_view` returns (None: no private internals). The
+    #: ``/v1/debug/*`` response of a task is its answer's fields plus those of every
+    #: mechanism of that task, flat (``dpicl.api.routes.debug``).
+    debug_model: ClassVar[type[BaseModel] | None] = None
 
     def check(self, settings: Any, new: NewContext) -> None:
         """Cross-field checks of a new context beyond the settings' own schema (raise
@@ -122,26 +134,39 @@ class Mechanism(ABC):
         return None
 
     @abstractmethod
-    def calibrate(self, settings: Any, n_exemplars: int) -> dict[str, Any]:
-        """The stored record: ``settings.model_dump()`` plus what calibration derived, once,
-        at creation (every answer and report quotes the same numbers)."""
+    def calibrate(self, settings: Any, n_exemplars: int) -> C:
+        """The calibration: the settings plus what calibration derived, once, at creation
+        (every answer and report quotes the same numbers); stored as :meth:`record`."""
 
-    def own_budget(self, record: Record) -> OwnBudget | None:
+    def record(self, calibration: C) -> Record:
+        """The stored record of ``calibration``: its fields, in order."""
+        return calibration.model_dump()
+
+    def calibration_of(self, context: StoredContext) -> C:
+        """``context``'s stored record as this mechanism's calibration, parsed once per
+        loaded context (kept with it: :meth:`StoredContext.record_as`)."""
+        return context.record_as(self.calibration)
+
+    def own_budget(self, calibration: C) -> OwnBudget | None:
         """The context's budget when the mechanism sets it itself; None: the request's."""
         return None
 
     @abstractmethod
-    def cost(self, record: Record) -> Cost:
+    def cost(self, calibration: C) -> Cost:
         """The cost event of one answer, which the ledger composes (:class:`Cost`)."""
+
+    def cost_of(self, context: StoredContext) -> Cost:
+        """The cost event of one answer of ``context``."""
+        return self.cost(self.calibration_of(context))
 
     @abstractmethod
     async def answer(self, context: StoredContext, query: str, how: Answering) -> Outcome:
         """One answer: charge the ledger first (``dpicl.pipelines.engine_calls``), run the
         engine, release, and report the outcome with the budget after the charge."""
 
-    def debug_view(self, outcome: Any, whitebox: str) -> dict[str, Any] | None:
+    def debug_view(self, outcome: Any, whitebox: str) -> BaseModel | None:
         """The white-box fields of ``outcome`` for ``/v1/debug/*`` at ``whitebox``
-        (``noisy`` or ``internal``); None: the mechanism has no private internals."""
+        (``noisy`` or ``internal``), a :attr:`debug_model`; None: no private internals."""
         return None
 
     def routers(self) -> Sequence[APIRouter]:
@@ -149,7 +174,7 @@ class Mechanism(ABC):
         synthesis), which the app includes beside the contexts routes; default: none."""
         return ()
 
-    def calibration_report(self, options: Mapping[str, Any]) -> dict[str, Any]:
+    def calibration_report(self, options: Mapping[str, Any]) -> Record:
         """What ``dpicl calibrate`` prints for ``options`` (the command's options that were
         given, by settings field name: ``epsilon``, ``delta``, ``partitions``, ...): the
         record a context with these settings would store (:meth:`calibrate`), without the
@@ -157,13 +182,13 @@ class Mechanism(ABC):
         a value they refuse, is a :class:`ConfigurationError` naming it."""
         settings = settings_from_options(self, options)
         n = int(getattr(settings, "partitions", 1))  # the fewest exemplars it can serve
-        record = self.calibrate(settings, n)
+        record = self.record(self.calibrate(settings, n))
         return {"mechanism": self.name} | {
             k: v for k, v in record.items() if k not in ("name", "partition_seed")
         }
 
 
-def settings_from_options(mechanism: Mechanism, options: Mapping[str, Any]) -> Any:
+def settings_from_options(mechanism: Mechanism[Any], options: Mapping[str, Any]) -> Any:
     """``mechanism``'s settings model validated from command-line ``options`` (field name:
     value): a :class:`ConfigurationError` naming the option it does not have or refuses."""
     model = mechanism.settings

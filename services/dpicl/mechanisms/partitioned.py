@@ -1,16 +1,17 @@
 """What the partition-and-aggregate mechanisms share (voting, ESA, and any variant of them):
-the settings of T disjoint partitions, the checks of a new context and, for the Gaussian
-ones, the calibration and the cost event.
+the settings of T disjoint partitions, the checks of a new context, the calibration records
+and, for the Gaussian ones, the calibration and the cost event.
 
 A mechanism with other noise (a Laplace variant of voting, say) subclasses
-:class:`PartitionedMechanism` and replaces :meth:`~PartitionedMechanism.calibrate` and
+:class:`PartitionedMechanism` with a calibration of its own (a
+:class:`PartitionedCalibration`) and replaces :meth:`~PartitionedMechanism.calibrate` and
 :meth:`~PartitionedMechanism.cost`.
 """
 
 from __future__ import annotations
 
 import secrets
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -22,7 +23,8 @@ from dpicl.domain import (
     OptionalInt,
 )
 from dpicl.errors import ConfigurationError
-from dpicl.mechanisms.base import Mechanism, NewContext, Record
+from dpicl.mechanisms.base import Mechanism, NewContext
+from dpicl.pipelines.partitions import PartitionLayout
 from dpicl.privacy.accounting import gaussian_mu2
 from dpicl.privacy.calibration import epsilon_exact, sigma_for
 from dpicl.privacy.ledger import Cost
@@ -58,7 +60,54 @@ class PartitionedGaussian(PartitionedSettings, _Delta):
     calibration: Literal["classic", "analytic"] = "classic"
 
 
-class PartitionedMechanism(Mechanism):
+class _EpsilonRecord(BaseModel):
+    # A stored record is read as it was stored: no bounds (a server's limits may have
+    # changed since), other fields ignored.
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    epsilon: float
+
+
+class _DeltaRecord(_EpsilonRecord):
+    delta: float
+
+
+class PartitionedCalibration(PartitionLayout, _EpsilonRecord):
+    """The stored record of a partition-and-aggregate mechanism begins with its epsilon and
+    its partition layout (fields in the order :class:`PartitionedSettings` dumps them); a
+    mechanism's calibration extends it with its own settings and derived values."""
+
+
+class GaussianCalibration(PartitionedCalibration, _DeltaRecord):
+    """The record of a Gaussian partition-and-aggregate mechanism up to its own settings:
+    epsilon, delta, the layout, the calibration formula. Its calibration adds ``name``, its
+    settings and the derived ``sigma``, ``sensitivity`` and ``epsilon_exact`` (in the order
+    the mechanism's record stores them)."""
+
+    # Never read by an answer (sigma is stored): a record without it was calibrated by the
+    # classic formula, the only one there was.
+    calibration: Literal["classic", "analytic"] = "classic"
+
+
+class GaussianRecord(Protocol):
+    """What the Gaussian cost event reads of a calibration."""
+
+    @property
+    def epsilon(self) -> float: ...
+    @property
+    def delta(self) -> float: ...
+    @property
+    def sigma(self) -> float: ...
+    @property
+    def sensitivity(self) -> float: ...
+    @property
+    def epsilon_exact(self) -> float | None: ...
+
+
+P = TypeVar("P", bound=PartitionedCalibration)
+
+
+class PartitionedMechanism(Mechanism[P]):
     """A mechanism over T disjoint partitions, budgeted by the request's ``budget``."""
 
     def check(self, settings: Any, new: NewContext) -> None:
@@ -85,34 +134,43 @@ class PartitionedMechanism(Mechanism):
                 param="budget",
             )
 
+
+def partition_seed(settings: PartitionedSettings) -> int:
+    """The settings' partition seed, or a random one when none was given."""
+    seed = settings.partition_seed
+    return seed if seed is not None else secrets.randbits(63)
+
+
+class GaussianMechanism(PartitionedMechanism[P]):
+    """A partition-and-aggregate mechanism with Gaussian noise, calibrated to (epsilon,
+    delta) at its :meth:`sensitivity`; its ``cost`` is :func:`gaussian_cost` of its
+    calibration (a :class:`GaussianRecord`)."""
+
     def sensitivity(self, settings: Any) -> float:
         """The L2 sensitivity of the aggregate the Gaussian noise covers."""
         raise NotImplementedError(f"{type(self).__name__} has no Gaussian sensitivity")
 
-    def calibrate(self, settings: Any, n_exemplars: int) -> dict[str, Any]:
+    def calibrate(self, settings: Any, n_exemplars: int) -> P:
         """sigma for (epsilon, delta) at the mechanism's sensitivity, and the exact epsilon of
         one answer; a random partition seed when none was given."""
-        seed = settings.partition_seed
-        record: dict[str, Any] = settings.model_dump() | {
-            "partition_seed": seed if seed is not None else secrets.randbits(63)
-        }
         sensitivity = self.sensitivity(settings)
         sigma = sigma_for(settings.epsilon, settings.delta, sensitivity, settings.calibration)
-        return record | {
-            "sigma": sigma,
-            "sensitivity": sensitivity,
-            "epsilon_exact": epsilon_exact(sigma, sensitivity, settings.delta),
-        }
+        return self.calibration(
+            **settings.model_dump()
+            | {
+                "partition_seed": partition_seed(settings),
+                "sigma": sigma,
+                "sensitivity": sensitivity,
+                "epsilon_exact": epsilon_exact(sigma, sensitivity, settings.delta),
+            }
+        )
 
-    def cost(self, record: Record) -> Cost:
-        return gaussian_cost(record)
 
-
-def gaussian_cost(record: Record) -> Cost:
+def gaussian_cost(cal: GaussianRecord) -> Cost:
     """The cost event of one Gaussian answer: mu = Delta2 / sigma (dpicl.privacy.accounting)."""
     return Cost(
-        epsilon=float(record["epsilon"]),
-        delta=float(record["delta"]),
-        epsilon_exact=record.get("epsilon_exact"),
-        mu2=gaussian_mu2(float(record["sigma"]), float(record["sensitivity"])),
+        epsilon=cal.epsilon,
+        delta=cal.delta,
+        epsilon_exact=cal.epsilon_exact,
+        mu2=gaussian_mu2(cal.sigma, cal.sensitivity),
     )

@@ -30,10 +30,16 @@ A mechanism is a subclass of :class:`dpicl.mechanisms.base.Mechanism` with:
 * ``check(settings, new)``: cross-field checks of a new context (``new``: a
   :class:`~dpicl.mechanisms.base.NewContext`: its exemplar count, budget, whether the
   request named one, the server's limits; default: none);
-* ``calibrate(settings, n_exemplars)``: the stored record, calibrated once at creation;
-* ``own_budget(record)``: the context's budget when the mechanism sets it itself
+* ``calibration``: its calibration model, the stored record typed (a pydantic model whose
+  fields are the record's keys, in order); ``Mechanism[C]`` is generic in it. Every
+  answer reads a context's calibration through ``calibration_of(context)``, which parses
+  the record once per loaded context
+  (:meth:`dpicl.store.records.StoredContext.record_as`), never the record by key;
+* ``calibrate(settings, n_exemplars)``: the calibration, once, at creation; stored as
+  ``record(calibration)`` (default: its ``model_dump()``);
+* ``own_budget(calibration)``: the context's budget when the mechanism sets it itself
   (DPS-MOZO: epsilon over ``queries`` answers); default None: the request's ``budget``;
-* ``cost(record)``: one answer's cost event (:class:`dpicl.privacy.ledger.Cost`), which
+* ``cost(calibration)``: one answer's cost event (:class:`dpicl.privacy.ledger.Cost`), which
   the ledger composes without knowing the mechanism. A Gaussian event carries mu^2; a
   pure epsilon-DP event enters the same sum through
   :func:`dpicl.privacy.accounting.pure_dp_mu2` (conservative, exact for randomized
@@ -44,8 +50,11 @@ A mechanism is a subclass of :class:`dpicl.mechanisms.base.Mechanism` with:
   (:func:`dpicl.pipelines.engine_calls.paid_engine_call`), release, and return an
   :class:`~dpicl.mechanisms.base.Outcome` (the context after the charge, the text or
   label, the cost and :meth:`dpicl.privacy.ledger.Ledger.status`);
-* ``debug_view(outcome, whitebox)``: the fields ``/v1/debug/*`` adds at ``noisy`` or
-  ``internal`` (default None: no private internals).
+* ``debug_model`` and ``debug_view(outcome, whitebox)``: the model of the white-box
+  fields ``/v1/debug/*`` adds at ``noisy`` or ``internal``, and the view of one answer as
+  that model (default None: no private internals). A debug route's response is the
+  answer's fields plus the debug models' fields of every mechanism of its task, flat
+  (:func:`dpicl.api.routes.debug.debug_response`).
 * ``routers()``: routes it adds to the API beyond answering, included by the app beside
   the contexts routes (:func:`routers`; DPS-MOZO: ``POST /v1/contexts/{id}/synthesize``;
   default none).
@@ -53,18 +62,21 @@ A mechanism is a subclass of :class:`dpicl.mechanisms.base.Mechanism` with:
   :meth:`calibrate` stores for the settings validated from the command's options; DPS-MOZO
   reads a token count and a sampling rate instead of a context's queries and exemplars).
 
-The partition-and-aggregate pieces (settings of T partitions, their checks, the Gaussian
-calibration and cost) are :mod:`dpicl.mechanisms.partitioned`; the voting pipeline's paid
-label scoring is :func:`dpicl.mechanisms.voting.pipeline.paid_scores`. A variant of private
-voting with other noise subclasses :class:`~dpicl.mechanisms.partitioned.
-PartitionedMechanism` and replaces ``calibrate``, ``cost`` and ``answer``
-(``examples/laplace_voting``).
+The partition-and-aggregate pieces (settings of T partitions, their checks, the records
+that begin with the partition layout, the Gaussian calibration and cost) are
+:mod:`dpicl.mechanisms.partitioned`; the voting pipeline's paid label scoring is
+:func:`dpicl.mechanisms.voting.pipeline.paid_scores` and its white-box view
+:mod:`dpicl.mechanisms.voting.view`. A variant of private voting with other noise
+subclasses :class:`~dpicl.mechanisms.partitioned.PartitionedMechanism` with a calibration
+of its own and replaces ``calibrate``, ``cost``, ``answer`` and ``debug_view``
+(``examples/laplace_voting``: a Laplace ``scale``).
 """
 
 from __future__ import annotations
 
 import logging
 from importlib.metadata import EntryPoint, entry_points
+from typing import Any
 
 from fastapi import APIRouter
 from pydantic import BaseModel
@@ -89,12 +101,12 @@ __all__ = [
 ]
 
 ENTRY_POINT_GROUP = "dpicl.mechanisms"
-BUILT_IN: tuple[Mechanism, ...] = (VOTING, ESA, DPS_MOZO, PUBLIC)
+BUILT_IN: tuple[Mechanism[Any], ...] = (VOTING, ESA, DPS_MOZO, PUBLIC)
 
 log = logging.getLogger("dpicl.mechanisms")
 
 
-def _load(ep: EntryPoint) -> Mechanism:
+def _load(ep: EntryPoint) -> Mechanism[Any]:
     try:
         obj = ep.load()
     except Exception as exc:
@@ -112,9 +124,9 @@ def _load(ep: EntryPoint) -> Mechanism:
     return obj
 
 
-def discover() -> dict[str, Mechanism]:
+def discover() -> dict[str, Mechanism[Any]]:
     """The built-ins, then every mechanism installed under :data:`ENTRY_POINT_GROUP`."""
-    found: dict[str, Mechanism] = {m.name: m for m in BUILT_IN}
+    found: dict[str, Mechanism[Any]] = {m.name: m for m in BUILT_IN}
     for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
         mech = _load(ep)
         if mech.name in found:
@@ -128,10 +140,10 @@ def discover() -> dict[str, Mechanism]:
 
 
 #: Every mechanism this server serves, by name: built-ins first, in a fixed order.
-MECHANISMS: dict[str, Mechanism] = discover()
+MECHANISMS: dict[str, Mechanism[Any]] = discover()
 
 
-def get_mechanism(name: str) -> Mechanism:
+def get_mechanism(name: str) -> Mechanism[Any]:
     """The mechanism called ``name``; a 4xx naming it when there is none."""
     try:
         return MECHANISMS[name]
@@ -143,9 +155,9 @@ def get_mechanism(name: str) -> Mechanism:
         ) from None
 
 
-def mechanism_of(context: StoredContext) -> Mechanism:
+def mechanism_of(context: StoredContext) -> Mechanism[Any]:
     """The mechanism a stored context uses (a 4xx naming it when it is not installed)."""
-    name = str(context.mechanism.get("name"))
+    name = context.mechanism_name
     if name not in MECHANISMS:
         raise InvalidRequest(
             f"context {context.id} uses mechanism {name!r}, which is not installed on this server",

@@ -7,6 +7,9 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from dpicl.domain import is_blank
 from dpicl.engines.base import Exemplar, PromptSpec
@@ -14,6 +17,20 @@ from dpicl.errors import InvalidRequest
 from dpicl.pipelines.partitioning import assign_partitions, group_by_partition
 from dpicl.prompts import PromptPlan, plan
 from dpicl.store.repository import StoredContext
+
+
+class PartitionLayout(BaseModel):
+    """How a partitioned context splits its exemplars, as its mechanism record stores it:
+    T partitions, the permutation's seed, the scheme. The calibration of every
+    partition-and-aggregate mechanism extends it (:mod:`dpicl.mechanisms.partitioned`), so
+    the record is parsed once for both (:meth:`StoredContext.record_as`)."""
+
+    # The record holds the mechanism's other fields too; only these are read here.
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    partitions: int
+    partition_seed: int
+    partitioning: Literal["positional", "hash"]
 
 
 def exemplars_of(context: StoredContext) -> list[Exemplar]:
@@ -75,15 +92,15 @@ class _PlanCache:
         self._lock = threading.Lock()
 
     def get(self, context: StoredContext) -> _ContextPlans:
-        m = context.mechanism
+        layout = context.record_as(PartitionLayout)
         source = (
             context.template,
             context.task,
             context.labels,
             context.exemplars,
-            int(m["partitions"]),
-            int(m["partition_seed"]),
-            str(m["partitioning"]),
+            layout.partitions,
+            layout.partition_seed,
+            layout.partitioning,
         )
         with self._lock:
             hit = self._items.get(context.id)
@@ -105,9 +122,9 @@ class _PlanCache:
 
 
 def _make_plans(context: StoredContext, source: tuple[object, ...]) -> _ContextPlans:
-    m = context.mechanism
+    layout = context.record_as(PartitionLayout)
     groups = _partition_positions(
-        context.exemplars, int(m["partitions"]), int(m["partition_seed"]), str(m["partitioning"])
+        context.exemplars, layout.partitions, layout.partition_seed, layout.partitioning
     )
     exemplars = exemplars_of(context)
     labels = context.labels

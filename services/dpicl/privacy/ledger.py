@@ -152,7 +152,7 @@ class Ledger:
             raise InvalidRequest(
                 f"key {p.key_id} has a privacy budget, which composes the Gaussian (mu^2) "
                 f"costs of voting and ESA answers; context {context.id} uses "
-                f"{context.mechanism.get('name')}, whose cost it cannot add: query it with a "
+                f"{context.mechanism_name}, whose cost it cannot add: query it with a "
                 "key without a privacy budget",
                 param="context_id",
             )

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import re
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, JsonValue
 
 from dpicl.store.models import ContextRow
+
+R = TypeVar("R", bound=BaseModel)
 
 __all__ = [
     "ContextKey",
@@ -35,7 +39,8 @@ class StoredContext:
     labels: tuple[str, ...]
     exemplars: tuple[tuple[str, str], ...]
     template: str
-    mechanism: dict[str, Any]
+    #: The mechanism record as stored: a JSON object, read through :meth:`record_as`.
+    mechanism: dict[str, JsonValue]
     budget: dict[str, float] | None
     mu2_spent: float
     mu2_max: float | None
@@ -43,6 +48,30 @@ class StoredContext:
     max_queries: int | None
     created_at: datetime
     tenant: str | None = None
+    #: The mechanism record parsed into typed models (:meth:`record_as`), each parsed once
+    #: per loaded context. ``dataclasses.replace`` (the context after a charge) passes the
+    #: same dict on: the record never changes, so neither do its parses.
+    parsed: dict[type[BaseModel], BaseModel] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+
+    @property
+    def mechanism_name(self) -> str:
+        """The name of the mechanism that answers for the context (its record's ``name``)."""
+        return str(self.mechanism.get("name"))
+
+    def record_as(self, model: type[R]) -> R:
+        """The mechanism record as ``model`` (the mechanism's typed calibration, or a part
+        of it that a kit reads, such as the partition layout), parsed once: a record
+        already parsed into a subclass of ``model`` is that parse."""
+        hit = self.parsed.get(model)
+        if hit is None:
+            hit = next((v for v in self.parsed.values() if isinstance(v, model)), None)
+            if hit is None:
+                hit = model.model_validate(self.mechanism)
+            self.parsed[model] = hit
+        assert isinstance(hit, model)
+        return hit
 
     @classmethod
     def from_row(

@@ -9,7 +9,7 @@
   s1 right before the query, which pushes the first token to s1; in C0 the replacement's
   shot shows the same question answered s0. The zero-shot prompt sees both words quoted, so
   both are in its top-k (Line 5: tokens outside it can never be released).
-* **Guarantee** (``plan.mechanism.guarantee``, sent as ``mechanism.guarantee``).
+* **Guarantee** (``MozoSettings.of(plan).guarantee``, sent as ``mechanism.guarantee``).
   ``"proven"`` (the default, as on the server): the configured (epsilon, delta) is a true
   claim (each token pure ``per_token_epsilon``-DP, docs/privacy.md). ``"paper"``: the
   paper's RDP-derived figure, which is **nominal** (its per-token bound, Theorem B.3, is
@@ -36,8 +36,10 @@
   the GDP figure assumes a Gaussian trade-off, which a pure-DP claim is not), compared with
   the claimed epsilon: above it is a VIOLATION; a white-box token outside either bound is a
   VIOLATION naming the trial and token. Paper mode: ``epsilon_emp`` is the larger of the GDP
-  and classical lower bounds, worded against the nominal claim. No exact epsilon either way,
-  so no ``bug`` branch on epsilon.
+  and classical lower bounds, worded against the nominal claim. No exact epsilon of the
+  release either way; proven mode's claim is checked deterministically against the reported
+  eps0 (:mod:`.claim`: the exact epsilon of ``queries x max_tokens`` tokens at that eps0
+  above the claim is a BUG, stored as ``calibration_departure``).
 * **Contexts.** A DPS-MOZO context answers ``queries_per_context`` queries and is then
   ``budget_exhausted``, so trial ``j`` of a world goes to that world's context
   ``j // queries_per_context`` (:func:`dpicl_audit.planning.schedule.context_slots`), created when
@@ -57,13 +59,14 @@ from typing import Any
 
 import numpy as np
 
-from dpicl_audit.client import AuditTarget
+from dpicl_audit.client import AuditTarget, ContextBody
 from dpicl_audit.datasets import LabelledDataset
 from dpicl_audit.errors import InvalidAuditInput, TargetProtocolError
 from dpicl_audit.estimators.conformance import ConformanceTest
 from dpicl_audit.estimators.draws import Draw, sampling_tests
 from dpicl_audit.estimators.exchangeable import order_can_inform
 from dpicl_audit.estimators.gdp import gdp_epsilon
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.mechanisms.base import (
     MechanismAudit,
     SettingRows,
@@ -72,20 +75,28 @@ from dpicl_audit.mechanisms.base import (
     estimate_trials,
     exemplar_dicts,
 )
-from dpicl_audit.mechanisms.dps_mozo.check import token_check
+from dpicl_audit.mechanisms.dps_mozo.check import token_internals
+from dpicl_audit.mechanisms.dps_mozo.claim import mozo_claim_departure
 from dpicl_audit.mechanisms.dps_mozo.design import MozoDesign, decide, mozo_design
 from dpicl_audit.mechanisms.dps_mozo.findings import (
     divergence_check,
     ratio_check,
     without_signal,
 )
+from dpicl_audit.mechanisms.dps_mozo.settings import MozoSettings
 from dpicl_audit.mechanisms.trial_estimates import Finish, finish_conformance, released_answers
 from dpicl_audit.plan import AuditPlan
+from dpicl_audit.planning.ledger import with_bursts
+from dpicl_audit.planning.ledger_burst import audit_bursts
+from dpicl_audit.planning.surface import audit_surface
 from dpicl_audit.results import Estimate, SettingResult
 from dpicl_audit.store import ContextRecord, TrialRecord
-from dpicl_audit.verdicts import Verdict, for_the_family, verdict
+from dpicl_audit.verdicts import Status, Verdict, for_the_family, verdict
 
-__all__ = ["MOZO", "MozoAudit"]
+__all__ = ["BURST_QUERIES", "MOZO", "MozoAudit"]
+
+#: The query limit of the burst's contexts (16 requests in flight on 2 answers).
+BURST_QUERIES = 2
 
 
 def _starts_with(text: str, signals: tuple[str, str]) -> str:
@@ -94,61 +105,11 @@ def _starts_with(text: str, signals: tuple[str, str]) -> str:
     return "signal0" if decide(text, signals[1]) else "other"
 
 
-def _token_internals(out: Mapping[str, Any], guarantee: str) -> dict[str, Any]:
-    """The white-box observation. Proven mode: per token the lambdas and the auditor's own
-    :func:`~dpicl_audit.mechanisms.dps_mozo.check.token_check` figures (not the probabilities,
-    which would make the log ~1 kB per token and shot). Paper mode: per-token lambdas and
-    divergences (and, at internal, the exact per-shot divergences)."""
-    tokens = out.get("tokens")
-    if not isinstance(tokens, list):
-        raise TargetProtocolError("/v1/debug/generate returned no DPS-MOZO tokens[]")
-    got = out.get("guarantee", "paper")
-    if got != guarantee:
-        raise TargetProtocolError(
-            f"/v1/debug/generate reports guarantee {got!r}, the audit asked for {guarantee!r}"
-        )
-    kept = []
-    first: dict[str, Any] | None = None
-    for tok in tokens:
-        if not isinstance(tok, Mapping):
-            raise TargetProtocolError("/v1/debug/generate: a tokens[] entry is not an object")
-        if first is None and tok.get("shots") is not None and tok.get("product_probs"):
-            # The first token's released distribution and shot set: C1 and C0 answers drawn
-            # with the same shots are then the replace-one pair itself (mozo_findings).
-            first = {
-                "shots": sorted(int(i) for i in tok["shots"]),
-                "top_ids": tok.get("top_ids"),
-                "product_probs": tok["product_probs"],
-            }
-        if guarantee == "proven":
-            kept.append({"token_id": tok.get("token_id"), "lambdas": tok.get("lambdas")})
-            kept[-1] |= token_check(tok)
-            continue
-        kept.append(
-            {
-                key: tok.get(key)
-                for key in ("token_id", "lambdas", "divergences", "exact_divergences")
-                if tok.get(key) is not None
-            }
-        )
-    return {
-        "tokens": kept,
-        "first_token": first if guarantee == "proven" and kept else None,
-        "whitebox": out.get("whitebox"),
-        "alpha": out.get("alpha"),
-        "beta": out.get("beta"),
-        "max_log_ratio": out.get("max_log_ratio"),
-        "radius": out.get("radius"),
-        "per_token_bound": out.get("per_token_bound"),
-        "max_exact_divergence": out.get("max_exact_divergence"),
-        "max_exact_log_ratio": out.get("max_exact_log_ratio"),
-    }
-
-
 class MozoAudit(MechanismAudit):
     """DPS-MOZO: tokens sampled from the product of mixed one-shot distributions."""
 
     name = "dps-mozo"
+    settings = MozoSettings
     task = "generation"
     design_type = MozoDesign
     has_bootstrap = False
@@ -156,7 +117,7 @@ class MozoAudit(MechanismAudit):
     def build_design(self, plan: AuditPlan, dataset: LabelledDataset) -> MozoDesign:
         return mozo_design(plan, dataset)
 
-    def summary(self, design: MozoDesign) -> dict[str, Any]:
+    def summary(self, design: MozoDesign) -> JsonObject:
         return {
             "attack": design.attack,
             "canary_kind": "signal",
@@ -171,9 +132,9 @@ class MozoAudit(MechanismAudit):
 
     def context_body(
         self, design: MozoDesign, plan: AuditPlan, epsilon: float, world: int, *, name: str
-    ) -> dict[str, Any]:
-        m = plan.mechanism
-        mechanism: dict[str, Any] = {
+    ) -> ContextBody:
+        m = MozoSettings.of(plan)
+        mechanism: dict[str, object] = {
             "name": self.name,
             "guarantee": m.guarantee,
             "epsilon": float(epsilon),
@@ -193,8 +154,39 @@ class MozoAudit(MechanismAudit):
             "mechanism": mechanism,
         }
 
+    async def audit_ledger(
+        self, target: AuditTarget, design: MozoDesign, plan: AuditPlan
+    ) -> dict[str, Any] | None:
+        """DPS-MOZO's query limit under concurrency (planning.ledger_burst): on each
+        generation route a fresh C0 context of :data:`BURST_QUERIES` answers gets that many
+        and :data:`~dpicl_audit.planning.ledger_burst.BURST_EXTRA` more requests in flight;
+        exactly its queries must be answered (every answer is charged ``max_tokens``
+        tokens, so its token limit is the same count)."""
+        eps = float(plan.mechanism.epsilons[0])
+        body = self.context_body(design, plan, eps, 0, name=f"dpicl-audit {plan.seed} ledger")
+        body["mechanism"] = dict(body["mechanism"]) | {"queries": BURST_QUERIES}
+        found = await audit_bursts(target, body, design.query, None)
+        out: dict[str, Any] = {"status": "ok", "checks": [], "message": found["message"]}
+        return with_bursts(out, found)
+
+    async def audit_surface(
+        self, target: AuditTarget, design: MozoDesign, plan: AuditPlan
+    ) -> dict[str, Any] | None:
+        """Every route's whole response on a fresh C1/C0 pair at the first epsilon, and
+        ``max_tokens`` above the context's T_max (planning.surface)."""
+        eps = float(plan.mechanism.epsilons[0])
+
+        def body(world: int, answers: int) -> ContextBody:
+            out = self.context_body(design, plan, eps, world, name=f"dpicl-audit {plan.seed}")
+            out["mechanism"] = dict(out["mechanism"]) | {"queries": answers}
+            return out
+
+        return await audit_surface(
+            target, body, design.query, task=self.task, limit=MozoSettings.of(plan).max_tokens
+        )
+
     def calls_per_query(self, plan: AuditPlan) -> int:
-        return plan.mechanism.exemplars + 1  # |D| one-shot prompts and the zero-shot one
+        return MozoSettings.of(plan).exemplars + 1  # |D| one-shot prompts and the zero-shot one
 
     def claims_per_setting(self, design: Any, threat_models: Sequence[str]) -> int:
         # The black-box figure only: the white-box findings (mozo_findings) are direct
@@ -202,22 +194,24 @@ class MozoAudit(MechanismAudit):
         return 1
 
     def queries_per_context(self, plan: AuditPlan) -> int | None:
-        return plan.mechanism.queries_per_context
+        return MozoSettings.of(plan).queries_per_context
 
     async def trial(
         self, target: AuditTarget, design: MozoDesign, plan: AuditPlan, at: TrialAt
     ) -> TrialRecord:
-        _check_guarantee(at.context, plan.mechanism.guarantee)
-        out, latency = await ask(target, at, design.query, max_tokens=plan.mechanism.max_tokens)
+        _check_guarantee(at.context, MozoSettings.of(plan).guarantee)
+        out, latency = await ask(
+            target, at, design.query, max_tokens=MozoSettings.of(plan).max_tokens
+        )
         text = str(out["text"])
         cost = out.get("cost") if isinstance(out.get("cost"), Mapping) else {}
-        observation: dict[str, Any] = {
+        observation: JsonObject = {
             "text": text,
             "starts_with": _starts_with(text, design.signals),
             "cost_epsilon": (cost or {}).get("epsilon"),
         }
         if at.white:
-            observation |= _token_internals(out, plan.mechanism.guarantee)
+            observation |= token_internals(out, MozoSettings.of(plan).guarantee)
         return at.record(design.query, observation, design.decide_text(text), latency)
 
     def setting_meta(
@@ -232,14 +226,26 @@ class MozoAudit(MechanismAudit):
         c1 = contexts.get((setting, 1)) or (mine[0] if mine else None)
         mech: Mapping[str, Any] = c1.info.get("mechanism", {}) if c1 is not None else {}
         alpha, beta = mech.get("alpha"), mech.get("beta")
-        proven = plan.mechanism.guarantee == "proven"
+        proven = MozoSettings.of(plan).guarantee == "proven"
         eps0, per_token = mech.get("max_log_ratio"), mech.get("per_token_epsilon")
         if proven and c1 is not None and (eps0 is None or per_token is None):
             raise TargetProtocolError(
                 f"context {c1.context_id} reports no max_log_ratio/per_token_epsilon: it is "
                 "not in DPS-MOZO's proven mode"
             )
-        return {
+        # The claim against the reported eps0 (issue 35, item 4; mechanisms/dps_mozo/claim.py).
+        from_eps0, weaker = (
+            mozo_claim_departure(mech, epsilon, MozoSettings.of(plan).exemplars)
+            if proven and eps0 is not None
+            else (None, None)
+        )
+        # Stored only where the claim breaks: an honest run's JSON stays as it was.
+        departure = (
+            {}
+            if weaker is None
+            else {"epsilon_from_eps0": from_eps0, "calibration_departure": weaker}
+        )
+        return departure | {
             "setting": setting,
             "epsilon_theory": epsilon,
             "delta": float(mech.get("delta") or plan.mechanism.delta),
@@ -255,7 +261,7 @@ class MozoAudit(MechanismAudit):
             "sigma": None,
             "epsilon_exact": None,
             "nominal": not proven,
-            "guarantee": plan.mechanism.guarantee,
+            "guarantee": MozoSettings.of(plan).guarantee,
             "alpha": alpha,
             "beta": beta,
             "max_log_ratio": None if eps0 is None else float(eps0),
@@ -271,7 +277,7 @@ class MozoAudit(MechanismAudit):
         plan, k, rows, meta = s.plan, s.k, s.rows, s.meta
         if s.bootstrap:
             raise InvalidAuditInput("DPS-MOZO has no bootstrap audit; use a run")
-        proven = plan.mechanism.guarantee == "proven"
+        proven = MozoSettings.of(plan).guarantee == "proven"
         out = estimate_trials(
             plan,
             k,
@@ -355,8 +361,12 @@ def _verdict_of(*, nominal: bool) -> Finish:
         basis = {} if nominal else {"epsilon_emp_basis": "classical"}
         est = est.updated(epsilon_emp=emp(mu, classical), **basis)
         again = lambda fw: judge(fw.mu_lower, fw.epsilon_lower_classic)  # noqa: E731
-        found = for_the_family(judge(mu, classical), est, meta, again)
-        return est.updated(verdict=without_signal(found, est))
+        found = without_signal(for_the_family(judge(mu, classical), est, meta, again), est)
+        weaker = meta.get("calibration_departure")
+        if weaker and found.status is not Status.VIOLATION:
+            # Deterministic, beside the statistics: no trial can make a weak calibration right.
+            found = Verdict(status=Status.BUG, message=f"BUG: {weaker}", exceeds_exact=True)
+        return est.updated(verdict=found)
 
     return finish
 

@@ -29,6 +29,8 @@ Each probability vector is renormalised here before its logarithm is taken. Wher
 sides of a ratio are exactly 0 (an underflow the server cannot release either) the ratio
 counts as 0; a 0 against a positive probability is an infinite ratio. The auditor's own
 numpy code, independent of the server's (DESIGN.md section 1).
+
+:func:`token_internals` is what a white-box trial logs of a ``/v1/debug/generate`` answer.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import numpy.typing as npt
 
 from dpicl_audit.errors import TargetProtocolError
 
-__all__ = ["RATIO_TOL", "exceeds", "neighbour_gap", "token_check"]
+__all__ = ["RATIO_TOL", "exceeds", "neighbour_gap", "token_check", "token_internals"]
 
 #: Relative slack over a bound: the server aims at ``eps0 (1 - 1e-9)`` so that the ratios
 #: recomputed from float64 probabilities (absolute error ~1e-15) never exceed eps0 by rounding.
@@ -133,3 +135,54 @@ def _max_of(values: Sequence[Any] | None) -> float | None:
         return float(max(float(v) for v in values))
     except (TypeError, ValueError) as exc:
         raise TargetProtocolError("/v1/debug/generate: a per-shot ratio is not numeric") from exc
+
+
+def token_internals(out: Mapping[str, Any], guarantee: str) -> dict[str, Any]:
+    """The white-box observation. Proven mode: per token the lambdas and the auditor's own
+    :func:`~dpicl_audit.mechanisms.dps_mozo.check.token_check` figures (not the probabilities,
+    which would make the log ~1 kB per token and shot). Paper mode: per-token lambdas and
+    divergences (and, at internal, the exact per-shot divergences)."""
+    tokens = out.get("tokens")
+    if not isinstance(tokens, list):
+        raise TargetProtocolError("/v1/debug/generate returned no DPS-MOZO tokens[]")
+    got = out.get("guarantee", "paper")
+    if got != guarantee:
+        raise TargetProtocolError(
+            f"/v1/debug/generate reports guarantee {got!r}, the audit asked for {guarantee!r}"
+        )
+    kept = []
+    first: dict[str, Any] | None = None
+    for tok in tokens:
+        if not isinstance(tok, Mapping):
+            raise TargetProtocolError("/v1/debug/generate: a tokens[] entry is not an object")
+        if first is None and tok.get("shots") is not None and tok.get("product_probs"):
+            # The first token's released distribution and shot set: C1 and C0 answers drawn
+            # with the same shots are then the replace-one pair itself (mozo_findings).
+            first = {
+                "shots": sorted(int(i) for i in tok["shots"]),
+                "top_ids": tok.get("top_ids"),
+                "product_probs": tok["product_probs"],
+            }
+        if guarantee == "proven":
+            kept.append({"token_id": tok.get("token_id"), "lambdas": tok.get("lambdas")})
+            kept[-1] |= token_check(tok)
+            continue
+        kept.append(
+            {
+                key: tok.get(key)
+                for key in ("token_id", "lambdas", "divergences", "exact_divergences")
+                if tok.get(key) is not None
+            }
+        )
+    return {
+        "tokens": kept,
+        "first_token": first if guarantee == "proven" and kept else None,
+        "whitebox": out.get("whitebox"),
+        "alpha": out.get("alpha"),
+        "beta": out.get("beta"),
+        "max_log_ratio": out.get("max_log_ratio"),
+        "radius": out.get("radius"),
+        "per_token_bound": out.get("per_token_bound"),
+        "max_exact_divergence": out.get("max_exact_divergence"),
+        "max_exact_log_ratio": out.get("max_exact_log_ratio"),
+    }

@@ -12,6 +12,8 @@ import numpy as np
 
 from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import DatasetError
+from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.mechanisms.dps_mozo.settings import MozoSettings
 from dpicl_audit.mechanisms.neighbours import NeighbourPair, pair_from_json, pair_to_json
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.prompts import MOZO_TEMPLATE, mozo_question
@@ -45,7 +47,7 @@ class MozoDesign(NeighbourPair):
     def decide_text(self, text: str) -> int:
         return decide(text, self.signals[0])
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return pair_to_json(self) | {"design_kind": "dps-mozo"}
 
     @classmethod
@@ -58,7 +60,7 @@ class MozoDesign(NeighbourPair):
 def mozo_design(plan: AuditPlan, dataset: LabelledDataset) -> MozoDesign:
     """Replace-one neighbours: the canary ``(x_c, s1)`` against ``(x_r, s0)`` at one seeded
     position among ``exemplars - 1`` fillers from the dataset."""
-    n = plan.mechanism.exemplars
+    n = MozoSettings.of(plan).exemplars
     signals = plan.mozo.signals
     rng = np.random.default_rng(plan.seed)
     fillers: list[Example] = []

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.mechanisms.dps_mozo.check import exceeds, neighbour_gap
 from dpicl_audit.results import Estimate
 from dpicl_audit.store import TrialRecord
@@ -46,7 +47,7 @@ def divergence_check(rows: Sequence[TrialRecord], meta: Mapping[str, Any]) -> Es
     bound = meta.get("per_token_bound")
     reached = _max_divergence(rows, "divergences")
     exact = _max_divergence(rows, "exact_divergences")
-    out: dict[str, Any] = {
+    out: JsonObject = {
         "kind": "divergence",
         "trials": len(rows),
         "tokens": sum(len(r.observation.get("tokens") or []) for r in rows),
@@ -136,7 +137,7 @@ def ratio_check(rows: Sequence[TrialRecord], meta: Mapping[str, Any]) -> Estimat
     exact_srv, exact_srv_at = _worst(rows, "exact_server")
     gap, gap_at = _worst(rows, "product_gap")
     pairs, neighbour, neighbour_at = _neighbour_pairs(rows)
-    out: dict[str, Any] = {
+    out: JsonObject = {
         "kind": "max-log-ratio",
         "trials": len(rows),
         "tokens": sum(len(r.observation.get("tokens") or []) for r in rows),

@@ -55,17 +55,22 @@ from typing import Any
 
 import numpy as np
 
-from dpicl_audit.client import AuditTarget
+from dpicl_audit.client import AuditTarget, ContextBody
 from dpicl_audit.datasets import LabelledDataset
 from dpicl_audit.errors import TargetProtocolError
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.mechanisms.base import SettingRows, TrialAt, ask, needs_internal
 from dpicl_audit.mechanisms.esa.bootstrap import estimate_esa_bootstrap
 from dpicl_audit.mechanisms.esa.build import build_generation_design
 from dpicl_audit.mechanisms.esa.design import FloatArray, GenerationDesign
 from dpicl_audit.mechanisms.esa.estimates import esa_meta, estimate_esa_trials
+from dpicl_audit.mechanisms.esa.settings import EsaSettings
 from dpicl_audit.mechanisms.esa.signals import resolve_signal_embeddings
 from dpicl_audit.mechanisms.gaussian import GaussianMechanismAudit, gaussian_setting_meta
 from dpicl_audit.plan import AuditPlan
+from dpicl_audit.planning.budgets import budget_limit
+from dpicl_audit.planning.ledger import answers_in_budget, budget_for
+from dpicl_audit.planning.surface import audit_surface
 from dpicl_audit.results import SettingResult
 from dpicl_audit.store import ContextRecord, TrialRecord
 
@@ -76,6 +81,7 @@ class EsaAudit(GaussianMechanismAudit):
     """ESA: the zero-shot candidate nearest a noisy mean of T partition embeddings."""
 
     name = "esa"
+    settings = EsaSettings
     task = "generation"
     design_type = GenerationDesign
     clean_name = "clean means"
@@ -87,7 +93,7 @@ class EsaAudit(GaussianMechanismAudit):
     def build_design(self, plan: AuditPlan, dataset: LabelledDataset) -> GenerationDesign:
         return build_generation_design(plan, dataset)
 
-    def summary(self, design: GenerationDesign) -> dict[str, Any]:
+    def summary(self, design: GenerationDesign) -> JsonObject:
         return self.neighbour_summary(design) | {
             "labels": [design.y1, design.y0],
             "positive": design.y1,
@@ -101,10 +107,10 @@ class EsaAudit(GaussianMechanismAudit):
 
     def context_body(
         self, design: GenerationDesign, plan: AuditPlan, epsilon: float, world: int, *, name: str
-    ) -> dict[str, Any]:
+    ) -> ContextBody:
         body = self.base_body(design, plan, epsilon, world, name=name)
         body["template"] = design.template
-        mech = plan.mechanism
+        mech = EsaSettings.of(plan)
         body["mechanism"] |= {
             "sensitivity": mech.sensitivity,
             "candidates": mech.candidates,
@@ -113,7 +119,23 @@ class EsaAudit(GaussianMechanismAudit):
         return body
 
     def calls_per_query(self, plan: AuditPlan) -> int:
-        return plan.mechanism.partitions + plan.mechanism.candidates
+        return EsaSettings.of(plan).partitions + EsaSettings.of(plan).candidates
+
+    async def audit_surface(
+        self, target: AuditTarget, design: GenerationDesign, plan: AuditPlan
+    ) -> dict[str, Any] | None:
+        """Every route's whole response on a fresh C1/C0 pair at the first epsilon
+        (planning.surface). ESA's ``max_tokens`` bounds its candidates' length, which its
+        noise does not depend on: no limit is probed."""
+        eps = float(plan.mechanism.epsilons[0])
+
+        def body(world: int, answers: int) -> ContextBody:
+            out = self.context_body(design, plan, eps, world, name=f"dpicl-audit {plan.seed}")
+            budget = budget_for(eps, plan.mechanism.delta, answers, budget_limit(plan))
+            return out | {"budget": budget}
+
+        fit = answers_in_budget(eps, plan.mechanism.delta, budget_limit(plan))
+        return await audit_surface(target, body, design.query, task=self.task, capacity=fit)
 
     async def prepare(
         self,
@@ -137,9 +159,11 @@ class EsaAudit(GaussianMechanismAudit):
         self, target: AuditTarget, design: GenerationDesign, plan: AuditPlan, at: TrialAt
     ) -> TrialRecord:
         """One ESA audit query and what it observed."""
-        out, latency = await ask(target, at, design.query, max_tokens=plan.mechanism.max_tokens)
+        out, latency = await ask(
+            target, at, design.query, max_tokens=EsaSettings.of(plan).max_tokens
+        )
         text = str(out["text"])
-        observation: dict[str, Any] = {"text": text}
+        observation: JsonObject = {"text": text}
         score: float | None = None
         if at.white:
             noisy = _floats(out.get("noisy_mean"), "noisy_mean")

@@ -1,6 +1,6 @@
 """ESA's bootstrap (paper 000, Algorithm 1 over embeddings): resample the collected clean
 means, add noise of the measured-or-reported sigma (a chi-square check on the residuals),
-attack, bound (:func:`dpicl_audit.estimators.bootstrap.bootstrap_esa_audit`)."""
+attack, bound (:func:`.simulation.bootstrap_esa_audit`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 
-from dpicl_audit.estimators.bootstrap import bootstrap_esa_audit
 from dpicl_audit.estimators.power import flip_rate_from_signals
 from dpicl_audit.mechanisms.base import SettingRows
 from dpicl_audit.mechanisms.esa.design import GenerationDesign
@@ -19,6 +18,8 @@ from dpicl_audit.mechanisms.esa.estimates import (
     signal_reference,
     signal_tightness,
 )
+from dpicl_audit.mechanisms.esa.settings import EsaSettings
+from dpicl_audit.mechanisms.esa.simulation import bootstrap_esa_audit
 from dpicl_audit.mechanisms.trial_estimates import with_verdict
 from dpicl_audit.planning.schedule import STREAM_BOOTSTRAP
 from dpicl_audit.results import Estimate, SettingResult
@@ -82,7 +83,7 @@ def estimate_esa_bootstrap(s: SettingRows) -> SettingResult:
     with_rows = [r.observation["clean_mean"] for r in clean if r.world == 1]
     without_rows = [r.observation["clean_mean"] for r in clean if r.world == 0]
     n_sample = plan.bootstrap.n_sample
-    calls = plan.mechanism.partitions + plan.mechanism.candidates
+    calls = EsaSettings.of(plan).partitions + EsaSettings.of(plan).candidates
     # The setting's facts, then the bootstrap's.
     out = SettingResult.of(
         **meta

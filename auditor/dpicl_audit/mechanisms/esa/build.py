@@ -40,6 +40,7 @@ from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import DatasetError, InvalidPlan
 from dpicl_audit.estimators.label_release import binary_release_epsilon, pivotal_design
 from dpicl_audit.mechanisms.esa.design import GenerationDesign, signal_pair
+from dpicl_audit.mechanisms.esa.settings import EsaSettings
 from dpicl_audit.mechanisms.neighbours import (
     MIN_ORACLE_CHARS,
     STREAM_DESIGN,
@@ -130,7 +131,7 @@ def build_esa_pinned_design(
     """
 
     rng = np.random.default_rng([plan.seed, STREAM_DESIGN, 3 if layout == "pivotal" else 4])
-    t = plan.mechanism.partitions
+    t = EsaSettings.of(plan).partitions
     if t < 2:
         raise InvalidPlan(f"the {layout} design needs at least 2 partitions, got {t}")
     pinned = pivotal_design(t).other_labels  # 0: answers y1, 1: answers y0

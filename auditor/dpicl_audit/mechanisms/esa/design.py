@@ -15,6 +15,7 @@ import numpy.typing as npt
 
 from dpicl_audit.datasets import Example
 from dpicl_audit.errors import InvalidAuditInput
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.mechanisms.neighbours import NeighbourPair, pair_from_json, pair_to_json
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.prompts import SIGNAL_PAIRS
@@ -116,7 +117,7 @@ class GenerationDesign(NeighbourPair):
             embeddings_source=source,
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return pair_to_json(self) | {"design_kind": "generation"}
 
     @classmethod

@@ -20,10 +20,12 @@ from typing import Any
 import numpy as np
 
 from dpicl_audit.estimators.conformance import ConformanceTest, residual_tests
-from dpicl_audit.estimators.exact import esa_epsilon_exact, esa_mean_sensitivity
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.mechanisms.base import SettingRows
 from dpicl_audit.mechanisms.esa.build import release_epsilon_meta
 from dpicl_audit.mechanisms.esa.design import GenerationDesign
+from dpicl_audit.mechanisms.esa.exact import esa_epsilon_exact, esa_mean_sensitivity
+from dpicl_audit.mechanisms.esa.settings import EsaSettings
 from dpicl_audit.mechanisms.trial_estimates import (
     estimate_trials,
     finish_conformance,
@@ -50,11 +52,11 @@ _N_RANDOM_DIRECTIONS = 8
 
 def esa_meta(
     plan: AuditPlan, design: GenerationDesign, meta: dict[str, Any], sigma: float | None
-) -> dict[str, Any]:
+) -> JsonObject:
     """ESA's epsilon_exact (worst-case shift) and epsilon_exact_signal (the actual shift)."""
 
-    t = plan.mechanism.partitions
-    sens = esa_mean_sensitivity(t, original=plan.mechanism.sensitivity == "original")
+    t = EsaSettings.of(plan).partitions
+    sens = esa_mean_sensitivity(t, original=EsaSettings.of(plan).sensitivity == "original")
     dist = design.signal_distance()
     meta |= {
         "mechanism": "esa",
@@ -73,7 +75,7 @@ def esa_meta(
         # The released candidate's closed-form rates at the design's intended clean gaps,
         # fair-coin zero-shot candidates (mechanisms.esa.build): the black-box ceiling.
         meta |= release_epsilon_meta(
-            design.layout, dist, t, sigma, plan.mechanism.candidates, plan.mechanism.delta
+            design.layout, dist, t, sigma, EsaSettings.of(plan).candidates, plan.mechanism.delta
         )
     return meta
 
@@ -95,7 +97,7 @@ def estimate_esa_trials(s: SettingRows, calls_per_query: int) -> SettingResult:
     from scipy.stats import beta
 
     power = dict(meta)
-    note: dict[str, Any] = {}
+    note: JsonObject = {}
     rates = meta.get("release_rates")
     if rows and design.attack == "inquery" and rates is not None:
         n = len(rows)
@@ -146,7 +148,7 @@ def esa_setting_conformance(
     return esa_conformance(out, rows, meta, signal=signal, seed=seed, bootstrap=bootstrap)
 
 
-def signal_reference(meta: Mapping[str, Any]) -> dict[str, Any]:
+def signal_reference(meta: Mapping[str, Any]) -> JsonObject:
     """The meta a verdict reads: on the simulator, whose canary partition outputs exactly the
     design's signal texts, the design's own exact epsilon ``epsilon_exact_signal`` (the
     canary's actual shift ``D / T``) is the reference where it is below the worst case, so a

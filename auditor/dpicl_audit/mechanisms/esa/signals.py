@@ -21,6 +21,7 @@ import numpy.typing as npt
 from dpicl_audit.client import AuditTarget, GenerationTarget
 from dpicl_audit.errors import InvalidAuditInput, TargetError, TargetProtocolError
 from dpicl_audit.mechanisms.esa.design import GenerationDesign
+from dpicl_audit.mechanisms.esa.settings import EsaSettings
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.store import ContextRecord
 
@@ -92,7 +93,9 @@ async def resolve_signal_embeddings(
     found: dict[str, FloatArray] = {}
     if source in ("auto", "server") and isinstance(target, GenerationTarget):
         try:
-            found = await _observe_on_server(target, design, contexts, plan.mechanism.max_tokens)
+            found = await _observe_on_server(
+                target, design, contexts, EsaSettings.of(plan).max_tokens
+            )
         except TargetError:
             if source == "server":
                 raise

@@ -5,10 +5,14 @@ Imports run one way, top to bottom of this table (the registry imports :mod:`.au
 ==================  ============================================================
 module              what it holds
 ==================  ============================================================
+:mod:`.settings`    the audit settings (the plan's section, attacks, plan checks)
 :mod:`.design`      the neighbour design as data (stored with a run as JSON)
 :mod:`.build`       building the ``paper``, ``pivotal`` and ``identical`` designs
 :mod:`.rdp`         paper 003's adversaries: the query-sequence design, built
 :mod:`.conformance` the setting's conformance tests (noise, release rates)
+:mod:`.exact`       the exact epsilon (dp-accounting PLD), independent of the server
+:mod:`.simulation`  Algorithm 1's simulated releases, vectorised (estimators take the
+                    decisions and scores)
 :mod:`.bootstrap`   Algorithm 1: clean votes resampled with the server's noise
 :mod:`.rdp_estimates`  paper 003's RDP audit of a sequence's votes
 :mod:`.estimates`   one setting's estimates and the exact epsilons beside them

@@ -26,15 +26,16 @@ logic of the version that started it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
-from dpicl_audit.client import AuditTarget
+from dpicl_audit.client import AuditTarget, ContextBody
 from dpicl_audit.datasets import LabelledDataset
 from dpicl_audit.errors import TargetProtocolError
-from dpicl_audit.estimators.exact import voting_epsilon_exact
 from dpicl_audit.estimators.extra_fields import response_fields
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.mechanisms.base import SettingRows, TrialAt, ask, needs_internal
 from dpicl_audit.mechanisms.gaussian import GaussianMechanismAudit, gaussian_setting_meta
+from dpicl_audit.mechanisms.settings import MechanismSettings
 from dpicl_audit.mechanisms.voting.build import build_design
 from dpicl_audit.mechanisms.voting.design import AuditDesign
 from dpicl_audit.mechanisms.voting.estimates import (
@@ -42,11 +43,14 @@ from dpicl_audit.mechanisms.voting.estimates import (
     estimate_votes,
     release_meta,
 )
+from dpicl_audit.mechanisms.voting.exact import voting_epsilon_exact
 from dpicl_audit.mechanisms.voting.rdp import RDP_ATTACKS, RdpDesign, build_rdp_design
+from dpicl_audit.mechanisms.voting.settings import VotingSettings
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.budgets import budget_limit
-from dpicl_audit.planning.ledger import budget_for
+from dpicl_audit.planning.ledger import answers_in_budget, budget_for
 from dpicl_audit.planning.parameters import SWEEP_ANSWERS, sweep_parameters
+from dpicl_audit.planning.surface import audit_surface
 from dpicl_audit.results import SettingResult
 from dpicl_audit.store import ContextRecord, TrialRecord
 from dpicl_audit.verdicts import RDP_CUTS
@@ -58,6 +62,7 @@ class VotingAudit(GaussianMechanismAudit):
     """Private voting: labels released by a noisy argmax over T partition votes."""
 
     name = "voting"
+    settings: ClassVar[type[MechanismSettings]] = VotingSettings
     task = "classification"
     design_type = AuditDesign
     clean_name = "clean votes"
@@ -72,7 +77,7 @@ class VotingAudit(GaussianMechanismAudit):
             return RdpDesign.from_json(data)
         return AuditDesign.from_json(data)
 
-    def summary(self, design: AuditDesign | RdpDesign) -> dict[str, Any]:
+    def summary(self, design: AuditDesign | RdpDesign) -> JsonObject:
         return self.neighbour_summary(design) | design.summary_fields()
 
     def context_body(
@@ -83,7 +88,7 @@ class VotingAudit(GaussianMechanismAudit):
         world: int,
         *,
         name: str,
-    ) -> dict[str, Any]:
+    ) -> ContextBody:
         body = self.base_body(design, plan, epsilon, world, name=name)
         body["labels"] = list(design.labels)
         if design.template is not None:
@@ -101,7 +106,7 @@ class VotingAudit(GaussianMechanismAudit):
             label = str(out["label"])
             seq_obs: dict[str, Any] = {"label": label, "q": at.index % len(design.queries)}
             if at.white:
-                seq_obs |= white_box_votes(out, at)
+                seq_obs |= self.white_box_observation(out, at)
             return at.record(query, seq_obs, int(label == design.poison_label), latency)
         out, latency = await ask(target, at, design.query)
         label = str(out["label"])
@@ -115,16 +120,21 @@ class VotingAudit(GaussianMechanismAudit):
             if fields:
                 observation["fields"] = fields
         if at.white:
-            observation |= white_box_votes(out, at)
+            observation |= self.white_box_observation(out, at)
             try:
                 score = design.score(observation["noisy_votes"])
             except KeyError as exc:
                 raise TargetProtocolError(f"/v1/debug/classify: {exc.args[0]}") from exc
         return at.record(design.query, observation, design.decide_label(label), latency, score)
 
+    def white_box_observation(self, out: Mapping[str, Any], at: TrialAt) -> JsonObject:
+        """What a white-box trial logs of ``/v1/debug/classify`` (:func:`white_box_votes`;
+        a variant with other noise logs its own parameters)."""
+        return white_box_votes(out, at)
+
     async def audit_parameters(
         self, target: AuditTarget, design: AuditDesign | RdpDesign, plan: AuditPlan
-    ) -> dict[str, Any] | None:
+    ) -> JsonObject | None:
         """The chat route's client parameters swept on a fresh C1 context at the first
         epsilon (planning.parameters); none for paper 003's sequences."""
         if isinstance(design, RdpDesign) or getattr(design, "attack", None) != "inquery":
@@ -133,6 +143,23 @@ class VotingAudit(GaussianMechanismAudit):
         body = self.context_body(design, plan, eps, 1, name=f"dpicl-audit {plan.seed} sweep")
         budget = self.answers_budget(plan, eps, SWEEP_ANSWERS)
         return await sweep_parameters(target, body, design.query, budget=budget)
+
+    async def audit_surface(
+        self, target: AuditTarget, design: AuditDesign | RdpDesign, plan: AuditPlan
+    ) -> dict[str, Any] | None:
+        """Every route's whole response on a fresh C1/C0 pair at the first epsilon
+        (planning.surface); none for paper 003's sequences."""
+        if isinstance(design, RdpDesign) or getattr(design, "attack", None) != "inquery":
+            return None
+        eps = float(plan.mechanism.epsilons[0])
+
+        def body(world: int, answers: int) -> ContextBody:
+            name = f"dpicl-audit {plan.seed} C{world}"
+            out = self.context_body(design, plan, eps, world, name=name)
+            return out | {"budget": self.answers_budget(plan, eps, answers)}
+
+        fit = answers_in_budget(eps, plan.mechanism.delta, budget_limit(plan))
+        return await audit_surface(target, body, design.query, task=self.task, capacity=fit)
 
     def answers_budget(
         self, plan: AuditPlan, epsilon: float, answers: int
@@ -184,7 +211,7 @@ def _votes(value: Any, name: str) -> dict[str, float]:
         raise TargetProtocolError(f"/v1/debug/classify: {name} holds non-numbers") from exc
 
 
-def white_box_votes(out: Mapping[str, Any], at: TrialAt) -> dict[str, Any]:
+def white_box_votes(out: Mapping[str, Any], at: TrialAt) -> JsonObject:
     """What a white-box voting trial logs of ``/v1/debug/classify``: the noisy votes, sigma,
     and the clean votes (required when ``at.need_clean``: bootstrap needs them)."""
     observation: dict[str, Any] = {

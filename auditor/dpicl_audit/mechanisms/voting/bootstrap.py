@@ -1,14 +1,15 @@
 """Private voting's bootstrap (paper 000, Algorithm 1): clean vote vectors resampled with
 noise of the server's sigma, after the noise check (:mod:`dpicl_audit.estimators.noise_check`); the
-simulation is :func:`dpicl_audit.estimators.bootstrap.bootstrap_voting_audit`."""
+simulation is :func:`.simulation.bootstrap_voting_audit`."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from dpicl_audit.mechanisms.settings import PartitionedSettings
 from dpicl_audit.mechanisms.trial_estimates import with_verdict
 from dpicl_audit.mechanisms.voting.design import AuditDesign
 from dpicl_audit.plan import AuditPlan
@@ -24,12 +25,11 @@ def estimate_voting_bootstrap(
     design: AuditDesign,
     k: int,
     clean: Sequence[TrialRecord],
-    meta: dict[str, Any],
+    meta: Mapping[str, Any],
 ) -> SettingResult:
-    from dpicl_audit.estimators.bootstrap import (
-        bootstrap_voting_audit,  # slow imports: only when needed
-    )
+    # slow imports: only when needed
     from dpicl_audit.estimators.noise_check import check_noise, residuals_from_observations
+    from dpicl_audit.mechanisms.voting.simulation import bootstrap_voting_audit
 
     out = SettingResult.of(**meta)  # the setting's facts, then the bootstrap's
     with_rows = [design.clean_vector(r.observation["clean_votes"]) for r in clean if r.world == 1]
@@ -61,7 +61,7 @@ def estimate_voting_bootstrap(
         n_llm=len(with_rows),
         n_sample=n_sample,
         trials=2 * n_sample,
-        llm_calls=len(clean) * plan.mechanism.partitions,
+        llm_calls=len(clean) * PartitionedSettings.of(plan).partitions,
         positive=design.positive,
         negative=design.labels[neg],
     )
@@ -79,7 +79,7 @@ def estimate_voting_bootstrap(
         confidence=plan.confidence,
         rng=np.random.default_rng([plan.seed, STREAM_BOOTSTRAP, k]),
         fraction=plan.split,
-        calls_per_row=plan.mechanism.partitions,
+        calls_per_row=PartitionedSettings.of(plan).partitions,
     ).to_dict()
     power_meta = dict(meta) | _observed_signal(
         np.array(with_rows), np.array(without_rows), pos, neg, float(sigma_sim)

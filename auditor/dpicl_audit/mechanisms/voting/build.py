@@ -21,6 +21,7 @@ from dpicl_audit.mechanisms.neighbours import (
     random_canary_text,
     resolve_design,
 )
+from dpicl_audit.mechanisms.settings import PartitionedSettings
 from dpicl_audit.mechanisms.voting.design import AuditDesign
 from dpicl_audit.plan import AuditPlan, VotingDesign
 from dpicl_audit.prompts import (
@@ -154,7 +155,7 @@ def build_pinned_design(
     """
 
     rng = np.random.default_rng([plan.seed, STREAM_DESIGN, 1 if layout == "pivotal" else 2])
-    t = plan.mechanism.partitions
+    t = PartitionedSettings.of(plan).partitions
     if t < 2:
         raise InvalidPlan(f"the {layout} design needs at least 2 partitions, got {t}")
     pinned = pivotal_design(t).other_labels  # label index per other partition: 0 = A, 1 = B

@@ -15,6 +15,7 @@ from typing import Any
 
 from dpicl_audit.datasets import Example
 from dpicl_audit.estimators.label_release import pivotal_design
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.mechanisms.neighbours import NeighbourPair, pair_from_json, pair_to_json
 from dpicl_audit.plan import Attack, CanaryKind
 
@@ -62,7 +63,7 @@ class AuditDesign(NeighbourPair):
         """A vote histogram in the order of :attr:`labels`."""
         return [float(votes.get(lab, 0.0)) for lab in self.labels]
 
-    def summary_fields(self) -> dict[str, Any]:
+    def summary_fields(self) -> JsonObject:
         """What a run's summary shows of this design beyond the neighbours."""
         return {
             "labels": list(self.labels),
@@ -72,7 +73,7 @@ class AuditDesign(NeighbourPair):
             "design": self.layout,
         }
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return pair_to_json(self)
 
     @classmethod

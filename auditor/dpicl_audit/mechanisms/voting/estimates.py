@@ -10,7 +10,9 @@ from typing import Any
 from dpicl_audit.errors import InvalidPlan
 from dpicl_audit.estimators.extra_fields import dependence_test
 from dpicl_audit.estimators.label_release import label_release_epsilon, label_release_probabilities
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.mechanisms.base import SettingRows
+from dpicl_audit.mechanisms.settings import PartitionedSettings
 from dpicl_audit.mechanisms.trial_estimates import estimate_trials, with_verdict
 from dpicl_audit.mechanisms.voting.bootstrap import estimate_voting_bootstrap
 from dpicl_audit.mechanisms.voting.conformance import voting_conformance
@@ -28,16 +30,16 @@ __all__ = ["estimate_sequence", "estimate_votes", "release_meta", "release_refer
 
 def release_meta(
     design: AuditDesign | RdpDesign, plan: AuditPlan, sigma: float | None
-) -> dict[str, Any]:
+) -> JsonObject:
     """A setting's meta from the design: the layout, and where the noise ``sigma`` is known
     the released label's own exact epsilon at the design's intended clean votes (the ceiling
     of the assumption-free black-box bound) and its release rates. Paper 003's query
     sequences have no single release (so no release epsilon), only the adversary's name."""
     if isinstance(design, RdpDesign):
         return {"design": f"rdp:{design.attack}"}
-    meta: dict[str, Any] = {}
+    meta: JsonObject = {}
     if sigma is not None:
-        with_v, without_v = design_votes(design, plan.mechanism.partitions)
+        with_v, without_v = design_votes(design, PartitionedSettings.of(plan).partitions)
         meta["epsilon_exact_release"] = label_release_epsilon(
             with_v, without_v, sigma, plan.mechanism.delta
         )
@@ -48,7 +50,7 @@ def release_meta(
     return meta
 
 
-def release_reference(meta: Mapping[str, Any], attack: str, setting: str) -> dict[str, Any] | None:
+def release_reference(meta: Mapping[str, Any], attack: str, setting: str) -> JsonObject | None:
     """The meta the black-box figure reads on the simulator, whose clean votes are exactly
     the design's: the released label's own exact epsilon ``epsilon_exact_release`` is the
     reference where it is below the worst case (issue 27: a bound above the design's own
@@ -78,7 +80,9 @@ def estimate_votes(s: SettingRows, calls_per_query: int) -> SettingResult:
         out = estimate_trials(plan, k, rows, meta, calls_per_query=calls_per_query)
         bb = out.black_box
         ref = release_reference(
-            meta, design.attack, plan.setting if plan.mechanism.temperature == 0 else ""
+            meta,
+            design.attack,
+            plan.setting if PartitionedSettings.of(plan).temperature == 0 else "",
         )
         if ref is not None and bb is not None and bb.verdict is not None:
             out = out.updated(black_box=with_verdict(bb, ref))
@@ -90,7 +94,7 @@ def estimate_votes(s: SettingRows, calls_per_query: int) -> SettingResult:
         out,
         rows,
         meta,
-        temperature=plan.mechanism.temperature,
+        temperature=PartitionedSettings.of(plan).temperature,
         bootstrap=bootstrap,
         known_votes=plan.setting == "audit-template",
         seed=[plan.seed, k, STREAM_ORDER],

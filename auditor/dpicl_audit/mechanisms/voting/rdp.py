@@ -38,6 +38,7 @@ import numpy as np
 
 from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import DatasetError
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.mechanisms.neighbours import (
     STREAM_DESIGN,
     NeighbourPair,
@@ -46,6 +47,7 @@ from dpicl_audit.mechanisms.neighbours import (
     pair_to_json,
     pick_exemplars,
 )
+from dpicl_audit.mechanisms.settings import PartitionedSettings
 from dpicl_audit.plan import AuditPlan, RdpAttack
 from dpicl_audit.prompts import CLASSIFY_TEMPLATE
 
@@ -81,7 +83,7 @@ class RdpDesign(NeighbourPair):
     def clean_vector(self, votes: Mapping[str, float]) -> list[float]:
         return [float(votes.get(lab, 0.0)) for lab in self.labels]
 
-    def summary_fields(self) -> dict[str, Any]:
+    def summary_fields(self) -> JsonObject:
         """What a run's summary shows of this design beyond the neighbours."""
         return {
             "labels": list(self.labels),
@@ -90,7 +92,7 @@ class RdpDesign(NeighbourPair):
             "distinct_queries": len(set(self.queries)),
         }
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return pair_to_json(self) | {"design_kind": "rdp"}
 
     @classmethod
@@ -138,7 +140,7 @@ def _natq_poison(
     """The poison of a Pois-Nat Q adversary (Appendix D.2 heuristics)."""
     replaced = chosen[position].output
     if attack in ("pois-natq-confident", "pois-natq-unconfident"):
-        t = plan.mechanism.partitions
+        t = PartitionedSettings.of(plan).partitions
         hists = [np.sort(_agreement(ex.input, chosen, labels, t))[::-1] for ex in natural]
         if attack == "pois-natq-confident":
             pick = int(np.argmax([h[0] for h in hists]))

@@ -22,7 +22,7 @@ Theorem 1 of 003, an upper-bound conversion: for the lower bounds it is illustra
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -39,6 +39,7 @@ from dpicl_audit.estimators.rdp_audit import (
     simulate_label_counts,
     two_cut_from_labels,
 )
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.mechanisms.voting.rdp import RdpDesign
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.results import RdpAudit
@@ -86,7 +87,7 @@ def _per_query(
     sigma: float | None,
     confidence: float,
     rng: np.random.Generator,
-) -> dict[str, Any]:
+) -> JsonObject:
     orders = np.asarray(DEFAULT_ORDERS)
     w1 = [r for r in rows if r.world == 1]
     w0 = [r for r in rows if r.world == 0]
@@ -121,7 +122,7 @@ def _released_cuts(
     }
 
 
-def _composed(per_query: Sequence[dict[str, Any]], key: str) -> list[float] | None:
+def _composed(per_query: Sequence[Mapping[str, Any]], key: str) -> list[float] | None:
     """The order-wise sum over the sequence, each distinct query as often as it is asked."""
     if not all(key in p for p in per_query):
         return None
@@ -134,7 +135,7 @@ def _composed(per_query: Sequence[dict[str, Any]], key: str) -> list[float] | No
 def _for_the_family(
     rdp: dict[str, Any],
     alone: Verdict,
-    per_query: Sequence[dict[str, Any]],
+    per_query: Sequence[Mapping[str, Any]],
     design: RdpDesign,
     family: Family,
 ) -> Verdict:
@@ -144,7 +145,7 @@ def _for_the_family(
     orders = np.asarray(rdp["orders"])
     strict = 1.0 - (1.0 - family.confidence) / (len(per_query) * family.size)
     again = [
-        p
+        dict(p)
         | _released_cuts(
             np.asarray(p["label_counts"]["C1"]),
             np.asarray(p["label_counts"]["C0"]),
@@ -164,7 +165,7 @@ def _for_the_family(
 
 
 def estimate_rdp(
-    plan: AuditPlan, design: RdpDesign, rows: Sequence[TrialRecord], meta: dict[str, Any]
+    plan: AuditPlan, design: RdpDesign, rows: Sequence[TrialRecord], meta: Mapping[str, Any]
 ) -> RdpAudit:
     """The ``rdp`` block of one epsilon (per query and composed), its epsilons, verdict."""
     orders = np.asarray(DEFAULT_ORDERS)

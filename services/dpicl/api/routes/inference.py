@@ -32,7 +32,7 @@ router = APIRouter(prefix="/v1", tags=["inference"], responses=ERRORS)
 def check_serves(ctx: StoredContext, task: str, path: str) -> None:
     """A 422 unless the context's mechanism answers ``task`` (the mechanisms ``path``
     serves)."""
-    name = ctx.mechanism.get("name")
+    name = ctx.mechanism_name
     if name not in serving(task):
         raise InvalidRequest(
             f"context {ctx.id} uses mechanism {name!r}; {path} serves "
@@ -158,7 +158,7 @@ def generate_body(out: Outcome, engine: str) -> dict[str, object]:
         "context_id": out.context.id,
         "text": out.text,
         "engine": engine,
-        "mechanism": str(out.context.mechanism["name"]),
+        "mechanism": out.context.mechanism_name,
         "cost": CostInfo.of(out.cost),
         "budget": BudgetInfo.of(out.budget),
     }

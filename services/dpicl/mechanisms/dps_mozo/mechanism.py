@@ -22,11 +22,12 @@ from dpicl.mechanisms.base import (
     Record,
     settings_from_options,
 )
-from dpicl.mechanisms.dps_mozo.accounting import guarantee_of, mozo_cost
+from dpicl.mechanisms.dps_mozo.accounting import MozoCalibration, mozo_cost
 from dpicl.mechanisms.dps_mozo.calibration import calibrate_beta
 from dpicl.mechanisms.dps_mozo.pipeline import MozoOutcome, run_mozo
 from dpicl.mechanisms.dps_mozo.proven import calibrate_max_log_ratio
 from dpicl.mechanisms.dps_mozo.routes import router as synthesis_router
+from dpicl.mechanisms.dps_mozo.view import MozoView, mozo_view
 from dpicl.privacy.ledger import Cost
 from dpicl.store.repository import StoredContext
 
@@ -72,10 +73,11 @@ class MozoSettings(BaseModel):
         return self.delta if self.delta is not None else 1.0 / n_exemplars
 
 
-def calibrate_mozo(mech: MozoSettings, n_exemplars: int) -> dict[str, Any]:
+def calibrate_mozo(mech: MozoSettings, n_exemplars: int) -> MozoCalibration:
     """For ``queries * max_tokens`` tokens at q = n_shots/|D|: eps0 in the proven mode
     (:mod:`dpicl.mechanisms.dps_mozo.proven`), beta in the paper's (paper 004, Eq. 8)."""
     delta = mech.resolved_delta(n_exemplars)
+    settings = mech.model_dump() | {"delta": delta}
     if mech.guarantee == "proven":
         proven = calibrate_max_log_ratio(
             mech.epsilon,
@@ -84,14 +86,14 @@ def calibrate_mozo(mech: MozoSettings, n_exemplars: int) -> dict[str, Any]:
             sample_rate=mech.n_shots / n_exemplars,
             tokens=mech.queries * mech.max_tokens,
         )
-        return mech.model_dump() | {
-            "delta": delta,
-            "max_log_ratio": proven.max_log_ratio,
-            "per_token_epsilon": proven.per_token_epsilon,
-            "amplified_per_token_epsilon": proven.amplified_epsilon,
-            "sample_rate": proven.sample_rate,
-            "tokens": proven.tokens,
-        }
+        return MozoCalibration(
+            **settings,
+            max_log_ratio=proven.max_log_ratio,
+            per_token_epsilon=proven.per_token_epsilon,
+            amplified_per_token_epsilon=proven.amplified_epsilon,
+            sample_rate=proven.sample_rate,
+            tokens=proven.tokens,
+        )
     cal = calibrate_beta(
         mech.epsilon,
         delta,
@@ -99,25 +101,30 @@ def calibrate_mozo(mech: MozoSettings, n_exemplars: int) -> dict[str, Any]:
         tokens=mech.queries * mech.max_tokens,
         sample_rate=mech.n_shots / n_exemplars,
     )
-    return mech.model_dump() | {
-        "delta": delta,
-        "max_log_ratio": None,
-        "per_token_epsilon": None,
-        "alpha": cal.alpha,
-        "beta": cal.beta,
-        "radius": cal.radius,
-        "rdp_epsilon": cal.rdp_epsilon,
-        "per_token_rdp": cal.per_token_rdp,
-        "sample_rate": cal.sample_rate,
-        "tokens": cal.tokens,
-    }
+    return MozoCalibration(
+        **settings | {"alpha": cal.alpha},
+        beta=cal.beta,
+        radius=cal.radius,
+        rdp_epsilon=cal.rdp_epsilon,
+        per_token_rdp=cal.per_token_rdp,
+        sample_rate=cal.sample_rate,
+        tokens=cal.tokens,
+    )
+
+
+#: What each mode's record leaves out: the other mode's derived values (the paper's record
+#: stores max_log_ratio and per_token_epsilon, as null).
+NOT_STORED = {
+    "proven": {"beta", "radius", "rdp_epsilon", "per_token_rdp"},
+    "paper": {"amplified_per_token_epsilon"},
+}
 
 
 #: queries (<= 1e6) x max_tokens (<= 1024): the most tokens a DPS-MOZO context can ask for.
 MAX_TOKENS = 1_000_000 * 1024
 
 
-def calibration_report(options: Mapping[str, Any]) -> dict[str, Any]:
+def calibration_report(options: Mapping[str, Any]) -> Record:
     """``dpicl calibrate --mechanism dps-mozo``: eps0 (proven) or beta (paper) for
     ``tokens`` (n_queries x T_max) at ``sample_rate`` (n_shots/|D|), given directly instead
     of a context's queries and exemplars."""
@@ -141,7 +148,7 @@ def calibration_report(options: Mapping[str, Any]) -> dict[str, Any]:
     # queries: a placeholder the settings require; tokens stands for queries x max_tokens.
     mech: MozoSettings = settings_from_options(DPS_MOZO, opts | {"queries": 1})
     assert mech.delta is not None
-    out: dict[str, Any] = {"mechanism": DPS_MOZO.name, "epsilon": mech.epsilon, "delta": mech.delta}
+    out: Record = {"mechanism": DPS_MOZO.name, "epsilon": mech.epsilon, "delta": mech.delta}
     if mech.guarantee == "proven":
         if mech.alpha is not None:
             raise ConfigurationError(
@@ -160,17 +167,19 @@ def calibration_report(options: Mapping[str, Any]) -> dict[str, Any]:
     )
 
 
-def _calibrated(fields: dict[str, Any]) -> dict[str, Any]:
+def _calibrated(fields: Record) -> Record:
     """A calibration's derived values (its epsilon and delta are the report's own)."""
     return {k: v for k, v in fields.items() if k not in ("epsilon", "delta")}
 
 
-class Mozo(Mechanism):
+class Mozo(Mechanism[MozoCalibration]):
     """Per-token private decoding over one-shot distributions mixed with the zero-shot one."""
 
     name = "dps-mozo"
     task = "generation"
     settings = MozoSettings
+    calibration = MozoCalibration
+    debug_model = MozoView
 
     def check(self, settings: Any, new: NewContext) -> None:
         mech: MozoSettings = settings
@@ -198,22 +207,23 @@ class Mozo(Mechanism):
                 param="budget",
             )
 
-    def calibrate(self, settings: Any, n_exemplars: int) -> dict[str, Any]:
+    def calibrate(self, settings: Any, n_exemplars: int) -> MozoCalibration:
         return calibrate_mozo(settings, n_exemplars)
 
-    def calibration_report(self, options: Mapping[str, Any]) -> dict[str, Any]:
+    def record(self, calibration: MozoCalibration) -> Record:
+        return calibration.model_dump(exclude=NOT_STORED[calibration.guarantee])
+
+    def calibration_report(self, options: Mapping[str, Any]) -> Record:
         return calibration_report(options)
 
-    def own_budget(self, record: Record) -> OwnBudget | None:
+    def own_budget(self, calibration: MozoCalibration) -> OwnBudget | None:
         """The mechanism's own (epsilon, delta) is the context's budget, spent in queries."""
         return OwnBudget(
-            epsilon=float(record["epsilon"]),
-            delta=float(record["delta"]),
-            max_queries=int(record["queries"]),
+            epsilon=calibration.epsilon, delta=calibration.delta, max_queries=calibration.queries
         )
 
-    def cost(self, record: Record) -> Cost:
-        return mozo_cost(record)
+    def cost(self, calibration: MozoCalibration) -> Cost:
+        return mozo_cost(calibration)
 
     async def answer(self, context: StoredContext, query: str, how: Answering) -> Outcome:
         return await run_mozo(
@@ -231,58 +241,11 @@ class Mozo(Mechanism):
         """``POST /v1/contexts/{context_id}/synthesize``: the offline mode (Algorithm 3)."""
         return (synthesis_router,)
 
-    def debug_view(self, outcome: Any, whitebox: str) -> dict[str, Any] | None:
+    def debug_view(self, outcome: Any, whitebox: str) -> MozoView:
         """Per token: the top-k, lambdas, log-ratios (and divergences in the paper's mode);
         at ``internal`` also the sampled shots, the distributions and the exact values."""
         out: MozoOutcome = outcome
-        internal = whitebox == "internal"
-        m = out.context.mechanism
-        proven = guarantee_of(m) == "proven"
-        tokens: list[dict[str, object]] = []
-        worst_div = 0.0
-        worst_ratio = 0.0
-        for t in out.tokens:
-            tok: dict[str, object] = {
-                "token_id": t.token_id,
-                "top_ids": t.top_ids.tolist(),
-                "lambdas": t.lambdas.tolist(),
-                "log_ratios": t.log_ratios.tolist(),
-                "divergences": None if t.divergences is None else t.divergences.tolist(),
-            }
-            if internal:
-                tok["shots"] = t.shots.tolist()
-                tok["mixed_probs"] = t.mixed_probs.tolist()
-                tok["zero_shot_probs"] = t.zero_probs.tolist()
-                tok["product_probs"] = t.product_probs.tolist()
-                if t.exact is not None:
-                    tok["exact_divergences"] = t.exact.tolist()
-                    worst_div = max(worst_div, float(t.exact.max(initial=0.0)))
-                if t.exact_log_ratios is not None:
-                    tok["exact_log_ratios"] = t.exact_log_ratios.tolist()
-                    worst_ratio = max(worst_ratio, float(t.exact_log_ratios.max(initial=0.0)))
-            tokens.append(tok)
-        body: dict[str, Any] = {"guarantee": guarantee_of(m), "tokens": tokens}
-        if proven:
-            eps0 = float(m["max_log_ratio"])
-            body |= {
-                "max_log_ratio": eps0,
-                "per_token_epsilon": float(m["per_token_epsilon"]),
-                "radius": eps0,
-                "per_token_bound": float(m["per_token_epsilon"]),
-            }
-        else:
-            alpha, beta = int(m["alpha"]), float(m["beta"])
-            body |= {
-                "alpha": alpha,
-                "beta": beta,
-                "radius": beta * alpha,
-                "per_token_bound": 4.0 * beta * alpha,
-            }
-        if internal:
-            body["max_exact_log_ratio"] = worst_ratio
-            if not proven:
-                body["max_exact_divergence"] = worst_div
-        return body
+        return mozo_view(out, self.calibration_of(out.context), whitebox == "internal")
 
 
 DPS_MOZO = Mozo()

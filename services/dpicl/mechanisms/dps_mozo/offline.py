@@ -19,7 +19,7 @@ import numpy as np
 from dpicl.domain import MAX_NAME_CHARS
 from dpicl.engines.base import Engine
 from dpicl.errors import BudgetExhausted, DpiclError, InvalidRequest
-from dpicl.mechanisms.dps_mozo.accounting import mozo_cost
+from dpicl.mechanisms.dps_mozo.accounting import MozoCalibration, mozo_cost
 from dpicl.mechanisms.dps_mozo.pipeline import run_mozo
 from dpicl.mechanisms.dps_mozo.public import PublicSettings
 from dpicl.privacy.ledger import BudgetStatus, Cost, Ledger
@@ -80,7 +80,7 @@ async def synthesize(
     if len(outputs) < len(inputs) or store_error is not None:
         _log_early_end(context, len(inputs), len(outputs), failure, derived, store_error)
     _raise_what_ended_it(context, len(outputs), failure, derived, store_error)
-    cost = mozo_cost(context.mechanism)
+    cost = mozo_cost(context.record_as(MozoCalibration))
     return SynthesisOutcome(
         source=current,
         derived=derived,
@@ -93,9 +93,9 @@ async def synthesize(
 
 def _check_fits(context: StoredContext, inputs: Sequence[str]) -> None:
     """A dps-mozo context with a query left for every input, or a 4xx charging nothing."""
-    if context.mechanism.get("name") != "dps-mozo":
+    if context.mechanism_name != "dps-mozo":
         raise InvalidRequest(
-            f"context {context.id} uses mechanism {context.mechanism.get('name')!r}; "
+            f"context {context.id} uses mechanism {context.mechanism_name!r}; "
             "only dps-mozo contexts can synthesise demonstrations",
             param="context_id",
         )
@@ -216,7 +216,7 @@ async def _store_derived(
 ) -> StoredContext:
     """The ``public`` context of the (input, output) pairs answered so far."""
     mech = PublicSettings(
-        max_tokens=int(context.mechanism["max_tokens"]), derived_from=context.id
+        max_tokens=context.record_as(MozoCalibration).max_tokens, derived_from=context.id
     ).model_dump()
     row = ContextRow(
         id=new_context_id(),

@@ -23,7 +23,7 @@ import numpy.typing as npt
 from dpicl.engines.base import Engine, PromptSpec
 from dpicl.errors import InvalidRequest
 from dpicl.mechanisms.base import TokenSink
-from dpicl.mechanisms.dps_mozo.accounting import guarantee_of, mozo_cost
+from dpicl.mechanisms.dps_mozo.accounting import MozoCalibration, mozo_cost
 from dpicl.mechanisms.dps_mozo.diagnostics import exact_shot_divergence, exact_shot_log_ratio
 from dpicl.mechanisms.dps_mozo.release import mixed_logits, mozo_step, sample_shots
 from dpicl.pipelines.engine_calls import paid_engine_call
@@ -209,8 +209,8 @@ async def _emit(
     return now
 
 
-def _max_tokens(context: StoredContext, max_tokens: int | None) -> int:
-    t_max = int(context.mechanism["max_tokens"])
+def _max_tokens(cal: MozoCalibration, max_tokens: int | None) -> int:
+    t_max = cal.max_tokens
     if max_tokens is None:
         return t_max
     if max_tokens > t_max:
@@ -234,10 +234,10 @@ async def run_mozo(
 ) -> MozoOutcome:
     """One DPS-MOZO answer: charged one query first, refunded if the engine fails before
     any token left. ``sink`` given: the answer is streamed to it as it is sampled."""
-    m = context.mechanism
-    tokens = _max_tokens(context, max_tokens)
-    cost = mozo_cost(m)
-    proven = guarantee_of(m) == "proven"
+    cal = context.record_as(MozoCalibration)
+    tokens = _max_tokens(cal, max_tokens)
+    cost = mozo_cost(cal)
+    beta, alpha = (None, None) if cal.proven else cal.paper_order()
     streamed = False
 
     async def on_text(delta: str) -> None:
@@ -258,14 +258,14 @@ async def run_mozo(
         mozo_decode(
             engine,
             mozo_prompts(context, query),
-            n_shots=int(m["n_shots"]),
-            top_k=int(m["top_k"]),
+            n_shots=cal.n_shots,
+            top_k=cal.top_k,
             max_tokens=tokens,
-            beta=None if proven else float(m["beta"]),
-            alpha=None if proven else int(m["alpha"]),
-            lam_max=float(m["lambda_max"]),
+            beta=beta,
+            alpha=alpha,
+            lam_max=cal.lambda_max,
             rng=rng,
-            eps0=float(m["max_log_ratio"]) if proven else None,
+            eps0=cal.eps0() if cal.proven else None,
             exact=exact,
             on_text=on_text if sink is not None else None,
         ),

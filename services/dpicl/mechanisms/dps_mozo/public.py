@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dpicl.domain import Float, Int
 from dpicl.engines.base import Engine, Exemplar, GenerationParams
-from dpicl.mechanisms.base import Answering, Mechanism, Outcome, Record
+from dpicl.mechanisms.base import Answering, Mechanism, Outcome
 from dpicl.pipelines.engine_calls import paid_engine_call
 from dpicl.privacy.ledger import BudgetStatus, Cost, Ledger
 from dpicl.privacy.randomness import entropy_seed
@@ -59,7 +59,7 @@ async def run_public(
     max_tokens: int | None = None,
 ) -> PublicOutcome:
     """Plain few-shot generation with every (public) exemplar in the prompt; costs nothing."""
-    m = context.mechanism
+    cal = context.record_as(PublicSettings)
     prompt = render(
         context.template,
         [Exemplar(input=i, output=o) for i, o in context.exemplars],
@@ -68,8 +68,8 @@ async def run_public(
         cache_scope=context.id,
     )
     params = GenerationParams(
-        max_tokens=int(max_tokens or m["max_tokens"]),
-        temperature=float(m["temperature"]),
+        max_tokens=max_tokens or cal.max_tokens,
+        temperature=cal.temperature,
         seed=entropy_seed(),
     )
     cost = FREE
@@ -81,17 +81,20 @@ async def run_public(
     )
 
 
-class Public(Mechanism):
+class Public(Mechanism[PublicSettings]):
     """Few-shot ICL with every (public) exemplar in the prompt."""
 
     name = "public"
     task = "generation"
     settings = None  # derived by a synthesis only
+    # Nothing is calibrated: the record is the settings a synthesis stored.
+    calibration = PublicSettings
 
-    def calibrate(self, settings: Any, n_exemplars: int) -> dict[str, Any]:
-        return dict(settings.model_dump())
+    def calibrate(self, settings: Any, n_exemplars: int) -> PublicSettings:
+        assert isinstance(settings, PublicSettings)
+        return settings
 
-    def cost(self, record: Record) -> Cost:
+    def cost(self, calibration: PublicSettings) -> Cost:
         return FREE
 
     async def answer(self, context: StoredContext, query: str, how: Answering) -> Outcome:

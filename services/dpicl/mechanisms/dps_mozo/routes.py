@@ -119,7 +119,7 @@ async def synthesize_context(
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     return SynthesizeResponse(
         # The derived context is served by the ``public`` mechanism, at its (zero) cost.
-        context=ContextInfo.of(derived, Ledger.status(derived, PUBLIC.cost(derived.mechanism))),
+        context=ContextInfo.of(derived, Ledger.status(derived, PUBLIC.cost_of(derived))),
         derived_from=out.source.id,
         privacy_cost=0.0,
         note=(

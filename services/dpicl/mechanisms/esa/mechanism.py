@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from dpicl.domain import Float, Int
 from dpicl.mechanisms.base import Answering, Outcome
-from dpicl.mechanisms.esa.pipeline import EsaOutcome, run_esa
+from dpicl.mechanisms.esa.pipeline import EsaCalibration, EsaOutcome, run_esa
 from dpicl.mechanisms.esa.release import esa_sensitivity
-from dpicl.mechanisms.partitioned import PartitionedGaussian, PartitionedMechanism
+from dpicl.mechanisms.partitioned import GaussianMechanism, PartitionedGaussian, gaussian_cost
+from dpicl.privacy.ledger import Cost
 from dpicl.store.repository import StoredContext
 
 
@@ -29,15 +30,32 @@ class EsaSettings(PartitionedGaussian):
     max_tokens: Int = Field(default=48, ge=1, le=1024)
 
 
-class Esa(PartitionedMechanism):
+class EsaView(BaseModel):
+    """ESA's white-box fields."""
+
+    sigma: float = Field(description="The noise's standard deviation per dimension.")
+    noisy_mean: list[float]
+    candidates: list[str]
+    distances: list[float]
+    clean_mean: list[float] | None = None
+    partition_texts: list[str] | None = None
+    partition_embeddings: list[list[float]] | None = None
+
+
+class Esa(GaussianMechanism[EsaCalibration]):
     """The zero-shot candidate nearest the noisy mean of the partitions' embeddings."""
 
     name = "esa"
     task = "generation"
     settings = EsaSettings
+    calibration = EsaCalibration
+    debug_model = EsaView
 
     def sensitivity(self, settings: Any) -> float:
         return esa_sensitivity(settings.partitions, settings.sensitivity)
+
+    def cost(self, calibration: EsaCalibration) -> Cost:
+        return gaussian_cost(calibration)
 
     async def answer(self, context: StoredContext, query: str, how: Answering) -> Outcome:
         return await run_esa(
@@ -50,22 +68,26 @@ class Esa(PartitionedMechanism):
             max_tokens=how.max_tokens,
         )
 
-    def debug_view(self, outcome: Any, whitebox: str) -> dict[str, Any] | None:
+    def debug_view(self, outcome: Any, whitebox: str) -> EsaView:
         """The noisy mean, candidates and distances; at ``internal`` also the clean mean and
         each partition's text and embedding."""
         out: EsaOutcome = outcome
         rel = out.release
-        body: dict[str, Any] = {
-            "sigma": out.sigma,
-            "noisy_mean": rel.noisy_mean.tolist(),
-            "candidates": out.candidates,
-            "distances": rel.distances.tolist(),
-        }
-        if whitebox == "internal":
-            body["clean_mean"] = rel.clean_mean.tolist()
-            body["partition_texts"] = out.partition_texts
-            body["partition_embeddings"] = out.partition_embeddings.tolist()
-        return body
+        view = EsaView(
+            sigma=out.sigma,
+            noisy_mean=rel.noisy_mean.tolist(),
+            candidates=out.candidates,
+            distances=rel.distances.tolist(),
+        )
+        if whitebox != "internal":
+            return view
+        return view.model_copy(
+            update={
+                "clean_mean": rel.clean_mean.tolist(),
+                "partition_texts": out.partition_texts,
+                "partition_embeddings": out.partition_embeddings.tolist(),
+            }
+        )
 
 
 ESA = Esa()

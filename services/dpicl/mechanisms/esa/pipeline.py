@@ -15,12 +15,25 @@ import numpy as np
 
 from dpicl.engines.base import Embedder, Engine, GenerationParams
 from dpicl.mechanisms.esa.release import EsaRelease, esa_release
-from dpicl.mechanisms.partitioned import gaussian_cost
+from dpicl.mechanisms.partitioned import GaussianCalibration, gaussian_cost
 from dpicl.pipelines.engine_calls import paid_engine_call
 from dpicl.pipelines.partitions import partition_prompts, zero_shot_prompt
 from dpicl.privacy.ledger import BudgetStatus, Cost, Ledger
 from dpicl.privacy.randomness import entropy_seed
 from dpicl.store.repository import StoredContext
+
+
+class EsaCalibration(GaussianCalibration):
+    """An ESA context's stored record, typed (its fields in the order stored: the derived
+    L2 ``sensitivity`` where the setting's name for it was)."""
+
+    name: Literal["esa"] = "esa"
+    sensitivity: float
+    temperature: float
+    candidates: int
+    max_tokens: int
+    sigma: float
+    epsilon_exact: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,19 +56,16 @@ async def _generate_and_embed(
     embedder: Embedder,
     context: StoredContext,
     query: str,
+    cal: EsaCalibration,
     max_tokens: int,
 ) -> tuple[list[str], list[str], np.ndarray, np.ndarray]:
-    m = context.mechanism
     parts = partition_prompts(context, query)
     zero = zero_shot_prompt(context, query)
-    n_cand = int(m["candidates"])
     # One batch: the T partition generations and the T_cand zero-shot candidates. The
     # sampler seed is fresh OS entropy per request (it is not DP noise; see DESIGN.md 4).
     texts = await engine.generate(
-        [*parts, *([zero] * n_cand)],
-        GenerationParams(
-            max_tokens=max_tokens, temperature=float(m["temperature"]), seed=entropy_seed()
-        ),
+        [*parts, *([zero] * cal.candidates)],
+        GenerationParams(max_tokens=max_tokens, temperature=cal.temperature, seed=entropy_seed()),
     )
     part_texts, cand_texts = texts[: len(parts)], texts[len(parts) :]
     emb = await embedder.embed([*part_texts, *cand_texts])
@@ -72,16 +82,18 @@ async def run_esa(
     rng: np.random.Generator,
     max_tokens: int | None = None,
 ) -> EsaOutcome:
-    cost = gaussian_cost(context.mechanism)
-    tokens = int(max_tokens or context.mechanism["max_tokens"])
+    """One ESA answer on ``context``, by its calibration (parsed once per context)."""
+    cal = context.record_as(EsaCalibration)
+    cost = gaussian_cost(cal)
+    tokens = max_tokens or cal.max_tokens
     charged, (part_texts, cand_texts, part_emb, cand_emb) = await paid_engine_call(
         ledger,
         context,
         cost,
         engine.name,
-        _generate_and_embed(engine, embedder, context, query, tokens),
+        _generate_and_embed(engine, embedder, context, query, cal, tokens),
     )
-    sigma = float(context.mechanism["sigma"])
+    sigma = cal.sigma
     release = esa_release(part_emb, cand_emb, sigma, rng)
     return EsaOutcome(
         context=charged,

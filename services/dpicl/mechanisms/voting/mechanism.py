@@ -10,9 +10,15 @@ from pydantic import Field
 
 from dpicl.domain import Float
 from dpicl.mechanisms.base import Answering, Outcome
-from dpicl.mechanisms.partitioned import PartitionedGaussian, PartitionedMechanism
-from dpicl.mechanisms.voting.pipeline import VotingOutcome, run_voting
+from dpicl.mechanisms.partitioned import (
+    GaussianMechanism,
+    PartitionedGaussian,
+    gaussian_cost,
+)
+from dpicl.mechanisms.voting.pipeline import VotingCalibration, VotingOutcome, run_voting
 from dpicl.mechanisms.voting.release import VOTING_SENSITIVITY
+from dpicl.mechanisms.voting.view import VotingView, voting_view
+from dpicl.privacy.ledger import Cost
 from dpicl.store.repository import StoredContext
 
 
@@ -23,40 +29,37 @@ class VotingSettings(PartitionedGaussian):
     temperature: Float = Field(default=0.0, ge=0.0, le=10.0)
 
 
-class Voting(PartitionedMechanism):
+class Voting(GaussianMechanism[VotingCalibration]):
     """Noisy argmax of the T partitions' vote histogram (paper 000, Algorithm 2)."""
 
     name = "voting"
     task = "classification"
     settings = VotingSettings
+    calibration = VotingCalibration
+    debug_model = VotingView
 
     def sensitivity(self, settings: Any) -> float:
         return VOTING_SENSITIVITY
+
+    def cost(self, calibration: VotingCalibration) -> Cost:
+        return gaussian_cost(calibration)
 
     async def answer(self, context: StoredContext, query: str, how: Answering) -> Outcome:
         return await run_voting(
             context, query, engine=how.runtime.engine, ledger=how.ledger, rng=how.rng
         )
 
-    def debug_view(self, outcome: Any, whitebox: str) -> dict[str, Any] | None:
+    def debug_view(self, outcome: Any, whitebox: str) -> VotingView:
         """The noisy votes and sigma; at ``internal`` also the clean votes and each
         partition's vote."""
         out: VotingOutcome = outcome
-        labels = out.context.labels
         rel = out.release
-        body: dict[str, Any] = {
-            "sigma": out.sigma,
-            "noisy_votes": {lab: float(v) for lab, v in zip(labels, rel.noisy_counts, strict=True)},
-        }
-        if whitebox == "internal":
-            body["clean_votes"] = {
-                lab: int(v) for lab, v in zip(labels, rel.clean_counts, strict=True)
-            }
-            # None: the partition abstained (unusable scores; voting.release.ABSTAIN).
-            body["partition_votes"] = [
-                labels[v] if v >= 0 else None for v in map(int, rel.partition_votes)
-            ]
-        return body
+        return voting_view(
+            out.context.labels,
+            out.sigma,
+            rel.noisy_counts,
+            (rel.clean_counts, rel.partition_votes) if whitebox == "internal" else None,
+        )
 
 
 VOTING = Voting()

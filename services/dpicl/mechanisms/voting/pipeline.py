@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dpicl.engines.base import Engine
-from dpicl.mechanisms.partitioned import gaussian_cost
+from dpicl.mechanisms.partitioned import GaussianCalibration, gaussian_cost
 from dpicl.mechanisms.voting.release import ABSTAIN, VotingRelease, private_vote
 from dpicl.pipelines.engine_calls import paid_engine_call
 from dpicl.pipelines.partitions import partition_prompts
@@ -23,6 +23,16 @@ from dpicl.privacy.ledger import BudgetStatus, Cost, Ledger
 from dpicl.store.repository import StoredContext
 
 log = logging.getLogger("dpicl.pipelines")
+
+
+class VotingCalibration(GaussianCalibration):
+    """A voting context's stored record, typed (its fields in the order stored)."""
+
+    name: Literal["voting"] = "voting"
+    temperature: float
+    sigma: float
+    sensitivity: float
+    epsilon_exact: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,16 +87,17 @@ async def run_voting(
     ledger: Ledger,
     rng: np.random.Generator,
 ) -> VotingOutcome:
-    cost = gaussian_cost(context.mechanism)
+    """One private vote on ``context``, by its calibration (parsed once per context)."""
+    cal = context.record_as(VotingCalibration)
+    cost = gaussian_cost(cal)
     charged, scores = await paid_scores(context, query, cost, engine=engine, ledger=ledger)
-    sigma = float(context.mechanism["sigma"])
-    release = private_vote(scores, sigma, float(context.mechanism["temperature"]), rng)
+    release = private_vote(scores, cal.sigma, cal.temperature, rng)
     warn_abstained(release.partition_votes, context)
     return VotingOutcome(
         context=charged,
         label=context.labels[release.label_index],
         release=release,
-        sigma=sigma,
+        sigma=cal.sigma,
         cost=cost,
         budget=Ledger.status(charged, cost),
     )
