@@ -27,6 +27,14 @@ router = APIRouter(prefix="/v1", tags=["inference"], responses=ERRORS)
 _DEFAULT_MAX_TOKENS = 48
 
 
+def _number(value: object, default: float) -> float:
+    """A number of the stored mechanism record, or ``default`` where it has none (a
+    mechanism without sampling settings, e.g. a plug-in's voting variant)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return float(default)
+
+
 @router.post("/zero-shot", response_model=ZeroShotResponse)
 async def zero_shot(
     req: GenerateRequest, request: Request, caller: AdminCaller
@@ -39,7 +47,7 @@ async def zero_shot(
     m = ctx.mechanism
     # The context's own sampling settings, so that the baseline differs from its private
     # answers only by the exemplars (and the noise).
-    temperature = float(m.get("temperature", 0.0))
+    temperature = _number(m.get("temperature"), 0.0)
     if ctx.task == "classification":
         if req.max_tokens is not None:
             raise InvalidRequest(
@@ -55,7 +63,7 @@ async def zero_shot(
         return ZeroShotResponse(
             context_id=ctx.id, task=ctx.task, label=label, engine=svc.engine.name
         )
-    tokens = int(req.max_tokens or m.get("max_tokens") or _DEFAULT_MAX_TOKENS)
+    tokens = int(req.max_tokens or _number(m.get("max_tokens"), _DEFAULT_MAX_TOKENS))
     params = GenerationParams(max_tokens=tokens, temperature=temperature, seed=entropy_seed())
     texts = await svc.engine.generate([prompt], params)
     return ZeroShotResponse(context_id=ctx.id, task=ctx.task, text=texts[0], engine=svc.engine.name)
