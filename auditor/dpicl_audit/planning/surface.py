@@ -5,7 +5,7 @@ The trials observe one route (native, or chat with ``--api openai``) and only th
 A server may leak elsewhere: in a header (``X-DPICL-*`` or any other), in the metadata of a
 streamed chunk, in ``usage`` or ``finish_reason`` of a route the trials never use. So, after the
 trials, a fresh pair of contexts of the run's C1 and C0 bodies (the first epsilon, budgeted for
-the probe) is asked the audit query :data:`PER_WORLD` times per world on each answering route:
+the probe) is asked the audit query :data:`PER_WORLD` (20) times per world on each answering route:
 native (``/v1/classify`` or ``/v1/generate``), ``/v1/chat/completions`` and
 ``/v1/completions``, each also streamed (``stream_options.include_usage`` on). Every answer is
 read whole:
@@ -51,10 +51,10 @@ from dpicl_audit.client.openai import OpenAIClient
 from dpicl_audit.errors import TargetError
 from dpicl_audit.estimators.extra_fields import dependence_test, response_fields
 
-__all__ = ["PER_WORLD", "ROUTES", "TRANSPORT", "audit_surface", "read_answer"]
+__all__ = ["PER_WORLD", "ROUTES", "TRANSPORT", "audit_surface", "read_answer", "request"]
 
 #: Answers per world and route (a classification; a generation's: :data:`PER_WORLD_GENERATION`).
-PER_WORLD = 30
+PER_WORLD = 20
 #: Answers per world and route of a generation mechanism (DPS-MOZO's answers cost ``|D| + 1``
 #: model calls per token).
 PER_WORLD_GENERATION = 20
@@ -80,7 +80,7 @@ COST_HEADERS = {
 _TOL = 1e-9
 
 
-def _request(
+def request(
     route: str, task: str, cid: str, query: str, max_tokens: int | None
 ) -> tuple[str, dict[str, Any]]:
     if route == "native":
@@ -244,7 +244,7 @@ async def _ask(
     target: Any, route: str, task: str, cid: str, query: str, max_tokens: int | None
 ) -> dict[str, Any] | str:
     """One answer read whole, or why there is none (``refused``, ``no-route``, ...)."""
-    path, body = _request(route, task, cid, query, max_tokens)
+    path, body = request(route, task, cid, query, max_tokens)
     try:
         got = await target.send(path, body)
     except TargetError as exc:
