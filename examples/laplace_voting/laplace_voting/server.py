@@ -36,8 +36,9 @@ from dpicl.mechanisms.partitioned import (
     partition_seed,
 )
 from dpicl.mechanisms.voting.pipeline import paid_scores, warn_abstained
-from dpicl.mechanisms.voting.release import partition_votes, vote_histogram
+from dpicl.mechanisms.voting.release import vote_histogram
 from dpicl.mechanisms.voting.view import VoteFields, vote_fields
+from dpicl.pipelines.votes import partition_votes
 from dpicl.privacy.accounting import pure_dp_mu2
 from dpicl.privacy.ledger import BudgetStatus, Cost, Ledger
 from dpicl.store.repository import StoredContext

@@ -50,7 +50,7 @@ def vote_fields(
     return view.model_copy(
         update={
             "clean_votes": {lab: int(v) for lab, v in zip(labels, clean, strict=True)},
-            # None: the partition abstained (voting.release.ABSTAIN).
+            # None: the partition abstained (pipelines.votes.ABSTAIN).
             "partition_votes": [labels[v] if v >= 0 else None for v in map(int, votes)],
         }
     )
