@@ -58,7 +58,7 @@ from dpicl_audit.mechanisms.trial_estimates import (
     with_verdict,
 )
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.planning.sections import LedgerSection, SurfaceSection
+from dpicl_audit.planning.sections import LedgerSection, ParametersSection, SurfaceSection
 from dpicl_audit.results import SettingResult
 from dpicl_audit.store import ContextRecord, TrialRecord
 
@@ -269,7 +269,7 @@ class MechanismAudit:
 
     async def audit_parameters(
         self, target: AuditTarget, design: Any, plan: AuditPlan
-    ) -> JsonObject | None:
+    ) -> ParametersSection | None:
         """The client parameters swept (:mod:`dpicl_audit.planning.parameters`); None where
         the mechanism has no such audit."""
         return None

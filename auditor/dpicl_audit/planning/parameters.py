@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -27,8 +27,8 @@ from scipy import stats
 
 from dpicl_audit.client import AuditTarget, ContextBody
 from dpicl_audit.errors import TargetError, TargetNotFound, TargetRejected
-from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.planning.ledger import planned_queries
+from dpicl_audit.planning.sections import ParametersSection, ParameterVariant
 
 __all__ = ["ALPHA", "PER_VARIANT", "VARIANTS", "sweep_parameters"]
 
@@ -64,7 +64,7 @@ async def sweep_parameters(
     query: str,
     *,
     budget: dict[str, float] | None,
-) -> JsonObject | None:
+) -> ParametersSection | None:
     """The sweep of the module docstring on a fresh context of ``body`` (a voting context
     body) with ``budget``, which holds :data:`SWEEP_ANSWERS` answers as the mechanism's
     audit composes them (None: no budget within the server's limit does); None where the
@@ -77,7 +77,7 @@ async def sweep_parameters(
     probe["name"], probe["budget"] = f"{body['name']} parameters", budget
     info = await target.create_context(probe)
     cid = str(info["id"])
-    variants: list[dict[str, Any]] = []
+    variants: list[ParameterVariant] = []
     try:
         for name, extra in VARIANTS:
             try:
@@ -102,19 +102,25 @@ async def sweep_parameters(
     return _judge(variants)
 
 
-def _judge(variants: Sequence[Mapping[str, Any]]) -> JsonObject:
+def _judge(variants: list[ParameterVariant]) -> ParametersSection:
     answered = [v for v in variants if not v["refused"]]
-    names = sorted({lab for v in answered for lab in v["labels"]})
-    out: dict[str, Any] = {"variants": variants, "per_variant": PER_VARIANT}
+    names = sorted({lab for v in answered for lab in v.get("labels", {})})
+    out: ParametersSection = {
+        "status": "ok",
+        "message": "",
+        "variants": variants,
+        "per_variant": PER_VARIANT,
+    }
     if len(answered) < 2 or len(names) < 2:
-        out |= {"status": "ok", "p_value": None}
+        out["p_value"] = None
         out["message"] = (
             "every variant released the same label"
             if len(names) < 2 and len(answered) >= 2
             else "fewer than two variants answered: nothing to compare"
         )
         return out
-    table = np.array([[v["labels"].get(lab, 0) for lab in names] for v in answered], dtype=float)
+    counts = [v.get("labels", {}) for v in answered]
+    table = np.array([[c.get(lab, 0) for lab in names] for c in counts], dtype=float)
     p = float(stats.chi2_contingency(table).pvalue)
     base = table[0] / table[0].sum()
     worst = max(
@@ -123,10 +129,10 @@ def _judge(variants: Sequence[Mapping[str, Any]]) -> JsonObject:
     )
     flagged = p < ALPHA
     rates = ", ".join(
-        f"{v['variant']}: {v['labels'].get(names[0], 0)}/{PER_VARIANT} {names[0]!r}"
-        for v in answered
+        f"{v['variant']}: {c.get(names[0], 0)}/{PER_VARIANT} {names[0]!r}"
+        for v, c in zip(answered, counts, strict=True)
     )
-    out |= {"status": "nonconforming" if flagged else "ok", "p_value": p}
+    out["status"], out["p_value"] = "nonconforming" if flagged else "ok", p
     out["variant"] = answered[worst]["variant"]
     out["message"] = (
         f"NONCONFORMING: the client's parameter ({answered[worst]['variant']}) changes the "

@@ -1,7 +1,8 @@
 """The shapes of what the probes from outside write into a run's results: the ledger's
-section (:mod:`.ledger`) with its bursts (:mod:`.ledger_burst`), and the surface's
-(:mod:`.surface`) with the answers it reads. The report and the exit code read them back as
-stored JSON (:class:`dpicl_audit.results.RunResult`)."""
+section (:mod:`.ledger`) with its bursts (:mod:`.ledger_burst`), the client parameters'
+sweep (:mod:`.parameters`), and the surface's (:mod:`.surface`) with the answers it reads.
+The report and the exit code read them back as stored JSON
+(:class:`dpicl_audit.results.RunResult`)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ __all__ = [
     "LedgerCheck",
     "LedgerSection",
     "LedgerStatus",
+    "ParameterVariant",
+    "ParametersSection",
     "Scalar",
     "SurfaceRoute",
     "SurfaceSection",
@@ -91,6 +94,27 @@ class LedgerSection(TypedDict, total=False):
     answers: int
     refused_at: int | None
     bursts: BurstsSection
+
+
+class ParameterVariant(TypedDict, total=False):
+    """One variant of the sweep: the labels it released, or its refusal."""
+
+    variant: Required[str]
+    refused: Required[bool]
+    message: str
+    labels: dict[str, int]
+
+
+class ParametersSection(TypedDict, total=False):
+    """``results["parameters"]``: whether a client parameter changes the release; ``variant``
+    the one that changes it most, where the labels could be compared."""
+
+    status: Required[Literal["ok", "nonconforming", "unchecked"]]
+    message: Required[str]
+    variants: list[ParameterVariant]
+    per_variant: int
+    p_value: float | None
+    variant: str
 
 
 #: A field's value as tested (a header's number or text, a chunk's flattened value).
