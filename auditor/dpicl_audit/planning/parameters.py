@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -32,8 +32,8 @@ from scipy import stats
 from dpicl_audit.client import AuditTarget, ContextBody
 from dpicl_audit.client.openai import OpenAIClient
 from dpicl_audit.errors import TargetError, TargetNotFound, TargetRejected
-from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.planning.ledger import planned_queries
+from dpicl_audit.planning.sections import ParametersSection, ParameterVariant
 from dpicl_audit.planning.surface import read_answer
 from dpicl_audit.planning.surface import request as surface_request
 
@@ -107,7 +107,7 @@ async def sweep_parameters(
     query: str,
     *,
     budget: dict[str, float] | None,
-) -> JsonObject | None:
+) -> ParametersSection | None:
     """The sweep of the module docstring on a fresh context of ``body`` (a voting context
     body) with ``budget``, which holds :data:`SWEEP_ANSWERS` answers as the mechanism's
     audit composes them (None: no budget within the server's limit does); None where the
@@ -120,7 +120,7 @@ async def sweep_parameters(
     probe["name"], probe["budget"] = f"{body['name']} parameters", budget
     info = await target.create_context(probe)
     cid = str(info["id"])
-    variants: list[dict[str, Any]] = []
+    variants: list[ParameterVariant] = []
     try:
         for name, route, extra in _variants(target):
             try:
@@ -145,7 +145,7 @@ async def sweep_parameters(
     return _judge(variants)
 
 
-def _judge(variants: Sequence[Mapping[str, Any]]) -> JsonObject:
+def _judge(variants: list[ParameterVariant]) -> ParametersSection:
     """Each answered variant's share of the pooled most common label against the other
     variants' (Fisher's exact test, two-sided: a parameter that lowers the noise raises the
     share, one that raises it lowers it), Bonferroni-corrected over the answered variants:
@@ -153,11 +153,16 @@ def _judge(variants: Sequence[Mapping[str, Any]]) -> JsonObject:
     answered = [v for v in variants if not v["refused"]]
     pooled: dict[str, int] = {}
     for v in answered:
-        for lab, n in v["labels"].items():
+        for lab, n in v.get("labels", {}).items():
             pooled[lab] = pooled.get(lab, 0) + n
-    out: dict[str, Any] = {"variants": variants, "per_variant": PER_VARIANT}
+    out: ParametersSection = {
+        "status": "ok",
+        "message": "",
+        "variants": variants,
+        "per_variant": PER_VARIANT,
+    }
     if len(answered) < 2 or len(pooled) < 2:
-        out |= {"status": "ok", "p_value": None}
+        out["p_value"] = None
         out["message"] = (
             "every variant released the same label"
             if len(pooled) < 2 and len(answered) >= 2
@@ -166,9 +171,10 @@ def _judge(variants: Sequence[Mapping[str, Any]]) -> JsonObject:
         return out
     top = max(sorted(pooled), key=lambda lab: pooled[lab])
     total = sum(pooled.values())
+    counts = [v.get("labels", {}) for v in answered]
     p_values = []
-    for v in answered:
-        hits, asked = v["labels"].get(top, 0), sum(v["labels"].values())
+    for c in counts:
+        hits, asked = c.get(top, 0), sum(c.values())
         rest_hits, rest = pooled[top] - hits, total - asked
         table = [[hits, asked - hits], [rest_hits, rest - rest_hits]]
         p_values.append(float(stats.fisher_exact(table).pvalue))
@@ -176,9 +182,10 @@ def _judge(variants: Sequence[Mapping[str, Any]]) -> JsonObject:
     p = min(1.0, p_values[worst] * len(answered))
     flagged = p < ALPHA
     rates = ", ".join(
-        f"{v['variant']}: {v['labels'].get(top, 0)}/{sum(v['labels'].values())}" for v in answered
+        f"{v['variant']}: {c.get(top, 0)}/{sum(c.values())}"
+        for v, c in zip(answered, counts, strict=True)
     )
-    out |= {"status": "nonconforming" if flagged else "ok", "p_value": p, "label": top}
+    out["status"], out["p_value"], out["label"] = "nonconforming" if flagged else "ok", p, top
     out["variant"] = answered[worst]["variant"]
     out["message"] = (
         f"NONCONFORMING: the client's parameter ({answered[worst]['variant']}) changes the "

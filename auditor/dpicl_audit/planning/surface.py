@@ -44,12 +44,15 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
+from pydantic import JsonValue
 
 from dpicl_audit.client import AuditTarget
 from dpicl_audit.client.http import ContextBody
 from dpicl_audit.client.openai import OpenAIClient
 from dpicl_audit.errors import TargetError
 from dpicl_audit.estimators.extra_fields import dependence_test, response_fields
+from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.planning.sections import Answer, Scalar, SurfaceRoute, SurfaceSection
 
 __all__ = ["PER_WORLD", "ROUTES", "TRANSPORT", "audit_surface", "read_answer", "request"]
 
@@ -82,10 +85,10 @@ _TOL = 1e-9
 
 def request(
     route: str, task: str, cid: str, query: str, max_tokens: int | None
-) -> tuple[str, dict[str, Any]]:
+) -> tuple[str, JsonObject]:
     if route == "native":
         path = "/v1/classify" if task == "classification" else "/v1/generate"
-        body: dict[str, Any] = {"context_id": cid, "query": query}
+        body: JsonObject = {"context_id": cid, "query": query}
     elif route.startswith("completions"):
         path, body = "/v1/completions", {"model": cid, "prompt": query}
     else:
@@ -98,8 +101,8 @@ def request(
     return path, body
 
 
-def _events(text: str) -> list[dict[str, Any]]:
-    out = []
+def _events(text: str) -> list[Mapping[str, Any]]:
+    out: list[Mapping[str, Any]] = []
     for line in text.splitlines():
         if not line.startswith("data:") or line[5:].strip() == "[DONE]":
             continue
@@ -118,25 +121,25 @@ def _choice_text(choice: Mapping[str, Any]) -> str:
     return str(choice.get("text") or "")
 
 
-def _without_text(chunk: Mapping[str, Any]) -> dict[str, Any]:
+def _without_text(chunk: Mapping[str, Any]) -> JsonObject:
     """A chunk's fields besides its text (and what is public by design)."""
     fields = response_fields(chunk)
     return {k: v for k, v in fields.items() if not k.endswith((".delta.content", ".text"))}
 
 
-def read_answer(route: str, response: httpx.Response) -> dict[str, Any]:
+def read_answer(route: str, response: httpx.Response) -> Answer:
     """One answer read whole: ``answer`` (the label or text), ``fields`` (what is tested for
     dependence), ``public`` (the body's cost and budget and the cost headers) and ``tokens``
     (the tokens it reports or streams; None where it reports none)."""
     headers = {k.lower(): v for k, v in response.headers.items()}
-    fields: dict[str, Any] = {
+    fields: dict[str, JsonValue] = {
         f"header {k}": _number(v)
         for k, v in headers.items()
         if k not in TRANSPORT and k not in COST_HEADERS
     }
-    public: dict[str, Any] = {k: headers[k] for k in COST_HEADERS if k in headers}
+    public: dict[str, JsonValue] = {k: headers[k] for k in COST_HEADERS if k in headers}
     counted: list[int] = []
-    usage: dict[str, Any] | None = None
+    usage: Mapping[str, Any] | None = None
     if route.endswith("-stream"):
         events = _events(response.text)
         if any(isinstance(e.get("error"), Mapping) for e in events):
@@ -210,11 +213,11 @@ def _close(a: Any, b: Any) -> bool:
     return abs(x - y) <= _TOL * max(1.0, abs(x), abs(y))
 
 
-def public_departures(route: str, answers: list[tuple[int, dict[str, Any]]]) -> list[str]:
+def public_departures(route: str, answers: list[tuple[int, Answer]]) -> list[str]:
     """Each public field that departs from its prediction on ``route``: a cost header unlike
     the body's figure, or a cost unlike the route's first answer's (module docstring)."""
     out: list[str] = []
-    first: dict[str, Any] | None = None
+    first: dict[str, JsonValue] | None = None
     for world, a in answers:
         pub = a["public"]
         for header, (part, key) in COST_HEADERS.items():
@@ -242,7 +245,7 @@ def public_departures(route: str, answers: list[tuple[int, dict[str, Any]]]) -> 
 
 async def _ask(
     target: Any, route: str, task: str, cid: str, query: str, max_tokens: int | None
-) -> dict[str, Any] | str:
+) -> Answer | str:
     """One answer read whole, or why there is none (``refused``, ``no-route``, ...)."""
     path, body = request(route, task, cid, query, max_tokens)
     try:
@@ -268,7 +271,7 @@ async def audit_surface(
     limit: int | None = None,
     per_world: int | None = None,
     capacity: int | None = None,
-) -> dict[str, Any] | None:
+) -> SurfaceSection | None:
     """The probe of the module docstring. ``bodies(world, answers)``: a context body of that
     world budgeted for ``answers`` answers; ``limit``: the context's ``max_tokens`` (a
     generation mechanism's), None for classification; ``capacity``: the most answers one
@@ -292,17 +295,17 @@ async def audit_surface(
     asks = per_world * len(routes) + extra
     probe = 1 if limit is not None else None  # generation: one token, so that answers repeat
     ids: dict[int, str] = {}
-    rows: list[tuple[int, str, dict[str, Any]]] = []
+    rows: list[tuple[int, str, Mapping[str, Scalar]]] = []
     departures: list[str] = []
     bugs: list[str] = []
-    per_route: list[dict[str, Any]] = []
+    per_route: list[SurfaceRoute] = []
     try:
         for world in (1, 0):
             body = bodies(world, asks).copy()
             body["name"] = f"{body.get('name')} surface"
             ids[world] = str((await target.create_context(body))["id"])
         for route in routes:
-            got: dict[int, list[Any]] = {}
+            got: dict[int, list[Answer | str]] = {}
             for world in (1, 0):
                 got[world] = list(
                     await asyncio.gather(
@@ -328,10 +331,10 @@ async def audit_surface(
                     f"within the probe's budget not answered ({', '.join(others)})"
                 )
             if probe is not None:
-                longer = [a["tokens"] for _, a in answered if (a["tokens"] or 0) > probe]
+                longer = [a["tokens"] or 0 for _, a in answered if (a["tokens"] or 0) > probe]
                 if longer:
                     bugs.append(f"{route}: max_tokens {probe} answered with {max(longer)} tokens")
-            entry: dict[str, Any] = {
+            entry: SurfaceRoute = {
                 "route": route,
                 "answered": len(answered),
                 "other": others,
@@ -358,7 +361,7 @@ async def audit_surface(
             with contextlib.suppress(TargetError):
                 await target.delete_context(cid)
     found = dependence_test(rows)
-    out: dict[str, Any] = {
+    out: SurfaceSection = {
         "routes": per_route,
         "per_world": per_world,
         "dependence": found,

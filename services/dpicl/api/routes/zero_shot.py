@@ -17,8 +17,8 @@ from dpicl.api.routes.inference import ERRORS
 from dpicl.api.schemas import GenerateRequest, ZeroShotResponse
 from dpicl.engines.base import GenerationParams
 from dpicl.errors import InvalidRequest
-from dpicl.mechanisms.voting.release import partition_votes
 from dpicl.pipelines.partitions import check_query, zero_shot_prompt
+from dpicl.pipelines.votes import partition_votes
 from dpicl.privacy.randomness import entropy_seed, secure_rng
 
 router = APIRouter(prefix="/v1", tags=["inference"], responses=ERRORS)
