@@ -221,20 +221,11 @@ def test_no_module_keeps_an_old_path_alive(tmp_path: Path) -> None:
     assert old_paths(pkg) == ["old.py", "shim.py"]
 
 
-#: The one function over the limit, in a module another branch is reworking (issue 35's
-#: surface probe): reported as an expected failure, by name, until it is split.
-BEING_SPLIT = ("planning/surface.py:", " audit_surface (")
-
-
 def test_no_function_is_longer_than_a_screen(tmp_path: Path) -> None:
     # The check can fail.
     (tmp_path / "m.py").write_text("def f() -> None:\n" + "    pass\n" * MAX_FUNCTION_LINES)
     assert long_functions(tmp_path, MAX_FUNCTION_LINES) == ["m.py:1 f (121)"]
-    found = long_functions(PACKAGE, MAX_FUNCTION_LINES)
-    pending = [f for f in found if f.startswith(BEING_SPLIT[0]) and BEING_SPLIT[1] in f]
-    assert [f for f in found if f not in pending] == []
-    if pending:
-        pytest.xfail(f"over {MAX_FUNCTION_LINES} lines, to be split: {pending}")
+    assert long_functions(PACKAGE, MAX_FUNCTION_LINES) == []
 
 
 def test_the_core_names_no_mechanism() -> None:

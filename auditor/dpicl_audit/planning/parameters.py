@@ -32,10 +32,10 @@ from scipy import stats
 from dpicl_audit.client import AuditTarget, ContextBody
 from dpicl_audit.client.openai import OpenAIClient
 from dpicl_audit.errors import TargetError, TargetNotFound, TargetRejected
+from dpicl_audit.planning.answers import read_answer
+from dpicl_audit.planning.answers import request as surface_request
 from dpicl_audit.planning.ledger import planned_queries
 from dpicl_audit.planning.sections import ParametersSection, ParameterVariant
-from dpicl_audit.planning.surface import read_answer
-from dpicl_audit.planning.surface import request as surface_request
 
 __all__ = ["ALPHA", "PER_VARIANT", "VARIANTS", "sweep_parameters"]
 
@@ -73,7 +73,7 @@ class _Refused(Exception):
 async def _ask(target: Any, route: str, cid: str, query: str, extra: Mapping[str, Any]) -> str:
     """One released label. Through a client that sends only JSON posts (``post``), the chat
     route alone; through one that sends raw requests (``send``), any route, streams read
-    whole (planning.surface.read_answer)."""
+    whole (planning.answers.read_answer)."""
     if not hasattr(target, "send"):
         body = {"model": cid, "messages": [{"role": "user", "content": query}], **extra}
         out = await target.post(_CHAT, body)

@@ -123,7 +123,7 @@ Scalar = str | int | float | bool | None
 
 
 class Answer(TypedDict):
-    """One answer read whole (:func:`.surface.read_answer`)."""
+    """One answer read whole (:func:`.answers.read_answer`)."""
 
     answer: str
     fields: dict[str, Scalar]
