@@ -65,6 +65,7 @@ import dpicl.api.openai.streaming as streaming_mod
 import dpicl.api.routes.inference as inference_mod
 import dpicl.mechanisms.dps_mozo.mechanism as mozo_mechanism
 import dpicl.mechanisms.dps_mozo.pipeline as mozo_pipeline
+import dpicl.mechanisms.dps_mozo.release as mozo_release
 import dpicl.mechanisms.partitioned as partitioned_mod
 import dpicl.mechanisms.voting.pipeline as voting_pipeline
 import dpicl.privacy.ledger as ledger_mod
@@ -269,12 +270,14 @@ LEAKY_FIELD = Fault(
 _honest_calibrate_mozo = mozo_mechanism.calibrate_mozo
 
 
-def one_token_calibrate_mozo(mech: Any, n_exemplars: int) -> dict[str, Any]:
+def one_token_calibrate_mozo(mech: Any, n_exemplars: int) -> Any:
     """eps0 for one token per answer; the record says the context's max_tokens and tokens."""
     if mech.guarantee != "proven" or mech.max_tokens == 1:
         return _honest_calibrate_mozo(mech, n_exemplars)
     out = _honest_calibrate_mozo(mech.model_copy(update={"max_tokens": 1}), n_exemplars)
-    return out | {"max_tokens": mech.max_tokens, "tokens": mech.queries * mech.max_tokens}
+    update = {"max_tokens": mech.max_tokens, "tokens": mech.queries * mech.max_tokens}
+    # The record is a MozoCalibration since h38a (was a dict).
+    return out.model_copy(update=update) if hasattr(out, "model_copy") else out | update
 
 
 MOZO_ONE_TOKEN = Fault(
@@ -362,7 +365,7 @@ MOZO_NO_TOKEN_LIMIT = Fault(
     "DPS-MOZO answers max_tokens above the context's T_max with every token asked for",
 )
 
-_honest_mozo_step = mozo_pipeline.mozo_step
+_honest_mozo_step = mozo_release.mozo_step
 _honest_mozo_decode = mozo_pipeline.mozo_decode
 #: Per answer: the index of the next token and the index whose constraint is skipped.
 _SKIP: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("skip", default=None)

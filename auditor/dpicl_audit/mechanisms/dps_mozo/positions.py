@@ -59,9 +59,7 @@ def positions(max_tokens: int) -> list[int]:
     return sorted({t for t in (1, 2, max_tokens) if 1 <= t <= max_tokens})
 
 
-def position_test(
-    texts: Mapping[int, Sequence[str]], bound: float, alpha: float
-) -> dict[str, Any]:
+def position_test(texts: Mapping[int, Sequence[str]], bound: float, alpha: float) -> dict[str, Any]:
     """One position's test of the module docstring: ``texts[w]`` are world ``w``'s released
     texts in request order; ``bound`` the log-ratio no set of them may exceed; ``alpha`` this
     position's share of the family-wise error. Returns the larger direction's figure."""
@@ -199,7 +197,7 @@ def with_positions(
     positions' finding decides the status where it is the graver one."""
     if found is None:
         return surface
-    out = dict(surface) if surface is not None else {"status": "ok", "message": ""}
+    out: dict[str, Any] = {"status": "ok", "message": ""} if surface is None else dict(surface)
     out["positions"] = found
     mine = _RANK.get(str(found.get("status")), 0)
     if mine > _RANK.get(str(out.get("status")), 0):
