@@ -15,15 +15,16 @@ tokens alone (the decoding loop runs ``t`` steps), which compose to pure
 ``t * per_token``-DP: for every set ``A`` of texts, ``P1(A) <= exp(t * per_token) P0(A)`` and
 the other way round. No tokenizer is assumed: at ``t = 1`` the text is the first token.
 
-The test (:func:`position_test`), per position and direction: the first half of each world's
-answers (even indices) chooses ``A`` = the texts seen more often in world ``a`` than in world
-``b``; on the other half, one-sided Clopper-Pearson bounds give
-``epsilon_lower = log(lower(P_a(A)) / upper(P_b(A)))``. Above ``t * per_token`` (relative
-slack 1e-9) is a VIOLATION naming the position. Family-wise error :data:`ALPHA` (Bonferroni
-over positions, directions and the two intervals): an honest server is flagged in at most 1
-run in 10,000. The probe context's calibration covers all its answers, so its ``eps0`` is
-small and the bound is tight: an unmixed token stands out even where the run's own epsilons
-are large. ``eps0`` is the context's reported ``max_log_ratio``, which the claim check
+The test (:func:`position_test`), per position and direction: the first half of each
+world's answers (even indices) chooses ``A`` = the texts seen more often in world ``a`` than
+in world ``b`` (a second event: at least :data:`RATIOS` times as often); on the other half,
+one-sided Clopper-Pearson bounds give ``epsilon_lower = log(lower(P_a(A)) / upper(P_b(A)))``.
+Above ``t * per_token`` (relative slack 1e-9) is a VIOLATION naming the position.
+Family-wise error :data:`ALPHA` (Bonferroni over positions, directions, events and the two
+intervals): an honest server is flagged in at most 1 run in 1,000, as the conformance tests
+allow. The probe context's calibration covers all its answers, so its ``eps0`` is small and
+the bound is tight: an unmixed token stands out even where the run's own epsilons are large.
+``eps0`` is the context's reported ``max_log_ratio``, which the claim check
 (:mod:`.claim`) ties to the claimed epsilon.
 
 The result is ``results["surface"]["positions"]``; a VIOLATION makes the surface's status
@@ -46,12 +47,17 @@ from dpicl_audit.estimators.stats import clopper_pearson_lower, clopper_pearson_
 __all__ = ["ALPHA", "PER_WORLD", "audit_positions", "position_test", "positions", "with_positions"]
 
 #: Answers per world and probed position (half choose the event, half bound it).
-PER_WORLD = 200
+PER_WORLD = 300
 #: The probe's family-wise error (an honest server's false alarms per run, at most).
-ALPHA = 1e-4
+ALPHA = 1e-3
 #: Requests in flight at once.
 CONCURRENCY = 32
 _SLACK = 1e-9
+#: The events tried per direction: the texts at least this many times as frequent (add-one
+#: smoothed) in one world's choosing half as in the other's. 1 takes every text seen more
+#: often; 3 only the strongly favoured ones, so that a common text seen slightly more often
+#: by chance does not dilute a rare leaking one.
+RATIOS = (1.0, 3.0)
 
 
 def positions(max_tokens: int) -> list[int]:
@@ -63,23 +69,31 @@ def position_test(texts: Mapping[int, Sequence[str]], bound: float, alpha: float
     """One position's test of the module docstring: ``texts[w]`` are world ``w``'s released
     texts in request order; ``bound`` the log-ratio no set of them may exceed; ``alpha`` this
     position's share of the family-wise error. Returns the larger direction's figure."""
-    conf = 1.0 - alpha / 4  # two directions, two intervals each
+    conf = 1.0 - alpha / (4 * len(RATIOS))  # directions x events x two intervals
     best: dict[str, Any] = {"epsilon_lower": 0.0, "direction": None}
     for a, b in ((1, 0), (0, 1)):
         chose_a, chose_b = Counter(texts[a][0::2]), Counter(texts[b][0::2])
-        event = {y for y in chose_a if chose_a[y] > chose_b.get(y, 0)}
-        test_a, test_b = texts[a][1::2], texts[b][1::2]
-        ka, kb = sum(y in event for y in test_a), sum(y in event for y in test_b)
-        low = clopper_pearson_lower(ka, len(test_a), conf)
-        high = clopper_pearson_upper(kb, len(test_b), conf)
-        eps = math.log(low / high) if low > 0 and high > 0 else 0.0
-        if best["direction"] is None or eps > best["epsilon_lower"]:
-            best = {
-                "direction": f"C{a} over C{b}",
-                "epsilon_lower": max(eps, 0.0),
-                "event_texts": len(event),
-                "counts": [ka, len(test_a), kb, len(test_b)],
+        n_a, n_b = len(texts[a][0::2]) + 1, len(texts[b][0::2]) + 1
+        for r in RATIOS:
+            event = {
+                y
+                for y in chose_a
+                if chose_a[y] > chose_b.get(y, 0)
+                and (chose_a[y] + 1) / n_a >= r * (chose_b.get(y, 0) + 1) / n_b
             }
+            test_a, test_b = texts[a][1::2], texts[b][1::2]
+            ka, kb = sum(y in event for y in test_a), sum(y in event for y in test_b)
+            low = clopper_pearson_lower(ka, len(test_a), conf)
+            high = clopper_pearson_upper(kb, len(test_b), conf)
+            eps = math.log(low / high) if low > 0 and high > 0 else 0.0
+            if best["direction"] is None or eps > best["epsilon_lower"]:
+                best = {
+                    "direction": f"C{a} over C{b}",
+                    "epsilon_lower": max(eps, 0.0),
+                    "event_texts": len(event),
+                    "event_ratio": r,
+                    "counts": [ka, len(test_a), kb, len(test_b)],
+                }
     best["bound"] = bound
     best["exceeds"] = best["epsilon_lower"] > bound * (1 + _SLACK)
     return best
