@@ -49,10 +49,10 @@ from dpicl.mechanisms.voting.release import (
     VOTING_SENSITIVITY,
     noisy_argmax,
     noisy_argmax_probabilities,
-    partition_votes,
     vote_histogram,
 )
 from dpicl.pipelines.partitioning import assign_partitions, group_by_partition
+from dpicl.pipelines.votes import partition_votes
 from dpicl.privacy.calibration import epsilon_exact, sigma_for
 from dpicl.prompts import render
 from dpicl_audit.datasets import BBC_NEWS, LabelledDataset, load_dataset

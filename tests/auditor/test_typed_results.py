@@ -18,7 +18,7 @@ import pytest
 
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.pipeline.estimation import load_run
-from dpicl_audit.pipeline.run_result import Estimate, RunResult
+from dpicl_audit.results import Estimate, RunResult
 from dpicl_audit.store import TrialStore
 from dpicl_audit.verdicts import (
     EXIT_CODES,

@@ -95,3 +95,36 @@ def test_card_in_headless_chromium(card_report: Path, width: int, tmp_path: Path
     assert res["errors"] == [] and res["broken"] == [], res
     assert res["overflow"] == [], res["overflow"]  # the card's table scrolls in its own box
     assert res["scrollWidth"] <= res["width"], res  # type: ignore[operator]
+
+
+def test_list_labels_a_utility_run_as_one(tmp_path: Path) -> None:
+    """`dpicl-audit list` shows a utility run's grid and dataset, and the answers it plans
+    (cells x queries, less a refused baseline), not an audit's mechanism fields."""
+    db = tmp_path / "log.db"
+    shutil.copy(FIXTURE, db)
+    uid, results = _utility_log(db)
+    store = TrialStore(f"sqlite:///{db}")
+    try:
+        store.update_run(uid, status="completed", results=results)
+    finally:
+        store.dispose()
+    args = ["list", "--db", str(db), "--json"]
+    rows = json.loads(CliRunner().invoke(app, args, catch_exceptions=False).stdout)
+    row = next(r for r in rows if r["id"] == uid)
+    assert row["kind"] == "utility" and row["mechanism"] == "voting"
+    assert row["dataset"] == "news-mini"
+    assert row["epsilons"] == [2.0, 8.0] and row["partitions"] == [2]
+    assert row["threat_model"] is None and row["attack"] is None
+    # 2 private cells + few-shot logged 20 each; zero-shot was refused, so it is not planned
+    assert row["trials_logged"] == 60 == row["trials_planned"]
+    # the audits beside it keep their rows
+    audit = next(r for r in rows if r["id"] == AUDIT)
+    assert audit["kind"] != "utility" and audit["threat_model"] == "white-box"
+    table = (
+        CliRunner()
+        .invoke(app, ["list", "--db", str(db)], catch_exceptions=False, env={"COLUMNS": "100"})
+        .stdout
+    )
+    line = next(ln for ln in table.splitlines() if ln.strip().startswith(uid))
+    assert "utility · voting on news-mini · ε 2,8 · T 2" in line and "60/60" in line
+    assert "inquery" not in line and "black-box" not in line

@@ -3,7 +3,7 @@ noise it reports.
 
 The real app serving the installed ``laplace-voting`` plug-in (``examples/laplace_voting``),
 with one change: its release draws Lap(b / 4) where the context reports the scale b = 2 /
-epsilon. Everything reported (scale, epsilon, the ledger's charges, the debug ``sigma``) is
+epsilon. Everything reported (scale, epsilon, the ledger's charges, the debug ``scale``) is
 unchanged. Started by ``tests/e2e/test_external_mechanism.py`` with the plug-in on
 ``PYTHONPATH``.
 """

@@ -46,7 +46,8 @@ import dpicl.mechanisms.voting.release as voting_mech
 import dpicl.pipelines.partitions as partitions_mod
 import dpicl.privacy.ledger as ledger_mod
 from dpicl.mechanisms.esa.release import EsaRelease, nearest
-from dpicl.mechanisms.voting.release import VotingRelease, partition_votes, vote_histogram
+from dpicl.mechanisms.voting.release import VotingRelease, vote_histogram
+from dpicl.pipelines.votes import partition_votes
 
 _honest_positions = partitions_mod._partition_positions
 _honest_remaining = ledger_mod.remaining_queries

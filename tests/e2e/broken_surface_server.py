@@ -223,11 +223,12 @@ def temperature_scaled_vote(scores: Any, sigma: float, temperature: float, rng: 
     return _honest_private_vote(scores, noise, temperature, rng)
 
 
-def temperature_app(app: Any) -> Any:
-    """``app`` with the chat body's ``temperature`` handed to the voting noise."""
+def temperature_app(app: Any, paths: tuple[str, ...] = ("/v1/chat/completions",)) -> Any:
+    """``app`` with the ``temperature`` of a request to one of ``paths`` (the chat route by
+    default) handed to the voting noise."""
 
     async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope.get("type") != "http" or scope.get("path") != "/v1/chat/completions":
+        if scope.get("type") != "http" or scope.get("path") not in paths:
             await app(scope, receive, send)
             return
         messages = []

@@ -11,6 +11,7 @@ sit far from (docs/auditing.md, "Positive controls").
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -307,27 +308,41 @@ async def test_the_openai_surface_at_the_gate(
         assert bursts["status"] == "nonconforming" and results_exit_code([res]) == 4
 
 
-@pytest.mark.parametrize("fault", [None, "temperature_noise"])
+@pytest.mark.parametrize(
+    ("fault", "path"),
+    [
+        (None, "/v1/chat/completions"),
+        ("temperature_noise", "/v1/chat/completions"),
+        ("temperature_noise", "/v1/completions"),
+    ],
+)
 async def test_a_client_parameter_that_reaches_the_noise_is_flagged(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str | None
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str | None, path: str
 ) -> None:
-    """Issue 35, item 2 (in part): noise scaled by the chat client's temperature (none
-    sent: as calibrated) is NONCONFORMING naming the parameter; the honest server, which
-    ignores it, exits 0."""
+    """Issue 35, item 2: noise scaled by the client's temperature on one route (none sent:
+    as calibrated), the chat route or the completions route only, is NONCONFORMING naming a
+    temperature-0 or -2 variant of that route; the honest server, which ignores it on the OpenAI
+    routes and refuses it natively, exits 0."""
     res, _ = await _audit_behind(
         tmp_path,
         monkeypatch,
         fault,
-        surface.temperature_app,
+        functools.partial(surface.temperature_app, paths=(path,)),
         flags={"mechanism.epsilons": [1.0], "trials": 100, "seed": 2},
     )
     swept = res["parameters"]
-    assert [v["variant"] for v in swept["variants"]] == [n for n, _ in VARIANTS]
+    assert [v["variant"] for v in swept["variants"]] == [n for n, _, _ in VARIANTS]
+    native = next(v for v in swept["variants"] if v["variant"].startswith("native"))
+    assert native["refused"], native  # the native route names no temperature: 422
     if fault is None:
         assert swept["status"] == "ok", swept
         assert results_exit_code([res]) == 0
     else:
-        assert swept["status"] == "nonconforming" and swept["variant"] == "temperature 0", swept
+        route = "chat" if path == "/v1/chat/completions" else "completions"
+        assert swept["status"] == "nonconforming", swept
+        # temperature 0 (no noise: the majority every time) or 2 (twice the noise) departs
+        named = swept["variant"]
+        assert named.startswith(route) and named.endswith(("temperature 0", "temperature 2")), swept
         assert results_exit_code([res]) == 4
 
 

@@ -18,7 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from dpicl_audit.planning.surface import public_departures, read_answer
+from dpicl_audit.planning.answers import read_answer
+from dpicl_audit.planning.surface import public_departures
 from dpicl_audit.results import results_exit_code
 from tests.e2e import broken_surface_server as surface
 from tests.e2e.test_surface_faults import _audit, _audit_behind

@@ -10,8 +10,10 @@ the log), so no check can fail by chance.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 from scipy.stats import beta
 from typer.testing import CliRunner
@@ -52,6 +55,12 @@ def _logged(db_file: Path, run_id: str) -> int:
         return 0
 
 
+def _labels_of(path: Path) -> list[str]:
+    """A dataset's labels in the auditor's order: first appearance in the file."""
+    with path.open() as f:
+        return list(dict.fromkeys(json.loads(line)["output"] for line in f if line.strip()))
+
+
 def _stop_when(
     proc: subprocess.Popen[str], ready: Callable[[], bool], sig: int, timeout: float = 180.0
 ) -> str:
@@ -72,7 +81,7 @@ def _independent(db_file: Path, run_id: str) -> dict[str, dict[str, Any]]:
     """Per cell, from the raw rows: queries, distinct indices, correct answers, the exact
     interval from beta quantiles (not the auditor's code), and the ledger's largest spend."""
     out: dict[str, dict[str, Any]] = defaultdict(
-        lambda: {"n": 0, "idx": set(), "k": 0, "spent": 0.0}
+        lambda: {"n": 0, "idx": set(), "k": 0, "spent": None, "labels": set(), "right": 0}
     )
     with sqlite3.connect(db_file) as c:
         rows = c.execute(
@@ -84,8 +93,13 @@ def _independent(db_file: Path, run_id: str) -> dict[str, dict[str, Any]]:
         cell["n"] += 1
         cell["idx"].add(idx)
         cell["k"] += int(decision)
-        spent = json.loads(obs).get("budget", {}).get("spent_epsilon", 0.0)
-        cell["spent"] = max(cell["spent"], spent)
+        o = json.loads(obs)
+        cell["labels"].add(o.get("label"))
+        # the answer against the dataset's label, read from the row, not the decision column
+        cell["right"] += int(o.get("label") == o.get("expected"))
+        spent = o.get("budget", {}).get("spent_epsilon")
+        if spent is not None:
+            cell["spent"] = max(cell["spent"] or 0.0, spent)
     for cell in out.values():
         n, k = cell["n"], cell["k"]
         cell["low"] = 0.0 if k == 0 else float(beta.ppf(0.025, k, n - k + 1))
@@ -121,7 +135,7 @@ def test_utility_interrupted_killed_resumed_and_checked(start_server: Any, tmp_p
     n1 = _logged(db_file, run_id)
     second = spawn("--resume", run_id)
     _stop_when(second, lambda: _logged(db_file, run_id) >= n1 + 60, signal.SIGKILL)
-    assert n1 < _logged(db_file, run_id) < 3 * QUERIES
+    assert n1 < _logged(db_file, run_id) < 4 * QUERIES
     final = subprocess.run(
         [*_cli(), "--resume", run_id, *common, "--json"],
         env=env,
@@ -135,17 +149,26 @@ def test_utility_interrupted_killed_resumed_and_checked(start_server: Any, tmp_p
 
     indep = _independent(db_file, run_id)
     cells = {c["setting"]: c for c in results["cells"]}
-    assert set(indep) == {"eps=1,T=4", "eps=8,T=4", "few-shot"}
+    assert set(indep) == {"eps=1,T=4", "eps=8,T=4", "few-shot", "zero-shot"}
     for name, got in indep.items():
         # every query exactly once: no lost or duplicated trial across Ctrl-C and SIGKILL
         assert got["n"] == QUERIES and got["idx"] == set(range(QUERIES)), name
+        assert got["right"] == got["k"], name
         acc = cells[name]["accuracy"]
         assert acc["n"] == QUERIES and acc["value"] == pytest.approx(got["k"] / QUERIES)
         assert acc["low"] == pytest.approx(got["low"], abs=1e-9)
         assert acc["high"] == pytest.approx(got["high"], abs=1e-9)
         assert cells[name]["spent_epsilon"] == pytest.approx(got["spent"])
-    # dpicl refuses a context without exemplars: the zero-shot row says so, measured nothing.
-    assert cells["zero-shot"]["queries"] == 0 and "exemplars" in cells["zero-shot"]["refused"]
+    # The zero-shot baseline came from POST /v1/zero-shot, which charges nothing. With no
+    # exemplar to match, the oracle scores the first label highest on every query: so its
+    # accuracy is the share of the held-out queries whose label is the first (read from the
+    # dataset file, not the log).
+    zero = cells["zero-shot"]
+    assert "/v1/zero-shot" in zero["measured_by"] and "refused" not in zero
+    assert zero["spent_epsilon"] is None and indep["zero-shot"]["spent"] is None
+    first = _labels_of(ROOT / "auditor" / "dpicl_audit" / "data" / "news_mini.jsonl")[0]
+    assert indep["zero-shot"]["labels"] == {first}
+    assert "/v1/debug/classify" in cells["few-shot"]["measured_by"]
     # The ledger: 150 queries over 4 draws at epsilon 8 cost each draw's context more than
     # one answer (7.91 exact) and less than the budget the auditor gave it.
     assert 7.9 < cells["eps=8,T=4"]["spent_epsilon"] < 1000
@@ -154,7 +177,7 @@ def test_utility_interrupted_killed_resumed_and_checked(start_server: Any, tmp_p
         f"{srv.url}/v1/contexts?limit=200", headers={"Authorization": f"Bearer {ADMIN}"}
     ).json()["data"]
     assert not [c for c in listing if run_id in str(c.get("name"))]
-    assert results["contexts_deleted"] == 4 * 3  # 4 draws x (2 private cells + few-shot)
+    assert results["contexts_deleted"] == 4 * 4  # 4 draws x (2 private cells + 2 baselines)
     # Resuming a completed run asks nothing and reports the same.
     again = subprocess.run(
         [*_cli(), "--resume", run_id, *common, "--json"],
@@ -165,7 +188,7 @@ def test_utility_interrupted_killed_resumed_and_checked(start_server: Any, tmp_p
         cwd=ROOT,
     )
     assert again.returncode == 0, again.stderr
-    assert _logged(db_file, run_id) == 3 * QUERIES
+    assert _logged(db_file, run_id) == 4 * QUERIES
     assert json.loads(again.stdout)["cells"] == results["cells"]
 
 
@@ -190,14 +213,117 @@ def test_utility_through_openai_with_a_context_hook(
     results = json.loads(result.stdout[result.stdout.index("{") :])
     cells = {c["setting"]: c for c in results["cells"]}
     indep = _independent(db_file, "u-openai")
-    for name in ("eps=8,T=4", "few-shot"):
+    for name in ("eps=8,T=4", "few-shot", "zero-shot"):
         assert indep[name]["n"] == 24 == cells[name]["accuracy"]["n"]
         assert cells[name]["accuracy"]["low"] == pytest.approx(indep[name]["low"], abs=1e-9)
+        assert cells[name]["accuracy"]["high"] == pytest.approx(indep[name]["high"], abs=1e-9)
     # The private answers came through chat completions with dpicl's cost extension: the
     # ledger's spend is read from it.
     assert cells["eps=8,T=4"]["spent_epsilon"] > 7.9
-    # The hook's deployment refused a context without exemplars (the hook exited non-zero).
-    assert "zero-shot" in results["refused"]
+    assert "chat/completions" in cells["eps=8,T=4"]["measured_by"]
+    # Both baselines came from the dpicl server beside the hook's deployment (--baseline-url).
+    assert "/v1/zero-shot on the baseline server" in cells["zero-shot"]["measured_by"]
+    assert not results["refused"]
+
+
+def test_utility_through_openai_on_dpicl(start_server: Any, tmp_path: Path) -> None:
+    """--api openai against dpicl itself (no hook): the private answers through chat
+    completions, both baselines on the same server's native admin routes."""
+    srv = start_server(oracle_server_env(tmp_path, whitebox="internal"))
+    db_file = tmp_path / "audit.db"
+    args = [
+        "utility",
+        *("--dataset", "news-mini", "--epsilons", "8", "--partitions", "2", "--queries", "16"),
+        *("--api", "openai", "--url", srv.url, "--db", str(db_file)),
+        *("--out", str(tmp_path / "runs"), "--run-id", "u-oa", "--no-progress", "--json"),
+    ]
+    env = {"DPICL_AUDIT_ADMIN_TOKEN": ADMIN, "DPICL_AUDIT_API_KEY": USER}
+    result = CliRunner().invoke(app, args, env=env, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    cells = {
+        c["setting"]: c for c in json.loads(result.stdout[result.stdout.index("{") :])["cells"]
+    }
+    indep = _independent(db_file, "u-oa")
+    for name in ("eps=8,T=2", "few-shot", "zero-shot"):
+        assert indep[name]["n"] == 16 == cells[name]["accuracy"]["n"], name
+        assert cells[name]["accuracy"]["value"] == pytest.approx(indep[name]["k"] / 16)
+    assert "chat/completions" in cells["eps=8,T=2"]["measured_by"]
+    assert "/v1/zero-shot on the baseline server" in cells["zero-shot"]["measured_by"]
+
+
+def _rouge_l(candidate: str, reference: str) -> float:
+    """ROUGE-L F1 over lower-cased word tokens (Lin 2004), written apart from the auditor's:
+    the LCS by memoised recursion instead of its row-by-row table."""
+    c = re.findall(r"\w+", candidate.lower())
+    r = re.findall(r"\w+", reference.lower())
+
+    @functools.cache
+    def lcs(i: int, j: int) -> int:
+        if i == len(c) or j == len(r):
+            return 0
+        return lcs(i + 1, j + 1) + 1 if c[i] == r[j] else max(lcs(i + 1, j), lcs(i, j + 1))
+
+    n = lcs(0, 0)
+    return 0.0 if n == 0 else 2 * n / (len(c) + len(r))
+
+
+def test_utility_generation_rouge_l_with_bootstrap_intervals(
+    start_server: Any, tmp_path: Path
+) -> None:
+    """The generation path (ESA) end to end: ROUGE-L per answer recomputed from the logged
+    text and reference, each cell's mean and percentile bootstrap interval recomputed from
+    the log as docs/utility.md states them (2,000 resamples from numpy's default generator
+    seeded [plan seed, 0xB007570E, cell position])."""
+    srv = start_server(oracle_server_env(tmp_path, whitebox="internal"))
+    db_file = tmp_path / "audit.db"
+    args = [
+        "utility",
+        *("--dataset", "dialogsum-mini", "--epsilons", "8", "--partitions", "2"),
+        *("--queries", "20", "--exemplars", "6", "--contexts", "2", "--max-tokens", "24"),
+        *("--url", srv.url, "--db", str(db_file), "--out", str(tmp_path / "runs")),
+        *("--run-id", "u-gen", "--no-progress", "--json"),
+    ]
+    env = {"DPICL_AUDIT_ADMIN_TOKEN": ADMIN, "DPICL_AUDIT_API_KEY": USER}
+    result = CliRunner().invoke(app, args, env=env, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    results = json.loads(result.stdout[result.stdout.index("{") :])
+    assert results["metric"] == "rouge_l" and results["mechanism"] == "esa"
+    with sqlite3.connect(db_file) as c:
+        rows = c.execute(
+            "SELECT setting, trial_index, score, observation FROM trials WHERE run_id=? "
+            "ORDER BY setting, trial_index",
+            ("u-gen",),
+        ).fetchall()
+    scores: dict[str, list[float]] = defaultdict(list)
+    for setting, _, score, obs in rows:
+        o = json.loads(obs)
+        mine = _rouge_l(o["text"], o["reference"])
+        assert score == pytest.approx(mine, abs=1e-12), (setting, o)
+        scores[setting].append(mine)
+    order = ["eps=8,T=2", "few-shot", "zero-shot"]
+    assert [c["setting"] for c in results["cells"]] == order
+    for k, cell in enumerate(results["cells"]):
+        x = np.array(scores[cell["setting"]])
+        assert x.size == 20
+        rng = np.random.default_rng([2026, 0xB007570E, k])
+        means = x[rng.integers(0, x.size, size=(2000, x.size))].mean(axis=1)
+        low, high = np.quantile(means, [0.025, 0.975])
+        got = cell["rouge_l"]
+        assert got["method"] == "bootstrap" and got["n"] == 20
+        assert got["value"] == pytest.approx(x.mean(), abs=1e-12)
+        assert (got["low"], got["high"]) == pytest.approx((low, high), abs=1e-12)
+        assert x.min() <= got["low"] <= got["value"] <= got["high"] <= x.max()
+    # The oracle's zero-shot answer echoes the query (its first 24 words): the baseline
+    # came from the context's template with no exemplar in it.
+    for setting, _, _, obs in rows:
+        if setting == "zero-shot":
+            assert json.loads(obs)["route"].startswith("POST /v1/zero-shot")
+    with sqlite3.connect(db_file) as c:
+        pairs = c.execute(
+            "SELECT query, observation FROM trials WHERE run_id='u-gen' AND setting='zero-shot'"
+        ).fetchall()
+    for query, obs in pairs:
+        assert json.loads(obs)["text"].split() == query.split()[:24]
 
 
 @pytest.mark.skipif(
@@ -225,8 +351,11 @@ def test_utility_on_the_bundled_model(start_server: Any, tmp_path: Path) -> None
     results = json.loads(result.stdout[result.stdout.index("{") :])
     cells = {c["setting"]: c for c in results["cells"]}
     assert cells["eps=8,T=2"]["accuracy"]["n"] == 6 == cells["few-shot"]["accuracy"]["n"]
+    assert cells["zero-shot"]["accuracy"]["n"] == 6 and not results["refused"]
     indep = _independent(tmp_path / "a.db", "u-model")
-    assert cells["few-shot"]["accuracy"]["high"] == pytest.approx(indep["few-shot"]["high"])
+    for name in ("few-shot", "zero-shot"):
+        assert cells[name]["accuracy"]["high"] == pytest.approx(indep[name]["high"])
+        assert indep[name]["right"] == indep[name]["k"]
 
 
 @pytest.mark.parametrize(("whitebox", "said"), [("noisy", "DPICL_WHITEBOX=internal"), ("off", "")])
@@ -247,5 +376,7 @@ def test_the_non_private_baseline_needs_an_internal_white_box(
     cells = {c["setting"]: c for c in results["cells"]}
     assert cells["eps=8,T=2"]["accuracy"]["n"] == 8
     assert cells["few-shot"]["queries"] == 0 and said in cells["few-shot"]["refused"]
-    # nothing of the refused baseline stays in the log
-    assert _independent(tmp_path / "a.db", "u-wb").keys() == {"eps=8,T=2"}
+    # nothing of the refused baseline stays in the log; the zero-shot baseline needs no
+    # white-box level (POST /v1/zero-shot releases nothing private)
+    assert _independent(tmp_path / "a.db", "u-wb").keys() == {"eps=8,T=2", "zero-shot"}
+    assert cells["zero-shot"]["accuracy"]["n"] == 8 and "refused" not in cells["zero-shot"]

@@ -71,8 +71,6 @@ def test_a_mechanism_class_is_instantiated(monkeypatch: pytest.MonkeyPatch) -> N
 # read once, at import, like a server started with the package installed.
 SCRIPT = textwrap.dedent(
     """
-    import math
-
     from dpicl.mechanisms.registry import MECHANISMS
     from dpicl.privacy.accounting import budget_mu2, pure_dp_mu2, spent_epsilon
     from tests.conftest import admin_headers, user_headers
@@ -126,11 +124,13 @@ SCRIPT = textwrap.dedent(
         assert r.status_code == 200, r.text
         dbg = r.json()
         assert dbg["clean_votes"] == {"Yes": 1, "No": 3}, dbg  # the canary's partition
-        assert math.isclose(dbg["sigma"], 2.0 * math.sqrt(2.0))
-        assert dbg["scale"] == 2.0, dbg  # its own Laplace scale, from its own debug model
+        # Its own Laplace scale, from its own debug model; no Gaussian sigma claimed.
+        assert dbg["scale"] == 2.0 and dbg["sigma"] is None, dbg
         schema = spec["components"]["schemas"]["DebugClassifyResponse"]
-        assert "sigma" in schema["required"] and "scale" not in schema["required"], schema
+        assert "sigma" not in schema["required"] and "scale" not in schema["required"], schema
         assert schema["properties"]["scale"]["description"].startswith("laplace-voting:")
+        assert schema["properties"]["sigma"]["description"].startswith("voting:")
+        assert dbg["noisy_votes"].keys() == {"Yes", "No"}, dbg
 
         r = c.post("/v1/generate", json={"context_id": cid, "query": canary},
                    headers=user_headers())

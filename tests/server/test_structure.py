@@ -13,6 +13,13 @@ import pytest
 
 import dpicl
 from dpicl.mechanisms.registry import MECHANISMS
+from tests.code_checks import (
+    aliases_itself,
+    core_modules,
+    long_functions,
+    names_a_mechanism,
+    old_paths,
+)
 from tests.import_graph import cycles, graph
 
 PACKAGE = Path(dpicl.__file__).resolve().parent
@@ -173,32 +180,14 @@ def test_the_cycle_check_can_fail(tmp_path: Path) -> None:
     assert cycles(graph(pkg)) == [["pkg.engine", "pkg.helper", "pkg.late"]]
 
 
-def _aliases_itself(tree: ast.Module) -> bool:
-    """Whether a module assigns ``sys.modules[...]``: a shim that makes an old path another
-    module."""
-    return any(
-        isinstance(node, ast.Assign)
-        and any(
-            isinstance(t, ast.Subscript) and ast.unparse(t.value) == "sys.modules"
-            for t in node.targets
-        )
-        for node in ast.walk(tree)
-    )
-
-
 def test_no_module_keeps_an_old_path_alive() -> None:
     # Issue 38, item 3: every import names the real module; an old path fails loudly.
-    shims = sorted(
-        str(p.relative_to(PACKAGE))
-        for p in PACKAGE.rglob("*.py")
-        if _aliases_itself(ast.parse(p.read_text()))
-    )
-    assert shims == [], f"modules that alias an old path: {shims}"
+    assert old_paths(PACKAGE) == [], "modules that alias an old path or only re-export"
     for old in ("dpicl.pipelines.voting", "dpicl.mechanisms.mozo", "dpicl.privacy.mozo_proven"):
         with pytest.raises(ModuleNotFoundError):
             importlib.import_module(old)
     # The check can fail: the shape the 8 shims had.
-    assert _aliases_itself(
+    assert aliases_itself(
         ast.parse("import sys\nimport m as _moved\nsys.modules[__name__] = _moved\n")
     )
 
@@ -207,43 +196,11 @@ def test_no_module_keeps_an_old_path_alive() -> None:
 MAX_FUNCTION_LINES = 120
 
 
-def long_functions(root: Path, limit: int) -> list[str]:
-    """Every function (methods and nested ones included) longer than ``limit`` lines."""
-    found = []
-    for path in sorted(root.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                lines = (node.end_lineno or node.lineno) - node.lineno + 1
-                if lines > limit:
-                    found.append(f"{path.relative_to(root)}:{node.lineno} {node.name} ({lines})")
-    return found
-
-
 def test_no_function_is_longer_than_a_screen(tmp_path: Path) -> None:
     assert long_functions(PACKAGE, MAX_FUNCTION_LINES) == []
     # The check can fail.
     (tmp_path / "m.py").write_text("def f() -> None:\n" + "    pass\n" * MAX_FUNCTION_LINES)
     assert long_functions(tmp_path, MAX_FUNCTION_LINES) == ["m.py:1 f (121)"]
-
-
-def _core_modules() -> list[tuple[str, ast.Module]]:
-    """The server's modules outside ``dpicl/mechanisms/``."""
-    return [
-        (str(p.relative_to(PACKAGE)), ast.parse(p.read_text()))
-        for p in sorted(PACKAGE.rglob("*.py"))
-        if "mechanisms" not in p.relative_to(PACKAGE).parts
-    ]
-
-
-def _names_a_mechanism(tree: ast.Module, names: set[str]) -> list[int]:
-    """Lines of ``tree`` that compare something with a mechanism's name."""
-    return sorted(
-        node.lineno
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Compare)
-        for part in ast.walk(node)
-        if isinstance(part, ast.Constant) and part.value in names
-    )
 
 
 def _reads_the_record_by_key(tree: ast.Module) -> list[int]:
@@ -269,12 +226,14 @@ def _reads_the_record_by_key(tree: ast.Module) -> list[int]:
 def test_the_core_names_no_mechanism_and_reads_no_record_by_key() -> None:
     # Issue 38: outside mechanisms/, no line tests a mechanism's name, and every answer
     # reads its context's calibration (parsed once), not the stored record by string key.
-    names = set(MECHANISMS)
-    named = {f: lines for f, tree in _core_modules() if (lines := _names_a_mechanism(tree, names))}
+    names = set(MECHANISMS) | {n.replace("-", "_") for n in MECHANISMS}
+    named = {
+        f: lines for f, tree in core_modules(PACKAGE) if (lines := names_a_mechanism(tree, names))
+    }
     assert named == {}
     by_key = {
         f: lines
-        for f, tree in _core_modules()
+        for f, tree in core_modules(PACKAGE)
         if (lines := _reads_the_record_by_key(tree)) and f != "store/records.py"
     }
     assert by_key == {}
@@ -282,5 +241,5 @@ def test_the_core_names_no_mechanism_and_reads_no_record_by_key() -> None:
     bad = ast.parse(
         'if ctx.mechanism.get("name") == "dps-mozo":\n    s = float(ctx.mechanism["sigma"])\n'
     )
-    assert _names_a_mechanism(bad, names) == [1]
+    assert names_a_mechanism(bad, names) == [1]
     assert _reads_the_record_by_key(bad) == [1, 2]

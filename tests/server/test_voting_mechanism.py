@@ -16,14 +16,13 @@ from scipy.stats import chi2, chisquare, multivariate_normal, norm
 
 from dpicl.errors import ConfigurationError
 from dpicl.mechanisms.voting.release import (
-    ABSTAIN,
     VotingRelease,
     noisy_argmax,
     noisy_argmax_probabilities,
-    partition_votes,
     private_vote,
     vote_histogram,
 )
+from dpicl.pipelines.votes import ABSTAIN, partition_votes
 
 ALPHA = 1e-4  # false-failure rate of every statistical test below
 

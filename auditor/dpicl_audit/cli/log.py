@@ -82,6 +82,35 @@ def _expected(run: Any, plan: Mapping[str, Any]) -> int:
     return int(plan.get("trials", 0)) * len(plan.get("mechanism", {}).get("epsilons", []))
 
 
+def _utility_row(run: Any, logged: int) -> dict[str, Any]:
+    """A utility run's row of ``list``: its plan is a grid of cells over a dataset, not an
+    audit's mechanism, attack and threat model (it was listed as a black-box voting inquery
+    audit of no epsilon, with 0 trials planned)."""
+    from dpicl_audit.utility.plan import UtilityPlan
+
+    plan = UtilityPlan.model_validate(run.plan | {"target": {}})
+    # A baseline the endpoint did not offer asks nothing: it is not planned.
+    refused = (run.results or {}).get("refused") or {}
+    cells = [c for c in plan.cells() if c.name not in refused]
+    return {
+        "id": run.id,
+        "name": run.name,
+        "mechanism": plan.mechanism,
+        "kind": run.kind,
+        "status": run.status,
+        "created_at": run.created_at.isoformat(),
+        "threat_model": None,
+        "attack": None,
+        "dataset": plan.dataset,
+        "epsilons": list(plan.epsilons),
+        "partitions": list(plan.partitions),
+        "trials_logged": logged,
+        "trials_planned": plan.queries * len(cells),
+        "llm_calls": run.llm_calls,
+        "wall_time_s": run.wall_time_s,
+    }
+
+
 @app.command("list")
 def list_runs(db: DbOpt = DEFAULT_DB, as_json: JsonOpt = False) -> None:
     """The runs in the trial log: mechanism, kind, status and progress."""
@@ -103,6 +132,9 @@ def list_runs(db: DbOpt = DEFAULT_DB, as_json: JsonOpt = False) -> None:
             for stored in store.list_runs():
                 run = upgrade_run(stored)
                 plan = run.plan
+                if run.kind == "utility":
+                    rows.append(_utility_row(run, sum(store.trial_counts(run.id).values())))
+                    continue
                 rows.append(
                     {
                         "id": run.id,
@@ -139,12 +171,16 @@ def list_runs(db: DbOpt = DEFAULT_DB, as_json: JsonOpt = False) -> None:
     for r in rows:
         eps = ",".join(f"{e:g}" for e in r["epsilons"] or [])
         threat = "both threat models" if r["kind"] == "bootstrap" else r["threat_model"]
+        what = f"{r['mechanism']} · {r['attack']} · {r['kind']} · {threat} · ε {eps}"
+        if r["kind"] == "utility":
+            ts = ",".join(str(t) for t in r["partitions"] or [])
+            what = f"utility · {r['mechanism']} on {r['dataset']} · ε {eps} · T {ts}"
         name = r["name"] or ""
         if len(name) > width:
             name = name[: width - 1] + "…"
         table.add_row(
             r["id"] + (f"\n{name}" if name else ""),
-            f"{r['mechanism']} · {r['attack']} · {r['kind']} · {threat} · ε {eps}",
+            what,
             r["status"],
             f"{r['trials_logged']}/{r['trials_planned']}",
             str(r["llm_calls"]),

@@ -133,8 +133,8 @@ def utility(
     baseline_url: Annotated[
         str | None,
         typer.Option(
-            help="A white-box dpicl server (DPICL_WHITEBOX=internal) over the same model for "
-            "the non-private baseline. (default: the target, on dpicl's routes)"
+            help="A dpicl server over the same model for the baselines (DPICL_WHITEBOX="
+            "internal for the non-private one). (default: the target, on dpicl's routes)"
         ),
     ] = None,
     seed: Annotated[int | None, typer.Option(help="Seed of the draws. (default: 2026)")] = None,

@@ -358,6 +358,16 @@ class DpiclClient:
         _require(out, ("text", "noisy_mean", "sigma"), "POST /v1/debug/generate")
         return out
 
+    async def zero_shot(self, context_id: str, query: str, max_tokens: int | None = None) -> JSON:
+        """The context's template answered with no exemplar (``POST /v1/zero-shot``, admin):
+        the zero-shot baseline of a utility audit; it costs no privacy."""
+        body: JSON = {"context_id": context_id, "query": query}
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
+        out = await self._json("POST", "/v1/zero-shot", token=self._admin, json=body)
+        _require(out, ("task",), "POST /v1/zero-shot")
+        return out
+
 
 def _require(payload: JSON, keys: tuple[str, ...], what: str) -> None:
     missing = [k for k in keys if k not in payload]

@@ -26,14 +26,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal, NotRequired, TypedDict
 
 import numpy as np
 from scipy import stats
 
 from dpicl_audit.jsontypes import JsonObject
 
-__all__ = ["ALPHA", "PUBLIC", "dependence_test", "response_fields"]
+__all__ = ["ALPHA", "PUBLIC", "Dependence", "dependence_test", "response_fields"]
 
 #: Error of the test: a server whose fields are independent of the world is flagged in at
 #: most this fraction of runs.
@@ -61,6 +61,21 @@ PUBLIC = (
     "dpicl.context_id",
     "dpicl.label",
 )
+
+
+class Dependence(TypedDict):
+    """What :func:`dependence_test` found: the most dependent ``field`` (None where none could
+    be tested) and the answer it depends most at, with its corrected ``p_value``."""
+
+    status: Literal["ok", "violation"]
+    fields: list[str]
+    tests: int
+    p_value: float | None
+    field: str | None
+    answer: NotRequired[str]
+    message: str
+
+
 #: At most this many fields are kept per response (a malformed answer must not flood the log).
 _MAX_FIELDS = 64
 
@@ -76,7 +91,7 @@ def _public(path: str) -> bool:
     return False
 
 
-def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
+def _flatten(value: object, prefix: str, out: JsonObject) -> None:
     if isinstance(value, Mapping):
         for k, v in value.items():
             _flatten(v, f"{prefix}.{k}" if prefix else str(k), out)
@@ -122,7 +137,7 @@ def _p_value(a: Sequence[Any], b: Sequence[Any]) -> float | None:
 
 def dependence_test(
     rows: Sequence[tuple[int, str, Mapping[str, Any]]], alpha: float = ALPHA
-) -> dict[str, Any] | None:
+) -> Dependence | None:
     """Test each field of ``rows`` (``(world, answer, fields)`` per trial) for dependence on
     the world given the answer (module docstring). None where no trial carried a field;
     else ``{"status", "fields", "tests", "p_value", "field", "message"}``, status

@@ -33,6 +33,7 @@ import numpy.typing as npt
 
 from dpicl_audit.estimators.counts import AuditEstimate, estimate_from_counts
 from dpicl_audit.estimators.held_out import (
+    DEFAULT_SELECTION_FRACTION,
     BoundFields,
     Objective,
     PositiveWhen,
@@ -257,7 +258,7 @@ def split_threshold_estimate(
     scores_neg: npt.ArrayLike,
     *,
     rng: np.random.Generator,
-    fraction: float = 0.5,
+    fraction: float = DEFAULT_SELECTION_FRACTION,
     confidence: float = 0.95,
     delta: float,
     objective: Objective = "mu",

@@ -1,7 +1,7 @@
 """White-box estimates never weaker than black-box, and both figures from one set of trials.
 
 **Why a new selection.** :func:`~dpicl_audit.estimators.thresholds.split_threshold_estimate`
-bounds on half the trials (the other half chooses the threshold) and selects at confidence
+bounds on the held-out part of the trials (the rest chooses the threshold) and selects at confidence
 ``1 - 1e-9``; on weak signals it loses to the black-box decision evaluated on all trials
 (issue 14: 0 against 0.24-0.30 at epsilon 1, 10,000 trials). Here, as in jax_privacy's
 ``CanaryScoreAuditor`` (strategies ``Explicit``, ``Split`` and ``Bonferroni``), the estimate is
@@ -42,6 +42,7 @@ import numpy.typing as npt
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.estimators.counts import AuditEstimate, estimate_from_counts
 from dpicl_audit.estimators.held_out import (
+    DEFAULT_SELECTION_FRACTION,
     BoundFields,
     Objective,
     PositiveWhen,
@@ -207,7 +208,7 @@ def whitebox_estimate(
     confidence: float = 0.95,
     black_box_pos: npt.ArrayLike | None = None,
     black_box_neg: npt.ArrayLike | None = None,
-    fraction: float = 0.3,
+    fraction: float = DEFAULT_SELECTION_FRACTION,
     share: float = 0.5,
     objective: Objective = "mu",
     positive_when: PositiveWhen = "above",
@@ -357,7 +358,7 @@ def audit_figures(
     confidence: float = 0.95,
     black_box_pos: npt.ArrayLike | None = None,
     black_box_neg: npt.ArrayLike | None = None,
-    fraction: float = 0.3,
+    fraction: float = DEFAULT_SELECTION_FRACTION,
     positive_when: PositiveWhen = "above",
 ) -> AuditFigures:
     """Both figures of a white-box audit, each with its own threshold (:func:`whitebox_estimate`

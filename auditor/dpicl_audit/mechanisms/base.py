@@ -58,6 +58,7 @@ from dpicl_audit.mechanisms.trial_estimates import (
     with_verdict,
 )
 from dpicl_audit.plan import AuditPlan
+from dpicl_audit.planning.sections import LedgerSection, ParametersSection, SurfaceSection
 from dpicl_audit.results import SettingResult
 from dpicl_audit.store import ContextRecord, TrialRecord
 
@@ -104,7 +105,7 @@ class TrialAt:
     def record(
         self,
         query: str,
-        observation: dict[str, Any],
+        observation: Mapping[str, Any],
         decision: int,
         latency: float,
         score: float | None = None,
@@ -261,21 +262,21 @@ class MechanismAudit:
 
     async def audit_ledger(
         self, target: AuditTarget, design: Any, plan: AuditPlan
-    ) -> JsonObject | None:
+    ) -> LedgerSection | None:
         """The ledger audited from outside (:mod:`dpicl_audit.planning.ledger`); None where the
         mechanism has no such audit."""
         return None
 
     async def audit_parameters(
         self, target: AuditTarget, design: Any, plan: AuditPlan
-    ) -> JsonObject | None:
+    ) -> ParametersSection | None:
         """The client parameters swept (:mod:`dpicl_audit.planning.parameters`); None where
         the mechanism has no such audit."""
         return None
 
     async def audit_surface(
         self, target: AuditTarget, design: Any, plan: AuditPlan
-    ) -> dict[str, Any] | None:
+    ) -> SurfaceSection | None:
         """The whole response on every answering route, and ``max_tokens`` against the
         context's limit (:mod:`dpicl_audit.planning.surface`); None where the mechanism has
         no such audit."""

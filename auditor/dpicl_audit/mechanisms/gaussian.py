@@ -21,6 +21,7 @@ from dpicl_audit.planning.budgets import (
     probe_ledger,
 )
 from dpicl_audit.planning.ledger import budget_for
+from dpicl_audit.planning.sections import LedgerSection
 from dpicl_audit.store import ContextRecord
 
 __all__ = [
@@ -140,7 +141,7 @@ class GaussianMechanismAudit(MechanismAudit):
 
     async def audit_ledger(
         self, target: AuditTarget, design: Any, plan: AuditPlan
-    ) -> JsonObject | None:
+    ) -> LedgerSection | None:
         """A probe context of C0's body, asked until refused (ledger.probe_ledger)."""
 
         return await probe_ledger(self, target, design, plan)

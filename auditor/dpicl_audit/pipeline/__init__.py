@@ -12,7 +12,6 @@ module               what it holds
 :mod:`.session`      what a run opens: trial log, client, ``/healthz``, versions
 :mod:`.legacy`       trial logs written before the pipeline held every mechanism
 :mod:`.estimation`   a run's results from its log, generic over the mechanism
-:mod:`.run_result`   the typed results' old import path (:mod:`dpicl_audit.results`)
 :mod:`.results`      ``results.json`` and the run's table
 :mod:`.run_context`  the run's one state (store, target, run id, plan, mechanism,
                      design) that the contexts, the trials and the runner act on

@@ -28,6 +28,7 @@ from pydantic import (
 
 from dpicl_audit.attacks import check_attack
 from dpicl_audit.errors import InvalidPlan
+from dpicl_audit.estimators.held_out import DEFAULT_SELECTION_FRACTION
 from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.mechanisms.catalog import mechanism_names, settings_for
 from dpicl_audit.plan.sources import MASK, plan_data_from_sources, public_plan_data
@@ -73,10 +74,11 @@ class AuditPlan(BaseModel):
     )
     confidence: float = 0.95
     split: float = Field(
-        default=0.5,
+        default=DEFAULT_SELECTION_FRACTION,
         gt=0.0,
         lt=1.0,
-        description="White-box: share of trials used to choose the threshold.",
+        description="White-box: share of trials used to choose the threshold (0.2, chosen by "
+        "measured power: docs/auditing.md).",
     )
     seed: int = Field(default=0, ge=0, lt=2**63, description="Seeds the auditor's own choices.")
     concurrency: int = Field(default=8, ge=1, le=1024)

@@ -12,6 +12,7 @@ module                what it holds
 :mod:`.surface`       every route's whole response (headers, stream chunks, usage) and
                       max_tokens against a generation context's limit
 :mod:`.deployment`    a deployed context's own epsilon, delta and partitions in the plan
+:mod:`.sections`      the shapes of the ledger's and the surface's results sections
 ====================  ============================================================
 
 Below :mod:`dpicl_audit.mechanisms` (a context body carries its budget, a bootstrap draws

@@ -18,7 +18,6 @@ from typing import Any
 
 from dpicl_audit.client import AuditTarget, GenerationTarget
 from dpicl_audit.errors import TargetProtocolError
-from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.ledger import (
     MAX_BUDGET_EPSILON,
@@ -27,6 +26,7 @@ from dpicl_audit.planning.ledger import (
     budgeted_answers,
 )
 from dpicl_audit.planning.schedule import trial_worlds
+from dpicl_audit.planning.sections import LedgerSection
 
 __all__ = [
     "budget_limit",
@@ -104,7 +104,7 @@ def context_capacity(plan: AuditPlan) -> int | None:
 
 async def probe_ledger(
     mech: Any, target: AuditTarget, design: Any, plan: AuditPlan
-) -> JsonObject | None:
+) -> LedgerSection | None:
     """A probe context of C0's body at the plan's first epsilon, asked the audit query until
     refused (:func:`dpicl_audit.planning.ledger.audit_ledger`); None for designs without one
     query."""

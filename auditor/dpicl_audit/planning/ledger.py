@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from dpicl_audit.client import AuditTarget, ContextBody
 from dpicl_audit.errors import TargetBudgetExhausted, TargetError
 from dpicl_audit.estimators.gdp import gdp_epsilon, gdp_mu
 from dpicl_audit.planning.ledger_burst import audit_bursts
+from dpicl_audit.planning.sections import BurstsSection, LedgerCheck, LedgerSection
 
 __all__ = [
     "LEDGER_PROBE_ANSWERS",
@@ -68,6 +69,10 @@ MAX_BUDGET_EPSILON = 1000.0
 #: Planned queries are multiplied by this and given a few more: retries after lost answers.
 RETRY_MARGIN = 1.05
 _RETRY_EXTRA = 8
+
+
+#: Asks the probe context (its id) the query once: the answer's JSON.
+Ask = Callable[[str], Awaitable[Mapping[str, Any]]]
 
 
 def composed_epsilon(mu: float, answers: int, delta: float) -> float:
@@ -155,10 +160,10 @@ async def audit_ledger(
     body: ContextBody,
     query: str,
     *,
-    ask: Any,
+    ask: Ask,
     limit: float = MAX_BUDGET_EPSILON,
     bursts: bool = True,
-) -> dict[str, Any]:
+) -> LedgerSection:
     """Create a probe context from ``body`` (a Gaussian mechanism's context body) with a
     budget of :data:`LEDGER_PROBE_ANSWERS` answers (within ``limit``, the server's largest
     budget epsilon), ask it ``query`` through ``ask(cid)`` (an awaitable returning the
@@ -179,7 +184,7 @@ async def audit_ledger(
         }
     probe = body.copy()
     probe["name"], probe["budget"] = f"{body['name']} ledger", budget
-    out: dict[str, Any] = {"budget": budget, "checks": [], "status": "unchecked"}
+    out: LedgerSection = {"budget": budget, "checks": [], "status": "unchecked"}
     try:
         info = await target.create_context(probe)
     except TargetError as exc:
@@ -197,16 +202,16 @@ async def audit_ledger(
     return with_bursts(out, await audit_bursts(target, body, query, budget))
 
 
-def with_bursts(out: dict[str, Any], found: dict[str, Any]) -> dict[str, Any]:
+def with_bursts(out: LedgerSection, found: BurstsSection) -> LedgerSection:
     """The ledger's section ``out`` with the bursts' ``found`` (planning.ledger_burst): a
     failed burst makes it NONCONFORMING."""
     out["bursts"] = found
     if found["status"] == "nonconforming":
-        bad = "; ".join(str(r["message"]) for r in found["routes"] if r.get("ok") is False)
+        bad = "; ".join(r["message"] for r in found["routes"] if r.get("ok") is False)
         if out["status"] == "ok":
             out["status"], out["message"] = "nonconforming", "under concurrency: " + bad
         elif out["status"] != "unchecked":
-            out["message"] += "; under concurrency: " + bad
+            out["message"] = out.get("message", "") + "; under concurrency: " + bad
         else:
             out["status"], out["message"] = "nonconforming", "under concurrency: " + bad
     return out
@@ -222,13 +227,13 @@ async def _probe(
     info: Mapping[str, Any],
     budget: Mapping[str, float],
     query: str,
-    ask: Any,
-    out: dict[str, Any],
+    ask: Ask,
+    out: LedgerSection,
     mu_max: float,
-) -> dict[str, Any]:
-    mech = info.get("mechanism") or {}
+) -> LedgerSection:
+    mech: Mapping[str, Any] = info.get("mechanism") or {}
     sigma, sens = mech.get("sigma"), mech.get("sensitivity")
-    checks: list[dict[str, Any]] = out["checks"]
+    checks = out["checks"]
     if sigma is None or sens is None:
         out["message"] = "the context reports no sigma or sensitivity: nothing to compose"
         return out
@@ -245,7 +250,8 @@ async def _probe(
         if claimed is None
         else math.floor(mu_max**2 / gdp_mu(float(claimed), delta) ** 2 * (1.0 + 1e-6))
     )
-    out |= {"mu_per_answer": mu, "answers_expected": expected, "answers_claimed": implied}
+    out["mu_per_answer"], out["answers_expected"] = mu, expected
+    out["answers_claimed"] = implied
     if implied is not None:
         checks.append(
             {
@@ -262,7 +268,7 @@ async def _probe(
         )
         return out
     answered, refused_at = 0, None
-    mismatches: list[dict[str, Any]] = []
+    mismatches: list[LedgerCheck] = []
     for k in range(1, expected + 2):
         try:
             ans = await ask(cid)
@@ -272,7 +278,7 @@ async def _probe(
         answered += 1
         got = ans.get("budget") or {}
         spent = composed_epsilon(mu, k, delta)
-        want = {
+        want: dict[str, int | float] = {
             "queries": k,
             "spent_epsilon": spent,
             "remaining_epsilon": float(budget["epsilon"]) - spent,
@@ -293,8 +299,8 @@ async def _probe(
         {
             "check": "reported spend and remaining equal the composition of the reported costs",
             "ok": not mismatches,
-            "reported": None if not mismatches else mismatches[0]["reported"],
-            "expected": None if not mismatches else mismatches[0]["expected"],
+            "reported": None if not mismatches else mismatches[0].get("reported"),
+            "expected": None if not mismatches else mismatches[0].get("expected"),
             "where": None if not mismatches else mismatches[0]["check"],
         }
     )
@@ -326,7 +332,7 @@ async def _probe(
     out["message"] = (
         "the ledger departs from the composition of its reported costs: "
         + "; ".join(
-            f"{c.get('where') or c['check']}: {c['reported']} (expected {c['expected']})"
+            f"{c.get('where') or c['check']}: {c.get('reported')} (expected {c.get('expected')})"
             for c in failed
         )
         if failed

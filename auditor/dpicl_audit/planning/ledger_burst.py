@@ -32,12 +32,14 @@ from collections.abc import Mapping
 from typing import Any
 
 import httpx
+from pydantic import JsonValue
 
 from dpicl_audit.client import AuditTarget
 from dpicl_audit.client.openai import OpenAIClient
 from dpicl_audit.errors import TargetError, TargetNotFound
 from dpicl_audit.estimators.gdp import gdp_mu
 from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.planning.sections import BurstFailure, BurstRoute, BurstsSection
 
 __all__ = ["BURST_EXTRA", "ROUTES", "ROUTES_GENERATION", "audit_bursts"]
 
@@ -135,7 +137,7 @@ async def _one_route(
     body: Mapping[str, Any],
     query: str,
     budget: Mapping[str, float] | None,
-) -> dict[str, Any]:
+) -> BurstRoute:
     probe = dict(body) | {"name": f"{body.get('name')} burst {route}"}
     if budget is not None:
         probe["budget"] = dict(budget)
@@ -162,10 +164,10 @@ async def _one_route(
         with contextlib.suppress(TargetError, AttributeError):
             report = await target.spend(cid)
             rows = sum(int(k.get("answered") or 0) for k in report.get("by_key") or [])
-        checks = [
+        checks: list[tuple[str, bool, JsonValue, JsonValue]] = [
             ("at most the budget's answers admitted", answered <= expected, answered, expected),
             ("no refusal before the budget's answers", answered >= expected, answered, expected),
-            ("every other request refused as over budget", not other, other, []),
+            ("every other request refused as over budget", not other, [*other], []),
             (
                 "the context's record counts the answers",
                 charged in (None, answered),
@@ -174,10 +176,14 @@ async def _one_route(
             ),
             ("one answered spend row per answer", rows in (None, answered), rows, answered),
         ]
-        failed = [
+        failed: list[BurstFailure] = [
             {"check": c, "reported": got, "expected": want} for c, ok, got, want in checks if not ok
         ]
-        out = {
+        message = f"{route}: {sent} in flight on a budget of {expected}: {answered} answered, "
+        message += f"{refused} refused" + "".join(
+            f"; {f['check']}: {f['reported']} (expected {f['expected']})" for f in failed
+        )
+        return {
             "route": route,
             "path": path,
             "in_flight": sent,
@@ -189,20 +195,8 @@ async def _one_route(
             "spend_rows_answered": rows,
             "ok": not failed,
             "failed": failed,
+            "message": message,
         }
-        out["message"] = (
-            f"{route}: {sent} in flight on a budget of {expected}: {answered} answered, "
-            f"{refused} refused"
-            + (
-                ""
-                if not failed
-                else "; "
-                + "; ".join(
-                    f"{f['check']}: {f['reported']} (expected {f['expected']})" for f in failed
-                )
-            )
-        )
-        return out
     finally:
         with contextlib.suppress(TargetError):
             await target.delete_context(cid)
@@ -214,7 +208,7 @@ async def audit_bursts(
     query: str,
     budget: Mapping[str, float] | None,
     routes: tuple[str, ...] | None = None,
-) -> dict[str, Any]:
+) -> BurstsSection:
     """Burst each route in ``routes`` (module docstring; default: :data:`ROUTES`, or
     :data:`ROUTES_GENERATION` for a generation body) on a fresh context of ``body`` with
     ``budget`` (None: a context limited by its own ``queries``, DPS-MOZO's); the ``bursts``
@@ -225,7 +219,7 @@ async def audit_bursts(
         return {"status": "unchecked", "routes": [], "message": "the client cannot burst"}
     if isinstance(target, OpenAIClient):  # an OpenAI-compatible deployment: its own routes
         routes = tuple(r for r in routes if r != "native")
-    found = []
+    found: list[BurstRoute] = []
     for route in routes:
         try:
             found.append(await _one_route(target, route, body, query, budget))
@@ -235,5 +229,5 @@ async def audit_bursts(
     return {
         "status": "nonconforming" if failed else "ok",
         "routes": found,
-        "message": "; ".join(str(r.get("message")) for r in found),
+        "message": "; ".join(r["message"] for r in found),
     }

@@ -1,57 +1,100 @@
-"""Vary what a client controls (issue 35, item 2, in part): the OpenAI chat route's sampling
-parameters must not change the release.
+"""Vary what a client controls (issue 35, item 2): the sampling parameters a client sends,
+on every answering route, must not change the release.
 
-dpicl's chat route accepts ``temperature`` and ``top_p`` and ignores them (the noise and the
-votes are the context's); a server may also refuse them. A server that lets them reach the
-noise (e.g. noise scaled by the client's temperature: at ``temperature: 0`` the majority label
-comes back every time) releases the un-noised answer to any client who asks. So, after the
-trials, a fresh context of the run's C1 body at the plan's first epsilon (budgeted for the
-sweep) is asked the audit query :data:`PER_VARIANT` times through ``/v1/chat/completions``
-with each variant of :data:`VARIANTS` (no parameter, temperature 0, 1 and 2, top_p 0.1,
-max_tokens 1). A variant the server refuses (a 4xx naming it) is fine. The labels of the
-answered variants must come from one distribution: the chi-square test of homogeneity of the
-variants x labels table (scipy.stats.chi2_contingency), p below :data:`ALPHA` (1e-4: a correct
-server is flagged in at most 1 run in 10,000) is NONCONFORMING (exit 4) and names the variant
-whose labels depart most from the no-parameter answers. The result is ``results["parameters"]``.
+dpicl's OpenAI routes accept ``temperature`` and ``top_p`` and ignore them (the noise and the
+votes are the context's); its native route refuses them (422, unknown field). A server may
+also refuse them on any route. A server that lets them reach the noise (e.g. noise scaled by
+the client's temperature: at ``temperature: 0`` the majority label comes back every time)
+releases the un-noised answer to any client who asks. So, after the trials, a fresh context
+of the run's C1 body at the plan's first epsilon (budgeted for the sweep) is asked the audit
+query :data:`PER_VARIANT` times with each variant of :data:`VARIANTS`: on the chat route no
+parameter, temperature 0, 1 and 2, top_p 0.1 and max_tokens 1; on the completions route no
+parameter, temperature 0 and top_p 0.1; streamed (chat and completions) temperature 0; on
+the native route temperature 0 (skipped through ``--api openai``, which has no native route).
+A variant the server refuses (a 4xx) is fine. The labels of the answered variants must come
+from one distribution, whatever the route: each variant's share of the pooled most common
+label is tested against the other variants' (Fisher's exact test, two-sided), Bonferroni-
+corrected over the answered variants; p below :data:`ALPHA` (1e-4: a correct server is
+flagged in at most 1 run in 10,000, exactly) is NONCONFORMING (exit 4) and names the variant.
+The result is ``results["parameters"]``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 from scipy import stats
 
 from dpicl_audit.client import AuditTarget, ContextBody
+from dpicl_audit.client.openai import OpenAIClient
 from dpicl_audit.errors import TargetError, TargetNotFound, TargetRejected
-from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.planning.answers import read_answer
+from dpicl_audit.planning.answers import request as surface_request
 from dpicl_audit.planning.ledger import planned_queries
+from dpicl_audit.planning.sections import ParametersSection, ParameterVariant
 
 __all__ = ["ALPHA", "PER_VARIANT", "VARIANTS", "sweep_parameters"]
 
 #: Error of the homogeneity test (a correct server is flagged in at most this share of runs).
 ALPHA = 1e-4
 #: Answers asked per variant.
-PER_VARIANT = 60
-#: The client parameters swept (name, the chat body's extra fields).
-VARIANTS: tuple[tuple[str, dict[str, float]], ...] = (
-    ("no parameter", {}),
-    ("temperature 0", {"temperature": 0}),
-    ("temperature 1", {"temperature": 1}),
-    ("temperature 2", {"temperature": 2}),
-    ("top_p 0.1", {"top_p": 0.1}),
-    ("max_tokens 1", {"max_tokens": 1}),
+PER_VARIANT = 30
+#: The client parameters swept: (name, route as planning.surface names it, the body's extra
+#: fields). The first is the reference the departing variant is named against.
+VARIANTS: tuple[tuple[str, str, dict[str, float]], ...] = (
+    ("chat, no parameter", "chat", {}),
+    ("chat, temperature 0", "chat", {"temperature": 0}),
+    ("chat, temperature 1", "chat", {"temperature": 1}),
+    ("chat, temperature 2", "chat", {"temperature": 2}),
+    ("chat, top_p 0.1", "chat", {"top_p": 0.1}),
+    ("chat, max_tokens 1", "chat", {"max_tokens": 1}),
+    ("completions, no parameter", "completions", {}),
+    ("completions, temperature 0", "completions", {"temperature": 0}),
+    ("completions, top_p 0.1", "completions", {"top_p": 0.1}),
+    ("chat streamed, temperature 0", "chat-stream", {"temperature": 0}),
+    ("completions streamed, temperature 0", "completions-stream", {"temperature": 0}),
+    ("native, temperature 0", "native", {"temperature": 0}),
 )
 _CHAT = "/v1/chat/completions"
 
 
-async def _ask(target: Any, cid: str, query: str, extra: Mapping[str, Any]) -> str:
-    body = {"model": cid, "messages": [{"role": "user", "content": query}], **extra}
-    out = await target.post(_CHAT, body)
-    return str(out["choices"][0]["message"]["content"])
+class _NoRoute(Exception):
+    """The server has no such route (404/405 naming neither a context nor a model)."""
+
+
+class _Refused(Exception):
+    """A 4xx answer to a raw request: the server refused the variant."""
+
+
+async def _ask(target: Any, route: str, cid: str, query: str, extra: Mapping[str, Any]) -> str:
+    """One released label. Through a client that sends only JSON posts (``post``), the chat
+    route alone; through one that sends raw requests (``send``), any route, streams read
+    whole (planning.answers.read_answer)."""
+    if not hasattr(target, "send"):
+        body = {"model": cid, "messages": [{"role": "user", "content": query}], **extra}
+        out = await target.post(_CHAT, body)
+        return str(out["choices"][0]["message"]["content"])
+    path, request = surface_request(route, "classification", cid, query, None)
+    got = await target.send(path, request | dict(extra))
+    if got.status_code in (404, 405) and "context" not in got.text and "model" not in got.text:
+        raise _NoRoute(path)
+    if got.status_code >= 400:
+        raise _Refused(f"{path} answered {got.status_code}: {got.text[:200]}")
+    return str(read_answer(route, got)["answer"])
+
+
+def _variants(target: Any) -> tuple[tuple[str, str, dict[str, float]], ...]:
+    """The variants this client can send: the chat route's through a JSON-only client, no
+    native route through ``--api openai``."""
+    if not hasattr(target, "send"):
+        return tuple(v for v in VARIANTS if v[1] == "chat")
+    if isinstance(target, OpenAIClient):
+        return tuple(v for v in VARIANTS if v[1] != "native")
+    return VARIANTS
 
 
 #: The answers a sweep asks for: what its context's budget must hold.
@@ -64,7 +107,7 @@ async def sweep_parameters(
     query: str,
     *,
     budget: dict[str, float] | None,
-) -> JsonObject | None:
+) -> ParametersSection | None:
     """The sweep of the module docstring on a fresh context of ``body`` (a voting context
     body) with ``budget``, which holds :data:`SWEEP_ANSWERS` answers as the mechanism's
     audit composes them (None: no budget within the server's limit does); None where the
@@ -77,19 +120,19 @@ async def sweep_parameters(
     probe["name"], probe["budget"] = f"{body['name']} parameters", budget
     info = await target.create_context(probe)
     cid = str(info["id"])
-    variants: list[dict[str, Any]] = []
+    variants: list[ParameterVariant] = []
     try:
-        for name, extra in VARIANTS:
+        for name, route, extra in _variants(target):
             try:
                 labels = await asyncio.gather(
-                    *(_ask(target, cid, query, extra) for _ in range(PER_VARIANT))
+                    *(_ask(target, route, cid, query, extra) for _ in range(PER_VARIANT))
                 )
-            except TargetNotFound:
-                if not extra:
+            except (TargetNotFound, _NoRoute):
+                if route == "chat" and not extra:
                     return {"status": "unchecked", "message": f"the server has no {_CHAT}"}
-                variants.append({"variant": name, "refused": True})
+                variants.append({"variant": name, "refused": True, "message": "no such route"})
                 continue
-            except TargetRejected as exc:
+            except (TargetRejected, _Refused) as exc:
                 variants.append({"variant": name, "refused": True, "message": str(exc)})
                 continue
             counts: dict[str, int] = {}
@@ -102,37 +145,55 @@ async def sweep_parameters(
     return _judge(variants)
 
 
-def _judge(variants: Sequence[Mapping[str, Any]]) -> JsonObject:
+def _judge(variants: list[ParameterVariant]) -> ParametersSection:
+    """Each answered variant's share of the pooled most common label against the other
+    variants' (Fisher's exact test, two-sided: a parameter that lowers the noise raises the
+    share, one that raises it lowers it), Bonferroni-corrected over the answered variants:
+    the run's error is at most :data:`ALPHA`, exactly, with no large-sample approximation."""
     answered = [v for v in variants if not v["refused"]]
-    names = sorted({lab for v in answered for lab in v["labels"]})
-    out: dict[str, Any] = {"variants": variants, "per_variant": PER_VARIANT}
-    if len(answered) < 2 or len(names) < 2:
-        out |= {"status": "ok", "p_value": None}
+    pooled: dict[str, int] = {}
+    for v in answered:
+        for lab, n in v.get("labels", {}).items():
+            pooled[lab] = pooled.get(lab, 0) + n
+    out: ParametersSection = {
+        "status": "ok",
+        "message": "",
+        "variants": variants,
+        "per_variant": PER_VARIANT,
+    }
+    if len(answered) < 2 or len(pooled) < 2:
+        out["p_value"] = None
         out["message"] = (
             "every variant released the same label"
-            if len(names) < 2 and len(answered) >= 2
+            if len(pooled) < 2 and len(answered) >= 2
             else "fewer than two variants answered: nothing to compare"
         )
         return out
-    table = np.array([[v["labels"].get(lab, 0) for lab in names] for v in answered], dtype=float)
-    p = float(stats.chi2_contingency(table).pvalue)
-    base = table[0] / table[0].sum()
-    worst = max(
-        range(1, len(answered)),
-        key=lambda i: float(np.abs(table[i] / table[i].sum() - base).sum()),
-    )
+    top = max(sorted(pooled), key=lambda lab: pooled[lab])
+    total = sum(pooled.values())
+    counts = [v.get("labels", {}) for v in answered]
+    p_values = []
+    for c in counts:
+        hits, asked = c.get(top, 0), sum(c.values())
+        rest_hits, rest = pooled[top] - hits, total - asked
+        table = [[hits, asked - hits], [rest_hits, rest - rest_hits]]
+        p_values.append(float(stats.fisher_exact(table).pvalue))
+    worst = int(np.argmin(p_values))
+    p = min(1.0, p_values[worst] * len(answered))
     flagged = p < ALPHA
     rates = ", ".join(
-        f"{v['variant']}: {v['labels'].get(names[0], 0)}/{PER_VARIANT} {names[0]!r}"
-        for v in answered
+        f"{v['variant']}: {c.get(top, 0)}/{sum(c.values())}"
+        for v, c in zip(answered, counts, strict=True)
     )
-    out |= {"status": "nonconforming" if flagged else "ok", "p_value": p}
+    out["status"], out["p_value"], out["label"] = "nonconforming" if flagged else "ok", p, top
     out["variant"] = answered[worst]["variant"]
     out["message"] = (
         f"NONCONFORMING: the client's parameter ({answered[worst]['variant']}) changes the "
-        f"released labels (chi-square p = {p:.2g} < {ALPHA:g}; {rates}): it reaches the "
+        f"released labels (share of {top!r}; Fisher's exact test, Bonferroni over "
+        f"{len(answered)} variants, p = {p:.2g} < {ALPHA:g}; {rates}): it reaches the "
         "mechanism instead of being refused or ignored"
         if flagged
-        else f"the client's parameters do not change the release (p = {p:.2g}; {rates})"
+        else f"the client's parameters do not change the release (p = {p:.2g}; share of "
+        f"{top!r}: {rates})"
     )
     return out

@@ -5,7 +5,7 @@ The trials observe one route (native, or chat with ``--api openai``) and only th
 A server may leak elsewhere: in a header (``X-DPICL-*`` or any other), in the metadata of a
 streamed chunk, in ``usage`` or ``finish_reason`` of a route the trials never use. So, after the
 trials, a fresh pair of contexts of the run's C1 and C0 bodies (the first epsilon, budgeted for
-the probe) is asked the audit query :data:`PER_WORLD` times per world on each answering route:
+the probe) is asked the audit query :data:`PER_WORLD` (20) times per world on each answering route:
 native (``/v1/classify`` or ``/v1/generate``), ``/v1/chat/completions`` and
 ``/v1/completions``, each also streamed (``stream_options.include_usage`` on). Every answer is
 read whole:
@@ -38,23 +38,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import httpx
+from pydantic import JsonValue
 
 from dpicl_audit.client import AuditTarget
 from dpicl_audit.client.http import ContextBody
 from dpicl_audit.client.openai import OpenAIClient
 from dpicl_audit.errors import TargetError
-from dpicl_audit.estimators.extra_fields import dependence_test, response_fields
+from dpicl_audit.estimators.extra_fields import dependence_test
+from dpicl_audit.planning.answers import COST_HEADERS, read_answer, request
+from dpicl_audit.planning.sections import (
+    AboveLimit,
+    Answer,
+    Scalar,
+    SurfaceRoute,
+    SurfaceSection,
+)
 
-__all__ = ["PER_WORLD", "ROUTES", "TRANSPORT", "audit_surface", "read_answer"]
+__all__ = ["PER_WORLD", "ROUTES", "audit_surface"]
 
 #: Answers per world and route (a classification; a generation's: :data:`PER_WORLD_GENERATION`).
-PER_WORLD = 30
+PER_WORLD = 20
 #: Answers per world and route of a generation mechanism (DPS-MOZO's answers cost ``|D| + 1``
 #: model calls per token).
 PER_WORLD_GENERATION = 20
@@ -62,142 +69,7 @@ PER_WORLD_GENERATION = 20
 ROUTES = ("native", "chat", "completions", "chat-stream", "completions-stream")
 #: Fewer answers per world and route than this: the probe is not run (said so).
 MIN_PER_WORLD = 10
-#: Headers of the transport itself, not of the answer (ids are random: never a category).
-TRANSPORT = frozenset(
-    {"content-length", "content-type", "content-encoding", "transfer-encoding", "connection"}
-    | {"date", "server", "cache-control", "x-accel-buffering", "x-request-id", "vary"}
-)
-#: The public cost headers and the body field each must equal (path in the body's cost
-#: extension: ``cost`` and ``budget`` natively, ``dpicl.cost``/``dpicl.budget`` otherwise).
-COST_HEADERS = {
-    "x-dpicl-epsilon-spent": ("cost", "epsilon"),
-    "x-dpicl-delta-spent": ("cost", "delta"),
-    "x-dpicl-context-epsilon-spent": ("budget", "spent_epsilon"),
-    "x-dpicl-delta": ("budget", "delta"),
-    "x-dpicl-epsilon-remaining": ("budget", "remaining_epsilon"),
-    "x-dpicl-queries-remaining": ("budget", "remaining_queries"),
-}
 _TOL = 1e-9
-
-
-def _request(
-    route: str, task: str, cid: str, query: str, max_tokens: int | None
-) -> tuple[str, dict[str, Any]]:
-    if route == "native":
-        path = "/v1/classify" if task == "classification" else "/v1/generate"
-        body: dict[str, Any] = {"context_id": cid, "query": query}
-    elif route.startswith("completions"):
-        path, body = "/v1/completions", {"model": cid, "prompt": query}
-    else:
-        path = "/v1/chat/completions"
-        body = {"model": cid, "messages": [{"role": "user", "content": query}]}
-    if route.endswith("-stream"):
-        body |= {"stream": True, "stream_options": {"include_usage": True}}
-    if max_tokens is not None:
-        body["max_tokens"] = max_tokens
-    return path, body
-
-
-def _events(text: str) -> list[dict[str, Any]]:
-    out = []
-    for line in text.splitlines():
-        if not line.startswith("data:") or line[5:].strip() == "[DONE]":
-            continue
-        with contextlib.suppress(ValueError):
-            event = json.loads(line[5:])
-            if isinstance(event, dict):
-                out.append(event)
-    return out
-
-
-def _choice_text(choice: Mapping[str, Any]) -> str:
-    for key in ("delta", "message"):
-        part = choice.get(key)
-        if isinstance(part, Mapping) and isinstance(part.get("content"), str):
-            return str(part["content"])
-    return str(choice.get("text") or "")
-
-
-def _without_text(chunk: Mapping[str, Any]) -> dict[str, Any]:
-    """A chunk's fields besides its text (and what is public by design)."""
-    fields = response_fields(chunk)
-    return {k: v for k, v in fields.items() if not k.endswith((".delta.content", ".text"))}
-
-
-def read_answer(route: str, response: httpx.Response) -> dict[str, Any]:
-    """One answer read whole: ``answer`` (the label or text), ``fields`` (what is tested for
-    dependence), ``public`` (the body's cost and budget and the cost headers) and ``tokens``
-    (the tokens it reports or streams; None where it reports none)."""
-    headers = {k.lower(): v for k, v in response.headers.items()}
-    fields: dict[str, Any] = {
-        f"header {k}": _number(v)
-        for k, v in headers.items()
-        if k not in TRANSPORT and k not in COST_HEADERS
-    }
-    public: dict[str, Any] = {k: headers[k] for k in COST_HEADERS if k in headers}
-    counted: list[int] = []
-    usage: dict[str, Any] | None = None
-    if route.endswith("-stream"):
-        events = _events(response.text)
-        if any(isinstance(e.get("error"), Mapping) for e in events):
-            raise ValueError("the stream carried an error event")
-        texts = [
-            _choice_text(c)
-            for e in events
-            for c in e.get("choices") or []
-            if isinstance(c, Mapping)
-        ]
-        answer = "".join(texts)
-        counted.append(sum(1 for t in texts if t))
-        fields["stream chunks"] = len(events)
-        closing = next((e for e in reversed(events) if e.get("dpicl") is not None), None)
-        usage = next((e for e in events if e.get("usage") is not None), None)
-        seen: dict[str, set[str]] = {}
-        for e in events:
-            if e is closing or e is usage:
-                continue
-            for k, v in _without_text(e).items():
-                seen.setdefault(k, set()).add(repr(v))
-        fields |= {f"stream chunk {k}": "|".join(sorted(v)) for k, v in seen.items()}
-        for name, chunk in (("closing", closing), ("usage", usage)):
-            if chunk is not None:
-                fields |= {f"stream {name} {k}": v for k, v in _without_text(chunk).items()}
-        body = closing or {}
-    else:
-        body = response.json()
-        if not isinstance(body, dict):
-            raise ValueError("the answer is not a JSON object")
-        choices = body.get("choices")
-        if isinstance(choices, list) and choices and isinstance(choices[0], Mapping):
-            answer = _choice_text(choices[0])
-        else:
-            answer = str(body.get("label", body.get("text", "")))
-        fields |= response_fields(body)
-    found = body.get("dpicl")
-    ext: Mapping[str, Any] = found if isinstance(found, Mapping) else body
-    for part in ("cost", "budget"):
-        if isinstance(ext.get(part), Mapping):
-            public |= {f"{part}.{k}": v for k, v in ext[part].items()}
-    usage_of = (usage or {}).get("usage") if route.endswith("-stream") else body.get("usage")
-    if isinstance(usage_of, Mapping) and isinstance(usage_of.get("completion_tokens"), int):
-        counted.append(int(usage_of["completion_tokens"]))
-    return {
-        "answer": answer,
-        "fields": {
-            k: v for k, v in fields.items() if v is None or isinstance(v, str | int | float | bool)
-        },
-        "public": public,
-        "tokens": max(counted) if counted else None,
-    }
-
-
-def _number(value: str) -> float | str:
-    """A header's value as a number where it reads as one (tested as a number then)."""
-    try:
-        found = float(value)
-    except ValueError:
-        return value
-    return found if math.isfinite(found) else value
 
 
 def _close(a: Any, b: Any) -> bool:
@@ -210,11 +82,11 @@ def _close(a: Any, b: Any) -> bool:
     return abs(x - y) <= _TOL * max(1.0, abs(x), abs(y))
 
 
-def public_departures(route: str, answers: list[tuple[int, dict[str, Any]]]) -> list[str]:
+def public_departures(route: str, answers: list[tuple[int, Answer]]) -> list[str]:
     """Each public field that departs from its prediction on ``route``: a cost header unlike
     the body's figure, or a cost unlike the route's first answer's (module docstring)."""
     out: list[str] = []
-    first: dict[str, Any] | None = None
+    first: dict[str, JsonValue] | None = None
     for world, a in answers:
         pub = a["public"]
         for header, (part, key) in COST_HEADERS.items():
@@ -242,9 +114,9 @@ def public_departures(route: str, answers: list[tuple[int, dict[str, Any]]]) -> 
 
 async def _ask(
     target: Any, route: str, task: str, cid: str, query: str, max_tokens: int | None
-) -> dict[str, Any] | str:
+) -> Answer | str:
     """One answer read whole, or why there is none (``refused``, ``no-route``, ...)."""
-    path, body = _request(route, task, cid, query, max_tokens)
+    path, body = request(route, task, cid, query, max_tokens)
     try:
         got = await target.send(path, body)
     except TargetError as exc:
@@ -268,7 +140,7 @@ async def audit_surface(
     limit: int | None = None,
     per_world: int | None = None,
     capacity: int | None = None,
-) -> dict[str, Any] | None:
+) -> SurfaceSection | None:
     """The probe of the module docstring. ``bodies(world, answers)``: a context body of that
     world budgeted for ``answers`` answers; ``limit``: the context's ``max_tokens`` (a
     generation mechanism's), None for classification; ``capacity``: the most answers one
@@ -292,17 +164,17 @@ async def audit_surface(
     asks = per_world * len(routes) + extra
     probe = 1 if limit is not None else None  # generation: one token, so that answers repeat
     ids: dict[int, str] = {}
-    rows: list[tuple[int, str, dict[str, Any]]] = []
+    rows: list[tuple[int, str, Mapping[str, Scalar]]] = []
     departures: list[str] = []
     bugs: list[str] = []
-    per_route: list[dict[str, Any]] = []
+    per_route: list[SurfaceRoute] = []
     try:
         for world in (1, 0):
             body = bodies(world, asks).copy()
             body["name"] = f"{body.get('name')} surface"
             ids[world] = str((await target.create_context(body))["id"])
         for route in routes:
-            got: dict[int, list[Any]] = {}
+            got: dict[int, list[Answer | str]] = {}
             for world in (1, 0):
                 got[world] = list(
                     await asyncio.gather(
@@ -328,37 +200,59 @@ async def audit_surface(
                     f"within the probe's budget not answered ({', '.join(others)})"
                 )
             if probe is not None:
-                longer = [a["tokens"] for _, a in answered if (a["tokens"] or 0) > probe]
+                longer = [a["tokens"] or 0 for _, a in answered if (a["tokens"] or 0) > probe]
                 if longer:
                     bugs.append(f"{route}: max_tokens {probe} answered with {max(longer)} tokens")
-            entry: dict[str, Any] = {
+            entry: SurfaceRoute = {
                 "route": route,
                 "answered": len(answered),
                 "other": others,
                 "fields": sorted({k for _, a in answered for k in a["fields"]}),
             }
             if limit is not None:
-                entry["above_limit"] = above = []
-                for asked in (limit + 1, 4 * limit):
-                    one = await _ask(target, route, task, ids[1], query, asked)
-                    if isinstance(one, str):
-                        above.append({"max_tokens": asked, "outcome": one})
-                        continue
-                    above.append(
-                        {"max_tokens": asked, "outcome": "answered", "tokens": one["tokens"]}
-                    )
-                    if (one["tokens"] or 0) > limit:
-                        bugs.append(
-                            f"{route}: max_tokens {asked} above the context's limit {limit} "
-                            f"answered with {one['tokens']} tokens"
-                        )
+                entry["above_limit"] = await _above_limit(
+                    target, route, task, ids[1], query, limit, bugs
+                )
             per_route.append(entry)
     finally:
         for cid in ids.values():
             with contextlib.suppress(TargetError):
                 await target.delete_context(cid)
+    return _conclude(rows, per_route, per_world, departures, bugs, limit)
+
+
+async def _above_limit(
+    target: AuditTarget, route: str, task: str, cid: str, query: str, limit: int, bugs: list[str]
+) -> list[AboveLimit]:
+    """``max_tokens`` one above the context's limit and at four times it, on one route: a
+    refusal is right; an answer with more tokens than the limit is a BUG (added to ``bugs``)."""
+    above: list[AboveLimit] = []
+    for asked in (limit + 1, 4 * limit):
+        one = await _ask(target, route, task, cid, query, asked)
+        if isinstance(one, str):
+            above.append({"max_tokens": asked, "outcome": one})
+            continue
+        above.append({"max_tokens": asked, "outcome": "answered", "tokens": one["tokens"]})
+        if (one["tokens"] or 0) > limit:
+            bugs.append(
+                f"{route}: max_tokens {asked} above the context's limit {limit} "
+                f"answered with {one['tokens']} tokens"
+            )
+    return above
+
+
+def _conclude(
+    rows: list[tuple[int, str, Mapping[str, Scalar]]],
+    per_route: list[SurfaceRoute],
+    per_world: int,
+    departures: list[str],
+    bugs: list[str],
+    limit: int | None,
+) -> SurfaceSection:
+    """The section: the dependence test over every route's fields, then the verdict (a BUG
+    before a VIOLATION before a NONCONFORMING departure)."""
     found = dependence_test(rows)
-    out: dict[str, Any] = {
+    out: SurfaceSection = {
         "routes": per_route,
         "per_world": per_world,
         "dependence": found,

@@ -50,11 +50,11 @@ class RunData:
         return self.plan.mechanism.name
 
     @property
-    def ledger(self) -> dict[str, Any] | None:
+    def ledger(self) -> Mapping[str, Any] | None:
         """The ledger's audit from outside (:mod:`dpicl_audit.planning.ledger`), where the run
         had one."""
         led = self.results.ledger
-        return dict(led) if isinstance(led, Mapping) else None
+        return led if isinstance(led, Mapping) else None
 
     @property
     def simulated(self) -> bool:

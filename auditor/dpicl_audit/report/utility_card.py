@@ -108,13 +108,17 @@ def _one(results: Mapping[str, Any], rows: Sequence[ReportRow], runs: Sequence[R
         value = c.get(metric)
         spent = c.get("spent_epsilon")
         if c["setting"] in _BASELINES:
-            what = _e(c.get("refused", "")) if "refused" in c else ""
+            # How it was measured: the route and server (the sentence in full on hover), short
+            # enough that a phone's row stays one or two lines.
+            how = str(c.get("measured_by") or "")
+            what = _e(c["refused"]) if "refused" in c else _e(how.split(":")[0])
             shown = "not offered" if "refused" in c else _interval(value)
             if not c.get("queries") and "refused" not in c:
                 shown = "not measured"
             body.append(
-                f"<tr><td class=l>{_e(c['setting'])}</td><td class='l nw'>{shown}</td>"
-                f"<td colspan=3 class='l small'>{what or 'baseline (no privacy)'}</td>"
+                f"<tr><td class='l nw'>{_e(c['setting'])}</td><td class='l nw'>{shown}</td>"
+                f"<td colspan=3 class='l small' title='{_e(how)}'>"
+                f"{what or 'baseline (no privacy)'}</td>"
                 f"<td>{_bar(value, marks)}</td><td>-</td><td>{fmt(spent, 2)}</td></tr>"
             )
             continue

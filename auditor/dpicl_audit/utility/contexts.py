@@ -3,8 +3,8 @@ it will give (with the retry margin of :mod:`dpicl_audit.planning.ledger`), reco
 trial log's ``run_contexts`` (the draw in its ``world`` column) and named
 ``dpicl-audit <run> <cell> #<draw>`` on the server. A context is reused when the log records it
 and the server still has it, adopted by its name when a crash came between its creation and
-the log, created otherwise, and deleted when the run completes. The few-shot baseline's
-contexts live on the white-box baseline server.
+the log, created otherwise, and deleted when the run completes. The baselines' contexts live
+on the baseline server (the target itself on dpicl's routes).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dpicl_audit.errors import TargetError, TargetNotFound
 from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.planning.ledger import budget_for, planned_queries
 from dpicl_audit.store import ContextRecord, TrialStore
-from dpicl_audit.utility.plan import Cell, Draws, UtilityPlan
+from dpicl_audit.utility.plan import FEW_SHOT, ZERO_SHOT, Cell, Draws, UtilityPlan
 
 __all__ = ["RunContexts"]
 
@@ -56,7 +56,11 @@ class RunContexts:
         """The ``POST /v1/contexts`` body of one (cell, draw), budgeted for its answers."""
         plan = self.plan
         examples = [self.data.examples[int(k)] for k in self.draws.contexts[draw]]
-        exemplars = [] if cell.kind == "zero-shot" else [_ex(e) for e in examples]
+        # A zero-shot answer comes from dpicl's /v1/zero-shot, which leaves the context's
+        # exemplars out (a dpicl context holds at least one); a deployment behind a hook with
+        # no dpicl server beside it is asked for a context without exemplars instead.
+        empty = cell.kind == "zero-shot" and self.baseline is None
+        exemplars = [] if empty else [_ex(e) for e in examples]
         mech: dict[str, object] = {
             "name": plan.mechanism,
             "epsilon": cell.epsilon,
@@ -89,10 +93,35 @@ class RunContexts:
             return self._cache[key]
 
     def client(self, cell: Cell) -> DpiclClient:
+        """Who answers a cell: the target for the private cells; the white-box server (the
+        target itself on dpicl's routes) for the baselines, where there is one."""
         if cell.kind == "few-shot":
             assert self.baseline is not None  # cells without one are refused before
             return self.baseline
+        if cell.kind == "zero-shot" and self.baseline is not None:
+            return self.baseline
         return self.target
+
+    def route(self, cell: Cell) -> str:
+        """How a cell's answers are measured, in words (the results say it per baseline)."""
+        classify = self.plan.task == "classification"
+        where = "the target" if self.client(cell) is self.target else "the baseline server"
+        if cell.kind == "few-shot":
+            path = "/v1/debug/classify" if classify else "/v1/debug/generate"
+            return (
+                f"POST {path} on {where}: the clean answer of one partition holding every "
+                "exemplar of the draw (T=1, no noise; DPICL_WHITEBOX=internal)"
+            )
+        if cell.kind == "zero-shot":
+            if self.baseline is not None:
+                return (
+                    f"POST /v1/zero-shot on {where}: the context's template and labels with "
+                    "no exemplar (no noise, no privacy charge)"
+                )
+            return "the target's chat completions on a context without exemplars (its hook)"
+        if self.plan.target.api == "openai":
+            return "POST /v1/chat/completions on the target"
+        return f"POST {'/v1/classify' if classify else '/v1/generate'} on the target"
 
     async def _resolve(self, cell: Cell, draw: int) -> ContextRecord:
         client = self.client(cell)
@@ -134,7 +163,9 @@ class RunContexts:
     async def delete_contexts(self) -> int:
         gone = 0
         for (setting, _), rec in self.store.contexts(self.run_id).items():
-            client = self.baseline if setting == "few-shot" and self.baseline else self.target
+            client = self.target
+            if setting in (FEW_SHOT, ZERO_SHOT) and self.baseline is not None:
+                client = self.baseline
             with contextlib.suppress(TargetError):
                 await client.delete_context(rec.context_id)
                 gone += 1

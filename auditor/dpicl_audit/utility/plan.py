@@ -10,8 +10,10 @@ and T), each draw disjoint from the queries.
 
 **Cells.** One per (epsilon, T) of the grid (``eps=4,T=8``), and the two baselines:
 ``few-shot`` (the same exemplars in one prompt, no noise: the clean vote of one partition
-holding them all, read from a white-box server's ``/v1/debug``) and ``zero-shot`` (a context
-with no exemplars, where the endpoint takes one).
+holding them all, read from a white-box server's ``/v1/debug``) and ``zero-shot`` (the
+context's template with no exemplar, from dpicl's admin route ``/v1/zero-shot``, which needs
+no white-box level; behind a hook with no dpicl server beside it, a context without
+exemplars, where the deployment takes one).
 """
 
 from __future__ import annotations
@@ -81,8 +83,9 @@ class UtilityPlan(BaseModel):
     target: TargetSpec = Field(default_factory=TargetSpec)
     baseline_url: str | None = Field(
         default=None,
-        description="A white-box dpicl server (DPICL_WHITEBOX=internal) over the same model for "
-        "the non-private baseline; default: the target itself on dpicl's routes.",
+        description="A dpicl server over the same model for the baselines (zero-shot: any "
+        "white-box level; non-private: DPICL_WHITEBOX=internal); default: the target itself "
+        "on dpicl's routes.",
     )
     dataset: str = "bbc-news"
     task: Literal["classification", "generation"] | None = None

@@ -74,6 +74,9 @@ def summarise_trials(
             "queries": len(recs),
             "planned": plan.queries,
         }
+        how = next((r.observation.get("route") for r in recs if r.observation.get("route")), None)
+        if how:
+            row["measured_by"] = how
         if refused and cell.name in refused:
             row["refused"] = refused[cell.name]
         if recs:
@@ -157,6 +160,9 @@ def print_utility(results: Mapping[str, Any], console: Console) -> None:
         "(budget.spent_epsilon of the server's ledger)",
         highlight=False,
     )
+    for c in order:
+        if c["kind"] != "private" and c.get("measured_by"):
+            console.print(f"{c['setting']}: {c['measured_by']}", highlight=False, soft_wrap=True)
     for name, why in results.get("refused", {}).items():
         console.print(f"{name}: not measured: {why}", highlight=False, soft_wrap=True)
     per = results.get("spent_epsilon_per_exemplar")

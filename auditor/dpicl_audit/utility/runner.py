@@ -28,6 +28,7 @@ from dpicl_audit.client import DpiclClient
 from dpicl_audit.datasets import load_dataset
 from dpicl_audit.errors import (
     InvalidPlan,
+    TargetNotFound,
     TargetProtocolError,
     TargetRejected,
 )
@@ -89,8 +90,19 @@ class UtilityRun(RunContexts):
         client = self.client(cell)
         start = time.perf_counter()
         obs: dict[str, Any]
+        zero_route = cell.kind == "zero-shot" and self.baseline is not None
+        if zero_route:
+            # dpicl's zero-shot route: the context's template with no exemplar, no charge.
+            out = await client.zero_shot(
+                rec.context_id,
+                example.input,
+                self.plan.max_tokens if self.plan.task == "generation" else None,
+            )
         if self.plan.task == "classification":
-            if cell.kind == "few-shot":
+            if zero_route:
+                label = out.get("label")
+                obs = {"label": label}
+            elif cell.kind == "few-shot":
                 out = await client.debug_classify(rec.context_id, example.input)
                 # T = 1: the one partition's clean vote (None where it abstained); the
                 # list is absent where the server's white-box level is only "noisy".
@@ -105,7 +117,9 @@ class UtilityRun(RunContexts):
             decision: int | None = int(label == example.output)
             score: float | None = None
         else:
-            if cell.kind == "few-shot":
+            if zero_route:
+                text = str(out.get("text") or "")
+            elif cell.kind == "few-shot":
                 out = await client.debug_generate(
                     rec.context_id, example.input, self.plan.max_tokens
                 )
@@ -121,6 +135,7 @@ class UtilityRun(RunContexts):
                 obs |= obs_extra
             decision = None
         obs |= {k: out[k] for k in ("cost", "budget") if k in out}
+        obs["route"] = self.route(cell)
         return TrialRecord(
             setting=cell.name,
             trial_index=index,
@@ -304,10 +319,11 @@ async def _execute(run: UtilityRun, progress: bool) -> JsonObject:
 async def _probe_baselines(
     run: UtilityRun, cells: list[Cell], pending: dict[str, list[int]]
 ) -> list[Cell]:
-    """Drop the baselines the endpoint does not offer, saying why: zero-shot where it refuses
-    a context without exemplars (dpicl does: a context holds at least one), few-shot where its
-    white-box endpoint is off or not ``internal``. A baseline's first answer is its check (and
-    is logged like any other)."""
+    """Drop the baselines the endpoint does not offer, saying why: zero-shot where the dpicl
+    server has no ``/v1/zero-shot`` (or, behind a hook with no dpicl server beside it, where
+    the deployment refuses a context without exemplars), few-shot where its white-box
+    endpoint is off or not ``internal``. A baseline's first answer is its check (and is
+    logged like any other)."""
     keep = []
     for c in cells:
         if c.kind == "private" or not pending[c.name]:
@@ -315,6 +331,14 @@ async def _probe_baselines(
             continue
         try:
             record = await run.ask(c, pending[c.name][0])
+        except TargetNotFound as exc:
+            # The context was found a moment before (it was resolved, or created, for this
+            # answer): a 404 here is the route's, on a dpicl server older than it.
+            why = str(exc)[:300]
+            if c.kind == "zero-shot" and run.baseline is not None:
+                why = f"the server has no POST /v1/zero-shot (a dpicl before it): {why}"
+            run.refused[c.name] = why
+            continue
         except (TargetRejected, TargetProtocolError) as exc:
             run.refused[c.name] = str(exc)[:300]
             continue

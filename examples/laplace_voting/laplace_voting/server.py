@@ -19,13 +19,12 @@ every count, ties broken uniformly at random.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from dpicl.domain import Float
 from dpicl.errors import ConfigurationError
@@ -37,8 +36,9 @@ from dpicl.mechanisms.partitioned import (
     partition_seed,
 )
 from dpicl.mechanisms.voting.pipeline import paid_scores, warn_abstained
-from dpicl.mechanisms.voting.release import partition_votes, vote_histogram
-from dpicl.mechanisms.voting.view import VotingView, voting_view
+from dpicl.mechanisms.voting.release import vote_histogram
+from dpicl.mechanisms.voting.view import VoteFields, vote_fields
+from dpicl.pipelines.votes import partition_votes
 from dpicl.privacy.accounting import pure_dp_mu2
 from dpicl.privacy.ledger import BudgetStatus, Cost, Ledger
 from dpicl.store.repository import StoredContext
@@ -67,11 +67,14 @@ class LaplaceCalibration(PartitionedCalibration):
     epsilon_exact: float
 
 
-class LaplaceView(VotingView):
-    """Private voting's white-box fields plus the Laplace ``scale``. ``sigma`` is the
-    noise's standard deviation, b sqrt(2), kept for auditors that read a voting view."""
+class LaplaceNoise(BaseModel):
+    """The Laplace noise's parameter (no Gaussian sigma: this noise has none)."""
 
     scale: float = Field(description="The Laplace noise's scale b on every count.")
+
+
+class LaplaceView(VoteFields, LaplaceNoise):
+    """The Laplace ``scale``, then the vote histogram's fields as every voting variant's."""
 
 
 def laplace_vote(
@@ -160,14 +163,12 @@ class LaplaceVoting(PartitionedMechanism[LaplaceCalibration]):
         )
 
     def debug_view(self, outcome: Any, whitebox: str) -> LaplaceView:
-        """The noisy votes and the Laplace scale (and sigma, the noise's standard deviation
-        b sqrt(2)); at ``internal`` also the clean votes and each partition's vote."""
+        """The Laplace scale and the noisy votes; at ``internal`` also the clean votes and
+        each partition's vote."""
         out: LaplaceOutcome = outcome
         internal = (out.clean_counts, out.partition_votes) if whitebox == "internal" else None
-        votes = voting_view(
-            out.context.labels, out.scale * math.sqrt(2.0), out.noisy_counts, internal
-        )
-        return LaplaceView(**votes.model_dump(), scale=out.scale)
+        votes = vote_fields(out.context.labels, out.noisy_counts, internal)
+        return LaplaceView(scale=out.scale, **votes.model_dump())
 
 
 #: The entry point's object: ``laplace-voting = "laplace_voting.server:LAPLACE_VOTING"``.

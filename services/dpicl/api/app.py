@@ -18,7 +18,7 @@ from dpicl.api.deps import Services
 from dpicl.api.docs import docs_router
 from dpicl.api.errors import BodyLimitMiddleware, install_error_handlers
 from dpicl.api.openai.router import router as openai_router
-from dpicl.api.routes import contexts, debug, health, inference, keys
+from dpicl.api.routes import contexts, debug, health, inference, keys, zero_shot
 from dpicl.api.routes.metrics import metrics_router
 from dpicl.api.schemas import ErrorResponse
 from dpicl.config import Settings
@@ -152,6 +152,7 @@ def build_app(
     for mechanism_router in mechanism_routers():  # DPS-MOZO's synthesis, ...
         app.include_router(mechanism_router)
     app.include_router(keys.router)
+    app.include_router(zero_shot.router)
     app.include_router(openai_router)
     if settings.docs:
         app.include_router(docs_router(app))

@@ -229,3 +229,18 @@ class GenerateResponse(BaseModel):
     mechanism: str
     cost: CostInfo
     budget: BudgetInfo
+
+
+class ZeroShotResponse(BaseModel):
+    """``POST /v1/zero-shot``: the model's answer to the query in the context's template with
+    no exemplar (the zero-shot baseline of a utility audit)."""
+
+    context_id: str
+    task: str = Field(description="classification or generation (the context's).")
+    label: str | None = Field(
+        default=None,
+        description="Classification: the label the model scores highest; null where its "
+        "scores were not usable.",
+    )
+    text: str | None = Field(default=None, description="Generation: the generated text.")
+    engine: str

@@ -89,6 +89,7 @@ from dpicl_audit.mechanisms.trial_estimates import Finish, finish_conformance, r
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.ledger import with_bursts
 from dpicl_audit.planning.ledger_burst import audit_bursts
+from dpicl_audit.planning.sections import LedgerSection, SurfaceSection
 from dpicl_audit.planning.surface import audit_surface
 from dpicl_audit.results import Estimate, SettingResult
 from dpicl_audit.store import ContextRecord, TrialRecord
@@ -157,7 +158,7 @@ class MozoAudit(MechanismAudit):
 
     async def audit_ledger(
         self, target: AuditTarget, design: MozoDesign, plan: AuditPlan
-    ) -> dict[str, Any] | None:
+    ) -> LedgerSection | None:
         """DPS-MOZO's query limit under concurrency (planning.ledger_burst): on each
         generation route a fresh C0 context of :data:`BURST_QUERIES` answers gets that many
         and :data:`~dpicl_audit.planning.ledger_burst.BURST_EXTRA` more requests in flight;
@@ -167,12 +168,12 @@ class MozoAudit(MechanismAudit):
         body = self.context_body(design, plan, eps, 0, name=f"dpicl-audit {plan.seed} ledger")
         body["mechanism"] = dict(body["mechanism"]) | {"queries": BURST_QUERIES}
         found = await audit_bursts(target, body, design.query, None)
-        out: dict[str, Any] = {"status": "ok", "checks": [], "message": found["message"]}
+        out: LedgerSection = {"status": "ok", "checks": [], "message": found["message"]}
         return with_bursts(out, found)
 
     async def audit_surface(
         self, target: AuditTarget, design: MozoDesign, plan: AuditPlan
-    ) -> dict[str, Any] | None:
+    ) -> SurfaceSection | None:
         """Every route's whole response on a fresh C1/C0 pair at the first epsilon, and
         ``max_tokens`` above the context's T_max (planning.surface); then each of the first
         tokens against the per-token bound (:mod:`.positions`)."""

@@ -70,6 +70,7 @@ from dpicl_audit.mechanisms.gaussian import GaussianMechanismAudit, gaussian_set
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.budgets import budget_limit
 from dpicl_audit.planning.ledger import answers_in_budget, budget_for
+from dpicl_audit.planning.sections import SurfaceSection
 from dpicl_audit.planning.surface import audit_surface
 from dpicl_audit.results import SettingResult
 from dpicl_audit.store import ContextRecord, TrialRecord
@@ -123,7 +124,7 @@ class EsaAudit(GaussianMechanismAudit):
 
     async def audit_surface(
         self, target: AuditTarget, design: GenerationDesign, plan: AuditPlan
-    ) -> dict[str, Any] | None:
+    ) -> SurfaceSection | None:
         """Every route's whole response on a fresh C1/C0 pair at the first epsilon
         (planning.surface). ESA's ``max_tokens`` bounds its candidates' length, which its
         noise does not depend on: no limit is probed."""

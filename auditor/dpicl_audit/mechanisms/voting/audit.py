@@ -50,6 +50,7 @@ from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.budgets import budget_limit
 from dpicl_audit.planning.ledger import answers_in_budget, budget_for
 from dpicl_audit.planning.parameters import SWEEP_ANSWERS, sweep_parameters
+from dpicl_audit.planning.sections import ParametersSection, SurfaceSection
 from dpicl_audit.planning.surface import audit_surface
 from dpicl_audit.results import SettingResult
 from dpicl_audit.store import ContextRecord, TrialRecord
@@ -134,7 +135,7 @@ class VotingAudit(GaussianMechanismAudit):
 
     async def audit_parameters(
         self, target: AuditTarget, design: AuditDesign | RdpDesign, plan: AuditPlan
-    ) -> JsonObject | None:
+    ) -> ParametersSection | None:
         """The chat route's client parameters swept on a fresh C1 context at the first
         epsilon (planning.parameters); none for paper 003's sequences."""
         if isinstance(design, RdpDesign) or getattr(design, "attack", None) != "inquery":
@@ -146,7 +147,7 @@ class VotingAudit(GaussianMechanismAudit):
 
     async def audit_surface(
         self, target: AuditTarget, design: AuditDesign | RdpDesign, plan: AuditPlan
-    ) -> dict[str, Any] | None:
+    ) -> SurfaceSection | None:
         """Every route's whole response on a fresh C1/C0 pair at the first epsilon
         (planning.surface); none for paper 003's sequences."""
         if isinstance(design, RdpDesign) or getattr(design, "attack", None) != "inquery":

@@ -16,9 +16,10 @@ import numpy.typing as npt
 
 from dpicl.engines.base import Engine
 from dpicl.mechanisms.partitioned import GaussianCalibration, gaussian_cost
-from dpicl.mechanisms.voting.release import ABSTAIN, VotingRelease, private_vote
+from dpicl.mechanisms.voting.release import VotingRelease, private_vote
 from dpicl.pipelines.engine_calls import paid_engine_call
 from dpicl.pipelines.partitions import partition_prompts
+from dpicl.pipelines.votes import ABSTAIN
 from dpicl.privacy.ledger import BudgetStatus, Cost, Ledger
 from dpicl.store.repository import StoredContext
 

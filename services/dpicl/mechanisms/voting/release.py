@@ -1,6 +1,7 @@
 r"""Private voting: paper 000, Algorithm 2 (Wu et al.'s DP-ICL for classification).
 
-Lines 3-6: each of the T partitions votes for one label (:func:`partition_votes`) and the
+Lines 3-6: each of the T partitions votes for one label
+(:func:`dpicl.pipelines.votes.partition_votes`, the kit's step) and the
 votes are counted into a clean histogram V (:func:`vote_histogram`). Lines 7-10: Gaussian
 noise N(0, sigma^2) is added to every count and the label with the highest noisy count is
 released (:func:`noisy_argmax`). :func:`private_vote` is the whole of it.
@@ -11,9 +12,10 @@ V changes by -1 and +1 in two coordinates, an L2 change of sqrt(2) (see
 Gaussian mechanism and its argmax post-processing of it.
 
 A partition whose scores are unusable (a NaN or +inf, or no finite score: a model whose
-numerics failed on that partition's prompt) abstains (:data:`ABSTAIN`) and adds to no
-count. Its vote is still a function of that partition alone, and moving one vote between
-a label and no label changes V by 1 in one coordinate, so the sensitivity stays sqrt(2).
+numerics failed on that partition's prompt) abstains
+(:data:`~dpicl.pipelines.votes.ABSTAIN`) and adds to no count. Its vote is still a function
+of that partition alone, and moving one vote between a label and no label changes V by 1 in
+one coordinate, so the sensitivity stays sqrt(2).
 Failing the whole query instead would release a bit computed from the private prompts,
 outside the noise: whether some partition's numerics failed.
 
@@ -35,15 +37,13 @@ import numpy.typing as npt
 from scipy import integrate
 from scipy.special import log_ndtr
 
-from dpicl.errors import ConfigurationError
+from dpicl.pipelines.votes import ABSTAIN, argmax_uniform_ties, partition_votes
 
 __all__ = [
-    "ABSTAIN",
     "VOTING_SENSITIVITY",
     "VotingRelease",
     "noisy_argmax",
     "noisy_argmax_probabilities",
-    "partition_votes",
     "private_vote",
     "vote_histogram",
 ]
@@ -58,58 +58,6 @@ _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 #: moves by sqrt(1^2 + 1^2) = sqrt(2). With the classic formula this gives
 #: sigma = 2 sqrt(ln(1.25/delta)) / epsilon, exactly paper 000, Algorithm 2 line 7.
 VOTING_SENSITIVITY = math.sqrt(2.0)
-
-#: The vote of a partition whose label scores are unusable: it counts for no label.
-ABSTAIN = -1
-
-
-def _argmax_uniform_ties(values: FloatArray, rng: np.random.Generator) -> IntArray:
-    """Row-wise argmax of a 2-D array; among exactly tied maxima, one uniformly at random.
-
-    Every entry gets an independent U[0, 1) key and the maxima's largest key wins: by
-    symmetry each tied maximum wins with probability 1/(number of ties). (Two equal keys
-    have probability about 2^-53 per pair; that residual index bias is immaterial.)"""
-    best = values.max(axis=1, keepdims=True)
-    keys = rng.random(values.shape)
-    keys[values != best] = -1.0
-    return np.asarray(keys.argmax(axis=1), dtype=np.int64)
-
-
-def partition_votes(scores: FloatArray, temperature: float, rng: np.random.Generator) -> IntArray:
-    """Each partition's vote from its (T, L) label scores (log-likelihoods).
-
-    Temperature 0: the argmax, ties broken uniformly at random. Temperature tau > 0: a
-    sample from softmax(scores / tau), drawn exactly with the Gumbel-max trick
-    (argmax of scores/tau + Gumbel(0, 1) noise). Scores may be -inf (impossible label). A
-    row with a NaN or +inf, or without a finite score, votes :data:`ABSTAIN` (see the
-    module docstring for why it is not an error). This randomness only selects the clean
-    votes; the privacy guarantee does not depend on it.
-    """
-    s = np.asarray(scores, dtype=np.float64)
-    if s.ndim != 2 or s.shape[1] == 0:
-        raise ValueError(f"scores must be a (T, L) array with L >= 1, got shape {s.shape}")
-    t = float(temperature)
-    if not math.isfinite(t) or t < 0.0:
-        raise ConfigurationError(
-            f"temperature must be a finite number >= 0, got {temperature!r}",
-            param="mechanism.temperature",
-        )
-    if s.shape[0] == 0:
-        return np.zeros(0, dtype=np.int64)
-    # (s < inf) is false for NaN too; a usable row also has a finite maximum.
-    usable = (s < np.inf).all(axis=1) & np.isfinite(s).any(axis=1)
-    votes = np.full(s.shape[0], ABSTAIN, dtype=np.int64)
-    u = s[usable]
-    if u.shape[0] == 0:
-        return votes
-    if t == 0.0:
-        votes[usable] = _argmax_uniform_ties(u, rng)
-        return votes
-    # Shift by the row maximum first: (s - max)/tau <= 0 cannot overflow to +inf, even for
-    # tiny tau (the maxima stay at exactly 0, so the tau -> 0 limit is the argmax).
-    shifted = (u - u.max(axis=1, keepdims=True)) / t
-    votes[usable] = _argmax_uniform_ties(shifted + rng.gumbel(size=u.shape), rng)
-    return votes
 
 
 def vote_histogram(votes: IntArray, n_labels: int) -> FloatArray:
@@ -154,7 +102,7 @@ def noisy_argmax(
     c = _check_counts(counts)
     s = _check_sigma(sigma)
     noisy = c + rng.normal(0.0, s, size=c.shape)
-    return int(_argmax_uniform_ties(noisy[np.newaxis, :], rng)[0]), noisy
+    return int(argmax_uniform_ties(noisy[np.newaxis, :], rng)[0]), noisy
 
 
 @dataclass(frozen=True, eq=False)

@@ -1,0 +1,165 @@
+"""The shapes of what the probes from outside write into a run's results: the ledger's
+section (:mod:`.ledger`) with its bursts (:mod:`.ledger_burst`), the client parameters'
+sweep (:mod:`.parameters`), and the surface's (:mod:`.surface`) with the answers it reads.
+The report and the exit code read them back as stored JSON
+(:class:`dpicl_audit.results.RunResult`)."""
+
+from __future__ import annotations
+
+from typing import Literal, Required, TypedDict
+
+from pydantic import JsonValue
+
+from dpicl_audit.estimators.extra_fields import Dependence
+
+__all__ = [
+    "AboveLimit",
+    "Answer",
+    "BurstFailure",
+    "BurstRoute",
+    "BurstsSection",
+    "LedgerCheck",
+    "LedgerSection",
+    "LedgerStatus",
+    "ParameterVariant",
+    "ParametersSection",
+    "Scalar",
+    "SurfaceRoute",
+    "SurfaceSection",
+]
+
+
+class BurstFailure(TypedDict):
+    """A check of one burst that failed: what the server did and what it should have."""
+
+    check: str
+    reported: JsonValue
+    expected: JsonValue
+
+
+class BurstRoute(TypedDict, total=False):
+    """One route's burst: ``ok`` None where it was not run (no such route, no count known),
+    with only ``route``, ``ok`` and ``message`` then."""
+
+    route: Required[str]
+    ok: Required[bool | None]
+    message: Required[str]
+    path: str
+    in_flight: int
+    answers_expected: int
+    answered: int
+    refused: int
+    other: list[str]
+    charged: int | None
+    spend_rows_answered: int | None
+    failed: list[BurstFailure]
+
+
+class BurstsSection(TypedDict):
+    """``results["ledger"]["bursts"]``."""
+
+    status: Literal["ok", "nonconforming", "unchecked"]
+    routes: list[BurstRoute]
+    message: str
+
+
+class LedgerCheck(TypedDict, total=False):
+    """One check of the ledger: ``ok`` None where it could not be observed."""
+
+    check: Required[str]
+    ok: Required[bool | None]
+    reported: JsonValue
+    expected: JsonValue
+    #: The first mismatching figure, where the check is over many (``reported spent_epsilon
+    #: after 2 answers``).
+    where: str | None
+
+
+#: A run's ledger verdict: ``bug`` where the reported noise admits fewer answers than the
+#: claim implies.
+LedgerStatus = Literal["ok", "nonconforming", "bug", "unchecked"]
+
+
+class LedgerSection(TypedDict, total=False):
+    """``results["ledger"]``: what the probe (:func:`.ledger.audit_ledger`) and the bursts
+    found."""
+
+    status: Required[LedgerStatus]
+    message: str
+    checks: Required[list[LedgerCheck]]
+    budget: dict[str, float]
+    mu_per_answer: float
+    answers_expected: int
+    answers_claimed: int | None
+    answers: int
+    refused_at: int | None
+    bursts: BurstsSection
+
+
+class ParameterVariant(TypedDict, total=False):
+    """One variant of the sweep: the labels it released, or its refusal."""
+
+    variant: Required[str]
+    refused: Required[bool]
+    message: str
+    labels: dict[str, int]
+
+
+class ParametersSection(TypedDict, total=False):
+    """``results["parameters"]``: whether a client parameter changes the release; ``variant``
+    the one that changes it most, where the labels could be compared."""
+
+    status: Required[Literal["ok", "nonconforming", "unchecked"]]
+    message: Required[str]
+    variants: list[ParameterVariant]
+    per_variant: int
+    p_value: float | None
+    variant: str
+    label: str
+
+
+#: A field's value as tested (a header's number or text, a chunk's flattened value).
+Scalar = str | int | float | bool | None
+
+
+class Answer(TypedDict):
+    """One answer read whole (:func:`.answers.read_answer`)."""
+
+    answer: str
+    fields: dict[str, Scalar]
+    public: dict[str, JsonValue]
+    tokens: int | None
+
+
+class AboveLimit(TypedDict, total=False):
+    """One request with ``max_tokens`` above the context's limit, and what came of it."""
+
+    max_tokens: Required[int]
+    outcome: Required[str]
+    tokens: int | None
+
+
+class SurfaceRoute(TypedDict, total=False):
+    """One route's probe: only ``route`` and ``status`` for a route the server lacks."""
+
+    route: Required[str]
+    status: Literal["no-route"]
+    answered: int
+    other: list[str]
+    fields: list[str]
+    above_limit: list[AboveLimit]
+
+
+class SurfaceSection(TypedDict, total=False):
+    """``results["surface"]`` (:mod:`.surface`); ``status`` and ``message`` always set by
+    :func:`.surface.audit_surface`'s end, ``field`` where a field depends on the world."""
+
+    status: Literal["ok", "nonconforming", "violation", "bug", "unchecked"]
+    message: str
+    routes: Required[list[SurfaceRoute]]
+    per_world: int
+    dependence: Dependence | None
+    public: list[str]
+    limits: list[str]
+    limit: int | None
+    field: str | None

@@ -1,0 +1,69 @@
+"""The zero-shot answer of a context (``POST /v1/zero-shot``, admin only): the query in the
+context's template, with its labels, and no exemplar. It is what a utility audit compares a
+private answer with (docs/utility.md).
+
+No exemplar enters the prompt, so the answer is independent of the private data: it costs
+no privacy and the ledger is not touched (the same public prompt ESA draws its candidates
+from and DPS-MOZO mixes with). It needs no white-box level. It is the admin's: a key that
+could ask it would have the model answer for free, outside every budget.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from dpicl.api.deps import AdminCaller, load_context, services_of
+from dpicl.api.routes.inference import ERRORS
+from dpicl.api.schemas import GenerateRequest, ZeroShotResponse
+from dpicl.engines.base import GenerationParams
+from dpicl.errors import InvalidRequest
+from dpicl.pipelines.partitions import check_query, zero_shot_prompt
+from dpicl.pipelines.votes import partition_votes
+from dpicl.privacy.randomness import entropy_seed, secure_rng
+
+router = APIRouter(prefix="/v1", tags=["inference"], responses=ERRORS)
+
+#: Tokens of a zero-shot generation when neither the request nor the context names a count.
+_DEFAULT_MAX_TOKENS = 48
+
+
+def _number(value: object, default: float) -> float:
+    """A number of the stored mechanism record, or ``default`` where it has none (a
+    mechanism without sampling settings, e.g. a plug-in's voting variant)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return float(default)
+
+
+@router.post("/zero-shot", response_model=ZeroShotResponse)
+async def zero_shot(
+    req: GenerateRequest, request: Request, caller: AdminCaller
+) -> ZeroShotResponse:
+    """The context's template answered with no exemplar; costs no privacy (admin only)."""
+    svc = services_of(request)
+    query = check_query(req.query, svc.settings.max_query_chars)
+    ctx = await load_context(req.context_id, svc, caller)
+    prompt = zero_shot_prompt(ctx, query)
+    m = ctx.mechanism
+    # The context's own sampling settings, so that the baseline differs from its private
+    # answers only by the exemplars (and the noise).
+    temperature = _number(m.get("temperature"), 0.0)
+    if ctx.task == "classification":
+        if req.max_tokens is not None:
+            raise InvalidRequest(
+                f"max_tokens applies to generation; context {ctx.id} is a classification "
+                f"context (got max_tokens={req.max_tokens})",
+                param="max_tokens",
+            )
+        scores = await svc.engine.score_labels([prompt], ctx.labels)
+        # One "partition" holding no exemplar votes as a voting partition does (argmax at
+        # temperature 0, ties at random; None where the scores were unusable).
+        vote = int(partition_votes(scores, temperature, secure_rng())[0])
+        label = ctx.labels[vote] if vote >= 0 else None
+        return ZeroShotResponse(
+            context_id=ctx.id, task=ctx.task, label=label, engine=svc.engine.name
+        )
+    tokens = int(req.max_tokens or _number(m.get("max_tokens"), _DEFAULT_MAX_TOKENS))
+    params = GenerationParams(max_tokens=tokens, temperature=temperature, seed=entropy_seed())
+    texts = await svc.engine.generate([prompt], params)
+    return ZeroShotResponse(context_id=ctx.id, task=ctx.task, text=texts[0], engine=svc.engine.name)

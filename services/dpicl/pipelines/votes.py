@@ -1,0 +1,70 @@
+"""A partition's vote from its label scores: the step of private voting (paper 000,
+Algorithm 2, lines 3-6) that every voting variant and the zero-shot baseline share. Below
+the mechanisms: it knows no noise and no mechanism (:mod:`dpicl.mechanisms.voting.release`
+explains why an unusable partition abstains and why ties are broken at random)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import numpy.typing as npt
+
+from dpicl.errors import ConfigurationError
+
+__all__ = ["ABSTAIN", "argmax_uniform_ties", "partition_votes"]
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+#: The vote of a partition whose label scores are unusable: it counts for no label.
+ABSTAIN = -1
+
+
+def argmax_uniform_ties(values: FloatArray, rng: np.random.Generator) -> IntArray:
+    """Row-wise argmax of a 2-D array; among exactly tied maxima, one uniformly at random.
+
+    Every entry gets an independent U[0, 1) key and the maxima's largest key wins: by
+    symmetry each tied maximum wins with probability 1/(number of ties). (Two equal keys
+    have probability about 2^-53 per pair; that residual index bias is immaterial.)"""
+    best = values.max(axis=1, keepdims=True)
+    keys = rng.random(values.shape)
+    keys[values != best] = -1.0
+    return np.asarray(keys.argmax(axis=1), dtype=np.int64)
+
+
+def partition_votes(scores: FloatArray, temperature: float, rng: np.random.Generator) -> IntArray:
+    """Each partition's vote from its (T, L) label scores (log-likelihoods).
+
+    Temperature 0: the argmax, ties broken uniformly at random. Temperature tau > 0: a
+    sample from softmax(scores / tau), drawn exactly with the Gumbel-max trick
+    (argmax of scores/tau + Gumbel(0, 1) noise). Scores may be -inf (impossible label). A
+    row with a NaN or +inf, or without a finite score, votes :data:`ABSTAIN` (see the
+    module docstring for why it is not an error). This randomness only selects the clean
+    votes; the privacy guarantee does not depend on it.
+    """
+    s = np.asarray(scores, dtype=np.float64)
+    if s.ndim != 2 or s.shape[1] == 0:
+        raise ValueError(f"scores must be a (T, L) array with L >= 1, got shape {s.shape}")
+    t = float(temperature)
+    if not math.isfinite(t) or t < 0.0:
+        raise ConfigurationError(
+            f"temperature must be a finite number >= 0, got {temperature!r}",
+            param="mechanism.temperature",
+        )
+    if s.shape[0] == 0:
+        return np.zeros(0, dtype=np.int64)
+    # (s < inf) is false for NaN too; a usable row also has a finite maximum.
+    usable = (s < np.inf).all(axis=1) & np.isfinite(s).any(axis=1)
+    votes = np.full(s.shape[0], ABSTAIN, dtype=np.int64)
+    u = s[usable]
+    if u.shape[0] == 0:
+        return votes
+    if t == 0.0:
+        votes[usable] = argmax_uniform_ties(u, rng)
+        return votes
+    # Shift by the row maximum first: (s - max)/tau <= 0 cannot overflow to +inf, even for
+    # tiny tau (the maxima stay at exactly 0, so the tau -> 0 limit is the argmax).
+    shifted = (u - u.max(axis=1, keepdims=True)) / t
+    votes[usable] = argmax_uniform_ties(shifted + rng.gumbel(size=u.shape), rng)
+    return votes
