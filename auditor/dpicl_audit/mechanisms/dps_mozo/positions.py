@@ -43,6 +43,7 @@ from typing import Any
 from dpicl_audit.client import AuditTarget, ContextBody, GenerationTarget
 from dpicl_audit.errors import TargetError
 from dpicl_audit.estimators.stats import clopper_pearson_lower, clopper_pearson_upper
+from dpicl_audit.planning.sections import SurfaceSection
 
 __all__ = ["ALPHA", "PER_WORLD", "audit_positions", "position_test", "positions", "with_positions"]
 
@@ -205,15 +206,17 @@ _RANK = {"bug": 3, "violation": 2, "nonconforming": 1}
 
 
 def with_positions(
-    surface: dict[str, Any] | None, found: dict[str, Any] | None
-) -> dict[str, Any] | None:
+    surface: SurfaceSection | None, found: dict[str, Any] | None
+) -> SurfaceSection | None:
     """The surface probe's result with the position probe's under ``positions``; the
     positions' finding decides the status where it is the graver one."""
     if found is None:
         return surface
-    out: dict[str, Any] = {"status": "ok", "message": ""} if surface is None else dict(surface)
+    out: SurfaceSection = (
+        {"status": "ok", "message": "", "routes": []} if surface is None else surface.copy()
+    )
     out["positions"] = found
     mine = _RANK.get(str(found.get("status")), 0)
     if mine > _RANK.get(str(out.get("status")), 0):
-        out["status"], out["message"] = found["status"], found["message"]
+        out["status"], out["message"] = found["status"], str(found["message"])
     return out
