@@ -34,6 +34,12 @@ attribute, replacement) triples it installs, for ``monkeypatch``; ``install()`` 
 * ``RACY_QUERIES``: ``RACY_LEDGER`` for a context limited by its answers (DPS-MOZO's
   ``queries``): the check reads the queries left, the model runs, the charge's own query
   condition is dropped; one at a time it refuses when it should, a burst overspends.
+* ``MOZO_UNMIXED_FIRST``: DPS-MOZO's per-token constraint skipped on one token of each answer:
+  the first token is drawn from the product of the raw one-shot distributions (lambda 1,
+  the private distribution unmixed); every other token is an honest proven-mode token. The
+  server reports everything as calibrated (eps0, per_token_epsilon, the claim) and its
+  ``log_ratios`` clipped to eps0. ``MOZO_UNMIXED_RANDOM``: the same at one position drawn
+  uniformly among the answer's ``max_tokens`` positions.
 * ``TEMPERATURE_NOISE``: the voting noise is scaled by the ``temperature`` a chat client
   sends (none: the noise as calibrated); at ``temperature: 0`` the clean majority label comes
   back every time. Install it with :func:`temperature_app` around the app plus its patch.
@@ -46,10 +52,12 @@ import contextlib
 import contextvars
 import hashlib
 import json
+import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 from sqlalchemy import bindparam, update
 
 import dpicl.api.openai.serving as serving_mod
@@ -57,6 +65,7 @@ import dpicl.api.openai.streaming as streaming_mod
 import dpicl.api.routes.inference as inference_mod
 import dpicl.mechanisms.dps_mozo.mechanism as mozo_mechanism
 import dpicl.mechanisms.dps_mozo.pipeline as mozo_pipeline
+import dpicl.mechanisms.dps_mozo.release as mozo_release
 import dpicl.mechanisms.partitioned as partitioned_mod
 import dpicl.mechanisms.voting.pipeline as voting_pipeline
 import dpicl.privacy.ledger as ledger_mod
@@ -262,12 +271,14 @@ LEAKY_FIELD = Fault(
 _honest_calibrate_mozo = mozo_mechanism.calibrate_mozo
 
 
-def one_token_calibrate_mozo(mech: Any, n_exemplars: int) -> dict[str, Any]:
+def one_token_calibrate_mozo(mech: Any, n_exemplars: int) -> Any:
     """eps0 for one token per answer; the record says the context's max_tokens and tokens."""
     if mech.guarantee != "proven" or mech.max_tokens == 1:
         return _honest_calibrate_mozo(mech, n_exemplars)
     out = _honest_calibrate_mozo(mech.model_copy(update={"max_tokens": 1}), n_exemplars)
-    return out | {"max_tokens": mech.max_tokens, "tokens": mech.queries * mech.max_tokens}
+    update = {"max_tokens": mech.max_tokens, "tokens": mech.queries * mech.max_tokens}
+    # The record is a MozoCalibration since h38a (was a dict).
+    return out.model_copy(update=update) if hasattr(out, "model_copy") else out | update
 
 
 MOZO_ONE_TOKEN = Fault(
@@ -355,7 +366,57 @@ MOZO_NO_TOKEN_LIMIT = Fault(
     "DPS-MOZO answers max_tokens above the context's T_max with every token asked for",
 )
 
+_honest_mozo_step = mozo_release.mozo_step
+_honest_mozo_decode = mozo_pipeline.mozo_decode
+#: Per answer: the index of the next token and the index whose constraint is skipped.
+_SKIP: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("skip", default=None)
+
+
+def _skipping_decode(first: bool) -> Any:
+    async def decode(*args: Any, max_tokens: int, **kwargs: Any) -> Any:
+        """The honest decoding loop, one of its tokens marked to be drawn unmixed."""
+        at = 0 if first else secrets.randbelow(max(int(max_tokens), 1))
+        token = _SKIP.set([0, at])
+        try:
+            return await _honest_mozo_decode(*args, max_tokens=max_tokens, **kwargs)
+        finally:
+            _SKIP.reset(token)
+
+    return decode
+
+
+def unmixed_mozo_step(*args: Any, eps0: float | None = None, **kwargs: Any) -> Any:
+    """The honest step, except at the marked token: lambda 1 (the one-shot distributions
+    themselves, no mixing with the zero-shot one), its log-ratios reported clipped to eps0."""
+    state = _SKIP.get()
+    if state is None or eps0 is None:  # the paper's mode and other callers: honest
+        return _honest_mozo_step(*args, eps0=eps0, **kwargs)
+    index, state[0] = state[0], state[0] + 1
+    if index != state[1]:
+        return _honest_mozo_step(*args, eps0=eps0, **kwargs)
+    step = _honest_mozo_step(*args, eps0=1e300, **(kwargs | {"lam_max": 1.0}))
+    return replace(step, log_ratios=np.minimum(step.log_ratios, eps0))
+
+
+MOZO_UNMIXED_FIRST = Fault(
+    (
+        (mozo_pipeline, "mozo_decode", _skipping_decode(first=True)),
+        (mozo_pipeline, "mozo_step", unmixed_mozo_step),
+    ),
+    "DPS-MOZO's first token of each answer drawn unmixed (its eps0 constraint skipped)",
+)
+
+MOZO_UNMIXED_RANDOM = Fault(
+    (
+        (mozo_pipeline, "mozo_decode", _skipping_decode(first=False)),
+        (mozo_pipeline, "mozo_step", unmixed_mozo_step),
+    ),
+    "DPS-MOZO's token at one random position of each answer drawn unmixed",
+)
+
 FAULTS = {
+    "mozo_unmixed_first": MOZO_UNMIXED_FIRST,
+    "mozo_unmixed_random": MOZO_UNMIXED_RANDOM,
     "racy_queries": RACY_QUERIES,
     "mozo_no_token_limit": MOZO_NO_TOKEN_LIMIT,
     "prompt_tokens": PROMPT_TOKENS,

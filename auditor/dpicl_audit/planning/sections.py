@@ -163,3 +163,6 @@ class SurfaceSection(TypedDict, total=False):
     limits: list[str]
     limit: int | None
     field: str | None
+    #: DPS-MOZO: the per-token constraint position by position
+    #: (:mod:`dpicl_audit.mechanisms.dps_mozo.positions`).
+    positions: dict[str, JsonValue]

@@ -11,6 +11,7 @@ module              what it holds
 :mod:`.check`       the auditor's own recomputation of a token's bounds
 :mod:`.claim`       the exact epsilon of the reported eps0 against the claim
 :mod:`.findings`    divergence and neighbour-ratio findings over a setting's rows
+:mod:`.positions`   the black-box probe of each first token against 4 eps0
 :mod:`.audit`       :class:`~.audit.MozoAudit`: context bodies, trials, estimates
 ==================  ============================================================
 

@@ -83,6 +83,7 @@ from dpicl_audit.mechanisms.dps_mozo.findings import (
     ratio_check,
     without_signal,
 )
+from dpicl_audit.mechanisms.dps_mozo.positions import audit_positions, with_positions
 from dpicl_audit.mechanisms.dps_mozo.settings import MozoSettings
 from dpicl_audit.mechanisms.trial_estimates import Finish, finish_conformance, released_answers
 from dpicl_audit.plan import AuditPlan
@@ -174,7 +175,8 @@ class MozoAudit(MechanismAudit):
         self, target: AuditTarget, design: MozoDesign, plan: AuditPlan
     ) -> SurfaceSection | None:
         """Every route's whole response on a fresh C1/C0 pair at the first epsilon, and
-        ``max_tokens`` above the context's T_max (planning.surface)."""
+        ``max_tokens`` above the context's T_max (planning.surface); then each of the first
+        tokens against the per-token bound (:mod:`.positions`)."""
         eps = float(plan.mechanism.epsilons[0])
 
         def body(world: int, answers: int) -> ContextBody:
@@ -182,9 +184,11 @@ class MozoAudit(MechanismAudit):
             out["mechanism"] = dict(out["mechanism"]) | {"queries": answers}
             return out
 
-        return await audit_surface(
-            target, body, design.query, task=self.task, limit=MozoSettings.of(plan).max_tokens
-        )
+        limit = MozoSettings.of(plan).max_tokens
+        surface = await audit_surface(target, body, design.query, task=self.task, limit=limit)
+        # The per-token constraint, position by position (issue 35, item 7; .positions).
+        found = await audit_positions(target, body, design.query, max_tokens=limit)
+        return with_positions(surface, found)
 
     def calls_per_query(self, plan: AuditPlan) -> int:
         return MozoSettings.of(plan).exemplars + 1  # |D| one-shot prompts and the zero-shot one
