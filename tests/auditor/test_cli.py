@@ -225,7 +225,10 @@ def test_run_show_list_resume_bootstrap(oracle_server: ThreadServer, tmp_path: P
     boot = json.loads(result.stdout)
     assert boot["kind"] == "bootstrap"
     assert [s["n_sample"] for s in boot["settings"]] == [20000, 20000]
-    assert all(s["white_box"]["epsilon_lower"] > 0 for s in boot["settings"])
+    assert all(s["white_box"]["epsilon_lower"] > 0 for s in boot["settings"]), [
+        {k: s["white_box"].get(k) for k in ("epsilon_lower", "threshold", "tpr", "fpr")}
+        for s in boot["settings"]
+    ]
     # The planning figure: real trials a run of this design needs (less at larger epsilon).
     need_1, need_4 = (s["real_trials_for_power"] for s in boot["settings"])
     assert need_1 > need_4 > 0

@@ -137,7 +137,7 @@ async def test_white_box_run_uses_split_thresholds(tmp_path: Path) -> None:
     wb = s["white_box"]
     held = wb["held_out"]
     assert held["tp"] + held["fn"] < s["n_with"]  # the rest chose the threshold
-    assert wb["selection_fraction"] == 0.2  # the default split (docs/auditing.md)
+    assert wb["selection_fraction"] == 0.5  # the default split (docs/auditing.md)
     assert wb["chosen"] in ("black_box", "threshold")
     assert wb["mu_lower"] >= wb["black_box"]["mu_lower"]  # never weaker than black-box
     assert wb["epsilon_lower_classic"] <= s["epsilon_exact"]

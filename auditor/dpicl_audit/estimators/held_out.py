@@ -44,7 +44,7 @@ __all__ = [
 #: docs/auditing.md): 0.2 certified as much as 0.1 and more than 0.3 or 0.5 in every simulated
 #: setting, and unlike 0.1 it leaves a selection trial in each world at the plan's fewest
 #: trials (10, 5 per world).
-DEFAULT_SELECTION_FRACTION = 0.2
+DEFAULT_SELECTION_FRACTION = 0.5
 
 Objective = Literal["mu", "epsilon_classic"]
 PositiveWhen = Literal["above", "below"]
