@@ -147,7 +147,7 @@ SplitOpt = Annotated[
     typer.Option(
         "--split",
         help="White-box: share of the trials that chooses the score threshold, the rest "
-        "bound it. (default: the plan's, 0.2)",
+        "bound it. (default: the plan's, 0.5)",
     ),
 ]
 StrictOpt = Annotated[
