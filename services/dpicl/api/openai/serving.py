@@ -111,19 +111,26 @@ async def answer(
 # ------------------------------------------------------------------------------ shapes
 
 
+def usage_cost(cost: Cost, budget: BudgetStatus) -> UsageCost:
+    """The cost of this answer and the budget left, named as the X-DPICL-* headers."""
+    return UsageCost(
+        epsilon_spent=cost.epsilon,
+        delta_spent=cost.delta,
+        context_epsilon_spent=budget.spent_epsilon,
+        delta=budget.delta,
+        epsilon_remaining=budget.remaining_epsilon,
+        queries_remaining=budget.remaining_queries,
+    )
+
+
 def cost_headers(cost: Cost, budget: BudgetStatus) -> dict[str, str]:
-    """The cost of this answer and the budget left, for clients that ignore extensions."""
-    out = {
-        "X-DPICL-Epsilon-Spent": repr(cost.epsilon),
-        "X-DPICL-Delta-Spent": repr(cost.delta),
-        "X-DPICL-Context-Epsilon-Spent": repr(budget.spent_epsilon),
-        "X-DPICL-Delta": repr(budget.delta),
+    """The same figures as headers, for clients that ignore extensions: ``epsilon_spent`` is
+    ``X-DPICL-Epsilon-Spent``; a figure the budget does not have is left out."""
+    return {
+        "X-DPICL-" + "-".join(w.capitalize() for w in name.split("_")): repr(value)
+        for name, value in usage_cost(cost, budget).model_dump().items()
+        if value is not None
     }
-    if budget.remaining_epsilon is not None:
-        out["X-DPICL-Epsilon-Remaining"] = repr(budget.remaining_epsilon)
-    if budget.remaining_queries is not None:
-        out["X-DPICL-Queries-Remaining"] = str(budget.remaining_queries)
-    return out
 
 
 def extension(a: Answer, engine: str) -> DpiclAnswer:
@@ -139,19 +146,11 @@ def extension(a: Answer, engine: str) -> DpiclAnswer:
 
 
 def usage_of(a: Answer) -> Usage:
-    cost, budget = a.cost, a.budget
     return Usage(
         prompt_tokens=0,
         completion_tokens=a.completion_tokens,
         total_tokens=a.completion_tokens,
-        dpicl=UsageCost(
-            epsilon_spent=cost.epsilon,
-            delta_spent=cost.delta,
-            context_epsilon_spent=budget.spent_epsilon,
-            delta=budget.delta,
-            epsilon_remaining=budget.remaining_epsilon,
-            queries_remaining=budget.remaining_queries,
-        ),
+        dpicl=usage_cost(a.cost, a.budget),
     )
 
 
