@@ -38,6 +38,7 @@ from dpicl_audit.cli.common import (
     resume_command,
     run_async,
 )
+from dpicl_audit.errors import AuditError
 from dpicl_audit.store.db import DEFAULT_DB, resolve_db_url, sqlite_file_missing
 
 __all__ = ["list_runs", "report", "resume", "show"]
@@ -275,7 +276,6 @@ def report(
 def _reported_results(db: str, run_ids: list[str]) -> list[dict[str, Any]]:
     """The reported runs' results, for the exit code (a run the log cannot give is skipped:
     the report itself has said what it could of it)."""
-    from dpicl_audit.errors import AuditError
 
     out = []
     for r in run_ids:
