@@ -40,7 +40,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -217,6 +217,23 @@ def check_world(
     }
 
 
+def probe_answers(results: Mapping[str, Any]) -> int:
+    """The answers of the audit's probes from outside, each on contexts of its own: the ledger
+    probe and its bursts (dpicl_audit.planning.ledger, .ledger_burst), the client parameters'
+    sweep (.parameters) and every route's whole response (.surface). With the trials', they
+    are every request the server answers in a run."""
+    ledger = results.get("ledger") or {}
+    bursts = (ledger.get("bursts") or {}).get("routes") or []
+    variants = (results.get("parameters") or {}).get("variants") or []
+    routes = (results.get("surface") or {}).get("routes") or []
+    return (
+        int(ledger.get("answers") or 0)
+        + sum(int(b.get("answered") or 0) for b in bursts)
+        + sum(sum((v.get("labels") or {}).values()) for v in variants)
+        + sum(int(r.get("answered") or 0) for r in routes)
+    )
+
+
 def one_run(
     recorder: Recorder, work: Path, port: int, trials: int, seed: int, concurrency: int
 ) -> tuple[list[Request], dict[str, Any]]:
@@ -235,14 +252,11 @@ def one_run(
     (s,) = results["settings"]
     bb = s["black_box"]
     y1 = signal_pair(plan)[1]
-    # The audit also probes the server's ledger on a context of its own
-    # (dpicl_audit.planning.ledger);
-    # its answers are the only requests outside the two worlds' contexts.
-    probe = int((results.get("ledger") or {}).get("answers") or 0)
+    probe = probe_answers(results)
     checks = {
         "trials_logged": len(log),
         "server_requests": len(reqs),
-        "ledger_probe_answers": probe,
+        "probe_answers": probe,
         "unknown_context_requests": sum(1 for r in reqs if r.context_id not in world_of) - probe,
         "one_context_per_world": len(set(world_of)) == 2 and set(world_of.values()) == {0, 1},
         # Each world's releases in the log equal those the server made on its context.

@@ -48,6 +48,7 @@ def _audit(url: str, tmp_path: Path, *args: str) -> dict[str, Any]:
         text=True,
         timeout=300,
     )
+    assert proc.stdout.strip(), f"exit {proc.returncode}, no JSON; stderr:\n{proc.stderr}"
     out: dict[str, Any] = json.loads(proc.stdout)
     # the exit status is the run's worst verdict (verdicts.EXIT_CODES), 0 when consistent
     assert proc.returncode == results_exit_code([out]), proc.stderr

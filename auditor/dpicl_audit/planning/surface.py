@@ -47,7 +47,7 @@ from pydantic import JsonValue
 from dpicl_audit.client import AuditTarget
 from dpicl_audit.client.http import ContextBody
 from dpicl_audit.client.openai import OpenAIClient
-from dpicl_audit.errors import TargetError
+from dpicl_audit.errors import TargetError, TargetRejected
 from dpicl_audit.estimators.extra_fields import dependence_test
 from dpicl_audit.planning.answers import COST_HEADERS, read_answer, request
 from dpicl_audit.planning.sections import (
@@ -161,7 +161,6 @@ async def audit_surface(
             "message": f"no budget within the server's limit holds {MIN_PER_WORLD} answers "
             f"per route ({len(routes)} routes): the responses were not probed",
         }
-    asks = per_world * len(routes) + extra
     probe = 1 if limit is not None else None  # generation: one token, so that answers repeat
     ids: dict[int, str] = {}
     rows: list[tuple[int, str, Mapping[str, Scalar]]] = []
@@ -169,10 +168,10 @@ async def audit_surface(
     bugs: list[str] = []
     per_route: list[SurfaceRoute] = []
     try:
-        for world in (1, 0):
-            body = bodies(world, asks).copy()
-            body["name"] = f"{body.get('name')} surface"
-            ids[world] = str((await target.create_context(body))["id"])
+        fitted = await _create_pair(target, bodies, per_world, len(routes), extra, ids)
+        if isinstance(fitted, str):
+            return {"status": "unchecked", "routes": [], "message": fitted}
+        per_world = fitted
         for route in routes:
             got: dict[int, list[Answer | str]] = {}
             for world in (1, 0):
@@ -219,6 +218,41 @@ async def audit_surface(
             with contextlib.suppress(TargetError):
                 await target.delete_context(cid)
     return _conclude(rows, per_route, per_world, departures, bugs, limit)
+
+
+async def _create_pair(
+    target: AuditTarget,
+    bodies: Callable[[int, int], ContextBody],
+    per_world: int,
+    n_routes: int,
+    extra: int,
+    ids: dict[int, str],
+) -> int | str:
+    """Create the C1/C0 pair (into ``ids``) budgeted for ``per_world`` answers per route, or
+    for half as many, and so on, while the server refuses the context's calibration (a 422 on
+    a ``mechanism.*`` parameter: DPS-MOZO's paper mode, say, admits only so many tokens per
+    budget). The answers per world and route it settled on; the reason, where not even
+    :data:`MIN_PER_WORLD` fit."""
+    while True:
+        body = bodies(1, per_world * n_routes + extra).copy()
+        body["name"] = f"{body.get('name')} surface"
+        try:
+            ids[1] = str((await target.create_context(body))["id"])
+            break
+        except TargetRejected as exc:
+            if exc.status != 422 or not (exc.param or "").startswith("mechanism."):
+                raise
+            if per_world // 2 < MIN_PER_WORLD:
+                return (
+                    f"the server takes no context of {per_world * n_routes + extra} answers "
+                    f"({per_world} per route, {n_routes} routes): {exc.message} (param "
+                    f"{exc.param}); the responses were not probed"
+                )
+            per_world //= 2
+    body = bodies(0, per_world * n_routes + extra).copy()
+    body["name"] = f"{body.get('name')} surface"
+    ids[0] = str((await target.create_context(body))["id"])
+    return per_world
 
 
 async def _above_limit(

@@ -184,10 +184,18 @@ class MozoAudit(MechanismAudit):
             out["mechanism"] = dict(out["mechanism"]) | {"queries": answers}
             return out
 
-        limit = MozoSettings.of(plan).max_tokens
-        surface = await audit_surface(target, body, design.query, task=self.task, limit=limit)
-        # The per-token constraint, position by position (issue 35, item 7; .positions).
-        found = await audit_positions(target, body, design.query, max_tokens=limit)
+        m = MozoSettings.of(plan)
+        surface = await audit_surface(
+            target, body, design.query, task=self.task, limit=m.max_tokens
+        )
+        # The per-token constraint, position by position (issue 35, item 7; .positions): a
+        # proven-mode bound; the paper mode claims none per token.
+        found: dict[str, Any] | None = {
+            "status": "unchecked",
+            "message": "the paper mode claims no per-token bound: the positions were not probed",
+        }
+        if m.guarantee == "proven":
+            found = await audit_positions(target, body, design.query, max_tokens=m.max_tokens)
         return with_positions(surface, found)
 
     def calls_per_query(self, plan: AuditPlan) -> int:
