@@ -76,7 +76,7 @@ Every error the auditor raises on purpose belongs to one tree (:mod:`dpicl_audit
         │   ├── TargetRejected          the server answered 4xx (status, code, message, param)
         │   │   ├── TargetUnauthorized  401: a missing or wrong token
         │   │   ├── TargetNotFound      404: an unknown context, or /v1/debug/* switched off
-        │   │   └── TargetBudgetExhausted  403 (OpenAI surface: 429): the budget is spent
+        │   │   └── TargetBudgetExhausted  402 (older servers: 403, 429): the budget is spent
         │   ├── TargetUnavailable       no answer after every retry (connection, timeout, 5xx)
         │   └── TargetProtocolError     an answer that does not follow HTTP API v1, or a
         │                               context that does not match the audit's settings

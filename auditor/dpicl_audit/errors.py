@@ -19,7 +19,7 @@ already guards against ``ValueError`` keeps working::
         │   │   ├── TargetUnauthorized  401: a missing or wrong token
         │   │   ├── TargetNotFound      404: an unknown context, or /v1/debug/* while the
         │   │   │                       server's white-box access is off
-        │   │   └── TargetBudgetExhausted  403 (429 on the OpenAI surface): the
+        │   │   └── TargetBudgetExhausted  402 (older servers: 403, 429): the
         │   │                           context's budget is spent
         │   ├── TargetUnavailable       no answer after every retry (connection errors,
         │   │                           timeouts, 5xx); carries the last ``status``

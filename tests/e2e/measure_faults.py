@@ -10,7 +10,8 @@ The exit codes printed are the default gate's (INCONCLUSIVE passes as 0; ``--str
 ``tests/e2e/broken_surface_server.py`` are known too; those installed with an ASGI wrapper
 (``leaky_field``, ``temperature_noise``, ``context_version``) are inert here (no wrapper):
 their tests measure them. The DPS-MOZO ones (``mozo_one_token``, ``mozo_no_token_limit``,
-``racy_queries``) need ``--flags '{"mechanism.name": "dps-mozo"}'``.
+``racy_queries``) need ``--flags '{"mechanism.name": "dps-mozo"}'``; ``--flags
+'{"target.api": "openai"}'`` audits through the OpenAI surface, as ``--api openai`` does.
 
     python -m tests.e2e.measure_faults --reps 5 [--whitebox off] [--flags '{"trials": 400}']
 """
@@ -25,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dpicl_audit.client import DpiclClient
+from dpicl_audit.client.openai import OpenAIClient
 from dpicl_audit.pipeline.run import run_audit
 from dpicl_audit.results import results_exit_code
 from tests.e2e import broken_realistic_server as faults
@@ -43,7 +46,9 @@ async def _one(
             setattr(module, name, value)
     try:
         with tempfile.TemporaryDirectory() as d:
-            async with production_client(Path(d), whitebox) as client:
+            openai = flags.get("target.api") == "openai"
+            through = OpenAIClient if openai else DpiclClient
+            async with production_client(Path(d), whitebox, through) as client:
                 plan = target_plan("http://dpicl.test", **(flags | {"seed": seed}))
                 try:
                     res = await run_audit(

@@ -35,8 +35,11 @@ FLAGGED = ("violation", "bug", "nonconforming")
 
 
 @asynccontextmanager
-async def production_client(tmp_path: Path, whitebox: str) -> AsyncIterator[DpiclClient]:
-    """The real app as deployed: unbudgeted contexts refused (the default)."""
+async def production_client(
+    tmp_path: Path, whitebox: str, client_class: type[DpiclClient] = DpiclClient
+) -> AsyncIterator[DpiclClient]:
+    """The real app as deployed: unbudgeted contexts refused (the default); the client a
+    ``client_class`` (:class:`~dpicl_audit.client.openai.OpenAIClient` for ``--api openai``)."""
     from dpicl.api.app import build_app
     from dpicl.config import Settings
 
@@ -50,7 +53,7 @@ async def production_client(tmp_path: Path, whitebox: str) -> AsyncIterator[Dpic
     assert not settings.allow_unbudgeted
     app = build_app(settings)
     async with app.router.lifespan_context(app):
-        client = DpiclClient(
+        client = client_class(
             "http://dpicl.test",
             admin_token=ADMIN,
             api_key=USER,
