@@ -124,6 +124,7 @@ def test_llama_8b_shape_has_8b_parameters() -> None:
     assert total == pytest.approx(8.03e9, rel=0.01)
 
 
+@pytest.mark.long
 def test_served_bench_smoke_on_cpu(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """``--tiny --served``: real `dpicl serve` processes (random weights of the toy shape)
     loaded over HTTP on both routes beside the engine rows, in the engine's own process and

@@ -169,6 +169,7 @@ def oracle_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadSe
         yield srv
 
 
+@pytest.mark.long
 def test_run_show_list_resume_bootstrap(oracle_server: ThreadServer, tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path}/audit.db"
     out = tmp_path / "runs"

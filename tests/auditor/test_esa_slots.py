@@ -96,6 +96,7 @@ def test_esa_plans_slots_like_voting() -> None:
 
 
 @pytest.mark.parametrize("threat_model", ["white-box", "black-box"])
+@pytest.mark.long
 async def test_esa_uses_slots_against_a_production_server(
     tmp_path: Path, threat_model: str
 ) -> None:

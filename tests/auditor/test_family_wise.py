@@ -282,6 +282,7 @@ def _false_claim_runs(
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_correct_server_gets_a_false_claim_in_at_most_one_run_in_twenty() -> None:
     # 300 runs of 80 tight figures (n = 200 per world at mu = 1), like an audit over many
     # settings. The rule promises at most 5% of runs with a false claim; the check fails when

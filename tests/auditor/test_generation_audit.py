@@ -102,6 +102,7 @@ async def test_white_box_bootstrap_is_tight(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 async def test_black_box_and_white_box_runs(tmp_path: Path) -> None:
     """Real queries with the balanced design: Prompt 3 black-box (decision: released text is
     y1) and Prompt 2 white-box (noisy-mean score); at epsilon 8 with T=2 both see the canary,
@@ -143,6 +144,7 @@ async def test_black_box_and_white_box_runs(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 async def test_baselines(tmp_path: Path) -> None:
     """Repeat (Prompt 5) and Reference Vector (Prompt 6) run end to end and stay below the
     exact epsilon; the Repeat attack learns nothing from zero-shot candidates."""

@@ -70,6 +70,7 @@ def test_context_slots() -> None:
         assert mine == [j // 3 for j in range(len(mine))]
 
 
+@pytest.mark.long
 async def test_mozo_run_end_to_end_oracle(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path}/audit.db"
     plan = _mozo()
@@ -138,6 +139,7 @@ async def test_mozo_shares_contexts_and_white_box_internals(tmp_path: Path) -> N
     assert all(r.observation["tokens"][0]["lambdas"] for r in rows)
 
 
+@pytest.mark.long
 async def test_mozo_resume_replaces_a_spent_context(tmp_path: Path) -> None:
     """A trial answered but never logged leaves its context spent; resume replaces it."""
     db = f"sqlite:///{tmp_path}/audit.db"

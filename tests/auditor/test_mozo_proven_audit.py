@@ -197,6 +197,7 @@ async def _run(tmp_path: Path, plan: AuditPlan, **server: Any) -> dict[str, Any]
 
 
 @needs_server
+@pytest.mark.long
 async def test_proven_black_box_is_a_true_claim(tmp_path: Path) -> None:
     res = await _run(tmp_path, _mozo(trials=40), whitebox="off")
     s = res["settings"][0]
@@ -305,6 +306,7 @@ def _dataset(plan: AuditPlan) -> Any:
 
 @needs_server
 @pytest.mark.slow
+@pytest.mark.long
 async def test_proven_white_box_on_smollm2(tmp_path: Path) -> None:
     """Real logits of the bundled SmolLM2 (transformers engine): every released token within
     the claimed bounds, recomputed by the auditor."""

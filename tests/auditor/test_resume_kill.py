@@ -82,6 +82,7 @@ def _kill_when(
 
 
 @pytest.mark.skipif(_server_missing() is not None, reason=str(_server_missing()))
+@pytest.mark.long
 def test_sigkill_then_resume(start_server: Callable[..., object], tmp_path: Path) -> None:
     srv = start_server(
         {
@@ -165,6 +166,7 @@ MOZO_TRIALS = 60
 
 
 @pytest.mark.skipif(_server_missing() is not None, reason=str(_server_missing()))
+@pytest.mark.long
 def test_sigkill_a_dps_mozo_audit_then_resume_and_report(
     start_server: Callable[..., object], tmp_path: Path
 ) -> None:

@@ -30,6 +30,7 @@ def _quick_demo(engine: str, out: Path, timeout: float) -> tuple[Path, str]:
     return Path(line.removeprefix("report: ")), proc.stderr
 
 
+@pytest.mark.long
 def test_demo_quick_oracle(tmp_path: Path) -> None:
     report, stderr = _quick_demo("oracle", tmp_path, timeout=300)
     # epsilons, trade-off, epsilon against real trials and against simulated trials
@@ -47,6 +48,7 @@ def test_demo_quick_oracle(tmp_path: Path) -> None:
     assert "servers stopped" in stderr
 
 
+@pytest.mark.long
 def test_demo_quick_model(tmp_path: Path) -> None:
     """The demo's real-model part (the bundled SmolLM2 on CPU) with tiny counts: the
     bootstrap's planning figure per epsilon, one real white-box run per epsilon with the

@@ -43,6 +43,7 @@ pytestmark = pytest.mark.slow
 EPSILONS = [1.0, 2.0, 4.0, 8.0]
 
 
+@pytest.mark.long
 def test_black_box_bootstrap_is_tight_with_the_balanced_design(
     start_server: Any, tmp_path: Path
 ) -> None:
@@ -77,6 +78,7 @@ def test_black_box_bootstrap_is_tight_with_the_balanced_design(
         assert 0.9 * sig <= emp <= sig < exact, (t, eps, emp, sig, exact)
 
 
+@pytest.mark.long
 def test_real_query_black_box_audit_is_tight_at_epsilon_8(
     start_server: Any, tmp_path: Path
 ) -> None:

@@ -33,6 +33,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("mode", ["sum", "noise"])
+@pytest.mark.long
 def test_black_box_esa_audit_flags_a_broken_server(
     mode: str, start_server: Any, tmp_path: Path
 ) -> None:

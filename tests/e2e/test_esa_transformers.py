@@ -21,6 +21,7 @@ DIALOGUES = [
 ]
 
 
+@pytest.mark.long
 def test_esa_generate_with_real_model_and_embedder(start_server: Any, tmp_path: Any) -> None:
     srv = start_server(
         {

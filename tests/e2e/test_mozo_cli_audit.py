@@ -64,6 +64,7 @@ def _server(start_server: Any, tmp_path: Path, name: str, fault: str | None) -> 
     return start_server(env, fault=fault)
 
 
+@pytest.mark.long
 def test_honest_and_broken_dps_mozo_servers_over_the_cli(start_server: Any, tmp_path: Path) -> None:
     honest = _server(start_server, tmp_path, "honest", None)
     white = _audit(honest.url, tmp_path, "--threat-model", "white-box", "--epsilons", "2")

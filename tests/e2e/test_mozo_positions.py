@@ -100,6 +100,7 @@ async def test_an_unmixed_first_token_leaks(
 @pytest.mark.parametrize(
     "fault", ["mozo_unmixed_first", pytest.param("mozo_unmixed_random", marks=pytest.mark.slow)]
 )
+@pytest.mark.long
 async def test_the_default_plan_flags_a_token_drawn_unmixed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str
 ) -> None:

@@ -20,6 +20,7 @@ DIALOGUES = [
 ]
 
 
+@pytest.mark.long
 def test_mozo_generation_with_real_model_over_http(start_server: Any, tmp_path: Any) -> None:
     srv = start_server(
         {

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 from dpicl_audit.cli import app
@@ -40,6 +41,7 @@ def _verdicts(results: dict[str, Any]) -> list[tuple[str, str]]:
     return [(s["setting"], s["black_box"]["verdict"]["status"]) for s in results["settings"]]
 
 
+@pytest.mark.long
 def test_black_box_voting_audit_through_openai_matches_native(
     start_server: Any, tmp_path: Path, monkeypatch: Any
 ) -> None:

@@ -69,6 +69,7 @@ def test_black_box_bootstrap_is_tight_with_the_pivotal_canary(
         assert 0.9 * exact <= emp <= exact, (t, eps, emp, exact)
 
 
+@pytest.mark.long
 def test_real_query_black_box_audit_is_tight_at_epsilon_4(
     start_server: Any, tmp_path: Path
 ) -> None:

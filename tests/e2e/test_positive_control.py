@@ -65,6 +65,7 @@ def _summary(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+@pytest.mark.long
 def test_broken_server_is_reported_as_violation(start_server: Any, tmp_path: Path) -> None:
     srv = start_server(
         {

@@ -141,7 +141,7 @@ async def test_production_server_is_audited_with_its_ledger(
         ("correlated", "noisy", VOTING_WB, "correlation"),
         ("esa_partial", "internal", ESA_WB, "noise scale"),
         ("batch_seeded_voting", "off", VOTING_BB, "independence"),
-        ("batch_seeded_mozo", "off", MOZO_BB, "independence"),
+        pytest.param("batch_seeded_mozo", "off", MOZO_BB, "independence", marks=pytest.mark.long),
     ],
 )
 async def test_realistic_fault_is_flagged(
@@ -159,6 +159,7 @@ async def test_realistic_fault_is_flagged(
     assert what in s["conformance"]["differs"], s["conformance"]
 
 
+@pytest.mark.long
 async def test_honest_dps_mozo_black_box_conforms(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

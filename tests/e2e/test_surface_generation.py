@@ -23,6 +23,7 @@ MOZO = {"mechanism.name": "dps-mozo", "mechanism.epsilons": [4.0], "trials": 40,
 
 
 @pytest.mark.parametrize("fault", [None, "mozo_one_token"])
+@pytest.mark.long
 async def test_mozo_claim_against_the_reported_eps0(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str | None
 ) -> None:
@@ -58,6 +59,7 @@ def test_mozo_claim_departures() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", [None, "racy_queries"])
+@pytest.mark.long
 async def test_mozo_query_limit_under_bursts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str | None
 ) -> None:

@@ -100,6 +100,7 @@ MOZO = {"mechanism.name": "dps-mozo", "mechanism.epsilons": [4.0], "trials": 40,
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", [None, "mozo_no_token_limit"])
+@pytest.mark.long
 async def test_mozo_max_tokens_above_the_limit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str | None
 ) -> None:

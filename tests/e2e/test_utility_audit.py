@@ -107,6 +107,7 @@ def _independent(db_file: Path, run_id: str) -> dict[str, dict[str, Any]]:
     return dict(out)
 
 
+@pytest.mark.long
 def test_utility_interrupted_killed_resumed_and_checked(start_server: Any, tmp_path: Path) -> None:
     srv = start_server(oracle_server_env(tmp_path, whitebox="internal"))
     db_file = tmp_path / "audit.db"
@@ -329,6 +330,7 @@ def test_utility_generation_rouge_l_with_bootstrap_intervals(
 @pytest.mark.skipif(
     os.environ.get("DPICL_SKIP_MODEL_TESTS") == "1", reason="DPICL_SKIP_MODEL_TESTS=1"
 )
+@pytest.mark.long
 def test_utility_on_the_bundled_model(start_server: Any, tmp_path: Path) -> None:
     srv = start_server(
         {

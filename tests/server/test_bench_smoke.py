@@ -48,6 +48,7 @@ def test_throughput_bench_transformers() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_voting_bench() -> None:
     out = run_bench("voting.py", "--quick")
     for tag in ("[prefix reuse  ]", "[DP layer share]", "[batching      ]", "[warm path     ]"):
@@ -61,6 +62,7 @@ def test_voting_bench() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_mozo_bench() -> None:
     out = run_bench("mozo.py", "--quick")
     assert re.search(r"non-private ensemble .* -> ratio \d+\.\d+", out), out
@@ -69,6 +71,7 @@ def test_mozo_bench() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_esa_release_check_bench() -> None:
     """The link-by-link check of ESA's black-box release runs end to end on a few trials:
     the auditor's log matches the server's requests, and the closed form is printed."""

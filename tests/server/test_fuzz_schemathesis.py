@@ -83,6 +83,7 @@ def _operations(url: str) -> list[Any]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["positive", "negative"])
+@pytest.mark.long
 def test_api_fuzz(server: ServerProcess, mode: str) -> None:
     operations = _operations(server.url)
     assert len(operations) >= 10  # every route, the debug ones included

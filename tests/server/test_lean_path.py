@@ -204,6 +204,7 @@ def test_request_benchmark_runs_in_quick_mode() -> None:
 
 @pytest.mark.slow
 @pytest.mark.postgres
+@pytest.mark.long
 def test_ledger_benchmark_runs_every_charge_path_in_quick_mode() -> None:
     # Mechanics only: the three charge paths of this checkout (one transaction per charge,
     # group commit, group commit in two worker processes) on SQLite and PostgreSQL, each at
