@@ -18,7 +18,8 @@ both worlds is no test. The smallest field's p-value, times the number of fields
 (Bonferroni; a field with one value everywhere is not tested), is the test's p-value; below
 :data:`ALPHA` (1e-4: a correct server is flagged in at most 1 run in 10,000) it is a
 VIOLATION that names the field. Fields public by design are not tested here:
-the cost and the budget (checked against their own prediction by the ledger probe), the ids
+the cost and the budget (checked against their own prediction by the ledger probe; also
+inside ``usage.dpicl``, which the surface probe checks against them), the ids
 and timestamps of a response, and the answer itself (:data:`PUBLIC`).
 """
 
@@ -60,6 +61,10 @@ PUBLIC = (
     "dpicl.engine",
     "dpicl.context_id",
     "dpicl.label",
+    # The same cost and budget inside ``usage`` (named as the X-DPICL-* headers), where
+    # clients that drop a top-level extension keep them; checked against the body's figures
+    # by the surface probe (dpicl_audit.planning.surface.public_departures).
+    "usage.dpicl",
 )
 
 

@@ -18,7 +18,7 @@ from dpicl_audit.estimators.extra_fields import response_fields
 from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.planning.sections import Answer
 
-__all__ = ["COST_HEADERS", "TRANSPORT", "read_answer", "request"]
+__all__ = ["COST_HEADERS", "TRANSPORT", "USAGE_COST", "read_answer", "request", "usage_name"]
 
 #: Headers of the transport itself, not of the answer (ids are random: never a category).
 TRANSPORT = frozenset(
@@ -35,6 +35,15 @@ COST_HEADERS = {
     "x-dpicl-epsilon-remaining": ("budget", "remaining_epsilon"),
     "x-dpicl-queries-remaining": ("budget", "remaining_queries"),
 }
+
+#: Where the OpenAI routes repeat the cost headers' figures inside ``usage`` (issue 39), each
+#: named as its header: ``usage.dpicl.epsilon_spent`` is ``X-DPICL-Epsilon-Spent``.
+USAGE_COST = "usage.dpicl."
+
+
+def usage_name(header: str) -> str:
+    """The ``usage.dpicl`` field of a cost header (:data:`COST_HEADERS`)."""
+    return USAGE_COST + header.removeprefix("x-dpicl-").replace("-", "_")
 
 
 def request(
@@ -84,7 +93,8 @@ def _without_text(chunk: Mapping[str, Any]) -> JsonObject:
 def read_answer(route: str, response: httpx.Response) -> Answer:
     """One answer read whole: ``answer`` (the label or text), ``fields`` (what is tested for
     dependence), ``public`` (the body's cost and budget and the cost headers) and ``tokens``
-    (the tokens it reports or streams; None where it reports none)."""
+    (the tokens it reports or streams; None where it reports none). ``public`` holds the
+    cost headers, the body's ``cost.*``/``budget.*`` and ``usage.dpicl.*``."""
     headers = {k.lower(): v for k, v in response.headers.items()}
     fields: dict[str, JsonValue] = {
         f"header {k}": _number(v)
@@ -138,6 +148,8 @@ def read_answer(route: str, response: httpx.Response) -> Answer:
     usage_of = (usage or {}).get("usage") if route.endswith("-stream") else body.get("usage")
     if isinstance(usage_of, Mapping) and isinstance(usage_of.get("completion_tokens"), int):
         counted.append(int(usage_of["completion_tokens"]))
+    if isinstance(usage_of, Mapping) and isinstance(usage_of.get("dpicl"), Mapping):
+        public |= {f"{USAGE_COST}{k}": v for k, v in usage_of["dpicl"].items()}
     return {
         "answer": answer,
         "fields": {

@@ -49,7 +49,7 @@ from dpicl_audit.client.http import ContextBody
 from dpicl_audit.client.openai import OpenAIClient
 from dpicl_audit.errors import TargetError, TargetRejected
 from dpicl_audit.estimators.extra_fields import dependence_test
-from dpicl_audit.planning.answers import COST_HEADERS, read_answer, request
+from dpicl_audit.planning.answers import COST_HEADERS, read_answer, request, usage_name
 from dpicl_audit.planning.sections import (
     AboveLimit,
     Answer,
@@ -90,17 +90,23 @@ def public_departures(route: str, answers: list[tuple[int, Answer]]) -> list[str
     for world, a in answers:
         pub = a["public"]
         for header, (part, key) in COST_HEADERS.items():
-            if (
-                header in pub
-                and f"{part}.{key}" in pub
-                and not _close(pub[header], pub[f"{part}.{key}"])
-            ):
-                out.append(
-                    f"{route}: header {header} {pub[header]!r} is not the body's {part}.{key} "
-                    f"{pub[f'{part}.{key}']!r} (world C{world})"
-                )
-        cost = {k: v for k, v in pub.items() if k.startswith("cost.") or k.endswith("-spent")}
+            for name, shown in ((header, f"header {header}"), (usage_name(header), None)):
+                if (
+                    name in pub
+                    and f"{part}.{key}" in pub
+                    and not _close(pub[name], pub[f"{part}.{key}"])
+                ):
+                    out.append(
+                        f"{route}: {shown or name} {pub[name]!r} is not the body's "
+                        f"{part}.{key} {pub[f'{part}.{key}']!r} (world C{world})"
+                    )
+        cost = {
+            k: v
+            for k, v in pub.items()
+            if k.startswith("cost.") or k.endswith(("-spent", "_spent"))
+        }
         cost.pop("x-dpicl-context-epsilon-spent", None)
+        cost.pop(usage_name("x-dpicl-context-epsilon-spent"), None)
         if first is None:
             first = cost
         for k in sorted(set(cost) | set(first)):
