@@ -14,15 +14,8 @@ from fastapi.responses import JSONResponse, Response
 
 from dpicl.api.deps import Caller, Svc, only_query_params
 from dpicl.api.disconnect import unless_disconnected
-from dpicl.api.openai.protocol import (
-    ChatCompletion,
-    ChatCompletionRequest,
-    CompletionRequest,
-    Model,
-    ModelList,
-    OpenAIRequest,
-    TextCompletion,
-)
+from dpicl.api.openai.protocol import ChatCompletionRequest, CompletionRequest, OpenAIRequest
+from dpicl.api.openai.responses import ChatCompletion, Model, ModelList, TextCompletion
 from dpicl.api.openai.serving import answer, completion_body, cost_headers, model_page, one_model
 from dpicl.api.openai.streaming import stream_answer
 from dpicl.domain import MAX_LIST_LIMIT

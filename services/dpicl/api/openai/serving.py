@@ -21,17 +21,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from dpicl.api.deps import Services, load_context
-from dpicl.api.openai.protocol import (
-    DpiclAnswer,
-    DpiclModel,
-    Kind,
-    Model,
-    ModelList,
-    OpenAIRequest,
-    Query,
-    Usage,
-    UsageCost,
-)
+from dpicl.api.openai.protocol import Kind, OpenAIRequest, Query
+from dpicl.api.openai.responses import DpiclAnswer, DpiclModel, Model, ModelList, Usage, UsageCost
 from dpicl.api.routes.contexts import list_reachable
 from dpicl.api.routes.inference import classify_outcome, generate_outcome
 from dpicl.api.schemas import BudgetInfo, ClassifyRequest, CostInfo
