@@ -239,11 +239,15 @@ async def _create_pair(
     a ``mechanism.*`` parameter: DPS-MOZO's paper mode, say, admits only so many tokens per
     budget). The answers per world and route it settled on; the reason, where not even
     :data:`MIN_PER_WORLD` fit."""
-    while True:
-        body = bodies(1, per_world * n_routes + extra).copy()
+
+    async def create(world: int) -> str:
+        body = bodies(world, per_world * n_routes + extra).copy()
         body["name"] = f"{body.get('name')} surface"
+        return str((await target.create_context(body))["id"])
+
+    while True:
         try:
-            ids[1] = str((await target.create_context(body))["id"])
+            ids[1] = await create(1)
             break
         except TargetRejected as exc:
             if exc.status != 422 or not (exc.param or "").startswith("mechanism."):
@@ -255,9 +259,7 @@ async def _create_pair(
                     f"{exc.param}); the responses were not probed"
                 )
             per_world //= 2
-    body = bodies(0, per_world * n_routes + extra).copy()
-    body["name"] = f"{body.get('name')} surface"
-    ids[0] = str((await target.create_context(body))["id"])
+    ids[0] = await create(0)
     return per_world
 
 

@@ -190,12 +190,14 @@ class MozoAudit(MechanismAudit):
         )
         # The per-token constraint, position by position (issue 35, item 7; .positions): a
         # proven-mode bound; the paper mode claims none per token.
-        found: dict[str, Any] | None = {
-            "status": "unchecked",
-            "message": "the paper mode claims no per-token bound: the positions were not probed",
-        }
         if m.guarantee == "proven":
             found = await audit_positions(target, body, design.query, max_tokens=m.max_tokens)
+        else:
+            found = {
+                "status": "unchecked",
+                "message": "the paper mode claims no per-token bound: the positions were not "
+                "probed",
+            }
         return with_positions(surface, found)
 
     def calls_per_query(self, plan: AuditPlan) -> int:
