@@ -323,12 +323,14 @@ async def test_a_client_parameter_that_reaches_the_noise_is_flagged(
     as calibrated), the chat route or the completions route only, is NONCONFORMING naming a
     temperature-0 or -2 variant of that route; the honest server, which ignores it on the OpenAI
     routes and refuses it natively, exits 0."""
+    # Epsilon 0.5, not 1: the honest majority share (about 0.6) sits far enough from
+    # temperature 0's 30 of 30 for the sweep's 1e-4 test; at 1 (about 0.7) 2 runs in 5 missed.
     res, _ = await _audit_behind(
         tmp_path,
         monkeypatch,
         fault,
         functools.partial(surface.temperature_app, paths=(path,)),
-        flags={"mechanism.epsilons": [1.0], "trials": 100, "seed": 2},
+        flags={"mechanism.epsilons": [0.5], "trials": 100, "seed": 2},
     )
     swept = res["parameters"]
     assert [v["variant"] for v in swept["variants"]] == [n for n, _, _ in VARIANTS]

@@ -15,6 +15,8 @@ import numpy as np
 
 from dpicl_audit import __version__
 from dpicl_audit.client import AuditTarget, DpiclClient
+from dpicl_audit.client.context_hook import load_hook
+from dpicl_audit.client.openai import OpenAIClient
 from dpicl_audit.errors import InvalidPlan, TargetError, TargetUnavailable
 from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.plan import AuditPlan
@@ -148,9 +150,6 @@ def client_for(plan: ClientPlan) -> DpiclClient:
         "retries": plan.retries,
     }
     if t.api == "openai":
-        from dpicl_audit.client.context_hook import load_hook
-        from dpicl_audit.client.openai import OpenAIClient
-
         hook = load_hook(t.context_hook, timeout=plan.timeout) if t.context_hook else None
         return OpenAIClient(t.base_url, hook=hook, **options)
     return DpiclClient(t.base_url, **options)

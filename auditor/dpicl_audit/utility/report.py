@@ -24,11 +24,10 @@ from rich.table import Table
 from dpicl_audit.errors import RunNotFound
 from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.utility.estimators import accuracy_interval, bootstrap_interval
-from dpicl_audit.utility.plan import FEW_SHOT, ZERO_SHOT
+from dpicl_audit.utility.plan import FEW_SHOT, ZERO_SHOT, UtilityPlan
 
 if TYPE_CHECKING:
     from dpicl_audit.store import TrialRecord, TrialStore
-    from dpicl_audit.utility.plan import UtilityPlan
 
 __all__ = [
     "BOOTSTRAP_STREAM",
@@ -178,8 +177,6 @@ def print_utility(results: Mapping[str, Any], console: Console) -> None:
 def utility_results(store: TrialStore, run_ids: list[str]) -> dict[str, dict[str, Any]]:
     """The results of those of ``run_ids`` that are utility runs: as stored when the run
     completed, else recomputed from its log (a run still going, or stopped)."""
-    from dpicl_audit.utility.plan import UtilityPlan
-
     out: dict[str, dict[str, Any]] = {}
     for rid in run_ids:
         try:
