@@ -6,10 +6,11 @@ contexts refused) with the fault of ``tests/e2e/broken_realistic_server.py`` pat
 counts a run as flagged when its exit status would be 4 or 5 (NONCONFORMING, VIOLATION, BUG).
 The exit codes printed are the default gate's (INCONCLUSIVE passes as 0; ``--strict`` prints
 ``--strict``'s 3 instead); ``left`` counts the contexts the audits left on the server, and
-``needs`` the trials each figure without power asks for. Faults of
-``tests/e2e/broken_surface_server.py`` are known too; those installed with an ASGI wrapper
-(``leaky_field``, ``temperature_noise``, ``context_version``) are inert here (no wrapper):
-their tests measure them. The DPS-MOZO ones (``mozo_one_token``, ``mozo_no_token_limit``,
+``needs`` the trials each figure without power asks for, ``tail probe answers`` what the
+voting noise's tail probe asked (``mechanisms/voting/tails.py``). Faults of
+``tests/e2e/broken_surface_server.py`` are known too, those that sit in front of the app
+(``leaky_field``, ``temperature_noise`` on the chat route, ``context_version``) with their
+ASGI wrapper (:data:`WRAPPERS`). The DPS-MOZO ones (``mozo_one_token``, ``mozo_no_token_limit``,
 ``racy_queries``) need ``--flags '{"mechanism.name": "dps-mozo"}'``; ``--flags
 '{"target.api": "openai"}'`` audits through the OpenAI surface, as ``--api openai`` does.
 
@@ -35,10 +36,17 @@ from tests.e2e import broken_surface_server as surface
 from tests.e2e.test_realistic_faults import production_client
 from tests.servers import target_plan
 
+#: The faults that sit in front of the app: their ASGI wrappers.
+WRAPPERS = {
+    "leaky_field": surface.leaky_app,
+    "temperature_noise": surface.temperature_app,
+    "context_version": surface.version_app,
+}
+
 
 async def _one(
     fault: str | None, whitebox: str, flags: dict[str, Any], seed: int, strict: bool = False
-) -> tuple[int, int, list[str]]:
+) -> tuple[int, int, list[str], Any]:
     undo = []
     if fault is not None:
         for module, name, value in (faults.FAULTS | surface.FAULTS)[fault].patches:
@@ -48,7 +56,8 @@ async def _one(
         with tempfile.TemporaryDirectory() as d:
             openai = flags.get("target.api") == "openai"
             through = OpenAIClient if openai else DpiclClient
-            async with production_client(Path(d), whitebox, through) as client:
+            wrap = None if fault is None else WRAPPERS.get(fault)
+            async with production_client(Path(d), whitebox, through, wrap) as client:
                 plan = target_plan("http://dpicl.test", **(flags | {"seed": seed}))
                 try:
                     res = await run_audit(
@@ -61,7 +70,8 @@ async def _one(
             v = (s.get("black_box") or {}).get("verdict") or {}
             if v.get("status") == "inconclusive" and v.get("trials_needed"):
                 needs.append(f"{s['setting']}: {sum(v['trials_needed'])}")
-        return results_exit_code([res], strict=strict), left, needs
+        tails = (res.get("tails") or {}).get("answers")
+        return results_exit_code([res], strict=strict), left, needs, tails
     finally:
         for module, name, value in undo:
             setattr(module, name, value)
@@ -85,12 +95,13 @@ def main() -> None:
             asyncio.run(_one(fault, args.whitebox, flags, 1000 + i, args.strict))
             for i in range(args.reps)
         ]
-        codes = [c for c, _, _ in got]
+        codes = [c for c, _, _, _ in got]
         flagged = sum(c in (4, 5) for c in codes)
         print(
             f"{name}: flagged {flagged}/{args.reps} (exit codes {codes}), "
             f"{(time.monotonic() - t0) / args.reps:.1f} s per audit, "
-            f"left {[n for _, n, _ in got]}, needs {[w for _, _, w in got]}",
+            f"left {[n for _, n, _, _ in got]}, needs {[w for _, _, w, _ in got]}, "
+            f"tail probe answers {[t for _, _, _, t in got]}",
             flush=True,
         )
 

@@ -16,7 +16,7 @@ bounds sit far below either claim, so a false failure is rarer than 1e-3 in prac
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -36,10 +36,14 @@ FLAGGED = ("violation", "bug", "nonconforming")
 
 @asynccontextmanager
 async def production_client(
-    tmp_path: Path, whitebox: str, client_class: type[DpiclClient] = DpiclClient
+    tmp_path: Path,
+    whitebox: str,
+    client_class: type[DpiclClient] = DpiclClient,
+    wrap: Callable[[Any], Any] | None = None,
 ) -> AsyncIterator[DpiclClient]:
     """The real app as deployed: unbudgeted contexts refused (the default); the client a
-    ``client_class`` (:class:`~dpicl_audit.client.openai.OpenAIClient` for ``--api openai``)."""
+    ``client_class`` (:class:`~dpicl_audit.client.openai.OpenAIClient` for ``--api openai``),
+    through the ASGI wrapper ``wrap`` where one is given (a fault that sits in front)."""
     from dpicl.api.app import build_app
     from dpicl.config import Settings
 
@@ -60,7 +64,7 @@ async def production_client(
             concurrency=8,
             retries=1,
             backoff=0.01,
-            transport=httpx.ASGITransport(app=app),
+            transport=httpx.ASGITransport(app=app if wrap is None else wrap(app)),
         )
         try:
             yield client
@@ -209,3 +213,23 @@ def test_profile_and_budget_sizes() -> None:
         n = answers_within_budget(eps, 1e-5)
         fits = budget_for(eps, 1e-5, planned(n))
         assert fits is not None and fits["epsilon"] <= MAX_BUDGET_EPSILON
+
+
+@pytest.mark.parametrize("fault", [None, "tail_bounded"])
+async def test_bounded_noise_is_flagged_black_box_by_the_tail_probe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str | None
+) -> None:
+    """Issue 35: uniform noise of the claimed variance, which the trials' mid-range rates do
+    not see (0 of 5 at the defaults before the probe), is NONCONFORMING by the tail probe at
+    any plan (here epsilon 4, 100 trials); the honest server's probe stops at its first
+    release of the rare label (false alarm at most 1e-4)."""
+    res = await _audit(tmp_path, fault, monkeypatch, "off", **(VOTING_BB | {"trials": 100}))
+    tails = res["tails"]
+    assert tails["partitions"] == 3 and tails["epsilon"] == 8.0, tails  # sigma 0.86 suits
+    if fault is None:
+        assert tails["status"] == "ok" and tails["answers"] < tails["answers_needed"], tails
+        assert results_exit_code([res]) == 0
+    else:
+        assert tails["status"] == "nonconforming" and tails["labels"]["Yes"] == 0, tails
+        assert tails["answers"] == tails["answers_needed"]
+        assert results_exit_code([res]) == 4

@@ -19,8 +19,8 @@ for its mechanism:
 ``to_json``/``from_json``, stored with the run), and the methods ``build_design``,
 ``summary``, ``context_body``, ``trial``, ``setting_meta`` and ``estimate``. It may override
 ``has_bootstrap``, ``learns_from_contexts``, ``calls_per_query``, ``queries_per_context``,
-``check_context``, ``check_pair``, ``prepare``, ``audit_ledger`` and
-``claims_per_setting``.
+``check_context``, ``check_pair``, ``prepare``, the probes from outside (``audit_ledger``,
+``audit_parameters``, ``audit_surface``, ``audit_tails``) and ``claims_per_setting``.
 A variant of a built-in mechanism subclasses its audit and overrides what differs (the
 Laplace-noise voting of ``examples/laplace_voting``: the exact epsilon).
 
@@ -58,7 +58,12 @@ from dpicl_audit.mechanisms.trial_estimates import (
     with_verdict,
 )
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.planning.sections import LedgerSection, ParametersSection, SurfaceSection
+from dpicl_audit.planning.sections import (
+    LedgerSection,
+    ParametersSection,
+    SurfaceSection,
+    TailsSection,
+)
 from dpicl_audit.results import SettingResult
 from dpicl_audit.store import ContextRecord, TrialRecord
 
@@ -280,6 +285,14 @@ class MechanismAudit:
         """The whole response on every answering route, and ``max_tokens`` against the
         context's limit (:mod:`dpicl_audit.planning.surface`); None where the mechanism has
         no such audit."""
+        return None
+
+    async def audit_tails(
+        self, target: AuditTarget, design: Any, plan: AuditPlan
+    ) -> TailsSection | None:
+        """Whether the noise has the tails it claims, black-box (voting:
+        :mod:`dpicl_audit.mechanisms.voting.tails`); None where the mechanism has no such
+        audit."""
         return None
 
     def claims_per_setting(self, design: Any, threat_models: Sequence[str]) -> int:

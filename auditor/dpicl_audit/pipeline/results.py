@@ -234,6 +234,10 @@ def print_results(results: Mapping[str, Any], console: Console | None = None) ->
     if surface:  # every route's whole response (dpicl_audit.planning.surface)
         colour = "green" if surface.get("status") == "ok" else "bold red"
         console.print(f"[{colour}]surface: {surface.get('message', '')}[/{colour}]")
+    tails = results.get("tails")
+    if tails:  # the noise's tails (dpicl_audit.mechanisms.voting.tails)
+        colour = {"ok": "green", "nonconforming": "bold red"}.get(tails.get("status"), "yellow")
+        console.print(f"[{colour}]tails: {tails.get('message', '')}[/{colour}]")
     console.print(
         f"{results.get('queries', 0)} queries, {results.get('llm_calls', 0)} LLM calls, "
         f"{_fmt(results.get('wall_time_s'), 1)} s wall time"

@@ -79,6 +79,10 @@ class AuditRunner:
                 surface = await run.mechanism.audit_surface(run.target, run.design, run.plan)
                 if surface is not None:
                     estimated = estimated.updated(surface=surface)
+                # The noise's tails, which the trials' mid-range rates do not see.
+                tails = await run.mechanism.audit_tails(run.target, run.design, run.plan)
+                if tails is not None:
+                    estimated = estimated.updated(tails=tails)
             run.store.add_usage(run.run_id, wall_time_s=time.monotonic() - t0)
             results = finish_run(run.store, run.run_id, estimated)
         except AuditError as exc:

@@ -6,7 +6,8 @@ votes are the context's); its native route refuses them (422, unknown field). A 
 also refuse them on any route. A server that lets them reach the noise (e.g. noise scaled by
 the client's temperature: at ``temperature: 0`` the majority label comes back every time)
 releases the un-noised answer to any client who asks. So, after the trials, a fresh context
-of the run's C1 body at the plan's first epsilon (budgeted for the sweep) is asked the audit
+of the run's C1 body at :data:`SWEEP_EPSILON` (or the plan's smallest epsilon, where that is
+smaller; budgeted for the sweep) is asked the audit
 query :data:`PER_VARIANT` times with each variant of :data:`VARIANTS`: on the chat route no
 parameter, temperature 0, 1 and 2, top_p 0.1 and max_tokens 1; on the completions route no
 parameter, temperature 0 and top_p 0.1; streamed (chat and completions) temperature 0; on
@@ -37,12 +38,17 @@ from dpicl_audit.planning.answers import request as surface_request
 from dpicl_audit.planning.ledger import planned_queries
 from dpicl_audit.planning.sections import ParametersSection, ParameterVariant
 
-__all__ = ["ALPHA", "PER_VARIANT", "VARIANTS", "sweep_parameters"]
+__all__ = ["ALPHA", "PER_VARIANT", "SWEEP_ANSWERS", "SWEEP_EPSILON", "VARIANTS", "sweep_parameters"]
 
 #: Error of the homogeneity test (a correct server is flagged in at most this share of runs).
 ALPHA = 1e-4
 #: Answers asked per variant.
 PER_VARIANT = 30
+#: The sweep's epsilon: the noisier the release, the further a parameter that removes the
+#: noise moves it. At the default plan's first epsilon (1) the honest share of the majority
+#: label (about 0.7) left temperature 0's 30 of 30 near the line (p about 1.4e-4 against
+#: ALPHA, missed 2 times in 5); at 0.5 the share is about 0.6 and 30 of 30 is p < 1e-5.
+SWEEP_EPSILON = 0.5
 #: The client parameters swept: (name, route as planning.surface names it, the body's extra
 #: fields). The first is the reference the departing variant is named against.
 VARIANTS: tuple[tuple[str, str, dict[str, float]], ...] = (

@@ -1,6 +1,7 @@
 """The shapes of what the probes from outside write into a run's results: the ledger's
 section (:mod:`.ledger`) with its bursts (:mod:`.ledger_burst`), the client parameters'
-sweep (:mod:`.parameters`), and the surface's (:mod:`.surface`) with the answers it reads.
+sweep (:mod:`.parameters`), the surface's (:mod:`.surface`) with the answers it reads, and voting's
+noise tails (:mod:`dpicl_audit.mechanisms.voting.tails`).
 The report and the exit code read them back as stored JSON
 (:class:`dpicl_audit.results.RunResult`)."""
 
@@ -26,6 +27,7 @@ __all__ = [
     "Scalar",
     "SurfaceRoute",
     "SurfaceSection",
+    "TailsSection",
 ]
 
 
@@ -166,3 +168,20 @@ class SurfaceSection(TypedDict, total=False):
     #: DPS-MOZO: the per-token constraint position by position
     #: (:mod:`dpicl_audit.mechanisms.dps_mozo.positions`).
     positions: dict[str, JsonValue]
+
+
+class TailsSection(TypedDict, total=False):
+    """``results["tails"]`` (:mod:`dpicl_audit.mechanisms.voting.tails`): whether the noise
+    releases each label as often as its claimed Gaussian must; ``status`` and ``message``
+    always set."""
+
+    status: Required[Literal["ok", "nonconforming", "unchecked"]]
+    message: Required[str]
+    epsilon: float
+    sigma: float
+    partitions: int
+    least_rate: float
+    answers_needed: int
+    answers: int
+    labels: dict[str, int]
+    p_value: float

@@ -109,6 +109,9 @@ class RunResult(Record):
         surface = self.extra.get("surface")  # every route's whole response (planning.surface)
         if isinstance(surface, Mapping) and surface.get("status") in _SURFACE:
             out.append(_SURFACE[str(surface["status"])])
+        tails = self.extra.get("tails")  # the noise's tails (mechanisms.voting.tails)
+        if isinstance(tails, Mapping) and tails.get("status") == "nonconforming":
+            out.append(Status.NONCONFORMING)
         return out
 
 

@@ -25,11 +25,12 @@ logic of the version that started it.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from dpicl_audit.client import AuditTarget, ContextBody
-from dpicl_audit.datasets import LabelledDataset
+from dpicl_audit.datasets import LabelledDataset, load_dataset
 from dpicl_audit.errors import TargetProtocolError
 from dpicl_audit.estimators.extra_fields import response_fields
 from dpicl_audit.jsontypes import JsonObject
@@ -46,11 +47,12 @@ from dpicl_audit.mechanisms.voting.estimates import (
 from dpicl_audit.mechanisms.voting.exact import voting_epsilon_exact
 from dpicl_audit.mechanisms.voting.rdp import RDP_ATTACKS, RdpDesign, build_rdp_design
 from dpicl_audit.mechanisms.voting.settings import VotingSettings
+from dpicl_audit.mechanisms.voting.tails import probe_tails
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.budgets import budget_limit
 from dpicl_audit.planning.ledger import answers_in_budget, budget_for
-from dpicl_audit.planning.parameters import SWEEP_ANSWERS, sweep_parameters
-from dpicl_audit.planning.sections import ParametersSection, SurfaceSection
+from dpicl_audit.planning.parameters import SWEEP_ANSWERS, SWEEP_EPSILON, sweep_parameters
+from dpicl_audit.planning.sections import ParametersSection, SurfaceSection, TailsSection
 from dpicl_audit.planning.surface import audit_surface
 from dpicl_audit.results import SettingResult
 from dpicl_audit.store import ContextRecord, TrialRecord
@@ -136,11 +138,11 @@ class VotingAudit(GaussianMechanismAudit):
     async def audit_parameters(
         self, target: AuditTarget, design: AuditDesign | RdpDesign, plan: AuditPlan
     ) -> ParametersSection | None:
-        """The chat route's client parameters swept on a fresh C1 context at the first
-        epsilon (planning.parameters); none for paper 003's sequences."""
+        """The client parameters swept on a fresh C1 context at the sweep's epsilon
+        (planning.parameters); none for paper 003's sequences."""
         if isinstance(design, RdpDesign) or getattr(design, "attack", None) != "inquery":
             return None
-        eps = float(plan.mechanism.epsilons[0])
+        eps = min(SWEEP_EPSILON, *map(float, plan.mechanism.epsilons))
         body = self.context_body(design, plan, eps, 1, name=f"dpicl-audit {plan.seed} sweep")
         budget = self.answers_budget(plan, eps, SWEEP_ANSWERS)
         return await sweep_parameters(target, body, design.query, budget=budget)
@@ -161,6 +163,34 @@ class VotingAudit(GaussianMechanismAudit):
 
         fit = answers_in_budget(eps, plan.mechanism.delta, budget_limit(plan))
         return await audit_surface(target, body, design.query, task=self.task, capacity=fit)
+
+    async def audit_tails(
+        self, target: AuditTarget, design: AuditDesign | RdpDesign, plan: AuditPlan
+    ) -> TailsSection | None:
+        """The noise's tails on fresh contexts of paper 000's C0 (voting.tails); none for
+        paper 003's sequences and outside the membership query of the audit template."""
+        if isinstance(design, RdpDesign) or getattr(design, "attack", None) != "inquery":
+            return None
+        if plan.setting != "audit-template":
+            return None
+        dataset = await asyncio.to_thread(load_dataset, plan.dataset)
+
+        def make(epsilon: float, partitions: int, answers: int) -> tuple[ContextBody, str] | None:
+            budget = self.answers_budget(plan, epsilon, answers)
+            mech = plan.mechanism.tail_gap(epsilon, partitions)
+            if budget is None or mech is None:
+                return None
+            probe = plan.model_copy(update={"design": "paper", "mechanism": mech})
+            c0 = build_design(probe, dataset)
+            name = f"dpicl-audit {plan.seed} tails"
+            body = self.context_body(c0, probe, epsilon, 0, name=name) | {"budget": budget}
+            return body, c0.query
+
+        labels = (design.positive, design.negative or design.labels[1])
+        delta, limit = plan.mechanism.delta, budget_limit(plan)
+        return await probe_tails(
+            target, make, labels, capacity=lambda eps: answers_in_budget(eps, delta, limit)
+        )
 
     def answers_budget(
         self, plan: AuditPlan, epsilon: float, answers: int
