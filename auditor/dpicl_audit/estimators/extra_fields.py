@@ -25,6 +25,7 @@ and timestamps of a response, and the answer itself (:data:`PUBLIC`).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, NotRequired, TypedDict
@@ -85,6 +86,7 @@ class Dependence(TypedDict):
 _MAX_FIELDS = 64
 
 
+@functools.cache  # every trial's response has the same few dozen paths
 def _public(path: str) -> bool:
     parts = path.split(".")
     for pub in PUBLIC:

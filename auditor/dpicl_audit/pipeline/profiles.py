@@ -9,7 +9,8 @@
   <= 2 sqrt(3) sigma = 2.97 < 3) never does, so the release-rate test
   (:mod:`~dpicl_audit.estimators.conformance`) and the classical bound against the design's
   own exact epsilon (BUG) both see it. The pivotal design alone, whose gaps sit where the
-  rates are mid-range, does not (docs/auditing.md, "Positive controls").
+  rates are mid-range, does not; every black-box voting run's tail probe does
+  (:mod:`dpicl_audit.mechanisms.voting.tails`, docs/auditing.md).
 """
 
 from __future__ import annotations

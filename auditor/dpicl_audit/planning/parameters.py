@@ -45,10 +45,13 @@ ALPHA = 1e-4
 #: Answers asked per variant.
 PER_VARIANT = 30
 #: The sweep's epsilon: the noisier the release, the further a parameter that removes the
-#: noise moves it. At the default plan's first epsilon (1) the honest share of the majority
-#: label (about 0.7) left temperature 0's 30 of 30 near the line (p about 1.4e-4 against
-#: ALPHA, missed 2 times in 5); at 0.5 the share is about 0.6 and 30 of 30 is p < 1e-5.
-SWEEP_EPSILON = 0.5
+#: noise moves it. Temperature-scaled noise on the chat path makes two variants (chat and
+#: chat streamed, temperature 0) answer the majority 30 times in 30, which also raises the
+#: pool they are compared with. At the default plan's first epsilon (1; the pivotal C1's
+#: honest share Phi(2 / (sigma sqrt 2)) = 0.58 at sigma 6.85) the test missed 2 runs in 5
+#: (p 1.4e-4 against ALPHA); at 0.25 (share 0.52) the expected p is 1.8e-6, 1.1e-5 with the
+#: pool one standard deviation up.
+SWEEP_EPSILON = 0.25
 #: The client parameters swept: (name, route as planning.surface names it, the body's extra
 #: fields). The first is the reference the departing variant is named against.
 VARIANTS: tuple[tuple[str, str, dict[str, float]], ...] = (
@@ -126,28 +129,35 @@ async def sweep_parameters(
     probe["name"], probe["budget"] = f"{body['name']} parameters", budget
     info = await target.create_context(probe)
     cid = str(info["id"])
-    variants: list[ParameterVariant] = []
+
+    async def variant(name: str, route: str, extra: dict[str, float]) -> ParameterVariant | None:
+        """One variant's labels, or its refusal; None: the chat route is missing. The first
+        answer alone, so that a refused variant costs one request, not PER_VARIANT."""
+        try:
+            first = await _ask(target, route, cid, query, extra)
+            rest = await asyncio.gather(
+                *(_ask(target, route, cid, query, extra) for _ in range(PER_VARIANT - 1))
+            )
+        except (TargetNotFound, _NoRoute):
+            if route == "chat" and not extra:
+                return None
+            return {"variant": name, "refused": True, "message": "no such route"}
+        except (TargetRejected, _Refused) as exc:
+            return {"variant": name, "refused": True, "message": str(exc)}
+        counts: dict[str, int] = {}
+        for lab in (first, *rest):
+            counts[lab] = counts.get(lab, 0) + 1
+        return {"variant": name, "refused": False, "labels": counts}
+
     try:
-        for name, route, extra in _variants(target):
-            try:
-                labels = await asyncio.gather(
-                    *(_ask(target, route, cid, query, extra) for _ in range(PER_VARIANT))
-                )
-            except (TargetNotFound, _NoRoute):
-                if route == "chat" and not extra:
-                    return {"status": "unchecked", "message": f"the server has no {_CHAT}"}
-                variants.append({"variant": name, "refused": True, "message": "no such route"})
-                continue
-            except (TargetRejected, _Refused) as exc:
-                variants.append({"variant": name, "refused": True, "message": str(exc)})
-                continue
-            counts: dict[str, int] = {}
-            for lab in labels:
-                counts[lab] = counts.get(lab, 0) + 1
-            variants.append({"variant": name, "refused": False, "labels": counts})
+        # Every variant at once (the client's concurrency bounds what is in flight).
+        found = await asyncio.gather(*(variant(*v) for v in _variants(target)))
     finally:
         with contextlib.suppress(TargetError):
             await target.delete_context(cid)
+    variants = [v for v in found if v is not None]
+    if len(variants) < len(found):
+        return {"status": "unchecked", "message": f"the server has no {_CHAT}"}
     return _judge(variants)
 
 

@@ -178,17 +178,17 @@ async def audit_surface(
         if isinstance(fitted, str):
             return {"status": "unchecked", "routes": [], "message": fitted}
         per_world = fitted
+
+        async def answers(route: str, world: int) -> list[Answer | str]:
+            asked = (_ask(target, route, task, ids[world], query, probe) for _ in range(per_world))
+            return list(await asyncio.gather(*asked))
+
+        # Every route and world at once (the client's concurrency bounds what is in flight):
+        # one route after another left the client idle at each route's last answers.
+        pairs = [(route, world) for route in routes for world in (1, 0)]
+        asked = dict(zip(pairs, await asyncio.gather(*(answers(*p) for p in pairs)), strict=True))
         for route in routes:
-            got: dict[int, list[Answer | str]] = {}
-            for world in (1, 0):
-                got[world] = list(
-                    await asyncio.gather(
-                        *(
-                            _ask(target, route, task, ids[world], query, probe)
-                            for _ in range(per_world)
-                        )
-                    )
-                )
+            got = {world: asked[route, world] for world in (1, 0)}
             if all(g == "no-route" for w in got.values() for g in w):
                 per_route.append({"route": route, "status": "no-route"})
                 continue

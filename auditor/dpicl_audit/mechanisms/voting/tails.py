@@ -43,6 +43,7 @@ __all__ = [
     "ALPHA",
     "BOUND",
     "PARTITIONS",
+    "ROUND",
     "START_EPSILON",
     "answers_needed",
     "least_release_rate",
@@ -65,7 +66,7 @@ BOUND = 2.0 * math.sqrt(3.0)
 _SLACK = (0.90, 0.995)
 #: Requests in flight per round; tries at finding the epsilon; most answers one context is
 #: budgeted for.
-ROUND = 48
+ROUND = 16
 _TRIES = 4
 _MOST_ANSWERS = 2000
 
