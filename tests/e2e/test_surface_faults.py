@@ -84,6 +84,34 @@ async def test_honest_server_at_16_passes_the_gate(
     assert left == []
 
 
+@pytest.mark.parametrize("fault", [None, "weak_calibration"])
+async def test_the_calibration_scan_sees_a_weak_calibration_the_plan_does_not_audit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str | None
+) -> None:
+    """Issue 35, item 4, at the default epsilons: the plan audits epsilon 4 only, the scan
+    reads the sigma the server reports at every other epsilon of planning.calibration.SCAN
+    (one context each, no answer), and the unguarded classical sigma is a BUG at 16 and
+    above (18.9 at 16); the honest server's sigma meets every claim."""
+    from dpicl_audit.planning.calibration import SCAN
+
+    res, left = await _audit(
+        tmp_path, fault, monkeypatch, **{"mechanism.epsilons": [4.0], "trials": 100, "seed": 3}
+    )
+    scan = res["calibration"]
+    assert [p["epsilon"] for p in scan["points"]] == [e for e in SCAN if e != 4.0]
+    assert left == []
+    if fault is None:
+        assert scan["status"] == "ok" and {p["status"] for p in scan["points"]} == {"ok"}, scan
+        assert results_exit_code([res]) == 0
+        return
+    bad = [p for p in scan["points"] if p["status"] == "bug"]
+    assert bad and bad[0]["epsilon"] == 16.0, scan
+    assert bad[0]["epsilon_exact"] == pytest.approx(18.9, abs=0.05)
+    assert all(p["status"] == "ok" for p in scan["points"] if p["epsilon"] <= 8.0), scan
+    assert scan["status"] == "bug" and "BUG at epsilon 16" in scan["message"]
+    assert results_exit_code([res]) == 5
+
+
 class _FailingTarget:
     """The client, with its ``fail_at``-th query raising a protocol error (a server that
     answers garbage mid-run)."""

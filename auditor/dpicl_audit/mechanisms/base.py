@@ -20,7 +20,8 @@ for its mechanism:
 ``summary``, ``context_body``, ``trial``, ``setting_meta`` and ``estimate``. It may override
 ``has_bootstrap``, ``learns_from_contexts``, ``calls_per_query``, ``queries_per_context``,
 ``check_context``, ``check_pair``, ``prepare``, the probes from outside (``audit_ledger``,
-``audit_parameters``, ``audit_surface``, ``audit_tails``) and ``claims_per_setting``.
+``audit_calibration``, ``audit_parameters``, ``audit_surface``, ``audit_tails``) and
+``claims_per_setting``.
 A variant of a built-in mechanism subclasses its audit and overrides what differs (the
 Laplace-noise voting of ``examples/laplace_voting``: the exact epsilon).
 
@@ -59,6 +60,7 @@ from dpicl_audit.mechanisms.trial_estimates import (
 )
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.sections import (
+    CalibrationSection,
     LedgerSection,
     ParametersSection,
     SurfaceSection,
@@ -285,6 +287,14 @@ class MechanismAudit:
         """The whole response on every answering route, and ``max_tokens`` against the
         context's limit (:mod:`dpicl_audit.planning.surface`); None where the mechanism has
         no such audit."""
+        return None
+
+    async def audit_calibration(
+        self, target: AuditTarget, design: Any, plan: AuditPlan
+    ) -> CalibrationSection | None:
+        """The reported calibration against the claim at epsilons the plan does not audit
+        (:mod:`dpicl_audit.planning.calibration`); None where the mechanism has no such
+        audit."""
         return None
 
     async def audit_tails(

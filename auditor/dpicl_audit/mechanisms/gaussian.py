@@ -20,8 +20,9 @@ from dpicl_audit.planning.budgets import (
     planned_answers,
     probe_ledger,
 )
+from dpicl_audit.planning.calibration import scan_calibration
 from dpicl_audit.planning.ledger import budget_for
-from dpicl_audit.planning.sections import LedgerSection
+from dpicl_audit.planning.sections import CalibrationSection, LedgerSection
 from dpicl_audit.store import ContextRecord
 
 __all__ = [
@@ -97,6 +98,34 @@ class GaussianMechanismAudit(MechanismAudit):
         super().check_context(info, design, epsilon)
         sigma_of(info)
         check_partition_seed(info, design)
+
+    async def audit_calibration(
+        self, target: AuditTarget, design: Any, plan: AuditPlan
+    ) -> CalibrationSection | None:
+        """The reported sigma against the claim at each epsilon of the scan the plan does not
+        audit (planning.calibration), read as the setting's own claim check reads it."""
+
+        def body(eps: float) -> ContextBody | None:
+            budget = self.answers_budget(plan, eps, 1)
+            if budget is None:
+                return None
+            name = f"dpicl-audit {plan.seed} calibration"
+            return self.context_body(design, plan, eps, 1, name=name) | {"budget": budget}
+
+        def meta(eps: float, info: Mapping[str, Any]) -> Mapping[str, Any]:
+            setting = plan.setting_key(eps)
+            c1 = ContextRecord(setting, 1, eps, str(info["id"]), info)
+            return self.setting_meta(plan, design, eps, {(setting, 1): c1})
+
+        return await scan_calibration(target, body, meta, plan.mechanism.epsilons)
+
+    def answers_budget(
+        self, plan: AuditPlan, epsilon: float, answers: int
+    ) -> dict[str, float] | None:
+        """A budget that holds ``answers`` answers at ``epsilon`` as this mechanism's
+        answers compose (mu-GDP for the Gaussian mechanism); None beyond the server's
+        published limit. A mechanism that composes otherwise overrides it."""
+        return budget_for(epsilon, plan.mechanism.delta, answers, budget_limit(plan))
 
     def check_pair(self, setting: str, c1: ContextRecord, c0: ContextRecord) -> None:
         s1, s0 = sigma_of(c1.info), sigma_of(c0.info)

@@ -226,6 +226,10 @@ def print_results(results: Mapping[str, Any], console: Console | None = None) ->
     if ledger:  # the ledger audited from outside (dpicl_audit.planning.ledger)
         colour = "green" if ledger.get("status") == "ok" else "bold yellow"
         console.print(f"[{colour}]ledger: {ledger.get('message', '')}[/{colour}]")
+    scanned = results.get("calibration")
+    if scanned:  # the calibration at epsilons the plan does not audit (planning.calibration)
+        colour = "green" if scanned.get("status") == "ok" else "bold red"
+        console.print(f"[{colour}]calibration: {scanned.get('message', '')}[/{colour}]")
     swept = results.get("parameters")
     if swept:  # the client's parameters varied (dpicl_audit.planning.parameters)
         colour = "green" if swept.get("status") == "ok" else "bold yellow"

@@ -70,6 +70,10 @@ class AuditRunner:
             ledger = await run.mechanism.audit_ledger(run.target, run.design, run.plan)
             if ledger is not None:
                 estimated = replace(estimated, ledger=ledger)
+            # The reported calibration at the epsilons the plan does not audit.
+            scanned = await run.mechanism.audit_calibration(run.target, run.design, run.plan)
+            if scanned is not None:
+                estimated = estimated.updated(calibration=scanned)
             # What a client controls, varied (planning.parameters), where the mechanism can.
             swept = await run.mechanism.audit_parameters(run.target, run.design, run.plan)
             if swept is not None:

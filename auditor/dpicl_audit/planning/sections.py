@@ -1,7 +1,8 @@
 """The shapes of what the probes from outside write into a run's results: the ledger's
 section (:mod:`.ledger`) with its bursts (:mod:`.ledger_burst`), the client parameters'
-sweep (:mod:`.parameters`), the surface's (:mod:`.surface`) with the answers it reads, and voting's
-noise tails (:mod:`dpicl_audit.mechanisms.voting.tails`).
+sweep (:mod:`.parameters`), the surface's (:mod:`.surface`) with the answers it reads, the
+calibration scan (:mod:`.calibration`) and voting's noise tails
+(:mod:`dpicl_audit.mechanisms.voting.tails`).
 The report and the exit code read them back as stored JSON
 (:class:`dpicl_audit.results.RunResult`)."""
 
@@ -19,6 +20,8 @@ __all__ = [
     "BurstFailure",
     "BurstRoute",
     "BurstsSection",
+    "CalibrationPoint",
+    "CalibrationSection",
     "LedgerCheck",
     "LedgerSection",
     "LedgerStatus",
@@ -185,3 +188,21 @@ class TailsSection(TypedDict, total=False):
     answers: int
     labels: dict[str, int]
     p_value: float
+
+
+class CalibrationPoint(TypedDict, total=False):
+    """One epsilon of the calibration scan: ``refused`` above the server's limit."""
+
+    epsilon: Required[float]
+    status: Required[Literal["ok", "bug", "refused", "unchecked"]]
+    sigma: float | None
+    epsilon_exact: float | None
+    message: str
+
+
+class CalibrationSection(TypedDict):
+    """``results["calibration"]`` (:mod:`.calibration`)."""
+
+    status: Literal["ok", "bug"]
+    message: str
+    points: list[CalibrationPoint]

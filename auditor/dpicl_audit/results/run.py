@@ -96,7 +96,8 @@ class RunResult(Record):
     def statuses(self) -> list[Status]:
         """Every status that decides the run's exit code: its verdicts', NONCONFORMING where
         the ledger departs from its own reported costs, BUG where its reported noise admits
-        fewer answers than the claim implies."""
+        fewer answers than the claim implies, and the probes' from outside (the parameters,
+        the surface, the calibration scan, the tails)."""
         out = [v.status for v in self.verdicts()]
         ledger = (self.ledger or {}).get("status")
         if ledger == "nonconforming":
@@ -109,6 +110,9 @@ class RunResult(Record):
         surface = self.extra.get("surface")  # every route's whole response (planning.surface)
         if isinstance(surface, Mapping) and surface.get("status") in _SURFACE:
             out.append(_SURFACE[str(surface["status"])])
+        scanned = self.extra.get("calibration")  # the calibration scan (planning.calibration)
+        if isinstance(scanned, Mapping) and scanned.get("status") == "bug":
+            out.append(Status.BUG)
         tails = self.extra.get("tails")  # the noise's tails (mechanisms.voting.tails)
         if isinstance(tails, Mapping) and tails.get("status") == "nonconforming":
             out.append(Status.NONCONFORMING)

@@ -50,7 +50,7 @@ from dpicl_audit.mechanisms.voting.settings import VotingSettings
 from dpicl_audit.mechanisms.voting.tails import probe_tails
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.budgets import budget_limit
-from dpicl_audit.planning.ledger import answers_in_budget, budget_for
+from dpicl_audit.planning.ledger import answers_in_budget
 from dpicl_audit.planning.parameters import SWEEP_ANSWERS, SWEEP_EPSILON, sweep_parameters
 from dpicl_audit.planning.sections import ParametersSection, SurfaceSection, TailsSection
 from dpicl_audit.planning.surface import audit_surface
@@ -191,14 +191,6 @@ class VotingAudit(GaussianMechanismAudit):
         return await probe_tails(
             target, make, labels, capacity=lambda eps: answers_in_budget(eps, delta, limit)
         )
-
-    def answers_budget(
-        self, plan: AuditPlan, epsilon: float, answers: int
-    ) -> dict[str, float] | None:
-        """A budget that holds ``answers`` answers at ``epsilon`` as this mechanism's
-        answers compose (mu-GDP for the Gaussian mechanism); None beyond the server's
-        published limit. A mechanism that composes otherwise overrides it."""
-        return budget_for(epsilon, plan.mechanism.delta, answers, budget_limit(plan))
 
     def setting_meta(
         self,
