@@ -220,8 +220,9 @@ def check_world(
 def probe_answers(results: Mapping[str, Any]) -> int:
     """The answers of the audit's probes from outside, each on contexts of its own: the ledger
     probe and its bursts (dpicl_audit.planning.ledger, .ledger_burst), the client parameters'
-    sweep (.parameters) and every route's whole response (.surface). With the trials', they
-    are every request the server answers in a run."""
+    sweep (.parameters), every route's whole response (.surface) and voting's noise tails
+    (dpicl_audit.mechanisms.voting.tails; the calibration scan asks none). With the trials',
+    they are every request the server answers in a run."""
     ledger = results.get("ledger") or {}
     bursts = (ledger.get("bursts") or {}).get("routes") or []
     variants = (results.get("parameters") or {}).get("variants") or []
@@ -231,6 +232,7 @@ def probe_answers(results: Mapping[str, Any]) -> int:
         + sum(int(b.get("answered") or 0) for b in bursts)
         + sum(sum((v.get("labels") or {}).values()) for v in variants)
         + sum(int(r.get("answered") or 0) for r in routes)
+        + int((results.get("tails") or {}).get("answers") or 0)
     )
 
 
