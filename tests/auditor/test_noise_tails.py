@@ -177,3 +177,26 @@ async def test_a_refusal_or_a_foreign_label_is_unchecked_not_a_finding() -> None
 
     found = await _probe(Foreign(gaussian))
     assert found["status"] == "unchecked" and "'Maybe'" in found["message"]
+
+
+async def test_a_refused_probe_context_is_unchecked_and_nothing_is_left() -> None:
+    """A server that refuses the probe's contexts (its epsilon limit below 8, or a third
+    context refused mid-probe) reads unchecked, not a finding and not an error."""
+
+    class Capped(SimulatedServer):
+        most = 0
+
+        async def create_context(self, body: ContextBody) -> dict[str, Any]:
+            if self.created >= self.most:
+                raise TargetRejected(422, "invalid_request", "mechanism.epsilon too high", None)
+            return await super().create_context(body)
+
+    server = Capped(uniform)
+    server.most = 0
+    found = await _probe(server)
+    assert found["status"] == "unchecked" and "refused the probe's context" in found["message"]
+    server = Capped(uniform)
+    server.most = 2
+    found = await _probe(server, capacity=100)
+    assert found["status"] == "unchecked" and "refused after 200 answers" in found["message"]
+    assert server.contexts == {}

@@ -53,7 +53,7 @@ __all__ = [
 
 #: Error of the test: an honest server is flagged in at most this share of runs, exactly.
 ALPHA = 1e-4
-#: T: the smallest count whose tail the default plan's epsilon 8 reaches (sigma 0.86).
+#: T: at epsilon 8 the classical sigma (0.86) puts the uniform's reach, 2.97, just below 3.
 PARTITIONS = 3
 #: The first epsilon tried (the classical calibration's sigma there is 0.86: 2 sqrt 3 sigma
 #: = 2.98 < 3).
@@ -109,7 +109,10 @@ async def _context(
         made = make(epsilon, PARTITIONS, holds) if holds > 0 else None
         if made is None:
             return f"no budget within the server's limit holds an answer at epsilon {epsilon:g}"
-        info = await target.create_context(made[0])
+        try:
+            info = await target.create_context(made[0])
+        except TargetRejected as exc:  # e.g. an epsilon above the server's limit
+            return f"the server refused the probe's context at epsilon {epsilon:g}: {exc.message}"
         cid = str(info["id"])
         sigma = sigma_of(info)
         if tail_sigma(PARTITIONS, sigma):
@@ -141,15 +144,15 @@ async def probe_tails(
     refusal = ""
     try:
         while asked < needed and not all(counts.values()) and not other:
-            if held == 0:  # the context's budget is spent: the next one
-                holds = min(capacity(epsilon), needed - asked)
-                made = make(epsilon, PARTITIONS, holds)
-                if made is None:
-                    refusal = f"no budget within the server's limit at epsilon {epsilon:g}"
-                    break
-                cid, held = str((await target.create_context(made[0]))["id"]), holds
-            n = min(ROUND, held, needed - asked)
             try:
+                if held == 0:  # the context's budget is spent: the next one
+                    holds = min(capacity(epsilon), needed - asked)
+                    made = make(epsilon, PARTITIONS, holds)
+                    if made is None:
+                        refusal = f"no budget within the server's limit at epsilon {epsilon:g}"
+                        break
+                    cid, held = str((await target.create_context(made[0]))["id"]), holds
+                n = min(ROUND, held, needed - asked)
                 outs = await asyncio.gather(*(target.classify(cid, query) for _ in range(n)))
             except TargetRejected as exc:
                 refusal = f"refused after {asked} answers: {exc}"
