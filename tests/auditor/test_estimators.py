@@ -379,3 +379,23 @@ def test_counts_past_2_53_are_named() -> None:
         estimate_from_counts(10**23, 10, 5, 95, delta=1e-5)
     est = estimate_from_counts(2**53, 2**53, 2**53, 2**53, delta=1e-5)
     assert est.epsilon_lower == 0.0
+
+
+def test_one_gaussian_release_below_the_threshold_is_the_closed_form() -> None:
+    """Below CLOSED_FORM_BELOW one release's epsilon is Balle and Wang's closed form (the
+    PLD took 1-6 s a value there): it agrees with the PLD to 1e-6 relative on both sides of
+    the threshold, and a tiny sigma (a broken server's) costs no time and no memory."""
+    import time
+
+    from dpicl_audit.estimators.exact import CLOSED_FORM_BELOW, _pld_epsilon
+    from dpicl_audit.estimators.gdp import gdp_epsilon
+
+    for multiplier in (CLOSED_FORM_BELOW * 0.9, CLOSED_FORM_BELOW * 1.1):
+        sigma = multiplier * math.sqrt(2.0)
+        got = gaussian_epsilon_exact(sigma, math.sqrt(2.0), 1e-5)
+        pld = _pld_epsilon(multiplier, 1e-5, 1, 1e-4)
+        assert got == pytest.approx(pld, rel=1e-6)
+        assert got == pytest.approx(gdp_epsilon(1.0 / multiplier, 1e-5), rel=1e-6)
+    t0 = time.monotonic()
+    tiny = gaussian_epsilon_exact(1e-3, math.sqrt(2.0), 1e-5)
+    assert math.isfinite(tiny) and tiny > 1e5 and time.monotonic() - t0 < 1.0
