@@ -8,8 +8,9 @@ and wrong elsewhere: the classical formula without its analytic guard is exact b
 1 and reports a sigma whose exact epsilon is 18.9 at a claimed 16 (delta 1e-5), which the
 default plan (epsilon 1 to 8) never asks for. So after the trials a Gaussian mechanism's run
 creates one context (budgeted for one answer, never asked) at each epsilon of :data:`SCAN`
-(the range's ends) that the plan does not audit, reads the sigma it reports, and checks it the same way: the
-auditor's exact epsilon of that sigma at the design's sensitivity, and the server's own
+(around the plan's range) that the plan does not audit, reads the sigma it reports, and
+checks it the same way: the auditor's exact epsilon of that sigma at the design's
+sensitivity, and the server's own
 ``epsilon_exact``, must not exceed the epsilon asked for. Either above it is a BUG (exit 5)
 naming the epsilon; a refused epsilon (above the server's ``DPICL_MAX_EPSILON``) is listed,
 not a finding. No answer is released: the scan costs a context creation per epsilon. The
