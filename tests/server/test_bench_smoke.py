@@ -81,3 +81,12 @@ def test_esa_release_check_bench() -> None:
     assert re.search(r"C1: n \d+, P\(y1\) \d\.\d+ against 0\.7180", out), out
     assert re.search(r"C0: n \d+, P\(y1\) \d\.\d+ against 0\.2820", out), out
     assert "one embedding per text: True" in out, out
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_one_epsilon_audit_bench() -> None:
+    """This checkout against itself: both medians and both ratios printed."""
+    out = run_bench("one_epsilon_audit.py", "--baseline", str(BENCH.parent), "--pairs", "1")
+    assert re.search(r"A/B: audit command \d+\.\d+, run wall_time_s \d+\.\d+", out), out
+    assert out.count("the run's wall_time_s") == 2, out
