@@ -219,8 +219,9 @@ async def test_a_resumed_run_plans_with_the_limit_it_started_with(tmp_path: Path
     assert run.plan["target"]["max_budget_epsilon"] == LIMIT
     after = {k: rec.context_id for k, rec in store.contexts("r").items()}
     assert all(after[k] == v for k, v in before.items())
-    # the missing trials alone, and the ledger probe's answers and its refusal
-    probe = res["ledger"]["answers"] + 1
+    # the missing trials alone, the ledger probe's answers and its refusal, and the tail
+    # probe's answers (mechanisms.voting.tails: on contexts of its own)
+    probe = res["ledger"]["answers"] + 1 + res["tails"]["answers"]
     assert res["ledger"]["status"] == "ok" and counting.calls == plan.trials - len(done) + probe
     stored = AuditPlan.from_public(run.plan)
     _check_budgets(store, "r", stored, LIMIT)
