@@ -47,7 +47,7 @@ from dpicl_audit.mechanisms.voting.estimates import (
 from dpicl_audit.mechanisms.voting.exact import voting_epsilon_exact
 from dpicl_audit.mechanisms.voting.rdp import RDP_ATTACKS, RdpDesign, build_rdp_design
 from dpicl_audit.mechanisms.voting.settings import VotingSettings
-from dpicl_audit.mechanisms.voting.tails import probe_tails
+from dpicl_audit.mechanisms.voting.tails import PARTITIONS, START_EPSILON, probe_tails
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.budgets import budget_limit
 from dpicl_audit.planning.ledger import answers_in_budget
@@ -171,22 +171,30 @@ class VotingAudit(GaussianMechanismAudit):
         paper 003's sequences and outside the membership query of the audit template."""
         if isinstance(design, RdpDesign) or getattr(design, "attack", None) != "inquery":
             return None
-        if plan.setting != "audit-template":
+        # Its premise is the Gaussian claim: a variant with other noise (settings without a
+        # tail-gap design, e.g. examples/laplace_voting) has no such probe.
+        if plan.setting != "audit-template" or plan.mechanism.tail_gap(1.0, 1) is None:
             return None
         dataset = await asyncio.to_thread(load_dataset, plan.dataset)
 
+        def probe_design(epsilon: float, partitions: int) -> tuple[AuditPlan, AuditDesign]:
+            # Paper 000's layout whatever the run's (a real engine's run uses the identical
+            # design, with made-up labels): Prompt 1's Yes/No, C0 holding no copy of the text.
+            mech = plan.mechanism.tail_gap(epsilon, partitions)
+            probe = plan.model_copy(update={"design": "paper", "mechanism": mech})
+            return probe, build_design(probe, dataset)
+
         def make(epsilon: float, partitions: int, answers: int) -> tuple[ContextBody, str] | None:
             budget = self.answers_budget(plan, epsilon, answers)
-            mech = plan.mechanism.tail_gap(epsilon, partitions)
-            if budget is None or mech is None:
+            if budget is None:
                 return None
-            probe = plan.model_copy(update={"design": "paper", "mechanism": mech})
-            c0 = build_design(probe, dataset)
+            probe, c0 = probe_design(epsilon, partitions)
             name = f"dpicl-audit {plan.seed} tails"
             body = self.context_body(c0, probe, epsilon, 0, name=name) | {"budget": budget}
             return body, c0.query
 
-        labels = (design.positive, design.negative or design.labels[1])
+        _, sample = probe_design(START_EPSILON, PARTITIONS)
+        labels = (sample.positive, sample.negative or sample.labels[1])
         delta, limit = plan.mechanism.delta, budget_limit(plan)
         return await probe_tails(
             target, make, labels, capacity=lambda eps: answers_in_budget(eps, delta, limit)
