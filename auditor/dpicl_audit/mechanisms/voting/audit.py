@@ -26,6 +26,7 @@ logic of the version that started it.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -177,6 +178,7 @@ class VotingAudit(GaussianMechanismAudit):
             return None
         dataset = await asyncio.to_thread(load_dataset, plan.dataset)
 
+        @functools.cache  # one design per (epsilon, T), however many contexts it makes
         def probe_design(epsilon: float, partitions: int) -> tuple[AuditPlan, AuditDesign]:
             # Paper 000's layout whatever the run's (a real engine's run uses the identical
             # design, with made-up labels): Prompt 1's Yes/No, C0 holding no copy of the text.

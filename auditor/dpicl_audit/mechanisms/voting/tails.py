@@ -185,6 +185,7 @@ def _judge(
     refusal: str,
 ) -> TailsSection:
     """The section: NONCONFORMING where a label never came back in ``needed`` answers."""
+    released = counts | other
     out: TailsSection = {
         "status": "ok",
         "message": "",
@@ -194,9 +195,9 @@ def _judge(
         "least_rate": rate,
         "answers_needed": needed,
         "answers": asked,
-        "labels": counts | other,
+        "labels": released,
     }
-    shown = ", ".join(f"{lab!r} {n}" for lab, n in (counts | other).items())
+    shown = ", ".join(f"{lab!r} {n}" for lab, n in released.items())
     if other:
         out["status"] = "unchecked"
         out["message"] = f"labels outside the context's came back ({shown})"
