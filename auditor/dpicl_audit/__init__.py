@@ -53,7 +53,7 @@ inside a function, closes a cycle)::
                        draws), estimators (accuracy intervals, ROUGE-L, bootstrap), report
                        (results from the log), contexts, runner
     report/            the report: data, rows, rdp, words, table, figure, curves, plots,
-                       cards, ledger_section, utility_card, html, writer
+                       cards, ledger_section, probes, utility_card, html, writer
     cli/               ``dpicl-audit``: common, flags, audit (run/bootstrap), log (resume,
                        list, ...), rdp (divergence), utility
     demo/              ``make demo``: servers, audits, main

@@ -9,6 +9,10 @@ GDP figure estimates mu = sqrt(2) / sigma, the mechanism's own (docs/auditing.md
   epsilon_emp >= 0.9 x epsilon_exact and <= epsilon_exact. The largest sampling loss is at
   epsilon 1 (both rates near 1/2): the one-sided 97.5% Clopper-Pearson upper bounds cost about
   0.0045 in mu, 4% of mu = 0.117, so the 0.9 margin fails only on a > 5 sigma deviation.
+  An honest server's setting reads ok, or (both measured over 60 runs of the test's 12
+  settings, 2 and 1 of 720) INCONCLUSIVE because its figure alone lies just above the exact
+  epsilon (the design is that tight; the family-wise figures must not), or NONCONFORMING by
+  a conformance test's own false alarm (each at error 6.25e-5; at most one setting a run).
 * Real queries, black-box (DPICL_WHITEBOX=off), epsilon 4, T = 8, 4,000 trials. Expected
   counts: TPR = Phi(2 / (sigma sqrt 2)) = 0.795, FPR = 1/2 at sigma = 1.713. Simulated over
   2,000 repetitions of the counts (estimate_from_counts, 2,000 trials per world):
@@ -25,6 +29,7 @@ GDP figure estimates mu = sqrt(2) / sigma, the mechanism's own (docs/auditing.md
 from __future__ import annotations
 
 import asyncio
+import math
 from pathlib import Path
 from typing import Any
 
@@ -61,12 +66,44 @@ def test_black_box_bootstrap_is_tight_with_the_pivotal_canary(
         assert results["design"]["design"] == "pivotal"
         for s in results["settings"]:
             bb = s["black_box"]
-            rows.append((t, s["epsilon_theory"], bb["epsilon_lower"], s["epsilon_exact"]))
             assert s["flip_rate"] == 1.0
-            assert bb["verdict"]["status"] == "ok", bb["verdict"]
-    print("\n".join(f"T={t} eps={e:g}: emp {emp:.3f} exact {x:.3f}" for t, e, emp, x in rows))
-    for t, eps, emp, exact in rows:
-        assert 0.9 * exact <= emp <= exact, (t, eps, emp, exact)
+            rows.append((t, s, _honest_reading(s)))
+    print("\n".join(f"T={t} eps={s['epsilon_theory']:g}: {why}" for t, s, why in rows))
+    for t, s, why in rows:
+        emp, exact = s["black_box"]["epsilon_lower"], s["epsilon_exact"]
+        assert 0.9 * exact <= emp, (t, s["epsilon_theory"], emp, exact)
+        if why != "above alone":
+            assert emp <= exact, (t, s["epsilon_theory"], emp, exact)
+    # Each setting's conformance tests read NONCONFORMING on an honest server with
+    # probability at most 4 x 6.25e-5 (their error each): two of twelve at most ~4e-6.
+    assert sum(why == "false alarm" for _, _, why in rows) <= 1, rows
+
+
+def _honest_reading(s: dict[str, Any]) -> str:
+    """What an honest server's setting may read, and why (the module docstring's rates).
+
+    * ``ok``;
+    * ``above alone``: INCONCLUSIVE because this figure alone, at 95%, lies above the exact
+      epsilon but not the run's tests together (estimators.family): the pivotal design is
+      so tight that a correct server shows it (measured: 2 settings of 720, 60 runs); the
+      figures with every test's error divided by the run's size must stay below;
+    * ``false alarm``: NONCONFORMING by the white-box noise-scale test alone, from two
+      residuals a coordinate (n_llm 4), each test at error 6.25e-5.
+    """
+    bb = s["black_box"]
+    verdict = bb["verdict"]
+    if verdict["status"] == "ok":
+        return "ok"
+    if verdict["status"] == "inconclusive":
+        assert verdict["message"].startswith("INCONCLUSIVE: this figure alone reads BUG"), verdict
+        mu_exact = math.sqrt(2) / s["sigma"]  # the votes' L2 sensitivity over the noise
+        assert verdict["family_wise"]["mu_lower"] <= mu_exact, (mu_exact, verdict)
+        return "above alone"
+    conformance = s["conformance"]
+    assert verdict["status"] == "nonconforming", verdict
+    assert conformance["black_box"]["differs"] == [], conformance
+    assert conformance["white_box"]["differs"] == ["noise scale"], conformance
+    return "false alarm"
 
 
 @pytest.mark.long

@@ -16,6 +16,8 @@ bounds sit far below either claim, so a false failure is rarer than 1e-3 in prac
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -26,6 +28,7 @@ import pytest
 
 from dpicl_audit.client import DpiclClient
 from dpicl_audit.pipeline.run import run_audit
+from dpicl_audit.report import write_report
 from dpicl_audit.results import results_exit_code
 from tests.conftest import ADMIN, USER
 from tests.e2e import broken_realistic_server as faults
@@ -233,3 +236,15 @@ async def test_bounded_noise_is_flagged_black_box_by_the_tail_probe(
         assert tails["status"] == "nonconforming" and tails["labels"]["Yes"] == 0, tails
         assert tails["answers"] == tails["answers_needed"]
         assert results_exit_code([res]) == 4
+    # The report says what the exit code says, the probe's finding among the findings.
+    page = write_report(res["run_id"], f"sqlite:///{tmp_path}/a.db", tmp_path / "report")
+    verdict = json.loads((page.parent / "report.json").read_text())["verdicts"][res["run_id"]]
+    text = page.read_text()
+    table = text[text.index("<h2>From outside</h2>") :]
+    assert re.search(r"<td[^>]*>tails</td><td class='(\w+)'>", table)[1] == tails["status"]
+    if fault is None:
+        assert verdict in ("ok", "inconclusive") and "finding nonconforming" not in text
+    else:
+        assert verdict == "nonconforming", verdict
+        assert "<div class='finding nonconforming'>tails: " in text
+        assert "badge nonconforming'>NONCONFORMING" in text  # the run's card

@@ -222,26 +222,10 @@ def print_results(results: Mapping[str, Any], console: Console | None = None) ->
                 f"{_fmt(eps.get('two_cut'))} [{style}]{'' if found is None else found.message}"
                 f"[/{style}]"
             )
-    ledger = results.get("ledger")
-    if ledger:  # the ledger audited from outside (dpicl_audit.planning.ledger)
-        colour = "green" if ledger.get("status") == "ok" else "bold yellow"
-        console.print(f"[{colour}]ledger: {ledger.get('message', '')}[/{colour}]")
-    scanned = results.get("calibration")
-    if scanned:  # the calibration at epsilons the plan does not audit (planning.calibration)
-        colour = "green" if scanned.get("status") == "ok" else "bold red"
-        console.print(f"[{colour}]calibration: {scanned.get('message', '')}[/{colour}]")
-    swept = results.get("parameters")
-    if swept:  # the client's parameters varied (dpicl_audit.planning.parameters)
-        colour = "green" if swept.get("status") == "ok" else "bold yellow"
-        console.print(f"[{colour}]parameters: {swept.get('message', '')}[/{colour}]")
-    surface = results.get("surface")
-    if surface:  # every route's whole response (dpicl_audit.planning.surface)
-        colour = "green" if surface.get("status") == "ok" else "bold red"
-        console.print(f"[{colour}]surface: {surface.get('message', '')}[/{colour}]")
-    tails = results.get("tails")
-    if tails:  # the noise's tails (dpicl_audit.mechanisms.voting.tails)
-        colour = {"ok": "green", "nonconforming": "bold red"}.get(tails.get("status"), "yellow")
-        console.print(f"[{colour}]tails: {tails.get('message', '')}[/{colour}]")
+    for name, section, adds in run.probes():  # the audits from outside (results.PROBES)
+        ok = section.get("status") == "ok"
+        colour = "green" if ok else "yellow" if adds is None else "bold red"
+        console.print(f"[{colour}]{name}: {section.get('message', '')}[/{colour}]")
     console.print(
         f"{results.get('queries', 0)} queries, {results.get('llm_calls', 0)} LLM calls, "
         f"{_fmt(results.get('wall_time_s'), 1)} s wall time"

@@ -9,7 +9,8 @@ order data flows:
   attack, design, method and threat model), with :mod:`.rdp`'s rows of paper 003's audits;
 * :mod:`.words` the verdicts in plain words (from :mod:`dpicl_audit.verdicts`);
 * :mod:`.table` the terminal table; :mod:`.curves`, :mod:`.plots` and :mod:`.rdp` the figures
-  (drawn with :mod:`.figure`); :mod:`.cards` and :mod:`.ledger_section` the page's parts;
+  (drawn with :mod:`.figure`); :mod:`.cards`, :mod:`.ledger_section` and :mod:`.probes`
+  (the audits from outside) the page's parts;
 * :mod:`.utility_card` the privacy-utility card, when ``dpicl-audit utility`` runs are
   reported beside audits (epsilon emp next to the accuracy kept, per setting);
 * :mod:`.html` the HTML page; :mod:`.writer` writes it all.

@@ -15,7 +15,8 @@ __all__ = ["VERDICT_SENTENCES", "cards", "run_style"]
 
 VERDICT_SENTENCES = {
     "violation": "the privacy claim is violated",
-    "bug": "ε emp above ε exact: a bug in the server or the auditor",
+    "bug": "ε emp above ε exact, or a reported calibration weaker than claimed: a bug",
+    "nonconforming": "the server does not release what the mechanism it reports would",
     "inconclusive": "could not have seen a violation at some ε",
     "ok": "consistent with the claim, with the power to see a violation",
 }
@@ -72,7 +73,7 @@ def cards(
     cards = []
     for rd in runs:
         mine = [r for r in rows if r.run_id == rd.run_id]
-        status = run_verdict(mine) if mine else "error"
+        status = run_verdict(mine, rd.probe_statuses) if mine or rd.probe_statuses else "error"
         badge = VERDICT_WORDS.get(status, status)
         models = rd.results.threat_models or [rd.plan.threat_model]
         what = (

@@ -57,6 +57,12 @@ class RunData:
         return led if isinstance(led, Mapping) else None
 
     @property
+    def probe_statuses(self) -> list[str]:
+        """The statuses the run's audits from outside add to its verdicts' (the ledger, the
+        calibration scan, the parameters, the surface, the tails: RunResult.probes)."""
+        return [st.value for _, _, st in self.results.probes() if st is not None]
+
+    @property
     def simulated(self) -> bool:
         """Whether the estimates come from simulated trials (bootstrap)."""
         return self.kind == "bootstrap"

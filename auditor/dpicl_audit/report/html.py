@@ -15,6 +15,7 @@ from typing import Any
 from dpicl_audit.report.cards import cards, run_style
 from dpicl_audit.report.data import ReportRow, RunData, num
 from dpicl_audit.report.ledger_section import conformance_html, ledger_html, roc_html
+from dpicl_audit.report.probes import probes_html
 from dpicl_audit.report.utility_card import CARD_CSS
 from dpicl_audit.report.words import (
     VERDICT_WORDS,
@@ -280,7 +281,7 @@ def _run_details(rd: RunData, rows: Sequence[ReportRow]) -> str:
     items += [
         ("queries / LLM calls", _e(f"{res.queries} / {res.llm_calls}")),
         ("wall time", _e(f"{fmt(num(res.wall_time_s), 1)} s")),
-        ("verdict", _e(run_verdict(rows).upper())),
+        ("verdict", _e(run_verdict(rows, rd.probe_statuses).upper())),
     ]
     for note in res.extra.get("notes") or []:
         items.append(("note", _e(note)))
@@ -311,9 +312,14 @@ def render_html(
             if r.status in ("violation", "bug", "nonconforming", "inconclusive")
         ]
         items += [f"<div class='finding violation'>{_e(t)}</div>" for t in noise_findings(mine)]
+        items += [
+            f"<div class='finding {_e(adds.value)}'>{_e(name)}: {_e(section.get('message'))}</div>"
+            for name, section, adds in rd.results.probes()
+            if adds is not None
+        ]
         if not items:
             continue
-        status = run_verdict(mine)
+        status = run_verdict(mine, rd.probe_statuses)
         # a violation, a bug or a nonconformity is open from the start; the rest wait for a click
         opened = " open" if status in ("violation", "bug", "nonconforming") else ""
         groups.append(
@@ -357,7 +363,7 @@ Generated {now} by dpicl-audit from the trial log.</p>
 <p class=small>sim: bootstrap trials, simulated from n_llm clean vote vectors per world. A
 verdict's reason is in its findings above (and in the cell's tooltip).</p>
 {_noise_table(runs, colors)}
-{conformance_html(runs)}{ledger_html(runs)}{roc_html(runs)}
+{conformance_html(runs)}{probes_html(runs)}{ledger_html(runs)}{roc_html(runs)}
 {f"<h2>Notes</h2><ul>{note_html}</ul>" if notes else ""}
 {figs}
 <h2>Runs</h2>{details}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from dpicl_audit.report.data import ReportRow
 from dpicl_audit.verdicts import worst_status
@@ -89,9 +89,11 @@ def verdict_sentence(row: ReportRow) -> str:
     )
 
 
-def run_verdict(rows: Sequence[ReportRow]) -> str:
-    """The worst status of a run's rows: violation > bug > nonconforming > inconclusive > ok."""
-    return worst_status([r.status for r in rows])
+def run_verdict(rows: Sequence[ReportRow], probes: Iterable[str] = ()) -> str:
+    """The worst status of a run's rows and of the statuses its audits from outside add
+    (``probes``: :attr:`~dpicl_audit.report.data.RunData.probe_statuses`), as the run's exit
+    code reads them: violation > bug > nonconforming > inconclusive > ok."""
+    return worst_status([*(r.status for r in rows), *probes])
 
 
 def noise_findings(rows: Sequence[ReportRow]) -> list[str]:

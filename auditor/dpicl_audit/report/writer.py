@@ -41,7 +41,8 @@ def _payload(
         "generated_at": dt.datetime.now(dt.UTC).isoformat(),
         "notes": list(notes),
         "verdicts": {
-            rd.run_id: run_verdict([r for r in rows if r.run_id == rd.run_id]) for rd in runs
+            rd.run_id: run_verdict([r for r in rows if r.run_id == rd.run_id], rd.probe_statuses)
+            for rd in runs
         },
         "rows": [r.to_dict() for r in rows],
         "runs": {rd.run_id: rd.results.to_json() for rd in runs},
@@ -172,6 +173,10 @@ def write_combined_report(
             console.print(f"[bold red]{verdict_sentence(r)}[/bold red]")
     for text in noise_findings(rows):
         console.print(f"[bold red]{text}[/bold red]")
+    for rd in runs:  # the audits from outside that flag the run (results.PROBES)
+        for probe, section, adds in rd.results.probes():
+            if adds is not None:
+                console.print(f"[bold red]{rd.label} {probe}: {section.get('message')}[/bold red]")
 
     curves = {rd.run_id: trials_curve(rd) for rd in runs}
     dir_name = name or (ids[0] if len(ids) == 1 else f"report-{ids[0]}")

@@ -12,7 +12,7 @@ from dpicl_audit.results.record import COUNT, MAPPING, NUMBER, SAME, TEXT, Codec
 from dpicl_audit.results.setting import SettingResult
 from dpicl_audit.verdicts import Status, Verdict, worst_status
 
-__all__ = ["RunResult", "results_exit_code", "underpowered"]
+__all__ = ["PROBES", "RunResult", "results_exit_code", "underpowered"]
 
 
 @dataclass(frozen=True)
@@ -94,36 +94,39 @@ class RunResult(Record):
         return [v for s in self.settings for v in s.verdicts()]
 
     def statuses(self) -> list[Status]:
-        """Every status that decides the run's exit code: its verdicts', NONCONFORMING where
-        the ledger departs from its own reported costs, BUG where its reported noise admits
-        fewer answers than the claim implies, and the probes' from outside (the parameters,
-        the surface, the calibration scan, the tails)."""
-        out = [v.status for v in self.verdicts()]
-        ledger = (self.ledger or {}).get("status")
-        if ledger == "nonconforming":
-            out.append(Status.NONCONFORMING)
-        elif ledger == "bug":  # the reported noise admits fewer answers than the claim
-            out.append(Status.BUG)
-        swept = self.extra.get("parameters")
-        if isinstance(swept, Mapping) and swept.get("status") == "nonconforming":
-            out.append(Status.NONCONFORMING)  # a client parameter changes the release
-        surface = self.extra.get("surface")  # every route's whole response (planning.surface)
-        if isinstance(surface, Mapping) and surface.get("status") in _SURFACE:
-            out.append(_SURFACE[str(surface["status"])])
-        scanned = self.extra.get("calibration")  # the calibration scan (planning.calibration)
-        if isinstance(scanned, Mapping) and scanned.get("status") == "bug":
-            out.append(Status.BUG)
-        tails = self.extra.get("tails")  # the noise's tails (mechanisms.voting.tails)
-        if isinstance(tails, Mapping) and tails.get("status") == "nonconforming":
-            out.append(Status.NONCONFORMING)
+        """Every status that decides the run's exit code: its verdicts' and its probes'
+        (:meth:`probes`)."""
+        return [v.status for v in self.verdicts()] + [
+            st for _, _, st in self.probes() if st is not None
+        ]
+
+    def probes(self) -> list[tuple[str, Mapping[str, Any], Status | None]]:
+        """The run's audits from outside, in :data:`PROBES`' order: each one's name, its
+        section as stored, and the status it adds to the run's (None: it adds none)."""
+        out = []
+        for name, deciding in PROBES.items():
+            found = self.ledger if name == "ledger" else self.extra.get(name)
+            if isinstance(found, Mapping) and found:
+                out.append((name, found, deciding.get(str(found.get("status")))))
         return out
 
 
-#: The statuses of the surface probe (planning.surface) that decide the exit code.
-_SURFACE = {
-    "nonconforming": Status.NONCONFORMING,
-    "violation": Status.VIOLATION,
-    "bug": Status.BUG,
+#: The audits from outside a run may hold (its sections besides the settings), each with
+#: the statuses of its own that decide the exit code: the ledger (planning.ledger: its
+#: reported costs, NONCONFORMING; a reported noise that admits fewer answers than the claim,
+#: BUG), the calibration scan (planning.calibration), the client's parameters varied
+#: (planning.parameters), every route's whole response (planning.surface) and the noise's
+#: tails (mechanisms.voting.tails). Their other statuses (ok, unchecked) add none.
+PROBES: dict[str, dict[str, Status]] = {
+    "ledger": {"nonconforming": Status.NONCONFORMING, "bug": Status.BUG},
+    "calibration": {"bug": Status.BUG},
+    "parameters": {"nonconforming": Status.NONCONFORMING},
+    "surface": {
+        "nonconforming": Status.NONCONFORMING,
+        "violation": Status.VIOLATION,
+        "bug": Status.BUG,
+    },
+    "tails": {"nonconforming": Status.NONCONFORMING},
 }
 
 
