@@ -65,7 +65,6 @@ def test_black_box_bootstrap_is_tight_with_the_pivotal_canary(
         )
         assert results["design"]["design"] == "pivotal"
         for s in results["settings"]:
-            bb = s["black_box"]
             assert s["flip_rate"] == 1.0
             rows.append((t, s, _honest_reading(s)))
     print("\n".join(f"T={t} eps={s['epsilon_theory']:g}: {why}" for t, s, why in rows))
