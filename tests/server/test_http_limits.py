@@ -250,15 +250,27 @@ def test_head_on_the_health_routes(server: ThreadServer, path: str) -> None:
     assert r.headers["content-type"] == "application/json"
 
 
-def test_a_server_at_its_connection_limit_answers_503(tmp_path: Path) -> None:
+def test_a_server_at_its_connection_limit_answers_503(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With the caller's request id, an access-log line and its metrics, as any refusal."""
+    caplog.set_level(logging.INFO)
+    labels = {"route": "<unmatched>", "status": "503", "code": "server_busy"}
+    before = _metric("dpicl_refusals_total", **labels)
     with ThreadServer(tmp_path / "busy.db", whitebox="off", max_connections=2) as srv:
         idle = [_connect(srv), _connect(srv)]
         time.sleep(0.2)  # accepted by the server
         with _connect(srv) as sock:
-            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Request-ID: busy-1\r\n\r\n")
             status, headers, body = _read_response(sock)
         assert status == 503, body
-        assert headers["retry-after"] == "1"
+        assert headers["retry-after"] == "1" and headers["x-request-id"] == "busy-1"
+        access = [r for r in caplog.records if r.name == "dpicl.access"]
+        assert any(
+            getattr(r, "request_id", None) == "busy-1" and getattr(r, "status", None) == 503
+            for r in access
+        ), [r.__dict__ for r in access]
+        assert _metric("dpicl_refusals_total", **labels) == before + 1
         err = _error(body)
         assert err["code"] == "server_busy"
         assert "2 connections" in err["message"] and "DPICL_MAX_CONNECTIONS" in err["message"]

@@ -250,13 +250,21 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if limit is None or (len(self.connections) <= limit and len(self.tasks) < limit):
             super().on_headers_complete()
             return
-        log.warning("refused a request: DPICL_MAX_CONNECTIONS (%d) reached", limit)
+        # Answered as the head's refusals are: the caller's X-Request-ID, an access-log
+        # line and the metrics (the app, whose middleware would, is not reached).
+        rid = self._request_id()
+        error = ServerBusy(
+            f"the server holds its limit of {limit} connections (DPICL_MAX_CONNECTIONS); "
+            "retry shortly"
+        )
+        log.warning("refused a request: %s", error.message, extra={"request_id": rid})
         app = self.app
-        self.app = _busy_app(limit)
+        self.app = _busy_app(error, rid)
         try:
             super().on_headers_complete()
         finally:
             self.app = app
+        self._log_refusal(error, rid)
 
     # Refusals
 
@@ -393,17 +401,13 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self.transport.close()
 
 
-def _busy_app(limit: int) -> Any:
+def _busy_app(error: ServerBusy, rid: str) -> Any:
     async def busy(scope: Scope, receive: Receive, send: Send) -> None:
-        error = ServerBusy(
-            f"the server holds its limit of {limit} connections (DPICL_MAX_CONNECTIONS); "
-            "retry shortly"
-        )
         response = error_response(
             error.status_code,
             error.code,
             error.message,
-            headers={"Connection": "close", "Retry-After": "1"},
+            headers={"Connection": "close", "Retry-After": "1", "X-Request-ID": rid},
         )
         await response(scope, receive, send)
 
