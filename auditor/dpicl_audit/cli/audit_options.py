@@ -31,11 +31,13 @@ from dpicl_audit.cli.flags import (
     Flag,
     own_flag,
     parse_floats,
+    parse_probes,
     parse_strings,
     plan_flag,
     shared_flag,
 )
 from dpicl_audit.plan import (
+    ALL_PROBES,
     Attack,
     Calibration,
     CanaryKind,
@@ -234,6 +236,14 @@ def size_flags() -> list[Flag]:
         ),
         plan_flag("confidence", float | None, "confidence", "e.g. 0.95"),
         shared_flag("split", SplitOpt, "split"),
+        own_flag(
+            "probes",
+            str | None,
+            "probes",
+            f"Audits beside the trials ({', '.join(ALL_PROBES)}): comma-separated, or "
+            "none. (default: all)",
+            parse=parse_probes,
+        ),
         plan_flag("seed", int | None, "seed", "Seed of the auditor's choices."),
         plan_flag("position", int | None, "neighbour.position", "Canary position in C1."),
         plan_flag(

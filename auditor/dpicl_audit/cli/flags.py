@@ -85,6 +85,12 @@ def parse_strings(text: str | None) -> list[str] | None:
     return [x.strip() for x in text.split(",") if x.strip()]
 
 
+def parse_probes(text: str | None) -> list[str] | None:
+    """``--probes``: names, comma-separated (the plan checks them), or ``none``."""
+    names = parse_strings(text)
+    return [] if names == ["none"] else names
+
+
 #: Commands that show a flag; the others hide it (``--trials-from`` is ``run``'s only).
 BOTH = ("run", "bootstrap")
 

@@ -226,6 +226,11 @@ def print_results(results: Mapping[str, Any], console: Console | None = None) ->
         ok = section.get("status") == "ok"
         colour = "green" if ok else "yellow" if adds is None else "bold red"
         console.print(f"[{colour}]{name}: {section.get('message', '')}[/{colour}]")
+    if run.probes_left_out:
+        console.print(
+            f"[yellow]left out by the plan (--probes): {', '.join(run.probes_left_out)}; the "
+            "run could not have seen what they see[/yellow]"
+        )
     console.print(
         f"{results.get('queries', 0)} queries, {results.get('llm_calls', 0)} LLM calls, "
         f"{_fmt(results.get('wall_time_s'), 1)} s wall time"

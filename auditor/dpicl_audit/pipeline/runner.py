@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -28,7 +28,9 @@ from dpicl_audit.pipeline.progress import ProgressSink, open_progress
 from dpicl_audit.pipeline.results import finish_run
 from dpicl_audit.pipeline.run_context import RunContext
 from dpicl_audit.pipeline.trials import TrialExecutor
+from dpicl_audit.plan import ALL_PROBES
 from dpicl_audit.planning.schedule import CLEAN_SETTING, clean_worlds, context_slots, trial_worlds
+from dpicl_audit.results import RunResult
 from dpicl_audit.store import ContextRecord
 
 __all__ = ["AuditRunner"]
@@ -66,27 +68,9 @@ class AuditRunner:
             await self.trials.flush()
             t0 = time.monotonic()
             estimated = await asyncio.to_thread(estimate_run, run.store, run.run_id)
-            # The ledger audited from outside (planning.ledger), where the mechanism can.
-            ledger = await run.mechanism.audit_ledger(run.target, run.design, run.plan)
-            if ledger is not None:
-                estimated = replace(estimated, ledger=ledger)
-            # The reported calibration at the epsilons the plan does not audit.
-            scanned = await run.mechanism.audit_calibration(run.target, run.design, run.plan)
-            if scanned is not None:
-                estimated = estimated.updated(calibration=scanned)
-            # What a client controls, varied (planning.parameters), where the mechanism can.
-            swept = await run.mechanism.audit_parameters(run.target, run.design, run.plan)
-            if swept is not None:
-                estimated = estimated.updated(parameters=swept)
-            # Every route's whole response and max_tokens (planning.surface), where it can.
-            if run.kind == "run" and run.plan.threat_model == "black-box":
-                surface = await run.mechanism.audit_surface(run.target, run.design, run.plan)
-                if surface is not None:
-                    estimated = estimated.updated(surface=surface)
-                # The noise's tails, which the trials' mid-range rates do not see.
-                tails = await run.mechanism.audit_tails(run.target, run.design, run.plan)
-                if tails is not None:
-                    estimated = estimated.updated(tails=tails)
+            # The audits from outside the plan asks for (plan.probes), where the mechanism
+            # has them; a probe left out is said in the results, not silently missing.
+            estimated = await self._audit_from_outside(estimated)
             run.store.add_usage(run.run_id, wall_time_s=time.monotonic() - t0)
             results = finish_run(run.store, run.run_id, estimated)
         except AuditError as exc:
@@ -118,6 +102,32 @@ class AuditRunner:
         if design is not run.design:
             run.design = design  # the contexts and the trials read it from the run
             run.store.update_run(run.run_id, design=design.to_json())
+
+    async def _audit_from_outside(self, estimated: RunResult) -> RunResult:
+        """The run's results with its audits from outside (results.PROBES), one after the
+        other (each alone leaves the client and the server busy: measured no faster at
+        once), those of ``plan.probes`` that the mechanism has; ``probes_left_out`` names
+        those the plan left out. Only a black-box run probes the surface and the tails."""
+        run = self.run_ctx
+        m, args, wanted = run.mechanism, (run.target, run.design, run.plan), run.plan.probes
+        if "ledger" in wanted:  # planning.ledger
+            ledger = await m.audit_ledger(*args)
+            if ledger is not None:
+                estimated = replace(estimated, ledger=ledger)
+        probes: dict[str, Callable[..., Awaitable[Mapping[str, Any] | None]]] = {
+            "calibration": m.audit_calibration,  # planning.calibration
+            "parameters": m.audit_parameters,  # planning.parameters
+        }
+        if run.kind == "run" and run.plan.threat_model == "black-box":
+            probes["surface"] = m.audit_surface  # planning.surface
+            probes["tails"] = m.audit_tails  # the noise's tails (voting.tails)
+        for name, probe in probes.items():
+            if name in wanted:
+                found = await probe(*args)
+                if found is not None:
+                    estimated = estimated.updated(**{name: found})
+        left_out = [p for p in ALL_PROBES if p not in wanted]
+        return estimated.updated(probes_left_out=left_out) if left_out else estimated
 
     async def _execute_trials(self, progress: ProgressSink) -> None:
         plan = self.run_ctx.plan

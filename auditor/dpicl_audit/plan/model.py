@@ -33,6 +33,7 @@ from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.mechanisms.catalog import mechanism_names, settings_for
 from dpicl_audit.plan.sources import MASK, plan_data_from_sources, public_plan_data
 from dpicl_audit.plan.specs import (
+    ALL_PROBES,
     FROZEN,
     Attack,
     BootstrapSpec,
@@ -42,6 +43,7 @@ from dpicl_audit.plan.specs import (
     MechanismSection,
     MozoSpec,
     NeighbourSpec,
+    Probe,
     Setting,
     TargetSpec,
     ThreatModel,
@@ -88,6 +90,11 @@ class AuditPlan(BaseModel):
     bootstrap: BootstrapSpec = Field(default_factory=BootstrapSpec)
     generation: GenerationSpec = Field(default_factory=GenerationSpec)
     mozo: MozoSpec = Field(default_factory=MozoSpec)
+    probes: tuple[Probe, ...] = Field(
+        default=ALL_PROBES,
+        description="The audits from outside beside the trials (default all; each costs its "
+        "own answers: docs/auditing.md, 'What a default audit costs').",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -112,6 +119,14 @@ class AuditPlan(BaseModel):
         if v.startswith("hf:") and not v[3:].strip():
             raise ValueError(f"hf: datasets need a name after the prefix, got {v!r}")
         return v
+
+    @field_validator("probes")
+    @classmethod
+    def _probes(cls, v: tuple[Probe, ...]) -> tuple[Probe, ...]:
+        twice = sorted({p for p in v if v.count(p) > 1})
+        if twice:
+            raise ValueError(f"probes names {twice} more than once")
+        return tuple(p for p in ALL_PROBES if p in v)  # one order, whatever was typed
 
     @field_validator("confidence")
     @classmethod

@@ -25,6 +25,7 @@ from dpicl_audit.mechanisms.settings import Calibration, MechanismSettings
 from dpicl_audit.prompts import SIGNAL_PAIRS
 
 __all__ = [
+    "ALL_PROBES",
     "FROZEN",
     "Attack",
     "BootstrapSpec",
@@ -37,6 +38,7 @@ __all__ = [
     "MechanismSettings",
     "MozoSpec",
     "NeighbourSpec",
+    "Probe",
     "RdpAttack",
     "Setting",
     "TargetApi",
@@ -71,6 +73,11 @@ VotingDesign = Literal["auto", "paper", "pivotal", "identical"]
 #: Which surface the audit queries go through: dpicl's own routes, or the OpenAI-compatible
 #: chat completions (any OpenAI-compatible DP-ICL endpoint, with a context hook).
 TargetApi = Literal["native", "openai"]
+#: The audits from outside a run makes beside its trials (docs/auditing.md; the results'
+#: sections of dpicl_audit.results.run.PROBES): the ledger, the calibration scan, the
+#: client's parameters varied, every route's whole response, the noise's tails.
+Probe = Literal["ledger", "calibration", "parameters", "surface", "tails"]
+ALL_PROBES: tuple[Probe, ...] = ("ledger", "calibration", "parameters", "surface", "tails")
 
 
 def _named(data: Any) -> Any:

@@ -40,6 +40,12 @@ def probes_html(runs: Sequence[RunData]) -> str:
                 f"</td><td class='{_e(status)}'>{_e(status)}</td><td>{decides}</td>"
                 f"<td class=wrap>{_e(section.get('message', ''))}</td></tr>"
             )
+        rows += [
+            f"<tr><td>{_e(rd.label)}</td><td title='{_e(WHAT.get(name, ''))}'>{_e(name)}</td>"
+            "<td class=inconclusive>left out</td><td>no</td><td class=wrap>the plan left it "
+            "out (--probes): the run could not have seen what it sees</td></tr>"
+            for name in rd.results.probes_left_out
+        ]
     if not rows:
         return ""
     what = "; ".join(f"<b>{_e(k)}</b>: {_e(v)}" for k, v in WHAT.items())

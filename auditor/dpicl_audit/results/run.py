@@ -89,6 +89,12 @@ class RunResult(Record):
         family = self.extra.get("family")
         return family.get("size") if isinstance(family, Mapping) else None
 
+    @property
+    def probes_left_out(self) -> list[str]:
+        """The audits from outside the run's plan left out (``--probes``): the run could not
+        have seen what they see."""
+        return [str(p) for p in self.extra.get("probes_left_out") or []]
+
     def verdicts(self) -> list[Verdict]:
         """Every verdict of the run's settings."""
         return [v for s in self.settings for v in s.verdicts()]
