@@ -22,7 +22,7 @@ from tests.auditor.test_runner import _plan, _server_missing, oracle_server
 
 
 def test_the_plan_names_the_probes_the_results_know() -> None:
-    assert ALL_PROBES == tuple(PROBES)  # one list, in one order
+    assert tuple(PROBES) == ALL_PROBES  # one list, in one order
     assert _plan().probes == ALL_PROBES  # the default: every one
     typed = _plan(probes=["tails", "ledger"]).probes
     assert typed == ("ledger", "tails")  # the one order, whatever was typed
