@@ -5,6 +5,7 @@ see), against the real app (oracle engine, in process)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -51,11 +52,14 @@ async def test_a_plan_that_leaves_probes_out_runs_only_the_others(tmp_path: Path
     assert [name for name, _, _ in run.probes()] == ["ledger", "tails"]
     assert all(name not in res for name in ("calibration", "parameters", "surface"))
     assert res["probes_left_out"] == ["calibration", "parameters", "surface"]
+    assert sorted(run.probe_wall_time_s) == ["ledger", "tails"]  # what each cost
     console = Console(record=True, width=300)
     print_results(res, console)
     said = console.export_text()
     assert "left out by the plan (--probes): calibration, parameters, surface" in said
+    assert re.search(r"^tails \(\d+\.\d s\): both labels released", said, re.M), said
     page = write_report(res["run_id"], db, tmp_path / "report").read_text()
     outside = page[page.index("<h2>From outside</h2>") :]
     for name in ("calibration", "parameters", "surface"):
         assert f"{name}</td><td class=inconclusive>left out</td>" in outside
+    assert re.search(r"tails</td><td class='ok'>ok</td><td>no</td><td>\d+\.\d</td>", outside)

@@ -222,10 +222,12 @@ def print_results(results: Mapping[str, Any], console: Console | None = None) ->
                 f"{_fmt(eps.get('two_cut'))} [{style}]{'' if found is None else found.message}"
                 f"[/{style}]"
             )
+    took = run.probe_wall_time_s
     for name, section, adds in run.probes():  # the audits from outside (results.PROBES)
         ok = section.get("status") == "ok"
         colour = "green" if ok else "yellow" if adds is None else "bold red"
-        console.print(f"[{colour}]{name}: {section.get('message', '')}[/{colour}]")
+        when = f" ({took[name]:.1f} s)" if name in took else ""
+        console.print(f"[{colour}]{name}{when}: {section.get('message', '')}[/{colour}]")
     if run.probes_left_out:
         console.print(
             f"[yellow]left out by the plan (--probes): {', '.join(run.probes_left_out)}; the "

@@ -106,28 +106,36 @@ class AuditRunner:
     async def _audit_from_outside(self, estimated: RunResult) -> RunResult:
         """The run's results with its audits from outside (results.PROBES), one after the
         other (each alone leaves the client and the server busy: measured no faster at
-        once), those of ``plan.probes`` that the mechanism has; ``probes_left_out`` names
-        those the plan left out. Only a black-box run probes the surface and the tails."""
+        once), those of ``plan.probes`` that the mechanism has, each one's wall seconds
+        under ``probe_wall_time_s``; ``probes_left_out`` names those the plan left out.
+        Only a black-box run probes the surface and the tails."""
         run = self.run_ctx
         m, args, wanted = run.mechanism, (run.target, run.design, run.plan), run.plan.probes
-        if "ledger" in wanted:  # planning.ledger
-            ledger = await m.audit_ledger(*args)
-            if ledger is not None:
-                estimated = replace(estimated, ledger=ledger)
         probes: dict[str, Callable[..., Awaitable[Mapping[str, Any] | None]]] = {
+            "ledger": m.audit_ledger,  # planning.ledger
             "calibration": m.audit_calibration,  # planning.calibration
             "parameters": m.audit_parameters,  # planning.parameters
         }
         if run.kind == "run" and run.plan.threat_model == "black-box":
             probes["surface"] = m.audit_surface  # planning.surface
             probes["tails"] = m.audit_tails  # the noise's tails (voting.tails)
+        seconds: dict[str, float] = {}
         for name, probe in probes.items():
-            if name in wanted:
-                found = await probe(*args)
-                if found is not None:
-                    estimated = estimated.updated(**{name: found})
+            if name not in wanted:
+                continue
+            t0 = time.monotonic()
+            found = await probe(*args)
+            if found is None:
+                continue
+            seconds[name] = round(time.monotonic() - t0, 3)
+            if name == "ledger":
+                estimated = replace(estimated, ledger=found)
+            else:
+                estimated = estimated.updated(**{name: found})
         left_out = [p for p in ALL_PROBES if p not in wanted]
-        return estimated.updated(probes_left_out=left_out) if left_out else estimated
+        if left_out:
+            estimated = estimated.updated(probes_left_out=left_out)
+        return estimated.updated(probe_wall_time_s=seconds) if seconds else estimated
 
     async def _execute_trials(self, progress: ProgressSink) -> None:
         plan = self.run_ctx.plan

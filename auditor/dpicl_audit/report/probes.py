@@ -32,18 +32,20 @@ def probes_html(runs: Sequence[RunData]) -> str:
     """``<h2>From outside</h2>``: one row per audit from outside of each run."""
     rows = []
     for rd in runs:
+        took = rd.results.probe_wall_time_s
         for name, section, adds in rd.results.probes():
             status = str(section.get("status", ""))
             decides = "yes" if adds is not None else "no"
+            secs = f"{took[name]:.1f}" if name in took else "-"
             rows.append(
                 f"<tr><td>{_e(rd.label)}</td><td title='{_e(WHAT.get(name, ''))}'>{_e(name)}"
                 f"</td><td class='{_e(status)}'>{_e(status)}</td><td>{decides}</td>"
-                f"<td class=wrap>{_e(section.get('message', ''))}</td></tr>"
+                f"<td>{secs}</td><td class=wrap>{_e(section.get('message', ''))}</td></tr>"
             )
         rows += [
             f"<tr><td>{_e(rd.label)}</td><td title='{_e(WHAT.get(name, ''))}'>{_e(name)}</td>"
-            "<td class=inconclusive>left out</td><td>no</td><td class=wrap>the plan left it "
-            "out (--probes): the run could not have seen what it sees</td></tr>"
+            "<td class=inconclusive>left out</td><td>no</td><td>-</td><td class=wrap>the plan "
+            "left it out (--probes): the run could not have seen what it sees</td></tr>"
             for name in rd.results.probes_left_out
         ]
     if not rows:
@@ -54,5 +56,5 @@ def probes_html(runs: Sequence[RunData]) -> str:
         f"API-only client: {what}. A finding here sets the run's verdict and exit code as a "
         "setting's does (<i>flags</i>); ok, unchecked and refused probes do not.</p>"
         "<div class=scroll><table><tr><th>run</th><th>probe</th><th>status</th>"
-        f"<th>flags</th><th>message</th></tr>{''.join(rows)}</table></div>"
+        f"<th>flags</th><th>s</th><th>message</th></tr>{''.join(rows)}</table></div>"
     )

@@ -90,6 +90,12 @@ class RunResult(Record):
         return family.get("size") if isinstance(family, Mapping) else None
 
     @property
+    def probe_wall_time_s(self) -> dict[str, float]:
+        """Each audit from outside's wall seconds (empty where the run did not time them)."""
+        found = self.extra.get("probe_wall_time_s")
+        return {str(k): float(v) for k, v in found.items()} if isinstance(found, Mapping) else {}
+
+    @property
     def probes_left_out(self) -> list[str]:
         """The audits from outside the run's plan left out (``--probes``): the run could not
         have seen what they see."""
