@@ -79,8 +79,8 @@ class AuditPlan(BaseModel):
         default=DEFAULT_SELECTION_FRACTION,
         gt=0.0,
         lt=1.0,
-        description="White-box: share of trials used to choose the threshold (0.2, chosen by "
-        "measured power: docs/auditing.md).",
+        description="White-box: share of trials used to choose the threshold (0.5: 0.2 has "
+        "more power on continuous scores, less on a bootstrap's tied ones; docs/auditing.md).",
     )
     seed: int = Field(default=0, ge=0, lt=2**63, description="Seeds the auditor's own choices.")
     concurrency: int = Field(default=8, ge=1, le=1024)
