@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import replace
 from typing import Any
 
 from dpicl_audit.errors import AuditError, TargetUnavailable
@@ -128,10 +127,7 @@ class AuditRunner:
             if found is None:
                 continue
             seconds[name] = round(time.monotonic() - t0, 3)
-            if name == "ledger":
-                estimated = replace(estimated, ledger=found)
-            else:
-                estimated = estimated.updated(**{name: found})
+            estimated = estimated.updated(**{name: found})  # the ledger's typed field too
         left_out = [p for p in ALL_PROBES if p not in wanted]
         if left_out:
             estimated = estimated.updated(probes_left_out=left_out)

@@ -117,7 +117,7 @@ class RunResult(Record):
         section as stored, and the status it adds to the run's (None: it adds none)."""
         out = []
         for name, deciding in PROBES.items():
-            found = self.ledger if name == "ledger" else self.extra.get(name)
+            found = self.get(name)  # the ledger's typed field, the others' extra
             if isinstance(found, Mapping) and found:
                 out.append((name, found, deciding.get(str(found.get("status")))))
         return out
