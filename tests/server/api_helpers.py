@@ -63,9 +63,9 @@ def make_client(
     **settings: Any,
 ) -> TestClient:
     settings.setdefault("allow_unbudgeted", True)
+    settings.setdefault("database_url", f"sqlite:///{tmp_path / 'dpicl.db'}")
     s = Settings(
         engine="oracle",
-        database_url=f"sqlite:///{tmp_path / 'dpicl.db'}",
         admin_token=ADMIN,
         api_keys=[USER],
         whitebox=whitebox,  # type: ignore[arg-type]

@@ -323,7 +323,8 @@ def inference_cases(context_id: str) -> list[Case]:
             "max_tokens",
             path="/v1/generate",
         ),
-        Case("NUL in path id", "GET", "/v1/contexts/ctx_%00", 404, "context_id"),
+        # Refused by the path parameter's schema (issue 47), before any lookup.
+        Case("NUL in path id", "GET", "/v1/contexts/ctx_%00", 422, "context_id"),
         # the listing's page size and cursor
         Case("list limit 0", "GET", "/v1/contexts?limit=0", 422, "limit"),
         Case("list limit 1e9", "GET", "/v1/contexts?limit=1000000000", 422, "limit"),

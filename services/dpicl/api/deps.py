@@ -17,7 +17,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from dpicl.config import Settings
@@ -201,6 +201,46 @@ async def load_context(
     if ctx is None or not principal.reaches(ctx.id, ctx.tenant):
         raise NotFound(f"no context with id {context_id[:80]!r}", param="context_id")
     return ctx
+
+
+#: What an id, cursor or name in a URL may hold: printable ASCII without spaces. Every id
+#: and cursor this server issues is of that form; anything else (NUL, a control character,
+#: bytes that are not UTF-8, which arrive as U+FFFD) is refused here, by the schema, before
+#: any route can hand it to the database (PostgreSQL refuses NUL in text with an error the
+#: store would count as its own failure, issue 47).
+URL_TOKEN_PATTERN = r"^[!-~]+$"
+#: Longer than any id or cursor this server issues (a context cursor has 45 characters).
+MAX_URL_TOKEN_CHARS = 200
+
+
+def _path(description: str) -> Any:
+    return Path(
+        description=description,
+        min_length=1,
+        max_length=MAX_URL_TOKEN_CHARS,
+        pattern=URL_TOKEN_PATTERN,
+    )
+
+
+#: A context id in a path (``/v1/contexts/{context_id}``); one of the right form that names
+#: no context is a 404 (:func:`load_context`).
+ContextIdPath = Annotated[str, _path("A context id (ctx_ and 24 hex digits).")]
+#: A key id in a path (``/v1/keys/{key_id}``).
+KeyIdPath = Annotated[str, _path("A key id (key_ and 24 hex digits).")]
+#: A model (a context id) in a path of the OpenAI surface (``/v1/models/{model}``).
+ModelPath = Annotated[str, _path("A context id.")]
+
+
+def cursor_query(description: str, **schema: Any) -> Any:
+    """A page cursor in the query string, checked like every URL token (None: the first
+    page); ``schema``: more of its published schema (a pattern the route checks itself)."""
+    return Query(
+        description=description,
+        json_schema_extra=schema or None,
+        min_length=1,
+        max_length=MAX_URL_TOKEN_CHARS,
+        pattern=URL_TOKEN_PATTERN,
+    )
 
 
 Admin = Depends(require_admin)

@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from dpicl.api.deps import URL_TOKEN_PATTERN
 from dpicl.api.openai.errors import is_openai_path, openai_error_response
 from dpicl.domain import NO_NUL, NONBLANK_NO_NUL
 from dpicl.errors import DpiclError, PayloadTooLarge, RateLimited
@@ -57,6 +58,8 @@ _TEXT_PATTERNS = {
     NONBLANK_NO_NUL: "must contain a visible character (not only whitespace, control or "
     "invisible characters such as U+200B ZERO WIDTH SPACE) and no NUL",
     NO_NUL: "must not contain NUL (U+0000)",
+    URL_TOKEN_PATTERN: "must be printable ASCII without spaces, as every id and cursor this "
+    "server issues is",
 }
 
 

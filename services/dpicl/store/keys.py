@@ -20,6 +20,7 @@ request was in flight cannot be charged either.
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -43,6 +44,16 @@ def new_secret() -> str:
 
 def new_key_id() -> str:
     return "key_" + secrets.token_hex(12)
+
+
+#: The form of every id :func:`new_key_id` makes.
+KEY_ID_PATTERN = r"^key_[0-9a-f]{24}$"
+_KEY_ID = re.compile(KEY_ID_PATTERN)
+
+
+def is_key_id(value: str) -> bool:
+    """Whether ``value`` has the form of a key id (anything else is never looked up)."""
+    return _KEY_ID.fullmatch(value) is not None
 
 
 def secret_hash(secret: str) -> str:

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
-from dpicl.api.deps import Caller, Svc, only_query_params
+from dpicl.api.deps import Caller, ModelPath, Svc, only_query_params
 from dpicl.api.disconnect import unless_disconnected
 from dpicl.api.openai.protocol import ChatCompletionRequest, CompletionRequest, OpenAIRequest
 from dpicl.api.openai.responses import ChatCompletion, Model, ModelList, TextCompletion
@@ -88,7 +88,7 @@ async def list_models(
 
 
 @router.get("/models/{model}", response_model=Model)
-async def get_model(model: str, svc: Svc, caller: Caller) -> Model:
+async def get_model(model: ModelPath, svc: Svc, caller: Caller) -> Model:
     """One context as an OpenAI model."""
     return await one_model(model, svc, caller)
 

@@ -6,7 +6,15 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response, status
 
-from dpicl.api.deps import Admin, Caller, Svc, load_context, only_query_params
+from dpicl.api.deps import (
+    Admin,
+    Caller,
+    ContextIdPath,
+    Svc,
+    cursor_query,
+    load_context,
+    only_query_params,
+)
 from dpicl.api.schemas import (
     ContextInfo,
     ContextList,
@@ -91,11 +99,9 @@ async def list_contexts(
     ] = DEFAULT_LIST_LIMIT,
     cursor: Annotated[
         str | None,
-        Query(
-            max_length=200,
-            # In the schema only: decode_cursor's 422 says more than a pattern mismatch.
-            json_schema_extra={"pattern": CURSOR_PATTERN},
-            description="The `next` of the previous page; omit for the first.",
+        # The form in the schema only: decode_cursor's 422 says more than a mismatch.
+        cursor_query(
+            "The `next` of the previous page; omit for the first.", pattern=CURSOR_PATTERN
         ),
     ] = None,
 ) -> ContextList:
@@ -117,7 +123,7 @@ async def list_contexts(
     responses={404: {"model": ErrorResponse}},
     dependencies=[Admin],
 )
-async def get(context_id: str, svc: Svc) -> ContextInfo:
+async def get(context_id: ContextIdPath, svc: Svc) -> ContextInfo:
     """One context's metadata and the budget it has spent (never its exemplars)."""
     return _info(await load_context(context_id, svc, ADMIN))
 
@@ -134,7 +140,7 @@ MAX_SPEND_ROWS = 1000
     dependencies=[Admin],
 )
 async def spend(
-    context_id: str,
+    context_id: ContextIdPath,
     svc: Svc,
     recent: Annotated[
         int, Query(ge=0, le=MAX_SPEND_ROWS, description="Newest spend rows to return.")
@@ -152,7 +158,7 @@ async def spend(
     responses={404: {"model": ErrorResponse}},
     dependencies=[Admin],
 )
-async def delete(context_id: str, svc: Svc) -> Response:
+async def delete(context_id: ContextIdPath, svc: Svc) -> Response:
     """Delete a context and its ledger."""
     if not is_context_id(context_id) or not await svc.repo.delete(context_id):
         raise NotFound(f"no context with id {context_id[:80]!r}", param="context_id")

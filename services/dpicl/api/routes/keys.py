@@ -7,13 +7,15 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response, status
 
-from dpicl.api.deps import Admin, Svc, only_query_params
+from dpicl.api.deps import Admin, KeyIdPath, Svc, cursor_query, only_query_params
 from dpicl.api.schemas import ErrorResponse
 from dpicl.api.spend_schemas import KeyCreated, KeyInfo, KeyList, KeySpec
-from dpicl.errors import ConfigurationError, NotFound
+from dpicl.errors import ConfigurationError, InvalidRequest, NotFound
 from dpicl.privacy.accounting import budget_mu2
 from dpicl.store.keys import (
+    KEY_ID_PATTERN,
     insert_key,
+    is_key_id,
     list_keys,
     new_key_id,
     new_secret,
@@ -85,10 +87,18 @@ async def get_keys(
     ] = DEFAULT_KEY_LIMIT,
     after: Annotated[
         str | None,
-        Query(max_length=40, description="The `next` of the previous page; omit for the first."),
+        cursor_query(
+            "The `next` of the previous page; omit for the first.", pattern=KEY_ID_PATTERN
+        ),
     ] = None,
 ) -> KeyList:
     """List keys in id order, a page at a time, with what each spent (never a secret)."""
+    if after is not None and not is_key_id(after):
+        raise InvalidRequest(
+            f"after={after[:80]!r} is not a key id (key_ and 24 hex digits): pass the `next` "
+            "of the previous page",
+            param="after",
+        )
     keys, last = await svc.repo.run(
         lambda conn: list_keys(conn, include_revoked=revoked, limit=limit, after=after)
     )
@@ -98,8 +108,11 @@ async def get_keys(
 @router.delete(
     "/{key_id}", status_code=status.HTTP_204_NO_CONTENT, responses={404: {"model": ErrorResponse}}
 )
-async def delete_key(key_id: str, svc: Svc) -> Response:
+async def delete_key(key_id: KeyIdPath, svc: Svc) -> Response:
     """Revoke a key: every server process refuses it from now on."""
-    if not await svc.repo.run(lambda conn: revoke_key(conn, key_id[:40]), write=True):
+    # An id no key can have is not looked up (nor sent to the database).
+    if not is_key_id(key_id) or not await svc.repo.run(
+        lambda conn: revoke_key(conn, key_id), write=True
+    ):
         raise NotFound(f"no live key with id {key_id[:80]!r}", param="key_id")
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -14,7 +14,7 @@ from typing import Annotated
 from fastapi import APIRouter, Request, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 
-from dpicl.api.deps import Admin, Svc, load_context
+from dpicl.api.deps import Admin, ContextIdPath, Svc, load_context
 from dpicl.api.schemas import BudgetInfo, ContextInfo, CostInfo, ErrorResponse
 from dpicl.domain import (
     MAX_NAME_CHARS,
@@ -94,7 +94,7 @@ def _check_inputs(req: SynthesizeRequest, most: int, limit: int) -> None:
     dependencies=[Admin],
 )
 async def synthesize_context(
-    context_id: str, req: SynthesizeRequest, svc: Svc, request: Request
+    context_id: ContextIdPath, req: SynthesizeRequest, svc: Svc, request: Request
 ) -> SynthesizeResponse | Response:
     """DPS-MOZO offline mode: DP outputs for public inputs, stored as a free-to-serve context."""
     _check_inputs(req, svc.settings.max_synthesize_inputs, svc.settings.max_query_chars)
