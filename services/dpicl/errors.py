@@ -18,12 +18,16 @@ one stable ``code`` in the single error shape ``{"error": {"code", "message", "p
     ├── UriTooLong                  414 uri_too_long
     ├── HeadersTooLarge             431 headers_too_large
     ├── RateLimited                 429 rate_limited      (a key's rate limit; Retry-After)
-    ├── EngineError                 503 engine_unavailable (nothing was charged)
+    ├── EngineError                 503 engine_unavailable (nothing was charged; Retry-After:
+    │                                   the engine's restart backoff)
     ├── StorageUnavailable          503 storage_unavailable (the database failed or timed
-    │                                   out; nothing was charged)
+    │                                   out; nothing was charged; Retry-After: the storage
+    │                                   deadline, DPICL_DB_TIMEOUT_S)
     └── ServerBusy                  503 server_busy       (DPICL_MAX_CONNECTIONS reached)
 
 Messages name the value that is wrong; ``param`` is its dotted path in the request body.
+An error that waiting can cure carries ``retry_after_s`` (``Retry-After``); where the raiser
+does not know it, the API fills it in (:mod:`dpicl.api.errors`).
 """
 
 from __future__ import annotations
@@ -35,10 +39,14 @@ class DpiclError(Exception):
     status_code: int = 500
     code: str = "internal_error"
 
-    def __init__(self, message: str, *, param: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, param: str | None = None, retry_after_s: int | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
+        #: Seconds after which a retry may succeed (``Retry-After``); None: not said here.
+        self.retry_after_s = retry_after_s
 
 
 class InvalidRequest(DpiclError):
@@ -128,5 +136,4 @@ class RateLimited(DpiclError):
     code = "rate_limited"
 
     def __init__(self, message: str, *, retry_after_s: int, param: str | None = None) -> None:
-        super().__init__(message, param=param)
-        self.retry_after_s = retry_after_s
+        super().__init__(message, param=param, retry_after_s=retry_after_s)

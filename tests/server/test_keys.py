@@ -118,6 +118,7 @@ def test_scope_budget_revocation_and_spend_in_process(tmp_path: Path) -> None:
         assert _ask(c, mine, h).status_code == 200
         r = _ask(c, mine, h)
         assert r.status_code == 402 and "own privacy budget" in r.json()["error"]["message"]
+        assert r.json()["error"]["param"] == "authorization"  # the key's, not the context's
         assert _ask(c, mine, user_headers()).status_code == 200  # the context still answers
         spend = c.get(f"/v1/contexts/{mine}/spend", headers=admin_headers()).json()
         totals = {t["key_id"]: t for t in spend["by_key"]}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import traceback
 from typing import Any
 
@@ -16,7 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from dpicl.api.deps import URL_TOKEN_PATTERN
 from dpicl.api.openai.errors import is_openai_path, openai_error_response
 from dpicl.domain import NO_NUL, NONBLANK_NO_NUL
-from dpicl.errors import DpiclError, PayloadTooLarge, RateLimited
+from dpicl.errors import DpiclError, EngineError, PayloadTooLarge, StorageUnavailable
 from dpicl.metrics import note_refusal
 
 log = logging.getLogger("dpicl.api")
@@ -165,14 +166,34 @@ def out_of_memory() -> JSONResponse:
     return error_response(503, "server_busy", OUT_OF_MEMORY, headers={"Retry-After": "1"})
 
 
+def retry_after_s(app: Any, exc: DpiclError) -> int | None:
+    """When a retry of what ``exc`` refused may succeed, in whole seconds (``Retry-After``),
+    or None (waiting cures nothing). The raiser's figure where it gave one; else, for a
+    storage failure, the storage deadline (DPICL_DB_TIMEOUT_S: a locked or frozen database
+    is given up on after it, so a retry sooner meets the same wait); for an engine failure,
+    the time left before the engine's next restart (its backoff, :meth:`retry_after_s` of an
+    engine that restarts) or 1 s."""
+    if exc.retry_after_s is not None:
+        return max(1, exc.retry_after_s)
+    services = getattr(getattr(app, "state", None), "services", None)
+    if isinstance(exc, StorageUnavailable):
+        timeout = services.settings.db_timeout_s if services is not None else 5.0
+        return max(1, math.ceil(timeout))
+    if isinstance(exc, EngineError):
+        hint = getattr(getattr(services, "engine", None), "retry_after_s", None)
+        return max(1, math.ceil(hint())) if callable(hint) else 1
+    return None
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(DpiclError)
     async def _dpicl(request: Request, exc: DpiclError) -> JSONResponse:
         headers: dict[str, str] | None = None
         if exc.status_code == 401:
             headers = {"WWW-Authenticate": "Bearer"}
-        elif isinstance(exc, RateLimited):
-            headers = {"Retry-After": str(exc.retry_after_s)}
+        retry = retry_after_s(request.app, exc)
+        if retry is not None:
+            headers = (headers or {}) | {"Retry-After": str(retry)}
         return error_response(
             exc.status_code, exc.code, exc.message, exc.param, headers, path=request.url.path
         )

@@ -181,9 +181,12 @@ class Ledger:
             await self._wait_settlement_after(seen)
         await self._repo.record_refusal(req)
         if out.reason == "key_budget":
+            # The key's budget, not the context's: the value at fault is the key, which the
+            # Authorization header carries (another context would be refused the same).
             raise BudgetExhausted(
-                f"key {p.key_id} cannot afford another answer: its own privacy budget is exhausted",
-                param="context_id",
+                f"key {p.key_id} cannot afford another answer: its own privacy budget is "
+                "exhausted (every context it queries draws on it; the context's may have more)",
+                param="authorization",
             )
         if await self._repo.get(context.id) is None:
             raise NotFound(f"no context with id {context.id!r}", param="context_id")
