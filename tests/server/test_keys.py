@@ -232,7 +232,7 @@ def test_a_database_at_0002_keeps_its_contexts_ledgers_and_static_keys(tmp_path:
         version = conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar()
         mu2 = conn.execute(sa.text("SELECT mu2_spent FROM dpicl_contexts")).scalar()
     eng.dispose()
-    assert version == head() == "0004"
+    assert version == head() == "0005"
     assert mu2 is not None and mu2 > 0.25
 
 

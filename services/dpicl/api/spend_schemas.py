@@ -53,7 +53,8 @@ class KeySpec(BaseModel):
         "like a context's (mu^2 of the Gaussian mechanisms); null: none.",
     )
     rate_limit: Annotated[int, Field(ge=1, le=MAX_RATE_LIMIT), JsonNumber] | None = Field(
-        default=None, description="Answers per minute (one-minute window); null: none."
+        default=None,
+        description="At most this many answers in any 60 s (a sliding window); null: none.",
     )
 
 

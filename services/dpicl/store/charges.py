@@ -3,8 +3,9 @@
 A query is admitted only if, in ONE transaction,
 
 1. the key's row (a database key) takes it: not revoked, its own budget
-   (``mu2_spent + mu2 <= mu2_max * slack``) and its rate window (fewer than ``rate_limit``
-   answers in the current minute) allow it; one conditional UPDATE;
+   (``mu2_spent + mu2 <= mu2_max * slack``); one conditional UPDATE, which also locks the row;
+   then, for a key with a rate limit, its window: fewer than ``rate_limit`` answers in the
+   last 60 s of its log (:data:`RATE_WINDOW_US`), and this answer's entry in it;
 2. the context's row takes it: the context's conditional UPDATE (:data:`CHARGE`);
 3. a spend row records it (``answered``).
 
@@ -16,15 +17,22 @@ context's, always in that order (a refund too), so two charges cannot deadlock. 
 number of server processes on one database can overspend either budget or exceed the rate
 limit.
 
-The rate limit is a fixed one-minute window counted in the key's row, the window read from
-the *database's* clock (so servers whose clocks differ still share one window). A client may
-get up to twice the limit across a window boundary (the end of one minute and the start of
-the next); within any one window it gets at most the limit. Refused requests are not counted.
+The rate limit is a sliding window (issue 47; it was a fixed window on the clock minute, which
+let up to twice the limit through around a minute's end): at most ``rate_limit`` answers in
+ANY 60 s, a burst of all of them included. Each admitted answer of a rate-limited key logs
+its time (``dpicl_rate_events``), read from the *database's* clock, so servers whose clocks
+differ share one window. The window is counted after the key's UPDATE has locked the key's
+row, in a statement of its own: on PostgreSQL (read committed) that statement sees every
+entry committed by the transactions that held the lock before, so two processes cannot both
+take the last place; SQLite has one writer. A refusal's ``Retry-After`` is when the oldest
+entry leaves the window (an answer is admitted then, unless another client of the key
+takes the place first). Refused requests are not logged; a refunded answer keeps its entry
+(it held a place in the window while it ran).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, cast
@@ -33,10 +41,11 @@ from sqlalchemy import (
     BigInteger,
     Connection,
     Float,
-    Integer,
     Table,
     bindparam,
     case,
+    delete,
+    func,
     insert,
     literal_column,
     select,
@@ -47,11 +56,12 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.elements import BindParameter, ColumnElement
 
 from dpicl.store.keys import Principal
-from dpicl.store.models import ContextRow, KeyRow, SpendRow
+from dpicl.store.models import ContextRow, KeyRow, RateEventRow, SpendRow
 
 _CTX = cast(Table, ContextRow.__table__)
 _KEYS = cast(Table, KeyRow.__table__)
 _SPEND = cast(Table, SpendRow.__table__)
+_RATE = cast(Table, RateEventRow.__table__)
 _MU2 = bindparam("mu2", type_=Float)
 
 #: The charge, built once: bound parameters only, so every request reuses one compiled
@@ -93,7 +103,8 @@ class Charged:
 
 @dataclass(frozen=True, slots=True)
 class Refused:
-    """Nothing was charged. ``retry_after_s``: for ``rate``, the seconds left in the window."""
+    """Nothing was charged. ``retry_after_s``: for ``rate``, the seconds until the key's
+    oldest answer in the window leaves it."""
 
     reason: RefusalReason
     retry_after_s: int = 0
@@ -107,27 +118,38 @@ class Rollback(Exception):
         self.refused = refused
 
 
-def _clock(backend: str, per: int) -> ColumnElement[Any]:
-    """The database's clock in whole units of ``per`` seconds since the epoch: stable within
-    a statement (SQLite's 'now' is fixed per statement, PostgreSQL's statement_timestamp()
-    too) and shared by every server process."""
+#: The rate limit's window: ``rate_limit`` answers in any this many microseconds.
+RATE_WINDOW_US = 60_000_000
+
+
+def _now_us(backend: str) -> ColumnElement[Any]:
+    """The database's clock in microseconds since the epoch: fixed within a statement
+    (PostgreSQL's statement_timestamp(); SQLite's 'now', to the millisecond) and shared by
+    every server process."""
     if backend == "postgresql":
         return literal_column(
-            f"CAST(floor(extract(epoch from statement_timestamp()) / {per}) AS BIGINT)",
+            "CAST(floor(extract(epoch from statement_timestamp()) * 1000000) AS BIGINT)",
             BigInteger,
         )
-    return literal_column(f"(CAST(strftime('%s', 'now') AS INTEGER) / {per})", Integer)
+    return literal_column(
+        "CAST(round((julianday('now') - 2440587.5) * 86400000000.0) AS INTEGER)", BigInteger
+    )
 
 
 class ChargeStatements:
     """The statements of a charge and a refund for one back end, built once."""
 
     def __init__(
-        self, backend: str, context_charge: Any = CHARGE, context_refund: Any = REFUND
+        self,
+        backend: str,
+        context_charge: Any = CHARGE,
+        context_refund: Any = REFUND,
+        *,
+        clock: Callable[[], float] | None = None,
     ) -> None:
+        """``clock``: seconds since the epoch for the rate window, in place of the
+        database's clock (tests set the instant of each charge)."""
         k = _KEYS.c
-        now_s = _clock(backend, 1)
-        window = _clock(backend, 60)
         self.context_charge = context_charge
         self.context_refund = context_refund
         self.key_charge = (
@@ -137,28 +159,30 @@ class ChargeStatements:
                 k.revoked_at.is_(None),
                 k.mu2_max.is_(None)
                 | (k.mu2_spent + _MU2 <= k.mu2_max * bindparam("slack", type_=Float)),
-                k.rate_limit.is_(None)
-                | k.rate_window.is_(None)
-                | (k.rate_window != window)
-                | (k.rate_count < k.rate_limit),
             )
             # Every right-hand side reads the row as it was before this UPDATE.
-            .values(
-                mu2_spent=k.mu2_spent + _MU2,
-                queries=k.queries + 1,
-                rate_window=window,
-                rate_count=case((k.rate_window == window, k.rate_count + 1), else_=1),
-            )
-            .returning(k.id)
+            .values(mu2_spent=k.mu2_spent + _MU2, queries=k.queries + 1)
+            .returning(k.id, k.rate_limit)
         )
-        self.key_state = select(
-            k.revoked_at,
-            k.rate_limit,
-            k.rate_window,
-            k.rate_count,
-            window.label("window"),
-            now_s.label("now_s"),
-        ).where(k.id == bindparam("kid"))
+        self.key_state = select(k.revoked_at).where(k.id == bindparam("kid"))
+        # The clock is read once per charge, by the window's count, and bound after that:
+        # the entry logged is the instant that was counted.
+        self.clock = clock
+        now = bindparam("now_us", type_=BigInteger) if clock is not None else _now_us(backend)
+        e = _RATE.c
+        in_window = (e.key_id == bindparam("kid")) & (e.at_us > now - RATE_WINDOW_US)
+        self.rate_window = select(
+            now.label("now_us"),
+            select(func.count()).where(in_window).scalar_subquery().label("n"),
+            select(func.min(e.at_us)).where(in_window).scalar_subquery().label("oldest"),
+        )
+        self.rate_log = insert(_RATE).values(
+            key_id=bindparam("kid"), at_us=bindparam("at_us", type_=BigInteger)
+        )
+        self.rate_prune = delete(_RATE).where(
+            e.key_id == bindparam("kid"),
+            e.at_us <= bindparam("at_us", type_=BigInteger) - RATE_WINDOW_US,
+        )
         self.key_refund = (
             update(_KEYS)
             .where(k.id == bindparam("kid"))
@@ -201,14 +225,24 @@ def _why_key_refused(conn: Connection, st: ChargeStatements, kid: str) -> Refuse
     row = conn.execute(st.key_state, {"kid": kid}).first()
     if row is None or row.revoked_at is not None:
         return Refused("revoked")
-    if (
-        row.rate_limit is not None
-        and row.rate_window is not None
-        and int(row.rate_window) == int(row.window)
-        and int(row.rate_count) >= int(row.rate_limit)
-    ):
-        return Refused("rate", retry_after_s=max(1, 60 - int(row.now_s) % 60))
     return Refused("key_budget")
+
+
+def _take_rate_place(conn: Connection, st: ChargeStatements, kid: str, limit: int) -> None:
+    """Log this answer in the key's window, or :class:`Rollback` when the last 60 s hold
+    ``limit`` answers already. Runs after the key's UPDATE locked its row (module
+    docstring: why that makes it atomic across processes)."""
+    params: dict[str, Any] = {"kid": kid}
+    if st.clock is not None:
+        params["now_us"] = round(st.clock() * 1e6)
+    row = conn.execute(st.rate_window, params).one()
+    now_us = int(row.now_us)
+    if int(row.n) >= limit:
+        # Free when the oldest entry leaves the window: at oldest + window exactly.
+        wait_us = int(row.oldest) + RATE_WINDOW_US - now_us
+        raise Rollback(Refused("rate", retry_after_s=max(1, -(-wait_us // 1_000_000))))
+    conn.execute(st.rate_prune, {"kid": kid, "at_us": now_us})
+    conn.execute(st.rate_log, {"kid": kid, "at_us": now_us})
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,8 +261,11 @@ def _admit(conn: Connection, st: ChargeStatements, req: ChargeRequest) -> Any:
     p = req.principal
     if p.stored:
         params = {"kid": p.key_id, "mu2": req.mu2, "slack": req.slack}
-        if conn.execute(st.key_charge, params).first() is None:
+        key = conn.execute(st.key_charge, params).first()
+        if key is None:
             raise Rollback(_why_key_refused(conn, st, p.key_id))
+        if key.rate_limit is not None:
+            _take_rate_place(conn, st, p.key_id, int(key.rate_limit))
     row = conn.execute(
         st.context_charge, {"cid": req.context_id, "mu2": req.mu2, "slack": req.slack}
     ).first()

@@ -71,8 +71,9 @@ class KeyRow(Base):
     mu2_spent: Mapped[float] = mapped_column(Float, default=0.0)
     mu2_max: Mapped[float | None] = mapped_column(Float)
     queries: Mapped[int] = mapped_column(Integer, default=0)
-    # Fixed one-minute window counter: the window (minutes since the epoch, the database's
-    # clock) and the answers admitted in it.
+    # Answers in any 60 s (the log: RateEventRow). rate_window and rate_count held the fixed
+    # clock-minute window before migration 0005; unused since (kept: dropping columns
+    # would break servers of the previous version during a rolling upgrade).
     rate_limit: Mapped[int | None] = mapped_column(Integer)
     rate_window: Mapped[int | None] = mapped_column(BigInteger)
     rate_count: Mapped[int] = mapped_column(Integer, default=0)
@@ -101,3 +102,17 @@ class SpendRow(Base):
         Index("ix_dpicl_spend_context_id_id", "context_id", "id"),
         Index("ix_dpicl_spend_key_id", "key_id"),
     )
+
+
+class RateEventRow(Base):
+    """One answer admitted under a key's rate limit, at the database's clock (microseconds
+    since the epoch): the sliding window's log. A key keeps at most ``rate_limit`` rows
+    younger than the window; older ones are deleted by the charges that follow."""
+
+    __tablename__ = "dpicl_rate_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    key_id: Mapped[str] = mapped_column(String(40))
+    at_us: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (Index("ix_dpicl_rate_events_key_id_at_us", "key_id", "at_us"),)

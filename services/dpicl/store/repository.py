@@ -139,7 +139,10 @@ class ContextRepository:
         cache_bytes: int = 64 * 2**20,
         serialize_sqlite_writes: bool = True,
         group_commit_s: float = 0.0,
+        rate_clock: Callable[[], float] | None = None,
     ) -> None:
+        """``rate_clock``: the rate limit's clock (seconds since the epoch) in place of the
+        database's (tests)."""
         self.db = Database(
             url,
             timeout_s=timeout_s,
@@ -150,7 +153,7 @@ class ContextRepository:
         self.engine = self.db.engine
         self._rtol = rtol
         self.cache = ContextCache(cache_bytes)
-        self._charges = ChargeStatements(self.db.backend)
+        self._charges = ChargeStatements(self.db.backend, clock=rate_clock)
         backend = self.db.backend
         self._lookups = {
             (ex, tn): _lookup(backend, exemplars=ex, tenant=tn)
