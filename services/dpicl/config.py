@@ -54,6 +54,18 @@ class Settings(BaseSettings):
     # (whose engine core has a process of its own); "on": its own process (transformers or
     # the oracle); "off": the server's process.
     engine_process: Literal["auto", "on", "off"] = "auto"
+    # The engine process is supervised (issue 47): when it dies it is started again after
+    # a backoff that begins at engine_restart_backoff_s and doubles with each restart that
+    # fails, up to engine_restart_backoff_max_s (a model that cannot load is not retried in
+    # a tight loop). /livez fails after engine_restart_failures_live restarts in a row have
+    # failed, so that the orchestrator replaces the pod; until then /readyz says 503.
+    engine_restart_backoff_s: float = Field(default=1.0, gt=0, le=600)
+    engine_restart_backoff_max_s: float = Field(default=30.0, gt=0, le=3600)
+    engine_restart_failures_live: int = Field(default=5, ge=1, le=1000)
+    # A label-scoring call of more prompts than this (a voting answer of T partitions) is
+    # sent to the engine process in chunks of this many, one after another: a request whose
+    # client left stops between chunks instead of computing all T (issue 47). 0: one call.
+    engine_chunk_prompts: int = Field(default=8, ge=0, le=65_536)
     cache_dir: Path = Path.home() / ".cache" / "dpicl"
     # SecretStr: a repr or a log of the settings shows "**********", never a token.
     admin_token: SecretStr | None = None

@@ -109,6 +109,17 @@ QUEUE_WAIT_SECONDS = Histogram(
     ["batcher"],
     buckets=_LATENCY,
 )
+ENGINE_RESTARTS = Counter(
+    "dpicl_engine_restarts",
+    "Restarts of the engine process by the server's supervisor, by why it had stopped "
+    "(exit code N, signal NAME) and how the restart went (ok, failed).",
+    ["reason", "outcome"],
+)
+ENGINE_UP = Gauge(
+    "dpicl_engine_up",
+    "1 while the engine (its process, when it has one) answers; 0 while it is down or restarting.",
+    multiprocess_mode="livemin",
+)
 ENGINE_REQUESTS_WAITING = Gauge(
     "dpicl_engine_requests_waiting",
     "Engine jobs queued in a micro-batcher for the next batch (with the engine in a process "

@@ -67,3 +67,20 @@ def test_engine_unavailable_without_restarts_says_one_second(tmp_path: Path) -> 
         cid = c.post("/v1/contexts", json=voting_context(), headers=admin_headers()).json()["id"]
         r = c.post("/v1/classify", json={"context_id": cid, "query": "q"}, headers=user_headers())
         assert r.status_code == 503 and r.headers["Retry-After"] == "1", r.text
+
+
+def test_livez_fails_only_when_restarts_keep_failing(tmp_path: Path) -> None:
+    class Failing(OracleEngine):
+        why: str | None = None
+
+        def not_alive(self) -> str | None:
+            return self.why
+
+    engine = Failing()
+    with make_client(tmp_path, engine=engine) as c:
+        assert c.get("/livez").status_code == 200
+        engine.why = "the engine process has failed to restart 5 times in a row"
+        r = c.get("/livez")
+        assert (r.status_code, r.json()["error"]["code"]) == (503, "engine_unavailable")
+        assert "5 times in a row" in r.json()["error"]["message"]
+        assert c.get("/healthz").status_code == 200  # the process itself answers

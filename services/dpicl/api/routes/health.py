@@ -52,10 +52,26 @@ async def healthz(svc: Svc) -> Health:
     return _health(svc)
 
 
-@router.get("/livez", response_model=Health)
-@router.head("/livez", response_model=Health, operation_id="livez_head")
+_NOT_LIVE: dict[int | str, dict[str, object]] = {
+    503: {
+        "model": ErrorResponse,
+        "description": "the engine process's restarts keep failing (DPICL_ENGINE_RESTART_"
+        "FAILURES_LIVE in a row): replace the server",
+    }
+}
+
+
+@router.get("/livez", response_model=Health, responses=_NOT_LIVE)
+@router.head("/livez", response_model=Health, responses=_NOT_LIVE, operation_id="livez_head")
 async def livez(svc: Svc) -> Health:
-    """Liveness: the process is up and its event loop answers (touches nothing else)."""
+    """Liveness: the event loop answers and the engine's restarts are not failing."""
+    # A dead engine process is restarted by its supervisor (engine_unavailable, /readyz
+    # 503, meanwhile); only restarts that keep failing are something a new pod may cure
+    # (issue 47: with /livez always 200, nobody restarted a server whose engine was gone).
+    why = getattr(svc.engine, "not_alive", None)
+    reason = why() if callable(why) else None
+    if reason:
+        raise EngineError(reason)
     return _health(svc)
 
 
