@@ -47,7 +47,7 @@ class Settings(BaseSettings):
     # "dummy": the model built from its config.json with random weights (vLLM's name), for
     # capacity planning; never the default, and /readyz and the start-up log say so.
     load_format: LoadFormat = "auto"
-    # Where the engine runs (engines/process.py). torch releases and re-takes the
+    # Where the engine runs (engines/process/engine.py). torch releases and re-takes the
     # interpreter lock on every operation, so any Python work beside it in one process (the
     # event loop serving HTTP) stalls the model (DESIGN.md 3). "auto": its own process for
     # the transformers engine, the server's process for the oracle simulator and for vLLM
@@ -127,7 +127,7 @@ class Settings(BaseSettings):
     # tells whether it loads); None: at start for a language-model engine, on first use
     # for the oracle simulator (its tests seldom need one).
     preload_embedder: bool | None = None
-    # The vLLM engine (DPICL_ENGINE=vllm; engines/vllm.py). None: vLLM's platform default.
+    # The vLLM engine (DPICL_ENGINE=vllm; engines/vllm/engine.py). None: vLLM's platform default.
     vllm_block_size: int = Field(default=32, gt=0, description="Prefix-cache block (tokens).")
     vllm_prefix_caching: bool = True
     vllm_gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)

@@ -23,10 +23,10 @@ from pydantic import ValidationError
 
 from dpicl.config import Settings
 from dpicl.engines.base import GenerationParams, PromptSpec
-from dpicl.engines.oracle import OracleEngine
+from dpicl.engines.oracle.engine import OracleEngine
 from dpicl.engines.placement import CPU_PREFIX_CACHE_MIB, auto_prefix_cache_mib, resolve_dtype
-from dpicl.engines.process import EngineSpec, ProcessEngine, error_of, wire_error
-from dpicl.engines.transformers import TransformersEngine
+from dpicl.engines.process.engine import EngineSpec, ProcessEngine, error_of, wire_error
+from dpicl.engines.transformers.engine import TransformersEngine
 from dpicl.engines.tuning import EngineTuning
 from dpicl.errors import EngineError, InvalidRequest, UnsupportedParameter
 from tests.conftest import admin_headers, user_headers
@@ -306,7 +306,7 @@ async def test_the_bundled_model_scores_alike_in_its_process_and_here() -> None:
 
 
 def test_vllm_takes_the_dtype_and_load_format_settings() -> None:
-    from dpicl.engines.vllm import VllmOptions
+    from dpicl.engines.vllm.engine import VllmOptions
 
     auto = VllmOptions.from_settings(Settings(engine="vllm"))
     assert (auto.dtype, auto.load_format) == (None, "auto")  # vLLM's own choice

