@@ -40,7 +40,10 @@ class Settings(BaseSettings):
     embedder: str | None = Field(
         default=None, description="sentence-transformers directory; None is bundled MiniLM."
     )
-    device: str = "cpu"
+    # torch device of the transformers engine and the embedder (engines/placement.py): auto
+    # is the CUDA GPU where torch sees one, the CPU otherwise (logged at start, and /readyz
+    # shows the device chosen beside this setting); or cpu, cuda, cuda:1, ...
+    device: str = "auto"
     # The weights' dtype (engines/placement.py): auto is bfloat16 on a CUDA device that has
     # it, float16 on one that has not, float32 on the CPU. Loaded straight onto the device.
     dtype: DTypeName = "auto"

@@ -232,12 +232,13 @@ class ProcessEngine:
             raise error_of(value)
         engine = cls(ours, conn, proc, value)
         log.info(
-            "engine process %d serves %s (%s, dtype %s) on %s",
+            "engine process %d serves %s (%s, dtype %s) on %s%s",
             value.pid,
             value.model,
             value.name,
             value.dtype,
             value.device,
+            " (DPICL_DEVICE=auto: chosen automatically)" if spec.device == "auto" else "",
         )
         return engine
 

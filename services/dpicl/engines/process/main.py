@@ -92,7 +92,8 @@ def _info(engine: Engine, spec: EngineSpec) -> EngineInfo:
         name=engine.name,
         model=engine.model,
         is_simulator=engine.is_simulator,
-        device=str(getattr(engine, "device", spec.device)),
+        # An engine without a device (the oracle) runs on the CPU where DPICL_DEVICE=auto.
+        device=str(getattr(engine, "device", "cpu" if spec.device == "auto" else spec.device)),
         dtype=getattr(engine, "dtype", None),
         load_format=str(getattr(engine, "load_format", spec.load_format)),
         threads=getattr(engine, "threads", None),
