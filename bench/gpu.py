@@ -216,7 +216,7 @@ def random_llama_dir(shape: dict[str, Any], tokenizer_from: Path, root: Path) ->
 def transformers_engine(
     model_dir: Path, device: str, random_weights: bool, *, cache: bool = True
 ) -> Engine:
-    from dpicl.engines.transformers import TransformersEngine
+    from dpicl.engines.transformers.engine import TransformersEngine
     from dpicl.engines.tuning import EngineTuning
 
     # The served defaults, or the same with the prefix cache off (the labelled row).
@@ -236,7 +236,7 @@ def transformers_engine(
 
 
 def vllm_engine(model_dir: Path, random_weights: bool, eager: bool) -> Engine:
-    from dpicl.engines.vllm import VllmEngine, VllmOptions
+    from dpicl.engines.vllm.engine import VllmEngine, VllmOptions
 
     return VllmEngine.load(
         model_dir,
@@ -284,11 +284,11 @@ FULL = {"models": "bundled,8b", "concurrency": "1,16,64", "queries": 64, "reps":
 SMOKE = {"models": "8b", "concurrency": "1,4", "queries": 8, "reps": 2}
 #: --served: the engine rows beside the served ones, at the served levels.
 SERVED = {"models": "8b", "concurrency": "1,16,64,128", "queries": 64, "reps": 2}
-#: The modules a run of each engine imports (dpicl.engines.vllm imports vLLM's lazily).
+#: The modules a run of each engine imports (dpicl.engines.vllm.engine imports vLLM's lazily).
 IMPORTS = {
-    "transformers": ("dpicl.engines.transformers", "transformers"),
+    "transformers": ("dpicl.engines.transformers.engine", "transformers"),
     "vllm": (
-        "dpicl.engines.vllm",
+        "dpicl.engines.vllm.engine",
         "vllm",
         "vllm.engine.arg_utils",
         "vllm.v1.engine.async_llm",

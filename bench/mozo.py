@@ -32,7 +32,7 @@ import numpy as np
 
 from dpicl.engines.base import Engine, Exemplar, PromptSpec
 from dpicl.engines.factory import build_engine
-from dpicl.engines.transformers import TransformersEngine
+from dpicl.engines.transformers.engine import TransformersEngine
 from dpicl.mechanisms.dps_mozo.calibration import calibrate_beta
 from dpicl.mechanisms.dps_mozo.pipeline import mozo_decode
 from dpicl.prompts import render

@@ -38,7 +38,7 @@ import torch
 
 from dpicl.engines.factory import build_engine
 from dpicl.engines.threads import usable_cores
-from dpicl.engines.transformers import TransformersEngine
+from dpicl.engines.transformers.engine import TransformersEngine
 from dpicl.mechanisms.voting.pipeline import run_voting
 from dpicl.privacy.ledger import Ledger
 from voting_setup import CACHE_DIR, news_context, query, temp_repo
@@ -84,8 +84,9 @@ async def compare(
             for _ in range(reps):
                 for c in counts:
                     # The engine's own plan, which it applies in the thread that runs the
-                    # model (engines/runner.py): torch.set_num_threads here, in this thread,
-                    # would leave a worker thread that already ran the model at its count.
+                    # model (engines/transformers/runner.py): torch.set_num_threads here, in
+                    # this thread, would leave a worker thread that already ran the model at
+                    # its count.
                     assert engine.threads is not None
                     engine.threads = replace(engine.threads, intra=c)
                     w, u, n = await timed(fn)

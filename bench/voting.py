@@ -44,8 +44,8 @@ import torch
 from dpicl.contexts import cost_of
 from dpicl.engines.base import GenerationParams
 from dpicl.engines.factory import build_engine
-from dpicl.engines.transformers import TransformersEngine
-from dpicl.engines.transformers_generation import sample
+from dpicl.engines.transformers.engine import TransformersEngine
+from dpicl.engines.transformers.generation import sample
 from dpicl.engines.tuning import EngineTuning
 from dpicl.mechanisms.voting.pipeline import VotingCalibration, run_voting
 from dpicl.mechanisms.voting.release import private_vote

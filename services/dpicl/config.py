@@ -40,14 +40,17 @@ class Settings(BaseSettings):
     embedder: str | None = Field(
         default=None, description="sentence-transformers directory; None is bundled MiniLM."
     )
-    device: str = "cpu"
+    # torch device of the transformers engine and the embedder (engines/placement.py): auto
+    # is the CUDA GPU where torch sees one, the CPU otherwise (logged at start, and /readyz
+    # shows the device chosen beside this setting); or cpu, cuda, cuda:1, ...
+    device: str = "auto"
     # The weights' dtype (engines/placement.py): auto is bfloat16 on a CUDA device that has
     # it, float16 on one that has not, float32 on the CPU. Loaded straight onto the device.
     dtype: DTypeName = "auto"
     # "dummy": the model built from its config.json with random weights (vLLM's name), for
     # capacity planning; never the default, and /readyz and the start-up log say so.
     load_format: LoadFormat = "auto"
-    # Where the engine runs (engines/process.py). torch releases and re-takes the
+    # Where the engine runs (engines/process/engine.py). torch releases and re-takes the
     # interpreter lock on every operation, so any Python work beside it in one process (the
     # event loop serving HTTP) stalls the model (DESIGN.md 3). "auto": its own process for
     # the transformers engine, the server's process for the oracle simulator and for vLLM
@@ -139,7 +142,7 @@ class Settings(BaseSettings):
     # tells whether it loads); None: at start for a language-model engine, on first use
     # for the oracle simulator (its tests seldom need one).
     preload_embedder: bool | None = None
-    # The vLLM engine (DPICL_ENGINE=vllm; engines/vllm.py). None: vLLM's platform default.
+    # The vLLM engine (DPICL_ENGINE=vllm; engines/vllm/engine.py). None: vLLM's platform default.
     vllm_block_size: int = Field(default=32, gt=0, description="Prefix-cache block (tokens).")
     vllm_prefix_caching: bool = True
     vllm_gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from dpicl.engines.base import PromptSpec, StepLogits
-from dpicl.engines.oracle import OracleEngine
+from dpicl.engines.oracle.engine import OracleEngine
 
 DELAY = 0.1
 WARNING = f"TEST ENGINE: oracle decoding slowed to {DELAY} s a token, end-of-sequence never chosen"

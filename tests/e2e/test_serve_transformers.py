@@ -45,6 +45,8 @@ def test_classify_with_real_model_over_http(start_server: Any, tmp_path: Any) ->
     # on the CPU (DPICL_DTYPE=auto), from the bundled weights.
     assert ready["engine_pid"] not in (None, ready["pid"])
     assert (ready["device"], ready["dtype"], ready["load_format"]) == ("cpu", "float32", "auto")
+    # DPICL_DEVICE=auto (the default) chose the CPU: torch sees no GPU here.
+    assert ready["device_setting"] == os.environ.get("DPICL_DEVICE", "auto")
     health = httpx.get(f"{srv.url}/healthz").json()
     assert health["engine"] == "transformers" and health["simulator"] is False
     assert "SmolLM2" in health["model"] or "smollm2" in health["model"].lower()

@@ -23,7 +23,7 @@ import torch
 
 from dpicl.contexts import create_context
 from dpicl.engines.base import GenerationParams, PromptSpec
-from dpicl.engines.transformers import TransformersEngine
+from dpicl.engines.transformers.engine import TransformersEngine
 from dpicl.engines.tuning import EngineTuning
 from dpicl.pipelines.partitions import partition_prompts
 from dpicl.spec import ContextSpec

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from dpicl.engines.models import DEFAULT_CACHE_DIR, resolve_llm
-from dpicl.engines.transformers import TransformersEngine
+from dpicl.engines.transformers.engine import TransformersEngine
 
 __all__ = ["CACHE_DIR", "TEST_DEVICE", "cpu_only", "load_bundled"]
 

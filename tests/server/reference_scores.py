@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from dpicl.engines.base import PromptSpec
-from dpicl.engines.transformers import TransformersEngine
+from dpicl.engines.transformers.engine import TransformersEngine
 
 __all__ = ["whole_prompt_scores"]
 

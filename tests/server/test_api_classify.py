@@ -11,7 +11,7 @@ import pytest
 from scipy import stats
 
 from dpicl.engines.base import DecodingSession, GenerationParams, PromptSpec
-from dpicl.engines.oracle import OracleEngine
+from dpicl.engines.oracle.engine import OracleEngine
 from dpicl.errors import EngineError
 from dpicl.privacy.accounting import gaussian_mu2
 from dpicl.privacy.calibration import gaussian_epsilon

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 from dpicl.config import Settings
-from dpicl.engines.oracle import OracleEngine
+from dpicl.engines.oracle.engine import OracleEngine
 from tests.conftest import admin_headers
 from tests.server.api_helpers import make_client
 from tests.server.test_api_mozo import create, mozo_context

@@ -1,7 +1,7 @@
 """The transformers engine never shares a computed prefix between contexts in one batch.
 
 The micro-batchers merge the calls of concurrent requests, so one forward may hold the
-prompts of several contexts. Before the fix, :func:`dpicl.engines.transformers_past.
+prompts of several contexts. Before the fix, :func:`dpicl.engines.transformers.past.
 shared_past` encoded the common token prefix of *all* the rows of such a batch once and
 copied it to every row (when their prefixes were first cached, and whenever no row had a
 cached prefix). How far one context's exemplars agree with another's then set how much work
@@ -25,11 +25,11 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from dpicl.contexts import create_context
-from dpicl.engines import transformers_past
 from dpicl.engines.base import GenerationParams, PromptSpec
-from dpicl.engines.transformers import TransformersEngine
-from dpicl.engines.transformers_generation import generate_jobs
-from dpicl.engines.transformers_scoring import score_jobs
+from dpicl.engines.transformers import past as transformers_past
+from dpicl.engines.transformers.engine import TransformersEngine
+from dpicl.engines.transformers.generation import generate_jobs
+from dpicl.engines.transformers.scoring import score_jobs
 from dpicl.engines.tuning import EngineTuning
 from dpicl.pipelines.partitions import partition_prompts
 from dpicl.spec import ContextSpec

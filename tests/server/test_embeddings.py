@@ -13,7 +13,7 @@ from dpicl.engines.base import Embedder
 from dpicl.engines.embeddings import SentenceTransformerEmbedder, normalise_rows
 from dpicl.engines.factory import build_embedder, build_engine
 from dpicl.engines.models import bundled_embedder_dir, resolve_embedder
-from dpicl.engines.oracle import OracleEngine
+from dpicl.engines.oracle.engine import OracleEngine
 from dpicl.errors import EngineError
 
 

@@ -1,8 +1,9 @@
-"""The engine in a process of its own (issue 36): placement settings (DPICL_DTYPE,
-DPICL_LOAD_FORMAT, the prefix cache sized to the device), the engine process's protocol
-(answers equal to the same engine in this process, errors that cross as themselves, a dead
-engine that fails calls with 503 and makes /readyz say so, metrics relayed), and a served
-app whose engine answers from another process.
+"""The engine in a process of its own (issue 36): placement settings (DPICL_DEVICE,
+DPICL_DTYPE, DPICL_LOAD_FORMAT, the prefix cache sized to the device), the engine process's
+protocol
+(answers equal to the same engine in this process, errors that cross as themselves, a
+dead engine that fails calls with 503 and makes /readyz say so, metrics relayed), and a
+served app whose engine answers from another process.
 
 The oracle simulator stands in for the engine where the point is the process boundary
 (it starts in seconds); the bundled SmolLM2 where the point is the model's scores."""
@@ -10,10 +11,13 @@ The oracle simulator stands in for the engine where the point is the process bou
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -22,11 +26,17 @@ from prometheus_client import REGISTRY
 from pydantic import ValidationError
 
 from dpicl.config import Settings
+from dpicl.engines import factory
 from dpicl.engines.base import GenerationParams, PromptSpec
-from dpicl.engines.oracle import OracleEngine
-from dpicl.engines.placement import CPU_PREFIX_CACHE_MIB, auto_prefix_cache_mib, resolve_dtype
-from dpicl.engines.process import EngineSpec, ProcessEngine, error_of, wire_error
-from dpicl.engines.transformers import TransformersEngine
+from dpicl.engines.oracle.engine import OracleEngine
+from dpicl.engines.placement import (
+    CPU_PREFIX_CACHE_MIB,
+    auto_prefix_cache_mib,
+    resolve_device,
+    resolve_dtype,
+)
+from dpicl.engines.process.engine import EngineSpec, ProcessEngine, error_of, wire_error
+from dpicl.engines.transformers.engine import TransformersEngine
 from dpicl.engines.tuning import EngineTuning
 from dpicl.errors import EngineError, InvalidRequest, UnsupportedParameter
 from tests.conftest import admin_headers, user_headers
@@ -50,6 +60,44 @@ from tests.server.real_model import CACHE_DIR, load_bundled
 )
 def test_dtype_resolution(setting: str, device: str, bf16: bool, expected: str) -> None:
     assert resolve_dtype(setting, device, bf16_supported=bf16) == expected
+
+
+@pytest.mark.parametrize(("cuda", "expected"), [(True, "cuda"), (False, "cpu")])
+def test_auto_device_is_the_gpu_where_torch_sees_one(
+    monkeypatch: pytest.MonkeyPatch, cuda: bool, expected: str
+) -> None:
+    monkeypatch.delenv("DPICL_DEVICE", raising=False)
+    assert Settings().device == "auto"  # the default (issue 46, item 7)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    assert resolve_device("auto") == expected
+    # A device set stands, whatever torch sees.
+    assert [resolve_device(d) for d in ("cpu", "cuda", "cuda:1")] == ["cpu", "cuda", "cuda:1"]
+
+
+@pytest.mark.parametrize(("cuda", "expected"), [(True, "cuda"), (False, "cpu")])
+def test_the_factory_loads_on_the_device_chosen_and_logs_the_choice(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, cuda: bool, expected: str
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    seen: dict[str, Any] = {}
+
+    def load(path: Any, **kw: Any) -> SimpleNamespace:
+        seen.update(kw)
+        return SimpleNamespace()
+
+    monkeypatch.setattr(TransformersEngine, "load", load)
+    monkeypatch.setattr("dpicl.engines.models.resolve_llm", lambda model, cache_dir: "m")
+    monkeypatch.setattr(factory, "apply_torch_threads", lambda plan: plan)
+    plan = factory.torch_threads_of(1, 1)
+    with caplog.at_level(logging.INFO, logger="dpicl.engines"):
+        factory.build_engine("transformers", tuning=EngineTuning(), threads=plan, device="auto")
+    assert seen["device"] == expected
+    assert f"DPICL_DEVICE=auto: the transformers engine runs on {expected}" in caplog.text
+    assert "chosen automatically" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="dpicl.engines"):
+        factory.build_engine("transformers", tuning=EngineTuning(), threads=plan, device="cpu")
+    assert seen["device"] == "cpu" and "DPICL_DEVICE" not in caplog.text
 
 
 def test_unknown_dtype_is_named() -> None:
@@ -237,9 +285,11 @@ def test_closing_ends_the_engine_process() -> None:
 def test_a_served_app_answers_from_its_engine_process_and_refunds_when_it_dies(
     tmp_path: Path,
 ) -> None:
-    with make_client(tmp_path, engine_process="on") as c:
+    with make_client(tmp_path, engine_process="on", device="auto") as c:
         ready = c.get("/readyz").json()
         assert ready["engine_pid"] not in (None, ready["pid"])
+        # The oracle runs on the CPU, and /readyz says the device was chosen, not set.
+        assert (ready["device"], ready["device_setting"]) == ("cpu", "auto")
         body = voting_context(budget={"epsilon": 10.0, "delta": 1e-4})
         cid = c.post("/v1/contexts", json=body, headers=admin_headers())
         assert cid.status_code == 201, cid.text
@@ -306,7 +356,7 @@ async def test_the_bundled_model_scores_alike_in_its_process_and_here() -> None:
 
 
 def test_vllm_takes_the_dtype_and_load_format_settings() -> None:
-    from dpicl.engines.vllm import VllmOptions
+    from dpicl.engines.vllm.engine import VllmOptions
 
     auto = VllmOptions.from_settings(Settings(engine="vllm"))
     assert (auto.dtype, auto.load_format) == (None, "auto")  # vLLM's own choice

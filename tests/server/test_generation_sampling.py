@@ -1,4 +1,4 @@
-"""The transformers engine's next-token sampler (:func:`dpicl.engines.transformers_generation.
+"""The transformers engine's next-token sampler (:func:`dpicl.engines.transformers.generation.
 sample`) against the softmax it samples from: a chi-square goodness-of-fit test, rejected at
 P_REJECT = 1e-4 (the false-failure rate for a correct sampler; the seeds are fixed, so a
 given build either passes or fails every time)."""
@@ -10,7 +10,7 @@ import pytest
 import torch
 from scipy import stats
 
-from dpicl.engines.transformers_generation import UNUSABLE, sample
+from dpicl.engines.transformers.generation import UNUSABLE, sample
 
 P_REJECT = 1e-4
 

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from dpicl.engines.base import PromptSpec
-from dpicl.engines.oracle import OracleEngine
+from dpicl.engines.oracle.engine import OracleEngine
 from tests.conftest import admin_headers, user_headers
 from tests.server.api_helpers import make_client, voting_context
 from tests.server.hostile_cases import SECRET, Case, context_cases, inference_cases

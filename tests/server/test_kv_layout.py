@@ -1,12 +1,13 @@
-"""The transformers engine's batch layouts (:mod:`dpicl.engines.kv_layout`) against plain
-forwards, on a tiny Llama with random weights (the layouts are model-agnostic tensor
-plumbing; the real-model tests are in test_transformers_engine.py and test_prefix_reuse.py).
+"""The transformers engine's batch layouts (:mod:`dpicl.engines.transformers.kv_layout`)
+against plain forwards, on a tiny Llama with random weights (the layouts are model-agnostic
+tensor plumbing; the real-model tests are in test_transformers_engine.py and
+test_prefix_reuse.py).
 
 The reference scores every (row, label) alone: one forward over prefix + rest + label, no
 padding, no cache, no 4D mask. The layout under test stacks cached prefixes of different
 lengths, left pads rests of different lengths and puts every multi-token label on its own
 branch of one forward. Equal to 1e-5 (float32 rounding) or the layout is wrong; the same
-with the engine's grouped-K/V attention on CPU (:mod:`dpicl.engines.attention`), whose
+with the engine's grouped-K/V attention on CPU (:mod:`dpicl.engines.transformers.attention`), whose
 reference forwards go through transformers' own ``sdpa`` (no mask there).
 """
 
@@ -17,8 +18,8 @@ from typing import Any
 import pytest
 import torch
 
-from dpicl.engines.attention import SHARED_KV_SDPA, use_shared_kv_sdpa
-from dpicl.engines.kv_layout import (
+from dpicl.engines.transformers.attention import SHARED_KV_SDPA, use_shared_kv_sdpa
+from dpicl.engines.transformers.kv_layout import (
     attention_mask_for,
     pack_layers,
     plan_scoring,
@@ -27,7 +28,7 @@ from dpicl.engines.kv_layout import (
     stack_packed,
     stack_prefixes,
 )
-from dpicl.engines.slot_cache import SlotCache
+from dpicl.engines.transformers.slot_cache import SlotCache
 
 VOCAB = 64
 
@@ -235,7 +236,7 @@ def test_attention_mask_forms() -> None:
 
 
 def test_the_engine_refuses_attention_without_dense_masks() -> None:
-    from dpicl.engines.transformers import TransformersEngine
+    from dpicl.engines.transformers.engine import TransformersEngine
     from dpicl.errors import EngineError
 
     model = tiny_llama("sdpa")

@@ -1,4 +1,4 @@
-"""The vocabulary projection in blocks (:mod:`dpicl.engines.lm_head`) against the
+"""The vocabulary projection in blocks (:mod:`dpicl.engines.transformers.lm_head`) against the
 ``nn.Linear`` it replaces: the same products, so equal to float rounding (1e-5 here)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dpicl.engines.lm_head import BlockedLMHead, use_blocked_lm_head
+from dpicl.engines.transformers.lm_head import BlockedLMHead, use_blocked_lm_head
 
 
 @pytest.mark.parametrize("bias", [False, True])

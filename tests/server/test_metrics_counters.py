@@ -11,8 +11,8 @@ from pathlib import Path
 import sqlalchemy as sa
 import torch
 
-from dpicl.engines.batching import MicroBatcher
-from dpicl.engines.prefix_cache import PrefixCache, PrefixEntry
+from dpicl.engines.transformers.batching import MicroBatcher
+from dpicl.engines.transformers.prefix_cache import PrefixCache, PrefixEntry
 from dpicl.metrics import (
     ENGINE_REQUESTS_RUNNING,
     ENGINE_REQUESTS_WAITING,

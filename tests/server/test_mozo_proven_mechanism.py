@@ -188,7 +188,7 @@ CACHE_DIR = Path(os.environ.get("DPICL_CACHE_DIR", str(Path.home() / ".cache" / 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[object]:
     from dpicl.engines.models import resolve_llm
-    from dpicl.engines.transformers import TransformersEngine
+    from dpicl.engines.transformers.engine import TransformersEngine
 
     eng = TransformersEngine.load(resolve_llm(None, CACHE_DIR))
     yield eng

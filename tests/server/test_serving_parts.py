@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from dpicl.config import Settings
 from dpicl.engines.base import Exemplar
-from dpicl.engines.batching import MicroBatcher
-from dpicl.engines.kv_layout import pack_layers
-from dpicl.engines.prefix_cache import PrefixCache, PrefixEntry, prefix_fingerprint
+from dpicl.engines.transformers.batching import MicroBatcher
+from dpicl.engines.transformers.kv_layout import pack_layers
+from dpicl.engines.transformers.prefix_cache import PrefixCache, PrefixEntry, prefix_fingerprint
 from dpicl.engines.tuning import EngineTuning
 from dpicl.errors import InvalidRequest
 from dpicl.prompts import render

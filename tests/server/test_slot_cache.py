@@ -1,6 +1,6 @@
 """The in-place KV cache of warm scoring batches and its reused scratch memory
-(:mod:`dpicl.engines.slot_cache`). The model-level check (a forward on a slot cache scores
-as one plain forward per label) is in test_kv_layout.py; the real-model one in
+(:mod:`dpicl.engines.transformers.slot_cache`). The model-level check (a forward on a slot
+cache scores as one plain forward per label) is in test_kv_layout.py; the real-model one in
 test_prefix_reuse.py."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dpicl.engines.slot_cache import KVWorkspace, SlotCache, SlotLayer, own_slots
+from dpicl.engines.transformers.slot_cache import KVWorkspace, SlotCache, SlotLayer, own_slots
 
 
 def test_a_slot_layer_writes_new_tokens_after_its_past_in_place() -> None:

@@ -26,7 +26,7 @@ PACKAGE = Path(dpicl.__file__).resolve().parent
 
 #: What each lower layer may import from the rest of the package (beside itself).
 LAYERS = {
-    # logging_setup: the engine process (engines/engine_main.py) configures its own logging.
+    # logging_setup: the engine process (engines/process/main.py) configures its own logging.
     "dpicl.engines": {"dpicl.config", "dpicl.errors", "dpicl.metrics", "dpicl.logging_setup"},
     "dpicl.store": {"dpicl.errors", "dpicl.metrics"},
 }
@@ -60,6 +60,22 @@ MECHANISM_FOLDERS = ("dpicl.mechanisms.voting", "dpicl.mechanisms.esa", "dpicl.m
 #: The transformers engine's helpers: they take a model runner, never the engine.
 HELPERS = ("decoding", "generation", "past", "scoring")
 
+#: The engines' folders (one per engine, and the process boundary): each imports the base
+#: files of ``dpicl.engines`` and never another folder.
+ENGINE_FOLDERS = ("transformers", "vllm", "oracle", "process")
+#: The exceptions, each an engine-building edge: the factory selects an engine (and starts
+#: the process); the engine process's entry builds through the factory and relays the
+#: transformers engine's metrics and the oracle's detokeniser.
+ENGINE_FOLDER_EDGES = {
+    ("dpicl.engines.factory", "process"),
+    ("dpicl.engines.factory", "transformers"),
+    ("dpicl.engines.factory", "vllm"),
+    ("dpicl.engines.factory", "oracle"),
+    ("dpicl.engines.process.main", "dpicl.engines.factory"),
+    ("dpicl.engines.process.main", "transformers"),
+    ("dpicl.engines.process.main", "oracle"),
+}
+
 
 def _format(found: list[list[str]]) -> str:
     return "\n".join(" <-> ".join(component) for component in found)
@@ -67,7 +83,9 @@ def _format(found: list[list[str]]) -> str:
 
 def test_no_import_cycles() -> None:
     g = graph(PACKAGE)
-    assert len(g) > 50 and "dpicl.store.repository" in g and "dpicl.engines.runner" in g
+    assert (
+        len(g) > 50 and "dpicl.store.repository" in g and "dpicl.engines.transformers.runner" in g
+    )
     found = cycles(g)
     assert found == [], f"import cycles in services/dpicl:\n{_format(found)}"
 
@@ -149,13 +167,57 @@ def test_engines_and_store_import_only_what_lies_below() -> None:
         assert not outside, f"{layer} imports from above it: {sorted(outside)}"
 
 
+def _engine_folder(module: str) -> str | None:
+    """The engine folder ``module`` lies in, None for a base file of ``dpicl.engines``."""
+    parts = module.split(".")
+    if parts[:2] == ["dpicl", "engines"] and len(parts) >= 3 and parts[2] in ENGINE_FOLDERS:
+        return parts[2]
+    return None
+
+
+def engine_violations(g: dict[str, set[str]]) -> list[str]:
+    """Imports inside ``dpicl.engines`` that go up or sideways: a base file importing a
+    folder, a folder importing another folder or the factory (beside ENGINE_FOLDER_EDGES)."""
+    out = []
+    for a in sorted(m for m in g if m.startswith("dpicl.engines.")):
+        fa = _engine_folder(a)
+        for b in sorted(t for t in g[a] if t.startswith("dpicl.engines.")):
+            fb = _engine_folder(b)
+            up = fb is not None and fb != fa
+            factory = b == "dpicl.engines.factory"
+            if (up or factory) and (a, fb or b) not in ENGINE_FOLDER_EDGES:
+                out.append(f"{a} -> {b}")
+    return out
+
+
+def test_engines_are_folders_over_the_base_files() -> None:
+    # Issue 48, item 6: one folder per engine; the base files (protocols, placement, tuning,
+    # prompting, ...) import no folder, and no folder another.
+    g = graph(PACKAGE)
+    folders = {p.name for p in (PACKAGE / "engines").iterdir() if (p / "__init__.py").exists()}
+    assert folders == set(ENGINE_FOLDERS)
+    assert engine_violations(g) == []
+    # The check can fail: a base file reaching up, one folder reaching into another.
+    assert engine_violations(
+        {
+            "dpicl.engines.tuning": {"dpicl.engines.transformers.runner"},
+            "dpicl.engines.vllm.engine": {"dpicl.engines.transformers.batching"},
+            "dpicl.engines.oracle.engine": {"dpicl.engines.factory"},
+        }
+    ) == [
+        "dpicl.engines.oracle.engine -> dpicl.engines.factory",
+        "dpicl.engines.tuning -> dpicl.engines.transformers.runner",
+        "dpicl.engines.vllm.engine -> dpicl.engines.transformers.batching",
+    ]
+
+
 def test_the_transformers_helpers_never_import_the_engine() -> None:
     g = graph(PACKAGE)
     for helper in HELPERS:
-        imported = g[f"dpicl.engines.transformers_{helper}"]
-        assert "dpicl.engines.transformers" not in imported, helper
+        imported = g[f"dpicl.engines.transformers.{helper}"]
+        assert "dpicl.engines.transformers.engine" not in imported, helper
         if helper != "past":
-            assert "dpicl.engines.runner" in imported, helper
+            assert "dpicl.engines.transformers.runner" in imported, helper
     assert "dpicl.store.repository" not in g["dpicl.store.context_cache"]
 
 

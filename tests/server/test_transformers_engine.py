@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dpicl.engines.attention import SHARED_KV_SDPA
 from dpicl.engines.base import DecodingSession, Engine, GenerationParams, PromptSpec
 from dpicl.engines.models import bundled_llm_gguf, publish_dir, resolve_llm
-from dpicl.engines.transformers import TransformersEngine
+from dpicl.engines.transformers.attention import SHARED_KV_SDPA
+from dpicl.engines.transformers.engine import TransformersEngine
 from dpicl.errors import InvalidRequest
 from tests.server.real_model import CACHE_DIR, TEST_DEVICE, cpu_only, load_bundled
 from tests.server.reference_scores import whole_prompt_scores
@@ -310,8 +310,8 @@ DECODE = [
 async def test_kv_cached_decoding_equals_recompute(
     engine: TransformersEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import dpicl.engines.transformers_decoding as decoding
-    from dpicl.engines.slot_cache import SlotCache, SlotLayer
+    import dpicl.engines.transformers.decoding as decoding
+    from dpicl.engines.transformers.slot_cache import SlotCache, SlotLayer
 
     # Room for 2 generated tokens: the session's slots move (doubling) within the 6 steps.
     monkeypatch.setattr(decoding, "SESSION_ROOM", 2)

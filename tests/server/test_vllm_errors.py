@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from dpicl.engines.vllm import VllmEngine, VllmOptions
+from dpicl.engines.vllm.engine import VllmEngine, VllmOptions
 from dpicl.errors import DpiclError, EngineError, InvalidRequest
 
 SECRET = "Private record 7: customer paid invoice 1007"

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from dpicl.engines.base import GenerationParams, PromptSpec
-from dpicl.engines.oracle import OracleEngine
+from dpicl.engines.oracle.engine import OracleEngine
 from tests.conftest import admin_headers, user_headers
 from tests.server.api_helpers import TOPICS, make_client, voting_context
 

@@ -43,7 +43,7 @@ for key, value in CPU_ENV.items():
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def vllm_engine() -> AsyncIterator[object]:
     from dpicl.engines.models import resolve_llm
-    from dpicl.engines.vllm import VllmEngine, VllmOptions
+    from dpicl.engines.vllm.engine import VllmEngine, VllmOptions
 
     engine = VllmEngine.load(
         resolve_llm(None, CACHE_DIR),
@@ -61,6 +61,6 @@ async def vllm_engine() -> AsyncIterator[object]:
 @pytest.fixture(scope="module")
 def hf_engine() -> object:
     from dpicl.engines.models import resolve_llm
-    from dpicl.engines.transformers import TransformersEngine
+    from dpicl.engines.transformers.engine import TransformersEngine
 
     return TransformersEngine.load(resolve_llm(None, CACHE_DIR), model_name="SmolLM2")

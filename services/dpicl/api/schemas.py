@@ -188,7 +188,18 @@ class Readiness(Health):
         default=1, description="Server processes answering on this port (DPICL_WORKERS)."
     )
     pid: int = Field(description="The process id of the worker that answered.")
-    device: str | None = Field(default=None, description="The engine's device (DPICL_DEVICE).")
+    device: str | None = Field(
+        default=None,
+        description="The engine's device: the one chosen where DPICL_DEVICE is auto.",
+    )
+    device_setting: str = Field(
+        default="auto",
+        description=(
+            "DPICL_DEVICE as set. auto: the device was chosen automatically at start (the "
+            "CUDA GPU where torch sees one, else the CPU; the transformers engine and the "
+            "embedder)."
+        ),
+    )
     dtype: str | None = Field(
         default=None, description="The dtype of the model's weights (DPICL_DTYPE)."
     )

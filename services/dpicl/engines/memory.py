@@ -1,7 +1,7 @@
 """The engine's memory for ``/metrics`` (``dpicl_engine_device_memory_bytes``): on a CUDA
 device what torch allocated and reserved there and the device's total, on the CPU the
 resident memory of the process the engine runs in. Read where the engine runs: the engine
-process relays it (:mod:`dpicl.engines.engine_main`); an engine in the server's process is
+process relays it (:mod:`dpicl.engines.process.main`); an engine in the server's process is
 read when ``/metrics`` is scraped."""
 
 from __future__ import annotations

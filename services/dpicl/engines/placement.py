@@ -1,7 +1,11 @@
-"""Where and how a model's weights live: the dtype they load in (``DPICL_DTYPE``), the
-source of the weights (``DPICL_LOAD_FORMAT``) and the memory the prefix cache may take on the
-device once they are there.
+"""Where and how a model's weights live: the device (``DPICL_DEVICE``), the dtype they load
+in (``DPICL_DTYPE``), the source of the weights (``DPICL_LOAD_FORMAT``) and the memory the
+prefix cache may take on the device once they are there.
 
+* ``auto`` device (the default) is the CUDA GPU where torch sees one, the CPU otherwise. It is
+  resolved where the model loads (in the engine process, which imports torch anyway; the
+  oracle and vLLM never resolve it), logged there, and ``/readyz`` shows the device chosen
+  beside the setting (``device``, ``device_setting``).
 * ``auto`` dtype is bfloat16 on a CUDA device that supports it, float16 on one that does not
   (pre-Ampere), and float32 on the CPU, where half precision is slow or unsupported for the
   kernels the engine uses. A float32 copy of an 8B model is 32 GB; the weights are loaded
@@ -17,13 +21,18 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "AUTO_DEVICE",
     "CPU_PREFIX_CACHE_MIB",
     "CUDA_CACHE_FRACTION",
     "DTYPES",
     "auto_prefix_cache_mib",
     "placement_of",
+    "resolve_device",
     "resolve_dtype",
 ]
+
+#: ``DPICL_DEVICE``'s default: the CUDA GPU where torch sees one, the CPU otherwise.
+AUTO_DEVICE = "auto"
 
 DTYPES: tuple[str, ...] = ("bfloat16", "float16", "float32")
 
@@ -34,6 +43,17 @@ CPU_PREFIX_CACHE_MIB = 256
 #: a GPU. The rest is for activations and the batch's KV layout: a batch of 256 prompts of
 #: 300 tokens on an 8B model lays out about 10 GB of KV.
 CUDA_CACHE_FRACTION = 0.4
+
+
+def resolve_device(setting: str) -> str:
+    """The torch device of ``DPICL_DEVICE=setting``: for ``auto``, ``cuda`` where torch sees a
+    CUDA GPU and ``cpu`` otherwise; any other setting as it is. Imports torch for ``auto``
+    (only where a model loads)."""
+    if setting != AUTO_DEVICE:
+        return setting
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def resolve_dtype(setting: str, device_type: str, *, bf16_supported: bool = True) -> str:

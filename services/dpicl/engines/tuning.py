@@ -34,13 +34,13 @@ class EngineTuning:
     * ``prefix_cache_entries``: at most this many cached prefixes (one per partition).
     * ``kv_workspace_mib``: scratch memory kept between scoring and generation batches for
       laying out their cached prefixes with room for the new tokens
-      (:mod:`dpicl.engines.slot_cache`);
+      (:mod:`dpicl.engines.transformers.slot_cache`);
       a batch that needs more gets memory of its own for that batch (0: every batch does).
       A ten-partition SmolLM2-135M batch needs about 56 MiB.
     * ``batch_wait_ms``: how long the first label-scoring or generation request of a batch
       waits for others to join it. 0 (the default): a batch starts as soon as the engine is
       free, with every request that queued while it was busy (callers of the last batch get
-      a window to rejoin only when this is above 0, see :mod:`dpicl.engines.batching`).
+      a window to rejoin only when this is above 0, see :mod:`dpicl.engines.transformers.batching`).
     * ``batch_max_prompts``: at most this many prompts (rows) per merged batch; 1 turns
       batching across requests off.
     """

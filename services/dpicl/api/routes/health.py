@@ -104,5 +104,6 @@ async def readyz(svc: Svc) -> Readiness:
         omp_wait_policy=os.environ.get("OMP_WAIT_POLICY") or None,
         workers=svc.settings.workers,
         pid=os.getpid(),
+        device_setting=svc.settings.device,
         **placement_of(svc.engine),
     )

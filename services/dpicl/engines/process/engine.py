@@ -11,7 +11,7 @@ convoy. vLLM moved its engine core into a process of its own for this reason, an
 dpicl (DESIGN.md section 3): the server process keeps HTTP, the ledger and the DP maths and
 exchanges prompts and scores with the engine process, which runs nothing but the model.
 
-How. The engine process (:mod:`dpicl.engines.engine_main`, started with the server's own
+How. The engine process (:mod:`dpicl.engines.process.main`, started with the server's own
 interpreter and environment) builds the engine from an :class:`EngineSpec` and answers
 requests over a socket pair: ``(id, op, args)`` in, ``(id, ok, value, metrics)`` out,
 pickled (prompts and labels in; score arrays, texts and DPS-MOZO step logits out). There
@@ -205,7 +205,7 @@ class ProcessEngine:
         ours, theirs = socket.socketpair()
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "dpicl.engines.engine_main", str(theirs.fileno())],
+                [sys.executable, "-m", "dpicl.engines.process.main", str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),),
                 env=env if env is not None else os.environ.copy(),
                 # Its own process group: a Ctrl-C at the terminal reaches the server, which
@@ -232,12 +232,13 @@ class ProcessEngine:
             raise error_of(value)
         engine = cls(ours, conn, proc, value)
         log.info(
-            "engine process %d serves %s (%s, dtype %s) on %s",
+            "engine process %d serves %s (%s, dtype %s) on %s%s",
             value.pid,
             value.model,
             value.name,
             value.dtype,
             value.device,
+            " (DPICL_DEVICE=auto: chosen automatically)" if spec.device == "auto" else "",
         )
         return engine
 

@@ -4,8 +4,8 @@ A session encodes its prompts once, keeps their KV cache, and advances all rows 
 single-token forward per generated token; ``recompute=True`` opens a reference session that
 re-runs the full prompts plus the suffix at every step (no cache); the benchmark
 (``bench/mozo.py``) and the tests compare the two. Sessions never use the per-context prefix
-cache; their KV lives in slots of their own (:func:`~dpicl.engines.slot_cache.own_slots`).
-Every model call runs through the engine's lock (:meth:`~dpicl.engines.runner.ModelRunner.run`).
+cache; their KV lives in slots of their own (:func:`~.slot_cache.own_slots`).
+Every model call runs through the engine's lock (:meth:`~.runner.ModelRunner.run`).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import numpy as np
 import torch
 
 from dpicl.engines.base import PromptSpec, StepLogits
-from dpicl.engines.runner import ModelRunner
-from dpicl.engines.slot_cache import own_slots
-from dpicl.engines.transformers_past import prefill
+from dpicl.engines.transformers.past import prefill
+from dpicl.engines.transformers.runner import ModelRunner
+from dpicl.engines.transformers.slot_cache import own_slots
 from dpicl.errors import EngineError, InvalidRequest
 
 __all__ = ["SESSION_ROOM", "TransformersDecodingSession"]

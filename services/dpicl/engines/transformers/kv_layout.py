@@ -5,7 +5,7 @@
 * :func:`stack_prefixes`: per-row cached prefix KV states of different lengths stacked as
   one batch cache, each left padded to the longest (``[pads][prefix]``, pads masked).
 * :func:`slot_prefixes`: the same in scratch slots with room after each row for a
-  forward's new tokens, written in place (:mod:`dpicl.engines.slot_cache`).
+  forward's new tokens, written in place (:mod:`.slot_cache`).
 * :func:`plan_scoring`: one forward that scores every label of every row. Each row's new
   tokens (``rest``) are followed by the tokens of its multi-token labels, each label a
   branch that sees the row's prefix and rest and its own earlier tokens but not the other
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dpicl.engines.attention import SHARED_KV_SDPA
+from dpicl.engines.transformers.attention import SHARED_KV_SDPA
 
 __all__ = [
     "Batch",
@@ -159,7 +159,7 @@ def slot_prefixes(
     row b's prefix right-aligned in the first W slots (``[pads][prefix]``, one copy per
     row), its pads zeroed (masked keys must stay finite: a masked score is still computed
     before the mask drops it), the last ``room`` slots left for a forward's new tokens
-    (:class:`~dpicl.engines.slot_cache.SlotCache`). Returns ``out``."""
+    (:class:`~.slot_cache.SlotCache`). Returns ``out``."""
     width = max(lens)
     if out.shape[2] != len(found) or out.shape[4] != width + room:
         raise ValueError(
@@ -266,7 +266,7 @@ def plan_scoring(
 
 def attention_mask_for(mask: torch.Tensor, implementation: str, dtype: torch.dtype) -> torch.Tensor:
     """A boolean 4D mask (True: attend) in the form ``implementation`` takes: as it is for
-    ``sdpa`` and :data:`~dpicl.engines.attention.SHARED_KV_SDPA`; additive (0 where attended,
+    ``sdpa`` and :data:`~.attention.SHARED_KV_SDPA`; additive (0 where attended,
     the dtype's minimum elsewhere) for ``eager``."""
     if implementation in ("sdpa", SHARED_KV_SDPA):
         return mask

@@ -195,7 +195,7 @@ def _truncate(text: str, params: GenerationParams) -> str:
 
 def decode_oracle_tokens(token_ids: Sequence[int]) -> str:
     """The text of the oracle's token ids (a plain function: it crosses to a server process,
-    :mod:`dpicl.engines.process`, by reference)."""
+    :mod:`dpicl.engines.process.engine`, by reference)."""
     return "".join(ORACLE_VOCAB[int(i)] for i in token_ids if 0 < int(i) < ORACLE_VOCAB_SIZE)
 
 

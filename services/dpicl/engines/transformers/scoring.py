@@ -3,13 +3,13 @@
 Calls merged by the engine's score batcher arrive here as jobs; their rows run as one batch
 (cut into chunks of at most ``max_batch_tokens``), each row with its own labels. A chunk is
 one forward over the rows' tokens after their past, each row followed by a branch per
-multi-token label (:func:`~dpicl.engines.kv_layout.plan_scoring`), with logits computed only
+multi-token label (:func:`~.kv_layout.plan_scoring`), with logits computed only
 where a label token is read. Rows with cached prefixes continue from them in a
-:class:`~dpicl.engines.slot_cache.SlotCache` in the engine's reused workspace
-(:func:`~dpicl.engines.transformers_past.slot_past`); other batches from a ``DynamicCache``
-(:func:`~dpicl.engines.transformers_past.rows_past`). A call whose prompts fail to
+:class:`~.slot_cache.SlotCache` in the engine's reused workspace
+(:func:`~.past.slot_past`); other batches from a ``DynamicCache``
+(:func:`~.past.rows_past`). A call whose prompts fail to
 encode fails alone; a model failure fails every call of the batch. These functions run under
-the engine's model lock (:meth:`~dpicl.engines.runner.ModelRunner.run`).
+the engine's model lock (:meth:`~.runner.ModelRunner.run`).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import numpy.typing as npt
 import torch
 
 from dpicl.engines.base import FloatArray, PromptSpec
-from dpicl.engines.kv_layout import attention_mask_for, plan_scoring, prefix_mask
-from dpicl.engines.prefix_cache import prefix_lens
-from dpicl.engines.runner import ModelRunner, Row
-from dpicl.engines.transformers_past import found_prefixes, rows_past, slot_past, slottable
+from dpicl.engines.transformers.kv_layout import attention_mask_for, plan_scoring, prefix_mask
+from dpicl.engines.transformers.past import found_prefixes, rows_past, slot_past, slottable
+from dpicl.engines.transformers.prefix_cache import prefix_lens
+from dpicl.engines.transformers.runner import ModelRunner, Row
 from dpicl.errors import DpiclError
 
 __all__ = ["ScoreJob", "score_chunk", "score_jobs"]

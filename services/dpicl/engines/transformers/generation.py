@@ -7,7 +7,7 @@ their own in the same engine run. Every job samples from its own generator, seed
 in the order they would be drawn were the job alone, so a job's text does not depend on what
 it was batched with (up to float rounding of the batched forward). Each batch is encoded on
 top of its rows' cached prefixes, then decoded one token per forward over the KV cache.
-These functions run under the engine's model lock (:meth:`~dpicl.engines.runner.ModelRunner.run`).
+These functions run under the engine's model lock (:meth:`~.runner.ModelRunner.run`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from collections.abc import Sequence
 import torch
 
 from dpicl.engines.base import GenerationParams, PromptSpec
-from dpicl.engines.runner import ModelRunner, Row
-from dpicl.engines.transformers_past import prefill_rows
+from dpicl.engines.transformers.past import prefill_rows
+from dpicl.engines.transformers.runner import ModelRunner, Row
 from dpicl.errors import DpiclError
 
 log = logging.getLogger("dpicl.engines")

@@ -4,7 +4,7 @@ Every model call runs in a worker thread (:func:`asyncio.to_thread`) under one l
 event loop stays free and the model sees one batch at a time. Batches are left padded with
 explicit ``position_ids`` (``attention_mask.cumsum(-1) - 1``, clamped at 0), so a prompt's
 logits do not depend on what it was batched with (up to float rounding, tested to 1e-4).
-The tensor layouts are in :mod:`dpicl.engines.kv_layout`.
+The tensor layouts are in :mod:`.kv_layout`.
 
 Prompts and labels are rendered and tokenised by :class:`~dpicl.engines.prompting.
 PromptEncoder` (the convention the vLLM engine shares; its docstring has the rules): with a
@@ -20,7 +20,7 @@ row's remainder follows it left padded (``[prefix][pads][rest]``, pads masked, p
 continuing from the prefix). Batches are cut so that rows x width stays within
 ``max_batch_tokens`` (longest prompts first, to limit padding).
 
-Per-context prefix reuse (:mod:`dpicl.engines.prefix_cache`). A prompt whose
+Per-context prefix reuse (:mod:`.prefix_cache`). A prompt whose
 ``PromptSpec.cache_key`` is set (the server's pipelines set it to the context id and the
 partition) has its query-independent start (``prefix_text``: the system turn, instructions
 and that partition's exemplars) encoded once; its KV state is kept in a per-context LRU
@@ -33,10 +33,10 @@ start with, so a tokeniser that merges across the boundary costs a cache miss, n
 wrong score. Scoring and free-text generation use the cache; DPS-MOZO sessions do not.
 
 Scoring cost: one forward pass over the rows' remaining tokens, each row followed by a
-branch per multi-token label (:func:`~dpicl.engines.kv_layout.plan_scoring`: a 4D attention
+branch per multi-token label (:func:`~.kv_layout.plan_scoring`: a 4D attention
 mask keeps the branches apart), with logits computed only where a label token is read.
 
-Batching across requests (:mod:`dpicl.engines.batching`). Concurrent ``score_labels``
+Batching across requests (:mod:`.batching`). Concurrent ``score_labels``
 calls that arrive together are merged into one batch (each row keeps its own labels and
 prefix) and each call gets back exactly its own rows. A call whose prompts fail to encode
 (too long) fails alone. Concurrent ``generate`` calls with the same settings are merged the
@@ -44,12 +44,12 @@ same way; each call samples from its own seeded generator, so its text does not 
 what it was batched with (up to float rounding).
 
 The model, its tokenizer and device, the model lock and the forward and batching calls:
-:mod:`dpicl.engines.runner` (the engine is a runner; the helpers below take one). The past
+:mod:`.runner` (the engine is a runner; the helpers below take one). The past
 a batch continues from (shared prefix, cached prefixes stacked or in a slot cache)
-and the forwards that build it: :mod:`dpicl.engines.transformers_past`. Label scoring:
-:mod:`dpicl.engines.transformers_scoring`. Free-text generation:
-:mod:`dpicl.engines.transformers_generation`. DPS-MOZO decoding:
-:mod:`dpicl.engines.transformers_decoding`.
+and the forwards that build it: :mod:`.past`. Label scoring:
+:mod:`.scoring`. Free-text generation:
+:mod:`.generation`. DPS-MOZO decoding:
+:mod:`.decoding`.
 """
 
 from __future__ import annotations
@@ -66,12 +66,12 @@ import numpy as np
 import torch
 
 from dpicl.engines.base import FloatArray, GenerationParams, PromptSpec
-from dpicl.engines.batching import MicroBatcher
 from dpicl.engines.placement import resolve_dtype
-from dpicl.engines.runner import DEFAULT_MAX_BATCH_TOKENS, ModelRunner
-from dpicl.engines.transformers_decoding import TransformersDecodingSession
-from dpicl.engines.transformers_generation import GenJob, generate_jobs
-from dpicl.engines.transformers_scoring import ScoreJob, score_jobs
+from dpicl.engines.transformers.batching import MicroBatcher
+from dpicl.engines.transformers.decoding import TransformersDecodingSession
+from dpicl.engines.transformers.generation import GenJob, generate_jobs
+from dpicl.engines.transformers.runner import DEFAULT_MAX_BATCH_TOKENS, ModelRunner
+from dpicl.engines.transformers.scoring import ScoreJob, score_jobs
 from dpicl.engines.tuning import EngineTuning
 from dpicl.errors import EngineError, InvalidRequest
 
@@ -82,7 +82,7 @@ log = logging.getLogger(__name__)
 
 class TransformersEngine(ModelRunner):
     """An :class:`~dpicl.engines.base.Engine` backed by a transformers causal LM: a
-    :class:`~dpicl.engines.runner.ModelRunner` with the micro-batchers and sessions."""
+    :class:`~.runner.ModelRunner` with the micro-batchers and sessions."""
 
     name: str = "transformers"
     is_simulator: bool = False

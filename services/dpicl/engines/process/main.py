@@ -1,8 +1,8 @@
-"""The engine process: ``python -m dpicl.engines.engine_main FD``.
+"""The engine process: ``python -m dpicl.engines.process.main FD``.
 
-Started by :meth:`dpicl.engines.process.ProcessEngine.start` with the server's interpreter
+Started by :meth:`dpicl.engines.process.engine.ProcessEngine.start` with the server's interpreter
 and environment and one end of a socket pair as ``FD``. It reads an
-:class:`~dpicl.engines.process.EngineSpec`, builds that engine (a failure is sent back as the
+:class:`~dpicl.engines.process.engine.EngineSpec`, builds that engine (a failure is sent back as the
 engine's own error), answers ``("ready", EngineInfo)`` and then serves requests until the
 socket closes (the server closed the engine or died): then it exits.
 
@@ -22,18 +22,18 @@ from collections.abc import Awaitable, Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
-from dpicl.engines import batching, prefix_cache
 from dpicl.engines.base import DecodingSession, Engine
 from dpicl.engines.factory import build_from
 from dpicl.engines.memory import device_memory
-from dpicl.engines.oracle import decode_oracle_tokens
-from dpicl.engines.process import (
+from dpicl.engines.oracle.engine import decode_oracle_tokens
+from dpicl.engines.process.engine import (
     EngineInfo,
     EngineSpec,
     Observation,
     TokenizerDecoder,
     wire_error,
 )
+from dpicl.engines.transformers import batching, prefix_cache
 from dpicl.logging_setup import configure_logging, level_of
 
 __all__ = ["main"]
@@ -92,7 +92,8 @@ def _info(engine: Engine, spec: EngineSpec) -> EngineInfo:
         name=engine.name,
         model=engine.model,
         is_simulator=engine.is_simulator,
-        device=str(getattr(engine, "device", spec.device)),
+        # An engine without a device (the oracle) runs on the CPU where DPICL_DEVICE=auto.
+        device=str(getattr(engine, "device", "cpu" if spec.device == "auto" else spec.device)),
         dtype=getattr(engine, "dtype", None),
         load_format=str(getattr(engine, "load_format", spec.load_format)),
         threads=getattr(engine, "threads", None),

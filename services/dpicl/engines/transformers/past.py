@@ -8,12 +8,12 @@ past:
   scope: a context, or one call for prompts without a scope);
 * each row's cached per-context prefix (:func:`found_prefixes`; missing ones are encoded in
   one batch by :func:`prefix_entries` and stored in the engine's
-  :class:`~dpicl.engines.prefix_cache.PrefixCache`), either stacked in a ``DynamicCache``
-  (:func:`rows_past`) or laid out once in a :class:`~dpicl.engines.slot_cache.SlotCache` in
+  :class:`~.prefix_cache.PrefixCache`), either stacked in a ``DynamicCache``
+  (:func:`rows_past`) or laid out once in a :class:`~.slot_cache.SlotCache` in
   the engine's reused workspace with room for the tokens still to come (:func:`slot_past`).
 
 :func:`prefill` and :func:`prefill_rows` run the forward over each row's tokens after its
-past. The tensor layouts are in :mod:`dpicl.engines.kv_layout`. These functions run under
+past. The tensor layouts are in :mod:`.kv_layout`. These functions run under
 the engine's model lock.
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from dpicl.engines.kv_layout import (
+from dpicl.engines.transformers.kv_layout import (
     common_prefix_len,
     pack_layers,
     prefix_mask,
@@ -33,9 +33,9 @@ from dpicl.engines.kv_layout import (
     stack_packed,
     stack_prefixes,
 )
-from dpicl.engines.prefix_cache import PrefixEntry, prefix_lens
-from dpicl.engines.runner import ModelRunner, Row
-from dpicl.engines.slot_cache import SlotCache
+from dpicl.engines.transformers.prefix_cache import PrefixEntry, prefix_lens
+from dpicl.engines.transformers.runner import ModelRunner, Row
+from dpicl.engines.transformers.slot_cache import SlotCache
 
 __all__ = [
     "MIN_SHARED_PREFIX",
@@ -191,7 +191,7 @@ def slottable(engine: ModelRunner, found: Sequence[PrefixEntry | None]) -> bool:
 
 def slot_past(engine: ModelRunner, found: Sequence[PrefixEntry | None], room: int) -> Past:
     """The rows' cached prefixes (``found``, :func:`slottable`) laid out in a
-    :class:`~dpicl.engines.slot_cache.SlotCache` with ``room`` slots after them, in the
+    :class:`~.slot_cache.SlotCache` with ``room`` slots after them, in the
     engine's workspace: valid only until the workspace's next use, so only for a cache
     that dies with the current engine call."""
     packs = [e.packed if e is not None else None for e in found]

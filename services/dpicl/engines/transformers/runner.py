@@ -6,9 +6,9 @@ end-of-sequence ids, the per-context prefix cache and the reused KV workspace, a
 model lock. Its calls are the forward (:meth:`ModelRunner.forward`), left padding and the
 cutting of batches to ``max_batch_tokens``, the encoding of a prompt into a batch row, and
 :meth:`ModelRunner.run`, which runs a function in a worker thread under the lock and
-``torch.inference_mode``. The helpers (:mod:`~dpicl.engines.transformers_past`,
+``torch.inference_mode``. The helpers (:mod:`~dpicl.engines.transformers.past`,
 ``_scoring``, ``_generation``, ``_decoding``) take a runner; the engine
-(:class:`~dpicl.engines.transformers.TransformersEngine`) is a runner plus the
+(:class:`~.engine.TransformersEngine`) is a runner plus the
 :class:`~dpicl.engines.base.Engine` protocol (micro-batchers, sessions, loading), so the
 helpers never import the engine.
 """
@@ -23,14 +23,14 @@ from typing import Any, TypeVar
 
 import torch
 
-from dpicl.engines.attention import SHARED_KV_SDPA, use_shared_kv_sdpa
 from dpicl.engines.base import PromptSpec
-from dpicl.engines.kv_layout import Batch, chunks, left_pad
-from dpicl.engines.lm_head import use_blocked_lm_head
-from dpicl.engines.prefix_cache import PrefixCache, prefix_fingerprint
 from dpicl.engines.prompting import PromptEncoder
-from dpicl.engines.slot_cache import KVWorkspace
 from dpicl.engines.threads import ThreadPlan
+from dpicl.engines.transformers.attention import SHARED_KV_SDPA, use_shared_kv_sdpa
+from dpicl.engines.transformers.kv_layout import Batch, chunks, left_pad
+from dpicl.engines.transformers.lm_head import use_blocked_lm_head
+from dpicl.engines.transformers.prefix_cache import PrefixCache, prefix_fingerprint
+from dpicl.engines.transformers.slot_cache import KVWorkspace
 from dpicl.engines.tuning import EngineTuning
 from dpicl.errors import EngineError
 
@@ -129,7 +129,7 @@ class ModelRunner:
         self.vocab_size: int = int(model.get_output_embeddings().weight.shape[0])
         self.share_prefix = share_prefix
         #: Run the model in the event loop's own thread rather than a worker thread: in an
-        #: engine process (:mod:`dpicl.engines.engine_main`) the loop has nothing else to do
+        #: engine process (:mod:`dpicl.engines.process.main`) the loop has nothing else to do
         #: while a batch runs, and a second thread would only contend for the interpreter
         #: lock with the model (requests that arrive meanwhile wait in the pipe and join the
         #: next batch). Never in the server's own process: it would stall HTTP.
@@ -217,7 +217,7 @@ class ModelRunner:
     def encode_row(self, prompt: PromptSpec, call: str) -> Row:
         """``prompt`` encoded for a batch; ``call`` marks the call it came in, the scope of
         a prompt without a context (``PromptSpec.cache_scope``): rows of different scopes
-        never share a prefix (:func:`~dpicl.engines.transformers_past.shared_past`)."""
+        never share a prefix (:func:`~.past.shared_past`)."""
         scope = prompt.cache_scope or call
         # The prompt that runs may be the fallback (PromptSpec.fallback): its own prefix
         # and cache key then apply.
@@ -237,7 +237,7 @@ class ModelRunner:
 
     def left_pad(self, seqs: Sequence[Sequence[int]]) -> Batch:
         """``seqs`` left padded on the model's device
-        (:func:`~dpicl.engines.kv_layout.left_pad`)."""
+        (:func:`~.kv_layout.left_pad`)."""
         return left_pad(seqs, self.pad_token_id, self.device)
 
     def chunks(self, costs: Sequence[int], widths: Sequence[int]) -> list[list[int]]:

@@ -9,7 +9,7 @@ size (tens of MiB) is fresh pages from the operating system, which fault in one 
 at a time when first written: about 11,000 faults for a ten-partition batch of SmolLM2-135M.
 
 :class:`SlotCache` lays the prefixes out once, with room after them for the forward's new
-tokens (:func:`~dpicl.engines.kv_layout.slot_prefixes`), and each :class:`SlotLayer` writes
+tokens (:func:`~.kv_layout.slot_prefixes`), and each :class:`SlotLayer` writes
 the new keys and values into that room instead of concatenating. :class:`KVWorkspace` keeps
 the memory between batches (up to a bound), so a warm batch writes into pages it already
 has. A warm T = 10 engine call went from 491 to 462 ms (interleaved in one process, page

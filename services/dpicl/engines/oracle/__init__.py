@@ -1,0 +1,1 @@
+"""The oracle (:mod:`.engine`): a deterministic, rule-following simulator of an ideal LLM."""

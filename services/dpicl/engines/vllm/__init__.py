@@ -1,0 +1,1 @@
+"""The vLLM engine (:mod:`.engine`): one ``AsyncLLM`` behind the Engine protocol."""
