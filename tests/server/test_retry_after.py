@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from dpicl.engines.base import PromptSpec
-from dpicl.engines.oracle import OracleEngine
+from dpicl.engines.oracle.engine import OracleEngine
 from dpicl.errors import EngineError
 from tests.conftest import admin_headers, user_headers
 from tests.server.api_helpers import make_client, voting_context

@@ -6,6 +6,7 @@ async code.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 from pathlib import Path
@@ -13,7 +14,8 @@ from typing import TYPE_CHECKING, Literal
 
 from dpicl.engines.base import Embedder, Engine
 from dpicl.engines.placement import AUTO_DEVICE, resolve_device
-from dpicl.engines.process.engine import EngineSpec, ProcessEngine
+from dpicl.engines.process.engine import EngineSpec, ProcessEngine, spawn
+from dpicl.engines.process.supervisor import RestartPolicy, SupervisedEngine
 from dpicl.engines.threads import ThreadPlan, apply_torch_threads, choose_threads, usable_cores
 from dpicl.engines.tuning import EngineTuning
 from dpicl.engines.vllm.engine import VllmOptions
@@ -125,7 +127,16 @@ def serve_engine(settings: Settings) -> Engine:
         log_format=settings.log_format,
     )
     if settings.separate_engine_process():
-        return ProcessEngine.start(spec)
+        # Supervised: started again when its process dies (issue 47).
+        start = functools.partial(
+            ProcessEngine.start, spec, chunk_prompts=settings.engine_chunk_prompts
+        )
+        policy = RestartPolicy(
+            backoff_s=settings.engine_restart_backoff_s,
+            backoff_max_s=settings.engine_restart_backoff_max_s,
+            failures_live=settings.engine_restart_failures_live,
+        )
+        return SupervisedEngine(start, policy, spawn=functools.partial(spawn, spec.name))
     return build_from(spec, VllmOptions.from_settings(settings))
 
 

@@ -22,7 +22,16 @@ the event loop) and a reader thread resolves each request's future; both spend t
 in system calls, outside the GIL. An error raised there is raised here as the same
 :class:`~dpicl.errors.DpiclError` (an over-long prompt is still a 4xx naming it); if the
 engine process dies, every pending and later call fails with
-:class:`~dpicl.errors.EngineError` (503, nothing charged) and ``/readyz`` says so.
+:class:`~dpicl.errors.EngineError` (503, nothing charged) and ``/readyz`` says so; the
+server's :class:`~dpicl.engines.process.supervisor.SupervisedEngine` hears it
+(``on_exit``) and starts a new engine process.
+
+Abandoned work (issue 47). A call whose caller is cancelled (its client left) sends
+``cancel`` for it: the engine process cancels its task, and a job still waiting in a
+micro-batcher is dropped before its batch runs (a batch already running finishes). A
+label-scoring call of more than ``chunk_prompts`` prompts (a voting answer of T = 40
+partitions) is sent as chunks of that many, one after another, so a cancelled answer stops
+after the chunk in flight instead of computing all T.
 
 What the engine process observes for ``/metrics`` (batch sizes, queue waits, prefix-cache
 hits) travels back with the answers and is recorded in this process's metrics
@@ -65,10 +74,15 @@ __all__ = [
     "EngineSpec",
     "ProcessDecodingSession",
     "ProcessEngine",
+    "Standby",
     "TokenizerDecoder",
+    "spawn",
 ]
 
 log = logging.getLogger("dpicl.engines")
+
+#: The operation that cancels an earlier call: ``(its id, CANCEL, ())``; it has no answer.
+CANCEL = "cancel"
 
 #: One metric observation made in the engine process: (name in dpicl.metrics, label
 #: values, "observe" or "inc", value).
@@ -141,6 +155,16 @@ def error_of(wire: WireError) -> DpiclError:
     return EngineError(f"the engine process failed: {message}")
 
 
+def exit_reason(code: int | None) -> str:
+    """Why a process ended, for a metric's label: ``signal SIGKILL`` or ``exit code 1``."""
+    if code is not None and code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
 def record(observations: Sequence[Observation]) -> None:
     """Record the engine process's metric observations in this process's metrics."""
     for name, labels, kind, value in observations:
@@ -155,6 +179,54 @@ def record(observations: Sequence[Observation]) -> None:
             metric.set(value)
         else:
             metric.observe(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Standby:
+    """An engine process started ahead of need (:func:`spawn`): it has imported its
+    engine's modules (torch and transformers: most of a start on a CPU, about 25 s of 36 on a
+    loaded 2-core machine) and waits for its :class:`EngineSpec`. The supervisor keeps one,
+    so that a restart only loads the model (issue 47)."""
+
+    proc: subprocess.Popen[bytes]
+    sock: socket.socket
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        """End it (a standby nobody will use); it also ends by itself when its socket
+        closes, as when the server process dies."""
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        with contextlib.suppress(OSError):
+            self.proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
+
+
+def spawn(engine_name: str, env: dict[str, str] | None = None) -> Standby:
+    """Start an engine process that imports ``engine_name``'s modules and waits for its
+    spec (:meth:`ProcessEngine.start` sends it). Returns at once."""
+    ours, theirs = socket.socketpair()
+    try:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "dpicl.engines.process.main",
+                str(theirs.fileno()),
+                engine_name,
+            ],
+            pass_fds=(theirs.fileno(),),
+            env=env if env is not None else os.environ.copy(),
+            # Its own process group: a Ctrl-C at the terminal reaches the server, which
+            # then closes the engine in order (aclose), not both at once.
+            start_new_session=True,
+        )
+    finally:
+        theirs.close()
+    return Standby(proc, ours)
 
 
 class ProcessEngine:
@@ -190,6 +262,10 @@ class ProcessEngine:
         self._dead: str | None = None
         self._closed = False
         self._outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        #: Prompts per label-scoring call sent to the engine process (0: all in one call).
+        self.chunk_prompts = 0
+        #: Called (engine, why) from the reader thread when the process ends unasked.
+        self.on_exit: Callable[[ProcessEngine, str], None] | None = None
         self._reader = threading.Thread(target=self._read, name="engine-reader", daemon=True)
         self._sender = threading.Thread(target=self._send, name="engine-sender", daemon=True)
         self._reader.start()
@@ -198,22 +274,24 @@ class ProcessEngine:
     # ------------------------------------------------------------------ life
 
     @classmethod
-    def start(cls, spec: EngineSpec, *, env: dict[str, str] | None = None) -> ProcessEngine:
+    def start(
+        cls,
+        spec: EngineSpec,
+        *,
+        env: dict[str, str] | None = None,
+        chunk_prompts: int = 0,
+        standby: Standby | None = None,
+    ) -> ProcessEngine:
         """Start the engine process, build ``spec`` there and wait until it is ready.
         Blocking (model loading): call it before serving, or in a thread. Raises the
-        engine's own :class:`~dpicl.errors.EngineError` if it cannot be built."""
-        ours, theirs = socket.socketpair()
-        try:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "dpicl.engines.process.main", str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),),
-                env=env if env is not None else os.environ.copy(),
-                # Its own process group: a Ctrl-C at the terminal reaches the server, which
-                # then closes the engine in order (aclose), not both at once.
-                start_new_session=True,
-            )
-        finally:
-            theirs.close()
+        engine's own :class:`~dpicl.errors.EngineError` if it cannot be built.
+        ``standby``: a process :func:`spawn` started ahead of need, used if still alive
+        (its imports are done: only the model's load is left)."""
+        if standby is None or not standby.alive():
+            if standby is not None:
+                standby.kill()
+            standby = spawn(spec.name, env)
+        proc, ours = standby.proc, standby.sock
         conn = Connection(os.dup(ours.fileno()))
         try:
             conn.send(spec)
@@ -231,6 +309,7 @@ class ProcessEngine:
             ours.close()
             raise error_of(value)
         engine = cls(ours, conn, proc, value)
+        engine.chunk_prompts = chunk_prompts
         log.info(
             "engine process %d serves %s (%s, dtype %s) on %s%s",
             value.pid,
@@ -257,6 +336,14 @@ class ProcessEngine:
             self._proc.kill()
             await asyncio.to_thread(self._proc.wait)
         self._fail_all("the engine is closed")
+
+    def kill(self) -> None:
+        """End the engine process now, from any thread (a supervisor that no longer wants
+        an engine it started)."""
+        self._closed = True
+        self._outbox.put(None)
+        with contextlib.suppress(OSError):
+            self._proc.kill()
 
     def __del__(self) -> None:  # pragma: no cover - interpreter exit without aclose
         proc = getattr(self, "_proc", None)
@@ -302,8 +389,16 @@ class ProcessEngine:
         if self._closed:
             self._fail_all("the engine is closed")
         else:
-            log.error("the engine process exited with code %s", code)
-            self._fail_all(f"the engine process exited with code {code}")
+            why = exit_reason(code)
+            log.error("the engine process exited with code %s (%s)", code, why)
+            # The supervisor first: the calls failed below are answered 503 with a
+            # Retry-After read from it, which must already know the engine is down.
+            if self.on_exit is not None:
+                try:
+                    self.on_exit(self, why)
+                except Exception:  # pragma: no cover - never leave the calls hanging
+                    log.exception("the engine's exit handler failed")
+            self._fail_all(f"the engine process exited with code {code} ({why})")
 
     def _fail_all(self, why: str) -> None:
         with self._lock:
@@ -316,29 +411,52 @@ class ProcessEngine:
 
     def submit(self, op: str, *args: Any) -> concurrent.futures.Future[Any]:
         """Send ``op(*args)`` to the engine process; its answer resolves the future."""
+        return self._submit(op, args)[1]
+
+    def _submit(self, op: str, args: tuple[Any, ...]) -> tuple[int, concurrent.futures.Future[Any]]:
         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
         with self._lock:
             if self._dead is not None or self._closed:
                 why = "the engine is closed" if self._closed else self._dead
                 fut.set_exception(EngineError(why or "the engine is closed"))
-                return fut
+                return 0, fut
             req_id = next(self._ids)
             self._pending[req_id] = fut
         self._outbox.put((req_id, op, args))
-        return fut
+        return req_id, fut
 
     async def call(self, op: str, *args: Any) -> Any:
-        """``op(*args)`` in the engine process. Cancelling the caller only stops waiting:
-        the engine finishes the call and its answer is dropped."""
-        return await asyncio.wrap_future(self.submit(op, *args))
+        """``op(*args)`` in the engine process. Cancelling the caller cancels the call there
+        too: dropped if it still waits for a batch, finished and discarded if it runs."""
+        req_id, fut = self._submit(op, args)
+        try:
+            return await asyncio.wrap_future(fut)
+        except asyncio.CancelledError:
+            with self._lock:
+                waiting = self._pending.pop(req_id, None) is not None
+            if waiting and self._dead is None and not self._closed:
+                self._cancel(req_id)
+            raise
+
+    def _cancel(self, req_id: int) -> None:
+        """Tell the engine process to drop call ``req_id`` (no answer comes back)."""
+        self._outbox.put((req_id, CANCEL, ()))
 
     # ------------------------------------------------------------------ Engine
 
     async def score_labels(
         self, prompts: Sequence[PromptSpec], labels: Sequence[str]
     ) -> FloatArray:
-        result: FloatArray = await self.call("score", list(prompts), list(labels))
-        return result
+        size = self.chunk_prompts
+        if size <= 0 or len(prompts) <= size:
+            result: FloatArray = await self.call("score", list(prompts), list(labels))
+            return result
+        # One chunk in flight at a time: a cancelled answer stops after it (the module
+        # docstring). The chunks of concurrent answers still share the engine's batches.
+        parts = []
+        for i in range(0, len(prompts), size):
+            parts.append(await self.call("score", list(prompts[i : i + size]), list(labels)))
+        return np.concatenate(parts, axis=0)
 
     async def generate(self, prompts: Sequence[PromptSpec], params: GenerationParams) -> list[str]:
         params.check()  # refused here, without a round trip

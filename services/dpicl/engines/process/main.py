@@ -15,6 +15,8 @@ micro-batcher merges them into the next batch.
 from __future__ import annotations
 
 import asyncio
+import functools
+import importlib
 import os
 import sys
 import time
@@ -27,6 +29,7 @@ from dpicl.engines.factory import build_from
 from dpicl.engines.memory import device_memory
 from dpicl.engines.oracle.engine import decode_oracle_tokens
 from dpicl.engines.process.engine import (
+    CANCEL,
     EngineInfo,
     EngineSpec,
     Observation,
@@ -123,7 +126,7 @@ class _Server:
             "close": self._close,
         }
         self.done = asyncio.Event()
-        self.tasks: set[asyncio.Task[None]] = set()
+        self.tasks: dict[int, asyncio.Task[None]] = {}
 
     async def _open(self, prompts: Any, zero_shot_index: int, top_k: int) -> tuple[int, int]:
         session = await self.engine.open_decoding(
@@ -170,13 +173,23 @@ class _Server:
         else:
             self._reply((req_id, True, value))
 
+    def _forget(self, req_id: int, _task: asyncio.Task[None]) -> None:
+        self.tasks.pop(req_id, None)
+
     def on_readable(self) -> None:
         try:
             while self.conn.poll():
-                message = self.conn.recv()
-                task = asyncio.get_running_loop().create_task(self._handle(*message))
-                self.tasks.add(task)
-                task.add_done_callback(self.tasks.discard)
+                req_id, op, args = self.conn.recv()
+                if op == CANCEL:
+                    # Its client left: a job still waiting for a batch is dropped (the
+                    # micro-batcher skips cancelled jobs); one in a running batch finishes.
+                    task = self.tasks.get(req_id)
+                    if task is not None:
+                        task.cancel()
+                    continue
+                task = asyncio.get_running_loop().create_task(self._handle(req_id, op, args))
+                self.tasks[req_id] = task
+                task.add_done_callback(functools.partial(self._forget, req_id))
         except (EOFError, OSError):
             self.done.set()
 
@@ -188,15 +201,34 @@ class _Server:
             await self.done.wait()
         finally:
             loop.remove_reader(self.conn.fileno())
-            for task in list(self.tasks):
+            for task in list(self.tasks.values()):
                 task.cancel()
             await self.engine.aclose()
+
+
+#: What an engine's build imports, imported before its spec arrives (a standby).
+_PRELOAD = {"transformers": ("torch", "transformers", "dpicl.engines.transformers.engine")}
+
+
+def _preload(engine_name: str) -> None:
+    """Import ``engine_name``'s modules now: a standby process does while it waits for its
+    spec, so that a restart only loads the model (engines/process/engine.py, Standby)."""
+    for module in _PRELOAD.get(engine_name, ()):
+        try:
+            importlib.import_module(module)
+        except Exception:  # the build reports it, with the engine's own message
+            return
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     conn = Connection(int(args[0]))
-    spec: EngineSpec = conn.recv()
+    if len(args) > 1:
+        _preload(args[1])
+    try:
+        spec: EngineSpec = conn.recv()
+    except (EOFError, OSError):
+        return 0  # a standby nobody needed: the server closed it or is gone
     configure_logging(level_of(spec.log_level), spec.log_format)  # type: ignore[arg-type]
     try:
         engine = build_from(spec)
