@@ -11,7 +11,11 @@ with Retry-After (no 500), and service returns within a stated time after each f
 - a server process: its replacement answers once it has started.
 
 Oracle engines in processes of their own (``DPICL_ENGINE_PROCESS=on``): the faults, not
-the model, are under test."""
+the model, are under test. A run on the 2-core machine (load average about 12, 2026-11-28):
+the engine back after 3.2 s, the replacement server process answering after 33.9 s (its
+start: imports and the engine process), the first answer 0.2 s after the database's return;
+1355 answers, 89 503s (each with Retry-After), 616 connection errors (the killed server's
+port), the ledger equal to its spend rows."""
 
 from __future__ import annotations
 
