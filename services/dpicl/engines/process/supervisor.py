@@ -105,7 +105,10 @@ class SupervisedEngine:
 
     def __getattr__(self, name: str) -> Any:
         # Only for attributes not found on this object: the current engine's.
-        return getattr(self.__dict__["_current"], name)
+        current = self.__dict__.get("_current")
+        if current is None:
+            raise AttributeError(name)
+        return getattr(current, name)
 
     @property
     def current(self) -> ProcessEngine:
