@@ -171,8 +171,8 @@ def retry_after_s(app: Any, exc: DpiclError) -> int | None:
     or None (waiting cures nothing). The raiser's figure where it gave one; else, for a
     storage failure, the storage deadline (DPICL_DB_TIMEOUT_S: a locked or frozen database
     is given up on after it, so a retry sooner meets the same wait); for an engine failure,
-    the time left before the engine's next restart (its backoff, :meth:`retry_after_s` of an
-    engine that restarts) or 1 s."""
+    when the engine is expected back (:meth:`retry_after_s` of an engine that restarts: the
+    backoff left plus the time a start takes) or 1 s."""
     if exc.retry_after_s is not None:
         return max(1, exc.retry_after_s)
     services = getattr(getattr(app, "state", None), "services", None)
