@@ -69,6 +69,7 @@ import dpicl.mechanisms.dps_mozo.release as mozo_release
 import dpicl.mechanisms.partitioned as partitioned_mod
 import dpicl.mechanisms.voting.pipeline as voting_pipeline
 import dpicl.privacy.ledger as ledger_mod
+import dpicl.serving.answers as answers_mod
 import dpicl.store.charges as charges_mod
 import dpicl.store.repository as repository_mod
 from dpicl.privacy.calibration import classic_sigma, sigma_for
@@ -306,7 +307,7 @@ PROMPT_TOKENS = Fault(
     "usage.prompt_tokens counts the prompt's characters, the private exemplars included",
 )
 
-_honest_load_context = inference_mod.load_context
+_honest_load_context = answers_mod.load_context
 #: The request's holder of the context's version (set by the ASGI wrapper, filled on load).
 _VERSION: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
     "version", default=None
@@ -349,7 +350,7 @@ def version_app(app: Any) -> Any:
 
 CONTEXT_VERSION = Fault(
     (
-        (inference_mod, "load_context", versioned_load_context),
+        (answers_mod, "load_context", versioned_load_context),
         (serving_mod, "load_context", versioned_load_context),
     ),
     "answers carry a hash of the context's exemplars in a header (install version_app too)",

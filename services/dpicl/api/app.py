@@ -14,19 +14,19 @@ from fastapi import FastAPI
 from dpicl import __version__
 from dpicl.api.access_log import AccessLogMiddleware
 from dpicl.api.body_timeout import BodyTimeoutMiddleware
-from dpicl.api.deps import Services
 from dpicl.api.docs import docs_router
 from dpicl.api.errors import BodyLimitMiddleware, install_error_handlers
 from dpicl.api.openai.router import router as openai_router
 from dpicl.api.routes import contexts, debug, health, inference, keys, zero_shot
 from dpicl.api.routes.metrics import metrics_router
-from dpicl.api.schemas import ErrorResponse
 from dpicl.config import Settings
 from dpicl.engines.base import Embedder, Engine
 from dpicl.mechanisms.registry import routers as mechanism_routers
 from dpicl.privacy.accounting import MU2_RTOL
 from dpicl.privacy.ledger import Ledger
 from dpicl.store.repository import ContextRepository
+from dpicl.web.deps import Services
+from dpicl.web.schemas import ErrorResponse
 
 log = logging.getLogger("dpicl")
 

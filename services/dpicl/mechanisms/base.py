@@ -33,7 +33,7 @@ C = TypeVar("C", bound=BaseModel)
 
 
 class Runtime(Protocol):
-    """What a pipeline may use of the running server (``dpicl.api.deps.Services``)."""
+    """What a pipeline may use of the running server (``dpicl.web.deps.Services``)."""
 
     @property
     def engine(self) -> Engine: ...

@@ -12,16 +12,15 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from dpicl.api.deps import AdminCaller, load_context, services_of
-from dpicl.api.routes.inference import ERRORS
-from dpicl.api.schemas import GenerateRequest, ZeroShotResponse
 from dpicl.engines.base import GenerationParams
 from dpicl.errors import InvalidRequest
 from dpicl.pipelines.partitions import check_query, zero_shot_prompt
 from dpicl.pipelines.votes import partition_votes
 from dpicl.privacy.randomness import entropy_seed, secure_rng
+from dpicl.web.deps import AdminCaller, load_context, services_of
+from dpicl.web.schemas import ANSWER_ERRORS, GenerateRequest, ZeroShotResponse
 
-router = APIRouter(prefix="/v1", tags=["inference"], responses=ERRORS)
+router = APIRouter(prefix="/v1", tags=["inference"], responses=ANSWER_ERRORS)
 
 #: Tokens of a zero-shot generation when neither the request nor the context names a count.
 _DEFAULT_MAX_TOKENS = 48
