@@ -62,7 +62,7 @@ from sqlalchemy import bindparam, update
 
 import dpicl.api.openai.serving as serving_mod
 import dpicl.api.openai.streaming as streaming_mod
-import dpicl.api.routes.inference as inference_mod
+import dpicl.api.routes.queries as queries_mod
 import dpicl.mechanisms.dps_mozo.mechanism as mozo_mechanism
 import dpicl.mechanisms.dps_mozo.pipeline as mozo_pipeline
 import dpicl.mechanisms.dps_mozo.release as mozo_release
@@ -153,7 +153,7 @@ RACY_QUERIES = Fault(
     "a query limit checked before the answer and not when charged: bursts overspend it",
 )
 
-_honest_classify_body = inference_mod.classify_body
+_honest_classify_body = queries_mod.classify_body
 #: The request's holder of the clean share (set by the ASGI wrapper, filled by the route).
 _LEAK: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextVar(
     "leak", default=None
@@ -265,7 +265,7 @@ TEMPERATURE_NOISE = Fault(
 )
 
 LEAKY_FIELD = Fault(
-    ((inference_mod, "classify_body", leaky_classify_body),),
+    ((queries_mod, "classify_body", leaky_classify_body),),
     "answers carry the un-noised vote share in an extra field (install leaky_app too)",
 )
 

@@ -1,4 +1,4 @@
-"""``POST /v1/classify`` and ``POST /v1/generate``: dpicl's own answering routes, thin shapes
+"""``POST /v1/classify`` and ``POST /v1/generate``: a query answered, in dpicl's own shapes,
 over the answering service (:mod:`dpicl.serving.answers`)."""
 
 from __future__ import annotations
