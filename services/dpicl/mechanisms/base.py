@@ -175,11 +175,12 @@ class Mechanism(ABC, Generic[C]):
         return ()
 
     def calibration_report(self, options: Mapping[str, Any]) -> Record:
-        """What ``dpicl calibrate`` prints for ``options`` (the command's options that were
-        given, by settings field name: ``epsilon``, ``delta``, ``partitions``, ...): the
-        record a context with these settings would store (:meth:`calibrate`), without the
-        partition seed, which is drawn per context. An option the settings do not have, or
-        a value they refuse, is a :class:`ConfigurationError` naming it."""
+        """What ``dpicl calibrate`` prints for ``options`` (the settings the command was
+        given, by field name, as JSON reads them: from ``--settings``, ``--set KEY=VALUE``
+        or ``--KEY VALUE``; the command knows none of them): the record a context with these
+        settings would store (:meth:`calibrate`), without the partition seed, which is drawn
+        per context. An option the settings do not have, or a value they refuse, is a
+        :class:`ConfigurationError` naming it."""
         settings = settings_from_options(self, options)
         n = int(getattr(settings, "partitions", 1))  # the fewest exemplars it can serve
         record = self.record(self.calibrate(settings, n))
