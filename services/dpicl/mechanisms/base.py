@@ -86,6 +86,16 @@ class Answering:
 
 
 @dataclass(frozen=True, slots=True)
+class Sampling:
+    """How a context's answers sample from the model: what the zero-shot baseline
+    (``POST /v1/zero-shot``) answers with, so that it differs from a private answer only by
+    the exemplars and the noise."""
+
+    temperature: float = 0.0  # 0: argmax
+    max_tokens: int | None = None  # a generation's tokens; None: the server's default
+
+
+@dataclass(frozen=True, slots=True)
 class NewContext:
     """What a mechanism's :meth:`Mechanism.check` sees of a new context besides its settings."""
 
@@ -146,6 +156,17 @@ class Mechanism(ABC, Generic[C]):
         """``context``'s stored record as this mechanism's calibration, parsed once per
         loaded context (kept with it: :meth:`StoredContext.record_as`)."""
         return context.record_as(self.calibration)
+
+    def sampling(self, calibration: C) -> Sampling:
+        """How ``calibration``'s answers sample (:class:`Sampling`); default: its
+        ``temperature`` and ``max_tokens`` where it has them as numbers, else argmax and the
+        server's default length."""
+        temperature = getattr(calibration, "temperature", None)
+        tokens = getattr(calibration, "max_tokens", None)
+        return Sampling(
+            temperature=float(temperature) if isinstance(temperature, int | float) else 0.0,
+            max_tokens=int(tokens) if isinstance(tokens, int | float) else None,
+        )
 
     def own_budget(self, calibration: C) -> OwnBudget | None:
         """The context's budget when the mechanism sets it itself; None: the request's."""
