@@ -31,13 +31,13 @@ from pathlib import Path
 
 import numpy as np
 
-from dpicl.contexts import create_context
 from dpicl.engines.base import Embedder, Engine, FloatArray, GenerationParams, PromptSpec
 from dpicl.engines.factory import build_embedder, build_engine
 from dpicl.mechanisms.esa.pipeline import EsaCalibration, run_esa
 from dpicl.pipelines.partitions import partition_prompts, zero_shot_prompt
 from dpicl.privacy.accounting import MU2_RTOL
 from dpicl.privacy.ledger import Ledger
+from dpicl.serving.contexts import create_context
 from dpicl.spec import ContextSpec
 from dpicl.store.repository import ContextRepository, StoredContext
 

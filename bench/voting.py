@@ -41,7 +41,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from dpicl.contexts import cost_of
 from dpicl.engines.base import GenerationParams
 from dpicl.engines.factory import build_engine
 from dpicl.engines.transformers.engine import TransformersEngine
@@ -51,6 +50,7 @@ from dpicl.mechanisms.voting.pipeline import VotingCalibration, run_voting
 from dpicl.mechanisms.voting.release import private_vote
 from dpicl.pipelines.partitions import partition_prompts
 from dpicl.privacy.ledger import Ledger
+from dpicl.serving.contexts import cost_of
 from voting_setup import CACHE_DIR, interleaved, news_context, query, temp_repo
 
 

@@ -11,8 +11,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from dpicl.contexts import create_context
 from dpicl.privacy.accounting import MU2_RTOL
+from dpicl.serving.contexts import create_context
 from dpicl.spec import ContextSpec
 from dpicl.store.repository import ContextRepository, StoredContext
 

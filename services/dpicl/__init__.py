@@ -4,20 +4,25 @@
 implements (Xia, Liu, Xiong 2025; Chadha et al., ICML 2024; Flemings et al. 2025, DPS-MOZO);
 docs/references.md gives their full citations and every other work cited.
 
-Module map (layers import downward only):
+Module map, top down (a layer imports only the layers below it; docs/architecture.md):
 
-* :mod:`~dpicl.api`: the HTTP layer: app, dependencies, routes, response schemas.
+* :mod:`~dpicl.cli`: ``dpicl serve | migrate | calibrate | openapi``.
+* :mod:`~dpicl.api`: the routes (native, OpenAI-compatible, white-box) and the HTTP
+  machinery around them; only the app imports a route.
+* :mod:`~dpicl.serving`: what the server does for a request, whichever surface asked:
+  create a context, answer a query, list contexts.
 * :mod:`~dpicl.spec`: the body of ``POST /v1/contexts`` (mechanism settings from the
   registry).
-* :mod:`~dpicl.pipelines`: context creation and what the mechanisms' pipelines share.
 * :mod:`~dpicl.mechanisms`: the registry and one folder per mechanism (voting, esa,
   dps_mozo): calibration, release maths, cost event, pipeline, debug view, settings.
-* :mod:`~dpicl.privacy`: generic privacy maths, the cost event and the ledger.
-* :mod:`~dpicl.engines`: the LLM and embedding engines.
-* :mod:`~dpicl.store`: the database (contexts, ledgers, keys, spend rows).
-* :mod:`~dpicl.domain`: the request vocabulary (bounds, text and number types, budgets).
-* :mod:`~dpicl.config`, :mod:`~dpicl.errors`, :mod:`~dpicl.cli`, :mod:`~dpicl.prompts`,
-  :mod:`~dpicl.metrics`, :mod:`~dpicl.logging_setup`.
+* :mod:`~dpicl.web`: the route kit (services, who a token acts for, shared shapes).
+* :mod:`~dpicl.pipelines`: what the mechanisms' pipelines share.
+* :mod:`~dpicl.privacy` and :mod:`~dpicl.prompts`: generic privacy maths, the cost event
+  and the ledger; prompt rendering.
+* :mod:`~dpicl.engines`, :mod:`~dpicl.store`: the LLM and embedding engines; the database
+  (contexts, ledgers, keys, spend rows).
+* :mod:`~dpicl.config`, :mod:`~dpicl.domain`, :mod:`~dpicl.metrics`,
+  :mod:`~dpicl.logging_setup`, :mod:`~dpicl.errors`.
 """
 
 __version__ = "0.1.0"

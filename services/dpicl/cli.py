@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -115,76 +116,129 @@ def migrate() -> None:
 
 
 def _option_value(text: str) -> object:
-    """A ``--set`` value: JSON where it parses (numbers, booleans, null), else the text."""
+    """A setting's value from the command line: JSON where it parses (numbers, booleans,
+    null), else the text."""
     try:
         return json.loads(text)
     except ValueError:
         return text
 
 
-@app.command()
+def _fail(message: str) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def _settings_json(text: str) -> dict[str, object]:
+    """``--settings``: a JSON object, inline or ``@FILE``."""
+    source = "--settings"
+    if text.startswith("@"):
+        source = f"--settings {text}"
+        try:
+            text = Path(text[1:]).read_text(encoding="utf-8")
+        except OSError as exc:
+            _fail(f"{source}: cannot read the file: {exc.strerror or exc}")
+    try:
+        found = json.loads(text)
+    except ValueError as exc:
+        _fail(f"{source} is not JSON: {exc}")
+    if not isinstance(found, dict):
+        _fail(f"{source} must be a JSON object of settings, got {type(found).__name__}")
+    return found
+
+
+def _flag_settings(args: list[str]) -> dict[str, object]:
+    """Settings given as ``--KEY VALUE`` or ``--KEY=VALUE`` (any setting of the mechanism:
+    the form ``dpicl calibrate`` took before ``--set`` and ``--settings``)."""
+    out: dict[str, object] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        key, sep, value = arg.removeprefix("--").partition("=")
+        if not arg.startswith("--") or not key:
+            _fail(f"unexpected argument {arg!r}: give settings as --KEY VALUE or --set KEY=VALUE")
+        if not sep:
+            if i + 1 >= len(args):
+                _fail(f"{arg} needs a value (--KEY VALUE)")
+            i += 1
+            value = args[i]
+        out[key.replace("-", "_")] = _option_value(value)
+        i += 1
+    return out
+
+
+def calibration_settings(
+    mechanism: str | None, settings: str | None, flags: list[str], sets: list[str]
+) -> tuple[str, dict[str, object]]:
+    """The mechanism's name and its settings from ``dpicl calibrate``'s command line: the
+    ``--settings`` object, then ``--KEY VALUE`` flags, then ``--set KEY=VALUE`` (a later one
+    wins). Which keys a mechanism takes is its own settings model's to say."""
+    options = _settings_json(settings) if settings is not None else {}
+    named = options.pop("name", None)
+    if named is not None and not isinstance(named, str):
+        _fail(f"--settings: name must be a mechanism's name, got {named!r}")
+    if mechanism is not None and named is not None and named != mechanism:
+        _fail(f"--mechanism {mechanism!r} and --settings' name {named!r} differ")
+    name = mechanism or named
+    if name is None:
+        _fail("name the mechanism: --mechanism NAME, or a name in --settings")
+    options |= _flag_settings(flags)
+    for item in sets:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            _fail(f"--set expects KEY=VALUE, got {item!r}")
+        options[key.replace("-", "_")] = _option_value(value)
+    return name, options
+
+
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    epilog="Any setting may also be given as --KEY VALUE (--epsilon 1 --partitions 10), the "
+    "form of earlier versions. Options the mechanism's settings do not have are refused by "
+    "name; a mechanism may read its own planning options (see its documentation).",
+)
 def calibrate(
+    ctx: typer.Context,
     mechanism: Annotated[
-        str, typer.Option(help="Mechanism to calibrate: any registered name (voting, esa, ...).")
-    ],
-    epsilon: Annotated[float, typer.Option(help="Epsilon (per answer; DPS-MOZO: in total).")],
-    delta: Annotated[float | None, typer.Option(help="Delta.")] = None,
-    calibration: Annotated[
-        str | None, typer.Option(help="Voting, ESA: classic or analytic.")
+        str | None,
+        typer.Option(
+            help="The mechanism: any name installed here (the mechanism.name of "
+            "POST /v1/contexts); optional when --settings names it.",
+            show_default=False,
+        ),
     ] = None,
-    partitions: Annotated[int | None, typer.Option(help="Voting, ESA: partitions T.")] = None,
-    sensitivity: Annotated[
-        str | None, typer.Option(help="ESA: tight (2/T) or original (1).")
+    settings: Annotated[
+        str | None,
+        typer.Option(
+            "--settings",
+            help="The mechanism's settings as a JSON object, the `mechanism` of "
+            "POST /v1/contexts (`name` optional), or @FILE holding one.",
+            show_default=False,
+        ),
     ] = None,
-    alpha: Annotated[int | None, typer.Option(help="DPS-MOZO paper: Renyi order.")] = None,
-    tokens: Annotated[int | None, typer.Option(help="DPS-MOZO: n_queries x T_max.")] = None,
-    sample_rate: Annotated[float | None, typer.Option(help="DPS-MOZO: n_shots/|D|.")] = None,
-    guarantee: Annotated[
-        str | None, typer.Option(help="DPS-MOZO: proven (true epsilon) or paper (nominal).")
-    ] = None,
-    n_shots: Annotated[int | None, typer.Option(help="DPS-MOZO: shots per token.")] = None,
     set_: Annotated[
         list[str] | None,
         typer.Option(
-            "--set", help="Any other setting of the mechanism, as KEY=VALUE (repeatable)."
+            "--set", help="One setting of the mechanism, as KEY=VALUE (repeatable; JSON values)."
         ),
     ] = None,
 ) -> None:
-    """Print the noise a mechanism needs for (epsilon, delta), as JSON."""
+    """Print the record a context with the mechanism's settings would store (its noise and
+    exact epsilon), as JSON. The settings are validated by the mechanism's own model."""
     from dpicl.mechanisms.registry import MECHANISMS, get_mechanism
 
-    if mechanism not in MECHANISMS:
+    name, options = calibration_settings(mechanism, settings, list(ctx.args), set_ or [])
+    if name not in MECHANISMS:
         # Offline: no server is involved, so say what is installed in this environment and
         # how a plug-in gets there.
-        typer.echo(
-            f"error: no mechanism {mechanism!r} is installed in this Python environment "
+        _fail(
+            f"no mechanism {name!r} is installed in this Python environment "
             f"({sys.prefix}); installed: {', '.join(MECHANISMS)}. A plug-in is found once "
             "its package is installed, e.g. .venv/bin/pip install --no-deps "
-            "./examples/laplace_voting for laplace-voting",
-            err=True,
+            "./examples/laplace_voting for laplace-voting"
         )
-        raise typer.Exit(2)
-    given = {
-        "epsilon": epsilon,
-        "delta": delta,
-        "calibration": calibration,
-        "partitions": partitions,
-        "sensitivity": sensitivity,
-        "alpha": alpha,
-        "tokens": tokens,
-        "sample_rate": sample_rate,
-        "guarantee": guarantee,
-        "n_shots": n_shots,
-    }
-    options: dict[str, object] = {k: v for k, v in given.items() if v is not None}
-    for item in set_ or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            typer.echo(f"error: --set expects KEY=VALUE, got {item!r}", err=True)
-            raise typer.Exit(2)
-        options[key.replace("-", "_")] = _option_value(value)
     try:
-        out = get_mechanism(mechanism).calibration_report(options)
+        out = get_mechanism(name).calibration_report(options)
     except DpiclError as exc:
         typer.echo(f"error: {exc.message}", err=True)
         raise typer.Exit(2) from exc

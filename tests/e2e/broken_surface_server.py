@@ -62,13 +62,14 @@ from sqlalchemy import bindparam, update
 
 import dpicl.api.openai.serving as serving_mod
 import dpicl.api.openai.streaming as streaming_mod
-import dpicl.api.routes.inference as inference_mod
+import dpicl.api.routes.queries as queries_mod
 import dpicl.mechanisms.dps_mozo.mechanism as mozo_mechanism
 import dpicl.mechanisms.dps_mozo.pipeline as mozo_pipeline
 import dpicl.mechanisms.dps_mozo.release as mozo_release
 import dpicl.mechanisms.partitioned as partitioned_mod
 import dpicl.mechanisms.voting.pipeline as voting_pipeline
 import dpicl.privacy.ledger as ledger_mod
+import dpicl.serving.answers as answers_mod
 import dpicl.store.charges as charges_mod
 import dpicl.store.repository as repository_mod
 from dpicl.privacy.calibration import classic_sigma, sigma_for
@@ -152,7 +153,7 @@ RACY_QUERIES = Fault(
     "a query limit checked before the answer and not when charged: bursts overspend it",
 )
 
-_honest_classify_body = inference_mod.classify_body
+_honest_classify_body = queries_mod.classify_body
 #: The request's holder of the clean share (set by the ASGI wrapper, filled by the route).
 _LEAK: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextVar(
     "leak", default=None
@@ -264,7 +265,7 @@ TEMPERATURE_NOISE = Fault(
 )
 
 LEAKY_FIELD = Fault(
-    ((inference_mod, "classify_body", leaky_classify_body),),
+    ((queries_mod, "classify_body", leaky_classify_body),),
     "answers carry the un-noised vote share in an extra field (install leaky_app too)",
 )
 
@@ -306,7 +307,7 @@ PROMPT_TOKENS = Fault(
     "usage.prompt_tokens counts the prompt's characters, the private exemplars included",
 )
 
-_honest_load_context = inference_mod.load_context
+_honest_load_context = answers_mod.load_context
 #: The request's holder of the context's version (set by the ASGI wrapper, filled on load).
 _VERSION: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
     "version", default=None
@@ -349,7 +350,7 @@ def version_app(app: Any) -> Any:
 
 CONTEXT_VERSION = Fault(
     (
-        (inference_mod, "load_context", versioned_load_context),
+        (answers_mod, "load_context", versioned_load_context),
         (serving_mod, "load_context", versioned_load_context),
     ),
     "answers carry a hash of the context's exemplars in a header (install version_app too)",

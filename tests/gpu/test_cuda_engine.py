@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 import torch
 
-from dpicl.contexts import create_context
 from dpicl.engines.base import GenerationParams, PromptSpec
 from dpicl.engines.transformers.engine import TransformersEngine
 from dpicl.engines.tuning import EngineTuning
 from dpicl.pipelines.partitions import partition_prompts
+from dpicl.serving.contexts import create_context
 from dpicl.spec import ContextSpec
 from dpicl.store.repository import ContextRepository, StoredContext
 from tests.conftest import admin_headers, user_headers

@@ -24,7 +24,6 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from dpicl.contexts import create_context
 from dpicl.engines.base import GenerationParams, PromptSpec
 from dpicl.engines.transformers import past as transformers_past
 from dpicl.engines.transformers.engine import TransformersEngine
@@ -32,6 +31,7 @@ from dpicl.engines.transformers.generation import generate_jobs
 from dpicl.engines.transformers.scoring import score_jobs
 from dpicl.engines.tuning import EngineTuning
 from dpicl.pipelines.partitions import partition_prompts
+from dpicl.serving.contexts import create_context
 from dpicl.spec import ContextSpec
 from dpicl.store.repository import ContextRepository, StoredContext
 from tests.server.api_helpers import AUDIT_TEMPLATE, CharTokenizer

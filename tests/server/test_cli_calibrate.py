@@ -6,6 +6,7 @@ test_mechanism_registry.py (a mechanism installed from outside)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -104,3 +105,81 @@ def test_an_unknown_mechanism_is_not_installed_here_not_on_a_server() -> None:
     code, out = calibrate("--mechanism", "no-such-mechanism", "--epsilon", "1")
     assert code == 2 and "'no-such-mechanism'" in out and "server" not in out, out
     assert "installed" in out and "pip install" in out and "voting" in out
+
+
+# Issue 48, item 4: the command takes the mechanism's own settings, whatever they are, and
+# knows none of them: --settings (a JSON object, the `mechanism` of POST /v1/contexts),
+# --set KEY=VALUE, or --KEY VALUE (the form it took before, still served).
+
+ESA_SETTINGS = {
+    "name": "esa",
+    "epsilon": 1,
+    "delta": 1e-5,
+    "partitions": 8,
+    "sensitivity": "original",
+    "calibration": "analytic",
+}
+ESA_FLAGS = (
+    "--mechanism", "esa", "--epsilon", "1", "--delta", "1e-5", "--partitions", "8",
+    "--sensitivity", "original", "--calibration", "analytic",
+)  # fmt: skip
+
+
+def test_the_command_declares_no_setting_of_any_mechanism() -> None:
+    import typer.main
+
+    command: Any = typer.main.get_command(app)
+    declared = {p.name for p in command.commands["calibrate"].params}
+    assert declared == {"mechanism", "settings", "set_"}, declared
+
+
+def test_settings_json_flags_and_set_give_the_same_record(tmp_path: Path) -> None:
+    by_flags = printed(*ESA_FLAGS)
+    assert printed("--settings", json.dumps(ESA_SETTINGS)) == by_flags
+    body = tmp_path / "esa.json"
+    body.write_text(json.dumps(ESA_SETTINGS))
+    assert printed("--settings", f"@{body}") == by_flags
+    sets = [f"--set={k}={json.dumps(v)}" for k, v in ESA_SETTINGS.items() if k != "name"]
+    assert printed("--mechanism", "esa", *sets) == by_flags
+    equals = [f"--{k}={v}" for k, v in ESA_SETTINGS.items() if k != "name"]
+    assert printed("--mechanism", "esa", *equals) == by_flags
+    # Later sources win: --settings, then --KEY VALUE, then --set.
+    again = printed(
+        "--settings", json.dumps(ESA_SETTINGS), "--partitions", "4", "--set", "partitions=6"
+    )
+    assert again["partitions"] == 6
+
+
+MOZO = ("--mechanism", "dps-mozo", "--epsilon", "1", "--delta", "1e-5")
+
+
+def test_a_mechanisms_own_planning_options_reach_it() -> None:
+    # DPS-MOZO's planning options (tokens, sample_rate) are its own: the command only
+    # hands them on, typed as JSON reads them.
+    out = printed(
+        "--mechanism", "dps-mozo", "--set", "epsilon=1", "--set", "delta=1e-5",
+        "--set", "tokens=4800", "--set", "sample_rate=0.004",
+    )  # fmt: skip
+    assert out["guarantee"] == "proven" and out["mechanism"] == "dps-mozo"
+
+
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        (["--settings", "[1]"], "JSON object"),
+        (["--settings", "{"], "not JSON"),
+        (["--settings", "@/no/such/file.json"], "cannot read"),
+        (["--settings", '{"epsilon": 1}'], "--mechanism NAME"),
+        (["--mechanism", "voting", "--settings", '{"name": "esa"}'], "'esa'"),
+        (["--mechanism", "voting", "--epsilon"], "--epsilon needs a value"),
+        (["--mechanism", "voting", "stray", "--epsilon", "1"], "'stray'"),
+        (["--mechanism", "voting", "--set", "epsilon=1", "--set", "=2"], "'=2'"),
+        (["--settings", '{"name": "voting", "epsilon": 1, "sigma": 3}'], "--sigma does not"),
+        ([*MOZO, "--tokens", "x", "--sample-rate", "0.1"], "'x'"),
+        ([*MOZO, "--tokens", "9.5", "--sample-rate", "0.1"], "9.5"),
+        ([*MOZO, "--tokens", "9", "--sample-rate", "often"], "'often'"),
+    ],
+)
+def test_bad_settings_exit_2_naming_them(args: list[str], names: str) -> None:
+    code, out = calibrate(*args)
+    assert code == 2 and names in out, out

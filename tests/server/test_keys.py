@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from alembic import command
 
 from dpicl.config import Settings
-from dpicl.contexts import calibrate_mechanism
+from dpicl.serving.contexts import calibrate_mechanism
 from dpicl.spec import ContextSpec
 from dpicl.store.keys import static_key_id
 from dpicl.store.migrations import _config, head

@@ -17,7 +17,7 @@ import anyio
 import pytest
 from sqlalchemy import event
 
-from dpicl.contexts import cost_of
+from dpicl.serving.contexts import cost_of
 from dpicl.store import repository
 from dpicl.store.context_cache import ContextCache, context_bytes
 from dpicl.store.repository import ContextRepository, sqlite_write_lock
@@ -128,7 +128,7 @@ def test_context_cache_is_bounded_by_bytes(tmp_path: Path) -> None:
     async def contexts() -> list[Any]:
         repo = ContextRepository(f"sqlite:///{tmp_path / 'c.db'}")
         repo.migrate()
-        from dpicl.contexts import create_context
+        from dpicl.serving.contexts import create_context
         from dpicl.spec import ContextSpec
 
         out = []

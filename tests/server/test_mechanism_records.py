@@ -13,7 +13,6 @@ import pytest
 from pydantic import BaseModel, Field
 
 from dpicl.api.routes.debug import DebugClassifyResponse, DebugGenerateResponse, debug_response
-from dpicl.api.schemas import ClassifyResponse
 from dpicl.errors import ConfigurationError
 from dpicl.mechanisms import registry
 from dpicl.mechanisms.base import Answering, Mechanism, Outcome
@@ -25,6 +24,7 @@ from dpicl.mechanisms.voting.pipeline import VotingCalibration
 from dpicl.pipelines.partitions import PartitionLayout
 from dpicl.privacy.ledger import Cost
 from dpicl.store.records import StoredContext
+from dpicl.web.schemas import ClassifyResponse
 
 # The records as the server stored them before the calibrations were typed: the keys, in
 # order (what GET /v1/contexts/{id} shows as `mechanism`).

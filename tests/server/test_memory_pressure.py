@@ -50,14 +50,14 @@ def test_memory_error_parsing_a_body_is_503_not_invalid_json(
 def test_memory_error_while_handling_is_503_and_charges_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import dpicl.api.routes.inference as inference
+    import dpicl.serving.answers as answers
 
     def out_of_memory(query: str, limit: int) -> str:
         raise MemoryError
 
     with make_client(tmp_path) as c:
         cid = c.post("/v1/contexts", json=voting_context(), headers=admin_headers()).json()["id"]
-        monkeypatch.setattr(inference, "check_query", out_of_memory)
+        monkeypatch.setattr(answers, "check_query", out_of_memory)
         r = c.post("/v1/classify", json={"context_id": cid, "query": "q"}, headers=user_headers())
         assert r.status_code == 503 and r.json()["error"]["code"] == "server_busy", r.text
         monkeypatch.undo()

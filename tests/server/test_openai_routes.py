@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from dpicl.api.openai.protocol import ChatCompletionRequest, CompletionRequest, Query
-from dpicl.api.schemas import ClassifyRequest, GenerateRequest
 from dpicl.engines.base import PromptSpec, StepLogits
 from dpicl.engines.oracle.engine import OracleEngine
 from dpicl.errors import InvalidRequest
+from dpicl.web.schemas import ClassifyRequest, GenerateRequest
 from tests.conftest import admin_headers, user_headers
 from tests.server.api_helpers import make_client, voting_context
 

@@ -16,13 +16,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dpicl.contexts import create_context
 from dpicl.engines.base import GenerationParams, PromptSpec
 from dpicl.engines.transformers.engine import TransformersEngine
 from dpicl.engines.transformers.lm_head import BlockedLMHead
 from dpicl.engines.tuning import EngineTuning
 from dpicl.errors import InvalidRequest
 from dpicl.pipelines.partitions import partition_prompts, zero_shot_prompt
+from dpicl.serving.contexts import create_context
 from dpicl.spec import ContextSpec
 from dpicl.store.repository import ContextRepository, StoredContext
 from tests.server.real_model import cpu_only, load_bundled

@@ -31,8 +31,11 @@ LAYERS = {
     "dpicl.store": {"dpicl.errors", "dpicl.metrics"},
 }
 
-#: The layers, bottom up: a module imports only modules of lower layers, or of its own
-#: package. A module is placed by its longest prefix listed here (relative to ``dpicl``).
+#: The layers, bottom up, one entry per folder or top-level module of ``dpicl``: a module
+#: imports only modules of lower layers, or of its own entry. A module is placed by its
+#: folder (its first name below ``dpicl``), file by file: no file is carved out of its folder
+#: (issue 48: ``api/deps.py`` and ``api/schemas.py`` were listed below the mechanisms while
+#: their folder stood above them).
 SERVER_LAYERS: tuple[tuple[str, ...], ...] = (
     ("dpicl", "errors"),
     ("domain", "metrics", "logging_setup"),
@@ -41,14 +44,15 @@ SERVER_LAYERS: tuple[tuple[str, ...], ...] = (
     ("prompts", "privacy"),
     # The kit the mechanisms' pipelines use (partitions, prompts, pay first): no mechanism.
     ("pipelines",),
-    # What any route needs, whoever contributes it (the app or a mechanism's folder): the
-    # running services and who a token acts for, the shared response shapes.
-    ("api.deps", "api.schemas"),
+    # The route kit: what any route needs, whoever contributes it (the app or a mechanism's
+    # folder): the running services and who a token acts for, the shared shapes.
+    ("web",),
     ("mechanisms",),
-    # The body of POST /v1/contexts (the union of the registered settings), then creating a
-    # context, which calibrates it by its mechanism.
+    # The body of POST /v1/contexts (the union of the registered settings).
     ("spec",),
-    ("contexts",),
+    # What the server does for a request, whichever surface asked: create a context (which
+    # calibrates it by its mechanism), answer a query, list contexts.
+    ("serving",),
     ("api",),
     ("cli",),
     ("__main__",),
@@ -91,22 +95,17 @@ def test_no_import_cycles() -> None:
 
 
 def _unit(module: str) -> tuple[int, str]:
-    """(layer, the listed prefix ``module`` belongs to)."""
+    """(layer, the folder or top-level module of ``dpicl`` that ``module`` lies in)."""
     rel = module.removeprefix("dpicl").removeprefix(".") or "dpicl"
-    best: tuple[int, str] | None = None
+    top = rel.split(".")[0]
     for depth, names in enumerate(SERVER_LAYERS):
-        for name in names:
-            if (rel == name or rel.startswith(name + ".")) and (
-                best is None or len(name) > len(best[1])
-            ):
-                best = (depth, name)
-    if best is None:
-        raise AssertionError(f"module {module} is in no layer of SERVER_LAYERS")
-    return best
+        if top in names:
+            return depth, top
+    raise AssertionError(f"module {module} is in no layer of SERVER_LAYERS")
 
 
 def layer_violations(g: dict[str, set[str]]) -> list[str]:
-    """Every import of a higher layer, or of another package of the same layer."""
+    """Every import of a higher layer, or of another folder of the same layer."""
     out = []
     for a in sorted(g):
         la, pa = _unit(a)
@@ -117,8 +116,55 @@ def layer_violations(g: dict[str, set[str]]) -> list[str]:
     return out
 
 
+def is_route(module: str) -> bool:
+    """A module of routes: ``api/routes/*.py``, the OpenAI surface's ``router.py``, a
+    mechanism's ``routes.py``."""
+    parts = module.split(".")
+    return (
+        (parts[:3] == ["dpicl", "api", "routes"] and len(parts) == 4)
+        or module == "dpicl.api.openai.router"
+        or (parts[:2] == ["dpicl", "mechanisms"] and parts[-1] == "routes")
+    )
+
+
+def _hands_on_routes(module: str) -> bool:
+    """The modules that take routers to include them: the app, and a mechanism's
+    ``mechanism.py`` (its ``routers()``, which the registry hands to the app)."""
+    parts = module.split(".")
+    return module == "dpicl.api.app" or (
+        parts[:2] == ["dpicl", "mechanisms"] and parts[-1] == "mechanism"
+    )
+
+
+def route_violations(g: dict[str, set[str]]) -> list[str]:
+    """Every import of a route module by anything but the app (or a mechanism's
+    ``mechanism.py``): a route importing a sibling route, or a surface's service importing
+    a route (issue 48: ``api/openai/serving.py`` and ``routes/debug.py`` took the outcomes
+    from ``routes/inference.py``). What routes share lies below them, in ``serving/`` and
+    ``web/``."""
+    return [
+        f"{a} -> {b}"
+        for a in sorted(g)
+        if not _hands_on_routes(a)
+        for b in sorted(g[a])
+        if is_route(b)
+    ]
+
+
+def arrows_back_up(g: dict[str, set[str]]) -> list[str]:
+    """The arrows that run back up, counted file by file: against the layer order of the
+    folders, and between routes."""
+    return layer_violations(g) + route_violations(g)
+
+
 def test_layers_run_one_way() -> None:
-    assert layer_violations(graph(PACKAGE)) == []
+    g = graph(PACKAGE)
+    # Every folder and top-level module of the package has its layer (no file is carved out).
+    tops = {m.split(".")[1] for m in g if m != "dpicl"}
+    assert tops <= {name for layer in SERVER_LAYERS for name in layer}
+    assert all("." not in name for layer in SERVER_LAYERS for name in layer)
+    assert sum(map(is_route, g)) >= 8  # the routes are found
+    assert arrows_back_up(g) == []
 
 
 @pytest.mark.parametrize(
@@ -128,16 +174,29 @@ def test_layers_run_one_way() -> None:
         (("dpicl.pipelines.partitions", "dpicl.mechanisms.partitioning"), True),
         (("dpicl.pipelines.contexts", "dpicl.spec"), True),
         (("dpicl.privacy.mozo_proven", "dpicl.mechanisms.dps_mozo.proven"), True),
-        (("dpicl.api.deps", "dpicl.mechanisms.registry"), True),
+        (("dpicl.web.deps", "dpicl.mechanisms.registry"), True),
         (("dpicl.metrics", "dpicl.config"), True),
-        (("dpicl.mechanisms.dps_mozo.routes", "dpicl.api.deps"), False),
-        (("dpicl.contexts", "dpicl.spec"), False),
-        (("dpicl.api.openai.serving", "dpicl.api.routes.inference"), False),
+        # The arrows that ran back up before issue 48, counted file by file.
+        (("dpicl.mechanisms.dps_mozo.routes", "dpicl.api.deps"), True),
+        (("dpicl.mechanisms.dps_mozo.routes", "dpicl.api.schemas"), True),
+        (("dpicl.api.openai.serving", "dpicl.api.routes.inference"), True),
+        (("dpicl.api.openai.serving", "dpicl.api.routes.contexts"), True),
+        (("dpicl.api.routes.debug", "dpicl.api.routes.inference"), True),
+        (("dpicl.api.routes.debug", "dpicl.api.routes.queries"), True),
+        (("dpicl.api.routes.zero_shot", "dpicl.api.routes.inference"), True),
+        (("dpicl.serving.answers", "dpicl.api.deps"), True),
+        # As they are now.
+        (("dpicl.mechanisms.dps_mozo.routes", "dpicl.web.deps"), False),
+        (("dpicl.mechanisms.dps_mozo.mechanism", "dpicl.mechanisms.dps_mozo.routes"), False),
+        (("dpicl.serving.contexts", "dpicl.spec"), False),
+        (("dpicl.api.openai.serving", "dpicl.serving.answers"), False),
+        (("dpicl.api.routes.debug", "dpicl.serving.answers"), False),
+        (("dpicl.api.app", "dpicl.api.routes.queries"), False),
     ],
 )
 def test_the_layer_check_can_fail(edge: tuple[str, str], bad: bool) -> None:
     a, b = edge
-    assert bool(layer_violations({a: {b}, b: set()})) is bad
+    assert bool(arrows_back_up({a: {b}, b: set()})) is bad
 
 
 def test_only_the_registry_reaches_a_mechanisms_folder() -> None:

@@ -134,3 +134,22 @@ def test_zero_shot_refusals_name_the_value(tmp_path: Path) -> None:
         assert r.status_code in (401, 403), r.text
         r = c.post("/v1/zero-shot", json={"context_id": cid, "query": "hi"})
         assert r.status_code == 401
+
+
+def test_the_baseline_samples_as_its_mechanism_says() -> None:
+    """The route reads no stored record by key (issue 48): a mechanism's ``sampling`` says
+    how its answers sample; by default from its calibration's temperature and max_tokens,
+    argmax and the server's default length where it has none (a plug-in's voting variant)."""
+    from pydantic import BaseModel
+
+    from dpicl.mechanisms.base import Sampling
+    from dpicl.mechanisms.registry import get_mechanism
+
+    esa = get_mechanism("esa")
+    cal = esa.calibrate(esa.settings.model_validate({"name": "esa", "epsilon": 1.0}), 10)  # type: ignore[union-attr]
+    assert esa.sampling(cal) == Sampling(temperature=cal.temperature, max_tokens=cal.max_tokens)
+
+    class Bare(BaseModel):
+        epsilon: float = 1.0
+
+    assert get_mechanism("voting").sampling(Bare()) == Sampling(0.0, None)

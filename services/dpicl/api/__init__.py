@@ -1,1 +1,1 @@
-"""The HTTP layer: thin routes over the pipelines."""
+"""The HTTP layer: thin routes over the answering service (:mod:`dpicl.serving`)."""

@@ -14,19 +14,19 @@ from fastapi import FastAPI
 from dpicl import __version__
 from dpicl.api.access_log import AccessLogMiddleware
 from dpicl.api.body_timeout import BodyTimeoutMiddleware
-from dpicl.api.deps import Services
 from dpicl.api.docs import docs_router
 from dpicl.api.errors import BodyLimitMiddleware, install_error_handlers
 from dpicl.api.openai.router import router as openai_router
-from dpicl.api.routes import contexts, debug, health, inference, keys, zero_shot
+from dpicl.api.routes import contexts, debug, health, keys, queries, zero_shot
 from dpicl.api.routes.metrics import metrics_router
-from dpicl.api.schemas import ErrorResponse
 from dpicl.config import Settings
 from dpicl.engines.base import Embedder, Engine
 from dpicl.mechanisms.registry import routers as mechanism_routers
 from dpicl.privacy.accounting import MU2_RTOL
 from dpicl.privacy.ledger import Ledger
 from dpicl.store.repository import ContextRepository
+from dpicl.web.deps import Services
+from dpicl.web.schemas import ErrorResponse
 
 log = logging.getLogger("dpicl")
 
@@ -146,7 +146,7 @@ def build_app(
     # A request is matched against the routes in the order they were included: the
     # inference routes (nearly all the traffic) first, ahead of a dozen others that each
     # cost a match per answer (issue 30). No other route shares their paths.
-    app.include_router(inference.router)
+    app.include_router(queries.router)
     app.include_router(health.router)
     app.include_router(contexts.router)
     for mechanism_router in mechanism_routers():  # DPS-MOZO's synthesis, ...

@@ -14,11 +14,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from dpicl.api.deps import URL_TOKEN_PATTERN
 from dpicl.api.openai.errors import is_openai_path, openai_error_response
 from dpicl.domain import NO_NUL, NONBLANK_NO_NUL
 from dpicl.errors import DpiclError, EngineError, PayloadTooLarge, StorageUnavailable
 from dpicl.metrics import note_refusal
+from dpicl.web.deps import URL_TOKEN_PATTERN
 
 log = logging.getLogger("dpicl.api")
 

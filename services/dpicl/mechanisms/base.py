@@ -33,7 +33,7 @@ C = TypeVar("C", bound=BaseModel)
 
 
 class Runtime(Protocol):
-    """What a pipeline may use of the running server (``dpicl.api.deps.Services``)."""
+    """What a pipeline may use of the running server (``dpicl.web.deps.Services``)."""
 
     @property
     def engine(self) -> Engine: ...
@@ -83,6 +83,16 @@ class Answering:
     max_tokens: int | None = None  # the request's max_tokens (generation)
     exact: bool = False  # compute exact white-box diagnostics (DPICL_WHITEBOX=internal)
     sink: TokenSink | None = None  # stream the answer to it, where the mechanism can
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """How a context's answers sample from the model: what the zero-shot baseline
+    (``POST /v1/zero-shot``) answers with, so that it differs from a private answer only by
+    the exemplars and the noise."""
+
+    temperature: float = 0.0  # 0: argmax
+    max_tokens: int | None = None  # a generation's tokens; None: the server's default
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +157,17 @@ class Mechanism(ABC, Generic[C]):
         loaded context (kept with it: :meth:`StoredContext.record_as`)."""
         return context.record_as(self.calibration)
 
+    def sampling(self, calibration: C) -> Sampling:
+        """How ``calibration``'s answers sample (:class:`Sampling`); default: its
+        ``temperature`` and ``max_tokens`` where it has them as numbers, else argmax and the
+        server's default length."""
+        temperature = getattr(calibration, "temperature", None)
+        tokens = getattr(calibration, "max_tokens", None)
+        return Sampling(
+            temperature=float(temperature) if isinstance(temperature, int | float) else 0.0,
+            max_tokens=int(tokens) if isinstance(tokens, int | float) else None,
+        )
+
     def own_budget(self, calibration: C) -> OwnBudget | None:
         """The context's budget when the mechanism sets it itself; None: the request's."""
         return None
@@ -175,11 +196,12 @@ class Mechanism(ABC, Generic[C]):
         return ()
 
     def calibration_report(self, options: Mapping[str, Any]) -> Record:
-        """What ``dpicl calibrate`` prints for ``options`` (the command's options that were
-        given, by settings field name: ``epsilon``, ``delta``, ``partitions``, ...): the
-        record a context with these settings would store (:meth:`calibrate`), without the
-        partition seed, which is drawn per context. An option the settings do not have, or
-        a value they refuse, is a :class:`ConfigurationError` naming it."""
+        """What ``dpicl calibrate`` prints for ``options`` (the settings the command was
+        given, by field name, as JSON reads them: from ``--settings``, ``--set KEY=VALUE``
+        or ``--KEY VALUE``; the command knows none of them): the record a context with these
+        settings would store (:meth:`calibrate`), without the partition seed, which is drawn
+        per context. An option the settings do not have, or a value they refuse, is a
+        :class:`ConfigurationError` naming it."""
         settings = settings_from_options(self, options)
         n = int(getattr(settings, "partitions", 1))  # the fewest exemplars it can serve
         record = self.record(self.calibrate(settings, n))

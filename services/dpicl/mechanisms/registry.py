@@ -37,6 +37,9 @@ A mechanism is a subclass of :class:`dpicl.mechanisms.base.Mechanism` with:
   (:meth:`dpicl.store.records.StoredContext.record_as`), never the record by key;
 * ``calibrate(settings, n_exemplars)``: the calibration, once, at creation; stored as
   ``record(calibration)`` (default: its ``model_dump()``);
+* ``sampling(calibration)``: how its answers sample (temperature, a generation's
+  ``max_tokens``), which the zero-shot baseline answers with (default: the calibration's
+  ``temperature`` and ``max_tokens`` where it has them, else argmax);
 * ``own_budget(calibration)``: the context's budget when the mechanism sets it itself
   (DPS-MOZO: epsilon over ``queries`` answers); default None: the request's ``budget``;
 * ``cost(calibration)``: one answer's cost event (:class:`dpicl.privacy.ledger.Cost`), which

@@ -8,5 +8,5 @@ it sits below the mechanisms and knows none of them.
   and the zero-shot baseline's).
 
 Creating a context, which calibrates it by its mechanism, sits above the mechanisms:
-:mod:`dpicl.contexts`.
+:mod:`dpicl.serving.contexts`.
 """

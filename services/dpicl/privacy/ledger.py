@@ -151,7 +151,7 @@ class Ledger:
             # accountant (budgeted in queries) has no mu^2 to add.
             raise InvalidRequest(
                 f"key {p.key_id} has a privacy budget, which composes the Gaussian (mu^2) "
-                f"costs of voting and ESA answers; context {context.id} uses "
+                f"costs of answers; context {context.id} uses "
                 f"{context.mechanism_name}, whose cost it cannot add: query it with a "
                 "key without a privacy budget",
                 param="context_id",

@@ -34,9 +34,9 @@ from pydantic import (
     WithJsonSchema,
 )
 
-from dpicl.api.schemas import ClassifyRequest, GenerateRequest
 from dpicl.domain import MAX_TEXT_CHARS, NONBLANK_NO_NUL
 from dpicl.errors import InvalidRequest, UnsupportedParameter
+from dpicl.web.schemas import ClassifyRequest, GenerateRequest
 
 #: At most this many messages in a chat request (only the last one is read).
 MAX_MESSAGES = 1000

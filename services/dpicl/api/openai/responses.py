@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from dpicl.api.schemas import BudgetInfo, CostInfo
+from dpicl.web.schemas import BudgetInfo, CostInfo
 
 
 class DpiclAnswer(BaseModel):

@@ -12,7 +12,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
-from dpicl.api.deps import Caller, ModelPath, Svc, only_query_params
 from dpicl.api.disconnect import unless_disconnected
 from dpicl.api.openai.protocol import ChatCompletionRequest, CompletionRequest, OpenAIRequest
 from dpicl.api.openai.responses import ChatCompletion, Model, ModelList, TextCompletion
@@ -20,6 +19,7 @@ from dpicl.api.openai.serving import answer, completion_body, cost_headers, mode
 from dpicl.api.openai.streaming import stream_answer
 from dpicl.domain import MAX_LIST_LIMIT
 from dpicl.store.keys import Principal
+from dpicl.web.deps import Caller, ModelPath, Svc, only_query_params
 
 _ERROR = {
     "content": {

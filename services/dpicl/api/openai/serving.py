@@ -3,8 +3,8 @@
 A request checks itself, names its query and converts itself to the native request that
 ``/v1/classify`` or ``/v1/generate`` would get (:mod:`dpicl.api.openai.protocol`); the
 context is loaded once, and the answer comes from the same outcome functions as theirs
-(:func:`~dpicl.api.routes.inference.classify_outcome`,
-:func:`~dpicl.api.routes.inference.generate_outcome`), so it is charged to the same ledger
+(:func:`~dpicl.serving.answers.classify_outcome`,
+:func:`~dpicl.serving.answers.generate_outcome`), so it is charged to the same ledger
 by the same rule. Only the shapes differ: OpenAI's body, with dpicl's cost and budget in an
 extension object (``dpicl``) and in ``X-DPICL-*`` headers.
 
@@ -20,20 +20,20 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from dpicl.api.deps import Services, load_context
 from dpicl.api.openai.protocol import Kind, OpenAIRequest, Query
 from dpicl.api.openai.responses import DpiclAnswer, DpiclModel, Model, ModelList, Usage, UsageCost
-from dpicl.api.routes.contexts import list_reachable
-from dpicl.api.routes.inference import classify_outcome, generate_outcome
-from dpicl.api.schemas import BudgetInfo, ClassifyRequest, CostInfo
-from dpicl.contexts import cost_of
 from dpicl.engines.base import Engine
 from dpicl.engines.placement import placement_of
 from dpicl.errors import DpiclError, ModelNotFound, NotFound
 from dpicl.mechanisms.base import TokenSink
 from dpicl.privacy.ledger import BudgetStatus, Cost, Ledger
+from dpicl.serving.answers import classify_outcome, generate_outcome
+from dpicl.serving.contexts import cost_of
+from dpicl.serving.listing import list_reachable
 from dpicl.store.keys import Principal
 from dpicl.store.repository import StoredContext
+from dpicl.web.deps import Services, load_context
+from dpicl.web.schemas import BudgetInfo, ClassifyRequest, CostInfo
 
 
 @contextmanager

@@ -19,7 +19,6 @@ from typing import Any
 
 from fastapi.responses import StreamingResponse
 
-from dpicl.api.deps import Services
 from dpicl.api.openai.errors import openai_status
 from dpicl.api.openai.protocol import Kind, OpenAIRequest, Query
 from dpicl.api.openai.serving import (
@@ -34,6 +33,7 @@ from dpicl.errors import DpiclError
 from dpicl.metrics import note_refusal
 from dpicl.privacy.ledger import BudgetStatus, Cost
 from dpicl.store.keys import Principal
+from dpicl.web.deps import Services
 
 
 def _sse(payload: dict[str, Any] | str) -> str:

@@ -1,12 +1,20 @@
 from __future__ import annotations
 
-import re
-from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response, status
 
-from dpicl.api.deps import (
+from dpicl.api.spend_schemas import SpendReport
+from dpicl.domain import MAX_LIST_LIMIT
+from dpicl.errors import NotFound
+from dpicl.metrics import forget_context
+from dpicl.privacy.ledger import Ledger
+from dpicl.serving.contexts import cost_of, create_context
+from dpicl.serving.listing import CURSOR_PATTERN, decode_cursor, encode_cursor, list_reachable
+from dpicl.spec import ContextSpec
+from dpicl.store.keys import ADMIN, spend_of
+from dpicl.store.repository import StoredContext, is_context_id
+from dpicl.web.deps import (
     Admin,
     Caller,
     ContextIdPath,
@@ -15,20 +23,11 @@ from dpicl.api.deps import (
     load_context,
     only_query_params,
 )
-from dpicl.api.schemas import (
+from dpicl.web.schemas import (
     ContextInfo,
     ContextList,
     ErrorResponse,
 )
-from dpicl.api.spend_schemas import SpendReport
-from dpicl.contexts import cost_of, create_context
-from dpicl.domain import MAX_LIST_LIMIT
-from dpicl.errors import InvalidRequest, NotFound
-from dpicl.metrics import forget_context
-from dpicl.privacy.ledger import Ledger
-from dpicl.spec import ContextSpec
-from dpicl.store.keys import ADMIN, Principal, spend_of
-from dpicl.store.repository import ContextKey, ListedContext, StoredContext, is_context_id
 
 #: Contexts per page when `limit` is not given.
 DEFAULT_LIST_LIMIT = 100
@@ -53,41 +52,6 @@ def _info(ctx: StoredContext) -> ContextInfo:
 async def create(spec: ContextSpec, svc: Svc) -> ContextInfo:
     """Create a context: private exemplars guarded by a DP mechanism and an optional budget."""
     return _info(await create_context(spec, svc.repo, svc.settings))
-
-
-#: A cursor: the created_at (microseconds since the epoch, UTC) and the id of a page's last
-#: context. Its form is all there is to check: any cursor of this form names a place in the
-#: listing's order, so the published schema (this pattern) says exactly which are accepted
-#: (issue 39; it was base64, whose content no schema can describe).
-CURSOR_PATTERN = r"^[0-9]{1,16}_ctx_[0-9a-f]{24}$"
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICROSECOND = timedelta(microseconds=1)
-
-
-def encode_cursor(key: ContextKey) -> str:
-    """The cursor of the (created_at, id) of a page's last context (:data:`CURSOR_PATTERN`)."""
-    at, cid = key
-    return f"{(at - _EPOCH) // _MICROSECOND}_{cid}"
-
-
-def decode_cursor(cursor: str) -> ContextKey:
-    """The key a cursor from :func:`encode_cursor` holds, or a 422 naming it."""
-    if re.fullmatch(CURSOR_PATTERN, cursor) is None:
-        raise InvalidRequest(
-            f"cursor {cursor[:80]!r} is not one this server issued: pass the `next` of "
-            "the previous page",
-            param="cursor",
-        )
-    micros, cid = cursor.split("_", 1)
-    return _EPOCH + int(micros) * _MICROSECOND, cid
-
-
-async def list_reachable(
-    svc: Svc, principal: Principal, limit: int, after: ContextKey | None
-) -> tuple[list[ListedContext], ContextKey | None]:
-    """One page of the contexts ``principal`` reaches: what ``GET /v1/contexts`` lists (the
-    admin and static keys: all; a database key: its own contexts or its tenant's)."""
-    return await svc.repo.list_page(limit, after, principal=principal)
 
 
 @router.get("", response_model=ContextList, dependencies=[only_query_params(*LIST_PARAMS)])

@@ -17,19 +17,19 @@ from fastapi import APIRouter
 from pydantic import BaseModel, Field, create_model
 from pydantic.fields import FieldInfo
 
-from dpicl.api.deps import Admin, AdminCaller, Svc
-from dpicl.api.routes.inference import (
-    ERRORS,
-    classify_body,
-    classify_outcome,
-    generate_body,
-    generate_outcome,
-)
-from dpicl.api.schemas import ClassifyRequest, ClassifyResponse, GenerateRequest, GenerateResponse
 from dpicl.domain import Task
 from dpicl.errors import ConfigurationError, InvalidRequest
 from dpicl.mechanisms.base import Outcome
 from dpicl.mechanisms.registry import MECHANISMS, mechanism_of
+from dpicl.serving.answers import classify_body, classify_outcome, generate_body, generate_outcome
+from dpicl.web.deps import Admin, AdminCaller, Svc
+from dpicl.web.schemas import (
+    ANSWER_ERRORS,
+    ClassifyRequest,
+    ClassifyResponse,
+    GenerateRequest,
+    GenerateResponse,
+)
 
 WHITEBOX = Field(description="noisy or internal")
 
@@ -77,7 +77,9 @@ def debug_response(name: str, base: type[BaseModel], task: Task) -> type[BaseMod
 DebugClassifyResponse = debug_response("DebugClassifyResponse", ClassifyResponse, "classification")
 DebugGenerateResponse = debug_response("DebugGenerateResponse", GenerateResponse, "generation")
 
-router = APIRouter(prefix="/v1/debug", tags=["debug"], dependencies=[Admin], responses=ERRORS)
+router = APIRouter(
+    prefix="/v1/debug", tags=["debug"], dependencies=[Admin], responses=ANSWER_ERRORS
+)
 
 
 def _view(out: Outcome, whitebox: str) -> dict[str, object]:

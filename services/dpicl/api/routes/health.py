@@ -8,12 +8,12 @@ import os
 from fastapi import APIRouter
 
 from dpicl import __version__
-from dpicl.api.deps import Svc
-from dpicl.api.schemas import ErrorResponse, Health, HealthLimits, Readiness
 from dpicl.engines.placement import placement_of
 from dpicl.engines.threads import ThreadPlan
 from dpicl.errors import EngineError, StorageUnavailable
 from dpicl.store.migrations import head
+from dpicl.web.deps import Svc
+from dpicl.web.schemas import ErrorResponse, Health, HealthLimits, Readiness
 
 router = APIRouter(tags=["health"])
 

@@ -7,8 +7,6 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response, status
 
-from dpicl.api.deps import Admin, KeyIdPath, Svc, cursor_query, only_query_params
-from dpicl.api.schemas import ErrorResponse
 from dpicl.api.spend_schemas import KeyCreated, KeyInfo, KeyList, KeySpec
 from dpicl.errors import ConfigurationError, InvalidRequest, NotFound
 from dpicl.privacy.accounting import budget_mu2
@@ -22,6 +20,8 @@ from dpicl.store.keys import (
     revoke_key,
     secret_hash,
 )
+from dpicl.web.deps import Admin, KeyIdPath, Svc, cursor_query, only_query_params
+from dpicl.web.schemas import ErrorResponse
 
 router = APIRouter(
     prefix="/v1/keys",

@@ -9,10 +9,10 @@ import os
 from fastapi import APIRouter, Depends, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
 
-from dpicl.api.deps import require_admin
-from dpicl.api.schemas import ErrorResponse
 from dpicl.engines.memory import device_memory
 from dpicl.metrics import DEVICE_MEMORY_BYTES, MULTIPROCESS_DIR_VAR
+from dpicl.web.deps import require_admin
+from dpicl.web.schemas import ErrorResponse
 
 
 def exposition() -> bytes:

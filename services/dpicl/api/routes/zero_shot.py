@@ -12,27 +12,19 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from dpicl.api.deps import AdminCaller, load_context, services_of
-from dpicl.api.routes.inference import ERRORS
-from dpicl.api.schemas import GenerateRequest, ZeroShotResponse
 from dpicl.engines.base import GenerationParams
 from dpicl.errors import InvalidRequest
+from dpicl.mechanisms.registry import mechanism_of
 from dpicl.pipelines.partitions import check_query, zero_shot_prompt
 from dpicl.pipelines.votes import partition_votes
 from dpicl.privacy.randomness import entropy_seed, secure_rng
+from dpicl.web.deps import AdminCaller, load_context, services_of
+from dpicl.web.schemas import ANSWER_ERRORS, GenerateRequest, ZeroShotResponse
 
-router = APIRouter(prefix="/v1", tags=["inference"], responses=ERRORS)
+router = APIRouter(prefix="/v1", tags=["inference"], responses=ANSWER_ERRORS)
 
 #: Tokens of a zero-shot generation when neither the request nor the context names a count.
 _DEFAULT_MAX_TOKENS = 48
-
-
-def _number(value: object, default: float) -> float:
-    """A number of the stored mechanism record, or ``default`` where it has none (a
-    mechanism without sampling settings, e.g. a plug-in's voting variant)."""
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    return float(default)
 
 
 @router.post("/zero-shot", response_model=ZeroShotResponse)
@@ -44,10 +36,11 @@ async def zero_shot(
     query = check_query(req.query, svc.settings.max_query_chars)
     ctx = await load_context(req.context_id, svc, caller)
     prompt = zero_shot_prompt(ctx, query)
-    m = ctx.mechanism
     # The context's own sampling settings, so that the baseline differs from its private
-    # answers only by the exemplars (and the noise).
-    temperature = _number(m.get("temperature"), 0.0)
+    # answers only by the exemplars (and the noise); its mechanism says what they are.
+    mechanism = mechanism_of(ctx)
+    sampling = mechanism.sampling(mechanism.calibration_of(ctx))
+    temperature = sampling.temperature
     if ctx.task == "classification":
         if req.max_tokens is not None:
             raise InvalidRequest(
@@ -63,7 +56,7 @@ async def zero_shot(
         return ZeroShotResponse(
             context_id=ctx.id, task=ctx.task, label=label, engine=svc.engine.name
         )
-    tokens = int(req.max_tokens or _number(m.get("max_tokens"), _DEFAULT_MAX_TOKENS))
+    tokens = req.max_tokens or sampling.max_tokens or _DEFAULT_MAX_TOKENS
     params = GenerationParams(max_tokens=tokens, temperature=temperature, seed=entropy_seed())
     texts = await svc.engine.generate([prompt], params)
     return ZeroShotResponse(context_id=ctx.id, task=ctx.task, text=texts[0], engine=svc.engine.name)

@@ -135,11 +135,13 @@ def calibration_report(options: Mapping[str, Any]) -> Record:
             "dps-mozo needs --tokens (n_queries x T_max) and --sample-rate (n_shots/|D|)",
             param="tokens" if tokens is None else "sample_rate",
         )
-    if not 1 <= tokens <= MAX_TOKENS:
+    # The command line hands its values on as JSON parsed them (a text where it is none).
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= MAX_TOKENS:
         raise ConfigurationError(
-            f"--tokens must lie in [1, {MAX_TOKENS}], got {tokens!r}", param="tokens"
+            f"--tokens must be an integer in [1, {MAX_TOKENS}], got {tokens!r}", param="tokens"
         )
-    if not 0.0 < rate <= 1.0:  # also false for NaN
+    if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0.0 < rate <= 1.0:
+        # (the range check is also false for NaN)
         raise ConfigurationError(
             f"--sample-rate must lie in (0, 1], got {rate!r}", param="sample_rate"
         )

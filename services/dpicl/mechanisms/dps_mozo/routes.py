@@ -3,8 +3,8 @@
 registry (:meth:`~dpicl.mechanisms.base.Mechanism.routers`); the app includes it beside
 the contexts routes, so the core routes know nothing of synthesis.
 
-It uses the API's kit below the mechanisms (:mod:`dpicl.api.deps`: the services and who a
-token acts for; :mod:`dpicl.api.schemas`: the shared response shapes) and nothing above.
+It uses the route kit below the mechanisms (:mod:`dpicl.web.deps`: the services and who a
+token acts for; :mod:`dpicl.web.schemas`: the shared response shapes) and nothing above.
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ from typing import Annotated
 from fastapi import APIRouter, Request, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 
-from dpicl.api.deps import Admin, ContextIdPath, Svc, load_context
-from dpicl.api.schemas import BudgetInfo, ContextInfo, CostInfo, ErrorResponse
 from dpicl.domain import (
     MAX_NAME_CHARS,
     MAX_SYNTHESIZE_INPUTS,
@@ -30,6 +28,8 @@ from dpicl.metrics import record_release
 from dpicl.privacy.ledger import Ledger
 from dpicl.privacy.randomness import secure_rng
 from dpicl.store.keys import ADMIN
+from dpicl.web.deps import Admin, ContextIdPath, Svc, load_context
+from dpicl.web.schemas import BudgetInfo, ContextInfo, CostInfo, ErrorResponse
 
 #: nginx's "client closed request": the status a synthesis stopped by a disconnect is
 #: logged with (nobody is left to read it).

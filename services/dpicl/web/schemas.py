@@ -27,6 +27,13 @@ class ErrorResponse(BaseModel):
     error: ErrorBody
 
 
+#: The error responses a route that answers a query documents (the native, the zero-shot and
+#: the white-box answering routes).
+ANSWER_ERRORS: dict[int | str, dict[str, object]] = {
+    code: {"model": ErrorResponse} for code in (401, 402, 404, 413, 422, 429, 503)
+}
+
+
 class CostInfo(BaseModel):
     epsilon: float = Field(description="Per-answer epsilon as configured.")
     delta: float

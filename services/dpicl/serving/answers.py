@@ -1,18 +1,14 @@
+"""Answering a query, whatever surface asked (``/v1/classify``, ``/v1/generate``, the
+OpenAI-compatible routes, the white-box routes): the context loaded within the caller's
+scope, the query checked, the context's mechanism looked up in the registry and asked for one
+answer (charged to the context and to the caller's key), the release counted in the metrics.
+
+Above the mechanisms (it asks the registry), below every route: the routes shape what it
+returns and import nothing of each other.
+"""
+
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
-
-from dpicl.api.deps import Caller, Services, load_context, services_of
-from dpicl.api.disconnect import unless_disconnected
-from dpicl.api.schemas import (
-    BudgetInfo,
-    ClassifyRequest,
-    ClassifyResponse,
-    CostInfo,
-    ErrorResponse,
-    GenerateRequest,
-    GenerateResponse,
-)
 from dpicl.errors import InvalidRequest
 from dpicl.mechanisms.base import Answering, Outcome, TokenSink
 from dpicl.mechanisms.registry import mechanism_of, serving
@@ -21,12 +17,8 @@ from dpicl.pipelines.partitions import check_query
 from dpicl.privacy.randomness import secure_rng
 from dpicl.store.keys import Principal
 from dpicl.store.repository import StoredContext
-
-ERRORS: dict[int | str, dict[str, object]] = {
-    code: {"model": ErrorResponse} for code in (401, 402, 404, 413, 422, 429, 503)
-}
-
-router = APIRouter(prefix="/v1", tags=["inference"], responses=ERRORS)
+from dpicl.web.deps import Services, load_context
+from dpicl.web.schemas import BudgetInfo, ClassifyRequest, CostInfo, GenerateRequest
 
 
 def check_serves(ctx: StoredContext, task: str, path: str) -> None:
@@ -107,17 +99,6 @@ def classify_body(out: Outcome, engine: str) -> dict[str, object]:
     }
 
 
-# The hot routes take the services from the request and their caller from one dependency
-# (``Caller``, which also declares the bearer scheme): each nested dependency FastAPI solves
-# costs about as much as a database round trip on the oracle engine (issue 30).
-@router.post("/classify", response_model=ClassifyResponse)
-async def classify(req: ClassifyRequest, request: Request, caller: Caller) -> ClassifyResponse:
-    """Classify a query with private voting; returns the label, its cost and the budget left."""
-    svc = services_of(request)
-    out = await unless_disconnected(request, classify_outcome(req, svc, principal=caller))
-    return ClassifyResponse.model_validate(classify_body(out, svc.engine.name))
-
-
 def released(out: Outcome) -> None:
     """Count an answer's cost in the privacy metrics (dpicl.metrics)."""
     record_release(
@@ -162,11 +143,3 @@ def generate_body(out: Outcome, engine: str) -> dict[str, object]:
         "cost": CostInfo.of(out.cost),
         "budget": BudgetInfo.of(out.budget),
     }
-
-
-@router.post("/generate", response_model=GenerateResponse)
-async def generate(req: GenerateRequest, request: Request, caller: Caller) -> GenerateResponse:
-    """Generate text (ESA, DPS-MOZO or public few-shot); returns it, its cost and budget left."""
-    svc = services_of(request)
-    out = await unless_disconnected(request, generate_outcome(req, svc, principal=caller))
-    return GenerateResponse.model_validate(generate_body(out, svc.engine.name))
