@@ -20,10 +20,9 @@ inside a function, closes a cycle)::
                        RDP, thresholds, white-box figures, power, conformance, family-wise
                        claims; bootstrap.py (Algorithm 1 of paper 000, vectorised) and
                        noise_check.py its guard; figure_power.py, trial_budget.py
-    mechanisms/settings.py, mechanisms/*/settings.py, mechanisms/catalog.py
-                       each mechanism's audit settings (the plan's [mechanism]), and the
-                       one list of them, known without importing the audits
-    attacks.py         each attack's threat models and source
+    catalog/           what the plan names: settings (what every mechanism's audit
+                       settings share), mechanisms (the one list of them, each loaded by
+                       name), attacks (each one's threat models and source)
     verdicts/          what a bound says about the claims (violation, bug, nonconforming,
                        inconclusive, ok): model (the one Verdict type, its Status and the
                        CLI's exit code by the worst of them), claims (the rules applied)
@@ -58,11 +57,11 @@ inside a function, closes a cycle)::
                        list, ...), rdp (divergence), utility
     demo/              ``make demo``: servers, audits, main
 
-A new mechanism is one package in ``mechanisms/`` (its settings listed in
-:data:`dpicl_audit.mechanisms.catalog.BUILTIN`), or one outside this package registered
-through the ``dpicl_audit.mechanisms`` entry point group (:mod:`dpicl_audit.mechanisms.catalog`,
-``examples/laplace_voting``); a new attack is an entry in :data:`dpicl_audit.attacks.ATTACKS`
-named in the ``attacks`` of the mechanisms that handle it; a new verdict is a branch in
+A new mechanism is one package in ``mechanisms/`` (its settings named in
+:data:`dpicl_audit.catalog.mechanisms.BUILTIN`), or one outside this package registered
+through the ``dpicl_audit.mechanisms`` entry point group (``examples/laplace_voting``); a
+new attack is an entry in :data:`dpicl_audit.catalog.attacks.ATTACKS` named in the
+``attacks`` of the mechanisms that handle it; a new verdict is a branch in
 :mod:`dpicl_audit.verdicts`.
 
 Every error the auditor raises on purpose belongs to one tree (:mod:`dpicl_audit.errors`)::

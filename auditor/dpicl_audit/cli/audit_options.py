@@ -13,7 +13,7 @@ from typing import Literal
 
 import typer
 
-from dpicl_audit.attacks import ATTACKS, mechanisms_taking
+from dpicl_audit.catalog.attacks import ATTACKS, Attack, mechanisms_taking
 from dpicl_audit.cli.common import (
     AdminOpt,
     DbOpt,
@@ -38,7 +38,6 @@ from dpicl_audit.cli.flags import (
 )
 from dpicl_audit.plan import (
     ALL_PROBES,
-    Attack,
     Calibration,
     CanaryKind,
     EmbeddingSource,

@@ -48,11 +48,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
+from dpicl_audit.catalog.settings import MechanismSettings, PartitionedSettings
 from dpicl_audit.client import AuditTarget, ContextBody, GenerationTarget
 from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import TargetProtocolError
 from dpicl_audit.jsontypes import JsonObject
-from dpicl_audit.mechanisms.settings import MechanismSettings, PartitionedSettings
 from dpicl_audit.mechanisms.trial_estimates import (
     estimate_trials,
     figure_fields,

@@ -8,11 +8,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from dpicl_audit.catalog.settings import GaussianSettings
 from dpicl_audit.client import AuditTarget, ContextBody
 from dpicl_audit.errors import TargetProtocolError
 from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.mechanisms.base import MechanismAudit, exemplar_dicts
-from dpicl_audit.mechanisms.settings import GaussianSettings
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.planning.budgets import (
     budget_limit,

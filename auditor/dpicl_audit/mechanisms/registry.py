@@ -18,10 +18,10 @@ from collections.abc import Mapping
 from importlib import import_module
 from typing import Any
 
+from dpicl_audit.catalog.mechanisms import model_name, settings_models
+from dpicl_audit.catalog.settings import MechanismSettings
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.mechanisms.base import Design, MechanismAudit
-from dpicl_audit.mechanisms.catalog import model_name, settings_models
-from dpicl_audit.mechanisms.settings import MechanismSettings
 
 __all__ = ["MECHANISMS", "discover", "get_mechanism", "load_design"]
 

@@ -26,16 +26,15 @@ from pydantic import (
     model_validator,
 )
 
-from dpicl_audit.attacks import check_attack
+from dpicl_audit.catalog.attacks import Attack, check_attack
+from dpicl_audit.catalog.mechanisms import mechanism_names, settings_for
 from dpicl_audit.errors import InvalidPlan
 from dpicl_audit.estimators.held_out import DEFAULT_SELECTION_FRACTION
 from dpicl_audit.jsontypes import JsonObject
-from dpicl_audit.mechanisms.catalog import mechanism_names, settings_for
 from dpicl_audit.plan.sources import MASK, plan_data_from_sources, public_plan_data
 from dpicl_audit.plan.specs import (
     ALL_PROBES,
     FROZEN,
-    Attack,
     BootstrapSpec,
     CanaryKind,
     DeploymentSpec,

@@ -20,14 +20,13 @@ from pydantic import (
     model_validator,
 )
 
-from dpicl_audit.mechanisms.catalog import check_mechanism_name, mechanism_names, settings_models
-from dpicl_audit.mechanisms.settings import Calibration, MechanismSettings
+from dpicl_audit.catalog.mechanisms import check_mechanism_name, mechanism_names, settings_models
+from dpicl_audit.catalog.settings import Calibration, MechanismSettings
 from dpicl_audit.prompts import SIGNAL_PAIRS
 
 __all__ = [
     "ALL_PROBES",
     "FROZEN",
-    "Attack",
     "BootstrapSpec",
     "Calibration",
     "CanaryKind",
@@ -39,7 +38,6 @@ __all__ = [
     "MozoSpec",
     "NeighbourSpec",
     "Probe",
-    "RdpAttack",
     "Setting",
     "TargetApi",
     "TargetSpec",
@@ -51,16 +49,6 @@ __all__ = [
 CanaryKind = Literal["natural", "mislabeled", "random"]
 Setting = Literal["audit-template", "deployment"]
 ThreatModel = Literal["black-box", "white-box"]
-#: paper 003's adversaries (RDP audits of query sequences; dpicl_audit.mechanisms.voting.rdp)
-RdpAttack = Literal[
-    "nat-advq",
-    "pois-advq",
-    "pois-natq-confident",
-    "pois-natq-unconfident",
-    "pois-natq-all-same",
-    "pois-natq-mapping",
-]
-Attack = Literal["inquery", "brainwash", "repeat", "reference-vector", RdpAttack]
 EmbeddingSource = Literal["auto", "server", "local"]
 #: Voting's neighbour designs (docs/auditing.md, "Designs"): ``paper`` = paper 000's
 #: [1, T-1] against [0, T]; ``pivotal`` = the other partitions pinned so the canary's

@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from dpicl_audit.mechanisms.settings import MechanismSettings, PlanView
+from dpicl_audit.catalog.settings import MechanismSettings, PlanView
 
 __all__ = ["MozoSettings"]
 

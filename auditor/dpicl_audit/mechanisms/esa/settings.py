@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from dpicl_audit.mechanisms.settings import GaussianSettings
+from dpicl_audit.catalog.settings import GaussianSettings
 
 __all__ = ["EsaSettings"]
 

@@ -30,6 +30,7 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+from dpicl_audit.catalog.settings import MechanismSettings
 from dpicl_audit.client import AuditTarget, ContextBody
 from dpicl_audit.datasets import LabelledDataset, load_dataset
 from dpicl_audit.errors import TargetProtocolError
@@ -37,7 +38,6 @@ from dpicl_audit.estimators.extra_fields import response_fields
 from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.mechanisms.base import SettingRows, TrialAt, ask, needs_internal
 from dpicl_audit.mechanisms.gaussian import GaussianMechanismAudit, gaussian_setting_meta
-from dpicl_audit.mechanisms.settings import MechanismSettings
 from dpicl_audit.mechanisms.voting.build import build_design
 from dpicl_audit.mechanisms.voting.design import AuditDesign
 from dpicl_audit.mechanisms.voting.estimates import (

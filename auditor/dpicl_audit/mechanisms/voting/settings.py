@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal, Self
 
-from dpicl_audit.mechanisms.settings import GaussianSettings
+from dpicl_audit.catalog.settings import GaussianSettings
 
 __all__ = ["VotingSettings"]
 
