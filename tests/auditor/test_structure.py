@@ -42,12 +42,14 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # model loaded by name, built in or registered) and the attacks: below the plan.
     ("catalog",),
     ("verdicts",),
+    # The probes from outside: below the plan and the results, which name them and read
+    # their statuses from their one registry; above what they call.
+    ("probes",),
     # The typed results: the mechanisms build them, the pipeline and the report read them.
     ("results",),
     ("plan",),
     # Each mechanism's settings model (the plan's section), loaded by the catalog by name.
     ("mechanisms.voting.settings", "mechanisms.esa.settings", "mechanisms.dps_mozo.settings"),
-    ("planning",),
     ("mechanisms",),
     ("pipeline",),
     ("utility",),

@@ -37,7 +37,6 @@ from dpicl_audit.cli.flags import (
     shared_flag,
 )
 from dpicl_audit.plan import (
-    ALL_PROBES,
     Calibration,
     CanaryKind,
     EmbeddingSource,
@@ -45,6 +44,7 @@ from dpicl_audit.plan import (
     ThreatModel,
     VotingDesign,
 )
+from dpicl_audit.probes.registry import ALL_PROBES
 from dpicl_audit.store.db import DEFAULT_DB
 
 __all__ = ["AUDIT_GROUPS", "audit_parameters", "plan_overrides"]

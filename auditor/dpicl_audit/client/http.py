@@ -261,7 +261,7 @@ class DpiclClient:
         """``POST path`` once per body, all at once with the user key: no retries (a retry
         would send a request twice) and not held back by the client's concurrency, so that
         every request is in flight together (the ledger audited under concurrency,
-        :mod:`dpicl_audit.planning.ledger_burst`). Each response, or the transport error."""
+        :mod:`dpicl_audit.probes.ledger_burst`). Each response, or the transport error."""
         headers = {"Authorization": f"Bearer {self._key}"} if self._key else {}
 
         async def one(body: JSON) -> httpx.Response:
@@ -274,7 +274,7 @@ class DpiclClient:
     async def send(self, path: str, body: JSON) -> httpx.Response:
         """``POST path`` with the user key, once (no retry: it would spend twice), within the
         client's concurrency; the response whatever its status, for a caller that reads it
-        whole (headers, stream: :mod:`dpicl_audit.planning.surface`). A transport failure
+        whole (headers, stream: :mod:`dpicl_audit.probes.surface`). A transport failure
         raises :class:`~dpicl_audit.errors.TargetUnavailable`."""
         headers = {"Authorization": f"Bearer {self._key}"} if self._key else {}
         try:
@@ -294,7 +294,7 @@ class DpiclClient:
 
     async def post(self, path: str, body: JSON) -> JSON:
         """``POST path`` with the user key (a route the client has no method for, e.g. a chat
-        completion with client parameters: :mod:`dpicl_audit.planning.parameters`)."""
+        completion with client parameters: :mod:`dpicl_audit.probes.parameters`)."""
         return await self._json("POST", path, token=self._key, json=body)
 
     async def get_model(self, model_id: str) -> JSON:

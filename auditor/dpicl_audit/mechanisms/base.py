@@ -19,9 +19,8 @@ for its mechanism:
 ``to_json``/``from_json``, stored with the run), and the methods ``build_design``,
 ``summary``, ``context_body``, ``trial``, ``setting_meta`` and ``estimate``. It may override
 ``has_bootstrap``, ``learns_from_contexts``, ``calls_per_query``, ``queries_per_context``,
-``check_context``, ``check_pair``, ``prepare``, the probes from outside (``audit_ledger``,
-``audit_calibration``, ``audit_parameters``, ``audit_surface``, ``audit_tails``) and
-``claims_per_setting``.
+``check_context``, ``check_pair``, ``prepare``, ``ingredients`` (what the probes from
+outside need of it: :mod:`dpicl_audit.probes`) and ``claims_per_setting``.
 A variant of a built-in mechanism subclasses its audit and overrides what differs (the
 Laplace-noise voting of ``examples/laplace_voting``: the exact epsilon).
 
@@ -59,13 +58,8 @@ from dpicl_audit.mechanisms.trial_estimates import (
     with_verdict,
 )
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.planning.sections import (
-    CalibrationSection,
-    LedgerSection,
-    ParametersSection,
-    SurfaceSection,
-    TailsSection,
-)
+from dpicl_audit.plan.budgets import budget_limit
+from dpicl_audit.probes.ingredients import Ingredients
 from dpicl_audit.results import SettingResult
 from dpicl_audit.store import ContextRecord, TrialRecord
 
@@ -267,43 +261,24 @@ class MechanismAudit:
         their verdicts (an audit registered from outside may return the JSON mapping)."""
         raise NotImplementedError
 
-    async def audit_ledger(
-        self, target: AuditTarget, design: Any, plan: AuditPlan
-    ) -> LedgerSection | None:
-        """The ledger audited from outside (:mod:`dpicl_audit.planning.ledger`); None where the
-        mechanism has no such audit."""
-        return None
+    # ---------------------------------------------------------------- probes
 
-    async def audit_parameters(
-        self, target: AuditTarget, design: Any, plan: AuditPlan
-    ) -> ParametersSection | None:
-        """The client parameters swept (:mod:`dpicl_audit.planning.parameters`); None where
-        the mechanism has no such audit."""
-        return None
+    def ingredients(self, design: Any, plan: AuditPlan) -> Ingredients:
+        """What the probes from outside get of this mechanism for the run's design
+        (:mod:`dpicl_audit.probes`): here its context bodies and nothing a probe asks of
+        them, so that no probe runs; a mechanism supplies what its probes need."""
 
-    async def audit_surface(
-        self, target: AuditTarget, design: Any, plan: AuditPlan
-    ) -> SurfaceSection | None:
-        """The whole response on every answering route, and ``max_tokens`` against the
-        context's limit (:mod:`dpicl_audit.planning.surface`); None where the mechanism has
-        no such audit."""
-        return None
+        def body(world: int, epsilon: float, name: str) -> ContextBody:
+            return self.context_body(design, plan, epsilon, world, name=name)
 
-    async def audit_calibration(
-        self, target: AuditTarget, design: Any, plan: AuditPlan
-    ) -> CalibrationSection | None:
-        """The reported calibration against the claim at epsilons the plan does not audit
-        (:mod:`dpicl_audit.planning.calibration`); None where the mechanism has no such
-        audit."""
-        return None
-
-    async def audit_tails(
-        self, target: AuditTarget, design: Any, plan: AuditPlan
-    ) -> TailsSection | None:
-        """Whether the noise has the tails it claims, black-box (voting:
-        :mod:`dpicl_audit.mechanisms.voting.tails`); None where the mechanism has no such
-        audit."""
-        return None
+        return Ingredients(
+            task=self.task,
+            name=f"dpicl-audit {plan.seed}",
+            epsilons=tuple(float(e) for e in plan.mechanism.epsilons),
+            limit=budget_limit(plan),
+            body=body,
+            hold=lambda body, epsilon, answers: None,
+        )
 
     def claims_per_setting(self, design: Any, threat_models: Sequence[str]) -> int:
         """How many statistical tests one epsilon setting may state a VIOLATION or BUG

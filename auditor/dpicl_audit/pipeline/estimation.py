@@ -19,7 +19,7 @@ from dpicl_audit.mechanisms.base import Design, SettingRows
 from dpicl_audit.mechanisms.registry import get_mechanism
 from dpicl_audit.pipeline.legacy import is_legacy_mozo, upgrade_run
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.planning.schedule import CLEAN_SETTING
+from dpicl_audit.plan.schedule import CLEAN_SETTING
 from dpicl_audit.results import RunResult, SettingResult, jsonable
 from dpicl_audit.store import RunRecord, TrialStore
 

@@ -223,7 +223,7 @@ def print_results(results: Mapping[str, Any], console: Console | None = None) ->
                 f"[/{style}]"
             )
     took = run.probe_wall_time_s
-    for name, section, adds in run.probes():  # the audits from outside (results.PROBES)
+    for name, section, adds in run.probes():  # the audits from outside (probes.registry.PROBES)
         ok = section.get("status") == "ok"
         colour = "green" if ok else "yellow" if adds is None else "bold red"
         when = f" ({took[name]:.1f} s)" if name in took else ""

@@ -3,7 +3,7 @@
 The run's life, one module per step::
 
     plan (plan/) -> design (mechanisms/<name>/) -> contexts (pipeline/contexts.py)
-      -> trials (pipeline/trials.py, planning/schedule.py) -> SQL trial log (store/)
+      -> trials (pipeline/trials.py, plan/schedule.py) -> SQL trial log (store/)
       -> estimates (pipeline/estimation.py, estimators/) -> verdicts (verdicts/)
       -> results (pipeline/results.py) and reports (report/)
 
@@ -52,8 +52,8 @@ from dpicl_audit.pipeline.session import (
     with_budget_limit,
 )
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.planning.deployment import adopt_deployment, deployment_settings
-from dpicl_audit.planning.schedule import check_run_id, new_run_id
+from dpicl_audit.plan.deployment import adopt_deployment, deployment_settings
+from dpicl_audit.plan.schedule import check_run_id, new_run_id
 from dpicl_audit.store import TrialStore
 
 __all__ = ["bootstrap_audit", "resume_audit", "run_audit"]

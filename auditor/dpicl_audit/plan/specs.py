@@ -25,7 +25,6 @@ from dpicl_audit.catalog.settings import Calibration, MechanismSettings
 from dpicl_audit.prompts import SIGNAL_PAIRS
 
 __all__ = [
-    "ALL_PROBES",
     "FROZEN",
     "BootstrapSpec",
     "Calibration",
@@ -37,7 +36,6 @@ __all__ = [
     "MechanismSettings",
     "MozoSpec",
     "NeighbourSpec",
-    "Probe",
     "Setting",
     "TargetApi",
     "TargetSpec",
@@ -61,11 +59,6 @@ VotingDesign = Literal["auto", "paper", "pivotal", "identical"]
 #: Which surface the audit queries go through: dpicl's own routes, or the OpenAI-compatible
 #: chat completions (any OpenAI-compatible DP-ICL endpoint, with a context hook).
 TargetApi = Literal["native", "openai"]
-#: The audits from outside a run makes beside its trials (docs/auditing.md; the results'
-#: sections of dpicl_audit.results.run.PROBES): the ledger, the calibration scan, the
-#: client's parameters varied, every route's whole response, the noise's tails.
-Probe = Literal["ledger", "calibration", "parameters", "surface", "tails"]
-ALL_PROBES: tuple[Probe, ...] = ("ledger", "calibration", "parameters", "surface", "tails")
 
 
 def _named(data: Any) -> Any:

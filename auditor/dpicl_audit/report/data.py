@@ -51,7 +51,7 @@ class RunData:
 
     @property
     def ledger(self) -> Mapping[str, Any] | None:
-        """The ledger's audit from outside (:mod:`dpicl_audit.planning.ledger`), where the run
+        """The ledger's audit from outside (:mod:`dpicl_audit.probes.ledger`), where the run
         had one."""
         led = self.results.ledger
         return led if isinstance(led, Mapping) else None

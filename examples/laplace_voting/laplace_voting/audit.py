@@ -39,13 +39,13 @@ from scipy import stats
 
 from dpicl_audit.client import ContextBody
 from dpicl_audit.errors import InvalidAuditInput, TargetProtocolError
+from dpicl_audit.estimators.composition import composed_epsilon
 from dpicl_audit.mechanisms.base import MechanismAudit, SettingRows, TrialAt, exemplar_dicts
 from dpicl_audit.mechanisms.gaussian import check_partition_seed
 from dpicl_audit.mechanisms.trial_estimates import estimate_trials
 from dpicl_audit.mechanisms.voting.audit import VotingAudit, white_box_votes
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.planning.budgets import budget_limit
-from dpicl_audit.planning.ledger import composed_epsilon
+from dpicl_audit.plan.budgets import budget_limit
 from dpicl_audit.results import Estimate, SettingResult
 from dpicl_audit.store import ContextRecord
 from dpicl_audit.verdicts import Verdict, for_the_family, verdict
@@ -157,7 +157,7 @@ class LaplaceVotingAudit(VotingAudit):
         return None if total > budget_limit(plan) else {"epsilon": total, "delta": delta}
 
     async def audit_ledger(self, target: Any, design: Any, plan: AuditPlan) -> None:
-        # The ledger probe expects mu-GDP composition (planning.ledger); not this ledger's.
+        # The ledger probe expects mu-GDP composition (probes.ledger); not this ledger's.
         return None
 
     def setting_meta(

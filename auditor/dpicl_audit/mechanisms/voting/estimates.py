@@ -20,7 +20,7 @@ from dpicl_audit.mechanisms.voting.design import AuditDesign, design_votes
 from dpicl_audit.mechanisms.voting.rdp import RdpDesign
 from dpicl_audit.mechanisms.voting.rdp_estimates import estimate_rdp
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.planning.schedule import STREAM_ORDER
+from dpicl_audit.plan.schedule import STREAM_ORDER
 from dpicl_audit.results import SettingResult
 from dpicl_audit.store import TrialRecord
 from dpicl_audit.verdicts import Status, Verdict
