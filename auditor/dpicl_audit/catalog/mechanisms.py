@@ -30,6 +30,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "builtin_entry_points",
     "check_mechanism_name",
+    "default_mechanism_name",
     "external_entry_points",
     "mechanism_names",
     "model_name",
@@ -62,6 +63,12 @@ def model_name(model: type[MechanismSettings]) -> str:
 def builtin_entry_points() -> list[EntryPoint]:
     """The built-in mechanisms as entry points, loaded as those registered from outside."""
     return [EntryPoint(name, value, ENTRY_POINT_GROUP) for name, value in BUILTIN.items()]
+
+
+def default_mechanism_name() -> str:
+    """The mechanism of a plan that names none (the first built-in; a stored plan of an
+    older version that named none was run with it too)."""
+    return next(iter(BUILTIN))
 
 
 def external_entry_points() -> list[EntryPoint]:

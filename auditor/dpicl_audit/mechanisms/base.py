@@ -19,8 +19,8 @@ for its mechanism:
 ``to_json``/``from_json``, stored with the run), and the methods ``build_design``,
 ``summary``, ``context_body``, ``trial``, ``setting_meta`` and ``estimate``. It may override
 ``has_bootstrap``, ``learns_from_contexts``, ``calls_per_query``, ``queries_per_context``,
-``check_context``, ``check_pair``, ``prepare``, ``ingredients`` (what the probes from
-outside need of it: :mod:`dpicl_audit.probes`) and ``claims_per_setting``.
+``check_context``, ``check_pair``, ``prepare``, ``upgrade_run``, ``ingredients`` (what the
+probes from outside need of it: :mod:`dpicl_audit.probes`) and ``claims_per_setting``.
 A variant of a built-in mechanism subclasses its audit and overrides what differs (the
 Laplace-noise voting of ``examples/laplace_voting``: the exact epsilon).
 
@@ -61,7 +61,7 @@ from dpicl_audit.plan import AuditPlan
 from dpicl_audit.plan.budgets import budget_limit
 from dpicl_audit.probes.ingredients import Ingredients
 from dpicl_audit.results import SettingResult
-from dpicl_audit.store import ContextRecord, TrialRecord
+from dpicl_audit.store import ContextRecord, RunRecord, TrialRecord
 
 __all__ = [
     "Design",
@@ -260,6 +260,11 @@ class MechanismAudit:
         """One epsilon's estimates from its logged rows (clean rows for a bootstrap), with
         their verdicts (an audit registered from outside may return the JSON mapping)."""
         raise NotImplementedError
+
+    def upgrade_run(self, run: RunRecord) -> RunRecord | None:
+        """``run`` as the pipeline reads it where an older audit of this mechanism logged it
+        in shapes of its own (DPS-MOZO's separate audit before issue 9); None otherwise."""
+        return None
 
     # ---------------------------------------------------------------- probes
 

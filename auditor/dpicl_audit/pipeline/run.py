@@ -36,9 +36,8 @@ from dpicl_audit.client import AuditTarget, DpiclClient
 from dpicl_audit.datasets import load_dataset
 from dpicl_audit.errors import InvalidAuditInput, InvalidPlan
 from dpicl_audit.mechanisms.neighbours import resolve_design
-from dpicl_audit.mechanisms.registry import get_mechanism
+from dpicl_audit.mechanisms.registry import get_mechanism, upgraded_run
 from dpicl_audit.pipeline.estimation import run_design
-from dpicl_audit.pipeline.legacy import is_legacy_mozo
 from dpicl_audit.pipeline.results import out_directory, write_results
 from dpicl_audit.pipeline.run_context import RunContext, RunKind
 from dpicl_audit.pipeline.runner import AuditRunner
@@ -186,10 +185,11 @@ async def resume_audit(
     out_directory(where.get("out_dir", "runs"))
 
     with opened_store(where.get("store"), where.get("db"), where.get("schema")) as st:
-        if is_legacy_mozo(st.get_run(run_id)):
+        old = upgraded_run(st.get_run(run_id))
+        if old is not None:
             raise InvalidAuditInput(
-                f"run {run_id} was logged by the old DPS-MOZO audit, which ran to the end or "
-                "not at all; it has nothing to resume (show or report it)"
+                f"run {run_id} was logged by an older audit of {old.plan['mechanism']['name']}, "
+                "which ran to the end or not at all; it has nothing to resume (show or report it)"
             )
         run = st.get_run(run_id)
     plan = AuditPlan.from_public(

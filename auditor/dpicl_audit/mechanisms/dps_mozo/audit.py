@@ -84,12 +84,13 @@ from dpicl_audit.mechanisms.dps_mozo.findings import (
     ratio_check,
     without_signal,
 )
+from dpicl_audit.mechanisms.dps_mozo.legacy import upgrade_run
 from dpicl_audit.mechanisms.dps_mozo.settings import MozoSettings
 from dpicl_audit.mechanisms.trial_estimates import Finish, finish_conformance, released_answers
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.probes.ingredients import Ingredients
 from dpicl_audit.results import Estimate, SettingResult
-from dpicl_audit.store import ContextRecord, TrialRecord
+from dpicl_audit.store import ContextRecord, RunRecord, TrialRecord
 from dpicl_audit.verdicts import Status, Verdict, for_the_family, verdict
 
 __all__ = ["MOZO", "MozoAudit"]
@@ -170,6 +171,9 @@ class MozoAudit(MechanismAudit):
         return replace(
             kit, hold=hold, query=design.query, token_limit=m.max_tokens, per_token=per_token
         )
+
+    def upgrade_run(self, run: RunRecord) -> RunRecord | None:
+        return upgrade_run(run)  # the old separate audit's logs (.legacy)
 
     def calls_per_query(self, plan: AuditPlan) -> int:
         return MozoSettings.of(plan).exemplars + 1  # |D| one-shot prompts and the zero-shot one

@@ -16,6 +16,7 @@ class MozoSettings(MechanismSettings):
     """DPS-MOZO (paper 004): tokens sampled from mixed one-shot products over |D| exemplars."""
 
     audit: ClassVar[str] = "dpicl_audit.mechanisms.dps_mozo.audit:MOZO"
+    task: ClassVar[str | None] = "generation"
     plan_defaults: ClassVar[Mapping[str, object]] = {"dataset": "dialogsum-mini"}
     # Plans stored before DPS-MOZO had a proven mode audited the paper's mode.
     stored_defaults: ClassVar[Mapping[str, object]] = {"guarantee": "paper"}

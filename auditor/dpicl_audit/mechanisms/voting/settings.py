@@ -13,6 +13,7 @@ class VotingSettings(GaussianSettings):
     """Private voting (paper 000, Algorithm 2): Gaussian noise on the T partitions' votes."""
 
     audit: ClassVar[str] = "dpicl_audit.mechanisms.voting.audit:VOTING"
+    task: ClassVar[str | None] = "classification"
     attacks: ClassVar[tuple[str, ...]] = (
         "inquery",
         "brainwash",
