@@ -72,6 +72,7 @@ __all__ = [
     "exemplar_dicts",
     "figure_fields",
     "needs_internal",
+    "require_keys",
     "with_verdict",
 ]
 
@@ -293,6 +294,13 @@ class MechanismAudit:
 
 
 # ==================================================================== shared helpers
+
+
+def require_keys(out: Mapping[str, Any], keys: Sequence[str], endpoint: str) -> None:
+    """Refuse a debug answer without the fields this mechanism's white-box trial reads."""
+    missing = [k for k in keys if k not in out]
+    if missing:
+        raise TargetProtocolError(f"{endpoint} answered without {', '.join(missing)}")
 
 
 def needs_internal(endpoint: str, field: str) -> TargetProtocolError:

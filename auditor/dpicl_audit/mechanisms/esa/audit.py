@@ -59,7 +59,7 @@ from dpicl_audit.client import AuditTarget, ContextBody
 from dpicl_audit.datasets import LabelledDataset
 from dpicl_audit.errors import TargetProtocolError
 from dpicl_audit.jsontypes import JsonObject
-from dpicl_audit.mechanisms.base import SettingRows, TrialAt, ask, needs_internal
+from dpicl_audit.mechanisms.base import SettingRows, TrialAt, ask, needs_internal, require_keys
 from dpicl_audit.mechanisms.esa.bootstrap import estimate_esa_bootstrap
 from dpicl_audit.mechanisms.esa.build import build_generation_design
 from dpicl_audit.mechanisms.esa.design import FloatArray, GenerationDesign
@@ -147,6 +147,7 @@ class EsaAudit(GaussianMechanismAudit):
         observation: JsonObject = {"text": text}
         score: float | None = None
         if at.white:
+            require_keys(out, ("noisy_mean", "sigma"), "POST /v1/debug/generate")
             noisy = _floats(out.get("noisy_mean"), "noisy_mean")
             observation["sigma"] = out.get("sigma")
             if design.signal_embeddings() is not None:

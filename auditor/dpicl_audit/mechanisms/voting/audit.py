@@ -36,7 +36,7 @@ from dpicl_audit.datasets import LabelledDataset, load_dataset
 from dpicl_audit.errors import TargetProtocolError
 from dpicl_audit.estimators.extra_fields import response_fields
 from dpicl_audit.jsontypes import JsonObject
-from dpicl_audit.mechanisms.base import SettingRows, TrialAt, ask, needs_internal
+from dpicl_audit.mechanisms.base import SettingRows, TrialAt, ask, needs_internal, require_keys
 from dpicl_audit.mechanisms.gaussian import GaussianMechanismAudit, gaussian_setting_meta
 from dpicl_audit.mechanisms.voting.build import build_design
 from dpicl_audit.mechanisms.voting.design import AuditDesign
@@ -215,6 +215,7 @@ def _votes(value: Any, name: str) -> dict[str, float]:
 def white_box_votes(out: Mapping[str, Any], at: TrialAt) -> JsonObject:
     """What a white-box voting trial logs of ``/v1/debug/classify``: the noisy votes, sigma,
     and the clean votes (required when ``at.need_clean``: bootstrap needs them)."""
+    require_keys(out, ("noisy_votes", "sigma"), "POST /v1/debug/classify")
     observation: dict[str, Any] = {
         "noisy_votes": _votes(out.get("noisy_votes"), "noisy_votes"),
         "sigma": out.get("sigma"),
