@@ -102,6 +102,7 @@ class GaussianMechanismAudit(MechanismAudit):
             capacity=lambda epsilon: answers_in_budget(epsilon, delta, limit),
             query=getattr(design, "query", None),
             membership=getattr(design, "attack", None) == "inquery",
+            gaussian=True,
             answer_tokens=plan.mechanism.answer_tokens,
         )
 

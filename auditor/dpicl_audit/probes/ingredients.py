@@ -69,6 +69,10 @@ class Ingredients:
     #: whether the query asks whether the canary is there (the ``inquery`` attack), so that
     #: its answers are the trials' release (the ledger's and the parameters' probes)
     membership: bool = False
+    #: whether each answer is a Gaussian release, mu-GDP at its reported sensitivity / sigma,
+    #: so that a budget's spend is their GDP composition (the ledger's sequential probe
+    #: predicts it so)
+    gaussian: bool = False
     #: answers one budget within :attr:`limit` holds at an epsilon; None where a context's
     #: answers are counted in its body (DPS-MOZO's ``queries``), not composed in a budget
     capacity: Callable[[float], int] | None = None

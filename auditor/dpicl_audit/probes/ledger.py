@@ -103,12 +103,12 @@ async def audit_ledger(
 
 
 async def probe(target: AuditTarget, kit: Ingredients) -> LedgerSection | None:
-    """The ledger of the run's mechanism at its first epsilon. Where answers compose in a
-    budget: the sequential probe and its bursts on C0's body, asked the membership query
-    (None for another query). Where they are counted in the body: on each generation route
-    a fresh C0 context of :data:`BURST_QUERIES` answers gets that many and
-    :data:`~.ledger_burst.BURST_EXTRA` more requests in flight; exactly its queries must be
-    answered."""
+    """The ledger of the run's mechanism at its first epsilon. Where Gaussian answers compose
+    in a budget: the sequential probe and its bursts on C0's body, asked the membership query
+    (None for another query, or answers of another noise). Where they are counted in the
+    body: on each generation route a fresh C0 context of :data:`BURST_QUERIES` answers gets
+    that many and :data:`~.ledger_burst.BURST_EXTRA` more requests in flight; exactly its
+    queries must be answered."""
     eps, query = kit.epsilons[0], kit.query
     if query is None:
         return None
@@ -118,7 +118,7 @@ async def probe(target: AuditTarget, kit: Ingredients) -> LedgerSection | None:
             return None
         found = await audit_bursts(target, body, query, None)
         return with_bursts({"status": "ok", "checks": [], "message": found["message"]}, found)
-    if not kit.membership:
+    if not (kit.membership and kit.gaussian):
         return None
     tokens = kit.answer_tokens
 
