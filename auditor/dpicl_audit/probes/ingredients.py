@@ -85,7 +85,8 @@ class Ingredients:
     #: the per-token bound the surface's pair is probed against, position by position; a
     #: text: why the mechanism's claim has none (said in the results)
     per_token: PerToken | str | None = None
-    tail_contexts: TailContexts | None = None
+    #: makes the tail probe's contexts (called only when it runs: it may load a dataset)
+    tail_contexts: Callable[[], TailContexts] | None = None
 
     def supplies(self, needs: Sequence[str]) -> bool:
         """Whether every ingredient named in ``needs`` is there."""

@@ -181,7 +181,7 @@ async def probe(target: AuditTarget, kit: Ingredients) -> TailsSection | None:
     tail_contexts`: a noisy argmax over two labels whose tails its claim states)."""
     if kit.tail_contexts is None or kit.capacity is None:
         return None
-    made = kit.tail_contexts
+    made = await asyncio.to_thread(kit.tail_contexts)  # e.g. a dataset read from disk
     return await probe_tails(target, made.make, made.labels, capacity=kit.capacity)
 
 

@@ -140,16 +140,16 @@ class VotingAudit(GaussianMechanismAudit):
         kit = super().ingredients(design, plan)
         if isinstance(design, RdpDesign) or design.attack != "inquery":
             return replace(kit, query=None, membership=False)
-        return replace(kit, tail_contexts=self.tail_contexts(plan))
+        # The tail probe's premise is the Gaussian claim: a variant with other noise
+        # (settings without a tail-gap design, e.g. examples/laplace_voting) has none.
+        if plan.setting != "audit-template" or plan.mechanism.tail_gap(1.0, 1) is None:
+            return kit
+        return replace(kit, tail_contexts=functools.partial(self.tail_contexts, plan))
 
-    def tail_contexts(self, plan: AuditPlan) -> TailContexts | None:
+    def tail_contexts(self, plan: AuditPlan) -> TailContexts:
         """Paper 000's C0 at an epsilon and T partitions of one exemplar, whatever the run's
         layout (a real engine's run uses the identical design, with made-up labels): Prompt
-        1's Yes/No, C0 holding no copy of the text (probes.tails). None outside the audit
-        template, and for a variant with other noise (settings without a tail-gap design,
-        e.g. examples/laplace_voting): the probe's premise is the Gaussian claim."""
-        if plan.setting != "audit-template" or plan.mechanism.tail_gap(1.0, 1) is None:
-            return None
+        1's Yes/No, C0 holding no copy of the text (probes.tails)."""
         dataset = load_dataset(plan.dataset)
 
         @functools.cache  # one design per (epsilon, T), however many contexts it makes
