@@ -164,7 +164,7 @@ async def _http_rounds(url: str, admin: str, workdir: Path) -> dict[str, list[fl
     from dpicl_audit.pipeline.runner import AuditRunner
     from dpicl_audit.pipeline.trials import TrialExecutor
     from dpicl_audit.plan import AuditPlan
-    from dpicl_audit.planning.schedule import trial_worlds
+    from dpicl_audit.plan.schedule import trial_worlds
     from dpicl_audit.store import ContextRecord, TrialStore
 
     class UnloggedTrials(TrialExecutor):

@@ -219,9 +219,9 @@ def check_world(
 
 def probe_answers(results: Mapping[str, Any]) -> int:
     """The answers of the audit's probes from outside, each on contexts of its own: the ledger
-    probe and its bursts (dpicl_audit.planning.ledger, .ledger_burst), the client parameters'
+    probe and its bursts (dpicl_audit.probes.ledger, .ledger_burst), the client parameters'
     sweep (.parameters), every route's whole response (.surface) and voting's noise tails
-    (dpicl_audit.mechanisms.voting.tails; the calibration scan asks none). With the trials',
+    (dpicl_audit.probes.tails; the calibration scan asks none). With the trials',
     they are every request the server answers in a run."""
     ledger = results.get("ledger") or {}
     bursts = (ledger.get("bursts") or {}).get("routes") or []

@@ -19,36 +19,38 @@ inside a function, closes a cycle)::
     estimators/        the statistics: counts, Clopper-Pearson, GDP, classical, exact,
                        RDP, thresholds, white-box figures, power, conformance, family-wise
                        claims; bootstrap.py (Algorithm 1 of paper 000, vectorised) and
-                       noise_check.py its guard; figure_power.py, trial_budget.py
-    mechanisms/settings.py, mechanisms/*/settings.py, mechanisms/catalog.py
-                       each mechanism's audit settings (the plan's [mechanism]), and the
-                       one list of them, known without importing the audits
-    attacks.py         each attack's threat models and source
+                       noise_check.py its guard; figure_power.py, trial_budget.py,
+                       composition.py (the budget that holds q answers of a claim)
+    catalog/           what the plan names: settings (what every mechanism's audit
+                       settings share), mechanisms (the one list of them, each loaded by
+                       name), attacks (each one's threat models and source)
     verdicts/          what a bound says about the claims (violation, bug, nonconforming,
                        inconclusive, ok): model (the one Verdict type, its Status and the
                        CLI's exit code by the worst of them), claims (the rules applied)
+    probes/            the audits from outside, on fresh contexts of their own: registry
+                       (PROBES, the one list), ingredients (what a mechanism supplies them),
+                       ledger, ledger_burst, calibration, parameters, surface, positions,
+                       tails, answers, sections
     results/           a run's results typed, from the estimators to the report (RunResult,
                        SettingResult, Estimate) and their one edge to JSON: record,
                        estimate, setting, run
     plan/              the audit plan, validated once: sources (TOML file, CLI flags, the
-                       stored JSON), specs (its sections), model (AuditPlan)
-    planning/          what a plan implies: schedule (worlds, streams), ledger (a
-                       context's budget, the ledger probe), budgets
+                       stored JSON), specs (its sections), model (AuditPlan); what it
+                       implies: schedule (worlds, streams), budgets, deployment
     mechanisms/        one package per audited mechanism, one protocol:
       base.py            the protocol, and helpers every audit may use
       gaussian.py        what the Gaussian mechanisms' audits share (voting, ESA)
       neighbours.py      replace-one helpers (canary texts, exemplars, slot, design)
       trial_estimates.py the trials' figures, verdicts and conformance every audit reads
-      voting/            private voting: design, build, rdp, conformance, bootstrap,
-                         rdp_estimates, estimates, audit
-      esa/               embedding space aggregation: design, build, signals, estimates,
-                         bootstrap, audit
-      dps_mozo/          DPS-MOZO: design, check, findings, audit
+      voting/            private voting: settings, design, build, rdp, conformance,
+                         bootstrap, rdp_estimates, estimates, audit
+      esa/               embedding space aggregation: settings, design, build, signals,
+                         estimates, bootstrap, audit
+      dps_mozo/          DPS-MOZO: settings, design, check, claim, findings, legacy, audit
       registry.py        MECHANISMS: the built-in audits and those of entry points
-    pipeline/          a run: progress, profiles, session, legacy (old logs upgraded),
-                       estimation, results, run_context (the run's one state), contexts,
-                       trials, runner (the steps in order), run (one life for run,
-                       bootstrap and resume)
+    pipeline/          a run: progress, profiles, session, estimation, results,
+                       run_context (the run's one state), contexts, trials, runner (the
+                       steps in order), run (one life for run, bootstrap and resume)
     utility/           ``dpicl-audit utility``, the privacy-utility audit: plan (cells,
                        draws), estimators (accuracy intervals, ROUGE-L, bootstrap), report
                        (results from the log), contexts, runner
@@ -58,11 +60,11 @@ inside a function, closes a cycle)::
                        list, ...), rdp (divergence), utility
     demo/              ``make demo``: servers, audits, main
 
-A new mechanism is one package in ``mechanisms/`` (its settings listed in
-:data:`dpicl_audit.mechanisms.catalog.BUILTIN`), or one outside this package registered
-through the ``dpicl_audit.mechanisms`` entry point group (:mod:`dpicl_audit.mechanisms.catalog`,
-``examples/laplace_voting``); a new attack is an entry in :data:`dpicl_audit.attacks.ATTACKS`
-named in the ``attacks`` of the mechanisms that handle it; a new verdict is a branch in
+A new mechanism is one package in ``mechanisms/`` (its settings named in
+:data:`dpicl_audit.catalog.mechanisms.BUILTIN`), or one outside this package registered
+through the ``dpicl_audit.mechanisms`` entry point group (``examples/laplace_voting``); a
+new attack is an entry in :data:`dpicl_audit.catalog.attacks.ATTACKS` named in the
+``attacks`` of the mechanisms that handle it; a new verdict is a branch in
 :mod:`dpicl_audit.verdicts`.
 
 Every error the auditor raises on purpose belongs to one tree (:mod:`dpicl_audit.errors`)::

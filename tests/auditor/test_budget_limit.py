@@ -21,23 +21,23 @@ from typing import Any
 import pytest
 
 from dpicl_audit.errors import InvalidPlan, TargetProtocolError, TargetUnavailable
-from dpicl_audit.mechanisms.voting.audit import VOTING
-from dpicl_audit.pipeline.run import bootstrap_audit, resume_audit, run_audit
-from dpicl_audit.pipeline.session import with_budget_limit
-from dpicl_audit.plan import AuditPlan
-from dpicl_audit.planning.budgets import (
-    budget_limit,
-    clean_rows,
-    context_capacity,
-    published_budget_limit,
-)
-from dpicl_audit.planning.ledger import (
+from dpicl_audit.estimators.composition import (
     MAX_BUDGET_EPSILON,
     answers_in_budget,
     answers_within_budget,
     budget_for,
 )
-from dpicl_audit.planning.schedule import context_slots, trial_worlds
+from dpicl_audit.mechanisms.voting.audit import VOTING
+from dpicl_audit.pipeline.run import bootstrap_audit, resume_audit, run_audit
+from dpicl_audit.pipeline.session import with_budget_limit
+from dpicl_audit.plan import AuditPlan
+from dpicl_audit.plan.budgets import (
+    budget_limit,
+    clean_rows,
+    context_capacity,
+    published_budget_limit,
+)
+from dpicl_audit.plan.schedule import context_slots, trial_worlds
 from dpicl_audit.store import TrialStore
 from tests.auditor.test_runner import _server_missing
 from tests.servers import FailsAfter, app_client, target_plan

@@ -1,4 +1,4 @@
-"""The calibration scan (``dpicl_audit.planning.calibration``, issue 35, item 4) against a
+"""The calibration scan (``dpicl_audit.probes.calibration``, issue 35, item 4) against a
 simulated server: a refused epsilon (above the server's limit) or one no budget fits is
 listed, not a finding; a sigma weaker than its claim is a BUG naming the epsilon; every
 context created is deleted; the plan's own epsilons are left to its settings."""
@@ -12,7 +12,7 @@ from typing import Any
 from dpicl_audit.client import ContextBody
 from dpicl_audit.errors import TargetRejected
 from dpicl_audit.mechanisms.voting.exact import voting_epsilon_exact
-from dpicl_audit.planning.calibration import SCAN, scan_calibration
+from dpicl_audit.probes.calibration import SCAN, scan_calibration
 
 DELTA = 1e-5
 

@@ -18,6 +18,9 @@ from dpicl_audit.errors import (
     TargetUnauthorized,
     TargetUnavailable,
 )
+from dpicl_audit.mechanisms.base import TrialAt
+from dpicl_audit.mechanisms.voting.audit import white_box_votes
+from dpicl_audit.store import ContextRecord
 
 Handler = Callable[[httpx.Request], httpx.Response]
 
@@ -241,10 +244,14 @@ async def test_protocol_errors() -> None:
     with pytest.raises(TargetProtocolError, match="not JSON"):
         await client.classify("c", "q")
     await client.aclose()
-    client, _ = _client(lambda r: httpx.Response(200, json={"label": "Yes"}))
-    with pytest.raises(TargetProtocolError, match="noisy_votes"):
+    client, _ = _client(lambda r: httpx.Response(200, json={"noisy_votes": {}}))
+    with pytest.raises(TargetProtocolError, match="without label"):
         await client.debug_classify("c", "q")
     await client.aclose()
+    # What else a debug answer holds is its mechanism's audit's to require (voting's votes).
+    at = TrialAt("eps=1", 1.0, 0, 1, ContextRecord("eps=1", 1, 1.0, "c", {}), white=True)
+    with pytest.raises(TargetProtocolError, match="without noisy_votes, sigma"):
+        white_box_votes({"label": "Yes"}, at)
     client, _ = _client(lambda r: httpx.Response(200, json=[1]))
     with pytest.raises(TargetProtocolError, match="not an object"):
         await client.health()

@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 
 from dpicl_audit.errors import TargetUnavailable
+from dpicl_audit.estimators.composition import answers_within_budget
 from dpicl_audit.mechanisms.esa.audit import ESA
 from dpicl_audit.pipeline.run import bootstrap_audit, resume_audit, run_audit
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.planning.budgets import context_capacity
-from dpicl_audit.planning.ledger import answers_within_budget
-from dpicl_audit.planning.schedule import context_slots, trial_worlds
+from dpicl_audit.plan.budgets import context_capacity
+from dpicl_audit.plan.schedule import context_slots, trial_worlds
 from dpicl_audit.store import TrialStore
 from tests.auditor.test_runner import _server_missing
 from tests.servers import FailsAfter, app_client, target_plan

@@ -15,7 +15,7 @@ from dpicl_audit.cli import app
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.pipeline.estimation import estimate_run
 from dpicl_audit.pipeline.run import resume_audit
-from dpicl_audit.planning.schedule import trial_worlds
+from dpicl_audit.plan.schedule import trial_worlds
 from dpicl_audit.report import write_report
 from dpicl_audit.store import TrialStore
 from tests.auditor.test_runner import _server_missing, oracle_server

@@ -16,7 +16,7 @@ from dpicl_audit.datasets import load_dataset
 from dpicl_audit.errors import InvalidPlan
 from dpicl_audit.mechanisms.dps_mozo.design import decide, mozo_design
 from dpicl_audit.pipeline.run import bootstrap_audit, resume_audit, run_audit
-from dpicl_audit.planning.schedule import context_slots, trial_worlds
+from dpicl_audit.plan.schedule import context_slots, trial_worlds
 from dpicl_audit.store import TrialStore
 from tests.auditor.test_runner import _plan, _server_missing, oracle_server
 

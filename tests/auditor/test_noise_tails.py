@@ -1,4 +1,4 @@
-"""The voting noise's tail probe (``dpicl_audit.mechanisms.voting.tails``, issue 35).
+"""The voting noise's tail probe (``dpicl_audit.probes.tails``, issue 35).
 
 The probe's maths against closed forms and simulation, and the probe itself against
 simulated servers (pure numpy, no HTTP): Gaussian noise of the reported sigma passes whatever
@@ -18,7 +18,7 @@ from scipy import stats
 
 from dpicl_audit.client import ContextBody
 from dpicl_audit.errors import TargetRejected
-from dpicl_audit.mechanisms.voting.tails import (
+from dpicl_audit.probes.tails import (
     ALPHA,
     BOUND,
     PARTITIONS,

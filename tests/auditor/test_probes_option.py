@@ -15,10 +15,10 @@ from dpicl_audit.cli.flags import parse_probes
 from dpicl_audit.errors import InvalidPlan
 from dpicl_audit.pipeline.results import print_results
 from dpicl_audit.pipeline.run import run_audit
-from dpicl_audit.plan import ALL_PROBES, AuditPlan
+from dpicl_audit.plan import AuditPlan
+from dpicl_audit.probes.registry import ALL_PROBES, PROBES
 from dpicl_audit.report import write_report
 from dpicl_audit.results import RunResult
-from dpicl_audit.results.run import PROBES
 from tests.auditor.test_runner import _plan, _server_missing, oracle_server
 
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
+from dpicl_audit.catalog.mechanisms import BUILTIN, mechanism_names
 from dpicl_audit.errors import InvalidPlan
-from dpicl_audit.mechanisms.catalog import BUILTIN, mechanism_names, model_name
 from dpicl_audit.plan import AuditPlan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +28,7 @@ EXAMPLE = ROOT / "examples" / "laplace_voting"
 FAKE_SETTINGS = """
 from typing import ClassVar, Literal
 
-from dpicl_audit.mechanisms.settings import GaussianSettings
+from dpicl_audit.catalog.settings import GaussianSettings
 
 class FakeSettings(GaussianSettings):
     audit: ClassVar[str] = "fake_audit:FAKE"
@@ -113,7 +113,7 @@ def test_a_registered_audit_is_found_and_planned(tmp_path: Path) -> None:
     _fake(tmp_path)
     _install(tmp_path, "fake_mech", {"fake-voting": "fake_mech:FakeSettings"})
     got = _json(_run([tmp_path], PROBE.format(name="fake-voting", attack="inquery")))
-    assert got["known"] == sorted([*map(model_name, BUILTIN), "fake-voting"])
+    assert got["known"] == sorted([*BUILTIN, "fake-voting"])
     assert got["class"] == "FakeVoting" and got["plan"] == "fake-voting"
     # The attacks it takes are its audit's: ``repeat`` (an ESA attack) is refused, by name.
     assert "'repeat' does not apply to fake-voting" in got["refused"]

@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy as sa
 
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.planning.schedule import trial_worlds
+from dpicl_audit.plan.schedule import trial_worlds
 from dpicl_audit.results import results_exit_code
 from tests.conftest import ADMIN, USER
 

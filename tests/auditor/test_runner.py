@@ -25,7 +25,7 @@ from dpicl_audit.errors import (
 from dpicl_audit.pipeline.estimation import estimate_run
 from dpicl_audit.pipeline.run import bootstrap_audit, resume_audit, run_audit
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.planning.schedule import CLEAN_SETTING, trial_worlds
+from dpicl_audit.plan.schedule import CLEAN_SETTING, trial_worlds
 from dpicl_audit.store import TrialStore
 from tests.conftest import ADMIN, USER
 from tests.servers import app_client

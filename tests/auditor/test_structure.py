@@ -16,11 +16,10 @@ import pytest
 
 import dpicl_audit
 from dpicl_audit import errors
-from dpicl_audit.attacks import ATTACKS, attacks_for, mechanisms_taking
+from dpicl_audit.catalog.attacks import ATTACKS, Attack, attacks_for, mechanisms_taking
+from dpicl_audit.catalog.mechanisms import BUILTIN, mechanism_names, model_name, settings_for
 from dpicl_audit.mechanisms.base import MechanismAudit
-from dpicl_audit.mechanisms.catalog import BUILTIN, mechanism_names, model_name
 from dpicl_audit.mechanisms.registry import MECHANISMS
-from dpicl_audit.plan import Attack
 from tests.code_checks import core_modules, long_functions, names_a_mechanism, old_paths
 from tests.import_graph import cycles, graph
 
@@ -39,16 +38,18 @@ MAX_FUNCTION_LINES = 120
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("dpicl_audit", "errors", "jsontypes"),
     ("prompts", "datasets", "client", "store", "estimators"),
-    # Each mechanism's settings model (the plan's section), below the plan, and the one
-    # list of them (the catalog), known without importing the audits.
-    ("mechanisms.settings",),
-    ("mechanisms.voting.settings", "mechanisms.esa.settings", "mechanisms.dps_mozo.settings"),
-    ("mechanisms.catalog",),
-    ("attacks", "verdicts"),
+    # What every mechanism's settings share, the one list of mechanisms (each one's settings
+    # model loaded by name, built in or registered) and the attacks: below the plan.
+    ("catalog",),
+    ("verdicts",),
+    # The probes from outside: below the plan and the results, which name them and read
+    # their statuses from their one registry; above what they call.
+    ("probes",),
     # The typed results: the mechanisms build them, the pipeline and the report read them.
     ("results",),
     ("plan",),
-    ("planning",),
+    # Each mechanism's settings model (the plan's section), loaded by the catalog by name.
+    ("mechanisms.voting.settings", "mechanisms.esa.settings", "mechanisms.dps_mozo.settings"),
     ("mechanisms",),
     ("pipeline",),
     ("utility",),
@@ -126,8 +127,8 @@ def test_the_cycle_check_can_fail(tmp_path: Path) -> None:
         (("dpicl_audit.plan.model", "dpicl_audit.mechanisms.registry"), True),
         (("dpicl_audit.mechanisms.base", "dpicl_audit.pipeline.runner"), True),
         (("dpicl_audit.store.log", "dpicl_audit.estimators.gdp"), True),
-        (("dpicl_audit.attacks", "dpicl_audit.mechanisms.catalog"), False),
-        (("dpicl_audit.mechanisms.catalog", "dpicl_audit.mechanisms.voting.audit"), True),
+        (("dpicl_audit.catalog.attacks", "dpicl_audit.catalog.mechanisms"), False),
+        (("dpicl_audit.catalog.mechanisms", "dpicl_audit.mechanisms.voting.audit"), True),
         (("dpicl_audit.mechanisms.esa.settings", "dpicl_audit.mechanisms.voting.settings"), True),
         (("dpicl_audit.mechanisms.voting.audit", "dpicl_audit.mechanisms.base"), False),
     ],
@@ -180,11 +181,11 @@ def test_exception_tree_is_drawn_in_the_package_docstring() -> None:
 def test_registries_agree_with_the_plan() -> None:
     assert set(get_args(Attack)) == set(ATTACKS)
     # Without entry points installed, the registry holds the built-in audits only.
-    assert set(mechanism_names()) == set(MECHANISMS) == {model_name(m) for m in BUILTIN}
+    assert set(mechanism_names()) == set(MECHANISMS) == set(BUILTIN)
     for name, audit in MECHANISMS.items():
         assert attacks_for(name), f"no attack applies to {name}"
         assert set(attacks_for(name)) <= set(ATTACKS), name
-        assert audit.settings in BUILTIN and model_name(audit.settings) == name
+        assert audit.settings is settings_for(name) and model_name(audit.settings) == name
     for attack in ATTACKS:
         assert mechanisms_taking(attack), f"no mechanism takes {attack}"
 

@@ -1,4 +1,4 @@
-"""The surface probe's contexts fit what the server takes (planning/surface.py, _create_pair):
+"""The surface probe's contexts fit what the server takes (probes/surface.py, _create_pair):
 a 422 on the calibration (DPS-MOZO's paper mode admits only so many tokens per budget) halves
 the answers per route, down to MIN_PER_WORLD; below it the probe is unchecked, saying why.
 Any other rejection is the run's error, not a reason to shrink."""
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from dpicl_audit.errors import TargetRejected
-from dpicl_audit.planning.surface import MIN_PER_WORLD, _create_pair
+from dpicl_audit.probes.surface import MIN_PER_WORLD, _create_pair
 
 
 class _Server:

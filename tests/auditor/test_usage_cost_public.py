@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 
 from dpicl_audit.estimators.extra_fields import response_fields
-from dpicl_audit.planning.answers import read_answer
-from dpicl_audit.planning.surface import public_departures
+from dpicl_audit.probes.answers import read_answer
+from dpicl_audit.probes.surface import public_departures
 
 
 def _chat(usage_cost: dict[str, Any], remaining: int = 3) -> httpx.Response:

@@ -6,7 +6,7 @@ the token at one random position; both report honest calibration. The real app r
 process (oracle engine, production configuration), the fault patched in by ``monkeypatch``.
 
 False failures: the position probe's family-wise error is 1e-3 per run
-(:data:`dpicl_audit.mechanisms.dps_mozo.positions.ALPHA`), so the honest audit's exit 0
+(:data:`dpicl_audit.probes.positions.ALPHA`), so the honest audit's exit 0
 (``test_surface_generation.test_mozo_claim_against_the_reported_eps0``, which runs the
 probe) fails for that reason in at most 1 run in 1,000. The leak check compares total
 variations (about 0.5 and 0.05) with thresholds 0.3 and 0.2, each about 4 standard errors
@@ -24,7 +24,7 @@ import pytest
 
 from dpicl_audit.datasets import load_dataset
 from dpicl_audit.mechanisms.dps_mozo.audit import MOZO as MOZO_AUDIT
-from dpicl_audit.mechanisms.dps_mozo.positions import position_test, positions
+from dpicl_audit.probes.positions import position_test, positions
 from dpicl_audit.results import results_exit_code
 from tests.e2e import broken_surface_server as surface
 from tests.e2e.test_realistic_faults import production_client

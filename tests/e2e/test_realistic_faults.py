@@ -198,10 +198,14 @@ async def test_a_ledger_that_misreports_is_flagged(
 def test_profile_and_budget_sizes() -> None:
     """The verify profile's tail-gap plan, and budgets that hold exactly the planned answers
     under the auditor's own composition (mu-GDP composes to sqrt(q) mu)."""
+    from dpicl_audit.estimators.composition import (
+        MAX_BUDGET_EPSILON,
+        answers_within_budget,
+        budget_for,
+    )
+    from dpicl_audit.estimators.composition import planned_queries as planned
     from dpicl_audit.estimators.gdp import gdp_delta, gdp_mu
     from dpicl_audit.pipeline.profiles import tail_plan
-    from dpicl_audit.planning.ledger import MAX_BUDGET_EPSILON, answers_within_budget, budget_for
-    from dpicl_audit.planning.ledger import planned_queries as planned
 
     plan = target_plan("http://dpicl.test")
     tail = tail_plan(plan)

@@ -25,8 +25,8 @@ from dpicl_audit.client.openai import OpenAIClient
 from dpicl_audit.errors import TargetNotFound, TargetProtocolError
 from dpicl_audit.estimators.extra_fields import dependence_test, response_fields
 from dpicl_audit.pipeline.run import run_audit
-from dpicl_audit.planning.deployment import adopt_deployment, deployment_settings
-from dpicl_audit.planning.parameters import VARIANTS
+from dpicl_audit.plan.deployment import adopt_deployment, deployment_settings
+from dpicl_audit.probes.parameters import VARIANTS
 from dpicl_audit.results import results_exit_code
 from tests.conftest import ADMIN, USER
 from tests.e2e import broken_realistic_server as realistic
@@ -89,10 +89,10 @@ async def test_the_calibration_scan_sees_a_weak_calibration_the_plan_does_not_au
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str | None
 ) -> None:
     """Issue 35, item 4, at the default epsilons: the plan audits epsilon 4 only, the scan
-    reads the sigma the server reports at every other epsilon of planning.calibration.SCAN
+    reads the sigma the server reports at every other epsilon of probes.calibration.SCAN
     (one context each, no answer), and the unguarded classical sigma is a BUG at 16 and
     above (18.9 at 16); the honest server's sigma meets every claim."""
-    from dpicl_audit.planning.calibration import SCAN
+    from dpicl_audit.probes.calibration import SCAN
 
     res, left = await _audit(
         tmp_path, fault, monkeypatch, **{"mechanism.epsilons": [4.0], "trials": 100, "seed": 3}

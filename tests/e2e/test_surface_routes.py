@@ -1,4 +1,4 @@
-"""Issue 35, items 1 and 2 on every answering route (planning/surface.py): headers, stream
+"""Issue 35, items 1 and 2 on every answering route (probes/surface.py): headers, stream
 chunk metadata, ``usage`` and ``finish_reason`` tested for dependence on the world given the
 answer, the public cost headers against the body's figures, and DPS-MOZO's ``max_tokens``
 above the context's limit.
@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from dpicl_audit.planning.answers import read_answer
-from dpicl_audit.planning.surface import public_departures
+from dpicl_audit.probes.answers import read_answer
+from dpicl_audit.probes.surface import public_departures
 from dpicl_audit.results import results_exit_code
 from tests.e2e import broken_surface_server as surface
 from tests.e2e.test_surface_faults import _audit, _audit_behind

@@ -61,7 +61,7 @@ def _audit(kind: str, values: Mapping[str, Any]) -> None:
     from dpicl_audit.pipeline.profiles import companion_plan, tail_run_id
     from dpicl_audit.pipeline.results import record_tail_gap
     from dpicl_audit.pipeline.run import bootstrap_audit, run_audit
-    from dpicl_audit.planning.schedule import new_run_id
+    from dpicl_audit.plan.schedule import new_run_id
 
     audit_plan = _build_plan(kind, values)
     db, out, progress = values["db"], values["out"], values["progress"]

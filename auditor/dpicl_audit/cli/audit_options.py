@@ -13,7 +13,7 @@ from typing import Literal
 
 import typer
 
-from dpicl_audit.attacks import ATTACKS, mechanisms_taking
+from dpicl_audit.catalog.attacks import ATTACKS, Attack, mechanisms_taking
 from dpicl_audit.cli.common import (
     AdminOpt,
     DbOpt,
@@ -37,8 +37,6 @@ from dpicl_audit.cli.flags import (
     shared_flag,
 )
 from dpicl_audit.plan import (
-    ALL_PROBES,
-    Attack,
     Calibration,
     CanaryKind,
     EmbeddingSource,
@@ -46,6 +44,7 @@ from dpicl_audit.plan import (
     ThreatModel,
     VotingDesign,
 )
+from dpicl_audit.probes.registry import ALL_PROBES
 from dpicl_audit.store.db import DEFAULT_DB
 
 __all__ = ["AUDIT_GROUPS", "audit_parameters", "plan_overrides"]

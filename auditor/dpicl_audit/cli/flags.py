@@ -13,7 +13,7 @@ from typing import Annotated, Any, get_args
 import typer
 from typer.models import OptionInfo
 
-from dpicl_audit.mechanisms.catalog import settings_models
+from dpicl_audit.catalog.mechanisms import settings_models
 from dpicl_audit.plan import AuditPlan
 
 __all__ = [

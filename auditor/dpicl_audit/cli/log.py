@@ -115,7 +115,8 @@ def _utility_row(run: Any, logged: int) -> dict[str, Any]:
 @app.command("list")
 def list_runs(db: DbOpt = DEFAULT_DB, as_json: JsonOpt = False) -> None:
     """The runs in the trial log: mechanism, kind, status and progress."""
-    from dpicl_audit.pipeline.legacy import upgrade_run
+    from dpicl_audit.catalog.mechanisms import default_mechanism_name
+    from dpicl_audit.mechanisms.registry import upgraded_run
     from dpicl_audit.store import TrialStore
 
     missing = sqlite_file_missing(db)
@@ -131,7 +132,7 @@ def list_runs(db: DbOpt = DEFAULT_DB, as_json: JsonOpt = False) -> None:
         try:
             rows = []
             for stored in store.list_runs():
-                run = upgrade_run(stored)
+                run = upgraded_run(stored) or stored
                 plan = run.plan
                 if run.kind == "utility":
                     rows.append(_utility_row(run, sum(store.trial_counts(run.id).values())))
@@ -140,7 +141,9 @@ def list_runs(db: DbOpt = DEFAULT_DB, as_json: JsonOpt = False) -> None:
                     {
                         "id": run.id,
                         "name": run.name,
-                        "mechanism": plan.get("mechanism", {}).get("name", "voting"),
+                        "mechanism": plan.get("mechanism", {}).get(
+                            "name", default_mechanism_name()
+                        ),
                         "kind": run.kind,
                         "status": run.status,
                         "created_at": run.created_at.isoformat(),

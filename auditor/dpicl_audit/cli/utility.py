@@ -166,7 +166,7 @@ def utility(
 ) -> None:
     """Accuracy (or ROUGE-L) per epsilon and T with 95% intervals, beside the zero-shot and
     non-private baselines and the budget the ledger says the evaluation spent."""
-    from dpicl_audit.planning.schedule import check_run_id, new_run_id
+    from dpicl_audit.plan.schedule import check_run_id, new_run_id
     from dpicl_audit.store import TrialStore
     from dpicl_audit.utility.runner import run_utility
 

@@ -20,7 +20,7 @@ from dpicl_audit.estimators.trial_budget import POWER_MARGIN, plan_trials, plann
 from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.pipeline.run import bootstrap_audit, run_audit
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.planning.schedule import CLEAN_SETTING, new_run_id
+from dpicl_audit.plan.schedule import CLEAN_SETTING, new_run_id
 from dpicl_audit.results import RunResult
 from dpicl_audit.store import TrialRecord, TrialStore
 

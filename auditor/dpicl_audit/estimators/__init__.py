@@ -10,6 +10,7 @@
 * :mod:`.rdp` Renyi-DP: exact divergence of noisy argmax and the 2-cut lower bound (003);
 * :mod:`.label_release` exact epsilon of voting's released label; the pivotal canary design;
 * :mod:`.whitebox` white-box bounds never weaker than black-box; both figures (GDP, classical);
+* :mod:`.composition` the budget that holds q answers of an (epsilon, delta) claim;
 * :mod:`.power` the largest epsilon a design could reach with its trials;
 * :mod:`.figure_power` the power model the verdicts read; :mod:`.trial_budget` real trials
   under a time budget, spent where they can prove something;

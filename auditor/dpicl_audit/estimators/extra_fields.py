@@ -64,7 +64,7 @@ PUBLIC = (
     "dpicl.label",
     # The same cost and budget inside ``usage`` (named as the X-DPICL-* headers), where
     # clients that drop a top-level extension keep them; checked against the body's figures
-    # by the surface probe (dpicl_audit.planning.surface.public_departures).
+    # by the surface probe (dpicl_audit.probes.surface.public_departures).
     "usage.dpicl",
 )
 

@@ -19,9 +19,8 @@ for its mechanism:
 ``to_json``/``from_json``, stored with the run), and the methods ``build_design``,
 ``summary``, ``context_body``, ``trial``, ``setting_meta`` and ``estimate``. It may override
 ``has_bootstrap``, ``learns_from_contexts``, ``calls_per_query``, ``queries_per_context``,
-``check_context``, ``check_pair``, ``prepare``, the probes from outside (``audit_ledger``,
-``audit_calibration``, ``audit_parameters``, ``audit_surface``, ``audit_tails``) and
-``claims_per_setting``.
+``check_context``, ``check_pair``, ``prepare``, ``upgrade_run``, ``ingredients`` (what the
+probes from outside need of it: :mod:`dpicl_audit.probes`) and ``claims_per_setting``.
 A variant of a built-in mechanism subclasses its audit and overrides what differs (the
 Laplace-noise voting of ``examples/laplace_voting``: the exact epsilon).
 
@@ -48,26 +47,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
+from dpicl_audit.catalog.settings import MechanismSettings, PartitionedSettings
 from dpicl_audit.client import AuditTarget, ContextBody, GenerationTarget
 from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import TargetProtocolError
 from dpicl_audit.jsontypes import JsonObject
-from dpicl_audit.mechanisms.settings import MechanismSettings, PartitionedSettings
 from dpicl_audit.mechanisms.trial_estimates import (
     estimate_trials,
     figure_fields,
     with_verdict,
 )
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.planning.sections import (
-    CalibrationSection,
-    LedgerSection,
-    ParametersSection,
-    SurfaceSection,
-    TailsSection,
-)
+from dpicl_audit.plan.budgets import budget_limit
+from dpicl_audit.probes.ingredients import Ingredients
 from dpicl_audit.results import SettingResult
-from dpicl_audit.store import ContextRecord, TrialRecord
+from dpicl_audit.store import ContextRecord, RunRecord, TrialRecord
 
 __all__ = [
     "Design",
@@ -78,6 +72,7 @@ __all__ = [
     "exemplar_dicts",
     "figure_fields",
     "needs_internal",
+    "require_keys",
     "with_verdict",
 ]
 
@@ -267,43 +262,29 @@ class MechanismAudit:
         their verdicts (an audit registered from outside may return the JSON mapping)."""
         raise NotImplementedError
 
-    async def audit_ledger(
-        self, target: AuditTarget, design: Any, plan: AuditPlan
-    ) -> LedgerSection | None:
-        """The ledger audited from outside (:mod:`dpicl_audit.planning.ledger`); None where the
-        mechanism has no such audit."""
+    def upgrade_run(self, run: RunRecord) -> RunRecord | None:
+        """``run`` as the pipeline reads it where an older audit of this mechanism logged it
+        in shapes of its own (DPS-MOZO's separate audit before issue 9); None otherwise."""
         return None
 
-    async def audit_parameters(
-        self, target: AuditTarget, design: Any, plan: AuditPlan
-    ) -> ParametersSection | None:
-        """The client parameters swept (:mod:`dpicl_audit.planning.parameters`); None where
-        the mechanism has no such audit."""
-        return None
+    # ---------------------------------------------------------------- probes
 
-    async def audit_surface(
-        self, target: AuditTarget, design: Any, plan: AuditPlan
-    ) -> SurfaceSection | None:
-        """The whole response on every answering route, and ``max_tokens`` against the
-        context's limit (:mod:`dpicl_audit.planning.surface`); None where the mechanism has
-        no such audit."""
-        return None
+    def ingredients(self, design: Any, plan: AuditPlan) -> Ingredients:
+        """What the probes from outside get of this mechanism for the run's design
+        (:mod:`dpicl_audit.probes`): here its context bodies and nothing a probe asks of
+        them, so that no probe runs; a mechanism supplies what its probes need."""
 
-    async def audit_calibration(
-        self, target: AuditTarget, design: Any, plan: AuditPlan
-    ) -> CalibrationSection | None:
-        """The reported calibration against the claim at epsilons the plan does not audit
-        (:mod:`dpicl_audit.planning.calibration`); None where the mechanism has no such
-        audit."""
-        return None
+        def body(world: int, epsilon: float, name: str) -> ContextBody:
+            return self.context_body(design, plan, epsilon, world, name=name)
 
-    async def audit_tails(
-        self, target: AuditTarget, design: Any, plan: AuditPlan
-    ) -> TailsSection | None:
-        """Whether the noise has the tails it claims, black-box (voting:
-        :mod:`dpicl_audit.mechanisms.voting.tails`); None where the mechanism has no such
-        audit."""
-        return None
+        return Ingredients(
+            task=self.task,
+            name=f"dpicl-audit {plan.seed}",
+            epsilons=tuple(float(e) for e in plan.mechanism.epsilons),
+            limit=budget_limit(plan),
+            body=body,
+            hold=lambda body, epsilon, answers: None,
+        )
 
     def claims_per_setting(self, design: Any, threat_models: Sequence[str]) -> int:
         """How many statistical tests one epsilon setting may state a VIOLATION or BUG
@@ -313,6 +294,13 @@ class MechanismAudit:
 
 
 # ==================================================================== shared helpers
+
+
+def require_keys(out: Mapping[str, Any], keys: Sequence[str], endpoint: str) -> None:
+    """Refuse a debug answer without the fields this mechanism's white-box trial reads."""
+    missing = [k for k in keys if k not in out]
+    if missing:
+        raise TargetProtocolError(f"{endpoint} answered without {', '.join(missing)}")
 
 
 def needs_internal(endpoint: str, field: str) -> TargetProtocolError:

@@ -6,30 +6,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
-from dpicl_audit.client import AuditTarget, ContextBody
+from dpicl_audit.catalog.settings import GaussianSettings
+from dpicl_audit.client import ContextBody
 from dpicl_audit.errors import TargetProtocolError
+from dpicl_audit.estimators.composition import answers_in_budget, budget_for
 from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.mechanisms.base import MechanismAudit, exemplar_dicts
-from dpicl_audit.mechanisms.settings import GaussianSettings
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.planning.budgets import (
-    budget_limit,
-    context_capacity,
-    planned_answers,
-    probe_ledger,
-)
-from dpicl_audit.planning.calibration import scan_calibration
-from dpicl_audit.planning.ledger import budget_for
-from dpicl_audit.planning.sections import CalibrationSection, LedgerSection
+from dpicl_audit.plan.budgets import budget_limit, context_capacity, planned_answers
+from dpicl_audit.probes.ingredients import Ingredients
 from dpicl_audit.store import ContextRecord
+from dpicl_audit.verdicts.claims import sigma_of
 
 __all__ = [
     "GaussianMechanismAudit",
     "check_partition_seed",
     "gaussian_setting_meta",
-    "sigma_of",
 ]
 
 
@@ -41,21 +36,6 @@ def check_partition_seed(info: Mapping[str, Any], design: Any) -> None:
             f"context {info.get('id')} has partition_seed {seed}, the audit asked for "
             f"{design.partition_seed}: the neighbours would not differ in one partition"
         )
-
-
-def sigma_of(info: Mapping[str, Any]) -> float:
-    """The noise sigma a Gaussian mechanism's context reports (voting, ESA)."""
-    mech = info.get("mechanism")
-    try:
-        sigma = float(mech["sigma"])  # type: ignore[index]
-    except (TypeError, KeyError, ValueError) as exc:
-        raise TargetProtocolError(
-            f"context {info.get('id')} reports no mechanism.sigma; the audit needs the noise "
-            "the server uses"
-        ) from exc
-    if not (sigma > 0 and math.isfinite(sigma)):
-        raise TargetProtocolError(f"context {info.get('id')} reports sigma {sigma}")
-    return sigma
 
 
 def gaussian_setting_meta(
@@ -99,25 +79,32 @@ class GaussianMechanismAudit(MechanismAudit):
         sigma_of(info)
         check_partition_seed(info, design)
 
-    async def audit_calibration(
-        self, target: AuditTarget, design: Any, plan: AuditPlan
-    ) -> CalibrationSection | None:
-        """The reported sigma against the claim at each epsilon of the scan the plan does not
-        audit (planning.calibration), read as the setting's own claim check reads it."""
+    def ingredients(self, design: Any, plan: AuditPlan) -> Ingredients:
+        """Contexts held by budgets composed as mu-GDP answers (:meth:`answers_budget`), the
+        claim read as a setting's own claim check reads it (the calibration scan), and the
+        design's query (the ledger's and the parameters' probes ask the membership one)."""
+        kit = super().ingredients(design, plan)
+        delta, limit = plan.mechanism.delta, kit.limit
 
-        def body(eps: float) -> ContextBody | None:
-            budget = self.answers_budget(plan, eps, 1)
-            if budget is None:
-                return None
-            name = f"dpicl-audit {plan.seed} calibration"
-            return self.context_body(design, plan, eps, 1, name=name) | {"budget": budget}
+        def hold(body: ContextBody, epsilon: float, answers: int) -> ContextBody | None:
+            budget = self.answers_budget(plan, epsilon, answers)
+            return None if budget is None else body | {"budget": budget}
 
-        def meta(eps: float, info: Mapping[str, Any]) -> Mapping[str, Any]:
-            setting = plan.setting_key(eps)
-            c1 = ContextRecord(setting, 1, eps, str(info["id"]), info)
-            return self.setting_meta(plan, design, eps, {(setting, 1): c1})
+        def claim(epsilon: float, info: Mapping[str, Any]) -> Mapping[str, Any]:
+            setting = plan.setting_key(epsilon)
+            c1 = ContextRecord(setting, 1, epsilon, str(info["id"]), info)
+            return self.setting_meta(plan, design, epsilon, {(setting, 1): c1})
 
-        return await scan_calibration(target, body, meta, plan.mechanism.epsilons)
+        return replace(
+            kit,
+            hold=hold,
+            claim=claim,
+            capacity=lambda epsilon: answers_in_budget(epsilon, delta, limit),
+            query=getattr(design, "query", None),
+            membership=getattr(design, "attack", None) == "inquery",
+            gaussian=True,
+            answer_tokens=plan.mechanism.answer_tokens,
+        )
 
     def answers_budget(
         self, plan: AuditPlan, epsilon: float, answers: int
@@ -167,13 +154,6 @@ class GaussianMechanismAudit(MechanismAudit):
         server takes (budgets.budget_limit)."""
         answers = self.planned_answers(plan, epsilon, world)
         return budget_for(epsilon, plan.mechanism.delta, answers, budget_limit(plan))
-
-    async def audit_ledger(
-        self, target: AuditTarget, design: Any, plan: AuditPlan
-    ) -> LedgerSection | None:
-        """A probe context of C0's body, asked until refused (ledger.probe_ledger)."""
-
-        return await probe_ledger(self, target, design, plan)
 
     def planned_answers(self, plan: AuditPlan, epsilon: float, world: int) -> int:
         """The answers one context of ``world`` at ``epsilon`` is budgeted for."""

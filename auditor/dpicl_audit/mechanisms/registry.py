@@ -1,7 +1,8 @@
-"""The one registry of mechanism audits: each settings model's audit (:mod:`.catalog`).
+"""The one registry of mechanism audits: each settings model's audit
+(:mod:`dpicl_audit.catalog.mechanisms`).
 
 A third-party package adds a mechanism without touching this package: it ships a settings
-model (a :class:`~.settings.MechanismSettings` subclass, whose ``audit`` names a
+model (a :class:`~dpicl_audit.catalog.settings.MechanismSettings` subclass, whose ``audit`` names a
 :class:`~.base.MechanismAudit` instance) and declares the model in its ``pyproject.toml``::
 
     [project.entry-points."dpicl_audit.mechanisms"]
@@ -18,12 +19,13 @@ from collections.abc import Mapping
 from importlib import import_module
 from typing import Any
 
+from dpicl_audit.catalog.mechanisms import model_name, settings_models
+from dpicl_audit.catalog.settings import MechanismSettings
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.mechanisms.base import Design, MechanismAudit
-from dpicl_audit.mechanisms.catalog import model_name, settings_models
-from dpicl_audit.mechanisms.settings import MechanismSettings
+from dpicl_audit.store import RunRecord
 
-__all__ = ["MECHANISMS", "discover", "get_mechanism", "load_design"]
+__all__ = ["MECHANISMS", "discover", "get_mechanism", "load_design", "upgraded_run"]
 
 
 def _audit_of(model: type[MechanismSettings]) -> MechanismAudit:
@@ -51,7 +53,8 @@ def _audit_of(model: type[MechanismSettings]) -> MechanismAudit:
 
 
 def discover() -> dict[str, MechanismAudit]:
-    """The audit of every mechanism (:func:`~.catalog.settings_models`), by name."""
+    """The audit of every mechanism (:func:`~dpicl_audit.catalog.mechanisms.
+    settings_models`), by name."""
     return {model_name(model): _audit_of(model) for model in settings_models()}
 
 
@@ -71,3 +74,14 @@ def get_mechanism(name: str) -> MechanismAudit:
 def load_design(mechanism: str, data: Mapping[str, Any]) -> Design:
     """A design stored with a run, read back by its mechanism's audit."""
     return get_mechanism(mechanism).load_design(data)
+
+
+def upgraded_run(run: RunRecord) -> RunRecord | None:
+    """A run logged by an older audit of some mechanism, as the pipeline reads it
+    (:meth:`~.base.MechanismAudit.upgrade_run`: it ran to the end or not at all, so its
+    stored estimate is kept and it does not resume); None for a run of today's shape."""
+    for audit in MECHANISMS.values():
+        found = audit.upgrade_run(run)
+        if found is not None:
+            return found
+    return None

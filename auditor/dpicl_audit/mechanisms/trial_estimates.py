@@ -29,7 +29,7 @@ from dpicl_audit.estimators.whitebox import (
     audit_figures,
 )
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.planning.schedule import STREAM_SPLIT
+from dpicl_audit.plan.schedule import STREAM_SPLIT
 from dpicl_audit.results import Estimate, SettingResult
 from dpicl_audit.store import TrialRecord
 from dpicl_audit.verdicts import gaussian_verdict

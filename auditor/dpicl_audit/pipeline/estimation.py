@@ -16,10 +16,9 @@ from typing import Any
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.estimators.trial_budget import needs_from_bootstrap
 from dpicl_audit.mechanisms.base import Design, SettingRows
-from dpicl_audit.mechanisms.registry import get_mechanism
-from dpicl_audit.pipeline.legacy import is_legacy_mozo, upgrade_run
+from dpicl_audit.mechanisms.registry import get_mechanism, upgraded_run
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.planning.schedule import CLEAN_SETTING
+from dpicl_audit.plan.schedule import CLEAN_SETTING
 from dpicl_audit.results import RunResult, SettingResult, jsonable
 from dpicl_audit.store import RunRecord, TrialStore
 
@@ -27,8 +26,10 @@ __all__ = ["estimate_run", "estimate_setting", "load_run", "run_design", "run_pl
 
 
 def load_run(store: TrialStore, run_id: str) -> RunRecord:
-    """A run as the pipeline reads it, whichever version logged it (:mod:`.legacy`)."""
-    return upgrade_run(store.get_run(run_id))
+    """A run as the pipeline reads it, whichever version logged it
+    (:func:`~dpicl_audit.mechanisms.registry.upgraded_run`)."""
+    stored = store.get_run(run_id)
+    return upgraded_run(stored) or stored
 
 
 def run_plan(run: RunRecord) -> AuditPlan:
@@ -65,9 +66,10 @@ def estimate_run(store: TrialStore, run_id: str) -> RunResult:
     gathered into a :class:`~dpicl_audit.results.RunResult`, given as the store will read it
     back (:meth:`~dpicl_audit.results.Record.stored`), so a run's results recomputed here
     and the ones read back from the log are one value."""
+    old = upgraded_run(store.get_run(run_id))
+    if old is not None and old.results is not None:
+        return RunResult.from_json(old.results)  # an old audit's estimate, pipeline's shape
     run = load_run(store, run_id)
-    if is_legacy_mozo(store.get_run(run_id)) and run.results is not None:
-        return RunResult.from_json(run.results)  # the old audit's estimate, pipeline's shape
     plan = run_plan(run)
     design = run_design(run, plan)
     mech = get_mechanism(plan.mechanism.name)

@@ -10,7 +10,7 @@
   (:mod:`~dpicl_audit.estimators.conformance`) and the classical bound against the design's
   own exact epsilon (BUG) both see it. The pivotal design alone, whose gaps sit where the
   rates are mid-range, does not; every black-box voting run's tail probe does
-  (:mod:`dpicl_audit.mechanisms.voting.tails`, docs/auditing.md).
+  (:mod:`dpicl_audit.probes.tails`, docs/auditing.md).
 """
 
 from __future__ import annotations

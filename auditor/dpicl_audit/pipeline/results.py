@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from dpicl_audit.catalog.mechanisms import default_mechanism_name
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.pipeline.profiles import with_tail_gap
 from dpicl_audit.results import RunResult, jsonable
@@ -40,7 +41,8 @@ def describe_run(results: Mapping[str, Any]) -> str:
     audit-template · bootstrap``."""
     plan = results.get("plan") or {}
     design = results.get("design") or {}
-    mech = results.get("mechanism") or (plan.get("mechanism") or {}).get("name", "voting")
+    stored = (plan.get("mechanism") or {}).get("name", default_mechanism_name())
+    mech = results.get("mechanism") or stored
     attack = design.get("attack") or plan.get("attack", "?")
     canary = design.get("canary_kind") or plan.get("canary", "?")
     setting = plan.get("setting", "audit-template")
@@ -223,7 +225,7 @@ def print_results(results: Mapping[str, Any], console: Console | None = None) ->
                 f"[/{style}]"
             )
     took = run.probe_wall_time_s
-    for name, section, adds in run.probes():  # the audits from outside (results.PROBES)
+    for name, section, adds in run.probes():  # the audits from outside (probes.registry.PROBES)
         ok = section.get("status") == "ok"
         colour = "green" if ok else "yellow" if adds is None else "bold red"
         when = f" ({took[name]:.1f} s)" if name in took else ""

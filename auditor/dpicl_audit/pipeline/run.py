@@ -3,7 +3,7 @@
 The run's life, one module per step::
 
     plan (plan/) -> design (mechanisms/<name>/) -> contexts (pipeline/contexts.py)
-      -> trials (pipeline/trials.py, planning/schedule.py) -> SQL trial log (store/)
+      -> trials (pipeline/trials.py, plan/schedule.py) -> SQL trial log (store/)
       -> estimates (pipeline/estimation.py, estimators/) -> verdicts (verdicts/)
       -> results (pipeline/results.py) and reports (report/)
 
@@ -36,9 +36,8 @@ from dpicl_audit.client import AuditTarget, DpiclClient
 from dpicl_audit.datasets import load_dataset
 from dpicl_audit.errors import InvalidAuditInput, InvalidPlan
 from dpicl_audit.mechanisms.neighbours import resolve_design
-from dpicl_audit.mechanisms.registry import get_mechanism
+from dpicl_audit.mechanisms.registry import get_mechanism, upgraded_run
 from dpicl_audit.pipeline.estimation import run_design
-from dpicl_audit.pipeline.legacy import is_legacy_mozo
 from dpicl_audit.pipeline.results import out_directory, write_results
 from dpicl_audit.pipeline.run_context import RunContext, RunKind
 from dpicl_audit.pipeline.runner import AuditRunner
@@ -52,8 +51,8 @@ from dpicl_audit.pipeline.session import (
     with_budget_limit,
 )
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.planning.deployment import adopt_deployment, deployment_settings
-from dpicl_audit.planning.schedule import check_run_id, new_run_id
+from dpicl_audit.plan.deployment import adopt_deployment, deployment_settings
+from dpicl_audit.plan.schedule import check_run_id, new_run_id
 from dpicl_audit.store import TrialStore
 
 __all__ = ["bootstrap_audit", "resume_audit", "run_audit"]
@@ -186,10 +185,11 @@ async def resume_audit(
     out_directory(where.get("out_dir", "runs"))
 
     with opened_store(where.get("store"), where.get("db"), where.get("schema")) as st:
-        if is_legacy_mozo(st.get_run(run_id)):
+        old = upgraded_run(st.get_run(run_id))
+        if old is not None:
             raise InvalidAuditInput(
-                f"run {run_id} was logged by the old DPS-MOZO audit, which ran to the end or "
-                "not at all; it has nothing to resume (show or report it)"
+                f"run {run_id} was logged by an older audit of {old.plan['mechanism']['name']}, "
+                "which ran to the end or not at all; it has nothing to resume (show or report it)"
             )
         run = st.get_run(run_id)
     plan = AuditPlan.from_public(

@@ -4,7 +4,7 @@
 A **run** (``kind="run"``) audits with real queries: for every epsilon of the plan it gets
 the neighbour contexts C1 and C0 (:class:`~dpicl_audit.pipeline.contexts.ContextBook`) and sends
 ``plan.trials`` audit queries, each to the world the seeded schedule says
-(:func:`~dpicl_audit.planning.schedule.trial_worlds`). A **bootstrap** run (``kind="bootstrap"``)
+(:func:`~dpicl_audit.plan.schedule.trial_worlds`). A **bootstrap** run (``kind="bootstrap"``)
 collects ``bootstrap.n_llm`` clean rows per world from the debug endpoint at ``internal``
 (logged as the setting ``clean``) and simulates ``bootstrap.n_sample`` noisy trials per world
 and epsilon. What a trial sends and observes, and how it is estimated, is the mechanism
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from dpicl_audit.errors import AuditError, TargetUnavailable
@@ -27,8 +27,8 @@ from dpicl_audit.pipeline.progress import ProgressSink, open_progress
 from dpicl_audit.pipeline.results import finish_run
 from dpicl_audit.pipeline.run_context import RunContext
 from dpicl_audit.pipeline.trials import TrialExecutor
-from dpicl_audit.plan import ALL_PROBES
-from dpicl_audit.planning.schedule import CLEAN_SETTING, clean_worlds, context_slots, trial_worlds
+from dpicl_audit.plan.schedule import CLEAN_SETTING, clean_worlds, context_slots, trial_worlds
+from dpicl_audit.probes.registry import ALL_PROBES, PROBES
 from dpicl_audit.results import RunResult
 from dpicl_audit.store import ContextRecord
 
@@ -103,32 +103,28 @@ class AuditRunner:
             run.store.update_run(run.run_id, design=design.to_json())
 
     async def _audit_from_outside(self, estimated: RunResult) -> RunResult:
-        """The run's results with its audits from outside (results.PROBES), one after the
-        other (each alone leaves the client and the server busy: measured no faster at
-        once), those of ``plan.probes`` that the mechanism has, each one's wall seconds
-        under ``probe_wall_time_s``; ``probes_left_out`` names those the plan left out.
-        Only a black-box run probes the surface and the tails."""
+        """The run's results with its audits from outside (probes.registry.PROBES), one
+        after the other (each alone leaves the client and the server busy: measured no
+        faster at once): those of ``plan.probes`` whose ingredients the mechanism supplies
+        for the run's design, each one's wall seconds under ``probe_wall_time_s``;
+        ``probes_left_out`` names those the plan left out. A probe of black-box releases
+        only follows a black-box run of real queries."""
         run = self.run_ctx
-        m, args, wanted = run.mechanism, (run.target, run.design, run.plan), run.plan.probes
-        probes: dict[str, Callable[..., Awaitable[Mapping[str, Any] | None]]] = {
-            "ledger": m.audit_ledger,  # planning.ledger
-            "calibration": m.audit_calibration,  # planning.calibration
-            "parameters": m.audit_parameters,  # planning.parameters
-        }
-        if run.kind == "run" and run.plan.threat_model == "black-box":
-            probes["surface"] = m.audit_surface  # planning.surface
-            probes["tails"] = m.audit_tails  # the noise's tails (voting.tails)
+        kit = run.mechanism.ingredients(run.design, run.plan)
+        black_box = run.kind == "run" and run.plan.threat_model == "black-box"
         seconds: dict[str, float] = {}
-        for name, probe in probes.items():
-            if name not in wanted:
+        for name, probe in PROBES.items():
+            if name not in run.plan.probes or (probe.black_box_only and not black_box):
+                continue
+            if not kit.supplies(probe.needs):
                 continue
             t0 = time.monotonic()
-            found = await probe(*args)
+            found = await probe.run(run.target, kit)
             if found is None:
                 continue
             seconds[name] = round(time.monotonic() - t0, 3)
             estimated = estimated.updated(**{name: found})  # the ledger's typed field too
-        left_out = [p for p in ALL_PROBES if p not in wanted]
+        left_out = [p for p in ALL_PROBES if p not in run.plan.probes]
         if left_out:
             estimated = estimated.updated(probes_left_out=left_out)
         return estimated.updated(probe_wall_time_s=seconds) if seconds else estimated

@@ -18,11 +18,11 @@ from dpicl_audit.client import AuditTarget, DpiclClient
 from dpicl_audit.client.context_hook import load_hook
 from dpicl_audit.client.openai import OpenAIClient
 from dpicl_audit.errors import InvalidPlan, TargetError, TargetUnavailable
+from dpicl_audit.estimators.composition import MAX_BUDGET_EPSILON
 from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.plan import AuditPlan
+from dpicl_audit.plan.budgets import budget_limit, published_budget_limit
 from dpicl_audit.plan.specs import TargetSpec
-from dpicl_audit.planning.budgets import budget_limit, published_budget_limit
-from dpicl_audit.planning.ledger import MAX_BUDGET_EPSILON
 from dpicl_audit.store import TrialStore
 
 __all__ = [

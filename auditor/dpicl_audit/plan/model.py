@@ -26,16 +26,14 @@ from pydantic import (
     model_validator,
 )
 
-from dpicl_audit.attacks import check_attack
+from dpicl_audit.catalog.attacks import Attack, check_attack
+from dpicl_audit.catalog.mechanisms import mechanism_names, settings_for
 from dpicl_audit.errors import InvalidPlan
 from dpicl_audit.estimators.held_out import DEFAULT_SELECTION_FRACTION
 from dpicl_audit.jsontypes import JsonObject
-from dpicl_audit.mechanisms.catalog import mechanism_names, settings_for
 from dpicl_audit.plan.sources import MASK, plan_data_from_sources, public_plan_data
 from dpicl_audit.plan.specs import (
-    ALL_PROBES,
     FROZEN,
-    Attack,
     BootstrapSpec,
     CanaryKind,
     DeploymentSpec,
@@ -43,13 +41,13 @@ from dpicl_audit.plan.specs import (
     MechanismSection,
     MozoSpec,
     NeighbourSpec,
-    Probe,
     Setting,
     TargetSpec,
     ThreatModel,
     VotingDesign,
     default_mechanism,
 )
+from dpicl_audit.probes.registry import ALL_PROBES, ProbeName
 
 __all__ = ["AuditPlan"]
 
@@ -90,7 +88,7 @@ class AuditPlan(BaseModel):
     bootstrap: BootstrapSpec = Field(default_factory=BootstrapSpec)
     generation: GenerationSpec = Field(default_factory=GenerationSpec)
     mozo: MozoSpec = Field(default_factory=MozoSpec)
-    probes: tuple[Probe, ...] = Field(
+    probes: tuple[ProbeName, ...] = Field(
         default=ALL_PROBES,
         description="The audits from outside beside the trials (default all; each costs its "
         "own answers: docs/auditing.md, 'What a default audit costs').",
@@ -122,7 +120,7 @@ class AuditPlan(BaseModel):
 
     @field_validator("probes")
     @classmethod
-    def _probes(cls, v: tuple[Probe, ...]) -> tuple[Probe, ...]:
+    def _probes(cls, v: tuple[ProbeName, ...]) -> tuple[ProbeName, ...]:
         twice = sorted({p for p in v if v.count(p) > 1})
         if twice:
             raise ValueError(f"probes names {twice} more than once")

@@ -75,9 +75,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from dpicl_audit.catalog.mechanisms import settings_for
 from dpicl_audit.errors import InvalidPlan
 from dpicl_audit.jsontypes import JsonObject
-from dpicl_audit.mechanisms.catalog import settings_for
 
 __all__ = ["MASK", "MAX_PLAN_BYTES", "plan_data_from_sources", "public_plan_data"]
 

@@ -20,14 +20,12 @@ from pydantic import (
     model_validator,
 )
 
-from dpicl_audit.mechanisms.catalog import check_mechanism_name, mechanism_names, settings_models
-from dpicl_audit.mechanisms.settings import Calibration, MechanismSettings
+from dpicl_audit.catalog.mechanisms import check_mechanism_name, mechanism_names, settings_models
+from dpicl_audit.catalog.settings import Calibration, MechanismSettings
 from dpicl_audit.prompts import SIGNAL_PAIRS
 
 __all__ = [
-    "ALL_PROBES",
     "FROZEN",
-    "Attack",
     "BootstrapSpec",
     "Calibration",
     "CanaryKind",
@@ -38,8 +36,6 @@ __all__ = [
     "MechanismSettings",
     "MozoSpec",
     "NeighbourSpec",
-    "Probe",
-    "RdpAttack",
     "Setting",
     "TargetApi",
     "TargetSpec",
@@ -51,16 +47,6 @@ __all__ = [
 CanaryKind = Literal["natural", "mislabeled", "random"]
 Setting = Literal["audit-template", "deployment"]
 ThreatModel = Literal["black-box", "white-box"]
-#: paper 003's adversaries (RDP audits of query sequences; dpicl_audit.mechanisms.voting.rdp)
-RdpAttack = Literal[
-    "nat-advq",
-    "pois-advq",
-    "pois-natq-confident",
-    "pois-natq-unconfident",
-    "pois-natq-all-same",
-    "pois-natq-mapping",
-]
-Attack = Literal["inquery", "brainwash", "repeat", "reference-vector", RdpAttack]
 EmbeddingSource = Literal["auto", "server", "local"]
 #: Voting's neighbour designs (docs/auditing.md, "Designs"): ``paper`` = paper 000's
 #: [1, T-1] against [0, T]; ``pivotal`` = the other partitions pinned so the canary's
@@ -73,11 +59,6 @@ VotingDesign = Literal["auto", "paper", "pivotal", "identical"]
 #: Which surface the audit queries go through: dpicl's own routes, or the OpenAI-compatible
 #: chat completions (any OpenAI-compatible DP-ICL endpoint, with a context hook).
 TargetApi = Literal["native", "openai"]
-#: The audits from outside a run makes beside its trials (docs/auditing.md; the results'
-#: sections of dpicl_audit.results.run.PROBES): the ledger, the calibration scan, the
-#: client's parameters varied, every route's whole response, the noise's tails.
-Probe = Literal["ledger", "calibration", "parameters", "surface", "tails"]
-ALL_PROBES: tuple[Probe, ...] = ("ledger", "calibration", "parameters", "surface", "tails")
 
 
 def _named(data: Any) -> Any:

@@ -6,7 +6,7 @@ import numpy as np
 
 from dpicl_audit.mechanisms.base import SettingRows
 from dpicl_audit.pipeline.estimation import estimate_setting
-from dpicl_audit.planning.schedule import CLEAN_SETTING
+from dpicl_audit.plan.schedule import CLEAN_SETTING
 from dpicl_audit.report.data import THREATS, RunData, num
 from dpicl_audit.results import SettingResult
 

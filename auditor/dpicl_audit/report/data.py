@@ -8,9 +8,10 @@ design (canary kind and setting), method (real trials or bootstrap) and threat m
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from dpicl_audit.catalog.mechanisms import default_mechanism_name
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.mechanisms.base import Design
@@ -51,7 +52,7 @@ class RunData:
 
     @property
     def ledger(self) -> Mapping[str, Any] | None:
-        """The ledger's audit from outside (:mod:`dpicl_audit.planning.ledger`), where the run
+        """The ledger's audit from outside (:mod:`dpicl_audit.probes.ledger`), where the run
         had one."""
         led = self.results.ledger
         return led if isinstance(led, Mapping) else None
@@ -94,7 +95,8 @@ class ReportRow:
     # ESA: the exact epsilon for the canary's actual embedding shift ||e(y1)-e(y0)||/T
     # instead of the worst case 2/T (looseness of the analysis vs weakness of the attack).
     epsilon_exact_shift: float | None = None
-    mechanism: str = "voting"
+    # A row of a run whose plan named no mechanism: the plan's default, then as now.
+    mechanism: str = field(default_factory=default_mechanism_name)
     attack: str = "inquery"
     design: str = ""  # design, canary kind and setting, e.g. "pivotal, natural canary, ..."
     # The assumption-free classical (epsilon, delta) bound from the same trials (its own

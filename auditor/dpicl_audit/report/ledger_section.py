@@ -1,5 +1,5 @@
 """The report's "ledger", "conformance" and "ROC" sections: what the ledger's audit from
-outside found (:mod:`dpicl_audit.planning.ledger`), each setting's conformance tests
+outside found (:mod:`dpicl_audit.probes.ledger`), each setting's conformance tests
 (:mod:`dpicl_audit.estimators.conformance`) and each attack's ROC figures
 (:mod:`dpicl_audit.estimators.roc`). One self-contained function each, so that the report's
 layout can place them where it likes."""

@@ -1,6 +1,6 @@
 """The report's "From outside" section: each run's audits beside its settings' trials (the
 ledger, the calibration scan, the client's parameters, every route's whole response, the
-noise's tails: :data:`~dpicl_audit.results.run.PROBES`), each with its status, whether that
+noise's tails: :data:`~dpicl_audit.probes.registry.PROBES`), each with its status, whether that
 status decides the run's exit code, and its message, as the console prints them."""
 
 from __future__ import annotations

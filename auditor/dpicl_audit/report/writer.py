@@ -173,7 +173,7 @@ def write_combined_report(
             console.print(f"[bold red]{verdict_sentence(r)}[/bold red]")
     for text in noise_findings(rows):
         console.print(f"[bold red]{text}[/bold red]")
-    for rd in runs:  # the audits from outside that flag the run (results.PROBES)
+    for rd in runs:  # the audits from outside that flag the run (probes.registry.PROBES)
         for probe, section, adds in rd.results.probes():
             if adds is not None:
                 console.print(f"[bold red]{rd.label} {probe}: {section.get('message')}[/bold red]")

@@ -7,11 +7,11 @@ one :class:`~dpicl_audit.verdicts.Verdict` type.
 The mechanisms build them (:meth:`~.record.Record.of`, :meth:`~.record.Record.updated`);
 their JSON is written only at the edges, where a run's results are stored or printed.
 :meth:`RunResult.from_json` reads any stored shape (today's, and those the legacy upgrade
-gives, :mod:`dpicl_audit.pipeline.legacy`) and :meth:`RunResult.to_json` writes it back
-exactly, keys in their stored order: a key these classes do not type (a mechanism's own
-facts and figures, a newer auditor's) is kept in ``extra``, and a typed key that was absent
-stays absent. Non-finite floats, stored as ``"inf"``/``"nan"`` strings (:func:`jsonable`),
-read as floats and write back as those strings.
+gives, :func:`dpicl_audit.mechanisms.registry.upgraded_run`) and :meth:`RunResult.to_json`
+writes it back exactly, keys in their stored order: a key these classes do not type (a
+mechanism's own facts and figures, a newer auditor's) is kept in ``extra``, and a typed key
+that was absent stays absent. Non-finite floats, stored as ``"inf"``/``"nan"`` strings
+(:func:`jsonable`), read as floats and write back as those strings.
 
 Modules::
 

@@ -8,11 +8,12 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.probes.registry import PROBES
 from dpicl_audit.results.record import COUNT, MAPPING, NUMBER, SAME, TEXT, Codec, Record
 from dpicl_audit.results.setting import SettingResult
 from dpicl_audit.verdicts import Status, Verdict, worst_status
 
-__all__ = ["PROBES", "RunResult", "results_exit_code", "underpowered"]
+__all__ = ["RunResult", "results_exit_code", "underpowered"]
 
 
 @dataclass(frozen=True)
@@ -113,33 +114,15 @@ class RunResult(Record):
         ]
 
     def probes(self) -> list[tuple[str, Mapping[str, Any], Status | None]]:
-        """The run's audits from outside, in :data:`PROBES`' order: each one's name, its
-        section as stored, and the status it adds to the run's (None: it adds none)."""
+        """The run's audits from outside, in :data:`~dpicl_audit.probes.registry.PROBES`'
+        order: each one's name, its section as stored, and the status it adds to the run's
+        (None: it adds none)."""
         out = []
-        for name, deciding in PROBES.items():
+        for name, probe in PROBES.items():
             found = self.get(name)  # the ledger's typed field, the others' extra
             if isinstance(found, Mapping) and found:
-                out.append((name, found, deciding.get(str(found.get("status")))))
+                out.append((name, found, probe.deciding.get(str(found.get("status")))))
         return out
-
-
-#: The audits from outside a run may hold (its sections besides the settings), each with
-#: the statuses of its own that decide the exit code: the ledger (planning.ledger: its
-#: reported costs, NONCONFORMING; a reported noise that admits fewer answers than the claim,
-#: BUG), the calibration scan (planning.calibration), the client's parameters varied
-#: (planning.parameters), every route's whole response (planning.surface) and the noise's
-#: tails (mechanisms.voting.tails). Their other statuses (ok, unchecked) add none.
-PROBES: dict[str, dict[str, Status]] = {
-    "ledger": {"nonconforming": Status.NONCONFORMING, "bug": Status.BUG},
-    "calibration": {"bug": Status.BUG},
-    "parameters": {"nonconforming": Status.NONCONFORMING},
-    "surface": {
-        "nonconforming": Status.NONCONFORMING,
-        "violation": Status.VIOLATION,
-        "bug": Status.BUG,
-    },
-    "tails": {"nonconforming": Status.NONCONFORMING},
-}
 
 
 def results_exit_code(

@@ -7,9 +7,10 @@ module             what it holds
 :mod:`.log`        the tables, the records, and :class:`~.log.TrialStore`
 =================  ================================================================
 
-Logs of older versions are upgraded by :mod:`dpicl_audit.pipeline.legacy` (it needs a
-mechanism's design). The records and the store are re-exported here (``from dpicl_audit.store import
-TrialStore``); the modules of this package import each other directly.
+Logs of older versions are upgraded by the mechanism whose older audit wrote them
+(:func:`dpicl_audit.mechanisms.registry.upgraded_run`; it needs a mechanism's design). The
+records and the store are re-exported here (``from dpicl_audit.store import TrialStore``); the
+modules of this package import each other directly.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The contexts of a utility run: one per (cell, exemplar draw), budgeted for the answers
-it will give (with the retry margin of :mod:`dpicl_audit.planning.ledger`), recorded in the
+it will give (with the retry margin of :mod:`dpicl_audit.estimators.composition`), recorded in the
 trial log's ``run_contexts`` (the draw in its ``world`` column) and named
 ``dpicl-audit <run> <cell> #<draw>`` on the server. A context is reused when the log records it
 and the server still has it, adopted by its name when a crash came between its creation and
@@ -19,8 +19,8 @@ from rich.console import Console
 from dpicl_audit.client import ContextBody, DpiclClient
 from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import TargetError, TargetNotFound
+from dpicl_audit.estimators.composition import budget_for, planned_queries
 from dpicl_audit.jsontypes import JsonObject
-from dpicl_audit.planning.ledger import budget_for, planned_queries
 from dpicl_audit.store import ContextRecord, TrialStore
 from dpicl_audit.utility.plan import FEW_SHOT, ZERO_SHOT, Cell, Draws, UtilityPlan
 

@@ -27,6 +27,8 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from dpicl_audit.catalog.mechanisms import model_name, settings_models
+from dpicl_audit.catalog.settings import GaussianSettings
 from dpicl_audit.errors import InvalidPlan
 from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.plan.specs import FROZEN, TargetSpec
@@ -138,7 +140,11 @@ class UtilityPlan(BaseModel):
 
     @property
     def mechanism(self) -> str:
-        return "voting" if self.task == "classification" else "esa"
+        """The mechanism the cells' contexts use: the first partitioned Gaussian mechanism of
+        the plan's task in the catalogue (utility.contexts writes such a body)."""
+        task = "classification" if self.task == "classification" else "generation"
+        found = (m for m in settings_models() if issubclass(m, GaussianSettings) and m.task == task)
+        return model_name(next(found))
 
     def cells(self) -> list[Cell]:
         """The private cells in grid order, then the baselines (when asked for)."""

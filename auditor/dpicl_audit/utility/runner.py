@@ -2,7 +2,7 @@
 
 It reuses the audit's plumbing: the client (dpicl's routes, or ``--api openai`` with a
 ``--context-hook``), the trial log (:class:`~dpicl_audit.store.TrialStore`, runs of kind
-``utility``), the progress bars and the budgets of :mod:`dpicl_audit.planning.ledger`.
+``utility``), the progress bars and the budgets of :mod:`dpicl_audit.estimators.composition`.
 
 In the trial log a cell is a *setting* (``eps=4,T=8``, ``few-shot``, ``zero-shot``), a query's
 index is its *trial index*, and the *world* column holds the exemplar draw the query went to
@@ -32,6 +32,7 @@ from dpicl_audit.errors import (
     TargetProtocolError,
     TargetRejected,
 )
+from dpicl_audit.estimators.composition import answers_in_budget, planned_queries
 from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.pipeline.progress import open_progress
 from dpicl_audit.pipeline.session import (
@@ -41,7 +42,6 @@ from dpicl_audit.pipeline.session import (
     with_budget_limit,
 )
 from dpicl_audit.plan.specs import TargetSpec
-from dpicl_audit.planning.ledger import answers_in_budget, planned_queries
 from dpicl_audit.store import TrialRecord, TrialStore
 from dpicl_audit.utility.contexts import RunContexts
 from dpicl_audit.utility.estimators import rouge_l

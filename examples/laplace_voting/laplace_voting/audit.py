@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import dp_accounting
@@ -39,13 +40,14 @@ from scipy import stats
 
 from dpicl_audit.client import ContextBody
 from dpicl_audit.errors import InvalidAuditInput, TargetProtocolError
+from dpicl_audit.estimators.composition import composed_epsilon
 from dpicl_audit.mechanisms.base import MechanismAudit, SettingRows, TrialAt, exemplar_dicts
 from dpicl_audit.mechanisms.gaussian import check_partition_seed
 from dpicl_audit.mechanisms.trial_estimates import estimate_trials
 from dpicl_audit.mechanisms.voting.audit import VotingAudit, white_box_votes
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.planning.budgets import budget_limit
-from dpicl_audit.planning.ledger import composed_epsilon
+from dpicl_audit.plan.budgets import budget_limit
+from dpicl_audit.probes.ingredients import Ingredients
 from dpicl_audit.results import Estimate, SettingResult
 from dpicl_audit.store import ContextRecord
 from dpicl_audit.verdicts import Verdict, for_the_family, verdict
@@ -156,9 +158,10 @@ class LaplaceVotingAudit(VotingAudit):
         # Within the largest budget the server takes (its published limit, as the run read it).
         return None if total > budget_limit(plan) else {"epsilon": total, "delta": delta}
 
-    async def audit_ledger(self, target: Any, design: Any, plan: AuditPlan) -> None:
-        # The ledger probe expects mu-GDP composition (planning.ledger); not this ledger's.
-        return None
+    def ingredients(self, design: Any, plan: AuditPlan) -> Ingredients:
+        # The ledger's sequential probe expects Gaussian answers composed as mu-GDP
+        # (probes.ledger); not this mechanism's.
+        return replace(super().ingredients(design, plan), gaussian=False)
 
     def setting_meta(
         self,

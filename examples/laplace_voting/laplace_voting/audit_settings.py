@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from dpicl_audit.mechanisms.settings import PartitionedSettings
+from dpicl_audit.catalog.settings import PartitionedSettings
 
 __all__ = ["CHANGED_COUNTS", "LaplaceVotingSettings", "laplace_scale"]
 

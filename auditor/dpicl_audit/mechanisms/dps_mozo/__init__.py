@@ -9,9 +9,10 @@ module              what it holds
 :mod:`.settings`    the audit settings (the plan's section, its plan checks)
 :mod:`.design`      the neighbour design as data, its builder and decision rule
 :mod:`.check`       the auditor's own recomputation of a token's bounds
-:mod:`.claim`       the exact epsilon of the reported eps0 against the claim
+:mod:`.claim`       the exact epsilon of the reported eps0 against the claim; the
+                    per-token bound the positions probe reads (probes.positions)
 :mod:`.findings`    divergence and neighbour-ratio findings over a setting's rows
-:mod:`.positions`   the black-box probe of each first token against 4 eps0
+:mod:`.legacy`      logs of the old separate DPS-MOZO audit, read as pipeline runs
 :mod:`.audit`       :class:`~.audit.MozoAudit`: context bodies, trials, estimates
 ==================  ============================================================
 

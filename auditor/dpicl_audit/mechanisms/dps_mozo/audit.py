@@ -42,7 +42,7 @@
   above the claim is a BUG, stored as ``calibration_departure``).
 * **Contexts.** A DPS-MOZO context answers ``queries_per_context`` queries and is then
   ``budget_exhausted``, so trial ``j`` of a world goes to that world's context
-  ``j // queries_per_context`` (:func:`dpicl_audit.planning.schedule.context_slots`), created when
+  ``j // queries_per_context`` (:func:`dpicl_audit.plan.schedule.context_slots`), created when
   first needed; a context found spent on resume (a query answered but never logged) is
   replaced by a fresh identical one. Spent contexts are deleted when the run completes.
 * **Bootstrap.** None (there is no clean internal state to resample).
@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -76,29 +77,23 @@ from dpicl_audit.mechanisms.base import (
     exemplar_dicts,
 )
 from dpicl_audit.mechanisms.dps_mozo.check import token_internals
-from dpicl_audit.mechanisms.dps_mozo.claim import mozo_claim_departure
+from dpicl_audit.mechanisms.dps_mozo.claim import mozo_claim_departure, per_token_bound
 from dpicl_audit.mechanisms.dps_mozo.design import MozoDesign, decide, mozo_design
 from dpicl_audit.mechanisms.dps_mozo.findings import (
     divergence_check,
     ratio_check,
     without_signal,
 )
-from dpicl_audit.mechanisms.dps_mozo.positions import audit_positions, with_positions
+from dpicl_audit.mechanisms.dps_mozo.legacy import upgrade_run
 from dpicl_audit.mechanisms.dps_mozo.settings import MozoSettings
 from dpicl_audit.mechanisms.trial_estimates import Finish, finish_conformance, released_answers
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.planning.ledger import with_bursts
-from dpicl_audit.planning.ledger_burst import audit_bursts
-from dpicl_audit.planning.sections import LedgerSection, SurfaceSection
-from dpicl_audit.planning.surface import audit_surface
+from dpicl_audit.probes.ingredients import Ingredients
 from dpicl_audit.results import Estimate, SettingResult
-from dpicl_audit.store import ContextRecord, TrialRecord
+from dpicl_audit.store import ContextRecord, RunRecord, TrialRecord
 from dpicl_audit.verdicts import Status, Verdict, for_the_family, verdict
 
-__all__ = ["BURST_QUERIES", "MOZO", "MozoAudit"]
-
-#: The query limit of the burst's contexts (16 requests in flight on 2 answers).
-BURST_QUERIES = 2
+__all__ = ["MOZO", "MozoAudit"]
 
 
 def _starts_with(text: str, signals: tuple[str, str]) -> str:
@@ -156,49 +151,29 @@ class MozoAudit(MechanismAudit):
             "mechanism": mechanism,
         }
 
-    async def audit_ledger(
-        self, target: AuditTarget, design: MozoDesign, plan: AuditPlan
-    ) -> LedgerSection | None:
-        """DPS-MOZO's query limit under concurrency (planning.ledger_burst): on each
-        generation route a fresh C0 context of :data:`BURST_QUERIES` answers gets that many
-        and :data:`~dpicl_audit.planning.ledger_burst.BURST_EXTRA` more requests in flight;
-        exactly its queries must be answered (every answer is charged ``max_tokens``
-        tokens, so its token limit is the same count)."""
-        eps = float(plan.mechanism.epsilons[0])
-        body = self.context_body(design, plan, eps, 0, name=f"dpicl-audit {plan.seed} ledger")
-        body["mechanism"] = dict(body["mechanism"]) | {"queries": BURST_QUERIES}
-        found = await audit_bursts(target, body, design.query, None)
-        out: LedgerSection = {"status": "ok", "checks": [], "message": found["message"]}
-        return with_bursts(out, found)
-
-    async def audit_surface(
-        self, target: AuditTarget, design: MozoDesign, plan: AuditPlan
-    ) -> SurfaceSection | None:
-        """Every route's whole response on a fresh C1/C0 pair at the first epsilon, and
-        ``max_tokens`` above the context's T_max (planning.surface); then each of the first
-        tokens against the per-token bound (:mod:`.positions`)."""
-        eps = float(plan.mechanism.epsilons[0])
-
-        def body(world: int, answers: int) -> ContextBody:
-            out = self.context_body(design, plan, eps, world, name=f"dpicl-audit {plan.seed}")
-            out["mechanism"] = dict(out["mechanism"]) | {"queries": answers}
-            return out
-
+    def ingredients(self, design: MozoDesign, plan: AuditPlan) -> Ingredients:
+        """Contexts limited by a count of queries (``queries``), not a budget: the ledger is
+        probed under concurrency only; the audit query; ``max_tokens``, which the context's
+        calibration composes; and in the proven mode the per-token bound from the contexts'
+        reported eps0 (:func:`.claim.per_token_bound`), probed position by position after
+        the surface (the paper mode claims none per token)."""
         m = MozoSettings.of(plan)
-        surface = await audit_surface(
-            target, body, design.query, task=self.task, limit=m.max_tokens
+
+        def hold(body: ContextBody, epsilon: float, answers: int) -> ContextBody:
+            return body | {"mechanism": dict(body["mechanism"]) | {"queries": answers}}
+
+        per_token = (
+            per_token_bound
+            if m.guarantee == "proven"
+            else "the paper mode claims no per-token bound: the positions were not probed"
         )
-        # The per-token constraint, position by position (issue 35, item 7; .positions): a
-        # proven-mode bound; the paper mode claims none per token.
-        if m.guarantee == "proven":
-            found = await audit_positions(target, body, design.query, max_tokens=m.max_tokens)
-        else:
-            found = {
-                "status": "unchecked",
-                "message": "the paper mode claims no per-token bound: the positions were not "
-                "probed",
-            }
-        return with_positions(surface, found)
+        kit = super().ingredients(design, plan)
+        return replace(
+            kit, hold=hold, query=design.query, token_limit=m.max_tokens, per_token=per_token
+        )
+
+    def upgrade_run(self, run: RunRecord) -> RunRecord | None:
+        return upgrade_run(run)  # the old separate audit's logs (.legacy)
 
     def calls_per_query(self, plan: AuditPlan) -> int:
         return MozoSettings.of(plan).exemplars + 1  # |D| one-shot prompts and the zero-shot one

@@ -21,13 +21,13 @@ below ``4 eps0`` (the reported figure understates the step it composes).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from scipy.special import expit
 from scipy.stats import binom
 
-__all__ = ["CLAIM_TOL", "mozo_claim_departure", "mozo_exact_epsilon"]
+__all__ = ["CLAIM_TOL", "mozo_claim_departure", "mozo_exact_epsilon", "per_token_bound"]
 
 #: Relative tolerance: the server calibrates eps0 to about 1e-12; read as broken above this.
 CLAIM_TOL = 1e-4
@@ -98,3 +98,17 @@ def mozo_claim_departure(
             "reports is of a weaker mechanism than it claims"
         )
     return exact, None
+
+
+def per_token_bound(infos: Sequence[Mapping[str, Any]]) -> float | None:
+    """The per-token bound from the contexts' reported eps0 (the larger one): ``4 eps0``,
+    ``2 eps0`` with one shot; None where one reports no eps0 (not the proven mode)."""
+    found = []
+    for info in infos:
+        mech = info.get("mechanism")
+        eps0 = mech.get("max_log_ratio") if isinstance(mech, Mapping) else None
+        if not isinstance(eps0, int | float):
+            return None
+        shots = mech.get("n_shots") if isinstance(mech, Mapping) else None
+        found.append((2.0 if shots == 1 else 4.0) * float(eps0))
+    return max(found) if found else None

@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from dpicl_audit.mechanisms.settings import MechanismSettings, PlanView
+from dpicl_audit.catalog.settings import MechanismSettings, PlanView
 
 __all__ = ["MozoSettings"]
 
@@ -16,6 +16,7 @@ class MozoSettings(MechanismSettings):
     """DPS-MOZO (paper 004): tokens sampled from mixed one-shot products over |D| exemplars."""
 
     audit: ClassVar[str] = "dpicl_audit.mechanisms.dps_mozo.audit:MOZO"
+    task: ClassVar[str | None] = "generation"
     plan_defaults: ClassVar[Mapping[str, object]] = {"dataset": "dialogsum-mini"}
     # Plans stored before DPS-MOZO had a proven mode audited the paper's mode.
     stored_defaults: ClassVar[Mapping[str, object]] = {"guarantee": "paper"}

@@ -34,7 +34,7 @@ in the run's design.
 production configuration (no ``DPICL_ALLOW_UNBUDGETED``) can be audited. A world whose
 trials need more than the largest budget a server takes is spread over several identical
 contexts (same exemplars, partition seed and mechanism; ``... C<world> #<slot>`` on the
-server), as for voting (:func:`dpicl_audit.planning.budgets.context_capacity`). e(y1) and
+server), as for voting (:func:`dpicl_audit.plan.budgets.context_capacity`). e(y1) and
 e(y0) are learnt once, from the first pair (slot 0 of the first epsilon), and stored with
 the run's design: every slot's trials, and a resumed run's, use them. The results name the
 first pair's contexts.
@@ -59,7 +59,7 @@ from dpicl_audit.client import AuditTarget, ContextBody
 from dpicl_audit.datasets import LabelledDataset
 from dpicl_audit.errors import TargetProtocolError
 from dpicl_audit.jsontypes import JsonObject
-from dpicl_audit.mechanisms.base import SettingRows, TrialAt, ask, needs_internal
+from dpicl_audit.mechanisms.base import SettingRows, TrialAt, ask, needs_internal, require_keys
 from dpicl_audit.mechanisms.esa.bootstrap import estimate_esa_bootstrap
 from dpicl_audit.mechanisms.esa.build import build_generation_design
 from dpicl_audit.mechanisms.esa.design import FloatArray, GenerationDesign
@@ -68,10 +68,6 @@ from dpicl_audit.mechanisms.esa.settings import EsaSettings
 from dpicl_audit.mechanisms.esa.signals import resolve_signal_embeddings
 from dpicl_audit.mechanisms.gaussian import GaussianMechanismAudit, gaussian_setting_meta
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.planning.budgets import budget_limit
-from dpicl_audit.planning.ledger import answers_in_budget, budget_for
-from dpicl_audit.planning.sections import SurfaceSection
-from dpicl_audit.planning.surface import audit_surface
 from dpicl_audit.results import SettingResult
 from dpicl_audit.store import ContextRecord, TrialRecord
 
@@ -122,22 +118,6 @@ class EsaAudit(GaussianMechanismAudit):
     def calls_per_query(self, plan: AuditPlan) -> int:
         return EsaSettings.of(plan).partitions + EsaSettings.of(plan).candidates
 
-    async def audit_surface(
-        self, target: AuditTarget, design: GenerationDesign, plan: AuditPlan
-    ) -> SurfaceSection | None:
-        """Every route's whole response on a fresh C1/C0 pair at the first epsilon
-        (planning.surface). ESA's ``max_tokens`` bounds its candidates' length, which its
-        noise does not depend on: no limit is probed."""
-        eps = float(plan.mechanism.epsilons[0])
-
-        def body(world: int, answers: int) -> ContextBody:
-            out = self.context_body(design, plan, eps, world, name=f"dpicl-audit {plan.seed}")
-            budget = budget_for(eps, plan.mechanism.delta, answers, budget_limit(plan))
-            return out | {"budget": budget}
-
-        fit = answers_in_budget(eps, plan.mechanism.delta, budget_limit(plan))
-        return await audit_surface(target, body, design.query, task=self.task, capacity=fit)
-
     async def prepare(
         self,
         target: AuditTarget,
@@ -167,6 +147,7 @@ class EsaAudit(GaussianMechanismAudit):
         observation: JsonObject = {"text": text}
         score: float | None = None
         if at.white:
+            require_keys(out, ("noisy_mean", "sigma"), "POST /v1/debug/generate")
             noisy = _floats(out.get("noisy_mean"), "noisy_mean")
             observation["sigma"] = out.get("sigma")
             if design.signal_embeddings() is not None:

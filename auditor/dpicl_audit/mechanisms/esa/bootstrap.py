@@ -21,7 +21,7 @@ from dpicl_audit.mechanisms.esa.estimates import (
 from dpicl_audit.mechanisms.esa.settings import EsaSettings
 from dpicl_audit.mechanisms.esa.simulation import bootstrap_esa_audit
 from dpicl_audit.mechanisms.trial_estimates import with_verdict
-from dpicl_audit.planning.schedule import STREAM_BOOTSTRAP
+from dpicl_audit.plan.schedule import STREAM_BOOTSTRAP
 from dpicl_audit.results import Estimate, SettingResult
 from dpicl_audit.store import TrialRecord
 

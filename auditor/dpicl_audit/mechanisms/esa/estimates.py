@@ -33,7 +33,7 @@ from dpicl_audit.mechanisms.trial_estimates import (
     with_verdict,
 )
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.planning.schedule import STREAM_ORDER
+from dpicl_audit.plan.schedule import STREAM_ORDER
 from dpicl_audit.results import Estimate, SettingResult
 from dpicl_audit.store import TrialRecord
 

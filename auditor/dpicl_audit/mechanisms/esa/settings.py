@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from dpicl_audit.mechanisms.settings import GaussianSettings
+from dpicl_audit.catalog.settings import GaussianSettings
 
 __all__ = ["EsaSettings"]
 
@@ -16,6 +16,7 @@ class EsaSettings(GaussianSettings):
     """Embedding space aggregation (paper 000): a noisy mean of T partitions' embeddings."""
 
     audit: ClassVar[str] = "dpicl_audit.mechanisms.esa.audit:ESA"
+    task: ClassVar[str | None] = "generation"
     attacks: ClassVar[tuple[str, ...]] = ("inquery", "repeat", "reference-vector")
     inquery_designs: ClassVar[bool] = True
     plan_defaults: ClassVar[Mapping[str, object]] = {"dataset": "dialogsum-mini"}

@@ -16,7 +16,6 @@ module              what it holds
 :mod:`.bootstrap`   Algorithm 1: clean votes resampled with the server's noise
 :mod:`.rdp_estimates`  paper 003's RDP audit of a sequence's votes
 :mod:`.estimates`   one setting's estimates and the exact epsilons beside them
-:mod:`.tails`       the noise's tails seen black-box (a label the Gaussian must release)
 :mod:`.audit`       :class:`~.audit.VotingAudit`: context bodies, trials, estimates
 ==================  ============================================================
 """

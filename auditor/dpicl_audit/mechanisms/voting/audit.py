@@ -25,19 +25,19 @@ logic of the version that started it.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any, ClassVar
 
+from dpicl_audit.catalog.settings import MechanismSettings
 from dpicl_audit.client import AuditTarget, ContextBody
 from dpicl_audit.datasets import LabelledDataset, load_dataset
 from dpicl_audit.errors import TargetProtocolError
 from dpicl_audit.estimators.extra_fields import response_fields
 from dpicl_audit.jsontypes import JsonObject
-from dpicl_audit.mechanisms.base import SettingRows, TrialAt, ask, needs_internal
+from dpicl_audit.mechanisms.base import SettingRows, TrialAt, ask, needs_internal, require_keys
 from dpicl_audit.mechanisms.gaussian import GaussianMechanismAudit, gaussian_setting_meta
-from dpicl_audit.mechanisms.settings import MechanismSettings
 from dpicl_audit.mechanisms.voting.build import build_design
 from dpicl_audit.mechanisms.voting.design import AuditDesign
 from dpicl_audit.mechanisms.voting.estimates import (
@@ -48,13 +48,9 @@ from dpicl_audit.mechanisms.voting.estimates import (
 from dpicl_audit.mechanisms.voting.exact import voting_epsilon_exact
 from dpicl_audit.mechanisms.voting.rdp import RDP_ATTACKS, RdpDesign, build_rdp_design
 from dpicl_audit.mechanisms.voting.settings import VotingSettings
-from dpicl_audit.mechanisms.voting.tails import PARTITIONS, START_EPSILON, probe_tails
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.planning.budgets import budget_limit
-from dpicl_audit.planning.ledger import answers_in_budget
-from dpicl_audit.planning.parameters import SWEEP_ANSWERS, SWEEP_EPSILON, sweep_parameters
-from dpicl_audit.planning.sections import ParametersSection, SurfaceSection, TailsSection
-from dpicl_audit.planning.surface import audit_surface
+from dpicl_audit.probes.ingredients import Ingredients, TailContexts
+from dpicl_audit.probes.tails import PARTITIONS, START_EPSILON
 from dpicl_audit.results import SettingResult
 from dpicl_audit.store import ContextRecord, TrialRecord
 from dpicl_audit.verdicts import RDP_CUTS
@@ -136,52 +132,28 @@ class VotingAudit(GaussianMechanismAudit):
         a variant with other noise logs its own parameters)."""
         return white_box_votes(out, at)
 
-    async def audit_parameters(
-        self, target: AuditTarget, design: AuditDesign | RdpDesign, plan: AuditPlan
-    ) -> ParametersSection | None:
-        """The client parameters swept on a fresh C1 context at the sweep's epsilon
-        (planning.parameters); none for paper 003's sequences."""
-        if isinstance(design, RdpDesign) or getattr(design, "attack", None) != "inquery":
-            return None
-        eps = min(SWEEP_EPSILON, *map(float, plan.mechanism.epsilons))
-        body = self.context_body(design, plan, eps, 1, name=f"dpicl-audit {plan.seed} sweep")
-        budget = self.answers_budget(plan, eps, SWEEP_ANSWERS)
-        return await sweep_parameters(target, body, design.query, budget=budget)
-
-    async def audit_surface(
-        self, target: AuditTarget, design: AuditDesign | RdpDesign, plan: AuditPlan
-    ) -> SurfaceSection | None:
-        """Every route's whole response on a fresh C1/C0 pair at the first epsilon
-        (planning.surface); none for paper 003's sequences."""
-        if isinstance(design, RdpDesign) or getattr(design, "attack", None) != "inquery":
-            return None
-        eps = float(plan.mechanism.epsilons[0])
-
-        def body(world: int, answers: int) -> ContextBody:
-            name = f"dpicl-audit {plan.seed} C{world}"
-            out = self.context_body(design, plan, eps, world, name=name)
-            return out | {"budget": self.answers_budget(plan, eps, answers)}
-
-        fit = answers_in_budget(eps, plan.mechanism.delta, budget_limit(plan))
-        return await audit_surface(target, body, design.query, task=self.task, capacity=fit)
-
-    async def audit_tails(
-        self, target: AuditTarget, design: AuditDesign | RdpDesign, plan: AuditPlan
-    ) -> TailsSection | None:
-        """The noise's tails on fresh contexts of paper 000's C0 (voting.tails); none for
-        paper 003's sequences and outside the membership query of the audit template."""
-        if isinstance(design, RdpDesign) or getattr(design, "attack", None) != "inquery":
-            return None
-        # Its premise is the Gaussian claim: a variant with other noise (settings without a
-        # tail-gap design, e.g. examples/laplace_voting) has no such probe.
+    def ingredients(self, design: AuditDesign | RdpDesign, plan: AuditPlan) -> Ingredients:
+        """The Gaussian mechanisms' ingredients, with the probes' query only for the
+        membership query of one-query designs (paper 003's sequences and the other attacks
+        leave the ledger, the sweep, the surface and the tails out), and the tail probe's
+        contexts (:func:`tail_contexts`)."""
+        kit = super().ingredients(design, plan)
+        if isinstance(design, RdpDesign) or design.attack != "inquery":
+            return replace(kit, query=None, membership=False)
+        # The tail probe's premise is the Gaussian claim: a variant with other noise
+        # (settings without a tail-gap design, e.g. examples/laplace_voting) has none.
         if plan.setting != "audit-template" or plan.mechanism.tail_gap(1.0, 1) is None:
-            return None
-        dataset = await asyncio.to_thread(load_dataset, plan.dataset)
+            return kit
+        return replace(kit, tail_contexts=functools.partial(self.tail_contexts, plan))
+
+    def tail_contexts(self, plan: AuditPlan) -> TailContexts:
+        """Paper 000's C0 at an epsilon and T partitions of one exemplar, whatever the run's
+        layout (a real engine's run uses the identical design, with made-up labels): Prompt
+        1's Yes/No, C0 holding no copy of the text (probes.tails)."""
+        dataset = load_dataset(plan.dataset)
 
         @functools.cache  # one design per (epsilon, T), however many contexts it makes
         def probe_design(epsilon: float, partitions: int) -> tuple[AuditPlan, AuditDesign]:
-            # Paper 000's layout whatever the run's (a real engine's run uses the identical
-            # design, with made-up labels): Prompt 1's Yes/No, C0 holding no copy of the text.
             mech = plan.mechanism.tail_gap(epsilon, partitions)
             probe = plan.model_copy(update={"design": "paper", "mechanism": mech})
             return probe, build_design(probe, dataset)
@@ -196,11 +168,7 @@ class VotingAudit(GaussianMechanismAudit):
             return body, c0.query
 
         _, sample = probe_design(START_EPSILON, PARTITIONS)
-        labels = (sample.positive, sample.negative or sample.labels[1])
-        delta, limit = plan.mechanism.delta, budget_limit(plan)
-        return await probe_tails(
-            target, make, labels, capacity=lambda eps: answers_in_budget(eps, delta, limit)
-        )
+        return TailContexts(make, (sample.positive, sample.negative or sample.labels[1]))
 
     def setting_meta(
         self,
@@ -247,6 +215,7 @@ def _votes(value: Any, name: str) -> dict[str, float]:
 def white_box_votes(out: Mapping[str, Any], at: TrialAt) -> JsonObject:
     """What a white-box voting trial logs of ``/v1/debug/classify``: the noisy votes, sigma,
     and the clean votes (required when ``at.need_clean``: bootstrap needs them)."""
+    require_keys(out, ("noisy_votes", "sigma"), "POST /v1/debug/classify")
     observation: dict[str, Any] = {
         "noisy_votes": _votes(out.get("noisy_votes"), "noisy_votes"),
         "sigma": out.get("sigma"),

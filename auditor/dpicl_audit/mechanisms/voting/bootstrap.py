@@ -9,11 +9,11 @@ from typing import Any
 
 import numpy as np
 
-from dpicl_audit.mechanisms.settings import PartitionedSettings
+from dpicl_audit.catalog.settings import PartitionedSettings
 from dpicl_audit.mechanisms.trial_estimates import with_verdict
 from dpicl_audit.mechanisms.voting.design import AuditDesign
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.planning.schedule import STREAM_BOOTSTRAP
+from dpicl_audit.plan.schedule import STREAM_BOOTSTRAP
 from dpicl_audit.results import Estimate, SettingResult
 from dpicl_audit.store import TrialRecord
 

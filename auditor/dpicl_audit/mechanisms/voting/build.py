@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dpicl_audit.catalog.settings import PartitionedSettings
 from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import DatasetError, InvalidPlan
 from dpicl_audit.estimators.label_release import pivotal_design
@@ -21,7 +22,6 @@ from dpicl_audit.mechanisms.neighbours import (
     random_canary_text,
     resolve_design,
 )
-from dpicl_audit.mechanisms.settings import PartitionedSettings
 from dpicl_audit.mechanisms.voting.design import AuditDesign
 from dpicl_audit.plan import AuditPlan, VotingDesign
 from dpicl_audit.prompts import (

@@ -13,11 +13,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dpicl_audit.catalog.attacks import Attack
 from dpicl_audit.datasets import Example
 from dpicl_audit.estimators.label_release import pivotal_design
 from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.mechanisms.neighbours import NeighbourPair, pair_from_json, pair_to_json
-from dpicl_audit.plan import Attack, CanaryKind
+from dpicl_audit.plan import CanaryKind
 
 __all__ = ["AuditDesign", "design_votes"]
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dpicl_audit.catalog.settings import PartitionedSettings
 from dpicl_audit.errors import InvalidPlan
 from dpicl_audit.estimators.extra_fields import dependence_test
 from dpicl_audit.estimators.label_release import label_release_epsilon, label_release_probabilities
 from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.mechanisms.base import SettingRows
-from dpicl_audit.mechanisms.settings import PartitionedSettings
 from dpicl_audit.mechanisms.trial_estimates import estimate_trials, with_verdict
 from dpicl_audit.mechanisms.voting.bootstrap import estimate_voting_bootstrap
 from dpicl_audit.mechanisms.voting.conformance import voting_conformance
@@ -20,7 +20,7 @@ from dpicl_audit.mechanisms.voting.design import AuditDesign, design_votes
 from dpicl_audit.mechanisms.voting.rdp import RdpDesign
 from dpicl_audit.mechanisms.voting.rdp_estimates import estimate_rdp
 from dpicl_audit.plan import AuditPlan
-from dpicl_audit.planning.schedule import STREAM_ORDER
+from dpicl_audit.plan.schedule import STREAM_ORDER
 from dpicl_audit.results import SettingResult
 from dpicl_audit.store import TrialRecord
 from dpicl_audit.verdicts import Status, Verdict

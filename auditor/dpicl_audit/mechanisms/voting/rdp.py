@@ -36,6 +36,8 @@ from typing import Any, get_args
 
 import numpy as np
 
+from dpicl_audit.catalog.attacks import RdpAttack
+from dpicl_audit.catalog.settings import PartitionedSettings
 from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import DatasetError
 from dpicl_audit.jsontypes import JsonObject
@@ -47,8 +49,7 @@ from dpicl_audit.mechanisms.neighbours import (
     pair_to_json,
     pick_exemplars,
 )
-from dpicl_audit.mechanisms.settings import PartitionedSettings
-from dpicl_audit.plan import AuditPlan, RdpAttack
+from dpicl_audit.plan import AuditPlan
 from dpicl_audit.prompts import CLASSIFY_TEMPLATE
 
 __all__ = ["RDP_ATTACKS", "RdpDesign", "build_rdp_design"]

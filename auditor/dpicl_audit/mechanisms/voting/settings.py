@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal, Self
 
-from dpicl_audit.mechanisms.settings import GaussianSettings
+from dpicl_audit.catalog.settings import GaussianSettings
 
 __all__ = ["VotingSettings"]
 
@@ -13,6 +13,7 @@ class VotingSettings(GaussianSettings):
     """Private voting (paper 000, Algorithm 2): Gaussian noise on the T partitions' votes."""
 
     audit: ClassVar[str] = "dpicl_audit.mechanisms.voting.audit:VOTING"
+    task: ClassVar[str | None] = "classification"
     attacks: ClassVar[tuple[str, ...]] = (
         "inquery",
         "brainwash",

@@ -25,10 +25,11 @@ from typing import Any
 
 from dpicl_audit.client import AuditTarget, ContextBody
 from dpicl_audit.errors import TargetError, TargetRejected
-from dpicl_audit.planning.sections import CalibrationPoint, CalibrationSection
+from dpicl_audit.probes.ingredients import Ingredients
+from dpicl_audit.probes.sections import CalibrationPoint, CalibrationSection
 from dpicl_audit.verdicts.claims import calibration_departure
 
-__all__ = ["SCAN", "scan_calibration"]
+__all__ = ["SCAN", "probe", "scan_calibration"]
 
 #: The epsilons scanned: around the default plan's 1 to 8 (which its settings check), the
 #: low end of a useful per-answer claim, the first power of two above the plan and the
@@ -85,3 +86,15 @@ async def scan_calibration(
             f"{', '.join(f'{e:g}' for e in checked) or 'none checked'}"
         )
     return {"status": "bug" if bugs else "ok", "message": message, "points": points}
+
+
+async def probe(target: AuditTarget, kit: Ingredients) -> CalibrationSection | None:
+    """The scan for the run's mechanism: a context of C1's body holding one answer at each
+    epsilon, read as the setting's own claim check reads it (:attr:`Ingredients.claim`)."""
+    if kit.claim is None:
+        return None
+
+    def body(eps: float) -> ContextBody | None:
+        return kit.held(1, eps, 1, "calibration")
+
+    return await scan_calibration(target, body, kit.claim, kit.epsilons)

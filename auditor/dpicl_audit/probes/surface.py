@@ -49,8 +49,10 @@ from dpicl_audit.client.http import ContextBody
 from dpicl_audit.client.openai import OpenAIClient
 from dpicl_audit.errors import TargetError, TargetRejected
 from dpicl_audit.estimators.extra_fields import dependence_test
-from dpicl_audit.planning.answers import COST_HEADERS, read_answer, request, usage_name
-from dpicl_audit.planning.sections import (
+from dpicl_audit.probes.answers import COST_HEADERS, read_answer, request, usage_name
+from dpicl_audit.probes.ingredients import Ingredients
+from dpicl_audit.probes.positions import audit_positions, with_positions
+from dpicl_audit.probes.sections import (
     AboveLimit,
     Answer,
     Scalar,
@@ -58,7 +60,7 @@ from dpicl_audit.planning.sections import (
     SurfaceSection,
 )
 
-__all__ = ["PER_WORLD", "ROUTES", "audit_surface"]
+__all__ = ["PER_WORLD", "ROUTES", "audit_surface", "probe"]
 
 #: Answers per world and route (a classification; a generation's: :data:`PER_WORLD_GENERATION`).
 PER_WORLD = 20
@@ -328,3 +330,32 @@ def _conclude(
             + (f"; max_tokens above the limit {limit} refused or within it" if limit else "")
         )
     return out
+
+
+async def probe(target: AuditTarget, kit: Ingredients) -> SurfaceSection | None:
+    """Every route's whole response on a fresh C1/C0 pair at the first epsilon, and
+    ``max_tokens`` above the context's limit where its calibration composes one
+    (:attr:`Ingredients.token_limit`); then, where the mechanism claims a per-token bound,
+    each of the first tokens against it (:mod:`.positions`)."""
+    query, eps = kit.query, kit.epsilons[0]
+    if query is None:
+        return None
+
+    def bodies(world: int, answers: int) -> ContextBody:
+        body = kit.body(world, eps, f"{kit.name} C{world}")
+        # A context no budget holds goes unbudgeted, as the run's own would (the capacity
+        # keeps the probe's answers within one budget where the server has a limit).
+        return kit.hold(body, eps, answers) or body | {"budget": None}
+
+    capacity = None if kit.capacity is None else kit.capacity(eps)
+    surface = await audit_surface(
+        target, bodies, query, task=kit.task, limit=kit.token_limit, capacity=capacity
+    )
+    if isinstance(kit.per_token, str):
+        return with_positions(surface, {"status": "unchecked", "message": kit.per_token})
+    if kit.per_token is None or kit.token_limit is None:
+        return surface
+    found = await audit_positions(
+        target, bodies, query, max_tokens=kit.token_limit, per_token=kit.per_token
+    )
+    return with_positions(surface, found)

@@ -25,7 +25,7 @@ intervals): an honest server is flagged in at most 1 run in 1,000, as the confor
 allow. The probe context's calibration covers all its answers, so its ``eps0`` is small and
 the bound is tight: an unmixed token stands out even where the run's own epsilons are large.
 ``eps0`` is the context's reported ``max_log_ratio``, which the claim check
-(:mod:`.claim`) ties to the claimed epsilon.
+(DPS-MOZO's ``claim``) ties to the claimed epsilon.
 
 The result is ``results["surface"]["positions"]``; a VIOLATION makes the surface's status
 ``violation`` (exit 5) unless it already reads ``bug``.
@@ -43,7 +43,8 @@ from typing import Any
 from dpicl_audit.client import AuditTarget, ContextBody, GenerationTarget
 from dpicl_audit.errors import TargetError
 from dpicl_audit.estimators.stats import clopper_pearson_lower, clopper_pearson_upper
-from dpicl_audit.planning.sections import SurfaceSection
+from dpicl_audit.probes.ingredients import PerToken
+from dpicl_audit.probes.sections import SurfaceSection
 
 __all__ = ["ALPHA", "PER_WORLD", "audit_positions", "position_test", "positions", "with_positions"]
 
@@ -100,30 +101,19 @@ def position_test(texts: Mapping[int, Sequence[str]], bound: float, alpha: float
     return best
 
 
-def _per_token(infos: Sequence[Mapping[str, Any]]) -> float | None:
-    """The per-token bound from the contexts' reported eps0 (the larger one)."""
-    found = []
-    for info in infos:
-        mech = info.get("mechanism")
-        eps0 = mech.get("max_log_ratio") if isinstance(mech, Mapping) else None
-        if not isinstance(eps0, int | float):
-            return None
-        shots = mech.get("n_shots") if isinstance(mech, Mapping) else None
-        found.append((2.0 if shots == 1 else 4.0) * float(eps0))
-    return max(found) if found else None
-
-
 async def audit_positions(
     target: AuditTarget,
     bodies: Callable[[int, int], ContextBody],
     query: str,
     *,
     max_tokens: int,
+    per_token: PerToken,
     per_world: int = PER_WORLD,
     alpha: float = ALPHA,
 ) -> dict[str, Any] | None:
     """The probe of the module docstring; ``bodies(world, answers)`` a context body of that
-    world budgeted for ``answers`` answers. None where the target cannot generate."""
+    world budgeted for ``answers`` answers; ``per_token`` the per-token bound from the
+    contexts' records. None where the target cannot generate."""
     if not isinstance(target, GenerationTarget):
         return None
     probed = positions(max_tokens)
@@ -157,8 +147,8 @@ async def audit_positions(
         for cid in ids.values():
             with contextlib.suppress(TargetError):
                 await target.delete_context(cid)
-    per_token = _per_token(infos)
-    if per_token is None:
+    bound = per_token(infos)
+    if bound is None:
         return {
             "status": "unchecked",
             "message": "the probe's contexts report no max_log_ratio (not the proven mode)",
@@ -167,11 +157,11 @@ async def audit_positions(
     for t in probed:
         if min(len(texts[t][w]) for w in (1, 0)) < per_world // 2:
             continue  # mostly refused: said below
-        row = position_test(texts[t], t * per_token, alpha / len(probed))
+        row = position_test(texts[t], t * bound, alpha / len(probed))
         found.append({"position": t} | row)
     out: dict[str, Any] = {
         "per_world": per_world,
-        "per_token_epsilon": per_token,
+        "per_token_epsilon": bound,
         "alpha": alpha,
         "positions": found,
     }
@@ -197,7 +187,7 @@ async def audit_positions(
         top = max((f["epsilon_lower"] for f in found), default=0.0)
         out["message"] = (
             f"positions {probed}: no prefix of an answer tells the worlds apart beyond "
-            f"t x per_token_epsilon {per_token:.3g} (largest lower bound {top:.3g})"
+            f"t x per_token_epsilon {bound:.3g} (largest lower bound {top:.3g})"
         )
     return out
 

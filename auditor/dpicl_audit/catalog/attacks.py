@@ -6,16 +6,26 @@ Appendix B). Its *mechanics* live in the mechanism packages that take it
 decision or a score; each mechanism's settings model lists the attacks it takes
 (``MechanismSettings.attacks``). This table is what the plan validates against, what
 ``--help`` lists and what the report names. To add an attack: add an :class:`AttackSpec`
-here, then name it in the ``attacks`` of each mechanism that handles it.
+here, then name it in the ``attacks`` of each mechanism that handles it. The plan's
+:data:`Attack` (and :data:`RdpAttack`) are this table's names, not a second list.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, TypeAlias
 
-from dpicl_audit.mechanisms.catalog import mechanism_names, settings_for
+from dpicl_audit.catalog.mechanisms import mechanism_names, settings_for
 
-__all__ = ["ATTACKS", "AttackSpec", "attacks_for", "check_attack", "mechanisms_taking"]
+__all__ = [
+    "ATTACKS",
+    "Attack",
+    "AttackSpec",
+    "RdpAttack",
+    "attacks_for",
+    "check_attack",
+    "mechanisms_taking",
+]
 
 ThreatModels = tuple[str, ...]
 BOTH: ThreatModels = ("black-box", "white-box")
@@ -29,6 +39,8 @@ class AttackSpec:
     threat_models: ThreatModels
     source: str
     summary: str
+    #: paper 003's adversaries: an RDP audit of a query sequence, not of one query
+    sequence: bool = False
 
 
 ATTACKS: dict[str, AttackSpec] = {
@@ -62,7 +74,7 @@ ATTACKS: dict[str, AttackSpec] = {
 }
 # Paper 003's adversaries (Section 4.1, Appendix D.2): RDP audits of query sequences.
 ATTACKS |= {
-    name: AttackSpec(name, BOTH, "paper 003, Section 4.1 / Appendix D.2", summary)
+    name: AttackSpec(name, BOTH, "paper 003, Section 4.1 / Appendix D.2", summary, True)
     for name, summary in (
         ("nat-advq", "natural canary; the canary's text asked --queries times"),
         ("pois-advq", "mislabelled canary (poison); its text asked --queries times"),
@@ -72,6 +84,14 @@ ATTACKS |= {
         ("pois-natq-mapping", "poison gives a wrong label mapping; N natural queries"),
     )
 }
+
+# The plan's names for them, derived from the table (the type checker sees their base).
+if TYPE_CHECKING:
+    Attack: TypeAlias = str
+    RdpAttack: TypeAlias = str
+else:
+    Attack = Literal[tuple(ATTACKS)]
+    RdpAttack = Literal[tuple(a.name for a in ATTACKS.values() if a.sequence)]
 
 
 def attacks_for(mechanism: str) -> tuple[str, ...]:

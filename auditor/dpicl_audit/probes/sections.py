@@ -2,7 +2,7 @@
 section (:mod:`.ledger`) with its bursts (:mod:`.ledger_burst`), the client parameters'
 sweep (:mod:`.parameters`), the surface's (:mod:`.surface`) with the answers it reads, the
 calibration scan (:mod:`.calibration`) and voting's noise tails
-(:mod:`dpicl_audit.mechanisms.voting.tails`).
+(:mod:`dpicl_audit.probes.tails`).
 The report and the exit code read them back as stored JSON
 (:class:`dpicl_audit.results.RunResult`)."""
 
@@ -169,12 +169,12 @@ class SurfaceSection(TypedDict, total=False):
     limit: int | None
     field: str | None
     #: DPS-MOZO: the per-token constraint position by position
-    #: (:mod:`dpicl_audit.mechanisms.dps_mozo.positions`).
+    #: (:mod:`dpicl_audit.probes.positions`).
     positions: dict[str, JsonValue]
 
 
 class TailsSection(TypedDict, total=False):
-    """``results["tails"]`` (:mod:`dpicl_audit.mechanisms.voting.tails`): whether the noise
+    """``results["tails"]`` (:mod:`dpicl_audit.probes.tails`): whether the noise
     releases each label as often as its claimed Gaussian must; ``status`` and ``message``
     always set."""
 

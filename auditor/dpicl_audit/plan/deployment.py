@@ -21,7 +21,7 @@ from typing import Any
 from dpicl_audit.client import AuditTarget
 from dpicl_audit.errors import InvalidPlan, TargetError, TargetProtocolError
 from dpicl_audit.jsontypes import JsonObject
-from dpicl_audit.plan import AuditPlan
+from dpicl_audit.plan.model import AuditPlan
 
 __all__ = ["adopt_deployment", "deployment_settings"]
 

@@ -1,20 +1,9 @@
-"""The server as deployed: budgeted audit contexts, and the ledger audited from outside.
-
-**Budgets.** A production server refuses unbudgeted contexts (``DPICL_ALLOW_UNBUDGETED`` is
-off by default), so the auditor gives each of its Gaussian contexts (voting, ESA) a budget
-sized to the queries it plans to send there. The composition is re-derived here, not read
-from the server: a Gaussian mechanism whose exact curve meets its claim (epsilon, delta) is
-mu-GDP with ``mu <= mu_claim = gdp_mu(epsilon, delta)``; ``q`` answers compose to
-``sqrt(q) mu``-GDP (Dong, Roth and Su 2019, Cor. 3.3), so the budget
-``(gdp_epsilon(sqrt(q) mu_claim, delta), delta)`` holds ``q`` answers whatever calibration
-the server uses (:func:`budget_for`). The planned ``q`` has a margin for retried queries.
-
-**The ledger from outside** (:func:`audit_ledger`): a small probe context with a budget of a
-few answers, created beside the run's contexts:
+"""The ledger audited from outside (the ``ledger`` probe): a small probe context with a
+budget of a few answers, created beside the run's contexts:
 
 1. its reported sigma and sensitivity give the per-answer ``mu = sensitivity / sigma``; the
    budget's ``mu_max = gdp_mu(B, delta)`` then admits exactly ``N = floor(mu_max^2 / mu^2)``
-   answers;
+   answers (the budget composed as :mod:`dpicl_audit.estimators.composition` composes it);
 2. it is asked until refused: the server must answer exactly ``N`` and refuse the next
    (402 ``budget_exhausted``);
 3. after each answer the reported ``spent_epsilon`` must equal ``gdp_epsilon(sqrt(k) mu,
@@ -22,8 +11,10 @@ few answers, created beside the run's contexts:
 4. the context's record after the refusal must still count ``N`` answers (a refused query
    is not charged).
 
-The result is stored under ``results["ledger"]`` and shown in the report's "ledger" section
-(:func:`dpicl_audit.report.ledger_section.ledger_html`).
+Then the same budget under concurrency (:mod:`.ledger_burst`). A mechanism whose answers are
+limited by a count in the context body rather than a budget (DPS-MOZO's ``queries``) gets
+the bursts only. The result is stored under ``results["ledger"]`` and shown in the report's
+"ledger" section (:func:`dpicl_audit.report.ledger_section.ledger_html`).
 """
 
 from __future__ import annotations
@@ -33,120 +24,29 @@ import math
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from dpicl_audit.client import AuditTarget, ContextBody
-from dpicl_audit.errors import TargetBudgetExhausted, TargetError
-from dpicl_audit.estimators.gdp import gdp_epsilon, gdp_mu
-from dpicl_audit.planning.ledger_burst import audit_bursts
-from dpicl_audit.planning.sections import BurstsSection, LedgerCheck, LedgerSection
+from dpicl_audit.client import AuditTarget, ContextBody, GenerationTarget
+from dpicl_audit.errors import TargetBudgetExhausted, TargetError, TargetProtocolError
+from dpicl_audit.estimators.composition import MAX_BUDGET_EPSILON, budget_for, composed_epsilon
+from dpicl_audit.estimators.gdp import gdp_mu
+from dpicl_audit.probes.ingredients import Ingredients
+from dpicl_audit.probes.ledger_burst import audit_bursts
+from dpicl_audit.probes.sections import BurstsSection, LedgerCheck, LedgerSection
 
-__all__ = [
-    "LEDGER_PROBE_ANSWERS",
-    "MAX_BUDGET_EPSILON",
-    "RETRY_MARGIN",
-    "answers_in_budget",
-    "answers_within_budget",
-    "audit_ledger",
-    "budget_for",
-    "budgeted_answers",
-    "composed_epsilon",
-    "planned_queries",
-]
+__all__ = ["BURST_QUERIES", "LEDGER_PROBE_ANSWERS", "Ask", "audit_ledger", "probe", "with_bursts"]
 
 #: Answers the probe's budget is sized for at the claimed mu (a server with more noise than
 #: claimed admits a few more; the probe predicts how many from the sigma it reports).
 LEDGER_PROBE_ANSWERS = 2
+#: The query limit of a context whose answers are counted in its body (DPS-MOZO's
+#: ``queries``), for the bursts alone (16 requests in flight on 2 answers).
+BURST_QUERIES = 2
 #: The most answers the probe asks for before it stops (bounded in time and cost).
 _PROBE_LIMIT = 64
 #: Relative tolerance between a reported figure and the auditor's own composition.
 _TOL = 1e-6
-#: The largest budget epsilon any dpicl server takes (DPICL_MAX_BUDGET_EPSILON is at most
-#: this): the limit of a server that does not publish its own (``limits.max_budget_epsilon``
-#: of its /healthz; an older server). A context that needs more than the limit even for one
-#: trial is sent unbudgeted (``"budget": null``), which only a server with
-#: DPICL_ALLOW_UNBUDGETED accepts; the run refuses to start against one that publishes it
-#: does not (:func:`dpicl_audit.planning.budgets.unbudgeted_epsilons`).
-MAX_BUDGET_EPSILON = 1000.0
-#: Planned queries are multiplied by this and given a few more: retries after lost answers.
-RETRY_MARGIN = 1.05
-_RETRY_EXTRA = 8
-
 
 #: Asks the probe context (its id) the query once: the answer's JSON.
 Ask = Callable[[str], Awaitable[Mapping[str, Any]]]
-
-
-def composed_epsilon(mu: float, answers: int, delta: float) -> float:
-    """The exact epsilon at ``delta`` of ``answers`` mu-GDP answers composed."""
-
-    if answers <= 0:
-        return 0.0
-    return gdp_epsilon(math.sqrt(answers) * mu, delta)
-
-
-def planned_queries(trials_in_world: int) -> int:
-    """The answers a context is budgeted for: its planned queries, with the retry margin."""
-    return math.ceil(max(1, trials_in_world) * RETRY_MARGIN) + _RETRY_EXTRA
-
-
-def budget_for(
-    epsilon: float, delta: float, answers: int, limit: float = MAX_BUDGET_EPSILON
-) -> dict[str, float] | None:
-    """The ``budget`` of a context whose mechanism claims (epsilon, delta) per answer and
-    that must hold ``answers`` answers (module docstring); None (unbudgeted) when that is
-    above ``limit``, the largest budget epsilon the server takes (its published
-    ``limits.max_budget_epsilon``, :data:`MAX_BUDGET_EPSILON` for one that publishes none)."""
-
-    mu_claim = gdp_mu(float(epsilon), float(delta))
-    total = composed_epsilon(mu_claim, answers, float(delta))
-    # A hair above the composition: the server's own rounding must not refuse the last one.
-    b = float(total * (1.0 + 1e-6) + 1e-9)
-    return (
-        None if b > min(float(limit), MAX_BUDGET_EPSILON) else {"epsilon": b, "delta": float(delta)}
-    )
-
-
-def answers_in_budget(epsilon: float, delta: float, limit: float = MAX_BUDGET_EPSILON) -> int:
-    """The most answers at (epsilon, delta) one budget within ``limit`` holds (0: not even
-    one): exactly those :func:`budget_for` gives a budget for."""
-
-    mu_claim = gdp_mu(float(epsilon), float(delta))
-    mu_max = gdp_mu(min(float(limit), MAX_BUDGET_EPSILON) * (1.0 - 1e-6), float(delta))
-    fit = math.floor((mu_max / mu_claim) ** 2)
-    # The closed form and budget_for's margin may disagree by one at the boundary.
-    while fit > 0 and budget_for(epsilon, delta, fit, limit) is None:
-        fit -= 1
-    while budget_for(epsilon, delta, fit + 1, limit) is not None:
-        fit += 1
-    return fit
-
-
-def answers_within_budget(epsilon: float, delta: float, limit: float = MAX_BUDGET_EPSILON) -> int:
-    """The most trials one context can be planned for (retry margin included) with a budget
-    of at most ``limit``, at (epsilon, delta) per answer.
-
-    Where the budget holds fewer answers than one trial's margin (a server whose limit is low
-    for this epsilon), half of what it holds (at least 1): such a context is budgeted for all
-    it holds (:func:`budgeted_answers`), the other half for retries."""
-
-    fit = answers_in_budget(epsilon, delta, limit)
-    n = max(1, math.floor((fit - _RETRY_EXTRA) / RETRY_MARGIN) - 1)
-    while n > 1 and planned_queries(n) > fit:
-        n -= 1
-    if planned_queries(n) > fit:
-        return max(1, fit // 2)
-    return n
-
-
-def budgeted_answers(
-    epsilon: float, delta: float, trials: int, limit: float = MAX_BUDGET_EPSILON
-) -> int:
-    """The answers a context planned for ``trials`` trials is budgeted for: the trials with
-    the retry margin (:func:`planned_queries`), or as many as a budget within ``limit``
-    holds where the whole margin does not fit but the trials do."""
-
-    answers = planned_queries(trials)
-    fit = answers_in_budget(epsilon, delta, limit)
-    return fit if trials <= fit < answers else answers
 
 
 def _close(a: float | None, b: float | None) -> bool:
@@ -198,12 +98,43 @@ async def audit_ledger(
             await target.delete_context(cid)
     if not bursts:
         return out
-    # The same budget under concurrency, on every answering route (planning.ledger_burst).
+    # The same budget under concurrency, on every answering route (probes.ledger_burst).
     return with_bursts(out, await audit_bursts(target, body, query, budget))
 
 
+async def probe(target: AuditTarget, kit: Ingredients) -> LedgerSection | None:
+    """The ledger of the run's mechanism at its first epsilon. Where Gaussian answers compose
+    in a budget: the sequential probe and its bursts on C0's body, asked the membership query
+    (None for another query, or answers of another noise). Where they are counted in the
+    body: on each generation route a fresh C0 context of :data:`BURST_QUERIES` answers gets
+    that many and :data:`~.ledger_burst.BURST_EXTRA` more requests in flight; exactly its
+    queries must be answered."""
+    eps, query = kit.epsilons[0], kit.query
+    if query is None:
+        return None
+    if kit.capacity is None:
+        body = kit.held(0, eps, BURST_QUERIES, "ledger")
+        if body is None:
+            return None
+        found = await audit_bursts(target, body, query, None)
+        return with_bursts({"status": "ok", "checks": [], "message": found["message"]}, found)
+    if not (kit.membership and kit.gaussian):
+        return None
+    tokens = kit.answer_tokens
+
+    async def ask(cid: str) -> Mapping[str, Any]:
+        if tokens is None:
+            return await target.classify(cid, query)
+        if not isinstance(target, GenerationTarget):
+            raise TargetProtocolError("the target has no generate endpoint")
+        return await target.generate(cid, query, max_tokens=tokens)
+
+    body = kit.body(0, eps, f"{kit.name} probe")
+    return await audit_ledger(target, body, query, ask=ask, limit=kit.limit)
+
+
 def with_bursts(out: LedgerSection, found: BurstsSection) -> LedgerSection:
-    """The ledger's section ``out`` with the bursts' ``found`` (planning.ledger_burst): a
+    """The ledger's section ``out`` with the bursts' ``found`` (probes.ledger_burst): a
     failed burst makes it NONCONFORMING."""
     out["bursts"] = found
     if found["status"] == "nonconforming":

@@ -70,7 +70,10 @@ class MechanismSettings(BaseModel):
     #: Where the audit is (``"module:ATTRIBUTE"``, as an entry point names it): the registry
     #: loads the built-in audits from their settings, as it loads a registered one.
     audit: ClassVar[str]
-    #: The attacks this mechanism takes (names of :data:`dpicl_audit.attacks.ATTACKS`).
+    #: The server context's task (``classification`` or ``generation``), where the mechanism
+    #: declares it: what a plan of that task audits by default (the utility audit's cells).
+    task: ClassVar[str | None] = None
+    #: The attacks this mechanism takes (names of :data:`dpicl_audit.catalog.attacks.ATTACKS`).
     attacks: ClassVar[tuple[str, ...]] = ("inquery",)
     #: The plan settings (``setting``) its audit supports.
     settings: ClassVar[tuple[str, ...]] = ("audit-template",)

@@ -36,8 +36,9 @@ from scipy import special
 
 from dpicl_audit.client import AuditTarget, ContextBody
 from dpicl_audit.errors import TargetError, TargetRejected
-from dpicl_audit.mechanisms.gaussian import sigma_of
-from dpicl_audit.planning.sections import TailsSection
+from dpicl_audit.probes.ingredients import Ingredients
+from dpicl_audit.probes.sections import TailsSection
+from dpicl_audit.verdicts.claims import sigma_of
 
 __all__ = [
     "ALPHA",
@@ -47,6 +48,7 @@ __all__ = [
     "START_EPSILON",
     "answers_needed",
     "least_release_rate",
+    "probe",
     "probe_tails",
     "tail_sigma",
 ]
@@ -172,6 +174,15 @@ async def probe_tails(
             with contextlib.suppress(TargetError):
                 await target.delete_context(cid)
     return _judge(epsilon, sigma, rate, needed, asked, counts, other, refusal)
+
+
+async def probe(target: AuditTarget, kit: Ingredients) -> TailsSection | None:
+    """The probe on the contexts the mechanism makes for it (:attr:`Ingredients.
+    tail_contexts`: a noisy argmax over two labels whose tails its claim states)."""
+    if kit.tail_contexts is None or kit.capacity is None:
+        return None
+    made = await asyncio.to_thread(kit.tail_contexts)  # e.g. a dataset read from disk
+    return await probe_tails(target, made.make, made.labels, capacity=kit.capacity)
 
 
 def _judge(

@@ -1,6 +1,6 @@
 """Reading one answer of any route whole (the surface probe's and the parameter sweep's
 reader): the request each route takes, the released answer, every field besides it, the public
-cost figures and the tokens it reports or streams (planning.surface explains what is tested).
+cost figures and the tokens it reports or streams (probes.surface explains what is tested).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pydantic import JsonValue
 
 from dpicl_audit.estimators.extra_fields import response_fields
 from dpicl_audit.jsontypes import JsonObject
-from dpicl_audit.planning.sections import Answer
+from dpicl_audit.probes.sections import Answer
 
 __all__ = ["COST_HEADERS", "TRANSPORT", "USAGE_COST", "read_answer", "request", "usage_name"]
 

@@ -1,6 +1,6 @@
-"""The audit plan's budgets: how many answers each of its contexts is budgeted for, how many
-one context can hold within the largest budget the server takes, and the ledger probe of a
-Gaussian mechanism (:mod:`.ledger` has the composition and the probe's checks).
+"""The audit plan's budgets: how many answers each of its contexts is budgeted for, and how
+many one context can hold within the largest budget the server takes
+(:mod:`dpicl_audit.estimators.composition` has the composition).
 
 **The server's limit.** A server takes budgets up to its ``DPICL_MAX_BUDGET_EPSILON`` (at most
 1000), which it publishes in its ``/healthz`` (``limits.max_budget_epsilon``). A run reads it
@@ -16,31 +16,28 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from dpicl_audit.client import AuditTarget, GenerationTarget
 from dpicl_audit.errors import TargetProtocolError
-from dpicl_audit.plan import AuditPlan
-from dpicl_audit.planning.ledger import (
+from dpicl_audit.estimators.composition import (
     MAX_BUDGET_EPSILON,
     answers_within_budget,
-    audit_ledger,
     budgeted_answers,
 )
-from dpicl_audit.planning.schedule import trial_worlds
-from dpicl_audit.planning.sections import LedgerSection
+from dpicl_audit.plan.model import AuditPlan
+from dpicl_audit.plan.schedule import trial_worlds
 
 __all__ = [
     "budget_limit",
     "clean_rows",
     "context_capacity",
     "planned_answers",
-    "probe_ledger",
     "published_budget_limit",
 ]
 
 
 def budget_limit(plan: AuditPlan) -> float:
     """The largest budget epsilon the plan's contexts may have: the server's, as the run read
-    it (``target.max_budget_epsilon``), else :data:`~.ledger.MAX_BUDGET_EPSILON`."""
+    it (``target.max_budget_epsilon``), else :data:`~dpicl_audit.estimators.composition.
+    MAX_BUDGET_EPSILON`."""
     limit = plan.target.max_budget_epsilon
     return MAX_BUDGET_EPSILON if limit is None else min(float(limit), MAX_BUDGET_EPSILON)
 
@@ -78,8 +75,8 @@ def _most_per_world(plan: AuditPlan, k: int) -> int:
 def planned_answers(plan: AuditPlan, epsilon: float, world: int, cap: int | None) -> int:
     """The answers one context of ``world`` at ``epsilon`` is budgeted for: its trials (or
     its bootstrap collection), capped by ``cap`` (the mechanism's queries per context, e.g.
-    :func:`context_capacity`), with a retry margin (:func:`~.ledger.budgeted_answers`: less
-    of it where the server's limit holds no more)."""
+    :func:`context_capacity`), with a retry margin (:func:`~dpicl_audit.estimators.
+    composition.budgeted_answers`: less of it where the server's limit holds no more)."""
 
     eps = [float(e) for e in plan.mechanism.epsilons]
     k = eps.index(float(epsilon)) if float(epsilon) in eps else 0
@@ -91,7 +88,7 @@ def planned_answers(plan: AuditPlan, epsilon: float, world: int, cap: int | None
 
 def context_capacity(plan: AuditPlan) -> int | None:
     """The trials (or clean rows) one context may be budgeted for within the largest budget
-    the server takes (:func:`budget_limit`, ledger.answers_within_budget) at the plan's
+    the server takes (:func:`budget_limit`, composition.answers_within_budget) at the plan's
     largest epsilon, where some world's trials or a bootstrap's clean rows need more (None:
     one context per world holds them all)."""
 
@@ -100,26 +97,3 @@ def context_capacity(plan: AuditPlan) -> int | None:
     )
     most = max(_most_per_world(plan, k) for k in range(len(plan.mechanism.epsilons)))
     return None if most <= cap else cap
-
-
-async def probe_ledger(
-    mech: Any, target: AuditTarget, design: Any, plan: AuditPlan
-) -> LedgerSection | None:
-    """A probe context of C0's body at the plan's first epsilon, asked the audit query until
-    refused (:func:`dpicl_audit.planning.ledger.audit_ledger`); None for designs without one
-    query."""
-
-    if getattr(design, "attack", None) != "inquery":
-        return None
-    eps = float(plan.mechanism.epsilons[0])
-    body = mech.context_body(design, plan, eps, 0, name=f"dpicl-audit {plan.seed} probe")
-    max_tokens = plan.mechanism.answer_tokens
-
-    async def ask(cid: str) -> Mapping[str, Any]:
-        if max_tokens is None:
-            return await target.classify(cid, design.query)
-        if not isinstance(target, GenerationTarget):
-            raise TargetProtocolError("the target has no generate endpoint")
-        return await target.generate(cid, design.query, max_tokens=max_tokens)
-
-    return await audit_ledger(target, body, design.query, ask=ask, limit=budget_limit(plan))

@@ -33,12 +33,21 @@ from scipy import stats
 from dpicl_audit.client import AuditTarget, ContextBody
 from dpicl_audit.client.openai import OpenAIClient
 from dpicl_audit.errors import TargetError, TargetNotFound, TargetRejected
-from dpicl_audit.planning.answers import read_answer
-from dpicl_audit.planning.answers import request as surface_request
-from dpicl_audit.planning.ledger import planned_queries
-from dpicl_audit.planning.sections import ParametersSection, ParameterVariant
+from dpicl_audit.estimators.composition import planned_queries
+from dpicl_audit.probes.answers import read_answer
+from dpicl_audit.probes.answers import request as surface_request
+from dpicl_audit.probes.ingredients import Ingredients
+from dpicl_audit.probes.sections import ParametersSection, ParameterVariant
 
-__all__ = ["ALPHA", "PER_VARIANT", "SWEEP_ANSWERS", "SWEEP_EPSILON", "VARIANTS", "sweep_parameters"]
+__all__ = [
+    "ALPHA",
+    "PER_VARIANT",
+    "SWEEP_ANSWERS",
+    "SWEEP_EPSILON",
+    "VARIANTS",
+    "probe",
+    "sweep_parameters",
+]
 
 #: Error of the homogeneity test (a correct server is flagged in at most this share of runs).
 ALPHA = 1e-4
@@ -52,7 +61,7 @@ PER_VARIANT = 30
 #: (p 1.4e-4 against ALPHA); at 0.25 (share 0.52) the expected p is 1.8e-6, 1.1e-5 with the
 #: pool one standard deviation up.
 SWEEP_EPSILON = 0.25
-#: The client parameters swept: (name, route as planning.surface names it, the body's extra
+#: The client parameters swept: (name, route as probes.surface names it, the body's extra
 #: fields). The first is the reference the departing variant is named against.
 VARIANTS: tuple[tuple[str, str, dict[str, float]], ...] = (
     ("chat, no parameter", "chat", {}),
@@ -82,7 +91,7 @@ class _Refused(Exception):
 async def _ask(target: Any, route: str, cid: str, query: str, extra: Mapping[str, Any]) -> str:
     """One released label. Through a client that sends only JSON posts (``post``), the chat
     route alone; through one that sends raw requests (``send``), any route, streams read
-    whole (planning.answers.read_answer)."""
+    whole (probes.answers.read_answer)."""
     if not hasattr(target, "send"):
         body = {"model": cid, "messages": [{"role": "user", "content": query}], **extra}
         out = await target.post(_CHAT, body)
@@ -111,22 +120,18 @@ SWEEP_ANSWERS = planned_queries(PER_VARIANT * len(VARIANTS))
 
 
 async def sweep_parameters(
-    target: AuditTarget,
-    body: ContextBody,
-    query: str,
-    *,
-    budget: dict[str, float] | None,
+    target: AuditTarget, body: ContextBody | None, query: str
 ) -> ParametersSection | None:
-    """The sweep of the module docstring on a fresh context of ``body`` (a voting context
-    body) with ``budget``, which holds :data:`SWEEP_ANSWERS` answers as the mechanism's
-    audit composes them (None: no budget within the server's limit does); None where the
-    target cannot send chat requests."""
+    """The sweep of the module docstring on a fresh context of ``body`` (a classification
+    context holding :data:`SWEEP_ANSWERS` answers as the mechanism's audit composes them;
+    None: no budget within the server's limit does); None where the target cannot send chat
+    requests."""
     if not hasattr(target, "post"):
         return None
-    if budget is None:
+    if body is None:
         return {"status": "unchecked", "message": "no budget within the server's limit holds it"}
     probe = body.copy()
-    probe["name"], probe["budget"] = f"{body['name']} parameters", budget
+    probe["name"] = f"{body['name']} parameters"
     info = await target.create_context(probe)
     cid = str(info["id"])
 
@@ -159,6 +164,16 @@ async def sweep_parameters(
     if len(variants) < len(found):
         return {"status": "unchecked", "message": f"the server has no {_CHAT}"}
     return _judge(variants)
+
+
+async def probe(target: AuditTarget, kit: Ingredients) -> ParametersSection | None:
+    """The sweep on a fresh context of C1's body at :data:`SWEEP_EPSILON` (the plan's
+    smallest epsilon where that is smaller), for a classification run of the membership
+    query (its labels are what the variants must release alike)."""
+    if kit.query is None or not kit.membership or kit.task != "classification":
+        return None
+    eps = min(SWEEP_EPSILON, *kit.epsilons)
+    return await sweep_parameters(target, kit.held(1, eps, SWEEP_ANSWERS, "sweep"), kit.query)
 
 
 def _judge(variants: list[ParameterVariant]) -> ParametersSection:

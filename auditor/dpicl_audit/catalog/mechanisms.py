@@ -2,8 +2,10 @@
 
 The plan (:mod:`dpicl_audit.plan`) assembles its ``[mechanism]`` section from
 :func:`settings_models` (a union discriminated on ``name``), and the registry
-(:mod:`.registry`) loads each model's audit (``MechanismSettings.audit``), so this module
-imports the settings models only, never an audit (which imports the plan).
+(:mod:`dpicl_audit.mechanisms.registry`) loads each model's audit
+(``MechanismSettings.audit``). Every settings model is loaded by name, the built-in ones
+(:data:`BUILTIN`) exactly as those registered from outside: this module imports none of
+them, so it sits below the plan and the mechanisms' folders above it.
 
 A package outside this one registers a mechanism as the built-in ones are listed: by its
 settings model, an entry point of :data:`ENTRY_POINT_GROUP` named as the mechanism, in a
@@ -20,16 +22,15 @@ from functools import cache
 from importlib.metadata import EntryPoint, entry_points
 from typing import get_args
 
+from dpicl_audit.catalog.settings import MechanismSettings
 from dpicl_audit.errors import InvalidAuditInput
-from dpicl_audit.mechanisms.dps_mozo.settings import MozoSettings
-from dpicl_audit.mechanisms.esa.settings import EsaSettings
-from dpicl_audit.mechanisms.settings import MechanismSettings
-from dpicl_audit.mechanisms.voting.settings import VotingSettings
 
 __all__ = [
     "BUILTIN",
     "ENTRY_POINT_GROUP",
+    "builtin_entry_points",
     "check_mechanism_name",
+    "default_mechanism_name",
     "external_entry_points",
     "mechanism_names",
     "model_name",
@@ -40,8 +41,13 @@ __all__ = [
 #: The entry point group a third-party mechanism's settings model registers under
 #: (``name = "module:Model"``).
 ENTRY_POINT_GROUP = "dpicl_audit.mechanisms"
-#: The mechanisms audited by this package, the plan's default first.
-BUILTIN: tuple[type[MechanismSettings], ...] = (VotingSettings, EsaSettings, MozoSettings)
+#: The mechanisms audited by this package, the plan's default first: each one's settings
+#: model by name, as an entry point names it.
+BUILTIN: dict[str, str] = {
+    "voting": "dpicl_audit.mechanisms.voting.settings:VotingSettings",
+    "esa": "dpicl_audit.mechanisms.esa.settings:EsaSettings",
+    "dps-mozo": "dpicl_audit.mechanisms.dps_mozo.settings:MozoSettings",
+}
 
 
 def model_name(model: type[MechanismSettings]) -> str:
@@ -52,6 +58,17 @@ def model_name(model: type[MechanismSettings]) -> str:
             f"settings model {model.__qualname__} must declare name: Literal['<its name>']"
         )
     return names[0]
+
+
+def builtin_entry_points() -> list[EntryPoint]:
+    """The built-in mechanisms as entry points, loaded as those registered from outside."""
+    return [EntryPoint(name, value, ENTRY_POINT_GROUP) for name, value in BUILTIN.items()]
+
+
+def default_mechanism_name() -> str:
+    """The mechanism of a plan that names none (the first built-in; a stored plan of an
+    older version that named none was run with it too)."""
+    return next(iter(BUILTIN))
 
 
 def external_entry_points() -> list[EntryPoint]:
@@ -81,8 +98,8 @@ def _load_settings(ep: EntryPoint, known: dict[str, type[MechanismSettings]]) ->
 
 @cache
 def _models() -> dict[str, type[MechanismSettings]]:
-    found = {model_name(m): m for m in BUILTIN}
-    for ep in external_entry_points():
+    found: dict[str, type[MechanismSettings]] = {}
+    for ep in builtin_entry_points() + external_entry_points():
         _load_settings(ep, found)
     return found
 

@@ -1,6 +1,6 @@
 """The ledger under concurrency, per answering route (issue 35, item 3).
 
-The sequential probe (:func:`dpicl_audit.planning.ledger.audit_ledger`) sees a ledger that
+The sequential probe (:func:`dpicl_audit.probes.ledger.audit_ledger`) sees a ledger that
 miscounts; it cannot see one whose check and charge are two steps (check the budget, run the
 model, charge): asked one at a time, such a ledger refuses exactly when it should. So, on
 each answering route a server offers (native ``/v1/classify``, OpenAI ``/v1/chat/completions``
@@ -39,7 +39,7 @@ from dpicl_audit.client.openai import OpenAIClient
 from dpicl_audit.errors import TargetError, TargetNotFound
 from dpicl_audit.estimators.gdp import gdp_mu
 from dpicl_audit.jsontypes import JsonObject
-from dpicl_audit.planning.sections import BurstFailure, BurstRoute, BurstsSection
+from dpicl_audit.probes.sections import BurstFailure, BurstRoute, BurstsSection
 
 __all__ = ["BURST_EXTRA", "ROUTES", "ROUTES_GENERATION", "audit_bursts"]
 

@@ -1,10 +1,11 @@
-"""Trial logs written before the pipeline held every mechanism (before issue 9).
+"""DPS-MOZO's trial logs written before the pipeline held every mechanism (before issue 9).
 
 Voting, bootstrap and ESA runs of older versions are read as they are: their plans, designs,
 settings and trials have the same shape. Only the old separate DPS-MOZO audit
 (``python -m dpicl_audit.mozo_audit``, plan ``{"kind": "mozo-black-box", ...}``) logged
-its own shapes; :func:`upgrade_run` reads such a run as a completed ``dps-mozo`` pipeline
-run, so ``list``, ``show`` and ``report`` treat it like any other. Its design is rebuilt from
+its own shapes; :func:`upgrade_run` (the audit's hook, :meth:`~dpicl_audit.mechanisms.
+base.MechanismAudit.upgrade_run`) reads such a run as a completed ``dps-mozo`` pipeline run,
+so ``list``, ``show`` and ``report`` treat it like any other. Its design is rebuilt from
 its seed (the same draws as the old module), its trials keep their setting ``mozo:eps=<e>``,
 and its stored estimate is kept as the run's black-box result.
 """
@@ -118,10 +119,10 @@ def _results(run: RunRecord, plan: Mapping[str, Any], design: Mapping[str, Any])
     }
 
 
-def upgrade_run(run: RunRecord) -> RunRecord:
-    """The run as the pipeline reads it (unchanged unless it is a legacy DPS-MOZO run)."""
+def upgrade_run(run: RunRecord) -> RunRecord | None:
+    """The run as the pipeline reads it; None unless it is a legacy DPS-MOZO run."""
     if not is_legacy_mozo(run):
-        return run
+        return None
     plan = _plan(run.plan)
     design = _design(plan, run.design or {})
     return dataclasses.replace(run, plan=plan, design=design, results=_results(run, plan, design))

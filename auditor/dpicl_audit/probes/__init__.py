@@ -1,0 +1,26 @@
+"""The audits from outside: what a run checks of the server beside its trials, each on
+fresh contexts of its own, from what the run's mechanism supplies (its ingredients).
+
+=====================  ===========================================================
+module                 what it holds
+=====================  ===========================================================
+:mod:`.sections`       the shapes of the probes' results sections
+:mod:`.ingredients`    what a mechanism supplies the probes (a context body, a way
+                       to make one hold answers, the query, a capacity, its claim)
+:mod:`.answers`        one raw request on any route, and its answer read whole
+:mod:`.ledger_burst`   the ledger under concurrency: N + k requests in flight per route
+:mod:`.ledger`         the server's ledger: a probe context asked until refused
+:mod:`.calibration`    the reported sigma against the claim at the epsilons the plan
+                       does not audit (one context each, no answer)
+:mod:`.parameters`     the client parameters varied on every route (temperature, top_p)
+:mod:`.positions`      a generation's per-token bound, prefix length by prefix length
+:mod:`.surface`        every route's whole response (headers, stream chunks, usage) and
+                       max_tokens against a generation context's limit
+:mod:`.tails`          the noise's tails, black-box (a label the Gaussian must release)
+:mod:`.registry`       PROBES: the one list (names, needs, deciding statuses)
+=====================  ===========================================================
+
+Below the plan and the results (they name the probes and read their statuses from
+:mod:`.registry`) and above the client, the estimators and the verdicts; the mechanisms
+(above) supply the ingredients and the pipeline makes the probes.
+"""
