@@ -15,9 +15,9 @@ import typer
 import typer.core
 from rich.console import Console
 
+from dpicl_audit.cli.lazy import LazyGroup
 from dpicl_audit.errors import AuditError
 from dpicl_audit.jsontypes import JsonObject
-from dpicl_audit.store.db import sqlite_file_missing
 
 if TYPE_CHECKING:
     from dpicl_audit.plan import AuditPlan
@@ -52,7 +52,16 @@ def _flag_type(self: typer.core.TyperOption, ctx: Any) -> str | None:
     ``--help``): a flag takes no value, so a type there reads as if it wanted one."""
     if self.is_flag and self.metavar is None:
         return None
-    return _option_type(self, ctx)
+    shown = _option_type(self, ctx)
+    if shown is not None and len(shown) > _CHOICES_WIDTH and "|" in shown:
+        # A long list of choices wraps between two values, never inside one (issue 45: at
+        # 80 columns `<auto|paper|pivotal|identi` / `cal>`): rich breaks lines at spaces.
+        shown = shown.replace("|", " | ")
+    return shown
+
+
+#: The widest ``<a|b|c>`` shown as one word in ``--help``; longer ones get spaces.
+_CHOICES_WIDTH = 22
 
 
 _option_type = typer.core.TyperOption.display_type_rich
@@ -64,7 +73,16 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=LazyGroup,  # commands imported when they run (lazy.py): --help stays fast
 )
+
+
+@app.callback()
+def _group() -> None:
+    # A group even before any command is imported (typer makes an app of one command, or
+    # none, a bare command).
+    pass
+
 
 err_console = Console(stderr=True)
 out_console = Console()
@@ -239,6 +257,8 @@ def exit_on_verdict(results: Sequence[Mapping[str, Any]], strict: bool = False) 
 
 def require_log(db: str, run_id: str | None = None) -> None:
     """Refuse to read a SQLite trial log that does not exist (and so never create it)."""
+    from dpicl_audit.store.db import sqlite_file_missing
+
     missing = sqlite_file_missing(db)
     if missing is not None:
         what = f"no run {run_id!r}: " if run_id else ""
