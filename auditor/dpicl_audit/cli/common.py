@@ -41,6 +41,7 @@ __all__ = [
     "guard",
     "load_results",
     "out_console",
+    "print_verdict",
     "require_log",
     "resume_command",
     "run_async",
@@ -223,33 +224,63 @@ def guard(fn: Callable[[], T]) -> T:
         raise typer.Exit(1) from exc
 
 
-def emit(results: Mapping[str, Any], as_json: bool, path: Path | None = None) -> None:
+def emit(
+    results: Mapping[str, Any],
+    as_json: bool,
+    path: Path | None = None,
+    *,
+    verdict: bool = False,
+    strict: bool = False,
+) -> None:
+    """A run's results on stdout: as JSON, or its table with each finding once. ``verdict``:
+    open with the overall verdict and exit status (``run``, ``resume``; ``show`` judges
+    nothing)."""
     from dpicl_audit.pipeline.results import print_results
     from dpicl_audit.results import jsonable
 
     if as_json:
         sys.stdout.write(json.dumps(jsonable(results), indent=2) + "\n")
         return
+    if verdict:
+        print_verdict([results], strict, out_console)
     print_results(results, out_console)
     if path is not None:
-        out_console.print(f"results: {path}")
+        out_console.print(f"results: {path}", highlight=False, soft_wrap=True)
 
 
-def exit_on_verdict(results: Sequence[Mapping[str, Any]], strict: bool = False) -> None:
+_VERDICT_STYLE = {
+    "violation": "bold red",
+    "bug": "bold yellow",
+    "nonconforming": "bold yellow",
+    "ok": "bold green",
+}
+
+
+def print_verdict(results: Sequence[Mapping[str, Any]], strict: bool, console: Console) -> None:
+    """The one line that opens a summary: the runs' overall verdict and exit status."""
+    from rich.text import Text
+
+    from dpicl_audit.results.overall import overall_verdict
+
+    overall = overall_verdict(results, strict=strict)
+    status = "" if overall.status is None else overall.status.value
+    console.print(Text(overall.line, style=_VERDICT_STYLE.get(status, "bold")))
+
+
+def exit_on_verdict(
+    results: Sequence[Mapping[str, Any]], strict: bool = False, *, printed: bool = True
+) -> None:
     """Exit with the worst verdict's code (verdicts.EXIT_CODES: 4 NONCONFORMING, 5 VIOLATION
     or BUG; 3 INCONCLUSIVE only under ``--strict``), so that a deployment pipeline can fail
-    on it. Figures without power are listed on stderr either way, with what would give them
-    power: a gate that passes them says so."""
+    on it. ``printed``: the summary on stdout already opened with the verdict and listed
+    each figure without power; else (``--json``) the verdict and those figures go to stderr,
+    once."""
     from dpicl_audit.results import results_exit_code, underpowered
 
-    weak = underpowered(results)
-    if weak:
-        word = "fail the gate (--strict)" if strict else "pass the gate (--strict fails them)"
-        err_console.print(
-            f"[yellow]{len(weak)} figure(s) without power {word}:[/yellow]", highlight=False
-        )
-        for line in weak:
-            err_console.print(f"[yellow]  {line}[/yellow]", soft_wrap=True, highlight=False)
+    if not printed:
+        print_verdict(results, strict, err_console)
+        for line in underpowered(results):
+            err_console.print(f"[yellow]  {line}[/yellow]", highlight=False)
     code = results_exit_code(results, strict=strict)
     if code:
         raise typer.Exit(code)

@@ -73,8 +73,8 @@ def resume(
         ),
         resume_hint=resume_command(run_id, db),
     )
-    emit(results, as_json, Path(out) / run_id / "results.json")
-    exit_on_verdict([results], strict)  # a resumed run ends like ``run``
+    emit(results, as_json, Path(out) / run_id / "results.json", verdict=True, strict=strict)
+    exit_on_verdict([results], strict, printed=not as_json)  # a resumed run ends like ``run``
 
 
 def _expected(run: Any, plan: Mapping[str, Any]) -> int:
@@ -259,7 +259,9 @@ def report(
     ids: str | list[str] = run_ids[0] if len(run_ids) == 1 else list(run_ids)
     # --json: the table goes to stderr, so stdout holds the JSON alone
     extra = {"console": err_console} if as_json else {}
-    where = guard(lambda: report_mod.write_report(ids, resolve_db_url(db), out, **extra))
+    where = guard(
+        lambda: report_mod.write_report(ids, resolve_db_url(db), out, strict=strict, **extra)
+    )
     if as_json:
         data = json.loads((Path(where).parent / "report.json").read_text(encoding="utf-8"))
         payload = {
@@ -269,7 +271,8 @@ def report(
         }
         sys.stdout.write(json.dumps(payload, indent=2) + "\n")
     elif where is not None:
-        out_console.print(f"report: {where}")
+        out_console.print(f"report: {where}", highlight=False, soft_wrap=True)
+    # The report opened with the verdict and listed each finding (on stderr with --json).
     exit_on_verdict(_reported_results(db, run_ids), strict)
 
 

@@ -219,4 +219,4 @@ def _write(results: Mapping[str, Any], path: Path, as_json: bool) -> None:
         sys.stdout.write(json.dumps(results, indent=2) + "\n")
         return
     print_utility(results, out_console)
-    out_console.print(f"results: {path}")
+    out_console.print(f"results: {path}", highlight=False, soft_wrap=True)

@@ -25,6 +25,7 @@ from dpicl_audit.report.words import (
     run_verdict,
     verdict_sentence,
 )
+from dpicl_audit.results.overall import Overall
 
 __all__ = ["noise_status", "render_html"]
 
@@ -73,6 +74,7 @@ details{margin:.35em 0;border:1px solid #e4e4e4;border-radius:4px;padding:.2em .
 summary{cursor:pointer;font-weight:bold;overflow-wrap:anywhere}
 img{max-width:100%;height:auto;border:1px solid #eee}code{background:#f4f4f4;padding:0 .25em}
 .small{font-size:.85em;color:#555}
+.overall{font-size:1.05em;font-weight:bold}
 table.results td.wrap{overflow-wrap:break-word}
 @media (max-width:640px){
 table.results,table.results tbody{display:block;border:0}
@@ -92,6 +94,21 @@ table.results td.name::before{content:none}
 
 def _e(text: Any) -> str:
     return html.escape(str(text))
+
+
+def _overall_html(overall: Overall | None) -> str:
+    """The page's first line: the overall verdict and the exit status ``dpicl-audit report``
+    gives for it, as the terminal prints it (issue 45)."""
+    if overall is None or overall.status is None:
+        return ""
+    status = overall.status.value
+    word = VERDICT_WORDS.get(status, status)
+    if status == "inconclusive" and overall.exit_code == 0:
+        word = "no violation seen"
+    return (
+        f"<p class='overall finding {_e(status)}' id=overall><span class='badge {_e(status)}'>"
+        f"{_e(word)}</span> {_e(overall.line.removeprefix('verdict: '))}</p>"
+    )
 
 
 def _results_table(
@@ -297,6 +314,7 @@ def render_html(
     colors: Mapping[str, str] | None = None,
     utility_html: str = "",
     why_inconclusive: str = "",
+    overall: Overall | None = None,
 ) -> str:
     """The page: one card per run first (name, verdict, ε bars), the privacy-utility card
     (``utility_html``, when utility runs are reported), then the findings grouped by run
@@ -351,6 +369,7 @@ def render_html(
 <title>{_e(title)}</title>
 <style>{_CSS}{CARD_CSS}</style></head><body>
 <h1>{_e(title)}</h1>
+{_overall_html(overall)}
 {cards(runs, rows, colors, why_inconclusive)}
 <p class=small>Bars, per ε audited: <b>ε emp</b> (filled, the run's largest lower bound at its
 confidence) against <b>ε exact</b> (black tick: the true ε of the mechanism at the noise the
