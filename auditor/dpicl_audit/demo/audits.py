@@ -27,6 +27,8 @@ from dpicl_audit.store import TrialRecord, TrialStore
 __all__ = ["Counts", "audit_esa", "audit_model", "audit_oracle", "say"]
 
 EPSILONS = (1.0, 2.0, 4.0, 8.0)
+#: The status of a run the demo stopped at its share of the time (the report says so).
+TIME_LIMITED = "time-limited"
 N_SAMPLE = 400_000
 
 console = Console(stderr=True)
@@ -330,6 +332,17 @@ async def _white_box_run(
         run = run_audit(plan, db=db, run_id=run_id, out_dir=out, console=console)
         return run_id, await asyncio.wait_for(run, timeout=cap)
     except TimeoutError:
+        # Stopped on purpose, at its share of the time: not "interrupted" (the runner's word
+        # for Ctrl-C), which the report would show (issue 45).
+        store = TrialStore(db)
+        try:
+            store.update_run(
+                run_id,
+                status=TIME_LIMITED,
+                error=f"stopped by the demo at {cap:.0f} s, its share of the time budget",
+            )
+        finally:
+            store.dispose()
         return run_id, None
 
 

@@ -14,7 +14,13 @@ from typing import Any
 
 from dpicl_audit.report.cards import cards, run_style
 from dpicl_audit.report.data import ReportRow, RunData, num
-from dpicl_audit.report.ledger_section import conformance_html, ledger_html, roc_html
+from dpicl_audit.report.ledger_section import (
+    STACK_CSS,
+    conformance_html,
+    ledger_html,
+    roc_html,
+    stacked,
+)
 from dpicl_audit.report.probes import probes_html
 from dpicl_audit.report.utility_card import CARD_CSS
 from dpicl_audit.report.words import (
@@ -185,7 +191,7 @@ def noise_status(nc: Mapping[str, Any]) -> str:
 
 _NOISE_WORDS = {
     "consistent": "consistent",
-    "inconclusive": "INCONCLUSIVE",
+    "inconclusive": "not confirmed",
     "smaller": "NOISE SMALLER THAN CLAIMED",
     "larger": "noise larger than claimed",
     "unchecked": "unchecked",
@@ -233,8 +239,11 @@ def _noise_table(runs: Sequence[RunData], colors: Mapping[str, str]) -> str:
         "<h2>Noise check</h2><p class=small>The bootstrap adds noise itself, so it first "
         "measures the noise the server really adds (noisy − clean residuals) and simulates "
         "with the conservative value when the measurement is below the claim. An interval "
-        "wider than the sigma it measured is INCONCLUSIVE: it confirms nothing.</p>"
-        f"<div class=scroll><table>{head}{''.join(body)}</table></div>"
+        "wider than the sigma it measured is <i>not confirmed</i>: it confirms nothing, and "
+        "decides nothing either: the run's verdict (its card) does not rest on it, since the "
+        "bootstrap simulates with the reported sigma unless the measurement shows less. Only "
+        "a noise measured smaller than claimed is a finding.</p>"
+        f"<div class=scroll>{stacked(f'<table>{head}{chr(10).join(body)}</table>')}</div>"
     )
 
 
@@ -244,16 +253,29 @@ def _kv(items: Sequence[tuple[str, Any]]) -> str:
 
 
 def _health(server: Mapping[str, Any]) -> str:
-    """The server's /healthz as a small table (nested values as compact text)."""
-    if not server:
-        return "-"
-    rows = []
+    """The server's /healthz as one line of ``key=value`` (nested values inline, empty ones
+    left out); its ``status`` is the server's liveness, so it is named so (issue 45: a nested
+    table showed an empty row and a second "status")."""
+    parts = []
     for key in sorted(server):
         value = server[key]
         if isinstance(value, Mapping):
-            value = ", ".join(f"{k}={v}" for k, v in value.items())
-        rows.append((str(key), _e(value)))
-    return _kv(rows)
+            value = ", ".join(f"{k}={v}" for k, v in value.items() if v not in (None, ""))
+        if value in (None, "", [], {}):
+            continue
+        parts.append(f"{'liveness' if key == 'status' else key}={value}")
+    return _e("; ".join(parts)) if parts else "not recorded (the run kept no /healthz)"
+
+
+#: A run's stored status in words: the demo stops a real run at its share of the time, which
+#: is not an interruption (issue 45).
+STATUS_WORDS = {
+    "completed": "completed",
+    "time-limited": "stopped at its time limit: the report estimates from its logged trials",
+    "interrupted": "interrupted (Ctrl-C or killed): resume continues it",
+    "failed": "failed",
+    "running": "running, or stopped without a word (killed): resume continues it",
+}
 
 
 def _run_details(rd: RunData, rows: Sequence[ReportRow]) -> str:
@@ -263,8 +285,8 @@ def _run_details(rd: RunData, rows: Sequence[ReportRow]) -> str:
     mech = m.describe()  # each mechanism's settings say what the report shows of them
     items: list[tuple[str, Any]] = [
         ("run", _e(rd.run_id)),
-        ("status", _e(res.status)),
-        ("server", _health(server)),
+        ("run status", _e(STATUS_WORDS.get(str(res.status), res.status))),
+        ("server (/healthz)", _health(server)),
         (
             "method",
             _e("bootstrap (paper 000, Algorithm 1)" if rd.simulated else "real queries"),
@@ -367,7 +389,7 @@ def render_html(
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{_e(title)}</title>
-<style>{_CSS}{CARD_CSS}</style></head><body>
+<style>{_CSS}{CARD_CSS}{STACK_CSS}</style></head><body>
 <h1>{_e(title)}</h1>
 {_overall_html(overall)}
 {cards(runs, rows, colors, why_inconclusive)}
