@@ -37,6 +37,7 @@ __all__ = [
     "DEFAULT_WIDTH",
     "FEW_SHOT",
     "GENERATION_SETS",
+    "MAJORITY",
     "ZERO_SHOT",
     "Cell",
     "Draws",
@@ -50,6 +51,8 @@ DEFAULT_QUERIES = 100
 DEFAULT_WIDTH = round(interval_width(DEFAULT_QUERIES), 3)
 FEW_SHOT = "few-shot"
 ZERO_SHOT = "zero-shot"
+#: The majority-class baseline: computed from the queries' labels, no query asked.
+MAJORITY = "majority"
 #: Bundled sets that are generation tasks (every other set is classification).
 GENERATION_SETS = frozenset({"dialogsum-mini"})
 #: The draws' random stream, apart from any other use of the seed.
