@@ -12,8 +12,8 @@ from rich.console import Console
 from scipy.stats import binomtest
 
 from dpicl_audit.store import TrialRecord
-from dpicl_audit.utility.report import ALPHA, print_utility, summarise_trials
 from dpicl_audit.utility.plan import UtilityPlan
+from dpicl_audit.utility.report import ALPHA, print_utility, summarise_trials
 
 N = 40
 LABELS = ["Business"] * 13 + ["Sport"] * 10 + ["Tech"] * 9 + ["Politics"] * 8

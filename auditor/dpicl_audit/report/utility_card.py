@@ -167,6 +167,5 @@ def utility_card(
         "on the bar: dashed green the non-private few-shot answer, dotted red zero-shot, "
         "solid grey the majority-class rate (always the most common label). A cell that "
         "answers one label to nearly every query, or whose accuracy a one-sided exact "
-        "binomial test cannot tell from the majority rate, is listed under its table.</p>"
-        + parts
+        "binomial test cannot tell from the majority rate, is listed under its table.</p>" + parts
     )

@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scipy.stats import binomtest
 from rich import box
 from rich.console import Console
 from rich.table import Table
+from scipy.stats import binomtest
 
 from dpicl_audit.errors import RunNotFound
 from dpicl_audit.jsontypes import JsonObject
