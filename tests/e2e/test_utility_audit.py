@@ -249,7 +249,11 @@ def test_utility_through_openai_on_dpicl(start_server: Any, tmp_path: Path) -> N
         assert indep[name]["n"] == 16 == cells[name]["accuracy"]["n"], name
         assert cells[name]["accuracy"]["value"] == pytest.approx(indep[name]["k"] / 16)
     assert "chat/completions" in cells["eps=8,T=2"]["measured_by"]
-    assert "/v1/zero-shot on the baseline server" in cells["zero-shot"]["measured_by"]
+    # the same server's native route: the target, not "the baseline server" (issue 45)
+    assert "/v1/zero-shot on the target (its native route)" in cells["zero-shot"]["measured_by"]
+    # the majority-class baseline, from the logged labels
+    majority = cells["majority"]
+    assert majority["kind"] == "majority" and majority["accuracy"]["n"] == 16
 
 
 def _rouge_l(candidate: str, reference: str) -> float:

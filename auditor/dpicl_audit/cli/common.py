@@ -110,7 +110,9 @@ AdminOpt = Annotated[
     str | None,
     typer.Option(
         "--admin-token",
-        envvar="DPICL_AUDIT_ADMIN_TOKEN",
+        # The server's own variable too: the README exports DPICL_ADMIN_TOKEN for the server,
+        # and a user who did should not be asked for the token again (issue 45).
+        envvar=["DPICL_AUDIT_ADMIN_TOKEN", "DPICL_ADMIN_TOKEN"],
         help="Server admin token (creates contexts, white-box endpoints).",
         show_default=False,
     ),

@@ -103,6 +103,7 @@ def _utility_row(run: Any, logged: int) -> dict[str, Any]:
         "threat_model": None,
         "attack": None,
         "dataset": plan.dataset,
+        "api": (run.plan.get("target") or {}).get("api", "native"),
         "epsilons": list(plan.epsilons),
         "partitions": list(plan.partitions),
         "trials_logged": logged,
@@ -146,6 +147,7 @@ def list_runs(db: DbOpt = DEFAULT_DB, as_json: JsonOpt = False) -> None:
                         "created_at": run.created_at.isoformat(),
                         "threat_model": plan.get("threat_model", "black-box"),
                         "attack": plan.get("attack", "inquery"),
+                        "api": (plan.get("target") or {}).get("api", "native"),
                         "epsilons": plan.get("mechanism", {}).get("epsilons"),
                         "trials_logged": sum(store.trial_counts(run.id).values()),
                         "trials_planned": _expected(run, plan),
@@ -176,6 +178,8 @@ def list_runs(db: DbOpt = DEFAULT_DB, as_json: JsonOpt = False) -> None:
         if r["kind"] == "utility":
             ts = ",".join(str(t) for t in r["partitions"] or [])
             what = f"utility · {r['mechanism']} on {r['dataset']} · ε {eps} · T {ts}"
+        if r.get("api") == "openai":  # native and OpenAI runs were listed alike (issue 45)
+            what += " · OpenAI API"
         name = r["name"] or ""
         if len(name) > width:
             name = name[: width - 1] + "…"

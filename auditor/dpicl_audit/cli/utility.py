@@ -72,7 +72,8 @@ def _new_plan(
     if plan.target.admin_token is None and plan.target.context_hook is None:
         err_console.print(
             "[bold red]error:[/bold red] the utility audit creates contexts: give "
-            "--admin-token (or DPICL_AUDIT_ADMIN_TOKEN), or --api openai --context-hook"
+            "--admin-token (or export DPICL_AUDIT_ADMIN_TOKEN or DPICL_ADMIN_TOKEN), or --api "
+            "openai --context-hook"
         )
         raise typer.Exit(2)
     return plan

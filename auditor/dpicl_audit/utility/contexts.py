@@ -105,7 +105,16 @@ class RunContexts:
     def route(self, cell: Cell) -> str:
         """How a cell's answers are measured, in words (the results say it per baseline)."""
         classify = self.plan.task == "classification"
-        where = "the target" if self.client(cell) is self.target else "the baseline server"
+        client = self.client(cell)
+        mine, theirs = (str(getattr(c, "base_url", "")).rstrip("/") for c in (client, self.target))
+        # With --api openai the baselines go to the same server's native routes through a
+        # client of their own: still the target, not "the baseline server" (issue 45).
+        if client is self.target:
+            where = "the target"
+        elif mine and mine == theirs:
+            where = "the target (its native route)"
+        else:
+            where = f"the baseline server {mine}".rstrip()
         if cell.kind == "few-shot":
             path = "/v1/debug/classify" if classify else "/v1/debug/generate"
             return (
