@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import json
 import secrets
 import shutil
 import sys
@@ -184,4 +185,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     cli = _cli_command()
     print(f"trial log: {db.resolve()}  ({cli} list --db {db})")
     print(f"demo finished in {elapsed / 60:.1f} min")
+    # The last line, as the first of the report: the overall verdict and the exit status
+    # `dpicl-audit report` gives for these runs (the demo itself exits 0 when it ran).
+    overall = json.loads(path.with_name("report.json").read_text(encoding="utf-8"))["overall"]
+    print(overall["line"])
     return 0
