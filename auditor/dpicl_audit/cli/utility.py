@@ -125,6 +125,13 @@ def utility(
     max_tokens: Annotated[
         int | None, typer.Option(help="Generation: tokens per answer. (default: the server's)")
     ] = None,
+    label_calibration: Annotated[
+        str | None,
+        typer.Option(
+            help="Voting: none | content-free (contextual calibration of each partition's "
+            "label scores, Zhao et al. 2021; the baselines too). (default: none)"
+        ),
+    ] = None,
     baselines: Annotated[
         bool,
         typer.Option(
@@ -187,6 +194,7 @@ def utility(
         "contexts": contexts,
         "delta": delta,
         "max_tokens": max_tokens,
+        "label_calibration": label_calibration,
         "baseline_url": baseline_url,
         "seed": seed,
         "concurrency": concurrency,

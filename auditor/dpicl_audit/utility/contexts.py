@@ -70,6 +70,9 @@ class RunContexts:
         }
         if plan.task == "generation" and plan.max_tokens is not None:  # ESA: its length
             mech["max_tokens"] = plan.max_tokens
+        if plan.task == "classification" and plan.label_calibration != "none":
+            # Sent only when asked: a server before the option keeps working for the rest.
+            mech["label_calibration"] = plan.label_calibration
         limit = self.plan.target.max_budget_epsilon or 1000.0
         answers = planned_queries(self.answers_per_context(draw))
         body: ContextBody = {

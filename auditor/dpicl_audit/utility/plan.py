@@ -99,6 +99,12 @@ class UtilityPlan(BaseModel):
     contexts: int = Field(default=4, ge=1, le=1000, description="Exemplar draws per cell.")
     delta: float = Field(default=1e-5, gt=0.0, lt=1.0)
     max_tokens: int | None = Field(default=None, ge=1, le=1024)
+    label_calibration: Literal["none", "content-free"] = Field(
+        default="none",
+        description="Voting's label_calibration on every context (content-free: contextual "
+        "calibration, Zhao et al. 2021; the zero-shot and few-shot baselines are calibrated "
+        "the same way).",
+    )
     baselines: bool = True
     seed: int = Field(default=2026, ge=0, lt=2**63)
     concurrency: int = Field(default=4, ge=1, le=256)

@@ -124,6 +124,7 @@ def summarise_trials(
         "metric": metric,
         "mechanism": plan.mechanism,
         "dataset": plan.dataset,
+        "label_calibration": plan.label_calibration,
         "delta": plan.delta,
         "cells": rows,
         "spent_epsilon_per_exemplar": max(per_draw.values()) if per_draw else None,
@@ -265,8 +266,13 @@ def print_utility(results: Mapping[str, Any], console: Console) -> None:
     # The interval's kind is said under the table: the column stays narrow enough for 80.
     title = "accuracy [95% CI]" if metric == "accuracy" else "ROUGE-L [95% CI]"
     table = Table(
-        title=f"utility of {results['mechanism']} on {results['dataset']} "
-        f"({results.get('run_id', '')})",
+        title=f"utility of {results['mechanism']}"
+        + (
+            " (content-free calibrated)"
+            if results.get("label_calibration") == "content-free"
+            else ""
+        )
+        + f" on {results['dataset']} ({results.get('run_id', '')})",
         box=box.SIMPLE_HEAVY,
     )
     for col in ("setting", "epsilon", "T", title, "queries", "spent eps"):
