@@ -135,7 +135,8 @@ def test_report_is_wired_lazily(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     calls: list[tuple[str, str, Path]] = []
     fake = types.ModuleType("dpicl_audit.report")
 
-    def write_report(run_id: str, db_url: str, out_dir: Path) -> Path:
+    def write_report(run_id: str, db_url: str, out_dir: Path, strict: bool = False) -> Path:
+        assert strict is False  # --strict phrases the report's verdict line
         calls.append((run_id, db_url, out_dir))
         return out_dir / run_id / "report.html"
 
