@@ -90,7 +90,8 @@ def content_free_calibrated(
     def log_softmax(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
         with np.errstate(invalid="ignore", over="ignore"):
             m = np.max(x, axis=1, keepdims=True)
-            return x - m - np.log(np.sum(np.exp(x - m), axis=1, keepdims=True))
+            out = x - m - np.log(np.sum(np.exp(x - m), axis=1, keepdims=True))
+            return np.asarray(out, dtype=np.float64)
 
     with np.errstate(invalid="ignore"):
         return log_softmax(scores) - log_softmax(free)
