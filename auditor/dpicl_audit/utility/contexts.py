@@ -114,7 +114,7 @@ class RunContexts:
         # client of their own: still the target, not "the baseline server" (issue 45).
         if client is self.target:
             where = "the target"
-        elif mine and mine == theirs:
+        elif mine and mine == theirs and self.plan.baseline_url is None:
             where = "the target (its native route)"
         else:
             where = f"the baseline server {mine}".rstrip()
