@@ -10,14 +10,15 @@ import time
 
 import pytest
 
-from dpicl_audit.demo import audits
-from dpicl_audit.demo.audits import MODEL_PROBES, Counts, _trials_message, heartbeat
+from dpicl_audit.demo import talk
+from dpicl_audit.demo.audits import MODEL_PROBES, Counts
 from dpicl_audit.demo.main import _cli_command
+from dpicl_audit.demo.talk import heartbeat, stopped_message, trials_message
 
 
 def _lines(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, str]]:
     said: list[tuple[float, str]] = []
-    monkeypatch.setattr(audits, "say", lambda t0, text: said.append((time.monotonic(), text)))
+    monkeypatch.setattr(talk, "say", lambda t0, text: said.append((time.monotonic(), text)))
     return said
 
 
@@ -46,17 +47,17 @@ def test_heartbeat_speaks_through_an_await(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_the_default_beat_is_under_15_seconds() -> None:
-    assert audits.HEARTBEAT_S <= 15.0 / 1.4  # one late line on a loaded machine still fits
+    assert talk.HEARTBEAT_S <= 15.0 / 1.4  # one late line on a loaded machine still fits
 
 
 def test_messages_agree_with_what_runs() -> None:
     counts = Counts()
-    low = _trials_message(4.0, 20, 746, 0, 1.5, counts)
+    low = trials_message(4.0, 20, 746, 0, 1.5, counts.model_trials_min)
     assert "the least the demo runs" in low and "none fit" in low and "INCONCLUSIVE" in low
     assert "0 fit" not in low
-    enough = _trials_message(8.0, 200, 150, 400, 0.5, counts)
+    enough = trials_message(8.0, 200, 150, 400, 0.5, counts.model_trials_min)
     assert "they give it" in enough and "INCONCLUSIVE" not in enough
-    short = _trials_message(8.0, 120, 300, 120, 0.5, counts)
+    short = trials_message(8.0, 120, 300, 120, 0.5, counts.model_trials_min)
     assert "120 fit the time left" in short
 
 
@@ -67,3 +68,9 @@ def test_the_model_runs_leave_the_parameter_sweep_out() -> None:
 def test_the_suggested_command_is_one_that_runs() -> None:
     cmd = _cli_command()
     assert cmd == "dpicl-audit" or cmd.endswith("dpicl-audit") or "-m dpicl_audit.cli" in cmd
+
+
+def test_a_run_that_logged_every_trial_is_not_stopped_after_all_of_them() -> None:
+    done = stopped_message(4.0, 10.0, 20, 20, 1.0)
+    assert "logged all 20 trials" in done and "20 of 20" not in done
+    assert "after 12 of 20 trials" in stopped_message(4.0, 10.0, 12, 20, 1.0)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dpicl_audit.report.html import _overall_html
+from dpicl_audit.report.run_words import overall_html as _overall_html
 from dpicl_audit.results import RunResult, results_exit_code
 from dpicl_audit.results.overall import overall_verdict
 from dpicl_audit.verdicts import Status

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import re
 
-from dpicl_audit.report.html import STATUS_WORDS, _health
 from dpicl_audit.report.ledger_section import _expected, _tail_cell, stacked
 from dpicl_audit.report.plots import _short
+from dpicl_audit.report.run_words import STATUS_WORDS
+from dpicl_audit.report.run_words import health_line as _health
 
 
 def test_claim_check_reads_at_least_and_others_equal() -> None:

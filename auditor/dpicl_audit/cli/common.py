@@ -78,6 +78,9 @@ app = typer.Typer(
 )
 
 
+LazyGroup.typer_app = app
+
+
 @app.callback()
 def _group() -> None:
     # A group even before any command is imported (typer makes an app of one command, or

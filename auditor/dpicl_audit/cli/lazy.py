@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
+import typer
 from typer._click import Command, Context  # typer 0.29 carries its own click
 from typer.core import TyperCommand, TyperGroup
 
@@ -77,6 +78,9 @@ class LazyGroup(TyperGroup):
     """The app's group: commands listed from :data:`COMMANDS`, imported when resolved."""
 
     _listing = False
+    #: The app whose commands this group lists: set by :mod:`.common`, which builds it (so
+    #: that this module does not import that one).
+    typer_app: ClassVar[typer.Typer | None] = None
 
     def list_commands(self, ctx: Context) -> list[str]:
         names = list(COMMANDS)
@@ -94,8 +98,8 @@ class LazyGroup(TyperGroup):
     def _load(self, name: str, entry: LazyCommand) -> Command | None:
         import typer.main
 
-        from dpicl_audit.cli.common import app
-
+        app = self.typer_app
+        assert app is not None, "LazyGroup.typer_app is set where the app is built"
         importlib.import_module(entry.module)  # registers its commands on the app
         for info in app.registered_commands:
             assert info.callback is not None

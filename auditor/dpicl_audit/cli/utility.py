@@ -41,6 +41,15 @@ __all__ = ["utility"]
 _DEFAULT_OUT = Path("runs")
 
 
+LabelCalibrationOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Voting: none | content-free (contextual calibration of each partition's label "
+        "scores, Zhao et al. 2021; the baselines too). (default: none)"
+    ),
+]
+
+
 def _ints(text: str | None) -> list[int] | None:
     vals = parse_floats(text, "--partitions")
     if vals is None:
@@ -125,13 +134,7 @@ def utility(
     max_tokens: Annotated[
         int | None, typer.Option(help="Generation: tokens per answer. (default: the server's)")
     ] = None,
-    label_calibration: Annotated[
-        str | None,
-        typer.Option(
-            help="Voting: none | content-free (contextual calibration of each partition's "
-            "label scores, Zhao et al. 2021; the baselines too). (default: none)"
-        ),
-    ] = None,
+    label_calibration: LabelCalibrationOpt = None,
     baselines: Annotated[
         bool,
         typer.Option(

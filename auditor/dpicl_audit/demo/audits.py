@@ -5,19 +5,23 @@ on the oracle, and the real model's runs planned by power to fit the time budget
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
-import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
 from dpicl_audit.demo.servers import DemoServer
+from dpicl_audit.demo.talk import (
+    console,
+    heartbeat,
+    need_text,
+    say,
+    stopped_message,
+    trials_message,
+)
 from dpicl_audit.estimators.trial_budget import POWER_MARGIN, plan_trials, planned_needs
 from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.pipeline.run import bootstrap_audit, run_audit
@@ -26,23 +30,12 @@ from dpicl_audit.planning.schedule import CLEAN_SETTING, new_run_id
 from dpicl_audit.results import RunResult
 from dpicl_audit.store import TrialRecord, TrialStore
 
-__all__ = [
-    "HEARTBEAT_S",
-    "MODEL_PROBES",
-    "Counts",
-    "audit_esa",
-    "audit_model",
-    "audit_oracle",
-    "heartbeat",
-    "say",
-]
+__all__ = ["MODEL_PROBES", "Counts", "audit_esa", "audit_model", "audit_oracle", "say"]
 
 EPSILONS = (1.0, 2.0, 4.0, 8.0)
 #: The status of a run the demo stopped at its share of the time (the report says so).
 TIME_LIMITED = "time-limited"
 N_SAMPLE = 400_000
-
-console = Console(stderr=True)
 
 
 # ====================================================================== audits
@@ -57,36 +50,6 @@ def _plan(srv: DemoServer, **overrides: Any) -> AuditPlan:
         "seed": 2024,
     }
     return AuditPlan.from_sources(None, base | overrides)
-
-
-def say(t0: float, text: str) -> None:
-    console.print(f"[bold cyan][{time.monotonic() - t0:6.1f}s][/bold cyan] {text}")
-
-
-#: Seconds between two "still running" lines of a phase (issue 45: the demo must print
-#: something at least every 15 s; the real model's probes were silent for 3 minutes).
-HEARTBEAT_S = 10.0
-
-
-@contextlib.contextmanager
-def heartbeat(t0: float, phase: str, every: float = HEARTBEAT_S) -> Iterator[None]:
-    """Print ``phase: still running (N s)`` every ``every`` seconds while the block runs,
-    from a thread of its own: it speaks through synchronous waits (a server loading its
-    model, the report's plots) as well as through the audits' awaits."""
-    stop = threading.Event()
-    start = time.monotonic()
-
-    def beat() -> None:
-        while not stop.wait(every):
-            say(t0, f"{phase}: still running ({time.monotonic() - start:.0f} s)")
-
-    thread = threading.Thread(target=beat, name="demo-heartbeat", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
 
 
 def _summarise(results: Mapping[str, Any]) -> None:
@@ -233,6 +196,11 @@ async def audit_oracle(
 #: left out there (the oracle's runs make it), and the demo says so before the runs.
 MODEL_PROBES = ("ledger", "calibration")
 
+_PROBES_LINE = (
+    f"model: the audits from outside are {', '.join(MODEL_PROBES)} (the client-parameter "
+    "sweep takes minutes on the CPU model: the oracle's runs make it)"
+)
+
 #: The real model's audits ask two queries at a time (the server batches them; 2 cores).
 _MODEL_CONCURRENCY = 2
 #: Seconds kept from the budget for stopping the servers and writing the report (measured:
@@ -254,11 +222,7 @@ async def audit_model(
     notes: list[str],
 ) -> list[str]:
     ids = []
-    say(
-        t0,
-        f"model: the audits from outside are {', '.join(MODEL_PROBES)} (the client-parameter "
-        "sweep takes minutes on the CPU model: the oracle's runs make it)",
-    )
+    say(t0, _PROBES_LINE)
     say(t0, f"model: bootstrap, n_llm={counts.model_n_llm}, n_sample={counts.n_sample:,}")
     t_boot = time.monotonic()
     with heartbeat(t0, "model: bootstrap"):
@@ -320,7 +284,7 @@ async def audit_model(
         eps = min(rest, key=lambda e: (alloc[e], e))
         rest.remove(eps)
         trials = alloc[eps]
-        say(t0, _trials_message(eps, trials, needs[eps], fit, per_trial, counts))
+        say(t0, trials_message(eps, trials, needs[eps], fit, per_trial, counts.model_trials_min))
         t_run = time.monotonic()
         # Re-planned as it goes: a run that overruns its share of the time (the machine got
         # slower than the rate it was planned at) is stopped there, and its logged trials
@@ -335,29 +299,15 @@ async def audit_model(
         done = len(logged)
         per_trial = _wall_per_trial(logged, wall / max(1, done))
         overhead = max(0.0, wall - done * per_trial)
-        if run_res is None and done >= trials:
-            # Every trial was logged: what the cap stopped was the run's estimation and its
-            # audits from outside (issue 45: "stopped ... after 20 of 20 trials").
-            say(
-                t0,
-                f"model: the epsilon {eps:g} run logged all {trials} trials; stopped at "
-                f"{cap:.0f} s, its share of the budget, during its estimation and probes; "
-                "the report estimates from the logged trials",
-            )
-        elif run_res is None:
-            say(
-                t0,
-                f"model: stopped the epsilon {eps:g} run at {cap:.0f} s, its share of the "
-                f"budget, after {done} of {trials} trials (now {per_trial:.2f} s a trial); "
-                "the report estimates from the logged trials",
-            )
+        if run_res is None:
+            say(t0, stopped_message(eps, cap, done, trials, per_trial))
         else:
             _summarise(run_res)
         ids.append(run_id)
         ran.append(
             f"{done if run_res is None else trials} at epsilon {eps:g}"
             + (f" (stopped at its time share, of {trials} planned)" if run_res is None else "")
-            + f" (power needs about {_need_text(needs[eps])})"
+            + f" (power needs about {need_text(needs[eps])})"
         )
     note += (
         f" Real white-box trials (the black-box estimate comes from the same answers' released "
@@ -404,28 +354,6 @@ async def _white_box_run(
         finally:
             store.dispose()
         return run_id, None
-
-
-def _trials_message(
-    eps: float, trials: int, need: int | None, fit: int, per_trial: float, counts: Counts
-) -> str:
-    """What the next real run does and why, in words that agree with what runs (issue 45:
-    "20 real white-box trials (...; 0 fit the time left)", and then it ran them)."""
-    head = f"model: {trials} real white-box trials at epsilon {eps:g}"
-    power = f"power needs about {_need_text(need)}"
-    if trials <= counts.model_trials_min and (need is None or trials < need):
-        room = "none fit" if fit < trials else f"{fit} fit"
-        return (
-            f"{head}, the least the demo runs ({power}; {room} the time left at "
-            f"{per_trial:.2f} s a trial): too few for power, so its verdict is INCONCLUSIVE"
-        )
-    if need is not None and trials >= need:
-        return f"{head} ({power}: they give it; {per_trial:.2f} s a trial)"
-    return f"{head} ({power}; {fit} fit the time left at {per_trial:.2f} s a trial)"
-
-
-def _need_text(need: int | None) -> str:
-    return "no count" if need is None else f"{need:,}"
 
 
 def _logged_rows(db: Path, run_id: str, setting: str | None = None) -> list[TrialRecord]:

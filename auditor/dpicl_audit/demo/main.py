@@ -50,15 +50,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from dpicl_audit.demo.audits import (
-    Counts,
-    audit_esa,
-    audit_model,
-    audit_oracle,
-    heartbeat,
-    say,
-)
+from dpicl_audit.demo.audits import Counts, audit_esa, audit_model, audit_oracle
 from dpicl_audit.demo.servers import DemoServer
+from dpicl_audit.demo.talk import heartbeat, say
 from dpicl_audit.report import write_combined_report
 
 __all__ = ["main"]

@@ -22,6 +22,7 @@ from dpicl_audit.report.ledger_section import (
     stacked,
 )
 from dpicl_audit.report.probes import probes_html
+from dpicl_audit.report.run_words import STATUS_WORDS, health_line, overall_html
 from dpicl_audit.report.utility_card import CARD_CSS
 from dpicl_audit.report.words import (
     VERDICT_WORDS,
@@ -100,21 +101,6 @@ table.results td.name::before{content:none}
 
 def _e(text: Any) -> str:
     return html.escape(str(text))
-
-
-def _overall_html(overall: Overall | None) -> str:
-    """The page's first line: the overall verdict and the exit status ``dpicl-audit report``
-    gives for it, as the terminal prints it (issue 45)."""
-    if overall is None or overall.status is None:
-        return ""
-    status = overall.status.value
-    word = VERDICT_WORDS.get(status, status)
-    if status == "inconclusive" and overall.exit_code == 0:
-        word = "no violation seen"
-    return (
-        f"<p class='overall finding {_e(status)}' id=overall><span class='badge {_e(status)}'>"
-        f"{_e(word)}</span> {_e(overall.line.removeprefix('verdict: '))}</p>"
-    )
 
 
 def _results_table(
@@ -252,32 +238,6 @@ def _kv(items: Sequence[tuple[str, Any]]) -> str:
     return f"<table class=kv>{li}</table>"
 
 
-def _health(server: Mapping[str, Any]) -> str:
-    """The server's /healthz as one line of ``key=value`` (nested values inline, empty ones
-    left out); its ``status`` is the server's liveness, so it is named so (issue 45: a nested
-    table showed an empty row and a second "status")."""
-    parts = []
-    for key in sorted(server):
-        value = server[key]
-        if isinstance(value, Mapping):
-            value = ", ".join(f"{k}={v}" for k, v in value.items() if v not in (None, ""))
-        if value in (None, "", [], {}):
-            continue
-        parts.append(f"{'liveness' if key == 'status' else key}={value}")
-    return _e("; ".join(parts)) if parts else "not recorded (the run kept no /healthz)"
-
-
-#: A run's stored status in words: the demo stops a real run at its share of the time, which
-#: is not an interruption (issue 45).
-STATUS_WORDS = {
-    "completed": "completed",
-    "time-limited": "stopped at its time limit: the report estimates from its logged trials",
-    "interrupted": "interrupted (Ctrl-C or killed): resume continues it",
-    "failed": "failed",
-    "running": "running, or stopped without a word (killed): resume continues it",
-}
-
-
 def _run_details(rd: RunData, rows: Sequence[ReportRow]) -> str:
     p, d, res = rd.plan, rd.results.design, rd.results
     m = p.mechanism
@@ -286,7 +246,7 @@ def _run_details(rd: RunData, rows: Sequence[ReportRow]) -> str:
     items: list[tuple[str, Any]] = [
         ("run", _e(rd.run_id)),
         ("run status", _e(STATUS_WORDS.get(str(res.status), res.status))),
-        ("server (/healthz)", _health(server)),
+        ("server (/healthz)", health_line(server)),
         (
             "method",
             _e("bootstrap (paper 000, Algorithm 1)" if rd.simulated else "real queries"),
@@ -391,7 +351,7 @@ def render_html(
 <title>{_e(title)}</title>
 <style>{_CSS}{CARD_CSS}{STACK_CSS}</style></head><body>
 <h1>{_e(title)}</h1>
-{_overall_html(overall)}
+{overall_html(overall)}
 {cards(runs, rows, colors, why_inconclusive)}
 <p class=small>Bars, per ε audited: <b>ε emp</b> (filled, the run's largest lower bound at its
 confidence) against <b>ε exact</b> (black tick: the true ε of the mechanism at the noise the
