@@ -65,8 +65,9 @@ def test_help_fits_80_columns_with_every_value_whole(command: str) -> None:
         help_text = " ".join((param.help or "").split())
         shown_help = _help_column(rows[name], help_text.split()[0], name)
         assert help_text in shown_help, f"{command} {name}: {shown_help!r}"
-        if param.envvar:  # a credential has no default to show: its variable instead
-            assert f"[env var: {param.envvar}]" in shown_help, f"{command} {name}"
+        if param.envvar:  # a credential has no default to show: its variable(s) instead
+            names = param.envvar if isinstance(param.envvar, str) else ", ".join(param.envvar)
+            assert f"[env var: {names}]" in shown_help, f"{command} {name}"
         else:
             assert "default" in shown_help, f"{command} {name}: no default in {shown_help!r}"
     for param in hidden:

@@ -61,5 +61,9 @@ async def test_a_plan_that_leaves_probes_out_runs_only_the_others(tmp_path: Path
     page = write_report(res["run_id"], db, tmp_path / "report").read_text()
     outside = page[page.index("<h2>From outside</h2>") :]
     for name in ("calibration", "parameters", "surface"):
-        assert f"{name}</td><td class=inconclusive>left out</td>" in outside
-    assert re.search(r"tails</td><td class='ok'>ok</td><td>no</td><td>\d+\.\d</td>", outside)
+        assert f"{name}</td><td data-label='status' class=inconclusive>left out</td>" in outside
+    assert re.search(
+        r"tails</td><td data-label='status' class='ok'>ok</td><td data-label='flags'>no</td>"
+        r"<td data-label='s'>\d+\.\d</td>",
+        outside,
+    )

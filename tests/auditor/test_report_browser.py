@@ -207,6 +207,16 @@ window.addEventListener("load", function () {
     var room = td.getBoundingClientRect().width;
     if (need > room) { split.push(longest); }
   });
+  // Every other table of the page (ledger, conformance, from outside, ROC, noise check):
+  // at phone width each is blocks of "header: value" that fit without scrolling sideways.
+  var stackScrolls = [];
+  Array.prototype.forEach.call(document.querySelectorAll("table.stack"), function (t) {
+    var b = t.parentElement;
+    var right = t.getBoundingClientRect().right;
+    if (b.scrollWidth > b.clientWidth + 1 || right > window.innerWidth + 1) {
+      stackScrolls.push(t.textContent.slice(0, 60));
+    }
+  });
   // Inside the phone-sized frame the findings go to the top page, which --dump-dom prints.
   var top = window.parent !== window ? window.parent.document : document;
   var out = top.createElement("pre");
@@ -218,6 +228,9 @@ window.addEventListener("load", function () {
     boxScrolls: box.scrollWidth > box.clientWidth + 1,
     rows: table.querySelectorAll("tr").length,
     split: split,
+    stacks: document.querySelectorAll("table.stack").length,
+    stackScrolls: stackScrolls,
+    overall: !!document.getElementById("overall"),
     errors: []
   });
   top.body.appendChild(out);
@@ -225,18 +238,22 @@ window.addEventListener("load", function () {
 </script>"""
 
 
-def test_results_table_at_phone_width(report_html: Path, tmp_path: Path) -> None:
-    """At 420 px (issue 39, item 15) the results table is one card per row that fits the
-    window: nothing to scroll sideways, no run name broken inside a word."""
+@pytest.mark.parametrize("phone", [420, 390])
+def test_results_table_at_phone_width(report_html: Path, tmp_path: Path, phone: int) -> None:
+    """At 420 px (issue 39, item 15) and 390 px (issue 45) the results table is one card per
+    row that fits the window: nothing to scroll sideways, no run name broken inside a word;
+    every other table is blocks that fit too, and the page opens with the overall verdict."""
     browser = _browser()
     if browser is None:
         pytest.skip("no Chromium on PATH (see test_report_in_headless_chromium)")
     page = tmp_path / "phone.html"
     page.write_text(report_html.read_text(encoding="utf-8"), encoding="utf-8")
-    res = _probe_with(browser, page, 420, tmp_path, PHONE_PROBE)
+    res = _probe_with(browser, page, phone, tmp_path, PHONE_PROBE)
     assert res["scrollWidth"] <= res["width"], res  # type: ignore[operator]
     assert res["tableRight"] <= res["width"] and not res["boxScrolls"], res  # type: ignore[operator]
     assert res["rows"] > len(RUNS) and res["split"] == [], res  # type: ignore[operator]
+    assert res["stacks"] and res["stackScrolls"] == [], res  # type: ignore[operator]
+    assert res["overall"], res
     # The same probe at a desktop width sees the one wide table (a control: the cards are the
     # phone's layout only).
     wide = _probe_with(browser, page, 1400, tmp_path, PHONE_PROBE)

@@ -45,17 +45,34 @@ def report(log: str, out: Path, columns: int) -> str:
 
 def test_report_fits_80_columns(log: str, tmp_path: Path) -> None:
     text = report(log, tmp_path, 80)
-    rows = json.loads((tmp_path / f"report-{RUNS[0]}" / "report.json").read_text())["rows"]
-    too_long = [line for line in text.splitlines() if len(line) > 80]
+    data = json.loads((tmp_path / f"report-{RUNS[0]}" / "report.json").read_text())
+    rows = data["rows"]
+    lines = text.splitlines()
+    too_long = [line for line in lines if len(line) > 80 and not line.startswith("report: ")]
     assert not too_long, "\n".join(too_long)
-    # One block per row, each with its figures: nothing was dropped to fit.
-    for i, r in enumerate(rows, 1):
-        assert f"\n{i}. {r['engine']} · {r['mechanism']}" in text, (i, r["engine"])
-    assert text.count("ε emp GDP") == len(rows)
-    assert "PRIVACY CLAIM VIOLATED" in text or "VIOLATION" in text
+    # One line first: the overall verdict with its exit status in words (issue 45).
+    assert lines[0] == data["overall"]["line"]
+    assert lines[0].startswith("verdict: VIOLATION · exit 5 (fail) · ")
+    # A table, one line per row with its figures: nothing was dropped to fit.
+    keys: dict[str, str] = {}
+    for r in rows:
+        keys.setdefault(r["run_id"], chr(ord("A") + len(keys)))
+    table = [line for line in lines if re.match(r"[A-Z]+ +\d", line)]
+    assert len(table) == len(rows), table
+    for line, r in zip(table, rows, strict=True):
+        assert line.split()[:3] == [keys[r["run_id"]], f"{r['epsilon_theory']:g}", r["threat"][:5]]
+    for rid, key in keys.items():  # the legend names every run once
+        assert sum(line.startswith(f"{key} {rid}: ") for line in lines) == 1, rid
+    # Each finding once: every row that is not ok, by its key, setting and threat model.
+    for r in rows:
+        if r["status"] in ("inconclusive", "nonconforming"):
+            where = f"{keys[r['run_id']]} {r['setting'].replace('eps=', 'ε=')} {r['threat']}:"
+            assert sum(line.startswith(where) for line in lines) == 1, where
+    assert text.count("PRIVACY CLAIM VIOLATED") == sum(r["status"] == "violation" for r in rows)
     # Words are not broken letter by letter: every line holds a word of 3 or more letters
     # or a figure, never a lone fragment.
-    assert not [line for line in text.splitlines() if 0 < len(line.strip()) < 3]
+    assert not [line for line in lines if 0 < len(line.strip()) < 3]
+    assert len(lines) < 8 * len(keys) + 2 * len(rows) + 40  # it was 7 lines per row
 
 
 def test_report_is_one_table_when_wide(log: str, tmp_path: Path) -> None:

@@ -249,7 +249,18 @@ def test_utility_through_openai_on_dpicl(start_server: Any, tmp_path: Path) -> N
         assert indep[name]["n"] == 16 == cells[name]["accuracy"]["n"], name
         assert cells[name]["accuracy"]["value"] == pytest.approx(indep[name]["k"] / 16)
     assert "chat/completions" in cells["eps=8,T=2"]["measured_by"]
-    assert "/v1/zero-shot on the baseline server" in cells["zero-shot"]["measured_by"]
+    # the same server's native route: the target, not "the baseline server" (issue 45)
+    assert "/v1/zero-shot on the target (its native route)" in cells["zero-shot"]["measured_by"]
+    # the majority-class baseline, from the logged labels
+    majority = cells["majority"]
+    assert majority["kind"] == "majority" and majority["accuracy"]["n"] == 16
+    # `list` counts its LLM prompts (T per private answer, 1 per baseline answer) and says
+    # that it went through the OpenAI API (issue 45: "calls 0", native and OpenAI alike)
+    listed = CliRunner().invoke(app, ["list", "--db", str(db_file), "--json"])
+    row = next(r for r in json.loads(listed.stdout) if r["id"] == "u-oa")
+    assert row["llm_calls"] == 16 * 2 + 16 + 16 and row["api"] == "openai"
+    text = CliRunner().invoke(app, ["list", "--db", str(db_file)], env={"COLUMNS": "80"})
+    assert "OpenAI" in text.stdout
 
 
 def _rouge_l(candidate: str, reference: str) -> float:

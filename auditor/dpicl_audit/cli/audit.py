@@ -16,6 +16,8 @@ from dpicl_audit.cli.common import (
     err_console,
     exit_on_verdict,
     guard,
+    out_console,
+    print_verdict,
     resume_command,
     run_async,
     trials_from_option,
@@ -80,10 +82,12 @@ def _audit(kind: str, values: Mapping[str, Any]) -> None:
                                    progress=progress, console=err_console))  # fmt: skip
         # One JSON document, stored with the run: the companion inside the run's.
         runs = [guard(lambda: record_tail_gap(db, results, tail, out)), tail]
-    as_json = values["as_json"]
+    as_json, strict = values["as_json"], values["strict"]
+    if not as_json:  # one line first: the verdict of the run (and its companion)
+        print_verdict(runs, strict, out_console)
     for res in runs[: 1 if as_json else 2]:
         emit(res, as_json, Path(out) / str(res["run_id"]) / "results.json")
-    exit_on_verdict(runs, values["strict"])
+    exit_on_verdict(runs, strict, printed=not as_json)
 
 
 app.command("run")(audit_command("run"))

@@ -15,9 +15,9 @@ import typer
 import typer.core
 from rich.console import Console
 
+from dpicl_audit.cli.lazy import LazyGroup
 from dpicl_audit.errors import AuditError
 from dpicl_audit.jsontypes import JsonObject
-from dpicl_audit.store.db import sqlite_file_missing
 
 if TYPE_CHECKING:
     from dpicl_audit.plan import AuditPlan
@@ -41,6 +41,7 @@ __all__ = [
     "guard",
     "load_results",
     "out_console",
+    "print_verdict",
     "require_log",
     "resume_command",
     "run_async",
@@ -52,7 +53,16 @@ def _flag_type(self: typer.core.TyperOption, ctx: Any) -> str | None:
     ``--help``): a flag takes no value, so a type there reads as if it wanted one."""
     if self.is_flag and self.metavar is None:
         return None
-    return _option_type(self, ctx)
+    shown = _option_type(self, ctx)
+    if shown is not None and len(shown) > _CHOICES_WIDTH and "|" in shown:
+        # A long list of choices wraps between two values, never inside one (issue 45: at
+        # 80 columns `<auto|paper|pivotal|identi` / `cal>`): rich breaks lines at spaces.
+        shown = shown.replace("|", " | ")
+    return shown
+
+
+#: The widest ``<a|b|c>`` shown as one word in ``--help``; longer ones get spaces.
+_CHOICES_WIDTH = 22
 
 
 _option_type = typer.core.TyperOption.display_type_rich
@@ -64,7 +74,19 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=LazyGroup,  # commands imported when they run (lazy.py): --help stays fast
 )
+
+
+LazyGroup.typer_app = app
+
+
+@app.callback()
+def _group() -> None:
+    # A group even before any command is imported (typer makes an app of one command, or
+    # none, a bare command).
+    pass
+
 
 err_console = Console(stderr=True)
 out_console = Console()
@@ -91,7 +113,9 @@ AdminOpt = Annotated[
     str | None,
     typer.Option(
         "--admin-token",
-        envvar="DPICL_AUDIT_ADMIN_TOKEN",
+        # The server's own variable too: the README exports DPICL_ADMIN_TOKEN for the server,
+        # and a user who did should not be asked for the token again (issue 45).
+        envvar=["DPICL_AUDIT_ADMIN_TOKEN", "DPICL_ADMIN_TOKEN"],
         help="Server admin token (creates contexts, white-box endpoints).",
         show_default=False,
     ),
@@ -205,33 +229,63 @@ def guard(fn: Callable[[], T]) -> T:
         raise typer.Exit(1) from exc
 
 
-def emit(results: Mapping[str, Any], as_json: bool, path: Path | None = None) -> None:
+def emit(
+    results: Mapping[str, Any],
+    as_json: bool,
+    path: Path | None = None,
+    *,
+    verdict: bool = False,
+    strict: bool = False,
+) -> None:
+    """A run's results on stdout: as JSON, or its table with each finding once. ``verdict``:
+    open with the overall verdict and exit status (``run``, ``resume``; ``show`` judges
+    nothing)."""
     from dpicl_audit.pipeline.results import print_results
     from dpicl_audit.results import jsonable
 
     if as_json:
         sys.stdout.write(json.dumps(jsonable(results), indent=2) + "\n")
         return
+    if verdict:
+        print_verdict([results], strict, out_console)
     print_results(results, out_console)
     if path is not None:
-        out_console.print(f"results: {path}")
+        out_console.print(f"results: {path}", highlight=False, soft_wrap=True)
 
 
-def exit_on_verdict(results: Sequence[Mapping[str, Any]], strict: bool = False) -> None:
+_VERDICT_STYLE = {
+    "violation": "bold red",
+    "bug": "bold yellow",
+    "nonconforming": "bold yellow",
+    "ok": "bold green",
+}
+
+
+def print_verdict(results: Sequence[Mapping[str, Any]], strict: bool, console: Console) -> None:
+    """The one line that opens a summary: the runs' overall verdict and exit status."""
+    from rich.text import Text
+
+    from dpicl_audit.results.overall import overall_verdict
+
+    overall = overall_verdict(results, strict=strict)
+    status = "" if overall.status is None else overall.status.value
+    console.print(Text(overall.line, style=_VERDICT_STYLE.get(status, "bold")))
+
+
+def exit_on_verdict(
+    results: Sequence[Mapping[str, Any]], strict: bool = False, *, printed: bool = True
+) -> None:
     """Exit with the worst verdict's code (verdicts.EXIT_CODES: 4 NONCONFORMING, 5 VIOLATION
     or BUG; 3 INCONCLUSIVE only under ``--strict``), so that a deployment pipeline can fail
-    on it. Figures without power are listed on stderr either way, with what would give them
-    power: a gate that passes them says so."""
+    on it. ``printed``: the summary on stdout already opened with the verdict and listed
+    each figure without power; else (``--json``) the verdict and those figures go to stderr,
+    once."""
     from dpicl_audit.results import results_exit_code, underpowered
 
-    weak = underpowered(results)
-    if weak:
-        word = "fail the gate (--strict)" if strict else "pass the gate (--strict fails them)"
-        err_console.print(
-            f"[yellow]{len(weak)} figure(s) without power {word}:[/yellow]", highlight=False
-        )
-        for line in weak:
-            err_console.print(f"[yellow]  {line}[/yellow]", soft_wrap=True, highlight=False)
+    if not printed:
+        print_verdict(results, strict, err_console)
+        for line in underpowered(results):
+            err_console.print(f"[yellow]  {line}[/yellow]", highlight=False)
     code = results_exit_code(results, strict=strict)
     if code:
         raise typer.Exit(code)
@@ -239,6 +293,8 @@ def exit_on_verdict(results: Sequence[Mapping[str, Any]], strict: bool = False) 
 
 def require_log(db: str, run_id: str | None = None) -> None:
     """Refuse to read a SQLite trial log that does not exist (and so never create it)."""
+    from dpicl_audit.store.db import sqlite_file_missing
+
     missing = sqlite_file_missing(db)
     if missing is not None:
         what = f"no run {run_id!r}: " if run_id else ""

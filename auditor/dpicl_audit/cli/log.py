@@ -73,8 +73,8 @@ def resume(
         ),
         resume_hint=resume_command(run_id, db),
     )
-    emit(results, as_json, Path(out) / run_id / "results.json")
-    exit_on_verdict([results], strict)  # a resumed run ends like ``run``
+    emit(results, as_json, Path(out) / run_id / "results.json", verdict=True, strict=strict)
+    exit_on_verdict([results], strict, printed=not as_json)  # a resumed run ends like ``run``
 
 
 def _expected(run: Any, plan: Mapping[str, Any]) -> int:
@@ -103,6 +103,7 @@ def _utility_row(run: Any, logged: int) -> dict[str, Any]:
         "threat_model": None,
         "attack": None,
         "dataset": plan.dataset,
+        "api": (run.plan.get("target") or {}).get("api", "native"),
         "epsilons": list(plan.epsilons),
         "partitions": list(plan.partitions),
         "trials_logged": logged,
@@ -149,6 +150,7 @@ def list_runs(db: DbOpt = DEFAULT_DB, as_json: JsonOpt = False) -> None:
                         "created_at": run.created_at.isoformat(),
                         "threat_model": plan.get("threat_model", "black-box"),
                         "attack": plan.get("attack", "inquery"),
+                        "api": (plan.get("target") or {}).get("api", "native"),
                         "epsilons": plan.get("mechanism", {}).get("epsilons"),
                         "trials_logged": sum(store.trial_counts(run.id).values()),
                         "trials_planned": _expected(run, plan),
@@ -179,6 +181,8 @@ def list_runs(db: DbOpt = DEFAULT_DB, as_json: JsonOpt = False) -> None:
         if r["kind"] == "utility":
             ts = ",".join(str(t) for t in r["partitions"] or [])
             what = f"utility · {r['mechanism']} on {r['dataset']} · ε {eps} · T {ts}"
+        if r.get("api") == "openai":  # native and OpenAI runs were listed alike (issue 45)
+            what += " · OpenAI API"
         name = r["name"] or ""
         if len(name) > width:
             name = name[: width - 1] + "…"
@@ -262,7 +266,9 @@ def report(
     ids: str | list[str] = run_ids[0] if len(run_ids) == 1 else list(run_ids)
     # --json: the table goes to stderr, so stdout holds the JSON alone
     extra = {"console": err_console} if as_json else {}
-    where = guard(lambda: report_mod.write_report(ids, resolve_db_url(db), out, **extra))
+    where = guard(
+        lambda: report_mod.write_report(ids, resolve_db_url(db), out, strict=strict, **extra)
+    )
     if as_json:
         data = json.loads((Path(where).parent / "report.json").read_text(encoding="utf-8"))
         payload = {
@@ -272,7 +278,8 @@ def report(
         }
         sys.stdout.write(json.dumps(payload, indent=2) + "\n")
     elif where is not None:
-        out_console.print(f"report: {where}")
+        out_console.print(f"report: {where}", highlight=False, soft_wrap=True)
+    # The report opened with the verdict and listed each finding (on stderr with --json).
     exit_on_verdict(_reported_results(db, run_ids), strict)
 
 

@@ -41,6 +41,15 @@ __all__ = ["utility"]
 _DEFAULT_OUT = Path("runs")
 
 
+LabelCalibrationOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Voting: none | content-free (contextual calibration of each partition's label "
+        "scores, Zhao et al. 2021; the baselines too). (default: none)"
+    ),
+]
+
+
 def _ints(text: str | None) -> list[int] | None:
     vals = parse_floats(text, "--partitions")
     if vals is None:
@@ -72,7 +81,8 @@ def _new_plan(
     if plan.target.admin_token is None and plan.target.context_hook is None:
         err_console.print(
             "[bold red]error:[/bold red] the utility audit creates contexts: give "
-            "--admin-token (or DPICL_AUDIT_ADMIN_TOKEN), or --api openai --context-hook"
+            "--admin-token (or export DPICL_AUDIT_ADMIN_TOKEN or DPICL_ADMIN_TOKEN), or --api "
+            "openai --context-hook"
         )
         raise typer.Exit(2)
     return plan
@@ -124,6 +134,7 @@ def utility(
     max_tokens: Annotated[
         int | None, typer.Option(help="Generation: tokens per answer. (default: the server's)")
     ] = None,
+    label_calibration: LabelCalibrationOpt = None,
     baselines: Annotated[
         bool,
         typer.Option(
@@ -186,6 +197,7 @@ def utility(
         "contexts": contexts,
         "delta": delta,
         "max_tokens": max_tokens,
+        "label_calibration": label_calibration,
         "baseline_url": baseline_url,
         "seed": seed,
         "concurrency": concurrency,
@@ -219,4 +231,4 @@ def _write(results: Mapping[str, Any], path: Path, as_json: bool) -> None:
         sys.stdout.write(json.dumps(results, indent=2) + "\n")
         return
     print_utility(results, out_console)
-    out_console.print(f"results: {path}")
+    out_console.print(f"results: {path}", highlight=False, soft_wrap=True)

@@ -39,7 +39,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import json
 import secrets
+import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -47,8 +50,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from dpicl_audit.demo.audits import Counts, audit_esa, audit_model, audit_oracle, say
+from dpicl_audit.demo.audits import Counts, audit_esa, audit_model, audit_oracle
 from dpicl_audit.demo.servers import DemoServer
+from dpicl_audit.demo.talk import heartbeat, say
 from dpicl_audit.report import write_combined_report
 
 __all__ = ["main"]
@@ -59,6 +63,21 @@ WHY_INCONCLUSIVE = (
     "expected in this demo: it fits its audits in 5 minutes, so some epsilons get fewer "
     "trials than a verdict needs (the finding says how many would do); not a failure"
 )
+
+
+def _cli_command() -> str:
+    """How to call ``dpicl-audit`` here: its name where it is on PATH, else the script
+    beside this Python (``.venv/bin/dpicl-audit``, relative to the current directory where
+    it lies below it), else ``python -m dpicl_audit.cli``."""
+    if shutil.which("dpicl-audit"):
+        return "dpicl-audit"
+    script = Path(sys.executable).with_name("dpicl-audit")
+    if script.exists():
+        try:
+            return str(script.relative_to(Path.cwd()))
+        except ValueError:
+            return str(script)
+    return f"{sys.executable} -m dpicl_audit.cli"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -99,7 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         srv.start()
     try:
         if "oracle" in servers:
-            health = servers["oracle"].wait_ready(120)
+            with heartbeat(t0, "waiting for the oracle server"):
+                health = servers["oracle"].wait_ready(120)
             say(t0, f"oracle server ready at {servers['oracle'].url}: {health}")
             run_ids += asyncio.run(audit_oracle(servers["oracle"], db, out, counts, t0, notes))
             rid, note = asyncio.run(
@@ -118,7 +138,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             servers["oracle"].stop()
         if "transformers" in servers:
             say(t0, "waiting for the transformers server (first load of the model)")
-            health = servers["transformers"].wait_ready(600)
+            with heartbeat(t0, "waiting for the transformers server"):
+                health = servers["transformers"].wait_ready(600)
             say(t0, f"transformers server ready at {servers['transformers'].url}: {health}")
             run_ids += asyncio.run(
                 audit_model(servers["transformers"], db, out, counts, t0, deadline, notes)
@@ -139,19 +160,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         "does not fit the demo's 5 minutes (see docs/auditing.md)."
     )
     say(t0, "writing the report")
-    path = write_combined_report(
-        run_ids,
-        f"sqlite:///{db}",
-        out,
-        name="report",
-        title="dpicl demo: private voting and ESA audited on the real CPU model and the oracle",
-        notes=notes,
-        console=Console(),
-        why_inconclusive=WHY_INCONCLUSIVE,
-    )
+    with heartbeat(t0, "writing the report (estimates and plots)"):
+        path = write_combined_report(
+            run_ids,
+            f"sqlite:///{db}",
+            out,
+            name="report",
+            title="dpicl demo: private voting and ESA audited on the real CPU model and the oracle",
+            notes=notes,
+            console=Console(),
+            why_inconclusive=WHY_INCONCLUSIVE,
+        )
     elapsed = time.monotonic() - t0
     print(f"\nreport: {path.resolve()}")
     print(f"table and results: {path.with_name('report.json').resolve()}")
-    print(f"trial log: {db.resolve()}  (dpicl-audit list --db {db})")
+    # The command as it runs from the project's root: .venv/bin is not on PATH unless the
+    # environment is activated (issue 45: the demo suggested `dpicl-audit list`).
+    cli = _cli_command()
+    print(f"trial log: {db.resolve()}  ({cli} list --db {db})")
     print(f"demo finished in {elapsed / 60:.1f} min")
+    # The last line, as the first of the report: the overall verdict and the exit status
+    # `dpicl-audit report` gives for these runs (the demo itself exits 0 when it ran).
+    overall = json.loads(path.with_name("report.json").read_text(encoding="utf-8"))["overall"]
+    print(overall["line"])
     return 0

@@ -71,7 +71,7 @@ def _named(data: Any) -> Any:
 
 
 #: The plan's ``[mechanism]``: the settings of any mechanism with an audit, built in or
-#: registered (mechanisms.catalog), told apart by ``name``. The type checker sees their
+#: registered (catalog.mechanisms), told apart by ``name``. The type checker sees their
 #: base; an audit reads its own fields through its settings model (``settings_of``).
 if TYPE_CHECKING:
     MechanismSection: TypeAlias = MechanismSettings

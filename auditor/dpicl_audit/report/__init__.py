@@ -13,6 +13,7 @@ order data flows:
   (the audits from outside) the page's parts;
 * :mod:`.utility_card` the privacy-utility card, when ``dpicl-audit utility`` runs are
   reported beside audits (epsilon emp next to the accuracy kept, per setting);
+* :mod:`.run_words` the overall verdict line, a run's status and its server in words;
 * :mod:`.html` the HTML page; :mod:`.writer` writes it all.
 """
 

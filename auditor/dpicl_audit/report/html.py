@@ -14,8 +14,15 @@ from typing import Any
 
 from dpicl_audit.report.cards import cards, run_style
 from dpicl_audit.report.data import ReportRow, RunData, num
-from dpicl_audit.report.ledger_section import conformance_html, ledger_html, roc_html
+from dpicl_audit.report.ledger_section import (
+    STACK_CSS,
+    conformance_html,
+    ledger_html,
+    roc_html,
+    stacked,
+)
 from dpicl_audit.report.probes import probes_html
+from dpicl_audit.report.run_words import STATUS_WORDS, health_line, overall_html
 from dpicl_audit.report.utility_card import CARD_CSS
 from dpicl_audit.report.words import (
     VERDICT_WORDS,
@@ -25,6 +32,7 @@ from dpicl_audit.report.words import (
     run_verdict,
     verdict_sentence,
 )
+from dpicl_audit.results.overall import Overall
 
 __all__ = ["noise_status", "render_html"]
 
@@ -73,6 +81,7 @@ details{margin:.35em 0;border:1px solid #e4e4e4;border-radius:4px;padding:.2em .
 summary{cursor:pointer;font-weight:bold;overflow-wrap:anywhere}
 img{max-width:100%;height:auto;border:1px solid #eee}code{background:#f4f4f4;padding:0 .25em}
 .small{font-size:.85em;color:#555}
+.overall{font-size:1.05em;font-weight:bold}
 table.results td.wrap{overflow-wrap:break-word}
 @media (max-width:640px){
 table.results,table.results tbody{display:block;border:0}
@@ -168,7 +177,7 @@ def noise_status(nc: Mapping[str, Any]) -> str:
 
 _NOISE_WORDS = {
     "consistent": "consistent",
-    "inconclusive": "INCONCLUSIVE",
+    "inconclusive": "not confirmed",
     "smaller": "NOISE SMALLER THAN CLAIMED",
     "larger": "noise larger than claimed",
     "unchecked": "unchecked",
@@ -216,27 +225,17 @@ def _noise_table(runs: Sequence[RunData], colors: Mapping[str, str]) -> str:
         "<h2>Noise check</h2><p class=small>The bootstrap adds noise itself, so it first "
         "measures the noise the server really adds (noisy − clean residuals) and simulates "
         "with the conservative value when the measurement is below the claim. An interval "
-        "wider than the sigma it measured is INCONCLUSIVE: it confirms nothing.</p>"
-        f"<div class=scroll><table>{head}{''.join(body)}</table></div>"
+        "wider than the sigma it measured is <i>not confirmed</i>: it confirms nothing, and "
+        "decides nothing either: the run's verdict (its card) does not rest on it, since the "
+        "bootstrap simulates with the reported sigma unless the measurement shows less. Only "
+        "a noise measured smaller than claimed is a finding.</p>"
+        f"<div class=scroll>{stacked(f'<table>{head}{chr(10).join(body)}</table>')}</div>"
     )
 
 
 def _kv(items: Sequence[tuple[str, Any]]) -> str:
     li = "".join(f"<tr><td class=l>{_e(k)}</td><td class=l>{v}</td></tr>" for k, v in items)
     return f"<table class=kv>{li}</table>"
-
-
-def _health(server: Mapping[str, Any]) -> str:
-    """The server's /healthz as a small table (nested values as compact text)."""
-    if not server:
-        return "-"
-    rows = []
-    for key in sorted(server):
-        value = server[key]
-        if isinstance(value, Mapping):
-            value = ", ".join(f"{k}={v}" for k, v in value.items())
-        rows.append((str(key), _e(value)))
-    return _kv(rows)
 
 
 def _run_details(rd: RunData, rows: Sequence[ReportRow]) -> str:
@@ -246,8 +245,8 @@ def _run_details(rd: RunData, rows: Sequence[ReportRow]) -> str:
     mech = m.describe()  # each mechanism's settings say what the report shows of them
     items: list[tuple[str, Any]] = [
         ("run", _e(rd.run_id)),
-        ("status", _e(res.status)),
-        ("server", _health(server)),
+        ("run status", _e(STATUS_WORDS.get(str(res.status), res.status))),
+        ("server (/healthz)", health_line(server)),
         (
             "method",
             _e("bootstrap (paper 000, Algorithm 1)" if rd.simulated else "real queries"),
@@ -297,6 +296,7 @@ def render_html(
     colors: Mapping[str, str] | None = None,
     utility_html: str = "",
     why_inconclusive: str = "",
+    overall: Overall | None = None,
 ) -> str:
     """The page: one card per run first (name, verdict, ε bars), the privacy-utility card
     (``utility_html``, when utility runs are reported), then the findings grouped by run
@@ -349,8 +349,9 @@ def render_html(
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{_e(title)}</title>
-<style>{_CSS}{CARD_CSS}</style></head><body>
+<style>{_CSS}{CARD_CSS}{STACK_CSS}</style></head><body>
 <h1>{_e(title)}</h1>
+{overall_html(overall)}
 {cards(runs, rows, colors, why_inconclusive)}
 <p class=small>Bars, per ε audited: <b>ε emp</b> (filled, the run's largest lower bound at its
 confidence) against <b>ε exact</b> (black tick: the true ε of the mechanism at the noise the

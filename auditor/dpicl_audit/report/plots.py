@@ -54,10 +54,12 @@ _EXACT = {"color": "0.2", "ls": "-.", "lw": 2.2, "alpha": 0.9, "zorder": 5}
 
 
 def _short(v: float) -> str:
+    """A tick's count in two significant figures (6,628 is 6.6k, 21,972 is 22k): a tick
+    reads as a size, not as a figure to copy (issue 45: ticks read 6.628k)."""
     if v >= 1e6:
-        return f"{v / 1e6:g}M"
+        return f"{float(f'{v / 1e6:.2g}'):g}M"
     if v >= 1e3:
-        return f"{v / 1e3:g}k"
+        return f"{float(f'{v / 1e3:.2g}'):g}k"
     return f"{v:g}"
 
 

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dpicl_audit.report.data import RunData
+from dpicl_audit.report.ledger_section import stacked
 
 __all__ = ["probes_html"]
 
@@ -55,6 +56,10 @@ def probes_html(runs: Sequence[RunData]) -> str:
         "<h2>From outside</h2><p class=small>What the run checked beside its trials, as an "
         f"API-only client: {what}. A finding here sets the run's verdict and exit code as a "
         "setting's does (<i>flags</i>); ok, unchecked and refused probes do not.</p>"
-        "<div class=scroll><table><tr><th>run</th><th>probe</th><th>status</th>"
-        f"<th>flags</th><th>s</th><th>message</th></tr>{''.join(rows)}</table></div>"
+        "<div class=scroll>"
+        + stacked(
+            "<table><tr><th>run</th><th>probe</th><th>status</th>"
+            f"<th>flags</th><th>s</th><th>message</th></tr>{''.join(rows)}</table>"
+        )
+        + "</div>"
     )

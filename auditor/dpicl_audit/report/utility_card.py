@@ -27,9 +27,10 @@ CARD_CSS = """
 .acc .pt{position:absolute;top:-.1em;bottom:-.1em;width:3px;background:#123}
 .acc .zs{position:absolute;top:-.25em;bottom:-.25em;width:0;border-left:2px dotted #b00}
 .acc .fs{position:absolute;top:-.25em;bottom:-.25em;width:0;border-left:2px dashed #070}
+.acc .mj{position:absolute;top:-.25em;bottom:-.25em;width:0;border-left:3px solid #888}
 """
 
-_BASELINES = ("zero-shot", "few-shot")
+_BASELINES = ("majority", "zero-shot", "few-shot")
 
 
 def _e(text: Any) -> str:
@@ -92,7 +93,7 @@ def _one(results: Mapping[str, Any], rows: Sequence[ReportRow], runs: Sequence[R
     by_name = {c["setting"]: c for c in cells}
     marks = {
         cls: float(by_name[name][metric]["value"])
-        for cls, name in (("zs", "zero-shot"), ("fs", "few-shot"))
+        for cls, name in (("mj", "majority"), ("zs", "zero-shot"), ("fs", "few-shot"))
         if name in by_name and by_name[name].get(metric)
     }
     # The two figures the card is for come first, so that a phone shows them before its
@@ -140,9 +141,15 @@ def _one(results: Mapping[str, Any], rows: Sequence[ReportRow], runs: Sequence[R
         if per is not None
         else ""
     )
+    degenerate = results.get("degenerate")
+    lead = f"<div class='finding violation'>{_e(degenerate)}</div>" if degenerate else ""
+    found = "".join(
+        f"<div class='finding inconclusive'>{_e(f.get('message'))}</div>"
+        for f in results.get("findings") or []
+    )
     return (
-        f"<h3>{title}</h3><div class=scroll><table class=pu>{head}{''.join(body)}</table></div>"
-        + foot
+        f"<h3>{title}</h3>{lead}<div class=scroll><table class=pu>{head}{''.join(body)}"
+        f"</table></div>{found}" + foot
     )
 
 
@@ -157,6 +164,8 @@ def utility_card(
         "<h2>Privacy and utility</h2><p class=small>Per setting: the audit's ε emp (its "
         "largest lower bound at that ε) beside ε exact and ε theory, and the utility the "
         "deployment keeps there with its 95% interval (band; tick: the estimate). Baselines "
-        "on the bar: dashed green the non-private few-shot answer, dotted red zero-shot.</p>"
-        + parts
+        "on the bar: dashed green the non-private few-shot answer, dotted red zero-shot, "
+        "solid grey the majority-class rate (always the most common label). A cell that "
+        "answers one label to nearly every query, or whose accuracy a one-sided exact "
+        "binomial test cannot tell from the majority rate, is listed under its table.</p>" + parts
     )

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.text import Text
 
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.pipeline.results import out_directory, write_results
@@ -23,10 +24,11 @@ from dpicl_audit.report.html import render_html
 from dpicl_audit.report.plots import plot_epsilons, plot_tradeoff, plot_trials, run_colors
 from dpicl_audit.report.rdp import has_rdp, plot_rdp_bars, plot_rdp_curves
 from dpicl_audit.report.rows import report_rows
-from dpicl_audit.report.table import print_report_table
+from dpicl_audit.report.table import print_report_table, run_keys
 from dpicl_audit.report.utility_card import utility_card
-from dpicl_audit.report.words import noise_findings, run_verdict, verdict_sentence
+from dpicl_audit.report.words import eps_label, noise_findings, run_verdict, verdict_sentence
 from dpicl_audit.results import jsonable
+from dpicl_audit.results.overall import overall_verdict
 from dpicl_audit.store import TrialStore
 from dpicl_audit.utility.report import print_utility, utility_results
 
@@ -127,6 +129,39 @@ def _images(
     return images
 
 
+_OVERALL_STYLE = {
+    "violation": "bold red",
+    "bug": "bold yellow",
+    "nonconforming": "bold yellow",
+    "ok": "bold green",
+    "inconclusive": "bold",
+}
+
+
+def print_findings(
+    console: Console, runs: Sequence[RunData], rows: Sequence[ReportRow], why_inconclusive: str
+) -> None:
+    """Every finding once, under the table: each row's that is not ok (named by its run's
+    key in the table), the noise checks that flag a setting, the audits from outside that
+    flag a run."""
+    keys = run_keys(rows)
+    if why_inconclusive and any(r.status == "inconclusive" for r in rows):
+        console.print(f"INCONCLUSIVE rows: {why_inconclusive}", highlight=False)
+    for r in rows:
+        if r.status in ("violation", "bug"):
+            console.print(f"[bold red]{keys[r.run_id]} {verdict_sentence(r)}[/bold red]")
+        elif r.status in ("nonconforming", "inconclusive", "error"):
+            where = f"{keys[r.run_id]} {eps_label(r.setting)} {r.threat}"
+            console.print(f"{where}: {r.message}", highlight=False)
+    for text in noise_findings(rows):
+        console.print(f"[bold red]* {text}[/bold red]")
+    for rd in runs:  # the audits from outside that flag the run (probes.registry.PROBES)
+        for probe, section, adds in rd.results.probes():
+            if adds is not None:
+                key = keys.get(rd.run_id, rd.label)
+                console.print(f"[bold red]{key} {probe}: {section.get('message')}[/bold red]")
+
+
 def write_combined_report(
     run_ids: Sequence[str],
     db_url: str | None,
@@ -137,9 +172,11 @@ def write_combined_report(
     notes: Sequence[str] = (),
     console: Console | None = None,
     why_inconclusive: str = "",
+    strict: bool = False,
 ) -> Path:
     """One report over several runs, side by side; returns the HTML file's path.
     ``why_inconclusive``: a line for each INCONCLUSIVE run, on its card and after the table.
+    ``strict``: the exit status the overall verdict names is ``--strict``'s.
 
     Writes ``<out_dir>/<name>/report.html`` and ``report.json`` (the table rows, every run's
     results and the verdicts; a single run's ``results.json`` beside it keeps the runner's
@@ -160,28 +197,23 @@ def write_combined_report(
     title = title or (
         f"dpicl audit report: {ids[0]}" if len(ids) == 1 else f"dpicl audit report: {len(ids)} runs"
     )
-    # The terminal's own width: the table degrades to one block per row where it is narrow.
+    overall = overall_verdict([rd.results for rd in runs], strict=strict)
+    # One line first: the overall verdict and the exit status it gives (issue 45).
     console = console or Console()
     if runs:
+        style = _OVERALL_STYLE.get(overall.status.value if overall.status else "", "bold")
+        console.print(Text(overall.line, style=style))
+        # The terminal's own width: one wide table, or a legend and a table of 80 columns.
         print_report_table(console, rows, title)
     for u in utility.values():
         print_utility(u, console)
-    if why_inconclusive and any(r.status == "inconclusive" for r in rows):
-        console.print(f"INCONCLUSIVE rows: {why_inconclusive}", highlight=False)
-    for r in rows:
-        if r.status in ("violation", "bug"):
-            console.print(f"[bold red]{verdict_sentence(r)}[/bold red]")
-    for text in noise_findings(rows):
-        console.print(f"[bold red]{text}[/bold red]")
-    for rd in runs:  # the audits from outside that flag the run (probes.registry.PROBES)
-        for probe, section, adds in rd.results.probes():
-            if adds is not None:
-                console.print(f"[bold red]{rd.label} {probe}: {section.get('message')}[/bold red]")
+    print_findings(console, runs, rows, why_inconclusive)
 
     curves = {rd.run_id: trials_curve(rd) for rd in runs}
     dir_name = name or (ids[0] if len(ids) == 1 else f"report-{ids[0]}")
     out = out_directory(Path(out_dir) / dir_name)
     payload = _payload(title, runs, rows, notes)
+    payload["overall"] = overall.to_json()
     payload["trials_curves"] = curves
     if utility:
         payload["utility"] = utility
@@ -197,7 +229,9 @@ def write_combined_report(
     path = out / "report.html"
     images = _images(runs, rows, curves, colors) if runs else []
     card = utility_card(list(utility.values()), rows, runs)
-    page = render_html(title, runs, rows, images, notes, colors, card, why_inconclusive)
+    page = render_html(
+        title, runs, rows, images, notes, colors, card, why_inconclusive, overall=overall
+    )
     _write_text(path, page)
     return path
 
@@ -211,6 +245,7 @@ def write_report(
     title: str | None = None,
     notes: Sequence[str] = (),
     console: Console | None = None,
+    strict: bool = False,
 ) -> Path:
     """The report of one run (``dpicl-audit report RUN``) or of several side by side.
 
@@ -218,5 +253,5 @@ def write_report(
     """
     ids = [run_id] if isinstance(run_id, str) else list(run_id)
     return write_combined_report(
-        ids, db_url, out_dir, name=name, title=title, notes=notes, console=console
+        ids, db_url, out_dir, name=name, title=title, notes=notes, console=console, strict=strict
     )

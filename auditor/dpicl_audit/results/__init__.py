@@ -20,6 +20,7 @@ Modules::
     rdp.py       RdpAudit: paper 003's RDP audit of one setting, its curves and verdict
     setting.py   SettingResult: one epsilon's claims, trials, estimates and checks
     run.py       RunResult: the run; results_exit_code, the exit status of runs' results
+    overall.py   the overall verdict of runs in one line, with the exit status it gives
 """
 
 from __future__ import annotations

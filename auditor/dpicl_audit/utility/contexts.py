@@ -70,6 +70,9 @@ class RunContexts:
         }
         if plan.task == "generation" and plan.max_tokens is not None:  # ESA: its length
             mech["max_tokens"] = plan.max_tokens
+        if plan.task == "classification" and plan.label_calibration != "none":
+            # Sent only when asked: a server before the option keeps working for the rest.
+            mech["label_calibration"] = plan.label_calibration
         limit = self.plan.target.max_budget_epsilon or 1000.0
         answers = planned_queries(self.answers_per_context(draw))
         body: ContextBody = {
@@ -105,7 +108,16 @@ class RunContexts:
     def route(self, cell: Cell) -> str:
         """How a cell's answers are measured, in words (the results say it per baseline)."""
         classify = self.plan.task == "classification"
-        where = "the target" if self.client(cell) is self.target else "the baseline server"
+        client = self.client(cell)
+        mine, theirs = (str(getattr(c, "base_url", "")).rstrip("/") for c in (client, self.target))
+        # With --api openai the baselines go to the same server's native routes through a
+        # client of their own: still the target, not "the baseline server" (issue 45).
+        if client is self.target:
+            where = "the target"
+        elif mine and mine == theirs and self.plan.baseline_url is None:
+            where = "the target (its native route)"
+        else:
+            where = f"the baseline server {mine}".rstrip()
         if cell.kind == "few-shot":
             path = "/v1/debug/classify" if classify else "/v1/debug/generate"
             return (

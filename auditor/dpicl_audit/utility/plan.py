@@ -39,6 +39,7 @@ __all__ = [
     "DEFAULT_WIDTH",
     "FEW_SHOT",
     "GENERATION_SETS",
+    "MAJORITY",
     "ZERO_SHOT",
     "Cell",
     "Draws",
@@ -52,6 +53,8 @@ DEFAULT_QUERIES = 100
 DEFAULT_WIDTH = round(interval_width(DEFAULT_QUERIES), 3)
 FEW_SHOT = "few-shot"
 ZERO_SHOT = "zero-shot"
+#: The majority-class baseline: computed from the queries' labels, no query asked.
+MAJORITY = "majority"
 #: Bundled sets that are generation tasks (every other set is classification).
 GENERATION_SETS = frozenset({"dialogsum-mini"})
 #: The draws' random stream, apart from any other use of the seed.
@@ -98,6 +101,12 @@ class UtilityPlan(BaseModel):
     contexts: int = Field(default=4, ge=1, le=1000, description="Exemplar draws per cell.")
     delta: float = Field(default=1e-5, gt=0.0, lt=1.0)
     max_tokens: int | None = Field(default=None, ge=1, le=1024)
+    label_calibration: Literal["none", "content-free"] = Field(
+        default="none",
+        description="Voting's label_calibration on every context (content-free: contextual "
+        "calibration, Zhao et al. 2021; the zero-shot and few-shot baselines are calibrated "
+        "the same way).",
+    )
     baselines: bool = True
     seed: int = Field(default=2026, ge=0, lt=2**63)
     concurrency: int = Field(default=4, ge=1, le=256)

@@ -12,7 +12,7 @@ bound): ``spent_epsilon_per_exemplar`` is the largest such sum over the draws.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -20,17 +20,23 @@ import numpy as np
 from rich import box
 from rich.console import Console
 from rich.table import Table
+from scipy.stats import binomtest
 
 from dpicl_audit.errors import RunNotFound
 from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.utility.estimators import accuracy_interval, bootstrap_interval
-from dpicl_audit.utility.plan import FEW_SHOT, ZERO_SHOT, UtilityPlan
+from dpicl_audit.utility.plan import FEW_SHOT, MAJORITY, ZERO_SHOT, UtilityPlan
 
 if TYPE_CHECKING:
     from dpicl_audit.store import TrialRecord, TrialStore
 
 __all__ = [
+    "ALPHA",
     "BOOTSTRAP_STREAM",
+    "ONE_LABEL_SHARE",
+    "degenerate_findings",
+    "degenerate_verdict",
+    "majority_row",
     "print_utility",
     "summarise",
     "summarise_trials",
@@ -40,6 +46,11 @@ __all__ = [
 #: The bootstrap's random stream (with the plan's seed and the cell's position): a report
 #: recomputed from the log gives the same intervals.
 BOOTSTRAP_STREAM = 0xB0_07_57_0E
+#: A cell that gives one label to at least this share of its answers answers "one label to
+#: nearly everything" (a finding).
+ONE_LABEL_SHARE = 0.9
+#: The level of the one-sided exact binomial test against the majority-class rate.
+ALPHA = 0.05
 
 
 def _spent(records: list[TrialRecord]) -> dict[int, float]:
@@ -83,6 +94,10 @@ def summarise_trials(
             if plan.task == "classification":
                 correct = sum(int(r.decision or 0) for r in recs)
                 row["accuracy"] = accuracy_interval(correct, len(recs)).to_json()
+                # What it answered: a model that answers one label scores the share of that
+                # label, whatever the inputs (issue 45: "Business" to 40 of 40 queries).
+                answers = Counter(str(r.observation.get("label")) for r in recs)
+                row["answers"] = dict(answers.most_common())
             else:
                 scores = np.array([float(r.score or 0.0) for r in recs])
                 rng = np.random.default_rng([plan.seed, BOOTSTRAP_STREAM, k])
@@ -95,17 +110,135 @@ def summarise_trials(
                     per_draw[draw] += eps
         rows.append(row)
     metric = "accuracy" if plan.task == "classification" else "rouge_l"
+    findings: list[dict[str, Any]] = []
+    degenerate = None
+    if plan.task == "classification":
+        majority = majority_row(records, plan.queries)
+        if majority is not None:
+            rows.insert(0, majority)
+            findings = degenerate_findings(rows, majority)
+            degenerate = degenerate_verdict(rows, findings, plan.dataset)
     return {
         "kind": "utility",
         "task": plan.task,
         "metric": metric,
         "mechanism": plan.mechanism,
         "dataset": plan.dataset,
+        "label_calibration": plan.label_calibration,
         "delta": plan.delta,
         "cells": rows,
         "spent_epsilon_per_exemplar": max(per_draw.values()) if per_draw else None,
         "refused": dict(refused or {}),
+        "findings": findings,
+        "degenerate": degenerate,
     }
+
+
+def majority_row(records: list[TrialRecord], planned: int) -> dict[str, Any] | None:
+    """The majority-class baseline: the share of the most common label among the held-out
+    queries, which answering that one label to every query scores. No query is asked for
+    it: the labels are in the log (each answer's ``expected``). It is the best any constant
+    answer does on these very queries, so a cell that cannot beat it has learnt nothing a
+    constant does not know."""
+    expected = {
+        r.trial_index: str(r.observation["expected"])
+        for r in records
+        if r.observation.get("expected") is not None
+    }
+    if not expected:
+        return None
+    label, k = Counter(expected.values()).most_common(1)[0]
+    n = len(expected)
+    return {
+        "setting": MAJORITY,
+        "kind": MAJORITY,
+        "epsilon": None,
+        "partitions": None,
+        "queries": n,
+        "planned": planned,
+        "label": label,
+        "accuracy": accuracy_interval(k, n).to_json(),
+        "measured_by": f"no query: always answering {label!r}, the most common label of the "
+        f"{n} held-out queries ({k} of them)",
+    }
+
+
+def degenerate_findings(
+    rows: list[dict[str, Any]], majority: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """A finding for each measured cell (baselines and private cells) that answers one label
+    to nearly everything (at least :data:`ONE_LABEL_SHARE` of its answers), and for each
+    whose accuracy cannot be told from the majority-class rate: the one-sided exact binomial
+    test of its correct answers against that rate (H0: accuracy <= the majority rate) does
+    not reject at level :data:`ALPHA`. The rate is taken as known: it is the constant
+    answer's score on the same queries."""
+    rate = float(majority["accuracy"]["value"])
+    out: list[dict[str, Any]] = []
+    for row in rows:
+        if row["kind"] == MAJORITY or "accuracy" not in row or not row.get("answers"):
+            continue
+        n = int(row["queries"])
+        correct = round(float(row["accuracy"]["value"]) * n)
+        top, count = max(row["answers"].items(), key=lambda kv: (kv[1], kv[0]))
+        share = count / n
+        if share >= ONE_LABEL_SHARE:
+            out.append(
+                {
+                    "setting": row["setting"],
+                    "kind": "one-label",
+                    "label": top,
+                    "share": share,
+                    "message": f"{row['setting']} answered {top!r} to {count} of {n} queries "
+                    f"({share:.0%}): it says next to nothing about the inputs",
+                }
+            )
+        p = float(binomtest(correct, n, min(max(rate, 0.0), 1.0), alternative="greater").pvalue)
+        row["vs_majority"] = {"p_value": p, "above": p < ALPHA, "rate": rate}
+        if p >= ALPHA:
+            out.append(
+                {
+                    "setting": row["setting"],
+                    "kind": "at-majority",
+                    "p_value": p,
+                    "message": f"{row['setting']}: accuracy {correct}/{n} = {correct / n:.3f} "
+                    f"cannot be told from the majority-class rate {rate:.3f} (always "
+                    f"{majority['label']!r}; one-sided exact binomial test, p = {p:.2g})",
+                }
+            )
+    return out
+
+
+def degenerate_verdict(
+    rows: list[dict[str, Any]], findings: list[dict[str, Any]], dataset: str
+) -> str | None:
+    """One sentence when the model is degenerate on the dataset: its best measured answer
+    (the non-private few-shot baseline, else every private cell) is a constant in effect, so
+    the private cells cannot show a privacy-utility trade-off, only noise around it. None
+    when the model beats the majority rate there."""
+    flagged = {f["setting"] for f in findings}
+    few = next((r for r in rows if r["kind"] == "few-shot" and "accuracy" in r), None)
+    private = [r for r in rows if r["kind"] == "private" and "accuracy" in r]
+    if few is not None:
+        if few["setting"] not in flagged:
+            return None
+        basis = "few-shot (non-private) is"
+    elif private and all(r["setting"] in flagged for r in private):
+        basis = "every private cell is"
+    else:
+        return None
+    major = next(r for r in rows if r["kind"] == MAJORITY)
+    return (
+        f"DEGENERATE on {dataset}: {basis} no better than always answering "
+        f"{major['label']!r} ({float(major['accuracy']['value']):.3f})"
+    )
+
+
+#: What a degenerate verdict means, printed under it.
+DEGENERATE_MEANS = (
+    "The model is in effect a constant on this dataset: the private cells show noise around "
+    "that constant, not a privacy-utility trade-off. Choose a dataset where few-shot beats "
+    "the majority rate (docs/utility.md)."
+)
 
 
 def summarise(
@@ -133,18 +266,30 @@ def print_utility(results: Mapping[str, Any], console: Console) -> None:
     # The interval's kind is said under the table: the column stays narrow enough for 80.
     title = "accuracy [95% CI]" if metric == "accuracy" else "ROUGE-L [95% CI]"
     table = Table(
-        title=f"utility of {results['mechanism']} on {results['dataset']} "
-        f"({results.get('run_id', '')})",
+        title=f"utility of {results['mechanism']}"
+        + (
+            " (content-free calibrated)"
+            if results.get("label_calibration") == "content-free"
+            else ""
+        )
+        + f" on {results['dataset']} ({results.get('run_id', '')})",
         box=box.SIMPLE_HEAVY,
     )
     for col in ("setting", "epsilon", "T", title, "queries", "spent eps"):
         table.add_column(col, justify="left" if col in ("setting", title) else "right")
+    degenerate = results.get("degenerate")
+    if degenerate:  # one line first: the table below shows noise around a constant
+        console.print(f"[bold red]{degenerate}[/bold red]", highlight=False)
+        console.print(DEGENERATE_MEANS, highlight=False)
     cells = results["cells"]
-    order = [c for c in cells if c["setting"] in (ZERO_SHOT, FEW_SHOT)]
-    order += [c for c in cells if c["setting"] not in (ZERO_SHOT, FEW_SHOT)]
+    baselines = (MAJORITY, ZERO_SHOT, FEW_SHOT)
+    order = [c for b in baselines for c in cells if c["setting"] == b]
+    order += [c for c in cells if c["setting"] not in baselines]
     for c in order:
         shown = _interval(c.get(metric)) if "refused" not in c else "not offered"
         spent = c.get("spent_epsilon")
+        if c["kind"] == MAJORITY:
+            spent = None
         table.add_row(
             c["setting"],
             "-" if c["epsilon"] is None else f"{c['epsilon']:g}",
@@ -162,9 +307,11 @@ def print_utility(results: Mapping[str, Any], console: Console) -> None:
     )
     for c in order:
         if c["kind"] != "private" and c.get("measured_by"):
-            console.print(f"{c['setting']}: {c['measured_by']}", highlight=False, soft_wrap=True)
+            console.print(f"{c['setting']}: {c['measured_by']}", highlight=False)
     for name, why in results.get("refused", {}).items():
-        console.print(f"{name}: not measured: {why}", highlight=False, soft_wrap=True)
+        console.print(f"{name}: not measured: {why}", highlight=False)
+    for f in results.get("findings") or []:
+        console.print(f"[yellow]{f['message']}[/yellow]", highlight=False)
     per = results.get("spent_epsilon_per_exemplar")
     if per is not None:
         console.print(
@@ -185,8 +332,14 @@ def utility_results(store: TrialStore, run_ids: list[str]) -> dict[str, dict[str
             continue  # the audit's loader says so
         if run.kind != "utility":
             continue
-        if run.results is not None:
+        if run.results is not None and "findings" in run.results:
             out[rid] = dict(run.results)
+        elif run.results is not None:
+            # Stored before the majority baseline and its findings (issue 45): recomputed
+            # from the log, with what the run stored of its refusals and contexts.
+            plan = UtilityPlan.model_validate({**run.plan, "target": {}})
+            refused = dict(run.results.get("refused") or {})
+            out[rid] = dict(run.results) | summarise(store, rid, plan, refused=refused)
         else:
             plan = UtilityPlan.model_validate({**run.plan, "target": {}})
             out[rid] = summarise(store, rid, plan, refused={})

@@ -93,6 +93,9 @@ class Sampling:
 
     temperature: float = 0.0  # 0: argmax
     max_tokens: int | None = None  # a generation's tokens; None: the server's default
+    #: "content-free": label scores divided by a content-free input's (contextual
+    #: calibration, Zhao et al. 2021), as the context's partitions score; "none": raw.
+    label_calibration: str = "none"
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,9 +166,11 @@ class Mechanism(ABC, Generic[C]):
         server's default length."""
         temperature = getattr(calibration, "temperature", None)
         tokens = getattr(calibration, "max_tokens", None)
+        label_calibration = getattr(calibration, "label_calibration", None)
         return Sampling(
             temperature=float(temperature) if isinstance(temperature, int | float) else 0.0,
             max_tokens=int(tokens) if isinstance(tokens, int | float) else None,
+            label_calibration=label_calibration if isinstance(label_calibration, str) else "none",
         )
 
     def own_budget(self, calibration: C) -> OwnBudget | None:

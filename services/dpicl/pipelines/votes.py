@@ -12,7 +12,13 @@ import numpy.typing as npt
 
 from dpicl.errors import ConfigurationError
 
-__all__ = ["ABSTAIN", "argmax_uniform_ties", "partition_votes"]
+__all__ = [
+    "ABSTAIN",
+    "CONTENT_FREE",
+    "argmax_uniform_ties",
+    "content_free_calibrated",
+    "partition_votes",
+]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -68,3 +74,24 @@ def partition_votes(scores: FloatArray, temperature: float, rng: np.random.Gener
     shifted = (u - u.max(axis=1, keepdims=True)) / t
     votes[usable] = argmax_uniform_ties(shifted + rng.gumbel(size=u.shape), rng)
     return votes
+
+
+#: The content-free input of contextual calibration (Zhao et al. 2021, Section 5).
+CONTENT_FREE = "N/A"
+
+
+def content_free_calibrated(
+    scores: npt.NDArray[np.float64], free: npt.NDArray[np.float64]
+) -> npt.NDArray[np.float64]:
+    """Row by row: log-softmax of ``scores`` minus log-softmax of ``free`` (the content-free
+    input's scores under the same exemplars). A row with a non-finite score stays
+    non-finite, so that its partition abstains as it would uncalibrated."""
+
+    def log_softmax(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        with np.errstate(invalid="ignore", over="ignore"):
+            m = np.max(x, axis=1, keepdims=True)
+            out = x - m - np.log(np.sum(np.exp(x - m), axis=1, keepdims=True))
+            return np.asarray(out, dtype=np.float64)
+
+    with np.errstate(invalid="ignore"):
+        return log_softmax(scores) - log_softmax(free)

@@ -10,13 +10,14 @@ could ask it would have the model answer for free, outside every budget.
 
 from __future__ import annotations
 
+import numpy as np
 from fastapi import APIRouter, Request
 
 from dpicl.engines.base import GenerationParams
 from dpicl.errors import InvalidRequest
 from dpicl.mechanisms.registry import mechanism_of
 from dpicl.pipelines.partitions import check_query, zero_shot_prompt
-from dpicl.pipelines.votes import partition_votes
+from dpicl.pipelines.votes import CONTENT_FREE, content_free_calibrated, partition_votes
 from dpicl.privacy.randomness import entropy_seed, secure_rng
 from dpicl.web.deps import AdminCaller, load_context, services_of
 from dpicl.web.schemas import ANSWER_ERRORS, GenerateRequest, ZeroShotResponse
@@ -48,7 +49,14 @@ async def zero_shot(
                 f"context (got max_tokens={req.max_tokens})",
                 param="max_tokens",
             )
-        scores = await svc.engine.score_labels([prompt], ctx.labels)
+        if sampling.label_calibration == "content-free":
+            # Calibrated as the context's partitions are: divided by the content-free
+            # input's probabilities under the same (here: no) exemplars.
+            free = zero_shot_prompt(ctx, CONTENT_FREE)
+            both = np.asarray(await svc.engine.score_labels([prompt, free], ctx.labels))
+            scores = content_free_calibrated(both[:1], both[1:])
+        else:
+            scores = await svc.engine.score_labels([prompt], ctx.labels)
         # One "partition" holding no exemplar votes as a voting partition does (argmax at
         # temperature 0, ties at random; None where the scores were unusable).
         vote = int(partition_votes(scores, temperature, secure_rng())[0])

@@ -27,6 +27,14 @@ class VotingSettings(PartitionedGaussian):
 
     name: Literal["voting"] = "voting"
     temperature: Float = Field(default=0.0, ge=0.0, le=10.0)
+    label_calibration: Literal["none", "content-free"] = Field(
+        default="none",
+        description="content-free: contextual calibration (Zhao et al. 2021) of each "
+        "partition's label scores: its label probabilities divided by those of the content-"
+        "free input 'N/A' under the same partition's exemplars, before the partition votes. "
+        "It uses that partition's exemplars only, so the guarantee is unchanged; it doubles "
+        "the prompts of an answer.",
+    )
 
 
 class Voting(GaussianMechanism[VotingCalibration]):

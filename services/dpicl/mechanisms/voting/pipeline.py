@@ -19,7 +19,7 @@ from dpicl.mechanisms.partitioned import GaussianCalibration, gaussian_cost
 from dpicl.mechanisms.voting.release import VotingRelease, private_vote
 from dpicl.pipelines.engine_calls import paid_engine_call
 from dpicl.pipelines.partitions import partition_prompts
-from dpicl.pipelines.votes import ABSTAIN
+from dpicl.pipelines.votes import ABSTAIN, CONTENT_FREE, content_free_calibrated
 from dpicl.privacy.ledger import BudgetStatus, Cost, Ledger
 from dpicl.store.repository import StoredContext
 
@@ -34,6 +34,7 @@ class VotingCalibration(GaussianCalibration):
     sigma: float
     sensitivity: float
     epsilon_exact: float | None = None
+    label_calibration: str = "none"
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,16 +55,36 @@ class VotingOutcome:
 
 
 async def paid_scores(
-    context: StoredContext, query: str, cost: Cost, *, engine: Engine, ledger: Ledger
+    context: StoredContext,
+    query: str,
+    cost: Cost,
+    *,
+    engine: Engine,
+    ledger: Ledger,
+    label_calibration: str = "none",
 ) -> tuple[StoredContext, npt.NDArray[np.float64]]:
     """Charge ``cost``, then score every label in each of the T partition prompts (one
     engine batch): the context after the charge and the (T, L) log-likelihoods. Shared by
-    every voting variant (refunded if the engine fails, like every paid call)."""
+    every voting variant (refunded if the engine fails, like every paid call).
+
+    ``label_calibration="content-free"``: contextual calibration (Zhao et al. 2021). Each
+    partition's prompt is scored for the query and for :data:`CONTENT_FREE` (the same
+    batch), and its scores become log p(label | query) - log p(label | "N/A"), each
+    normalised over the labels: the label probabilities divided by the content-free ones.
+    Partition t's calibrated scores depend on partition t's exemplars and public text only,
+    so its vote does too, and the histogram's sensitivity is unchanged."""
     prompts = partition_prompts(context, query)
+    calibrate = label_calibration == "content-free"
+    if calibrate:
+        prompts = prompts + partition_prompts(context, CONTENT_FREE)
     charged, scores = await paid_engine_call(
         ledger, context, cost, engine.name, engine.score_labels(prompts, context.labels)
     )
-    return charged, np.asarray(scores, dtype=np.float64)
+    out = np.asarray(scores, dtype=np.float64)
+    if calibrate:
+        t = len(prompts) // 2
+        out = content_free_calibrated(out[:t], out[t:])
+    return charged, out
 
 
 def warn_abstained(partition_votes: npt.NDArray[np.int64], context: StoredContext) -> None:
@@ -91,7 +112,9 @@ async def run_voting(
     """One private vote on ``context``, by its calibration (parsed once per context)."""
     cal = context.record_as(VotingCalibration)
     cost = gaussian_cost(cal)
-    charged, scores = await paid_scores(context, query, cost, engine=engine, ledger=ledger)
+    charged, scores = await paid_scores(
+        context, query, cost, engine=engine, ledger=ledger, label_calibration=cal.label_calibration
+    )
     release = private_vote(scores, cal.sigma, cal.temperature, rng)
     warn_abstained(release.partition_votes, context)
     return VotingOutcome(
