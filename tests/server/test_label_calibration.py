@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from dpicl.engines.base import PromptSpec
-from dpicl.engines.oracle import OracleEngine
+from dpicl.engines.oracle.engine import OracleEngine
 from dpicl.pipelines.votes import ABSTAIN, CONTENT_FREE, content_free_calibrated, partition_votes
 from tests.conftest import admin_headers
 from tests.server.api_helpers import make_client, voting_context
