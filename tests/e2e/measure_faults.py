@@ -31,6 +31,7 @@ from dpicl_audit.client import DpiclClient
 from dpicl_audit.client.openai import OpenAIClient
 from dpicl_audit.pipeline.run import run_audit
 from dpicl_audit.results import results_exit_code
+from tests.e2e import broken_channel_server as channels
 from tests.e2e import broken_realistic_server as faults
 from tests.e2e import broken_surface_server as surface
 from tests.e2e.test_realistic_faults import production_client
@@ -49,7 +50,9 @@ async def _one(
 ) -> tuple[int, int, list[str], Any]:
     undo = []
     if fault is not None:
-        for module, name, value in (faults.FAULTS | surface.FAULTS)[fault].patches:
+        for module, name, value in (faults.FAULTS | surface.FAULTS | channels.FAULTS)[
+            fault
+        ].patches:
             undo.append((module, name, getattr(module, name)))
             setattr(module, name, value)
     try:

@@ -222,8 +222,10 @@ def exit_on_verdict(results: Sequence[Mapping[str, Any]], strict: bool = False) 
     or BUG; 3 INCONCLUSIVE only under ``--strict``), so that a deployment pipeline can fail
     on it. Figures without power are listed on stderr either way, with what would give them
     power: a gate that passes them says so."""
-    from dpicl_audit.results import results_exit_code, underpowered
+    from dpicl_audit.results import refused_trials, results_exit_code, underpowered
 
+    for line in refused_trials(results):
+        err_console.print(f"[bold red]error:[/bold red] {line}", soft_wrap=True, highlight=False)
     weak = underpowered(results)
     if weak:
         word = "fail the gate (--strict)" if strict else "pass the gate (--strict fails them)"
