@@ -13,6 +13,10 @@ attribute, replacement) triples it installs, for ``monkeypatch``; ``install()`` 
 * ``SLOW_CLOSE``: a private vote whose clean histogram is close takes :data:`DELAY_S` longer
   (a "second opinion" pass): on the pivotal design C0 answers about 20 times slower than C1
   on the oracle engine. Both worlds' answers are honest releases.
+
+And one that is not a leak, for the auditor's error path: ``REFUSE_RANDOM`` refuses one query
+in ten at random (422 ``low_confidence``) whatever the votes: the refusals are named, the
+figures read the answered trials, and the run exits 1 (it could not ask what it planned).
 """
 
 from __future__ import annotations
@@ -63,6 +67,14 @@ async def slow_run_voting(*args: Any, **kwargs: Any) -> Any:
     return outcome
 
 
+async def randomly_refusing_run_voting(*args: Any, **kwargs: Any) -> Any:
+    """Honest voting; one query in ten refused whatever the votes."""
+    outcome = await _honest_run_voting(*args, **kwargs)
+    if secrets.randbelow(10) == 0:
+        raise LowConfidence("the query could not be answered now; try again")
+    return outcome
+
+
 REFUSE_CLOSE = Fault(
     ((voting_mechanism, "run_voting", refusing_run_voting),),
     "a close private vote is refused (422 low_confidence) one time in two",
@@ -72,4 +84,9 @@ SLOW_CLOSE = Fault(
     f"a close private vote takes {DELAY_S * 1e3:g} ms longer",
 )
 
-FAULTS = {"refuse_close": REFUSE_CLOSE, "slow_close": SLOW_CLOSE}
+REFUSE_RANDOM = Fault(
+    ((voting_mechanism, "run_voting", randomly_refusing_run_voting),),
+    "one query in ten refused (422 low_confidence) whatever the votes (not a leak)",
+)
+
+FAULTS = {"refuse_close": REFUSE_CLOSE, "slow_close": SLOW_CLOSE, "refuse_random": REFUSE_RANDOM}

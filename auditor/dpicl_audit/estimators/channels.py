@@ -202,7 +202,10 @@ def refusal_test(rows: Sequence[TrialRecord], alpha: float) -> RefusalTest | Non
 
 
 class TimingTest(TypedDict):
-    """:func:`timing_test`'s result (stored under a setting's ``timing``)."""
+    """:func:`timing_test`'s result (stored under a setting's ``timing``): ``median_s`` the
+    median time in C1 and in C0, ``median_difference_s`` C1's minus C0's, ``median_ratio``
+    C1's over C0's, ``slower`` the world the test found slower (``answer``: the released
+    answer it is most slower at)."""
 
     status: Literal["ok", "violation", "unchecked"]
     ratio_null: float
