@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, Protocol, TypedDict
 
 import numpy as np
 from scipy import stats
@@ -44,7 +44,6 @@ from scipy import stats
 from dpicl_audit.errors import TargetRejected
 from dpicl_audit.estimators.extra_fields import dependence_test
 from dpicl_audit.jsontypes import JsonObject
-from dpicl_audit.store import TrialRecord
 
 __all__ = [
     "ALPHA",
@@ -73,6 +72,22 @@ REFUSAL = "refusal"
 TIME_RATIO = 1.5
 #: Refusals of this error code are the expected kind: the context's budget is spent.
 EXPECTED_CODES = ("budget_exhausted",)
+
+
+class TrialRecord(Protocol):
+    """What the tests read of a logged trial (:class:`dpicl_audit.store.TrialRecord`)."""
+
+    @property
+    def world(self) -> int: ...
+
+    @property
+    def observation(self) -> Mapping[str, Any]: ...
+
+    @property
+    def decision(self) -> int | None: ...
+
+    @property
+    def latency_s(self) -> float: ...
 
 
 def channel_alpha(settings: int) -> float:
