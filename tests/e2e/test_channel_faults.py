@@ -95,3 +95,42 @@ async def test_refusal_independent_of_the_votes_ends_with_results_and_an_error(
     assert s["black_box"]["verdict"]["status"] != "violation"
     assert code == 1 and refused_trials([res])
     assert left == 0
+
+
+async def test_refused_trials_resume_without_loss_or_duplicate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Refused trials are logged like any other: a run that lost the second half of its log
+    resumes it, refused trials included, and reads the same refusal finding."""
+    import sqlite3
+
+    from dpicl_audit.pipeline.run import resume_audit
+
+    for module, name, value in channels.FAULTS["refuse_close"].patches:
+        monkeypatch.setattr(module, name, value)
+    db = tmp_path / "a.db"
+    async with production_client(tmp_path, "off") as client:
+        plan = target_plan("http://dpicl.test", **SHORT)
+        first = await run_audit(
+            plan, db=f"sqlite:///{db}", target=client, out_dir=tmp_path, progress=False, run_id="r"
+        )
+        con = sqlite3.connect(db)
+        with con:
+            refused = con.execute(
+                "SELECT COUNT(*) FROM trials WHERE observation LIKE '%low_confidence%'"
+            ).fetchone()[0]
+            con.execute("DELETE FROM trials WHERE trial_index >= 150")
+            con.execute("UPDATE runs SET status = 'interrupted', results = NULL")
+        con.close()
+        again = await resume_audit(
+            "r", db=f"sqlite:///{db}", target=client, out_dir=tmp_path, progress=False
+        )
+    assert refused > 0 and first["settings"][0]["refusals"]["status"] == "violation"
+    (s,) = again["settings"]
+    assert s["refusals"]["status"] == "violation", s["refusals"]
+    # the figures read the answered trials; with the refused ones, every planned trial
+    assert s["trials"] + sum(s["refusals"]["refused"]) == SHORT["trials"]
+    con = sqlite3.connect(db)
+    n, distinct = con.execute("SELECT COUNT(*), COUNT(DISTINCT trial_index) FROM trials").fetchone()
+    con.close()
+    assert n == distinct == SHORT["trials"]
