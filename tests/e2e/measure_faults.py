@@ -74,6 +74,13 @@ async def _one(
             if v.get("status") == "inconclusive" and v.get("trials_needed"):
                 needs.append(f"{s['setting']}: {sum(v['trials_needed'])}")
         tails = (res.get("tails") or {}).get("answers")
+        # Each setting's response-time test (issue 44): the median ratio C1/C0 and p-value.
+        timing = [
+            f"{s['timing']['median_ratio']:.2f}/p={s['timing']['p_value']:.2g}"
+            for s in res["settings"]
+            if (s.get("timing") or {}).get("p_value") is not None
+        ]
+        print(f"  timing {timing}", flush=True)
         return results_exit_code([res], strict=strict), left, needs, tails
     finally:
         for module, name, value in undo:
