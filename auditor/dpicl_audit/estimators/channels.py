@@ -126,6 +126,11 @@ def _answer(row: TrialRecord) -> str:
     return str(row.decision)
 
 
+def _time(seconds: float) -> str:
+    """A time as a finding names it (ms below a second)."""
+    return f"{seconds * 1e3:.3g} ms" if abs(seconds) < 1 else f"{seconds:.3g} s"
+
+
 def _shown(p: float) -> str:
     return "0" if p == 0 else f"{p:.2g}" if math.isfinite(p) else str(p)
 
@@ -310,15 +315,15 @@ def timing_test(
         message = (
             f"PRIVACY VIOLATION: response time depends on the neighbouring world given the "
             f"released answer: C{w}'s answers take more than {ratio:g} times C{1 - w}'s "
-            f"(median {slow * 1e3:.3g} ms against {fast * 1e3:.3g} ms, difference "
-            f"{(slow - fast) * 1e3:.3g} ms; most at answer {where!r}; p = {_shown(p)} "
+            f"(median {_time(slow)} against {_time(fast)}, difference "
+            f"{_time(slow - fast)}; most at answer {where!r}; p = {_shown(p)} "
             f"over {tested} answers, below {alpha:.2g}): the time releases the private data"
         )
     else:
         status = "ok"
         message = (
             f"response time does not depend on the world beyond a factor {ratio:g} (median "
-            f"C1 {med[0] * 1e3:.3g} ms, C0 {med[1] * 1e3:.3g} ms; p = {_shown(p)} over "
+            f"C1 {_time(med[0])}, C0 {_time(med[1])}; p = {_shown(p)} over "
             f"{tested} answers)"
         )
     return result(status, p, f"C{w}", where, message)
