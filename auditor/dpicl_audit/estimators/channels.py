@@ -66,10 +66,13 @@ ALPHA = 1e-4
 REFUSAL = "refusal"
 #: How much slower one world's answers may be than the other's before it is a finding: the
 #: null of the timing test. An honest engine's time grows with its prompt, and the worlds'
-#: prompts differ in one exemplar of ``T x shots`` (at most one partition's prompt); a
-#: factor 1.5 is far beyond that on any engine we measured (oracle, bundled model on CPU:
-#: under 1.1) and far below a leak worth the name (issue 44's: 20x).
-TIME_RATIO = 1.5
+#: prompts differ in one exemplar of ``T x shots`` (at most one partition's prompt): the
+#: bundled model on CPU measured a median ratio of 1.02 between the worlds, the oracle
+#: 0.83-1.24 (noise: p = 1). A leak adds its own time to one world, and a loaded machine or
+#: network adds the same time to both, which shrinks the ratio a leak shows: 50 ms more in
+#: one world measured 1.4-1.7 times on a loaded 2-core machine (issue 44's server: 20 times).
+#: 1.25 keeps that within reach and a prompt's length far inside.
+TIME_RATIO = 1.25
 #: Refusals of this error code are the expected kind: the context's budget is spent.
 EXPECTED_CODES = ("budget_exhausted",)
 
