@@ -31,6 +31,7 @@ from dpicl_audit.client import DpiclClient
 from dpicl_audit.client.openai import OpenAIClient
 from dpicl_audit.pipeline.run import run_audit
 from dpicl_audit.results import results_exit_code
+from tests.e2e import broken_channel_server as channels
 from tests.e2e import broken_realistic_server as faults
 from tests.e2e import broken_surface_server as surface
 from tests.e2e.test_realistic_faults import production_client
@@ -49,7 +50,9 @@ async def _one(
 ) -> tuple[int, int, list[str], Any]:
     undo = []
     if fault is not None:
-        for module, name, value in (faults.FAULTS | surface.FAULTS)[fault].patches:
+        for module, name, value in (faults.FAULTS | surface.FAULTS | channels.FAULTS)[
+            fault
+        ].patches:
             undo.append((module, name, getattr(module, name)))
             setattr(module, name, value)
     try:
@@ -71,6 +74,13 @@ async def _one(
             if v.get("status") == "inconclusive" and v.get("trials_needed"):
                 needs.append(f"{s['setting']}: {sum(v['trials_needed'])}")
         tails = (res.get("tails") or {}).get("answers")
+        # Each setting's response-time test (issue 44): the median ratio C1/C0 and p-value.
+        timing = [
+            f"{s['timing']['median_ratio']:.2f}/p={s['timing']['p_value']:.2g}"
+            for s in res["settings"]
+            if (s.get("timing") or {}).get("p_value") is not None
+        ]
+        print(f"  timing {timing}", flush=True)
         return results_exit_code([res], strict=strict), left, needs, tails
     finally:
         for module, name, value in undo:

@@ -280,8 +280,10 @@ def exit_on_verdict(
     on it. ``printed``: the summary on stdout already opened with the verdict and listed
     each figure without power; else (``--json``) the verdict and those figures go to stderr,
     once."""
-    from dpicl_audit.results import results_exit_code, underpowered
+    from dpicl_audit.results import refused_trials, results_exit_code, underpowered
 
+    for line in refused_trials(results):
+        err_console.print(f"[bold red]error:[/bold red] {line}", soft_wrap=True, highlight=False)
     if not printed:
         print_verdict(results, strict, err_console)
         for line in underpowered(results):

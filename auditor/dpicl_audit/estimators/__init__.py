@@ -24,7 +24,8 @@
   (each mechanism simulates its own), and :mod:`.noise_check` its guard
   (does the server add the noise it claims?);
 * :mod:`.extra_fields` every response field besides the answer, tested for dependence on the
-  neighbouring world given the answer.
+  neighbouring world given the answer; :mod:`.channels` refusals and response times, tested
+  the same way (issue 44).
 
 :func:`~.counts.estimate_from_counts` is the black-box estimator (it backs ``dpicl-audit
 estimate``). This module only re-exports: no module of the package imports it back.

@@ -11,16 +11,19 @@ carries its verdict (:mod:`dpicl_audit.verdicts`). The estimators themselves liv
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from dpicl_audit.errors import InvalidAuditInput
+from dpicl_audit.estimators.channels import channel_alpha, is_refusal, refusal_test, timing_test
 from dpicl_audit.estimators.trial_budget import needs_from_bootstrap
 from dpicl_audit.mechanisms.base import Design, SettingRows
 from dpicl_audit.mechanisms.registry import get_mechanism, upgraded_run
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.plan.schedule import CLEAN_SETTING
-from dpicl_audit.results import RunResult, SettingResult, jsonable
+from dpicl_audit.results import Estimate, RunResult, SettingResult, jsonable
 from dpicl_audit.store import RunRecord, TrialStore
+from dpicl_audit.verdicts import Status, Verdict
 
 __all__ = ["estimate_run", "estimate_setting", "load_run", "run_design", "run_plan"]
 
@@ -46,8 +49,57 @@ def run_design(run: RunRecord, plan: AuditPlan) -> Design:
 
 def estimate_setting(s: SettingRows) -> SettingResult:
     """One epsilon setting's estimates from its logged rows (clean rows for bootstrap runs,
-    trials otherwise). A mechanism registered from outside may return the setting's JSON
-    mapping (:mod:`dpicl_audit.mechanisms.base`): it is read here, at that edge."""
+    trials otherwise), with its refusals and response times tested for dependence on the
+    world (:func:`with_channels`). The mechanism estimates from the answered rows only: a
+    refused trial released no answer. A mechanism registered from outside may return the
+    setting's JSON mapping (:mod:`dpicl_audit.mechanisms.base`): it is read here, at that
+    edge."""
+    answered = [r for r in s.rows if not is_refusal(r)]
+    if not answered and s.rows:
+        n1 = sum(1 for r in s.rows if r.world == 1)
+        out = SettingResult.of(
+            **dict(s.meta)
+            | {
+                "trials": len(s.rows),
+                "n_with": n1,
+                "n_without": len(s.rows) - n1,
+                "black_box": Estimate.of(error="every trial was refused: no answer to read"),
+                "white_box": None,
+            }
+        )
+    else:
+        out = _mechanism_estimate(replace(s, rows=answered))
+    return out if s.bootstrap and not any(is_refusal(r) for r in s.rows) else with_channels(out, s)
+
+
+def with_channels(out: SettingResult, s: SettingRows) -> SettingResult:
+    """``out`` with the setting's refusals and times tested (:mod:`dpicl_audit.estimators.
+    channels`) under ``refusals`` and ``timing``; a dependent one makes the setting's figures
+    (black-box, else white-box; a figure-less setting gets a black-box one) a VIOLATION
+    naming it."""
+    family = s.meta.get("family") if isinstance(s.meta.get("family"), Mapping) else {}
+    alpha = channel_alpha(int((family or {}).get("settings") or 1))
+    refusals = refusal_test(s.rows, alpha)
+    timing = None if s.bootstrap else timing_test(s.rows, alpha)
+    found = {k: v for k, v in (("refusals", refusals), ("timing", timing)) if v is not None}
+    if not found:
+        return out
+    out = out.updated(**found)
+    for section in found.values():
+        if section["status"] != "violation":
+            continue
+        flagged = Verdict(Status.VIOLATION, str(section["message"]), violation=True)
+        key = "black_box" if out.black_box is not None or out.white_box is None else "white_box"
+        est = out.estimate(key) or Estimate.of(error=str(section["message"]))
+        if est.verdict is not None and est.verdict.status is Status.VIOLATION:
+            flagged = Verdict(
+                Status.VIOLATION, f"{est.verdict.message}; {section['message']}", violation=True
+            )
+        out = out.updated(**{key: est.updated(verdict=flagged)})
+    return out
+
+
+def _mechanism_estimate(s: SettingRows) -> SettingResult:
     found: SettingResult | Mapping[str, Any] = get_mechanism(s.plan.mechanism.name).estimate(s)
     if isinstance(found, SettingResult):
         return found

@@ -20,7 +20,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from dpicl_audit.errors import AuditError, TargetUnavailable
+from dpicl_audit.errors import AuditError, TargetRejected, TargetUnavailable
 from dpicl_audit.pipeline.contexts import ContextBook
 from dpicl_audit.pipeline.estimation import estimate_run
 from dpicl_audit.pipeline.progress import ProgressSink, open_progress
@@ -119,7 +119,13 @@ class AuditRunner:
             if not kit.supplies(probe.needs):
                 continue
             t0 = time.monotonic()
-            found = await probe.run(run.target, kit)
+            try:
+                found = await probe.run(run.target, kit)
+            except TargetRejected as exc:
+                # A refusal ends the probe, not the run (issue 44): the trials' findings
+                # stand, and the refusal is said (a run with one exits 1 unless it has a
+                # finding: results.refused_trials).
+                found = {"status": "refused", "message": f"{name}: {exc}"}
             if found is None:
                 continue
             seconds[name] = round(time.monotonic() - t0, 3)

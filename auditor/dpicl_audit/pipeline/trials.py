@@ -9,6 +9,13 @@ any point loses at most the batch in flight and duplicates nothing.
 
 A context that turns out to be spent (``budget_exhausted``: a DPS-MOZO context that answered
 a query whose trial never reached the log) is replaced and the trial retried once.
+
+**Every response is an observation** (issue 44): any other 4xx answer to a trial's query, and
+one that persists after the retry, is logged as the trial's observation (a refusal:
+:func:`~dpicl_audit.estimators.channels.refusal_observation`, with the request's wall time)
+instead of ending the run; the estimates test refusals and times for dependence on the world
+(:mod:`dpicl_audit.estimators.channels`). Two answers stay errors, as they say nothing of the
+private data: 401 (a wrong key) and 404 for a white-box route the server does not have.
 """
 
 from __future__ import annotations
@@ -20,7 +27,13 @@ from collections.abc import Awaitable, Callable
 import numpy as np
 import numpy.typing as npt
 
-from dpicl_audit.errors import TargetBudgetExhausted
+from dpicl_audit.errors import (
+    TargetBudgetExhausted,
+    TargetNotFound,
+    TargetRejected,
+    TargetUnauthorized,
+)
+from dpicl_audit.estimators.channels import refusal_observation
 from dpicl_audit.mechanisms.base import TrialAt
 from dpicl_audit.pipeline.progress import ProgressSink
 from dpicl_audit.pipeline.run_context import RunContext
@@ -31,6 +44,17 @@ __all__ = ["ContextPick", "TrialExecutor"]
 #: ``pick(index, world, spent)``: the context of a trial; ``spent`` names a context that
 #: answered ``budget_exhausted`` and must be replaced.
 ContextPick = Callable[[int, int, ContextRecord | None], Awaitable[ContextRecord]]
+
+
+def is_observation(exc: TargetRejected) -> bool:
+    """Whether a 4xx answer to a trial is an observation (logged) rather than an error of the
+    run's configuration: a wrong key (401), or a white-box route the server does not have
+    (404 for a ``/v1/debug/`` path without a ``param``: white-box access is off)."""
+    if isinstance(exc, TargetUnauthorized):
+        return False
+    return not (
+        isinstance(exc, TargetNotFound) and exc.path.startswith("/v1/debug/") and not exc.param
+    )
 
 
 class TrialExecutor:
@@ -85,15 +109,39 @@ class TrialExecutor:
         context = await pick(index, world, None)
         for attempt in (0, 1):
             at = TrialAt(setting, epsilon, index, world, context, white, need_clean)
+            t0 = time.perf_counter()
             try:
                 return await self.run_ctx.mechanism.trial(
                     self.run_ctx.target, self.run_ctx.design, self.run_ctx.plan, at
                 )
-            except TargetBudgetExhausted:
-                if attempt or self.run_ctx.mechanism.queries_per_context(self.run_ctx.plan) is None:
-                    raise
+            except TargetBudgetExhausted as exc:
+                replaceable = self.run_ctx.mechanism.queries_per_context(self.run_ctx.plan)
+                if attempt or replaceable is None:
+                    return self._refused(at, exc, time.perf_counter() - t0)
                 context = await pick(index, world, context)
+            except TargetRejected as exc:
+                if not is_observation(exc):
+                    raise
+                return self._refused(at, exc, time.perf_counter() - t0)
         raise AssertionError("unreachable")
+
+    def _refused(self, at: TrialAt, exc: TargetRejected, latency: float) -> TrialRecord:
+        """A refused trial's record: the refusal is its observation; no decision or score."""
+        design = self.run_ctx.design
+        query_of = getattr(design, "query_of", None)
+        query = query_of(at.index) if callable(query_of) else str(getattr(design, "query", ""))
+        return TrialRecord(
+            setting=at.setting,
+            trial_index=at.index,
+            world=at.world,
+            context_id=at.context.context_id,
+            query=str(query),
+            observation=refusal_observation(exc),
+            decision=None,
+            latency_s=latency,
+            epsilon=at.epsilon,
+            score=None,
+        )
 
     async def run(
         self,

@@ -14,8 +14,10 @@ parameter, temperature 0 and top_p 0.1; streamed (chat and completions) temperat
 the native route temperature 0 (skipped through ``--api openai``, which has no native route).
 A variant the server refuses (a 4xx) is fine. The labels of the answered variants must come
 from one distribution, whatever the route: each variant's share of the pooled most common
-label is tested against the other variants' (Fisher's exact test, two-sided), Bonferroni-
-corrected over the answered variants; p below :data:`ALPHA` (1e-4: a correct server is
+label is tested against the other variants' (Fisher's exact test, two-sided), and so is
+every pool of variants sending one parameter value (across routes) or sharing a route (issue
+44: a leak on every route moves all its variants at once), Bonferroni-corrected over those
+tests; p below :data:`ALPHA` (1e-4: a correct server is
 flagged in at most 1 run in 10,000, exactly) is NONCONFORMING (exit 4) and names the variant.
 The result is ``results["parameters"]``.
 """
@@ -176,11 +178,37 @@ async def probe(target: AuditTarget, kit: Ingredients) -> ParametersSection | No
     return await sweep_parameters(target, kit.held(1, eps, SWEEP_ANSWERS, "sweep"), kit.query)
 
 
+def _groups(answered: list[ParameterVariant]) -> list[tuple[str, list[int]]]:
+    """What the null says is one distribution, tested as one (issue 44, item 6): each
+    answered variant alone, the variants sending one parameter value pooled across routes
+    (e.g. ``temperature 0`` on chat, completions and both streams), and each route's
+    variants pooled; a pool whose members are another's is tested once."""
+    spec = {name: (route, extra) for name, route, extra in VARIANTS}
+    out: list[tuple[str, list[int]]] = [(str(v["variant"]), [i]) for i, v in enumerate(answered)]
+    pools: dict[str, list[int]] = {}
+    for i, v in enumerate(answered):
+        route, extra = spec.get(str(v["variant"]), ("", {}))
+        params = [f"{k} {val:g}" for k, val in sorted(extra.items())] or ["no parameter"]
+        for key in (*params, f"route {route}"):
+            pools.setdefault(key, []).append(i)
+    seen = {tuple(m) for _, m in out}
+    for key, members in pools.items():
+        if tuple(members) not in seen and len(members) < len(answered):
+            seen.add(tuple(members))
+            out.append((f"{key} (pooled over {len(members)} variants)", members))
+    return out
+
+
 def _judge(variants: list[ParameterVariant]) -> ParametersSection:
     """Each answered variant's share of the pooled most common label against the other
     variants' (Fisher's exact test, two-sided: a parameter that lowers the noise raises the
-    share, one that raises it lowers it), Bonferroni-corrected over the answered variants:
-    the run's error is at most :data:`ALPHA`, exactly, with no large-sample approximation."""
+    share, one that raises it lowers it), and the same for every pool of variants that send
+    one parameter value or share a route (:func:`_groups`: a parameter that reaches the
+    noise on every route moves all of its variants at once, and their pool sees it with
+    four times the answers), Bonferroni-corrected over every test: the run's error is at
+    most :data:`ALPHA`, exactly, with no large-sample approximation. Power: a leak that makes
+    the four temperature-0 variants answer 30/30 against 13-20/30 elsewhere is flagged in
+    every one of 2,000 simulated sweeps (tests/auditor/test_parameter_sweep_power.py)."""
     answered = [v for v in variants if not v["refused"]]
     pooled: dict[str, int] = {}
     for v in answered:
@@ -203,28 +231,31 @@ def _judge(variants: list[ParameterVariant]) -> ParametersSection:
     top = max(sorted(pooled), key=lambda lab: pooled[lab])
     total = sum(pooled.values())
     counts = [v.get("labels", {}) for v in answered]
+    groups = _groups(answered)
     p_values = []
-    for c in counts:
-        hits, asked = c.get(top, 0), sum(c.values())
+    for _, members in groups:
+        hits = sum(counts[i].get(top, 0) for i in members)
+        asked = sum(sum(counts[i].values()) for i in members)
         rest_hits, rest = pooled[top] - hits, total - asked
         table = [[hits, asked - hits], [rest_hits, rest - rest_hits]]
         p_values.append(float(stats.fisher_exact(table).pvalue))
     worst = int(np.argmin(p_values))
-    p = min(1.0, p_values[worst] * len(answered))
+    p = min(1.0, p_values[worst] * len(groups))
     flagged = p < ALPHA
     rates = ", ".join(
         f"{v['variant']}: {c.get(top, 0)}/{sum(c.values())}"
         for v, c in zip(answered, counts, strict=True)
     )
+    name = groups[worst][0]
     out["status"], out["p_value"], out["label"] = "nonconforming" if flagged else "ok", p, top
-    out["variant"] = answered[worst]["variant"]
+    out["variant"] = name
     out["message"] = (
-        f"NONCONFORMING: the client's parameter ({answered[worst]['variant']}) changes the "
+        f"NONCONFORMING: the client's parameter ({name}) changes the "
         f"released labels (share of {top!r}; Fisher's exact test, Bonferroni over "
-        f"{len(answered)} variants, p = {p:.2g} < {ALPHA:g}; {rates}): it reaches the "
-        "mechanism instead of being refused or ignored"
+        f"{len(groups)} variants and pools, p = {p:.2g} < {ALPHA:g}; {rates}): it reaches "
+        "the mechanism instead of being refused or ignored"
         if flagged
-        else f"the client's parameters do not change the release (p = {p:.2g}; share of "
-        f"{top!r}: {rates})"
+        else f"the client's parameters do not change the release (p = {p:.2g} over "
+        f"{len(groups)} variants and pools; share of {top!r}: {rates})"
     )
     return out

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dpicl_audit.results.estimate import Estimate
 from dpicl_audit.results.rdp import RdpAudit
 from dpicl_audit.results.record import Record, jsonable
-from dpicl_audit.results.run import RunResult, results_exit_code, underpowered
+from dpicl_audit.results.run import RunResult, refused_trials, results_exit_code, underpowered
 from dpicl_audit.results.setting import SettingResult
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "RunResult",
     "SettingResult",
     "jsonable",
+    "refused_trials",
     "results_exit_code",
     "underpowered",
 ]

@@ -13,7 +13,7 @@ from dpicl_audit.results.record import COUNT, MAPPING, NUMBER, SAME, TEXT, Codec
 from dpicl_audit.results.setting import SettingResult
 from dpicl_audit.verdicts import Status, Verdict, worst_status
 
-__all__ = ["RunResult", "results_exit_code", "underpowered"]
+__all__ = ["RunResult", "refused_trials", "results_exit_code", "underpowered"]
 
 
 @dataclass(frozen=True)
@@ -135,12 +135,32 @@ def results_exit_code(
     The gate (docs/auditing.md, "Exit codes"): an INCONCLUSIVE figure is one that could not
     have seen a violation (too few trials for its epsilon), not a finding, so it exits 0
     unless ``strict`` (``--strict``), where it exits 3. A NONCONFORMING, VIOLATION or BUG
-    figure exits 4 or 5 either way."""
+    figure exits 4 or 5 either way. A run whose trials the server refused without the
+    refusals depending on the world (:func:`refused_trials`) could not ask what it planned:
+    it exits 1 (an error) unless a finding exits 4 or 5."""
     runs = [r if isinstance(r, RunResult) else RunResult.from_json(r) for r in results]
     worst = worst_status([st for r in runs for st in r.statuses()])
-    if worst is Status.INCONCLUSIVE and not strict:
-        return 0
-    return worst.exit_code
+    code = 0 if worst is Status.INCONCLUSIVE and not strict else worst.exit_code
+    if code < 4 and refused_trials(runs):
+        return 1
+    return code
+
+
+def refused_trials(results: Sequence[RunResult | Mapping[str, Any]]) -> list[str]:
+    """One line per setting whose trials the server refused, the refusals not depending on
+    the world (a dependent one is a VIOLATION of the setting's figures): run, setting and
+    the refusals' message (issue 44; :mod:`dpicl_audit.estimators.channels`)."""
+    runs = [r if isinstance(r, RunResult) else RunResult.from_json(r) for r in results]
+    out = []
+    for run in runs:
+        for s in run.settings:
+            found = s.extra.get("refusals")
+            if isinstance(found, Mapping) and found.get("status") == "refused":
+                out.append(f"{run.run_id} {s.setting}: {found.get('message')}")
+        for name, section, _ in run.probes():
+            if section.get("status") == "refused":
+                out.append(f"{run.run_id} {name} probe refused: {section.get('message')}")
+    return out
 
 
 def underpowered(results: Sequence[RunResult | Mapping[str, Any]]) -> list[str]:

@@ -1,0 +1,92 @@
+"""Positive controls of issue 44: channels beside the answer that carry the private votes.
+
+Each fault is a :class:`tests.e2e.broken_realistic_server.Fault` (``patches``: the (module,
+attribute, replacement) triples it installs, for ``monkeypatch``; ``install()`` and
+``WARNING`` for ``python -m tests.servers tests.e2e.broken_channel_server:NAME PORT``).
+
+* ``REFUSE_CLOSE``: a private vote whose clean histogram is close (the top two labels at
+  most :data:`CLOSE` votes apart) is refused, one time in two, with a 422 ``low_confidence``
+  ("the query is ambiguous"), after the charge, as a "quality gate" in front of the
+  release would. Whether a query is answered then depends on the private votes. On the
+  audit's pivotal design the worlds' clean votes are [3, 1] and [2, 2]: C0's queries are
+  refused half the time, C1's never.
+* ``SLOW_CLOSE``: a private vote whose clean histogram is close takes :data:`DELAY_S` longer
+  (a "second opinion" pass): on the pivotal design C0 answers about 20 times slower than C1
+  on the oracle engine. Both worlds' answers are honest releases.
+
+And one that is not a leak, for the auditor's error path: ``REFUSE_RANDOM`` refuses one query
+in ten at random (422 ``low_confidence``) whatever the votes: the refusals are named, the
+figures read the answered trials, and the run exits 1 (it could not ask what it planned).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from typing import Any
+
+import numpy as np
+
+import dpicl.mechanisms.voting.mechanism as voting_mechanism
+from dpicl.errors import DpiclError
+from tests.e2e.broken_realistic_server import Fault
+
+#: Votes apart (top label against the next) at or below which a histogram is "close".
+CLOSE = 1
+#: The extra seconds of a close vote under ``SLOW_CLOSE``.
+DELAY_S = 0.05
+
+_honest_run_voting = voting_mechanism.run_voting
+
+
+class LowConfidence(DpiclError):
+    """The fault's refusal (not a dpicl error: a wrapper's)."""
+
+    status_code = 422
+    code = "low_confidence"
+
+
+def _close(outcome: Any) -> bool:
+    clean = np.sort(np.asarray(outcome.release.clean_counts, dtype=np.float64))[::-1]
+    return clean.size < 2 or float(clean[0] - clean[1]) <= CLOSE
+
+
+async def refusing_run_voting(*args: Any, **kwargs: Any) -> Any:
+    """Honest voting; a close vote refused one time in two (after the charge)."""
+    outcome = await _honest_run_voting(*args, **kwargs)
+    if _close(outcome) and secrets.randbelow(2):
+        raise LowConfidence("the query is ambiguous for this context; rephrase it")
+    return outcome
+
+
+async def slow_run_voting(*args: Any, **kwargs: Any) -> Any:
+    """Honest voting; a close vote answered :data:`DELAY_S` later."""
+    outcome = await _honest_run_voting(*args, **kwargs)
+    if _close(outcome):
+        await asyncio.sleep(DELAY_S)
+    return outcome
+
+
+async def randomly_refusing_run_voting(*args: Any, **kwargs: Any) -> Any:
+    """Honest voting; one query in ten refused whatever the votes."""
+    outcome = await _honest_run_voting(*args, **kwargs)
+    if secrets.randbelow(10) == 0:
+        raise LowConfidence("the query could not be answered now; try again")
+    return outcome
+
+
+REFUSE_CLOSE = Fault(
+    ((voting_mechanism, "run_voting", refusing_run_voting),),
+    "a close private vote is refused (422 low_confidence) one time in two",
+)
+SLOW_CLOSE = Fault(
+    ((voting_mechanism, "run_voting", slow_run_voting),),
+    f"a close private vote takes {DELAY_S * 1e3:g} ms longer",
+)
+
+REFUSE_RANDOM = Fault(
+    ((voting_mechanism, "run_voting", randomly_refusing_run_voting),),
+    "one query in ten refused (422 low_confidence) whatever the votes (not a leak)",
+)
+
+FAULTS = {"refuse_close": REFUSE_CLOSE, "slow_close": SLOW_CLOSE, "refuse_random": REFUSE_RANDOM}
