@@ -245,6 +245,7 @@ async def measure_server(
     queries: int,
     out: Path | None,
     level_s: float,
+    context: dict[str, Any],
 ) -> list[ServedRow]:
     """Load one started server at every level on both routes, then stop it."""
     proc, port, log = server
@@ -259,7 +260,7 @@ async def measure_server(
             " MiB",
             flush=True,
         )
-        status, body = await send(port, "POST", "/v1/contexts", ADMIN, CONTEXT)
+        status, body = await send(port, "POST", "/v1/contexts", ADMIN, context)
         if status != 201:
             raise RuntimeError(f"creating the context answered {status}: {body[:300]!r}")
         cid = str(json.loads(body)["id"])
@@ -322,8 +323,12 @@ def run_served(
     queries: int,
     out: Path | None,
     level_s: float = 5.0,
+    *,
+    exemplars: Sequence[tuple[str, str]] | None = None,
 ) -> list[ServedRow]:
-    """Every server of ``servers`` in turn, each loaded at ``levels`` on both routes."""
+    """Every server of ``servers`` in turn, each loaded at ``levels`` on both routes, on a
+    context of ``exemplars`` (input, output) pairs (default: ``CONTEXT``'s, 2 short ones per
+    partition; ``bench/gpu.py --shots K`` gives K realistic ones per partition)."""
     unknown = sorted(set(servers) - set(SERVERS))
     if unknown:
         raise SystemExit(f"unknown server(s) {unknown}; expected some of {', '.join(SERVERS)}")
@@ -333,6 +338,9 @@ def run_served(
         "DPICL_MODEL": str(model_dir),
         "DPICL_LOAD_FORMAT": "dummy" if random_weights else "auto",
     }
+    context = CONTEXT
+    if exemplars is not None:
+        context = CONTEXT | {"exemplars": [{"input": i, "output": o} for i, o in exemplars]}
     weights = "random weights" if random_weights else "its weights"
     print(f"served: dpicl serve over HTTP, {model_dir.name}, {weights}, device {device}")
     print(HEADER, flush=True)
@@ -340,5 +348,7 @@ def run_served(
     with tempfile.TemporaryDirectory() as tmp:
         for name in servers:
             server = start_server(name, common | SERVERS[name], Path(tmp))
-            rows += asyncio.run(measure_server(name, server, levels, queries, out, level_s))
+            rows += asyncio.run(
+                measure_server(name, server, levels, queries, out, level_s, context)
+            )
     return rows

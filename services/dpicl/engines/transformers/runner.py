@@ -181,7 +181,9 @@ class ModelRunner:
     def locked(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` in this thread, under the model lock and ``torch.inference_mode``:
         the model sees one batch at a time."""
-        with self._lock, torch.inference_mode():
+        # The batch is a range in a torch.profiler trace (bench/gpu.py --profile counts the
+        # synchronisations and launches per batch by it); without a profiler it costs ~1 us.
+        with self._lock, torch.inference_mode(), torch.profiler.record_function("dpicl::batch"):
             if self._closed:
                 raise EngineError("the transformers engine is closed")
             plan = self.threads
