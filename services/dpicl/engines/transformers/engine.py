@@ -67,6 +67,7 @@ import torch
 
 from dpicl.engines.base import FloatArray, GenerationParams, PromptSpec
 from dpicl.engines.placement import resolve_dtype
+from dpicl.engines.prompting import EncodedPrompt
 from dpicl.engines.transformers.batching import MicroBatcher
 from dpicl.engines.transformers.decoding import TransformersDecodingSession
 from dpicl.engines.transformers.generation import GenJob, generate_jobs
@@ -200,7 +201,21 @@ class TransformersEngine(ModelRunner):
             return np.zeros((0, len(labels)), dtype=np.float64)
         if self._closed:
             raise EngineError("the transformers engine is closed")
-        job: ScoreJob = (list(prompts), list(labels))
+        # Tokenised here, in the caller's thread, not in the batch (issue 46): a prompt
+        # that does not fit fails its own call before it reaches the batcher.
+        rows, labs = self.tokens.encode_scoring(prompts, labels, self.next_call())
+        return await self.score_encoded(rows, labs)
+
+    async def score_encoded(
+        self, rows: Sequence[EncodedPrompt], labels: Sequence[Sequence[Sequence[int]]]
+    ) -> FloatArray:
+        """:meth:`score_labels` of prompts already tokenised (``labels[b][j]``: label j's
+        token ids after row b): what the engine process runs for the server process."""
+        if self._closed:
+            raise EngineError("the transformers engine is closed")
+        if not rows:
+            return np.zeros((0, len(labels[0]) if labels else 0), dtype=np.float64)
+        job: ScoreJob = (list(rows), [[list(x) for x in row] for row in labels])
         return await self.score_batcher.submit(job, size=len(job[0]))
 
     async def _run_score_jobs(self, jobs: list[ScoreJob]) -> list[FloatArray | BaseException]:
@@ -214,7 +229,19 @@ class TransformersEngine(ModelRunner):
             return []
         if self._closed:
             raise EngineError("the transformers engine is closed")
-        job: GenJob = (list(prompts), params)
+        rows = self.tokens.encode_generation(prompts, self.next_call())
+        return await self.generate_encoded(rows, params)
+
+    async def generate_encoded(
+        self, rows: Sequence[EncodedPrompt], params: GenerationParams
+    ) -> list[str]:
+        """:meth:`generate` of prompts already tokenised."""
+        params.check()
+        if not rows:
+            return []
+        if self._closed:
+            raise EngineError("the transformers engine is closed")
+        job: GenJob = (list(rows), params)
         return await self.generate_batcher.submit(job, size=len(job[0]))
 
     async def _run_generate_jobs(self, jobs: list[GenJob]) -> list[list[str] | BaseException]:

@@ -1,14 +1,15 @@
 """Label scoring of the transformers engine (private voting's per-partition scores).
 
-Calls merged by the engine's score batcher arrive here as jobs; their rows run as one batch
+Calls merged by the engine's score batcher arrive here as jobs of token ids (tokenised
+before the engine's thread, :class:`~dpicl.engines.prompting.PromptTokenizer`); their rows
+run as one batch
 (cut into chunks of at most ``max_batch_tokens``), each row with its own labels. A chunk is
 one forward over the rows' tokens after their past, each row followed by a branch per
 multi-token label (:func:`~.kv_layout.plan_scoring`), with logits computed only
 where a label token is read. Rows with cached prefixes continue from them in a
 :class:`~.slot_cache.SlotCache` in the engine's reused workspace
 (:func:`~.past.slot_past`); other batches from a ``DynamicCache``
-(:func:`~.past.rows_past`). A call whose prompts fail to
-encode fails alone; a model failure fails every call of the batch. These functions run under
+(:func:`~.past.rows_past`). A model failure fails every call of the batch. These functions run under
 the engine's model lock (:meth:`~.runner.ModelRunner.run`).
 """
 
@@ -18,16 +19,17 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from dpicl.engines.base import FloatArray, PromptSpec
+from dpicl.engines.base import FloatArray
+from dpicl.engines.prompting import EncodedPrompt
 from dpicl.engines.transformers.kv_layout import attention_mask_for, plan_scoring, prefix_mask
 from dpicl.engines.transformers.past import found_prefixes, rows_past, slot_past, slottable
 from dpicl.engines.transformers.prefix_cache import prefix_lens
 from dpicl.engines.transformers.runner import ModelRunner, Row
-from dpicl.errors import DpiclError
 
 __all__ = ["ScoreJob", "score_chunk", "score_jobs"]
 
-ScoreJob = tuple[list[PromptSpec], list[str]]
+#: One call: its encoded prompts and, per prompt, each label's token ids.
+ScoreJob = tuple[list[EncodedPrompt], list[list[list[int]]]]
 
 # A boolean (batch, seq) ``logits_to_keep`` (projects only the label positions onto the
 # vocabulary) arrived with ``slice_logits_to_keep`` in transformers 5.2x; the older
@@ -42,24 +44,20 @@ except ImportError:  # pragma: no cover - depends on the installed transformers
 
 
 def score_jobs(engine: ModelRunner, jobs: list[ScoreJob]) -> list[FloatArray | BaseException]:
-    """Score several calls' prompts as one batch; one result (or error) per call."""
+    """Score several calls' rows as one batch; one result (or error) per call. The rows
+    and their labels' token ids arrive encoded (:meth:`~dpicl.engines.prompting.
+    PromptTokenizer.encode_scoring`): nothing is tokenised on the model's thread."""
     results: list[FloatArray | BaseException] = []
     rows: list[Row] = []
     lab_ids: list[list[list[int]]] = []
     outs: list[npt.NDArray[np.float64]] = []
-    for j, (prompts, labels) in enumerate(jobs):
-        try:
-            # A call's unscoped prompts share a scope of their own (no other call's).
-            enc = [engine.encode_row(p, f"call:{j}") for p in prompts]
-            labs = [[engine.label_ids(r.rendered, lab) for lab in labels] for r in enc]
-        except DpiclError as exc:
-            results.append(exc)
-            continue
-        out = np.empty((len(prompts), len(labels)), dtype=np.float64)
+    for encoded, labs in jobs:
+        n_labels = len(labs[0]) if labs else 0
+        out = np.empty((len(encoded), n_labels), dtype=np.float64)
         results.append(out)
-        rows.extend(enc)
+        rows.extend(engine.row_of(e) for e in encoded)
         lab_ids.extend(labs)
-        outs.extend(out[i] for i in range(len(prompts)))
+        outs.extend(out[i] for i in range(len(encoded)))
     if not rows:
         return results
     # A row's width in the scoring forward: its tokens plus its label branches.
