@@ -216,13 +216,18 @@ class _Prefix:
 
 
 def _safe_cut(head: str) -> int:
-    """The last position in ``head`` just after a newline and before a non-space character,
-    or 0. A tokeniser that splits text into words by a regular expression first (GPT-2's
-    and Llama-3's byte-level BPE, SmolLM2's) always ends a word there: a word that holds a
-    newline is a run of whitespace (or punctuation then newlines), which a non-space
-    character ends. So the tokens before it do not depend on what follows the prefix."""
+    """The last position in ``head`` between a letter or digit and a newline, or 0.
+
+    A tokeniser that first splits text into words by a regular expression (GPT-2's and
+    Llama-3's byte-level BPE, SmolLM2's) ends a word there whatever follows: a run of
+    letters or digits never takes a newline, and a word that holds a newline starts with
+    whitespace or punctuation. And the words before it are the same whether the text goes
+    on or not: the last is a run of letters or digits, complete at the newline. (Not after
+    the newline: a run of newlines at the end of a text is one word, followed by a letter
+    it is split, so ``"\\n\\n"`` then ``"Input"`` tokenises differently from ``"\\n\\n"`` alone.)
+    """
     for i in range(len(head) - 1, 0, -1):
-        if head[i - 1] == "\n" and not head[i].isspace():
+        if head[i] == "\n" and head[i - 1].isalnum():
             return i
     return 0
 

@@ -14,7 +14,9 @@ exchanges prompts and scores with the engine process, which runs nothing but the
 How. The engine process (:mod:`dpicl.engines.process.main`, started with the server's own
 interpreter and environment) builds the engine from an :class:`EngineSpec` and answers
 requests over a socket pair: ``(id, op, args)`` in, ``(id, ok, value, metrics)`` out,
-pickled (prompts and labels in; score arrays, texts and DPS-MOZO step logits out). There
+pickled (prompts as token ids and labels' token ids in, for an engine that tokenises: they
+are rendered and tokenised here, each prefix once, so the engine process's one thread only
+runs the model (issue 46); score arrays, texts and DPS-MOZO step logits out). There
 it runs the model in its event loop's own thread (``ModelRunner.inline``): requests that
 arrive during a batch wait in the socket and join the next one, so a batch starts as soon
 as the engine is free. Here, a sender thread writes requests (a full socket never blocks
@@ -56,6 +58,7 @@ import numpy as np
 
 from dpicl import errors, metrics
 from dpicl.engines.base import FloatArray, GenerationParams, PromptSpec, StepLogits
+from dpicl.engines.prompting import PromptEncoder, PromptTokenizer
 from dpicl.engines.threads import ThreadPlan
 from dpicl.engines.tuning import EngineTuning
 from dpicl.errors import DpiclError, EngineError
@@ -111,6 +114,10 @@ class EngineInfo:
     #: Detokenises a DPS-MOZO suffix here, as the engine's session would there
     #: (``DecodingSession.decode`` is synchronous: no round trip on the event loop).
     decoder: Callable[[Sequence[int]], str]
+    #: The engine's prompt encoder (tokenizer and settings), for an engine that tokenises:
+    #: prompts are rendered and tokenised here and cross as token ids (issue 46), so the
+    #: engine process's one thread only runs the model. None: prompts cross as they are.
+    encoder: PromptEncoder | None = None
 
 
 class TokenizerDecoder:
@@ -184,6 +191,11 @@ class ProcessEngine:
         self.device = info.device
         self.engine_pid = info.pid
         self.prefix_cache_mib = info.prefix_cache_mib
+        # Used only on the event loop (score_labels, generate): one thread, as it needs.
+        self.tokens = (
+            PromptTokenizer.from_encoder(info.encoder) if info.encoder is not None else None
+        )
+        self._calls = itertools.count()
         self._ids = itertools.count(1)
         self._pending: dict[int, concurrent.futures.Future[Any]] = {}
         self._lock = threading.Lock()
@@ -337,14 +349,27 @@ class ProcessEngine:
     async def score_labels(
         self, prompts: Sequence[PromptSpec], labels: Sequence[str]
     ) -> FloatArray:
-        result: FloatArray = await self.call("score", list(prompts), list(labels))
+        result: FloatArray
+        if self.tokens is not None and prompts and labels:
+            # Rendered and tokenised here (each prefix once); a prompt that does not fit is
+            # refused here, with the engine's own error, without a round trip.
+            call = f"call:{next(self._calls)}"
+            rows, labs = self.tokens.encode_scoring(prompts, labels, call)
+            result = await self.call("score_ids", rows, labs)
+            return result
+        result = await self.call("score", list(prompts), list(labels))
         return result
 
     async def generate(self, prompts: Sequence[PromptSpec], params: GenerationParams) -> list[str]:
         params.check()  # refused here, without a round trip
         if not prompts:
             return []
-        result: list[str] = await self.call("generate", list(prompts), params)
+        result: list[str]
+        if self.tokens is not None:
+            rows = self.tokens.encode_generation(prompts, f"call:{next(self._calls)}")
+            result = await self.call("generate_ids", rows, params)
+            return result
+        result = await self.call("generate", list(prompts), params)
         return result
 
     async def open_decoding(
