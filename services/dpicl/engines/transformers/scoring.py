@@ -21,7 +21,12 @@ import torch
 
 from dpicl.engines.base import FloatArray
 from dpicl.engines.prompting import EncodedPrompt
-from dpicl.engines.transformers.kv_layout import attention_mask_for, plan_scoring, prefix_mask
+from dpicl.engines.transformers.kv_layout import (
+    attention_mask_for,
+    plan_scoring,
+    prefix_mask,
+    to_device,
+)
 from dpicl.engines.transformers.past import found_prefixes, rows_past, slot_past, slottable
 from dpicl.engines.transformers.prefix_cache import prefix_lens
 from dpicl.engines.transformers.runner import ModelRunner, Row
@@ -91,13 +96,20 @@ def score_chunk(
         # laid out with exactly the plan's tokens of room.
         lens = prefix_lens(found)
         rests = [r.ids[n:] for r, n in zip(rows, lens, strict=True)]
-        mask = prefix_mask(lens, engine.device)
-        plan = plan_scoring(rests, lab_ids, lens, mask, engine.pad_token_id)
+        host = torch.device("cpu")
+        plan = plan_scoring(
+            rests, lab_ids, lens, prefix_mask(lens, host), engine.pad_token_id, engine.device
+        )
         past = slot_past(engine, found, plan.input_ids.shape[1])
     else:  # the stacked or shared past
         past = rows_past(engine, rows, found)
         rests = [r.ids[o:] for r, o in zip(rows, past.offsets, strict=True)]
-        plan = plan_scoring(rests, lab_ids, past.offsets, past.mask, engine.pad_token_id)
+        # The past's mask rebuilt on the host from its offsets (no device read): every
+        # past is [pads][prefix] of offsets[b] tokens (a shared prefix: all alike; none: 0).
+        host_mask = prefix_mask(past.offsets, torch.device("cpu"))
+        plan = plan_scoring(
+            rests, lab_ids, past.offsets, host_mask, engine.pad_token_id, engine.device
+        )
     cache = past.cache
     model = engine.model_obj
     res = model(
@@ -113,10 +125,12 @@ def score_chunk(
         logits = logits[plan.keep]
     logits = logits.float()  # (kept positions, V)
     flat = [(i, t) for row in plan.reads for lab in row for i, t in lab]
-    at_pos = torch.tensor([i for i, _ in flat], dtype=torch.long, device=logits.device)
-    at_tok = torch.tensor([t for _, t in flat], dtype=torch.long, device=logits.device)
+    read_at = to_device(torch.tensor(flat, dtype=torch.long), logits.device)
+    at_pos, at_tok = read_at[:, 0], read_at[:, 1]
     # log p = logit - logsumexp, taken only at the read entries (the full log-softmax over
-    # the vocabulary was a (positions, V) subtraction for a handful of values).
+    # the vocabulary was a (positions, V) subtraction for a handful of values). Only these
+    # values come back to the host: the batch's one synchronisation, where its results
+    # are needed.
     got = logits[at_pos, at_tok] - torch.logsumexp(logits, dim=-1)[at_pos]
     vals = got.double().cpu().numpy()
     at = 0
