@@ -6,8 +6,12 @@ explicit ``position_ids`` (``attention_mask.cumsum(-1) - 1``, clamped at 0), so 
 logits do not depend on what it was batched with (up to float rounding, tested to 1e-4).
 The tensor layouts are in :mod:`.kv_layout`.
 
-Prompts and labels are rendered and tokenised by :class:`~dpicl.engines.prompting.
-PromptEncoder` (the convention the vLLM engine shares; its docstring has the rules): with a
+Prompts and labels are rendered and tokenised before they reach the model's thread (issue
+46): by the caller here (:attr:`~.runner.ModelRunner.tokens`), by the server process where
+the engine runs in a process of its own (which sends ``score_encoded`` and
+``generate_encoded`` token ids), each prefix once, with :class:`~dpicl.engines.prompting.
+PromptTokenizer`, which gives the ids :class:`~dpicl.engines.prompting.PromptEncoder` gives
+(the convention the vLLM engine shares; its docstring has the rules): with a
 chat template, ``PromptSpec.text`` is the single user message plus the generation prompt; a
 label's tokens are those it has after the rendered prompt. A label's score is the total
 log-probability of its tokens (not a trailing end-of-turn token), so it does not depend on
