@@ -69,6 +69,7 @@ from dpicl.domain import DEFAULT_TEMPLATES
 from dpicl.engines.base import Engine, Exemplar, PromptSpec
 from dpicl.engines.models import DEFAULT_CACHE_DIR, resolve_llm
 from dpicl.prompts import render
+from engine_profile import profile_load
 from served import ServedRow, run_served
 
 ANCHOR = 3.2  # LLM calls/s on one H100 in paper 000 (700 GPU-hours for 8M calls, Llama-3-8B)
@@ -80,6 +81,28 @@ EXEMPLARS = [
     Exemplar("Researchers unveiled a faster quantum processor prototype", "Sci/Tech"),
     Exemplar("Leaders met in Geneva to discuss the ceasefire proposal", "World"),
 ]
+#: ``--shots K``: demonstrations of realistic length (about 40 tokens each, as in paper
+#: 000's AG News prompts): a topic sentence, a clause of detail and a source, distinct for
+#: every (partition, shot), so no two partitions share a demonstration.
+DETAILS = (
+    "analysts said the decision reflected weeks of uncertainty about the wider outlook",
+    "officials confirmed the figures in a statement released late on Tuesday evening",
+    "the announcement followed months of negotiations between the parties involved",
+    "observers expect further developments to follow before the end of the season",
+)
+SOURCES = ("Reuters", "AP", "AFP", "Bloomberg", "the BBC", "Le Monde", "Kyodo")
+
+
+def long_exemplar(i: int) -> Exemplar:
+    """Demonstration ``i`` of about 40 tokens (``--shots``), labelled by its topic."""
+    base = EXEMPLARS[i % len(EXEMPLARS)]
+    detail = DETAILS[(i // len(EXEMPLARS)) % len(DETAILS)]
+    return Exemplar(
+        f"{base.input}, and {detail}, according to {SOURCES[i % len(SOURCES)]} (report {i}).",
+        base.output,
+    )
+
+
 QUERIES = [
     "Oil prices fell sharply after the output agreement",
     "The champion retired after a record tenth title",
@@ -123,6 +146,8 @@ class Row:
     concurrency: int
     queries: int
     seconds: tuple[float, ...]
+    #: Demonstrations per partition (None: the 2 short ones of before ``--shots``).
+    shots: int | None = None
 
     @property
     def calls_per_s(self) -> float:
@@ -134,16 +159,25 @@ class Row:
         return self.queries * T / max(self.seconds), self.queries * T / min(self.seconds)
 
 
-def query_prompts(i: int, scope: str) -> list[PromptSpec]:
-    """The T partition prompts of voting query ``i`` (each partition: 2 demonstrations),
-    keyed for the prefix cache as the server keys them (context id and partition)."""
+def partition_exemplars(p: int, shots: int | None) -> list[Exemplar]:
+    """Partition ``p``'s demonstrations: the 2 short ones of before (``shots`` None), or
+    ``shots`` of about 40 tokens each, distinct across partitions."""
+    if shots is None:
+        return [EXEMPLARS[(p + j) % len(EXEMPLARS)] for j in range(2)]
+    return [long_exemplar(p * shots + j) for j in range(shots)]
+
+
+def query_prompts(i: int, scope: str, shots: int | None = None) -> list[PromptSpec]:
+    """The T partition prompts of voting query ``i`` (each partition: 2 short demonstrations,
+    or ``shots`` realistic ones), keyed for the prefix cache as the server keys them
+    (context id and partition)."""
     q = QUERIES[i % len(QUERIES)] + f" (item {i})"
     template = DEFAULT_TEMPLATES["classification"]
     return [
         replace(
             render(
                 template,
-                [EXEMPLARS[(p + j) % len(EXEMPLARS)] for j in range(2)],
+                partition_exemplars(p, shots),
                 q,
                 task="classification",
                 labels=LABELS,
@@ -155,13 +189,15 @@ def query_prompts(i: int, scope: str) -> list[PromptSpec]:
     ]
 
 
-async def run_load(engine: Engine, concurrency: int, queries: int) -> float:
+async def run_load(
+    engine: Engine, concurrency: int, queries: int, shots: int | None = None
+) -> float:
     """Seconds to answer ``queries`` voting queries with ``concurrency`` in flight."""
     sem = asyncio.Semaphore(concurrency)
 
     async def one(i: int) -> None:
         async with sem:
-            scores = await engine.score_labels(query_prompts(i, "ctx_bench"), LABELS)
+            scores = await engine.score_labels(query_prompts(i, "ctx_bench", shots), LABELS)
             assert scores.shape == (T, len(LABELS))
 
     await one(0)  # warm-up (compilation, caches)
@@ -257,17 +293,42 @@ async def bench_engine(
     queries: int,
     reps: int,
     out: Path | None,
+    *,
+    shots: int | None = None,
+    profile: str | None = None,
 ) -> list[Row]:
+    """The engine's rows at every level; with ``profile`` (its device), each level's
+    split after its row (:mod:`engine_profile`)."""
     rows = []
     try:
         for c in levels:
             n = max(queries, c)
-            row = Row(name, model, c, n, tuple([await run_load(engine, c, n) for _ in range(reps)]))
+            seconds = [await run_load(engine, c, n, shots) for _ in range(reps)]
+            row = Row(name, model, c, n, tuple(seconds), shots)
             show(row, out)
             rows.append(row)
+            if profile is not None:
+                await profile_load(
+                    f"{name} {model}, {c} in flight, {n} queries",
+                    lambda c=c, n=n: run_load(engine, c, n, shots),
+                    profile,
+                    engine,
+                )
     finally:
         await engine.aclose()
     return rows
+
+
+def prompt_lengths(tokenizer_dir: Path, shots: int | None) -> list[int]:
+    """Token counts of the benchmark's partition prompts as the model sees them (chat
+    template applied), for the header."""
+    from transformers import AutoTokenizer
+
+    from dpicl.engines.prompting import PromptEncoder
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    enc = PromptEncoder(tok, model_name="bench")
+    return sorted(len(enc.encode(p)[1]) for p in query_prompts(0, "ctx_bench", shots))
 
 
 def build(engine: str, path: Path, device: str, random_weights: bool, eager: bool) -> Engine:
@@ -360,6 +421,20 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
     ap.add_argument(
         "--tokenizer", type=Path, default=None, help="the random model's tokenizer directory"
     )
+    ap.add_argument(
+        "--shots",
+        type=int,
+        default=None,
+        help="demonstrations per partition, of about 40 tokens each (default: 2 short ones, "
+        "the prompts of the rows before this option)",
+    )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="after each row, where the engine's time went at that level: tokenising, "
+        "Python and launches, reading back / waiting for the device, kernel classes, "
+        "synchronisations per batch (bench/engine_profile.py; two untimed passes)",
+    )
     ap.add_argument("--eager", action="store_true", help="vLLM without CUDA graphs/compile")
     ap.add_argument("--check-imports", action="store_true", help="import the engines, exit")
     args = ap.parse_args(argv)
@@ -376,6 +451,8 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
         raise SystemExit(f"unknown engine(s) {unknown}; expected some of {', '.join(ENGINES)}")
     if args.reps < 1:
         raise SystemExit(f"--reps must be >= 1, got {args.reps}")
+    if args.shots is not None and args.shots < 1:
+        raise SystemExit(f"--shots must be >= 1, got {args.shots}")
     if "vllm" in engines and importlib.util.find_spec("vllm") is None:
         print("vllm is not installed here: the vLLM rows are skipped")
         engines.remove("vllm")
@@ -400,6 +477,16 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
     print(f"/3.2: over paper 000's average {ANCHOR} calls/s (Llama-3-8B, one H100; see --help)")
     if args.tiny:
         print("--tiny: a 2-layer toy model; its /3.2 column compares nothing (a smoke run)")
+    lengths = prompt_lengths(bundled, args.shots)
+    shots = (
+        "2 short demonstrations"
+        if args.shots is None
+        else (f"{args.shots} demonstrations of about 40 tokens")
+    )
+    print(
+        f"prompts: {shots} per partition; {lengths[0]}-{lengths[-1]} tokens "
+        f"(median {statistics.median(lengths):.0f}) with the chat template"
+    )
     print(HEADER, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         models: list[tuple[str, Path, bool]] = []
@@ -417,7 +504,17 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
             for e in engines:
                 engine = build(e, path, args.device, random_weights, args.eager)
                 rows += asyncio.run(
-                    bench_engine(e, engine, label, levels, args.queries, args.reps, args.out)
+                    bench_engine(
+                        e,
+                        engine,
+                        label,
+                        levels,
+                        args.queries,
+                        args.reps,
+                        args.out,
+                        shots=args.shots,
+                        profile=args.device if args.profile else None,
+                    )
                 )
                 del engine
                 free_device_memory()
@@ -431,6 +528,13 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
                 levels,
                 args.queries,
                 args.out,
+                exemplars=None
+                if args.shots is None
+                else [
+                    (e.input, e.output)
+                    for p in range(T)
+                    for e in partition_exemplars(p, args.shots)
+                ],
             )
             compare_served(rows, served, label)
     for e in dict.fromkeys(r.engine for r in rows):

@@ -17,10 +17,17 @@ the ``SERVERS`` environments and loaded by the same client:
   server's process, a 2 ms batching timer, a 256 MiB prefix cache), set by their settings
   on this checkout.
 
+* ``before``: the defaults, run from another checkout's ``services`` directory (the
+  environment variable ``DPICL_BENCH_BEFORE``, e.g. ``git archive main services | tar -x``):
+  the same load on the code before a change, for a side-by-side comparison in one run
+  (``--servers served,before,served,before`` alternates them).
+
 Each level sends ``max(queries, 4 x in flight)`` queries or stops sending after
 ``level_s`` seconds (5 by default), whichever comes first, so that a slow server's rows end
 on time. Calls/s counts T = 10 LLM calls per voting query. "server CPU" is the HTTP process's CPU
-time over the level's wall time (cores), "engine CPU" the engine process's.
+time over the level's wall time (cores), "engine CPU" the engine process's, and "engine
+ms/call" the engine process's CPU time per LLM call (issue 46: its one thread is the
+ceiling).
 """
 
 from __future__ import annotations
@@ -80,6 +87,7 @@ SERVERS: dict[str, dict[str, str]] = {
         "DPICL_BATCH_WAIT_MS": "2",
         "DPICL_PREFIX_CACHE_MIB": "256",
     },
+    "before": {},  # PYTHONPATH set from DPICL_BENCH_BEFORE (run_served)
 }
 ROUTES = ("native", "openai")
 
@@ -100,6 +108,13 @@ class ServedRow:
     @property
     def calls_per_s(self) -> float:
         return self.queries * T / self.seconds
+
+    @property
+    def engine_ms_per_call(self) -> float | None:
+        """The engine process's CPU per LLM call, in milliseconds."""
+        if self.engine_cores is None:
+            return None
+        return 1000 * self.engine_cores / self.calls_per_s
 
 
 def _cpu_ticks(pid: int) -> int:
@@ -245,6 +260,7 @@ async def measure_server(
     queries: int,
     out: Path | None,
     level_s: float,
+    context: dict[str, Any],
 ) -> list[ServedRow]:
     """Load one started server at every level on both routes, then stop it."""
     proc, port, log = server
@@ -259,7 +275,7 @@ async def measure_server(
             " MiB",
             flush=True,
         )
-        status, body = await send(port, "POST", "/v1/contexts", ADMIN, CONTEXT)
+        status, body = await send(port, "POST", "/v1/contexts", ADMIN, context)
         if status != 201:
             raise RuntimeError(f"creating the context answered {status}: {body[:300]!r}")
         cid = str(json.loads(body)["id"])
@@ -296,21 +312,23 @@ async def measure_server(
 
 HEADER = (
     f"{'server':<12}{'route':<8}{'in flight':>10}{'queries':>9}{'calls/s':>10}"
-    f"{'GPU busy':>10}{'server CPU':>12}{'engine CPU':>12}"
+    f"{'GPU busy':>10}{'server CPU':>12}{'engine CPU':>12}{'engine ms/call':>16}"
 )
 
 
 def show(row: ServedRow, out: Path | None) -> None:
     gpu = "-" if row.gpu_busy is None else f"{row.gpu_busy:.0f}%"
     eng = "-" if row.engine_cores is None else f"{row.engine_cores:.2f}"
+    per = "-" if row.engine_ms_per_call is None else f"{row.engine_ms_per_call:.2f}"
     print(
         f"{row.server:<12}{row.route:<8}{row.concurrency:>10}{row.queries:>9}"
-        f"{row.calls_per_s:>10.1f}{gpu:>10}{row.server_cores:>12.2f}{eng:>12}",
+        f"{row.calls_per_s:>10.1f}{gpu:>10}{row.server_cores:>12.2f}{eng:>12}{per:>16}",
         flush=True,
     )
     if out is not None:
         with out.open("a") as f:
-            f.write(json.dumps(asdict(row) | {"calls_per_s": row.calls_per_s}) + "\n")
+            extra = {"calls_per_s": row.calls_per_s, "engine_ms_per_call": row.engine_ms_per_call}
+            f.write(json.dumps(asdict(row) | extra) + "\n")
 
 
 def run_served(
@@ -322,8 +340,12 @@ def run_served(
     queries: int,
     out: Path | None,
     level_s: float = 5.0,
+    *,
+    exemplars: Sequence[tuple[str, str]] | None = None,
 ) -> list[ServedRow]:
-    """Every server of ``servers`` in turn, each loaded at ``levels`` on both routes."""
+    """Every server of ``servers`` in turn, each loaded at ``levels`` on both routes, on a
+    context of ``exemplars`` (input, output) pairs (default: ``CONTEXT``'s, 2 short ones per
+    partition; ``bench/gpu.py --shots K`` gives K realistic ones per partition)."""
     unknown = sorted(set(servers) - set(SERVERS))
     if unknown:
         raise SystemExit(f"unknown server(s) {unknown}; expected some of {', '.join(SERVERS)}")
@@ -333,12 +355,23 @@ def run_served(
         "DPICL_MODEL": str(model_dir),
         "DPICL_LOAD_FORMAT": "dummy" if random_weights else "auto",
     }
+    context = CONTEXT
+    if exemplars is not None:
+        context = CONTEXT | {"exemplars": [{"input": i, "output": o} for i, o in exemplars]}
     weights = "random weights" if random_weights else "its weights"
     print(f"served: dpicl serve over HTTP, {model_dir.name}, {weights}, device {device}")
     print(HEADER, flush=True)
     rows: list[ServedRow] = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in servers:
-            server = start_server(name, common | SERVERS[name], Path(tmp))
-            rows += asyncio.run(measure_server(name, server, levels, queries, out, level_s))
+            env = common | SERVERS[name]
+            if name == "before":
+                before = os.environ.get("DPICL_BENCH_BEFORE")
+                if not before:
+                    raise SystemExit("server 'before' needs DPICL_BENCH_BEFORE (a services dir)")
+                env |= {"PYTHONPATH": str(Path(before).resolve())}
+            server = start_server(name, env, Path(tmp))
+            rows += asyncio.run(
+                measure_server(name, server, levels, queries, out, level_s, context)
+            )
     return rows

@@ -156,3 +156,64 @@ def test_served_bench_smoke_on_cpu(capsys: pytest.CaptureFixture[str], tmp_path:
     out = capsys.readouterr().out
     assert "served: dtype float32, load format dummy, engine pid" in out
     assert "served native, 2 in flight: served / engine = " in out
+
+
+def test_shots_give_realistic_prompt_lengths() -> None:
+    """``--shots K``: K distinct demonstrations of about 40 tokens per partition, so the
+    rows show the prompt lengths users send (issue 46: 8 shots, about 420 tokens)."""
+    bench = load_bench()
+    from dpicl.engines.models import DEFAULT_CACHE_DIR, resolve_llm
+
+    tok_dir = Path(resolve_llm(None, DEFAULT_CACHE_DIR))
+    short = bench.prompt_lengths(tok_dir, None)
+    one, eight = bench.prompt_lengths(tok_dir, 1), bench.prompt_lengths(tok_dir, 8)
+    per_shot = (statistics.median(eight) - statistics.median(one)) / 7
+    assert 35 <= per_shot <= 50
+    assert 380 <= statistics.median(eight) <= 460
+    assert max(short) < min(eight)
+    # Distinct across partitions and shots: no two partitions share a demonstration.
+    texts = [e.input for p in range(bench.T) for e in bench.partition_exemplars(p, 8)]
+    assert len(set(texts)) == len(texts) == 8 * bench.T
+
+
+def test_profile_prints_the_split_on_cpu(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """``--profile --tiny`` on the CPU: after the row, the host split (tokenising, reads, the
+    rest of the batches) and the operator classes with per-batch counts."""
+    bench = load_bench()
+    rows = bench.main(
+        [
+            "--device=cpu",
+            "--engines=transformers",
+            "--models=8b",
+            "--tiny",
+            "--concurrency=2",
+            "--queries=2",
+            "--reps=1",
+            "--shots=2",
+            "--profile",
+        ]
+    )
+    assert [(r.engine, r.concurrency, r.shots) for r in rows] == [("transformers", 2, 2)]
+    out = capsys.readouterr().out
+    assert "profile transformers tiny-llama, 2 in flight" in out
+    assert "tokenising and templating" in out and "reading results back" in out
+    assert "batches; kernel launches" in out
+    # The CPU operators were seen (the profilers watch the engine's batches in this thread).
+    line = next(x for x in out.splitlines() if "device (torch.profiler" in x)
+    assert "matmul" in line and " 0.000 s" not in line
+
+
+def test_kernel_classes() -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from engine_profile import kernel_class
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    assert kernel_class("aten::mm") == "matmul"
+    assert kernel_class("sm90_xmma_gemm_bf16bf16_bf16f32") == "matmul"
+    assert kernel_class("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention"
+    assert kernel_class("void at::native::elementwise_kernel<128, 2>") == "elementwise/copy"
+    assert kernel_class("aten::copy_") == "elementwise/copy"
+    assert kernel_class("aten::argmax") == "other"

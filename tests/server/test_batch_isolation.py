@@ -120,13 +120,20 @@ def test_contexts_in_one_batch_share_no_prefix(
     monkeypatch.setattr(transformers_past, "shared_past", spy)
 
     def run(jobs_prompts: list[list[PromptSpec]]) -> None:
+        # Encoded as the engine's callers encode them (one call marker each), then merged.
         if call == "score":
-            results: list[Any] = engine.locked(
-                score_jobs, engine, [(p, ["Yes", "No"]) for p in jobs_prompts]
-            )
+            jobs = [
+                engine.tokens.encode_scoring(p, ["Yes", "No"], f"call:{j}")
+                for j, p in enumerate(jobs_prompts)
+            ]
+            results: list[Any] = engine.locked(score_jobs, engine, jobs)
         else:
             params = GenerationParams(max_tokens=2, temperature=0.0, seed=1)
-            results = engine.locked(generate_jobs, engine, [(p, params) for p in jobs_prompts])
+            gen_jobs = [
+                (engine.tokens.encode_generation(p, f"call:{j}"), params)
+                for j, p in enumerate(jobs_prompts)
+            ]
+            results = engine.locked(generate_jobs, engine, gen_jobs)
         assert not any(isinstance(r, BaseException) for r in results), results
 
     # Two contexts' calls merged into one batch: no prefix is shared across them.

@@ -14,7 +14,9 @@ exchanges prompts and scores with the engine process, which runs nothing but the
 How. The engine process (:mod:`dpicl.engines.process.main`, started with the server's own
 interpreter and environment) builds the engine from an :class:`EngineSpec` and answers
 requests over a socket pair: ``(id, op, args)`` in, ``(id, ok, value, metrics)`` out,
-pickled (prompts and labels in; score arrays, texts and DPS-MOZO step logits out). There
+pickled (prompts as token ids and labels' token ids in, for an engine that tokenises: they
+are rendered and tokenised here, each prefix once, so the engine process's one thread only
+runs the model (issue 46); score arrays, texts and DPS-MOZO step logits out). There
 it runs the model in its event loop's own thread (``ModelRunner.inline``): requests that
 arrive during a batch wait in the socket and join the next one, so a batch starts as soon
 as the engine is free. Here, a sender thread writes requests (a full socket never blocks
@@ -55,7 +57,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -65,6 +67,7 @@ import numpy as np
 
 from dpicl import errors, metrics
 from dpicl.engines.base import FloatArray, GenerationParams, PromptSpec, StepLogits
+from dpicl.engines.prompting import PromptEncoder, PromptTokenizer
 from dpicl.engines.threads import ThreadPlan
 from dpicl.engines.tuning import EngineTuning
 from dpicl.errors import DpiclError, EngineError
@@ -125,6 +128,10 @@ class EngineInfo:
     #: Detokenises a DPS-MOZO suffix here, as the engine's session would there
     #: (``DecodingSession.decode`` is synchronous: no round trip on the event loop).
     decoder: Callable[[Sequence[int]], str]
+    #: The engine's prompt encoder (tokenizer and settings), for an engine that tokenises:
+    #: prompts are rendered and tokenised here and cross as token ids (issue 46), so the
+    #: engine process's one thread only runs the model. None: prompts cross as they are.
+    encoder: PromptEncoder | None = None
 
 
 class TokenizerDecoder:
@@ -256,6 +263,11 @@ class ProcessEngine:
         self.device = info.device
         self.engine_pid = info.pid
         self.prefix_cache_mib = info.prefix_cache_mib
+        # Used only on the event loop (score_labels, generate): one thread, as it needs.
+        self.tokens = (
+            PromptTokenizer.from_encoder(info.encoder) if info.encoder is not None else None
+        )
+        self._calls = itertools.count()
         self._ids = itertools.count(1)
         self._pending: dict[int, concurrent.futures.Future[Any]] = {}
         self._lock = threading.Lock()
@@ -447,22 +459,40 @@ class ProcessEngine:
     async def score_labels(
         self, prompts: Sequence[PromptSpec], labels: Sequence[str]
     ) -> FloatArray:
+        if self.tokens is not None and prompts and labels:
+            # Rendered and tokenised here (each prefix once); a prompt that does not fit is
+            # refused here, with the engine's own error, without a round trip.
+            call = f"call:{next(self._calls)}"
+            rows, labs = self.tokens.encode_scoring(prompts, labels, call)
+            return await self._chunked(
+                len(rows), lambda i, j: self.call("score_ids", rows[i:j], labs[i:j])
+            )
+        texts, names = list(prompts), list(labels)
+        return await self._chunked(len(texts), lambda i, j: self.call("score", texts[i:j], names))
+
+    async def _chunked(
+        self, n: int, score: Callable[[int, int], Awaitable[FloatArray]]
+    ) -> FloatArray:
+        """``score(i, j)`` of rows ``i:j`` over ``n`` rows, in chunks of ``chunk_prompts``,
+        one in flight at a time: a cancelled answer stops after the chunk in flight (the
+        module docstring). The chunks of concurrent answers still share the engine's
+        batches."""
         size = self.chunk_prompts
-        if size <= 0 or len(prompts) <= size:
-            result: FloatArray = await self.call("score", list(prompts), list(labels))
-            return result
-        # One chunk in flight at a time: a cancelled answer stops after it (the module
-        # docstring). The chunks of concurrent answers still share the engine's batches.
-        parts = []
-        for i in range(0, len(prompts), size):
-            parts.append(await self.call("score", list(prompts[i : i + size]), list(labels)))
+        if size <= 0 or n <= size:
+            return await score(0, n)
+        parts = [await score(i, min(i + size, n)) for i in range(0, n, size)]
         return np.concatenate(parts, axis=0)
 
     async def generate(self, prompts: Sequence[PromptSpec], params: GenerationParams) -> list[str]:
         params.check()  # refused here, without a round trip
         if not prompts:
             return []
-        result: list[str] = await self.call("generate", list(prompts), params)
+        result: list[str]
+        if self.tokens is not None:
+            rows = self.tokens.encode_generation(prompts, f"call:{next(self._calls)}")
+            result = await self.call("generate_ids", rows, params)
+            return result
+        result = await self.call("generate", list(prompts), params)
         return result
 
     async def open_decoding(

@@ -37,6 +37,7 @@ from dpicl.engines.process.engine import (
     wire_error,
 )
 from dpicl.engines.transformers import batching, prefix_cache
+from dpicl.errors import EngineError
 from dpicl.logging_setup import configure_logging, level_of
 
 __all__ = ["main"]
@@ -103,6 +104,7 @@ def _info(engine: Engine, spec: EngineSpec) -> EngineInfo:
         pid=os.getpid(),
         prefix_cache_mib=getattr(getattr(engine, "tuning", None), "prefix_cache_mib", None),
         decoder=decoder,
+        encoder=getattr(engine, "encoder", None) if hasattr(engine, "score_encoded") else None,
     )
 
 
@@ -120,6 +122,9 @@ class _Server:
         self.ops: dict[str, Callable[..., Awaitable[Any]]] = {
             "score": engine.score_labels,
             "generate": engine.generate,
+            # Prompts tokenised in the server process (an engine with an encoder).
+            "score_ids": getattr(engine, "score_encoded", self._unsupported),
+            "generate_ids": getattr(engine, "generate_encoded", self._unsupported),
             "open": self._open,
             "step": self._step,
             "advance": self._advance,
@@ -127,6 +132,9 @@ class _Server:
         }
         self.done = asyncio.Event()
         self.tasks: dict[int, asyncio.Task[None]] = {}
+
+    async def _unsupported(self, *args: Any) -> Any:
+        raise EngineError(f"the {self.engine.name} engine takes no token ids")
 
     async def _open(self, prompts: Any, zero_shot_index: int, top_k: int) -> tuple[int, int]:
         session = await self.engine.open_decoding(

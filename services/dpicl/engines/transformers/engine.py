@@ -6,8 +6,12 @@ explicit ``position_ids`` (``attention_mask.cumsum(-1) - 1``, clamped at 0), so 
 logits do not depend on what it was batched with (up to float rounding, tested to 1e-4).
 The tensor layouts are in :mod:`.kv_layout`.
 
-Prompts and labels are rendered and tokenised by :class:`~dpicl.engines.prompting.
-PromptEncoder` (the convention the vLLM engine shares; its docstring has the rules): with a
+Prompts and labels are rendered and tokenised before they reach the model's thread (issue
+46): by the caller here (:attr:`~.runner.ModelRunner.tokens`), by the server process where
+the engine runs in a process of its own (which sends ``score_encoded`` and
+``generate_encoded`` token ids), each prefix once, with :class:`~dpicl.engines.prompting.
+PromptTokenizer`, which gives the ids :class:`~dpicl.engines.prompting.PromptEncoder` gives
+(the convention the vLLM engine shares; its docstring has the rules): with a
 chat template, ``PromptSpec.text`` is the single user message plus the generation prompt; a
 label's tokens are those it has after the rendered prompt. A label's score is the total
 log-probability of its tokens (not a trailing end-of-turn token), so it does not depend on
@@ -67,6 +71,7 @@ import torch
 
 from dpicl.engines.base import FloatArray, GenerationParams, PromptSpec
 from dpicl.engines.placement import resolve_dtype
+from dpicl.engines.prompting import EncodedPrompt
 from dpicl.engines.transformers.batching import MicroBatcher
 from dpicl.engines.transformers.decoding import TransformersDecodingSession
 from dpicl.engines.transformers.generation import GenJob, generate_jobs
@@ -200,7 +205,21 @@ class TransformersEngine(ModelRunner):
             return np.zeros((0, len(labels)), dtype=np.float64)
         if self._closed:
             raise EngineError("the transformers engine is closed")
-        job: ScoreJob = (list(prompts), list(labels))
+        # Tokenised here, in the caller's thread, not in the batch (issue 46): a prompt
+        # that does not fit fails its own call before it reaches the batcher.
+        rows, labs = self.tokens.encode_scoring(prompts, labels, self.next_call())
+        return await self.score_encoded(rows, labs)
+
+    async def score_encoded(
+        self, rows: Sequence[EncodedPrompt], labels: Sequence[Sequence[Sequence[int]]]
+    ) -> FloatArray:
+        """:meth:`score_labels` of prompts already tokenised (``labels[b][j]``: label j's
+        token ids after row b): what the engine process runs for the server process."""
+        if self._closed:
+            raise EngineError("the transformers engine is closed")
+        if not rows:
+            return np.zeros((0, len(labels[0]) if labels else 0), dtype=np.float64)
+        job: ScoreJob = (list(rows), [[list(x) for x in row] for row in labels])
         return await self.score_batcher.submit(job, size=len(job[0]))
 
     async def _run_score_jobs(self, jobs: list[ScoreJob]) -> list[FloatArray | BaseException]:
@@ -214,7 +233,19 @@ class TransformersEngine(ModelRunner):
             return []
         if self._closed:
             raise EngineError("the transformers engine is closed")
-        job: GenJob = (list(prompts), params)
+        rows = self.tokens.encode_generation(prompts, self.next_call())
+        return await self.generate_encoded(rows, params)
+
+    async def generate_encoded(
+        self, rows: Sequence[EncodedPrompt], params: GenerationParams
+    ) -> list[str]:
+        """:meth:`generate` of prompts already tokenised."""
+        params.check()
+        if not rows:
+            return []
+        if self._closed:
+            raise EngineError("the transformers engine is closed")
+        job: GenJob = (list(rows), params)
         return await self.generate_batcher.submit(job, size=len(job[0]))
 
     async def _run_generate_jobs(self, jobs: list[GenJob]) -> list[list[str] | BaseException]:

@@ -1,6 +1,7 @@
 """Free-text generation of the transformers engine (ESA's partition and candidate texts).
 
-Calls merged by the engine's generate batcher arrive here as jobs. Jobs with the same
+Calls merged by the engine's generate batcher arrive here as jobs of token ids (tokenised
+before the engine's thread). Jobs with the same
 settings (``max_tokens``, temperature, stop strings) run as one batch, others as batches of
 their own in the same engine run. Every job samples from its own generator, seeded from its
 ``GenerationParams.seed`` (the pipelines pass OS entropy): rows of one job are drawn together,
@@ -18,16 +19,17 @@ from collections.abc import Sequence
 
 import torch
 
-from dpicl.engines.base import GenerationParams, PromptSpec
+from dpicl.engines.base import GenerationParams
+from dpicl.engines.prompting import EncodedPrompt
 from dpicl.engines.transformers.past import prefill_rows
 from dpicl.engines.transformers.runner import ModelRunner, Row
-from dpicl.errors import DpiclError
 
 log = logging.getLogger("dpicl.engines")
 
 __all__ = ["GenJob", "generate_chunk", "generate_jobs", "sample"]
 
-GenJob = tuple[list[PromptSpec], GenerationParams]
+#: One call: its prompts encoded (tokenised before the engine's thread) and its settings.
+GenJob = tuple[list[EncodedPrompt], GenerationParams]
 
 
 def generate_jobs(engine: ModelRunner, jobs: list[GenJob]) -> list[list[str] | BaseException]:
@@ -43,12 +45,7 @@ def generate_jobs(engine: ModelRunner, jobs: list[GenJob]) -> list[list[str] | B
         gens: dict[int, torch.Generator] = {}
         for j in members:
             prompts, params = jobs[j]
-            try:
-                # A call's unscoped prompts share a scope of their own (no other call's).
-                enc = [engine.encode_row(p, f"call:{j}") for p in prompts]
-            except DpiclError as exc:
-                results[j] = exc
-                continue
+            enc = [engine.row_of(p) for p in prompts]
             seed = params.seed if params.seed is not None else secrets.randbits(63)
             gens[j] = torch.Generator(device=engine.device)
             gens[j].manual_seed(int(seed) % (2**63))

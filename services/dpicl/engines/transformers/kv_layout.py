@@ -37,6 +37,7 @@ __all__ = [
     "slot_prefixes",
     "stack_packed",
     "stack_prefixes",
+    "to_device",
 ]
 
 Layers = Sequence[tuple[torch.Tensor, torch.Tensor]]
@@ -197,10 +198,12 @@ def plan_scoring(
     offsets: Sequence[int],
     past_mask: torch.Tensor,
     pad_id: int,
+    device: torch.device | None = None,
 ) -> ScoringPlan:
     """Lay out rows ``rests[b]`` (each non-empty; their position ids start at
     ``offsets[b]``, after a past of keys ``past_mask[b]``) with a branch per multi-token
-    label of ``labels[b]``: ``[pads][rest][branch 1][branch 2]...[pads]``.
+    label of ``labels[b]``: ``[pads][rest][branch 1][branch 2]...[pads]``. The plan's
+    tensors go to ``device`` (default: ``past_mask``'s).
 
     The token grid is built in Python lists and the mask by whole-batch comparisons of each
     column's segment (pad, rest, branch k), with a constant number of tensor operations
@@ -252,16 +255,28 @@ def plan_scoring(
     # A pad query attends to itself only (an all-masked row would give NaN).
     att |= torch.diag_embed(~real)
     w = past_mask.shape[1]
+    # The past's mask is read on the host: a device copy would be a synchronisation per
+    # batch on CUDA (the host waiting for the device before it can lay out the next
+    # forward), so callers pass it built on the host (prefix_mask(offsets)) and ``device``.
+    dev = past_mask.device if device is None else device
     past = past_mask.bool().cpu()[:, None, :].expand(n, s, w) & real[:, :, None]
     mask = torch.cat([past, att], dim=2)[:, None, :, :]
-    dev = past_mask.device
     return ScoringPlan(
-        torch.tensor(ids, dtype=torch.long).to(dev),
-        torch.tensor(pos, dtype=torch.long).to(dev),
-        mask.to(dev),
-        torch.tensor(keep, dtype=torch.bool).to(dev),
+        to_device(torch.tensor(ids, dtype=torch.long), dev),
+        to_device(torch.tensor(pos, dtype=torch.long), dev),
+        to_device(mask, dev),
+        to_device(torch.tensor(keep, dtype=torch.bool), dev),
         reads,
     )
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on ``device``: on CUDA from pinned memory without waiting (the copy is
+    ordered on the stream before the kernels that read it, so the host goes on laying out
+    the batch while it runs); elsewhere as it is."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)  # pragma: no cover - GPU only
 
 
 def attention_mask_for(mask: torch.Tensor, implementation: str, dtype: torch.dtype) -> torch.Tensor:

@@ -230,11 +230,10 @@ def prefix_entries(engine: ModelRunner, rows: Sequence[Row]) -> dict[tuple[str, 
         if entry is not None:
             have[r.slot] = entry
             continue
-        own = engine.encoder.encode_text(r.rendered_prefix, special=not engine.use_chat_template)
-        n = common_prefix_len([own, r.ids])
-        # Leave the prefix's last token to the query side: it is the one a tokeniser
-        # may merge with the query's first characters.
-        n = min(n, len(own) - 1, len(r.ids) - 1)
+        # Computed where the prompt was tokenised (PromptTokenizer._slot): the prefix's
+        # own tokens less the last, which a tokeniser may merge with the query's first
+        # characters.
+        n = min(r.prefix_len, len(r.ids) - 1)
         if n >= 1:
             todo[r.slot] = r.ids[:n]
             scope[r.slot] = r.scope

@@ -22,13 +22,14 @@ engine uses it only under its model lock.
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+# Computed where prompts are tokenised (the server's side of the engine boundary).
+from dpicl.engines.prompting import prefix_fingerprint
 from dpicl.metrics import (
     PREFIX_CACHE_ENTRIES,
     PREFIX_CACHE_HITS,
@@ -40,11 +41,6 @@ from dpicl.metrics import (
 __all__ = ["PrefixCache", "PrefixEntry", "PrefixStats", "prefix_fingerprint"]
 
 Layers = tuple[tuple[torch.Tensor, torch.Tensor], ...]
-
-
-def prefix_fingerprint(rendered_prefix: str) -> str:
-    """A collision-resistant fingerprint of the prefix text the model sees."""
-    return hashlib.sha256(rendered_prefix.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,8 @@ helpers never import the engine.
 from __future__ import annotations
 
 import asyncio
+import functools
+import itertools
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,12 +26,12 @@ from typing import Any, TypeVar
 import torch
 
 from dpicl.engines.base import PromptSpec
-from dpicl.engines.prompting import PromptEncoder
+from dpicl.engines.prompting import EncodedPrompt, PromptEncoder, PromptTokenizer
 from dpicl.engines.threads import ThreadPlan
 from dpicl.engines.transformers.attention import SHARED_KV_SDPA, use_shared_kv_sdpa
 from dpicl.engines.transformers.kv_layout import Batch, chunks, left_pad
 from dpicl.engines.transformers.lm_head import use_blocked_lm_head
-from dpicl.engines.transformers.prefix_cache import PrefixCache, prefix_fingerprint
+from dpicl.engines.transformers.prefix_cache import PrefixCache
 from dpicl.engines.transformers.slot_cache import KVWorkspace
 from dpicl.engines.tuning import EngineTuning
 from dpicl.errors import EngineError
@@ -48,13 +50,14 @@ class Row:
     """One encoded prompt: the model's text, its token ids and, when its prefix may be
     cached, the cache key ``(cache_key, fingerprint)`` and the rendered prefix text.
     ``scope`` says which rows may share computed state with it (:func:`shared_past`): its
-    context's id (``PromptSpec.cache_scope``), or a marker of the call it came in."""
+    context's id (``PromptSpec.cache_scope``), or a marker of the call it came in.
+    ``prefix_len``: the leading tokens whose KV state may be cached under ``slot``, as the
+    server's side computed them (:class:`~dpicl.engines.prompting.EncodedPrompt`)."""
 
-    rendered: str
     ids: list[int]
     slot: tuple[str, str] | None = None
-    rendered_prefix: str = ""
     scope: str = ""
+    prefix_len: int = 0
 
 
 def _device_of(model: Any) -> torch.device:
@@ -141,6 +144,7 @@ class ModelRunner:
         # torch's thread pools as the factory set them (DPICL_TORCH_THREADS); None: untouched.
         self.threads: ThreadPlan | None = None
         self._lock = threading.Lock()
+        self._calls = itertools.count()
         self._closed = False
         # An unset prefix-cache budget is sized here, with the weights already on the device.
         self.tuning = (tuning if tuning is not None else EngineTuning()).sized_for(
@@ -181,7 +185,9 @@ class ModelRunner:
     def locked(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` in this thread, under the model lock and ``torch.inference_mode``:
         the model sees one batch at a time."""
-        with self._lock, torch.inference_mode():
+        # The batch is a range in a torch.profiler trace (bench/gpu.py --profile counts the
+        # synchronisations and launches per batch by it); without a profiler it costs ~1 us.
+        with self._lock, torch.inference_mode(), torch.profiler.record_function("dpicl::batch"):
             if self._closed:
                 raise EngineError("the transformers engine is closed")
             plan = self.threads
@@ -214,24 +220,30 @@ class ModelRunner:
         """Token ids of ``label`` as the answer that follows ``rendered_prompt``."""
         return self.encoder.label_ids(rendered_prompt, label)
 
+    @functools.cached_property
+    def tokens(self) -> PromptTokenizer:
+        """Renders and tokenises prompts before they reach the model's thread, each prefix
+        once (:class:`~dpicl.engines.prompting.PromptTokenizer`): the engine's own entry
+        points use it in the caller's thread; in an engine process the server process has
+        its own (sent in :class:`~dpicl.engines.process.engine.EngineInfo`)."""
+        return PromptTokenizer.from_encoder(self.encoder)
+
+    def next_call(self) -> str:
+        """A fresh marker of one call: the scope of its prompts without a context."""
+        return f"call:{next(self._calls)}"
+
+    def row_of(self, enc: EncodedPrompt) -> Row:
+        """A batch row of an encoded prompt; its slot is dropped where the prefix cache is
+        off (the batch then shares only a common prefix, as without a slot)."""
+        slot = enc.slot if self.prefix_cache.enabled else None
+        return Row(list(enc.ids), slot, enc.scope, enc.prefix_len if slot else 0)
+
     def encode_row(self, prompt: PromptSpec, call: str) -> Row:
-        """``prompt`` encoded for a batch; ``call`` marks the call it came in, the scope of
-        a prompt without a context (``PromptSpec.cache_scope``): rows of different scopes
-        never share a prefix (:func:`~.past.shared_past`)."""
-        scope = prompt.cache_scope or call
-        # The prompt that runs may be the fallback (PromptSpec.fallback): its own prefix
-        # and cache key then apply.
-        prompt, rendered, ids = self.encoder.encode_used(prompt)
-        prefix = prompt.prefix_text
-        if not (prompt.cache_key and prefix and self.prefix_cache.enabled):
-            return Row(rendered, ids, scope=scope)
-        # Where the prompt text sits inside the chat template (the template copies it
-        # verbatim; if it did not, the row is simply not cached).
-        at = rendered.find(prompt.text)
-        if at < 0:
-            return Row(rendered, ids, scope=scope)
-        head = rendered[: at + len(prefix)]
-        return Row(rendered, ids, (prompt.cache_key, prefix_fingerprint(head)), head, scope)
+        """``prompt`` encoded for a batch (:meth:`PromptTokenizer.encode_prompt`); ``call``
+        marks the call it came in, the scope of a prompt without a context
+        (``PromptSpec.cache_scope``): rows of different scopes never share a prefix
+        (:func:`~.past.shared_past`)."""
+        return self.row_of(self.tokens.encode_prompt(prompt, call)[0])
 
     # ------------------------------------------------------------------ batches
 

@@ -1,14 +1,15 @@
 """Label scoring of the transformers engine (private voting's per-partition scores).
 
-Calls merged by the engine's score batcher arrive here as jobs; their rows run as one batch
+Calls merged by the engine's score batcher arrive here as jobs of token ids (tokenised
+before the engine's thread, :class:`~dpicl.engines.prompting.PromptTokenizer`); their rows
+run as one batch
 (cut into chunks of at most ``max_batch_tokens``), each row with its own labels. A chunk is
 one forward over the rows' tokens after their past, each row followed by a branch per
 multi-token label (:func:`~.kv_layout.plan_scoring`), with logits computed only
 where a label token is read. Rows with cached prefixes continue from them in a
 :class:`~.slot_cache.SlotCache` in the engine's reused workspace
 (:func:`~.past.slot_past`); other batches from a ``DynamicCache``
-(:func:`~.past.rows_past`). A call whose prompts fail to
-encode fails alone; a model failure fails every call of the batch. These functions run under
+(:func:`~.past.rows_past`). A model failure fails every call of the batch. These functions run under
 the engine's model lock (:meth:`~.runner.ModelRunner.run`).
 """
 
@@ -18,16 +19,22 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from dpicl.engines.base import FloatArray, PromptSpec
-from dpicl.engines.transformers.kv_layout import attention_mask_for, plan_scoring, prefix_mask
+from dpicl.engines.base import FloatArray
+from dpicl.engines.prompting import EncodedPrompt
+from dpicl.engines.transformers.kv_layout import (
+    attention_mask_for,
+    plan_scoring,
+    prefix_mask,
+    to_device,
+)
 from dpicl.engines.transformers.past import found_prefixes, rows_past, slot_past, slottable
 from dpicl.engines.transformers.prefix_cache import prefix_lens
 from dpicl.engines.transformers.runner import ModelRunner, Row
-from dpicl.errors import DpiclError
 
 __all__ = ["ScoreJob", "score_chunk", "score_jobs"]
 
-ScoreJob = tuple[list[PromptSpec], list[str]]
+#: One call: its encoded prompts and, per prompt, each label's token ids.
+ScoreJob = tuple[list[EncodedPrompt], list[list[list[int]]]]
 
 # A boolean (batch, seq) ``logits_to_keep`` (projects only the label positions onto the
 # vocabulary) arrived with ``slice_logits_to_keep`` in transformers 5.2x; the older
@@ -42,24 +49,20 @@ except ImportError:  # pragma: no cover - depends on the installed transformers
 
 
 def score_jobs(engine: ModelRunner, jobs: list[ScoreJob]) -> list[FloatArray | BaseException]:
-    """Score several calls' prompts as one batch; one result (or error) per call."""
+    """Score several calls' rows as one batch; one result (or error) per call. The rows
+    and their labels' token ids arrive encoded (:meth:`~dpicl.engines.prompting.
+    PromptTokenizer.encode_scoring`): nothing is tokenised on the model's thread."""
     results: list[FloatArray | BaseException] = []
     rows: list[Row] = []
     lab_ids: list[list[list[int]]] = []
     outs: list[npt.NDArray[np.float64]] = []
-    for j, (prompts, labels) in enumerate(jobs):
-        try:
-            # A call's unscoped prompts share a scope of their own (no other call's).
-            enc = [engine.encode_row(p, f"call:{j}") for p in prompts]
-            labs = [[engine.label_ids(r.rendered, lab) for lab in labels] for r in enc]
-        except DpiclError as exc:
-            results.append(exc)
-            continue
-        out = np.empty((len(prompts), len(labels)), dtype=np.float64)
+    for encoded, labs in jobs:
+        n_labels = len(labs[0]) if labs else 0
+        out = np.empty((len(encoded), n_labels), dtype=np.float64)
         results.append(out)
-        rows.extend(enc)
+        rows.extend(engine.row_of(e) for e in encoded)
         lab_ids.extend(labs)
-        outs.extend(out[i] for i in range(len(prompts)))
+        outs.extend(out[i] for i in range(len(encoded)))
     if not rows:
         return results
     # A row's width in the scoring forward: its tokens plus its label branches.
@@ -93,13 +96,20 @@ def score_chunk(
         # laid out with exactly the plan's tokens of room.
         lens = prefix_lens(found)
         rests = [r.ids[n:] for r, n in zip(rows, lens, strict=True)]
-        mask = prefix_mask(lens, engine.device)
-        plan = plan_scoring(rests, lab_ids, lens, mask, engine.pad_token_id)
+        host = torch.device("cpu")
+        plan = plan_scoring(
+            rests, lab_ids, lens, prefix_mask(lens, host), engine.pad_token_id, engine.device
+        )
         past = slot_past(engine, found, plan.input_ids.shape[1])
     else:  # the stacked or shared past
         past = rows_past(engine, rows, found)
         rests = [r.ids[o:] for r, o in zip(rows, past.offsets, strict=True)]
-        plan = plan_scoring(rests, lab_ids, past.offsets, past.mask, engine.pad_token_id)
+        # The past's mask rebuilt on the host from its offsets (no device read): every
+        # past is [pads][prefix] of offsets[b] tokens (a shared prefix: all alike; none: 0).
+        host_mask = prefix_mask(past.offsets, torch.device("cpu"))
+        plan = plan_scoring(
+            rests, lab_ids, past.offsets, host_mask, engine.pad_token_id, engine.device
+        )
     cache = past.cache
     model = engine.model_obj
     res = model(
@@ -115,10 +125,12 @@ def score_chunk(
         logits = logits[plan.keep]
     logits = logits.float()  # (kept positions, V)
     flat = [(i, t) for row in plan.reads for lab in row for i, t in lab]
-    at_pos = torch.tensor([i for i, _ in flat], dtype=torch.long, device=logits.device)
-    at_tok = torch.tensor([t for _, t in flat], dtype=torch.long, device=logits.device)
+    read_at = to_device(torch.tensor(flat, dtype=torch.long), logits.device)
+    at_pos, at_tok = read_at[:, 0], read_at[:, 1]
     # log p = logit - logsumexp, taken only at the read entries (the full log-softmax over
-    # the vocabulary was a (positions, V) subtraction for a handful of values).
+    # the vocabulary was a (positions, V) subtraction for a handful of values). Only these
+    # values come back to the host: the batch's one synchronisation, where its results
+    # are needed.
     got = logits[at_pos, at_tok] - torch.logsumexp(logits, dim=-1)[at_pos]
     vals = got.double().cpu().numpy()
     at = 0
