@@ -245,7 +245,7 @@ async def test_bounded_noise_is_flagged_black_box_by_the_tail_probe(
     verdict = json.loads((page.parent / "report.json").read_text())["verdicts"][res["run_id"]]
     text = page.read_text()
     table = text[text.index("<h2>From outside</h2>") :]
-    assert re.search(r"<td[^>]*>tails</td><td class='(\w+)'>", table)[1] == tails["status"]
+    assert re.search(r"<td[^>]*>tails</td><td[^>]* class='(\w+)'>", table)[1] == tails["status"]
     if fault is None:
         assert verdict in ("ok", "inconclusive") and "finding nonconforming" not in text
     else:

@@ -164,7 +164,10 @@ async def test_a_cancelled_call_is_dropped_before_its_batch_and_its_chunks_stop(
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert sent == ["score", "cancel"], sent
+        # No further chunk is sent. The cancel goes out when the chunk was still pending; on a
+        # loaded machine its answer can arrive before the cancel is seen (no cancel needed):
+        # the engine process's side of a cancel is the next test's.
+        assert sent in (["score", "cancel"], ["score"]), sent
         assert not engine._pending
         # The engine process serves on.
         assert (await engine.score_labels(PROMPTS[:2], ["a", "b"])).shape == (2, 2)
