@@ -30,7 +30,7 @@ from dpicl.web.schemas import ClassifyResponse
 # order (what GET /v1/contexts/{id} shows as `mechanism`).
 VOTING_KEYS = [
     "epsilon", "delta", "partitions", "partition_seed", "partitioning", "calibration", "name",
-    "temperature", "label_calibration", "sigma", "sensitivity", "epsilon_exact",
+    "temperature", "sigma", "sensitivity", "epsilon_exact", "label_calibration",
 ]  # fmt: skip
 ESA_KEYS = [
     "epsilon", "delta", "partitions", "partition_seed", "partitioning", "calibration", "name",
