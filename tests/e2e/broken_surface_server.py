@@ -141,8 +141,8 @@ CHARGE_WITHOUT_QUERY_LIMIT = (
 class _NoQueryLimit(charges_mod.ChargeStatements):
     """The repository's statements, its context charge without the query condition."""
 
-    def __init__(self, backend: str, *args: Any) -> None:
-        super().__init__(backend, CHARGE_WITHOUT_QUERY_LIMIT, charges_mod.REFUND)
+    def __init__(self, backend: str, *args: Any, **kwargs: Any) -> None:
+        super().__init__(backend, CHARGE_WITHOUT_QUERY_LIMIT, charges_mod.REFUND, **kwargs)
 
 
 RACY_QUERIES = Fault(
