@@ -35,7 +35,8 @@ from dpicl.engines.placement import (
     resolve_device,
     resolve_dtype,
 )
-from dpicl.engines.process.engine import EngineSpec, ProcessEngine, error_of, wire_error
+from dpicl.engines.process.engine import ProcessEngine
+from dpicl.engines.process.wire import EngineSpec, error_of, wire_error
 from dpicl.engines.transformers.engine import TransformersEngine
 from dpicl.engines.tuning import EngineTuning
 from dpicl.errors import EngineError, InvalidRequest, UnsupportedParameter

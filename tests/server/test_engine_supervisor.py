@@ -20,9 +20,10 @@ import pytest
 from prometheus_client import REGISTRY
 
 from dpicl.engines.base import PromptSpec
-from dpicl.engines.process.engine import CANCEL, EngineSpec, ProcessEngine
+from dpicl.engines.process.engine import ProcessEngine
 from dpicl.engines.process.main import _RELAYED, _Server
 from dpicl.engines.process.supervisor import RestartPolicy, SupervisedEngine
+from dpicl.engines.process.wire import CANCEL, EngineSpec
 from dpicl.engines.transformers.batching import MicroBatcher
 from dpicl.errors import EngineError
 from tests.conftest import admin_headers, user_headers

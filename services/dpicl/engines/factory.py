@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Literal
 
 from dpicl.engines.base import Embedder, Engine
 from dpicl.engines.placement import AUTO_DEVICE, resolve_device
-from dpicl.engines.process.engine import EngineSpec, ProcessEngine, spawn
+from dpicl.engines.process.engine import ProcessEngine, spawn
 from dpicl.engines.process.supervisor import RestartPolicy, SupervisedEngine
+from dpicl.engines.process.wire import EngineSpec
 from dpicl.engines.threads import ThreadPlan, apply_torch_threads, choose_threads, usable_cores
 from dpicl.engines.tuning import EngineTuning
 from dpicl.engines.vllm.engine import VllmOptions

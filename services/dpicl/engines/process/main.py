@@ -2,7 +2,7 @@
 
 Started by :meth:`dpicl.engines.process.engine.ProcessEngine.start` with the server's interpreter
 and environment and one end of a socket pair as ``FD``. It reads an
-:class:`~dpicl.engines.process.engine.EngineSpec`, builds that engine (a failure is sent back as the
+:class:`~dpicl.engines.process.wire.EngineSpec`, builds that engine (a failure is sent back as the
 engine's own error), answers ``("ready", EngineInfo)`` and then serves requests until the
 socket closes (the server closed the engine or died): then it exits.
 
@@ -28,7 +28,7 @@ from dpicl.engines.base import DecodingSession, Engine
 from dpicl.engines.factory import build_from
 from dpicl.engines.memory import device_memory
 from dpicl.engines.oracle.engine import decode_oracle_tokens
-from dpicl.engines.process.engine import (
+from dpicl.engines.process.wire import (
     CANCEL,
     EngineInfo,
     EngineSpec,

@@ -225,7 +225,7 @@ class ModelRunner:
         """Renders and tokenises prompts before they reach the model's thread, each prefix
         once (:class:`~dpicl.engines.prompting.PromptTokenizer`): the engine's own entry
         points use it in the caller's thread; in an engine process the server process has
-        its own (sent in :class:`~dpicl.engines.process.engine.EngineInfo`)."""
+        its own (sent in :class:`~dpicl.engines.process.wire.EngineInfo`)."""
         return PromptTokenizer.from_encoder(self.encoder)
 
     def next_call(self) -> str:
