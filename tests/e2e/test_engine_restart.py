@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.conftest import admin_headers, user_headers
-from tests.e2e.test_serve_transformers import REVIEWS
+from tests.e2e.test_serve_transformers import REVIEWS_CONTEXT
 
 pytestmark = pytest.mark.slow
 
@@ -31,13 +31,7 @@ def test_a_killed_engine_process_answers_again_within_30_s(
             "DPICL_TORCH_THREADS": "2",
         }
     )
-    body = {
-        "task": "classification",
-        "labels": ["positive", "negative"],
-        "exemplars": [{"input": i, "output": o} for i, o in REVIEWS],
-        "mechanism": {"name": "voting", "epsilon": 4.0, "delta": 1e-5, "partitions": 4},
-        "budget": {"epsilon": 40.0, "delta": 1e-4},
-    }
+    body = REVIEWS_CONTEXT
     r = httpx.post(f"{srv.url}/v1/contexts", json=body, headers=admin_headers(), timeout=30)
     assert r.status_code == 201, r.text
     ask = {"context_id": r.json()["id"], "query": "What a wonderful, moving film."}

@@ -26,6 +26,14 @@ REVIEWS = [
     ("Fantastic staff and a beautiful room.", "positive"),
     ("I want my money back, this is junk.", "negative"),
 ]
+#: A voting context of the reviews (T = 4, epsilon 4 an answer, a budget of ten answers).
+REVIEWS_CONTEXT = {
+    "task": "classification",
+    "labels": ["positive", "negative"],
+    "exemplars": [{"input": i, "output": o} for i, o in REVIEWS],
+    "mechanism": {"name": "voting", "epsilon": 4.0, "delta": 1e-5, "partitions": 4},
+    "budget": {"epsilon": 40.0, "delta": 1e-4},
+}
 
 
 def test_classify_with_real_model_over_http(start_server: Any, tmp_path: Any) -> None:
@@ -50,13 +58,7 @@ def test_classify_with_real_model_over_http(start_server: Any, tmp_path: Any) ->
     health = httpx.get(f"{srv.url}/healthz").json()
     assert health["engine"] == "transformers" and health["simulator"] is False
     assert "SmolLM2" in health["model"] or "smollm2" in health["model"].lower()
-    body = {
-        "task": "classification",
-        "labels": ["positive", "negative"],
-        "exemplars": [{"input": i, "output": o} for i, o in REVIEWS],
-        "mechanism": {"name": "voting", "epsilon": 4.0, "delta": 1e-5, "partitions": 4},
-        "budget": {"epsilon": 40.0, "delta": 1e-4},
-    }
+    body = REVIEWS_CONTEXT
     r = httpx.post(f"{srv.url}/v1/contexts", json=body, headers=admin_headers(), timeout=30)
     assert r.status_code == 201, r.text
     cid = r.json()["id"]
