@@ -271,19 +271,31 @@ class DpiclClient:
         out = await asyncio.gather(*(one(b) for b in bodies), return_exceptions=True)
         return [r if isinstance(r, httpx.Response | Exception) else Exception(r) for r in out]
 
-    async def send(self, path: str, body: JSON) -> httpx.Response:
-        """``POST path`` with the user key, once (no retry: it would spend twice), within the
-        client's concurrency; the response whatever its status, for a caller that reads it
-        whole (headers, stream: :mod:`dpicl_audit.probes.surface`). A transport failure
+    async def send(
+        self,
+        path: str,
+        body: JSON | None,
+        *,
+        params: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        """``POST path`` (``GET`` where ``body`` is None) with the user key, once (no retry: it
+        would spend twice), within the client's concurrency; the response whatever its
+        status, for a caller that reads it whole (headers, stream:
+        :mod:`dpicl_audit.probes.surface`). ``params`` and ``headers``: a query string and
+        headers besides the key's (:mod:`dpicl_audit.probes.switches`). A transport failure
         raises :class:`~dpicl_audit.errors.TargetUnavailable`."""
-        headers = {"Authorization": f"Bearer {self._key}"} if self._key else {}
+        sent = {"Authorization": f"Bearer {self._key}"} if self._key else {}
+        method = "GET" if body is None else "POST"
         try:
             async with self._sem:
                 self.requests_sent += 1
-                return await self._http.request("POST", path, json=body, headers=headers)
+                return await self._http.request(
+                    method, path, json=body, params=params, headers={**(headers or {}), **sent}
+                )
         except httpx.TransportError as exc:
             raise TargetUnavailable(
-                f"POST {self.base_url}{path} failed: {type(exc).__name__}: {exc}",
+                f"{method} {self.base_url}{path} failed: {type(exc).__name__}: {exc}",
                 status=None,
                 attempts=1,
             ) from exc

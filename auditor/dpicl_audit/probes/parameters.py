@@ -20,16 +20,27 @@ every pool of variants sending one parameter value (across routes) or sharing a 
 tests; p below :data:`ALPHA` (1e-4: a correct server is
 flagged in at most 1 run in 10,000, exactly) is NONCONFORMING (exit 4) and names the variant.
 The result is ``results["parameters"]``.
+
+Beside those, every other parameter of the routes' schemas (issue 44, item 4;
+:mod:`.client_schema`: the OpenAI SDK's request fields for chat and completions, and what the
+server's ``/openapi.json`` declares for them and for ``/v1/classify``) is sent with each of its
+values (:data:`~.client_schema.VALUES`) on each of those routes, :data:`PER_SCHEMA` answers a
+variant (one, where the server refuses it). They join the same test, pooled as the others
+are: one value across routes (a seed that fixes the noise answers one label whatever the
+route), every value of one parameter, and each route; the ``no parameter`` pool is the test
+of "any parameter against none".
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+import json
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
+from pydantic import JsonValue
 from scipy import stats
 
 from dpicl_audit.client import AuditTarget, ContextBody
@@ -38,23 +49,39 @@ from dpicl_audit.errors import TargetError, TargetNotFound, TargetRejected
 from dpicl_audit.estimators.composition import planned_queries
 from dpicl_audit.probes.answers import read_answer
 from dpicl_audit.probes.answers import request as surface_request
+from dpicl_audit.probes.client_schema import (
+    OWN_FIELDS,
+    ROUTE_PATHS,
+    declared,
+    fetch_openapi,
+    sdk_parameters,
+    values_for,
+)
 from dpicl_audit.probes.ingredients import Ingredients
 from dpicl_audit.probes.sections import ParametersSection, ParameterVariant
 
 __all__ = [
     "ALPHA",
+    "PER_SCHEMA",
     "PER_VARIANT",
-    "SWEEP_ANSWERS",
     "SWEEP_EPSILON",
     "VARIANTS",
+    "Variant",
     "probe",
+    "schema_variants",
+    "shown",
     "sweep_parameters",
 ]
 
 #: Error of the homogeneity test (a correct server is flagged in at most this share of runs).
 ALPHA = 1e-4
-#: Answers asked per variant.
+#: Answers asked per variant of :data:`VARIANTS`.
 PER_VARIANT = 30
+#: Answers asked per variant of the schema's other parameters (:func:`schema_variants`):
+#: fewer, for the cost (a default one-epsilon audit within 1.5 times issue 44's), pooled for
+#: power. A seed that fixes the noise makes one value's 30 answers on chat and completions
+#: one label: p about 0.52^30 = 3e-9 before Bonferroni, where the honest share is 0.52.
+PER_SCHEMA = 15
 #: The sweep's epsilon: the noisier the release, the further a parameter that removes the
 #: noise moves it. Temperature-scaled noise on the chat path makes two variants (chat and
 #: chat streamed, temperature 0) answer the majority 30 times in 30, which also raises the
@@ -63,9 +90,11 @@ PER_VARIANT = 30
 #: (p 1.4e-4 against ALPHA); at 0.25 (share 0.52) the expected p is 1.8e-6, 1.1e-5 with the
 #: pool one standard deviation up.
 SWEEP_EPSILON = 0.25
-#: The client parameters swept: (name, route as probes.surface names it, the body's extra
-#: fields). The first is the reference the departing variant is named against.
-VARIANTS: tuple[tuple[str, str, dict[str, float]], ...] = (
+#: One variant: (its name, the route as probes.surface names it, the body's extra fields).
+Variant = tuple[str, str, dict[str, JsonValue]]
+#: The sampling parameters swept with :data:`PER_VARIANT` answers each. The first is the
+#: reference the departing variant is named against.
+VARIANTS: tuple[Variant, ...] = (
     ("chat, no parameter", "chat", {}),
     ("chat, temperature 0", "chat", {"temperature": 0}),
     ("chat, temperature 1", "chat", {"temperature": 1}),
@@ -90,7 +119,9 @@ class _Refused(Exception):
     """A 4xx answer to a raw request: the server refused the variant."""
 
 
-async def _ask(target: Any, route: str, cid: str, query: str, extra: Mapping[str, Any]) -> str:
+async def _ask(
+    target: Any, route: str, cid: str, query: str, extra: Mapping[str, JsonValue]
+) -> str:
     """One released label. Through a client that sends only JSON posts (``post``), the chat
     route alone; through one that sends raw requests (``send``), any route, streams read
     whole (probes.answers.read_answer)."""
@@ -107,7 +138,7 @@ async def _ask(target: Any, route: str, cid: str, query: str, extra: Mapping[str
     return str(read_answer(route, got)["answer"])
 
 
-def _variants(target: Any) -> tuple[tuple[str, str, dict[str, float]], ...]:
+def _variants(target: Any) -> tuple[Variant, ...]:
     """The variants this client can send: the chat route's through a JSON-only client, no
     native route through ``--api openai``."""
     if not hasattr(target, "send"):
@@ -117,19 +148,45 @@ def _variants(target: Any) -> tuple[tuple[str, str, dict[str, float]], ...]:
     return VARIANTS
 
 
-#: The answers a sweep asks for: what its context's budget must hold.
-SWEEP_ANSWERS = planned_queries(PER_VARIANT * len(VARIANTS))
+def shown(value: JsonValue) -> str:
+    """A sent value as a variant's name shows it (``0``, ``0.1``, ``{"type": "json_object"}``)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return f"{value:g}"
+    return json.dumps(value, separators=(",", ":"))[:60]
+
+
+def schema_variants(
+    routes: tuple[str, ...], openapi: Mapping[str, Any] | None
+) -> tuple[Variant, ...]:
+    """Every parameter of ``routes``' schemas (:mod:`.client_schema`) with each of its values,
+    one variant a value and route, but those of :data:`VARIANTS` and the fields every request
+    sends."""
+    sdk = sdk_parameters()
+    swept = {(route, name) for _, route, extra in VARIANTS for name in extra}
+    out: list[Variant] = []
+    for route in routes:
+        schemas = declared(openapi, ROUTE_PATHS[route])
+        for name in sorted((set(sdk.get(route, ())) | set(schemas)) - OWN_FIELDS[route]):
+            if (route, name) in swept:
+                continue
+            for value in values_for(route, name, schemas.get(name)):
+                out.append((f"{route}, {name} {shown(value)}", route, {name: value}))
+    return tuple(out)
 
 
 async def sweep_parameters(
-    target: AuditTarget, body: ContextBody | None, query: str
+    target: AuditTarget, hold: Callable[[int], ContextBody | None], query: str
 ) -> ParametersSection | None:
-    """The sweep of the module docstring on a fresh context of ``body`` (a classification
-    context holding :data:`SWEEP_ANSWERS` answers as the mechanism's audit composes them;
+    """The sweep of the module docstring on a fresh context of ``hold(answers)`` (a
+    classification context holding that many answers as the mechanism's audit composes them;
     None: no budget within the server's limit does); None where the target cannot send chat
     requests."""
     if not hasattr(target, "post"):
         return None
+    core = _variants(target)
+    routes = tuple(r for r in ROUTE_PATHS if any(v[1] == r for v in core))
+    extra = schema_variants(routes, await fetch_openapi(target))
+    body = hold(planned_queries(PER_VARIANT * len(core) + PER_SCHEMA * len(extra)))
     if body is None:
         return {"status": "unchecked", "message": "no budget within the server's limit holds it"}
     probe = body.copy()
@@ -137,28 +194,34 @@ async def sweep_parameters(
     info = await target.create_context(probe)
     cid = str(info["id"])
 
-    async def variant(name: str, route: str, extra: dict[str, float]) -> ParameterVariant | None:
+    async def variant(
+        name: str, route: str, sent: dict[str, JsonValue], n: int
+    ) -> ParameterVariant | None:
         """One variant's labels, or its refusal; None: the chat route is missing. The first
-        answer alone, so that a refused variant costs one request, not PER_VARIANT."""
+        answer alone, so that a refused variant costs one request, not ``n``."""
+        said: ParameterVariant = {"variant": name, "refused": True, "route": route, "sent": sent}
         try:
-            first = await _ask(target, route, cid, query, extra)
+            first = await _ask(target, route, cid, query, sent)
             rest = await asyncio.gather(
-                *(_ask(target, route, cid, query, extra) for _ in range(PER_VARIANT - 1))
+                *(_ask(target, route, cid, query, sent) for _ in range(n - 1))
             )
         except (TargetNotFound, _NoRoute):
-            if route == "chat" and not extra:
+            if route == "chat" and not sent:
                 return None
-            return {"variant": name, "refused": True, "message": "no such route"}
+            return said | {"message": "no such route"}
         except (TargetRejected, _Refused) as exc:
-            return {"variant": name, "refused": True, "message": str(exc)}
+            return said | {"message": str(exc)}
         counts: dict[str, int] = {}
         for lab in (first, *rest):
             counts[lab] = counts.get(lab, 0) + 1
-        return {"variant": name, "refused": False, "labels": counts}
+        return said | {"refused": False, "labels": counts}
 
     try:
         # Every variant at once (the client's concurrency bounds what is in flight).
-        found = await asyncio.gather(*(variant(*v) for v in _variants(target)))
+        found = await asyncio.gather(
+            *(variant(*v, PER_VARIANT) for v in core),
+            *(variant(*v, PER_SCHEMA) for v in extra),
+        )
     finally:
         with contextlib.suppress(TargetError):
             await target.delete_context(cid)
@@ -175,21 +238,25 @@ async def probe(target: AuditTarget, kit: Ingredients) -> ParametersSection | No
     if kit.query is None or not kit.membership or kit.task != "classification":
         return None
     eps = min(SWEEP_EPSILON, *kit.epsilons)
-    return await sweep_parameters(target, kit.held(1, eps, SWEEP_ANSWERS, "sweep"), kit.query)
+    return await sweep_parameters(
+        target, lambda answers: kit.held(1, eps, answers, "sweep"), kit.query
+    )
 
 
 def _groups(answered: list[ParameterVariant]) -> list[tuple[str, list[int]]]:
-    """What the null says is one distribution, tested as one (issue 44, item 6): each
+    """What the null says is one distribution, tested as one (issue 44, items 4 and 6): each
     answered variant alone, the variants sending one parameter value pooled across routes
-    (e.g. ``temperature 0`` on chat, completions and both streams), and each route's
-    variants pooled; a pool whose members are another's is tested once."""
+    (e.g. ``temperature 0`` on chat, completions and both streams), every value of one
+    parameter pooled (``seed``), and each route's variants pooled; a pool whose members are
+    another's is tested once."""
     spec = {name: (route, extra) for name, route, extra in VARIANTS}
     out: list[tuple[str, list[int]]] = [(str(v["variant"]), [i]) for i, v in enumerate(answered)]
     pools: dict[str, list[int]] = {}
     for i, v in enumerate(answered):
         route, extra = spec.get(str(v["variant"]), ("", {}))
-        params = [f"{k} {val:g}" for k, val in sorted(extra.items())] or ["no parameter"]
-        for key in (*params, f"route {route}"):
+        route, extra = v.get("route", route), v.get("sent", extra)
+        params = [f"{k} {shown(val)}" for k, val in sorted(extra.items())] or ["no parameter"]
+        for key in (*params, *sorted(extra), f"route {route}"):
             pools.setdefault(key, []).append(i)
     seen = {tuple(m) for _, m in out}
     for key, members in pools.items():
@@ -219,6 +286,7 @@ def _judge(variants: list[ParameterVariant]) -> ParametersSection:
         "message": "",
         "variants": variants,
         "per_variant": PER_VARIANT,
+        "per_schema_variant": PER_SCHEMA,
     }
     if len(answered) < 2 or len(pooled) < 2:
         out["p_value"] = None

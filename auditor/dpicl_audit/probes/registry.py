@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from dpicl_audit.client import AuditTarget
-from dpicl_audit.probes import calibration, ledger, parameters, surface, tails
+from dpicl_audit.probes import calibration, ledger, parameters, surface, switches, tails
 from dpicl_audit.probes.ingredients import Ingredients
 from dpicl_audit.verdicts.model import Status
 
@@ -78,6 +78,13 @@ _PROBES = (
             "bug": Status.BUG,
         },
         black_box_only=True,
+    ),
+    Probe(
+        "switches",
+        "undocumented debug switches (query parameters, headers) on every answering route",
+        switches.probe,
+        ("query",),
+        {"violation": Status.VIOLATION},
     ),
     Probe(
         "tails",

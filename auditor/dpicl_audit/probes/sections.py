@@ -1,6 +1,7 @@
 """The shapes of what the probes from outside write into a run's results: the ledger's
 section (:mod:`.ledger`) with its bursts (:mod:`.ledger_burst`), the client parameters'
 sweep (:mod:`.parameters`), the surface's (:mod:`.surface`) with the answers it reads, the
+debug switches' (:mod:`.switches`), the
 calibration scan (:mod:`.calibration`) and voting's noise tails
 (:mod:`dpicl_audit.probes.tails`).
 The report and the exit code read them back as stored JSON
@@ -30,6 +31,8 @@ __all__ = [
     "Scalar",
     "SurfaceRoute",
     "SurfaceSection",
+    "SwitchFinding",
+    "SwitchesSection",
     "TailsSection",
 ]
 
@@ -102,12 +105,15 @@ class LedgerSection(TypedDict, total=False):
 
 
 class ParameterVariant(TypedDict, total=False):
-    """One variant of the sweep: the labels it released, or its refusal."""
+    """One variant of the sweep: the labels it released, or its refusal; ``route`` and
+    ``sent`` (the body's extra fields) what it asked."""
 
     variant: Required[str]
     refused: Required[bool]
     message: str
     labels: dict[str, int]
+    route: str
+    sent: dict[str, JsonValue]
 
 
 class ParametersSection(TypedDict, total=False):
@@ -118,6 +124,7 @@ class ParametersSection(TypedDict, total=False):
     message: Required[str]
     variants: list[ParameterVariant]
     per_variant: int
+    per_schema_variant: int
     p_value: float | None
     variant: str
     label: str
@@ -171,6 +178,29 @@ class SurfaceSection(TypedDict, total=False):
     #: DPS-MOZO: the per-token constraint position by position
     #: (:mod:`dpicl_audit.probes.positions`).
     positions: dict[str, JsonValue]
+
+
+class SwitchFinding(TypedDict):
+    """One switched answer beyond the documented fields (:mod:`.switches`): the switch, the
+    route, the status and the undocumented keys (``body debug.votes``, ``header x-debug``)."""
+
+    switch: str
+    route: str
+    status_code: int
+    extra: list[str]
+
+
+class SwitchesSection(TypedDict):
+    """``results["switches"]`` (:mod:`dpicl_audit.probes.switches`): ``routes`` those
+    checked, ``switches`` how many were tried on each, ``refused`` the switched requests the
+    server refused (4xx: fine)."""
+
+    status: Literal["ok", "violation", "unchecked"]
+    message: str
+    routes: list[str]
+    switches: int
+    findings: list[SwitchFinding]
+    refused: list[str]
 
 
 class TailsSection(TypedDict, total=False):

@@ -18,9 +18,11 @@ __all__ = ["probes_html"]
 WHAT: dict[str, str] = {
     "ledger": "the budget's accounting: sequentially and under bursts of concurrent requests",
     "calibration": "the noise the server reports at epsilons the plan does not audit",
-    "parameters": "the release under each parameter a client controls (temperature, top_p, "
-    "max_tokens, streaming), on every route",
+    "parameters": "the release under each parameter a client controls (every parameter of "
+    "the OpenAI SDK's and the server's request schemas, streaming), on every route",
     "surface": "every field, header and stream chunk of every answering route's response",
+    "switches": "every route's answer under undocumented debug switches (query parameters, "
+    "headers): no field beyond the documented ones",
     "tails": "how often each label comes back where the claimed noise must sometimes flip it",
 }
 
