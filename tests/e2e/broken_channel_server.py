@@ -14,6 +14,15 @@ attribute, replacement) triples it installs, for ``monkeypatch``; ``install()`` 
   (a "second opinion" pass): on the pivotal design C0 answers about 20 times slower than C1
   on the oracle engine. Both worlds' answers are honest releases.
 
+Two that answer more than the documented surface (issue 44, item 4):
+
+* ``DEBUG_QUERY_PARAM``: ``/v1/chat/completions?debug=1`` answers with an extra body field
+  ``debug.clean_votes``, the clean vote histogram (a debug view left switched on in
+  production). Plain requests, the trials', are honest.
+* ``SEED_REACHES_NOISE``: the OpenAI routes accept ``seed`` (instead of refusing it) and seed
+  the voting noise's generator with it: the same seed answers the same label every time.
+  Requests without a seed, the trials', are honest.
+
 And one that is not a leak, for the auditor's error path: ``REFUSE_RANDOM`` refuses one query
 in ten at random (422 ``low_confidence``) whatever the votes: the refusals are named, the
 figures read the answered trials, and the run exits 1 (it could not ask what it planned).
@@ -22,12 +31,18 @@ figures read the answered trials, and the run exits 1 (it could not ask what it 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import json
 import secrets
 from typing import Any
 
 import numpy as np
+from fastapi.responses import JSONResponse
 
+import dpicl.api.openai.protocol as protocol_mod
+import dpicl.api.openai.router as router_mod
 import dpicl.mechanisms.voting.mechanism as voting_mechanism
+import dpicl.mechanisms.voting.pipeline as voting_pipeline
 from dpicl.errors import DpiclError
 from tests.e2e.broken_realistic_server import Fault
 
@@ -89,4 +104,79 @@ REFUSE_RANDOM = Fault(
     "one query in ten refused (422 low_confidence) whatever the votes (not a leak)",
 )
 
-FAULTS = {"refuse_close": REFUSE_CLOSE, "slow_close": SLOW_CLOSE, "refuse_random": REFUSE_RANDOM}
+#: The request's debug holder (``?debug=1`` on the chat route), filled by the vote.
+_DEBUG: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "debug", default=None
+)
+_honest_complete = router_mod._complete
+
+
+async def debug_complete(req: Any, svc: Any, caller: Any, request: Any) -> Any:
+    """The honest OpenAI answer; on the chat route with ``?debug=1``, the clean votes added."""
+    if req.kind != "chat" or request.query_params.get("debug") != "1":
+        return await _honest_complete(req, svc, caller, request)
+    holder: dict[str, Any] = {}
+    token = _DEBUG.set(holder)
+    try:
+        response = await _honest_complete(req, svc, caller, request)
+    finally:
+        _DEBUG.reset(token)
+    if not isinstance(response, JSONResponse) or "clean_votes" not in holder:
+        return response
+    body = json.loads(bytes(response.body)) | {"debug": {"clean_votes": holder["clean_votes"]}}
+    headers = {k: v for k, v in response.headers.items() if k != "content-length"}
+    return JSONResponse(body, status_code=response.status_code, headers=headers)
+
+
+async def noting_run_voting(*args: Any, **kwargs: Any) -> Any:
+    """Honest voting; the clean votes noted where a debug request asks for them."""
+    outcome = await _honest_run_voting(*args, **kwargs)
+    holder = _DEBUG.get()
+    if holder is not None:
+        holder["clean_votes"] = [float(c) for c in outcome.release.clean_counts]
+    return outcome
+
+
+#: The OpenAI request's ``seed`` (set by its conversion to the native request).
+_SEED: contextvars.ContextVar[int | None] = contextvars.ContextVar("seed", default=None)
+_honest_to_native = protocol_mod._Common.to_native
+_honest_private_vote = voting_pipeline.private_vote  # type: ignore[attr-defined]
+
+
+def seed_noting_to_native(self: Any, task: str, query: Any) -> Any:
+    """The honest conversion; the request's seed noted for the vote."""
+    _SEED.set(self.seed if isinstance(self.seed, int) else None)
+    return _honest_to_native(self, task, query)
+
+
+def seeded_private_vote(scores: Any, sigma: float, temperature: float, rng: Any) -> Any:
+    """Honest voting, its generator seeded by the client's seed where one was sent."""
+    seed = _SEED.get()
+    return _honest_private_vote(
+        scores, sigma, temperature, rng if seed is None else np.random.default_rng(seed)
+    )
+
+
+DEBUG_QUERY_PARAM = Fault(
+    (
+        (router_mod, "_complete", debug_complete),
+        (voting_mechanism, "run_voting", noting_run_voting),
+    ),
+    "/v1/chat/completions?debug=1 answers with the clean votes (debug.clean_votes)",
+)
+SEED_REACHES_NOISE = Fault(
+    (
+        (protocol_mod, "REFUSED", tuple(p for p in protocol_mod.REFUSED if p != "seed")),
+        (protocol_mod._Common, "to_native", seed_noting_to_native),
+        (voting_pipeline, "private_vote", seeded_private_vote),
+    ),
+    "the OpenAI routes accept seed and seed the voting noise with it",
+)
+
+FAULTS = {
+    "refuse_close": REFUSE_CLOSE,
+    "slow_close": SLOW_CLOSE,
+    "refuse_random": REFUSE_RANDOM,
+    "debug_query_param": DEBUG_QUERY_PARAM,
+    "seed_reaches_noise": SEED_REACHES_NOISE,
+}

@@ -166,7 +166,7 @@ async def audit_switches(
         path, sent = request(route, task, cid, query, max_tokens)
         try:
             for _ in range(2):  # a server error once may be the server's load; twice is not
-                got = await target.send(  # type: ignore[attr-defined]
+                got = await target.send(
                     path,
                     sent,
                     params={name: value} if kind == "query" else None,
