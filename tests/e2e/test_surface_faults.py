@@ -361,7 +361,7 @@ async def test_a_client_parameter_that_reaches_the_noise_is_flagged(
         flags={"mechanism.epsilons": [0.5], "trials": 100, "seed": 2},
     )
     swept = res["parameters"]
-    assert [v["variant"] for v in swept["variants"]] == [n for n, _, _ in VARIANTS]
+    assert [v["variant"] for v in swept["variants"]][: len(VARIANTS)] == [n for n, _, _ in VARIANTS]
     native = next(v for v in swept["variants"] if v["variant"].startswith("native"))
     assert native["refused"], native  # the native route names no temperature: 422
     if fault is None:

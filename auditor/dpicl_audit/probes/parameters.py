@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 from pydantic import JsonValue
-from scipy import stats
+from scipy import special
 
 from dpicl_audit.client import AuditTarget, ContextBody
 from dpicl_audit.client.openai import OpenAIClient
@@ -67,6 +67,7 @@ __all__ = [
     "SWEEP_EPSILON",
     "VARIANTS",
     "Variant",
+    "fisher_two_sided",
     "probe",
     "schema_variants",
     "shown",
@@ -266,6 +267,24 @@ def _groups(answered: list[ParameterVariant]) -> list[tuple[str, list[int]]]:
     return out
 
 
+def fisher_two_sided(hits: int, asked: int, successes: int, total: int) -> float:
+    """Fisher's exact test, two-sided, of ``hits`` of ``asked`` against the other
+    ``total - asked`` holding the rest of ``successes``: the hypergeometric probability of
+    every table no likelier than the observed one (scipy's ``fisher_exact``, with its
+    relative tolerance 1e-7), vectorised over the support (the sweep runs about fifty a run,
+    its power test thousands)."""
+    lo, hi = max(0, asked - (total - successes)), min(asked, successes)
+    k = np.arange(lo, hi + 1)
+
+    def log_choose(n: Any, r: Any) -> Any:
+        return special.gammaln(n + 1) - special.gammaln(r + 1) - special.gammaln(n - r + 1)
+
+    log_pmf = log_choose(successes, k) + log_choose(total - successes, asked - k)
+    log_pmf -= log_choose(total, asked)
+    observed = log_pmf[hits - lo]
+    return min(1.0, float(np.exp(log_pmf[log_pmf <= observed + np.log1p(1e-7)]).sum()))
+
+
 def _judge(variants: list[ParameterVariant]) -> ParametersSection:
     """Each answered variant's share of the pooled most common label against the other
     variants' (Fisher's exact test, two-sided: a parameter that lowers the noise raises the
@@ -304,9 +323,7 @@ def _judge(variants: list[ParameterVariant]) -> ParametersSection:
     for _, members in groups:
         hits = sum(counts[i].get(top, 0) for i in members)
         asked = sum(sum(counts[i].values()) for i in members)
-        rest_hits, rest = pooled[top] - hits, total - asked
-        table = [[hits, asked - hits], [rest_hits, rest - rest_hits]]
-        p_values.append(float(stats.fisher_exact(table).pvalue))
+        p_values.append(fisher_two_sided(hits, asked, pooled[top], total))
     worst = int(np.argmin(p_values))
     p = min(1.0, p_values[worst] * len(groups))
     flagged = p < ALPHA
