@@ -12,10 +12,14 @@ module                 what it holds
 :mod:`.ledger`         the server's ledger: a probe context asked until refused
 :mod:`.calibration`    the reported sigma against the claim at the epsilons the plan
                        does not audit (one context each, no answer)
-:mod:`.parameters`     the client parameters varied on every route (temperature, top_p)
+:mod:`.client_schema`  every parameter of the routes' request schemas (the OpenAI
+                       SDK's, the server's OpenAPI) and the values it is sent with
+:mod:`.parameters`     the client parameters varied on every route (every schema's)
 :mod:`.positions`      a generation's per-token bound, prefix length by prefix length
 :mod:`.surface`        every route's whole response (headers, stream chunks, usage) and
                        max_tokens against a generation context's limit
+:mod:`.switches`       undocumented debug switches (query parameters, headers) on
+                       every route: no answer beyond the documented fields
 :mod:`.tails`          the noise's tails, black-box (a label the Gaussian must release)
 :mod:`.registry`       PROBES: the one list (names, needs, deciding statuses)
 =====================  ===========================================================
