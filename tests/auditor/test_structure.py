@@ -37,6 +37,8 @@ MAX_FUNCTION_LINES = 120
 #: prefix listed here.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("dpicl_audit", "errors", "jsontypes"),
+    # A setting's claims, typed: the estimators, verdicts, mechanisms and report read them.
+    ("claims",),
     ("prompts", "datasets", "client", "store", "estimators"),
     # What every mechanism's settings share, the one list of mechanisms (each one's settings
     # model loaded by name, built in or registered) and the attacks: below the plan.

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
+from dpicl_audit.claims import SettingClaims
 from dpicl_audit.errors import TargetProtocolError
 from dpicl_audit.estimators.family import family_wise_figures
 from dpicl_audit.estimators.figure_power import exact_mus, reach_model
@@ -106,21 +107,20 @@ _STATUS_OF_WORD = {
 }
 
 
-def gaussian_verdict(est: Figures | Mapping[str, Any], meta: Mapping[str, Any]) -> GaussianVerdict:
+def gaussian_verdict(est: Figures | Mapping[str, Any], claims: SettingClaims) -> GaussianVerdict:
     """Verdict of an audit of a Gaussian claim (voting, ESA) by the rules of
     :func:`~dpicl_audit.estimators.verdict_rules.decide_verdict`: VIOLATION on ``mu_lower >
     mu_claimed`` or the classical bound above epsilon_theory, BUG above the exact values,
     INCONCLUSIVE without power (with the reason and advice), else CONSISTENT.
 
-    ``meta["family"]`` (``{"size": m, "confidence": c}``, set by the run's estimation): a
+    ``claims.family`` (its size m and confidence c, set by the run's estimation): a
     VIOLATION or BUG stands only if it holds for the run's m figures together
     (:mod:`~dpicl_audit.estimators.family`), else the figure is INCONCLUSIVE and says why."""
 
     est = _figures(est)
-    theory, delta = float(meta["epsilon_theory"]), float(meta["delta"])
-    exact = meta.get("epsilon_exact")
-    mu_exact, mu_signal = exact_mus(meta)
-    found = reach_model(est, meta, mu_signal)
+    theory, delta, exact = claims.epsilon_theory, claims.delta, claims.epsilon_exact
+    mu_exact, mu_signal = exact_mus(claims)
+    found = reach_model(est, claims, mu_signal)
     reach = None if found is None else found[0](*found[1])
     rules: dict[str, Any] = dict(
         claim="gaussian",
@@ -128,9 +128,9 @@ def gaussian_verdict(est: Figures | Mapping[str, Any], meta: Mapping[str, Any]) 
         mu_claimed=gdp_mu(theory, delta),
         epsilon_exact=exact,
         mu_exact=None if mu_exact is None else mu_exact * (1 + 1e-6) + 1e-9,
-        flip_rate=meta.get("flip_rate"),
+        flip_rate=claims.flip_rate,
         max_reachable=reach,
-        **_design_reference(meta, delta),
+        **_design_reference(claims),
     )
     res = decide_verdict(
         epsilon_classical=float(est.get("epsilon_lower_classic") or 0.0),
@@ -142,11 +142,11 @@ def gaussian_verdict(est: Figures | Mapping[str, Any], meta: Mapping[str, Any]) 
         res = res.with_trials_needed(
             trials_for_power(model, res.underpowered, n_pos=n_pos, n_neg=n_neg)
         )
-    family = family_of(meta)
+    family = family_of(claims)
     together = None
     if res.verdict in ("VIOLATION", "BUG") and family is not None:
         res, together = _claim_for_the_family(res, est, rules, family, delta)
-    weaker = calibration_departure(meta)
+    weaker = calibration_departure(claims)
     if weaker is not None and res.verdict != "VIOLATION":
         # Deterministic, beside the statistics: no trial can make a weak calibration right.
         kept = res.reasons[:1] if res.verdict == "BUG" else ()
@@ -183,25 +183,27 @@ def gaussian_verdict(est: Figures | Mapping[str, Any], meta: Mapping[str, Any]) 
 CALIBRATION_TOL = 1e-4
 
 
-def calibration_departure(meta: Mapping[str, Any]) -> str | None:
+def calibration_departure(claims: SettingClaims) -> str | None:
     """The deterministic claim check of a Gaussian setting (issue 35, item 4): the exact
     epsilon of the noise the server reports, at the design's sensitivity
-    (``meta["epsilon_exact"]``, the auditor's own computation), and the exact epsilon the
-    server itself reports (``meta["epsilon_exact_server"]``) must not exceed the claimed
+    (``claims.epsilon_exact``, the auditor's own computation), and the exact epsilon the
+    server itself reports (``claims.epsilon_exact_server``) must not exceed the claimed
     epsilon. Either above it is a BUG whatever the trials say: the mechanism as reported is
     weaker than its claim. Returns the reason, or None where the calibration meets the claim
     (or nothing was reported)."""
 
-    theory = float(meta["epsilon_theory"])
+    theory = claims.epsilon_theory
     limit = theory * (1 + CALIBRATION_TOL) + 1e-9
-    sigma, sens = meta.get("sigma"), meta.get("sensitivity")
-    for key, who in (("epsilon_exact", "the auditor's"), ("epsilon_exact_server", "the server's")):
-        found = meta.get(key)
+    sigma, sens = claims.sigma, claims.sensitivity
+    for found, who in (
+        (claims.epsilon_exact, "the auditor's"),
+        (claims.epsilon_exact_server, "the server's"),
+    ):
         if found is None or float(found) <= limit:
             continue
-        noise = "" if sigma is None else f" (sigma {float(sigma):.6g}"
+        noise = "" if sigma is None else f" (sigma {sigma:.6g}"
         if noise and sens is not None:
-            noise += f", reported sensitivity {float(sens):.6g}"
+            noise += f", reported sensitivity {sens:.6g}"
         noise += ")" if noise else ""
         return (
             f"the reported calibration{noise} is weaker than claimed: {who} exact epsilon "
@@ -211,16 +213,16 @@ def calibration_departure(meta: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _design_reference(meta: Mapping[str, Any], delta: float) -> JsonObject:
-    """The design's own exact epsilon (``meta["epsilon_exact_design"]``, below the worst
+def _design_reference(claims: SettingClaims) -> JsonObject:
+    """The design's own exact epsilon (``claims.epsilon_exact_design``, below the worst
     case; with its mu where it is a Gaussian mechanism's), for the BUG rule."""
 
-    own = meta.get("epsilon_exact_design")
+    own = claims.epsilon_exact_design
     if own is None:
         return {}
-    mu = gdp_mu(float(own), delta) if meta.get("epsilon_exact_design_gaussian") else None
+    mu = gdp_mu(own, claims.delta) if claims.epsilon_exact_design_gaussian else None
     return {
-        "epsilon_exact_design": float(own),
+        "epsilon_exact_design": own,
         "mu_exact_design": None if mu is None else mu * (1 + 1e-6) + 1e-9,
     }
 
@@ -299,29 +301,27 @@ def claim_for_the_family(
     )
 
 
-def family_of(meta: Mapping[str, Any]) -> Family | None:
-    """The run's family (``meta["family"]``, set by estimation.estimate_run) where it has
+def family_of(claims: SettingClaims) -> Family | None:
+    """The run's family (``claims.family``, set by estimation.estimate_run) where it has
     more than one test, else None: a lone test's claim needs no correction."""
-    family = meta.get("family") or {}
-    if int(family.get("size") or 1) <= 1:
-        return None
-    return Family(int(family["size"]), float(family.get("confidence") or 0.95))
+    family = claims.family
+    return None if family is None or family.size <= 1 else family
 
 
 def for_the_family(
     alone: Verdict,
     est: Figures | Mapping[str, Any],
-    meta: Mapping[str, Any],
+    claims: SettingClaims,
     judge: Callable[[FamilyWise], Verdict],
 ) -> Verdict:
     """``alone`` (a :func:`verdict` of the estimate ``est``, from its counts) as the run may
     state it: a VIOLATION or BUG is judged again by ``judge`` on the estimate's figures with
     each test at error ``(1 - c) / size`` (:func:`claim_for_the_family`)."""
 
-    family = family_of(meta)
+    family = family_of(claims)
     if family is None or not alone.flags:
         return alone
-    figures = family_wise_figures(_figures(est), family.size, float(meta["delta"]))
+    figures = family_wise_figures(_figures(est), family.size, claims.delta)
     if figures is None:
         together, shown = None, "its tests' counts are not in the estimate"
     else:
