@@ -4,7 +4,7 @@ sensitivity, the exact epsilons of the auditor and of the server, the design's r
 rates), the run's family of tests, and the facts of the audited mechanism itself (a small
 frozen dataclass of its own: :class:`MechanismFacts`).
 
-The mechanisms build it (``MechanismAudit.setting_meta``), the estimators, the verdicts and
+The mechanisms build it (``MechanismAudit.setting_claims``), the estimators, the verdicts and
 the report read it by attribute. It is stored flat, among the setting's results (the keys
 of ``results.json`` a setting has had since before issue 28): :meth:`SettingClaims.to_json`
 writes exactly those keys, :meth:`SettingClaims.from_json` reads them back (a stored run's

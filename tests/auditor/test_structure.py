@@ -194,7 +194,7 @@ def test_registries_agree_with_the_plan() -> None:
 
 def test_every_mechanism_implements_the_protocol() -> None:
     required = ("build_design", "summary", "context_body", "trial")
-    required += ("setting_meta", "estimate")
+    required += ("setting_claims", "estimate")
     for name, mech in MECHANISMS.items():
         assert mech.name == name and mech.task in ("classification", "generation")
         assert hasattr(mech.design_type, "from_json") and hasattr(mech.design_type, "to_json")
