@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from dpicl_audit.claims import SettingClaims
 from dpicl_audit.errors import TargetProtocolError
@@ -18,8 +18,7 @@ from dpicl_audit.estimators.family import family_wise_figures
 from dpicl_audit.estimators.figure_power import exact_mus, reach_model
 from dpicl_audit.estimators.gdp import gdp_mu
 from dpicl_audit.estimators.power import trials_for_power
-from dpicl_audit.estimators.verdict_rules import VerdictResult, decide_verdict
-from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.estimators.verdict_rules import ClaimKind, VerdictResult, decide_verdict
 from dpicl_audit.verdicts.model import Family, GaussianVerdict, Status, Verdict
 
 if TYPE_CHECKING:
@@ -54,6 +53,27 @@ class Figures(Protocol):
 
 def _figures(est: Figures | Mapping[str, Any]) -> Mapping[str, Any]:
     return est if isinstance(est, Mapping) else est.as_mapping()
+
+
+class _DesignReference(TypedDict, total=False):
+    """The design's own exact epsilon, and its mu, as the BUG rule reads them
+    (:func:`~dpicl_audit.estimators.verdict_rules.decide_verdict`)."""
+
+    epsilon_exact_design: float
+    mu_exact_design: float | None
+
+
+class _Rules(_DesignReference):
+    """What :func:`gaussian_verdict` asks of
+    :func:`~dpicl_audit.estimators.verdict_rules.decide_verdict` beside the bounds."""
+
+    claim: ClaimKind
+    epsilon_theory: float
+    mu_claimed: float
+    epsilon_exact: float | None
+    mu_exact: float | None
+    flip_rate: float | None
+    max_reachable: float | None
 
 
 def verdict(
@@ -122,7 +142,7 @@ def gaussian_verdict(est: Figures | Mapping[str, Any], claims: SettingClaims) ->
     mu_exact, mu_signal = exact_mus(claims)
     found = reach_model(est, claims, mu_signal)
     reach = None if found is None else found[0](*found[1])
-    rules: dict[str, Any] = dict(
+    rules = _Rules(
         claim="gaussian",
         epsilon_theory=theory,
         mu_claimed=gdp_mu(theory, delta),
@@ -213,24 +233,23 @@ def calibration_departure(claims: SettingClaims) -> str | None:
     return None
 
 
-def _design_reference(claims: SettingClaims) -> JsonObject:
+def _design_reference(claims: SettingClaims) -> _DesignReference:
     """The design's own exact epsilon (``claims.epsilon_exact_design``, below the worst
     case; with its mu where it is a Gaussian mechanism's), for the BUG rule."""
 
     own = claims.epsilon_exact_design
     if own is None:
-        return {}
+        return _DesignReference()
     mu = gdp_mu(own, claims.delta) if claims.epsilon_exact_design_gaussian else None
-    return {
-        "epsilon_exact_design": own,
-        "mu_exact_design": None if mu is None else mu * (1 + 1e-6) + 1e-9,
-    }
+    return _DesignReference(
+        epsilon_exact_design=own, mu_exact_design=None if mu is None else mu * (1 + 1e-6) + 1e-9
+    )
 
 
 def _claim_for_the_family(
     res: VerdictResult,
     est: Mapping[str, Any],
-    rules: Mapping[str, Any],
+    rules: _Rules,
     family: Family,
     delta: float,
 ) -> tuple[VerdictResult, FamilyWise | None]:
