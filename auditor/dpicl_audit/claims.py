@@ -217,24 +217,42 @@ class SettingClaims:
             raise InvalidAuditInput(f"a setting's claims need epsilon_theory; got {data!r}")
         ids = data.get("context_ids")
         rates = data.get("release_rates")
-        numbers = {
-            k: number(data.get(k))
-            for k in ("sigma", "epsilon_exact", *(k for k in _OPTIONAL if k != "release_rates"))
-        }
-        own = {k: v for k, v in data.items() if k not in cls.STORED}
+
+        def num(key: str) -> float | None:
+            return number(data.get(key))
+
         return cls(
             setting=str(data.get("setting")),
-            epsilon_theory=float(number(data["epsilon_theory"]) or 0.0),
-            delta=float(number(data.get("delta")) or 0.0),
-            context_ids=dict(ids) if isinstance(ids, Mapping) else {},  # type: ignore[arg-type]
+            epsilon_theory=float(num("epsilon_theory") or 0.0),
+            delta=float(num("delta") or 0.0),
+            context_ids=_context_ids(ids),
+            sigma=num("sigma"),
+            epsilon_exact=num("epsilon_exact"),
+            sensitivity=num("sensitivity"),
+            epsilon_exact_server=num("epsilon_exact_server"),
+            epsilon_exact_signal=num("epsilon_exact_signal"),
+            epsilon_exact_release=num("epsilon_exact_release"),
             release_rates=(
                 (float(number(rates[0]) or 0.0), float(number(rates[1]) or 0.0))
                 if isinstance(rates, list) and len(rates) == 2
                 else None
             ),
+            flip_rate=num("flip_rate"),
             family=Family.from_json(data.get("family")),
             simulator=bool(data.get("simulator")),
-            facts=facts(own),
+            facts=facts({k: v for k, v in data.items() if k not in cls.STORED}),
             nulls=frozenset(k for k in _OPTIONAL if k in data and data[k] is None),
-            **numbers,  # type: ignore[arg-type]
         )
+
+
+def _context_ids(stored: JsonValue) -> dict[str, str | list[str] | None]:
+    """The stored ``context_ids`` (one id or a list of them per world; anything else: none)."""
+    if not isinstance(stored, Mapping):
+        return {}
+    out: dict[str, str | list[str] | None] = {}
+    for world, found in stored.items():
+        if isinstance(found, list):
+            out[world] = [str(c) for c in found]
+        else:
+            out[world] = None if found is None else str(found)
+    return out

@@ -132,7 +132,9 @@ def ratio_check(rows: Sequence[TrialRecord], facts: MozoFacts) -> Estimate:
     """
     if not rows or any("tokens" not in r.observation for r in rows):
         return Estimate.of(error=_NO_INTERNALS)
-    eps0, per_token = float(facts.max_log_ratio), float(facts.per_token_epsilon)  # type: ignore[arg-type]
+    eps0, per_token = facts.max_log_ratio, facts.per_token_epsilon
+    if eps0 is None or per_token is None:  # setting_claims refuses such a proven context
+        return Estimate.of(error="the contexts report no max_log_ratio/per_token_epsilon")
     radius, radius_at = _worst(rows, "radius")
     exact, exact_at = _worst(rows, "exact")
     exact_srv, exact_srv_at = _worst(rows, "exact_server")

@@ -44,6 +44,7 @@ class EsaFacts(GaussianFacts):
 
     @classmethod
     def from_json(cls, data: Mapping[str, JsonValue]) -> EsaFacts:
+        """ESA's facts from a stored setting's keys."""
         gaps = data.get("design_gaps")
         base = GaussianFacts.from_json(data)
         return cls(
@@ -53,5 +54,13 @@ class EsaFacts(GaussianFacts):
             sensitivity_bound=float(number(data.get("sensitivity_bound")) or 0.0),
             signal=str(data.get("signal")),
             signal_distance=number(data.get("signal_distance")),
-            design_gaps=(int(gaps[0]), int(gaps[1])) if isinstance(gaps, list) else None,  # type: ignore[arg-type]
+            design_gaps=_gaps(gaps),
         )
+
+
+def _gaps(stored: JsonValue) -> tuple[int, int] | None:
+    """The stored ``design_gaps`` ([with the canary, without]), None where not stored."""
+    if not isinstance(stored, list) or len(stored) != 2:
+        return None
+    with_gap, without_gap = (int(number(g) or 0) for g in stored)
+    return with_gap, without_gap

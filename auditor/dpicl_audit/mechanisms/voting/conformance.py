@@ -1,7 +1,7 @@
 """Private voting's conformance tests of one setting (:mod:`dpicl_audit.estimators.conformance`).
 
 * black-box: on the simulator (clean votes known: the design's), the positive answer's
-  release rate in each world against the closed form ``meta["release_rates"]``; on any
+  release rate in each world against the closed form ``claims.release_rates``; on any
   engine, the order of each world's released labels (model-free:
   :mod:`dpicl_audit.estimators.exchangeable`);
 * white-box: the noise ``noisy - clean`` per label (clean from the ``internal`` debug
