@@ -13,11 +13,12 @@ setting, or the mapping an audit registered from outside returns).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import ClassVar, Protocol, Self, TypeVar
+from typing import Any, ClassVar, Protocol, Self, TypeVar
 
-from dpicl_audit.errors import InvalidAuditInput
+from dpicl_audit.errors import InvalidAuditInput, TargetProtocolError
 from dpicl_audit.jsontypes import JsonObject, JsonValue
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "SettingClaims",
     "StoredFacts",
     "number",
+    "sigma_of",
 ]
 
 #: The contexts of a setting by world (``"C1"``, ``"C0"``): one id (None before it exists),
@@ -256,3 +258,18 @@ def _context_ids(stored: JsonValue) -> dict[str, str | list[str] | None]:
         else:
             out[world] = None if found is None else str(found)
     return out
+
+
+def sigma_of(info: Mapping[str, Any]) -> float:
+    """The noise sigma a Gaussian mechanism's context reports (voting, ESA)."""
+    mech = info.get("mechanism")
+    try:
+        sigma = float(mech["sigma"])  # type: ignore[index]
+    except (TypeError, KeyError, ValueError) as exc:
+        raise TargetProtocolError(
+            f"context {info.get('id')} reports no mechanism.sigma; the audit needs the noise "
+            "the server uses"
+        ) from exc
+    if not (sigma > 0 and math.isfinite(sigma)):
+        raise TargetProtocolError(f"context {info.get('id')} reports sigma {sigma}")
+    return sigma

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from dpicl_audit.catalog.settings import GaussianSettings
-from dpicl_audit.claims import SettingClaims, number
+from dpicl_audit.claims import SettingClaims, number, sigma_of
 from dpicl_audit.client import ContextBody
 from dpicl_audit.errors import TargetProtocolError
 from dpicl_audit.estimators.composition import answers_in_budget, budget_for
@@ -21,7 +21,6 @@ from dpicl_audit.plan import AuditPlan
 from dpicl_audit.plan.budgets import budget_limit, context_capacity, planned_answers
 from dpicl_audit.probes.ingredients import Ingredients
 from dpicl_audit.store import ContextRecord
-from dpicl_audit.verdicts.claims import sigma_of
 
 __all__ = [
     "GaussianFacts",

@@ -7,13 +7,11 @@ and a VIOLATION or BUG as the run may state it for its tests together
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from dpicl_audit.claims import SettingClaims
-from dpicl_audit.errors import TargetProtocolError
 from dpicl_audit.estimators.family import family_wise_figures
 from dpicl_audit.estimators.figure_power import exact_mus, reach_model
 from dpicl_audit.estimators.gdp import gdp_mu
@@ -35,7 +33,6 @@ __all__ = [
     "for_the_family",
     "gaussian_verdict",
     "rdp_verdict",
-    "sigma_of",
     "verdict",
 ]
 
@@ -392,18 +389,3 @@ def rdp_verdict(orders: Any, rdp: Mapping[str, Any]) -> Verdict:
         exceeds_exact=False if exact is not None else None,
         message="the RDP audit stays below the Gaussian theory",
     )
-
-
-def sigma_of(info: Mapping[str, Any]) -> float:
-    """The noise sigma a Gaussian mechanism's context reports (voting, ESA)."""
-    mech = info.get("mechanism")
-    try:
-        sigma = float(mech["sigma"])  # type: ignore[index]
-    except (TypeError, KeyError, ValueError) as exc:
-        raise TargetProtocolError(
-            f"context {info.get('id')} reports no mechanism.sigma; the audit needs the noise "
-            "the server uses"
-        ) from exc
-    if not (sigma > 0 and math.isfinite(sigma)):
-        raise TargetProtocolError(f"context {info.get('id')} reports sigma {sigma}")
-    return sigma
