@@ -11,6 +11,8 @@ inside a function, closes a cycle)::
 
     errors.py          the exception tree (below)
     jsontypes.py       JsonObject: what the auditor writes as JSON, its values checked
+    claims.py          SettingClaims: what a setting claims (epsilon, sigma, exact
+                       epsilons, the run's Family) and its mechanism's own facts, typed
     prompts.py         the audit prompts of paper 000 (Appendix B) and DPS-MOZO's
     datasets.py        bundled corpora, bbc-news (docs/data.md), JSONL/CSV/Hugging Face
     client/            the server under audit over HTTP: http (retries, timeouts,

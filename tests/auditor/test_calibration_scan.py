@@ -9,6 +9,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from dpicl_audit.claims import SettingClaims
 from dpicl_audit.client import ContextBody
 from dpicl_audit.errors import TargetRejected
 from dpicl_audit.mechanisms.voting.exact import voting_epsilon_exact
@@ -41,13 +42,10 @@ def _body(eps: float) -> ContextBody | None:
     return None if eps == 0.1 else {"mechanism": {"epsilon": eps}}
 
 
-def _meta(eps: float, info: Mapping[str, Any]) -> Mapping[str, Any]:
+def _meta(eps: float, info: Mapping[str, Any]) -> SettingClaims:
     sigma = float(info["mechanism"]["sigma"])
-    return {
-        "epsilon_theory": eps,
-        "sigma": sigma,
-        "epsilon_exact": voting_epsilon_exact(sigma, DELTA),
-    }
+    exact = voting_epsilon_exact(sigma, DELTA)
+    return SettingClaims(f"eps={eps}", eps, DELTA, sigma=sigma, epsilon_exact=exact)
 
 
 async def test_an_honest_sigma_passes_and_refusals_are_listed() -> None:

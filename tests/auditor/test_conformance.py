@@ -13,6 +13,7 @@ import math
 import numpy as np
 import pytest
 
+from dpicl_audit.claims import Family
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.estimators.conformance import (
     CONFORMANCE_ERROR,
@@ -26,7 +27,7 @@ from dpicl_audit.results import RunResult, results_exit_code
 from dpicl_audit.verdicts import EXIT_CODES, Status, Verdict, worst_status
 
 SIGMA = 1.7
-META = {"family": {"size": 5, "confidence": 0.95, "settings": 4}}
+META = Family(size=5, confidence=0.95, settings=4)
 
 
 def _conf(tests: list) -> Conformance:  # type: ignore[type-arg]
@@ -36,7 +37,7 @@ def _conf(tests: list) -> Conformance:  # type: ignore[type-arg]
 def test_alpha_is_the_conformance_share_of_the_family() -> None:
     # min(0.05 / 5, 1e-3) = 1e-3, over 4 settings and 5 tests
     assert conformance_alpha(META, 5) == pytest.approx(CONFORMANCE_ERROR / 4 / 5)
-    small = {"family": {"size": 100, "confidence": 0.95, "settings": 1}}
+    small = Family(size=100, confidence=0.95, settings=1)
     assert conformance_alpha(small, 1) == pytest.approx(0.05 / 100)
 
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import pytest
 
+from dpicl_audit.claims import SettingClaims
 from dpicl_audit.datasets import load_dataset
 from dpicl_audit.estimators.label_release import pivotal_design
 from dpicl_audit.mechanisms.neighbours import resolve_design
@@ -75,8 +77,10 @@ def test_pinned_designs_refuse_other_attacks_and_a_position_outside() -> None:
         build_design(plan, load_dataset("news-mini"))
 
 
-def _meta(**kw: object) -> dict[str, object]:
-    return {"epsilon_theory": 4.0, "delta": 1e-5, "epsilon_exact": 3.51} | kw
+def _meta(**kw: Any) -> SettingClaims:
+    return SettingClaims.from_json(
+        {"epsilon_theory": 4.0, "delta": 1e-5, "epsilon_exact": 3.51} | kw
+    )
 
 
 def test_verdicts_say_inconclusive_without_power_and_consistent_with_it() -> None:

@@ -12,6 +12,7 @@ import pytest
 from scipy import stats
 
 from dpicl.mechanisms.esa.release import esa_release  # the server's rule, to check the closed form
+from dpicl_audit.claims import SettingClaims
 from dpicl_audit.datasets import load_dataset
 from dpicl_audit.mechanisms.base import SettingRows
 from dpicl_audit.mechanisms.esa.audit import EsaAudit
@@ -20,8 +21,9 @@ from dpicl_audit.mechanisms.esa.build import (
     esa_design_gaps,
     esa_release_rates,
 )
-from dpicl_audit.mechanisms.esa.estimates import esa_meta
+from dpicl_audit.mechanisms.esa.estimates import esa_claims
 from dpicl_audit.mechanisms.esa.exact import esa_epsilon_exact
+from dpicl_audit.mechanisms.gaussian import GaussianFacts
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.store import TrialRecord
 
@@ -90,10 +92,12 @@ def _estimate(
     e1, e0 = rng.normal(size=(2, 8))
     d = d.with_embeddings(e1 / np.linalg.norm(e1), e0 / np.linalg.norm(e0), "local")
     sigma = (2 / 3) * math.sqrt(2 * math.log(1.25 / 1e-5)) / 8.0
-    meta = {"setting": "eps=8", "epsilon_theory": 8.0, "delta": 1e-5, "partitions": 3,
-            "context_ids": {}, "sigma": sigma}  # fmt: skip
-    meta = esa_meta(plan, d, meta, sigma)
-    assert meta["epsilon_exact"] == pytest.approx(esa_epsilon_exact(sigma, 2 / 3, 1e-5))
+    gaussian = SettingClaims(
+        setting="eps=8", epsilon_theory=8.0, delta=1e-5, sigma=sigma,
+        facts=GaussianFacts(3, "classical", d.layout),
+    )  # fmt: skip
+    claims = esa_claims(plan, d, gaussian)
+    assert claims.epsilon_exact == pytest.approx(esa_epsilon_exact(sigma, 2 / 3, 1e-5))
 
     def text(x: str | bool) -> str:
         return x if isinstance(x, str) else (d.y1 if x else d.y0)
@@ -105,7 +109,7 @@ def _estimate(
         for w, texts in ((1, texts1), (0, texts0))
         for i, x in enumerate(rng.permutation(np.array(texts, dtype=object)) if shuffle else texts)
     ]
-    return EsaAudit().estimate(SettingRows(plan, d, 0, rows, meta, False)).to_json()
+    return EsaAudit().estimate(SettingRows(plan, d, 0, rows, claims, False)).to_json()
 
 
 def test_a_model_without_signal_candidates_is_inconclusive_never_consistent() -> None:

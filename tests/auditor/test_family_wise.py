@@ -7,6 +7,7 @@ simulation of a correct mechanism at its exact trade-off curve.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from dpicl_audit.claims import Family, SettingClaims
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.estimators import estimate_from_counts
 from dpicl_audit.estimators.family import family_wise_figures, figure_tests
@@ -38,16 +40,14 @@ DELTA = 1e-5
 CONF = 0.95
 
 
-def setting(mu_exact: float, *, theory_factor: float = 2.0) -> dict[str, Any]:
+def setting(mu_exact: float, *, theory_factor: float = 2.0) -> SettingClaims:
     """A Gaussian claim whose exact value is ``mu_exact`` (its epsilon at DELTA) and whose
     claimed epsilon is ``theory_factor`` times that; full power (flip rate 1)."""
     exact = gdp_epsilon(mu_exact, DELTA)
-    return {
-        "epsilon_theory": theory_factor * exact,
-        "epsilon_exact": exact,
-        "delta": DELTA,
-        "flip_rate": 1.0,
-    }
+    return SettingClaims(
+        setting="eps", epsilon_theory=theory_factor * exact, delta=DELTA, epsilon_exact=exact,
+        flip_rate=1.0,
+    )  # fmt: skip
 
 
 def black_box(tp: int, fn: int, fp: int, tn: int) -> dict[str, Any]:
@@ -110,7 +110,7 @@ def test_a_figure_that_exceeds_only_alone_is_inconclusive_for_the_run() -> None:
     assert alone.family_wise is None
     fw = family_wise_figures(est, 4, DELTA)
     assert fw is not None and fw.mu_lower < 1.0 < est["mu_lower"]
-    run = gaussian_verdict(est, meta | {"family": {"size": 4, "confidence": CONF}})
+    run = gaussian_verdict(est, replace(meta, family=Family(4, CONF)))
     assert run.word == "INCONCLUSIVE" and run.status == "inconclusive"
     assert "not the run's 4 tests together" in run.message
     assert "up to 20% of runs" in run.message
@@ -121,7 +121,7 @@ def test_a_figure_that_exceeds_only_alone_is_inconclusive_for_the_run() -> None:
 def test_a_clear_violation_stands_for_the_run() -> None:
     meta = setting(0.5)  # claims epsilon of mu 0.5 x 2; the trials show far more
     est = black_box(190, 10, 10, 190)
-    run = gaussian_verdict(est, meta | {"family": {"size": 8, "confidence": CONF}})
+    run = gaussian_verdict(est, replace(meta, family=Family(8, CONF)))
     assert run.word == "VIOLATION" and run.violation
     assert "holds for the run's 8 tests together at 95%" in run.message
     assert run.family_wise is not None and run.family_wise["size"] == 8
@@ -129,7 +129,7 @@ def test_a_clear_violation_stands_for_the_run() -> None:
 
 def test_without_counts_a_claim_cannot_stand_for_the_run() -> None:
     est = {"mu_lower": 3.0, "epsilon_lower_classic": 0.0, "confidence": CONF}
-    run = gaussian_verdict(est, setting(1.0) | {"family": {"size": 2, "confidence": CONF}})
+    run = gaussian_verdict(est, replace(setting(1.0), family=Family(2, CONF)))
     assert run.word == "INCONCLUSIVE"
     assert "counts are not in the estimate" in run.message
 
@@ -157,7 +157,7 @@ def _rdp(a1: int, family: dict[str, Any] | None) -> dict[str, Any]:
     meta: dict[str, Any] = {"sigma": RDP_SIGMA, "epsilon_theory": 2.0}
     if family is not None:
         meta["family"] = family
-    return estimate_rdp(plan, design, rows, meta).to_json()
+    return estimate_rdp(plan, design, rows, SettingClaims.from_json(meta)).to_json()
 
 
 def test_an_rdp_cut_that_exceeds_only_alone_is_inconclusive_for_the_run() -> None:
@@ -215,7 +215,8 @@ def _mozo_setting(tp: int, n: int, family: dict[str, Any], guarantee: str) -> di
         for i in range(n)
     ]
     meta = {"epsilon_theory": 1.0, "delta": plan.mechanism.delta, "family": family}
-    return MOZO.estimate(SettingRows(plan, None, 0, rows, meta, False)).to_json()["black_box"]
+    claims = MOZO.claims_from_json(meta)
+    return MOZO.estimate(SettingRows(plan, None, 0, rows, claims, False)).to_json()["black_box"]
 
 
 @pytest.mark.parametrize(("guarantee", "tp"), [("proven", 388), ("paper", 300)])
@@ -266,7 +267,7 @@ def _false_claim_runs(
     """Runs of ``figures`` black-box figures on a correct mechanism (the optimal test of
     mu-GDP: FPR = FNR = Phi(-mu/2)) with any claim: read per figure alone, and for the run."""
     rate = float(stats.norm.cdf(-mu / 2))
-    family = setting(mu) | {"family": {"size": figures, "confidence": CONF}}
+    family = replace(setting(mu), family=Family(figures, CONF))
     alone = together = 0
     for _ in range(runs):
         fn = rng.binomial(n, rate, size=figures)

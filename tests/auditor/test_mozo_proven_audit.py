@@ -23,6 +23,7 @@ import pytest
 from dpicl_audit.client import DpiclClient
 from dpicl_audit.errors import InvalidPlan, TargetProtocolError
 from dpicl_audit.mechanisms.dps_mozo.check import token_check
+from dpicl_audit.mechanisms.dps_mozo.facts import MozoFacts
 from dpicl_audit.mechanisms.dps_mozo.findings import ratio_check
 from dpicl_audit.pipeline.run import run_audit
 from dpicl_audit.plan import AuditPlan
@@ -107,7 +108,7 @@ def _row(index: int, tokens: list[dict[str, Any]]) -> TrialRecord:
 
 def _ratio_json(rows: list[TrialRecord], meta: dict[str, Any]) -> dict[str, Any]:
     """:func:`ratio_check`'s finding, as the results store it."""
-    return ratio_check(rows, meta).to_json()
+    return ratio_check(rows, MozoFacts.from_json(meta)).to_json()
 
 
 def test_ratio_check_ignores_the_servers_own_ratios() -> None:

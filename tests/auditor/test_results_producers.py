@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from dpicl_audit.claims import SettingClaims
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.mechanisms.base import SettingRows
 from dpicl_audit.pipeline import estimation
@@ -38,7 +39,7 @@ def test_a_producers_record_writes_the_keys_it_was_given() -> None:
 
 def _rows(name: str) -> SettingRows:
     plan: Any = SimpleNamespace(mechanism=SimpleNamespace(name=name))
-    return SettingRows(plan, None, 0, [], {}, False)
+    return SettingRows(plan, None, 0, [], SettingClaims("eps=1", 1.0, 1e-5), False)
 
 
 @pytest.mark.parametrize("returned", ["typed", "mapping"])

@@ -37,6 +37,8 @@ MAX_FUNCTION_LINES = 120
 #: prefix listed here.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("dpicl_audit", "errors", "jsontypes"),
+    # A setting's claims, typed: the estimators, verdicts, mechanisms and report read them.
+    ("claims",),
     ("prompts", "datasets", "client", "store", "estimators"),
     # What every mechanism's settings share, the one list of mechanisms (each one's settings
     # model loaded by name, built in or registered) and the attacks: below the plan.
@@ -192,7 +194,7 @@ def test_registries_agree_with_the_plan() -> None:
 
 def test_every_mechanism_implements_the_protocol() -> None:
     required = ("build_design", "summary", "context_body", "trial")
-    required += ("setting_meta", "estimate")
+    required += ("setting_claims", "estimate")
     for name, mech in MECHANISMS.items():
         assert mech.name == name and mech.task in ("classification", "generation")
         assert hasattr(mech.design_type, "from_json") and hasattr(mech.design_type, "to_json")

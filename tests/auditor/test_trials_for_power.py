@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from dpicl_audit.claims import SettingClaims
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.estimators import estimate_from_counts, gdp_epsilon
 from dpicl_audit.estimators.figure_power import trials_for_power_of
@@ -92,18 +93,18 @@ def setting(mu_exact: float) -> dict[str, Any]:
 def test_an_underpowered_verdict_names_a_count_that_has_power() -> None:
     meta = setting(1.65)
     est = estimate_from_counts(40, 10, 12, 38, delta=DELTA).to_dict()
-    v = gaussian_verdict(est, meta)
+    v = gaussian_verdict(est, SettingClaims.from_json(meta))
     assert v.word == "INCONCLUSIVE" and v.trials_needed is not None, v
     pos, neg = v.trials_needed
     assert pos == neg and pos + neg > 100
     assert f"about {pos + neg:,} in all ({pos:,} with the canary, {neg:,} without)" in (v.message)
-    assert (pos, neg) == trials_for_power_of(est, meta)
+    assert (pos, neg) == trials_for_power_of(est, SettingClaims.from_json(meta))
     # The same rates at the named counts: the verdict has its power and decides.
     scaled = estimate_from_counts(
         round(0.8 * pos), pos - round(0.8 * pos), round(0.24 * neg), neg - round(0.24 * neg),
         delta=DELTA,
     ).to_dict()  # fmt: skip
-    again = gaussian_verdict(scaled, meta)
+    again = gaussian_verdict(scaled, SettingClaims.from_json(meta))
     assert again.word == "CONSISTENT" and again.trials_needed is None
     assert again.max_reachable >= 0.5 * meta["epsilon_exact"]
 
@@ -111,7 +112,7 @@ def test_an_underpowered_verdict_names_a_count_that_has_power() -> None:
 def test_an_unreachable_need_says_so() -> None:
     meta = setting(1.65) | {"flip_rate": 0.001}
     est = estimate_from_counts(40, 10, 12, 38, delta=DELTA).to_dict()
-    v = gaussian_verdict(est, meta)
+    v = gaussian_verdict(est, SettingClaims.from_json(meta))
     assert v.word == "INCONCLUSIVE" and v.trials_needed is None
     assert "more trials will not do" in v.message
 
@@ -140,7 +141,9 @@ def test_needs_from_a_bootstrap_cover_the_stricter_white_box_figure() -> None:
     )
     for s in res["settings"]:
         eps = s["epsilon_theory"]
-        black = trials_for_power_of(s["black_box"], s)  # the black-box figure alone, at 95%
+        black = trials_for_power_of(
+            s["black_box"], SettingClaims.from_json(s)
+        )  # the black-box figure alone, at 95%
         assert black is not None
         # The white-box figure's tests run at 98.75% each: it needs more than the black-box
         # figure, and the plan covers it, with the margin on top.
@@ -243,7 +246,7 @@ async def test_a_bootstrap_plans_a_real_run_that_has_power(tmp_path: Path) -> No
         assert reach >= 0.5 * planned["epsilon_exact"], (threat, reach, needs)
     half = runs["half"]["settings"][0]
     assert half["white_box"]["verdict"]["max_reachable"] < 0.5 * half["epsilon_exact"]
-    lacking = trials_for_power_of(half["white_box"], half)
+    lacking = trials_for_power_of(half["white_box"], SettingClaims.from_json(half))
     assert lacking is not None and 0.5 * needs[8.0] < sum(lacking) <= needs[8.0]
 
 

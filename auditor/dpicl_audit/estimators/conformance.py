@@ -39,7 +39,7 @@ CONSISTENT. A VIOLATION or BUG stays (it is worse).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -47,6 +47,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy import integrate, stats
 
+from dpicl_audit.claims import Family
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.estimators.stats import FloatArray
 from dpicl_audit.jsontypes import JsonObject
@@ -128,14 +129,14 @@ class Conformance:
         }
 
 
-def conformance_alpha(meta: Mapping[str, Any], n_tests: int) -> float:
+def conformance_alpha(family: Family | None, n_tests: int) -> float:
     """Each of a setting's ``n_tests`` tests' error: the conformance member's share of the
-    run's family (``meta["family"]``: size, confidence, settings), split over the settings
+    run's family (size, confidence, settings; None: a lone test), split over the settings
     and the tests (module docstring)."""
-    family = meta.get("family") or {}
-    conf = float(family.get("confidence") or 0.95)
-    size = max(1, int(family.get("size") or 1))
-    settings = max(1, int(family.get("settings") or 1))
+    family = family or Family(1, 0.95)
+    conf = family.confidence
+    size = max(1, family.size)
+    settings = max(1, family.settings)
     total = min((1.0 - conf) / size, CONFORMANCE_ERROR)
     return total / settings / max(1, n_tests)
 
@@ -368,6 +369,6 @@ def _lag1(u: FloatArray, g: npt.NDArray[np.object_]) -> list[ConformanceTest]:
     ]
 
 
-def summarise(tests: Sequence[ConformanceTest], meta: Mapping[str, Any]) -> JsonObject:
+def summarise(tests: Sequence[ConformanceTest], family: Family | None) -> JsonObject:
     """The setting's conformance dict at its share of the run's error."""
-    return Conformance(conformance_alpha(meta, len(tests)), tuple(tests)).to_dict()
+    return Conformance(conformance_alpha(family, len(tests)), tuple(tests)).to_dict()

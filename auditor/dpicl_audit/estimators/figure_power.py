@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from dpicl_audit.claims import SettingClaims
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.estimators.gdp import gdp_mu
 from dpicl_audit.estimators.power import (
@@ -27,7 +28,7 @@ Reach = Callable[[int, int], float]
 
 
 def reach_model(
-    est: Mapping[str, Any], meta: Mapping[str, Any], mu_exact: float | None
+    est: Mapping[str, Any], claims: SettingClaims, mu_exact: float | None
 ) -> tuple[Reach, tuple[int, int]] | None:
     """The largest epsilon this audit's design could reach at given trials per world
     (estimators.power), with the run's trials per world it is read at; None when the
@@ -45,9 +46,7 @@ def reach_model(
 
     if not est.get("n_pos") or not est.get("n_neg"):
         return None
-    delta = float(meta["delta"])
-    rates = meta.get("release_rates")
-    flip = meta.get("flip_rate")
+    delta, rates, flip = claims.delta, claims.release_rates, claims.flip_rate
 
     def test(part: Mapping[str, Any], runs: tuple[int, int], *, rule: bool) -> Reach:
         conf = float(part.get("confidence") or 0.95)
@@ -83,18 +82,16 @@ def reach_model(
     return (lambda n_pos, n_neg: max(t(n_pos, n_neg) for t in tests)), runs
 
 
-def exact_mus(meta: Mapping[str, Any]) -> tuple[float | None, float | None]:
+def exact_mus(claims: SettingClaims) -> tuple[float | None, float | None]:
     """mu of the mechanism's exact epsilon, and mu of what an attack on the canary can see
     at most (ESA: the canary's actual embedding shift; else the same)."""
 
-    delta = float(meta["delta"])
-    exact = meta.get("epsilon_exact")
-    mu_exact = None if exact is None else gdp_mu(float(exact), delta)
-    signal = meta.get("epsilon_exact_signal")
-    return mu_exact, (mu_exact if signal is None else gdp_mu(float(signal), delta))
+    delta, exact, signal = claims.delta, claims.epsilon_exact, claims.epsilon_exact_signal
+    mu_exact = None if exact is None else gdp_mu(exact, delta)
+    return mu_exact, (mu_exact if signal is None else gdp_mu(signal, delta))
 
 
-def trials_for_power_of(est: Mapping[str, Any], meta: Mapping[str, Any]) -> tuple[int, int] | None:
+def trials_for_power_of(est: Mapping[str, Any], claims: SettingClaims) -> tuple[int, int] | None:
     """About how many trials (with the canary, without, in the proportion of ``est``'s) the
     design of a Gaussian audit's figure ``est`` needs before
     :func:`~dpicl_audit.verdicts.gaussian_verdict` grants
@@ -102,10 +99,10 @@ def trials_for_power_of(est: Mapping[str, Any], meta: Mapping[str, Any]) -> tupl
     epsilon_theory). ``None``: no count up to ``MAX_SEARCHED_TRIALS`` does. A bootstrap's
     figure plans real trials this way: same design, same clean signals."""
 
-    found = reach_model(est, meta, exact_mus(meta)[1])
+    found = reach_model(est, claims, exact_mus(claims)[1])
     if found is None:
         raise InvalidAuditInput("the estimate has no trial counts (n_pos, n_neg)")
     model, (n_pos, n_neg) = found
-    exact = meta.get("epsilon_exact")
-    reference = float(meta["epsilon_theory"] if exact is None else exact)
+    exact = claims.epsilon_exact
+    reference = claims.epsilon_theory if exact is None else exact
     return trials_for_power(model, DEFAULT_MIN_POWER_FRACTION * reference, n_pos=n_pos, n_neg=n_neg)

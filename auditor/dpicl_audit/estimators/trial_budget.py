@@ -24,6 +24,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dpicl_audit.claims import SettingClaims
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.estimators.figure_power import trials_for_power_of
 from dpicl_audit.estimators.whitebox import figure_test_confidences
@@ -91,7 +92,8 @@ def needs_from_bootstrap(
         if not boot.get("n_pos") or not boot.get("n_neg"):
             out[eps] = None
             continue
-        needs = [trials_for_power_of(figure, setting) for figure in figures]
+        claims = SettingClaims.from_json(setting)
+        needs = [trials_for_power_of(figure, claims) for figure in figures]
         out[eps] = (
             None
             if any(n is None for n in needs)

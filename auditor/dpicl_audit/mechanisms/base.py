@@ -9,7 +9,8 @@ for its mechanism:
 2. what the audit query is (stored in the design);
 3. what an observation is and how it becomes a decision (black-box) or a score (white-box)
    (:meth:`~MechanismAudit.trial`);
-4. the mechanism's exact epsilon for the design (:meth:`~MechanismAudit.setting_meta`);
+4. the setting's claims, with the mechanism's exact epsilon for the design
+   (:meth:`~MechanismAudit.setting_claims`, a :class:`~dpicl_audit.claims.SettingClaims`);
 5. how a bootstrap simulates it, where one exists (:meth:`~MechanismAudit.estimate`).
 
 **A subclass must provide** the class attributes ``name`` (the plan's and the server's
@@ -17,7 +18,7 @@ for its mechanism:
 ``[mechanism]`` section, the attacks it takes, its plan checks and report lines), ``task``
 (``"classification"`` or ``"generation"``) and ``design_type`` (a frozen dataclass with
 ``to_json``/``from_json``, stored with the run), and the methods ``build_design``,
-``summary``, ``context_body``, ``trial``, ``setting_meta`` and ``estimate``. It may override
+``summary``, ``context_body``, ``trial``, ``setting_claims`` and ``estimate``. It may override
 ``has_bootstrap``, ``learns_from_contexts``, ``calls_per_query``, ``queries_per_context``,
 ``check_context``, ``check_pair``, ``prepare``, ``upgrade_run``, ``ingredients`` (what the
 probes from outside need of it: :mod:`dpicl_audit.probes`) and ``claims_per_setting``.
@@ -48,10 +49,11 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from dpicl_audit.catalog.settings import MechanismSettings, PartitionedSettings
+from dpicl_audit.claims import SettingClaims
 from dpicl_audit.client import AuditTarget, ContextBody, GenerationTarget
 from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import TargetProtocolError
-from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.jsontypes import JsonObject, JsonValue
 from dpicl_audit.mechanisms.trial_estimates import (
     estimate_trials,
     figure_fields,
@@ -156,8 +158,8 @@ class SettingRows:
     k: int
     #: Its trials, or for a bootstrap its clean debug rows.
     rows: Sequence[TrialRecord]
-    #: Its facts (:meth:`MechanismAudit.setting_meta`) and the run's family.
-    meta: dict[str, Any]
+    #: Its claims (:meth:`MechanismAudit.setting_claims`) with the run's family.
+    claims: SettingClaims
     bootstrap: bool
 
 
@@ -247,15 +249,21 @@ class MechanismAudit:
 
     # ---------------------------------------------------------------- estimates
 
-    def setting_meta(
+    def setting_claims(
         self,
         plan: AuditPlan,
         design: Any,
         epsilon: float,
         contexts: Mapping[tuple[str, int], ContextRecord],
-    ) -> dict[str, Any]:
-        """Per-epsilon facts beside the estimate: epsilon_theory, epsilon_exact, noise."""
+    ) -> SettingClaims:
+        """What the setting at ``epsilon`` claims, beside its estimate: epsilon_theory,
+        epsilon_exact, the noise, and the mechanism's own facts."""
         raise NotImplementedError
+
+    def claims_from_json(self, data: Mapping[str, JsonValue]) -> SettingClaims:
+        """A setting's claims from its stored keys (the report's curves re-estimate a stored
+        run); a mechanism whose estimates read facts of its own reads them here."""
+        return SettingClaims.from_json(data)
 
     def estimate(self, s: SettingRows) -> SettingResult:
         """One epsilon's estimates from its logged rows (clean rows for a bootstrap), with

@@ -1,30 +1,32 @@
 """What the Gaussian mechanisms' audits share (voting and ESA): a partitioned context with a
 seed and a reported noise sigma, budgeted for the queries the audit plans, and the part of a
-setting's facts (epsilon_theory, sigma, the server's exact epsilon) they report alike."""
+setting's claims (epsilon_theory, sigma, the server's exact epsilon) and facts
+(:class:`GaussianFacts`) they report alike."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dpicl_audit.catalog.settings import GaussianSettings
+from dpicl_audit.claims import SettingClaims, number, sigma_of
 from dpicl_audit.client import ContextBody
 from dpicl_audit.errors import TargetProtocolError
 from dpicl_audit.estimators.composition import answers_in_budget, budget_for
-from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.jsontypes import JsonObject, JsonValue
 from dpicl_audit.mechanisms.base import MechanismAudit, exemplar_dicts
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.plan.budgets import budget_limit, context_capacity, planned_answers
 from dpicl_audit.probes.ingredients import Ingredients
 from dpicl_audit.store import ContextRecord
-from dpicl_audit.verdicts.claims import sigma_of
 
 __all__ = [
+    "GaussianFacts",
     "GaussianMechanismAudit",
     "check_partition_seed",
-    "gaussian_setting_meta",
+    "gaussian_setting_claims",
 ]
 
 
@@ -38,35 +40,69 @@ def check_partition_seed(info: Mapping[str, Any], design: Any) -> None:
         )
 
 
-def gaussian_setting_meta(
-    plan: AuditPlan, epsilon: float, contexts: Mapping[tuple[str, int], ContextRecord]
-) -> tuple[dict[str, Any], Mapping[str, Any] | None]:
-    """The part of a Gaussian mechanism's per-epsilon facts that voting and ESA share;
-    with C1's mechanism record (None before contexts exist)."""
+@dataclass(frozen=True)
+class GaussianFacts:
+    """A Gaussian mechanism's own facts of a setting (voting's; ESA adds its signal's):
+    the partitions T, the calibration and the design's layout."""
+
+    partitions: int
+    calibration: str
+    design: str
+
+    def to_json(self) -> JsonObject:
+        return {
+            "partitions": self.partitions,
+            "calibration": self.calibration,
+            "design": self.design,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, JsonValue]) -> GaussianFacts:
+        return cls(
+            int(number(data.get("partitions")) or 0),
+            str(data.get("calibration")),
+            str(data.get("design")),
+        )
+
+
+def gaussian_setting_claims(
+    plan: AuditPlan,
+    epsilon: float,
+    contexts: Mapping[tuple[str, int], ContextRecord],
+    design: str,
+) -> SettingClaims:
+    """The claims of a Gaussian mechanism's setting that voting and ESA share: the noise
+    sigma, sensitivity and exact epsilon C1 reports (unknown before contexts exist), and
+    their facts (``design``: the design's layout)."""
     setting = plan.setting_key(epsilon)
     c1, c0 = contexts.get((setting, 1)), contexts.get((setting, 0))
-    meta: JsonObject = {
-        "setting": setting,
-        "epsilon_theory": epsilon,
-        "delta": plan.mechanism.delta,
-        "partitions": GaussianSettings.of(plan).partitions,
-        "calibration": GaussianSettings.of(plan).calibration,
-        "context_ids": {"C1": c1.context_id if c1 else None, "C0": c0.context_id if c0 else None},
-        "sigma": None,
-        "epsilon_exact": None,
-        "epsilon_exact_server": None,
-    }
+    mech = GaussianSettings.of(plan)
+    claims = SettingClaims(
+        setting=setting,
+        epsilon_theory=epsilon,
+        delta=plan.mechanism.delta,
+        context_ids={"C1": c1.context_id if c1 else None, "C0": c0.context_id if c0 else None},
+        facts=GaussianFacts(mech.partitions, mech.calibration, design),
+        nulls=frozenset({"epsilon_exact_server"}),
+    )
     if c1 is None:
-        return meta, None
-    mech = c1.info.get("mechanism", {})
-    meta["sigma"] = sigma_of(c1.info)
-    meta["sensitivity"] = mech.get("sensitivity")
-    meta["epsilon_exact_server"] = mech.get("epsilon_exact")
-    return meta, mech
+        return claims
+    reported = c1.info.get("mechanism", {})
+    return replace(
+        claims,
+        sigma=sigma_of(c1.info),
+        sensitivity=number(reported.get("sensitivity")),
+        epsilon_exact_server=number(reported.get("epsilon_exact")),
+        # Written as null where C1 does not report it (the JSON as it always was).
+        nulls=claims.nulls | {"sensitivity"},
+    )
 
 
 class GaussianMechanismAudit(MechanismAudit):
     """What voting and ESA share: a partitioned context with a seed and a reported sigma."""
+
+    def claims_from_json(self, data: Mapping[str, JsonValue]) -> SettingClaims:
+        return SettingClaims.from_json(data, GaussianFacts.from_json)
 
     def queries_per_context(self, plan: AuditPlan) -> int | None:
         # A world whose trials need more budget than a server takes is spread over several
@@ -90,10 +126,10 @@ class GaussianMechanismAudit(MechanismAudit):
             budget = self.answers_budget(plan, epsilon, answers)
             return None if budget is None else body | {"budget": budget}
 
-        def claim(epsilon: float, info: Mapping[str, Any]) -> Mapping[str, Any]:
+        def claim(epsilon: float, info: Mapping[str, Any]) -> SettingClaims:
             setting = plan.setting_key(epsilon)
             c1 = ContextRecord(setting, 1, epsilon, str(info["id"]), info)
-            return self.setting_meta(plan, design, epsilon, {(setting, 1): c1})
+            return self.setting_claims(plan, design, epsilon, {(setting, 1): c1})
 
         return replace(
             kit,

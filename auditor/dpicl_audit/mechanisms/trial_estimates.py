@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from dpicl_audit.claims import SettingClaims
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.estimators.conformance import (
     Conformance,
@@ -43,14 +44,14 @@ __all__ = [
     "with_verdict",
 ]
 
-#: How an estimate gets its verdict from the setting's meta (:func:`with_verdict`).
-Finish = Callable[[Estimate, Mapping[str, Any]], Estimate]
+#: How an estimate gets its verdict from the setting's claims (:func:`with_verdict`).
+Finish = Callable[[Estimate, SettingClaims], Estimate]
 
 
-def with_verdict(est: Estimate, meta: Mapping[str, Any]) -> Estimate:
+def with_verdict(est: Estimate, claims: SettingClaims) -> Estimate:
     """The estimate with its verdict against the setting's claims (and, where it has only
     its decision counts, e.g. a bootstrap's, the ROC of that operating point)."""
-    est = est.updated(verdict=gaussian_verdict(est, meta))
+    est = est.updated(verdict=gaussian_verdict(est, claims))
     if "roc" not in est.extra and est.counts is not None:
         est = est.updated(roc=roc_from_decisions(*est.counts))
     return est
@@ -60,7 +61,7 @@ def estimate_trials(
     plan: AuditPlan,
     k: int,
     rows: Sequence[TrialRecord],
-    meta: Mapping[str, Any],
+    claims: SettingClaims,
     *,
     calls_per_query: int,
     positive_when: Literal["above", "below"] = "above",
@@ -73,7 +74,7 @@ def estimate_trials(
     worlds = np.array([r.world for r in rows], dtype=np.int64)
     decisions = np.array([r.decision or 0 for r in rows], dtype=np.int64)
     n1, n0 = int(np.sum(worlds == 1)), int(np.sum(worlds == 0))
-    head = dict(meta) | {
+    head = claims.to_json() | {
         "trials": len(rows),
         "n_with": n1,
         "n_without": n0,
@@ -87,7 +88,7 @@ def estimate_trials(
         ).to_dict()
         labels = {"gdp_label": GAUSSIAN_LABEL, "classical_label": CLASSICAL_LABEL}
         roc = {"roc": roc_from_decisions(tp, n1 - tp, fp, n0 - fp)}
-        bb = finish(Estimate.of(**(counts | labels | roc)), meta)
+        bb = finish(Estimate.of(**(counts | labels | roc)), claims)
     except InvalidAuditInput as exc:
         bb = Estimate.of(error=str(exc))
     wb: Estimate | None = None
@@ -111,7 +112,7 @@ def estimate_trials(
             )
             sign = 1.0 if positive_when == "above" else -1.0
             roc = {"roc": roc_from_scores(sign * arr[w1], sign * arr[w0])}
-            wb = finish(Estimate.of(**(figs.gdp.to_dict() | figure_fields(figs) | roc)), meta)
+            wb = finish(Estimate.of(**(figs.gdp.to_dict() | figure_fields(figs) | roc)), claims)
         except InvalidAuditInput as exc:
             wb = Estimate.of(error=str(exc))
     return SettingResult.of(**(head | {"black_box": bb, "white_box": wb}))
@@ -140,7 +141,7 @@ def released_answers(rows: Sequence[TrialRecord], key: str) -> dict[int, list[st
 
 def finish_conformance(
     out: SettingResult,
-    meta: Mapping[str, Any],
+    claims: SettingClaims,
     black: list[ConformanceTest],
     white: list[ConformanceTest],
     *,
@@ -153,7 +154,7 @@ def finish_conformance(
     (:mod:`dpicl_audit.estimators.exchangeable`, generators seeded by ``seed`` and the world):
     the model-free prediction every mechanism makes of repeated identical queries."""
     informative = {w: a for w, a in (answers or {}).items() if order_can_inform(a)}
-    alpha = conformance_alpha(meta, len(black) + len(white) + len(informative))
+    alpha = conformance_alpha(claims.family, len(black) + len(white) + len(informative))
     order = (
         repeat_test(
             a,

@@ -1,10 +1,11 @@
 """Estimation: a run's results from its trial log, generic over the audited mechanism.
 
-For every epsilon of the plan, the mechanism module supplies the setting's facts
-(epsilon_theory, epsilon_exact, noise: :meth:`~dpicl_audit.mechanisms.base.MechanismAudit.
-setting_meta`) and the estimates from the logged rows (real trials, or the clean rows of a
-bootstrap run: :meth:`~dpicl_audit.mechanisms.base.MechanismAudit.estimate`); each estimate
-carries its verdict (:mod:`dpicl_audit.verdicts`). The estimators themselves live in
+For every epsilon of the plan, the mechanism module supplies the setting's claims
+(epsilon_theory, epsilon_exact, noise, its own facts: a :class:`~dpicl_audit.claims.
+SettingClaims` from :meth:`~dpicl_audit.mechanisms.base.MechanismAudit.setting_claims`) and
+the estimates from the logged rows (real trials, or the clean rows of a bootstrap run:
+:meth:`~dpicl_audit.mechanisms.base.MechanismAudit.estimate`); each estimate carries its
+verdict (:mod:`dpicl_audit.verdicts`). The estimators themselves live in
 :mod:`dpicl_audit.estimators` and :mod:`dpicl_audit.estimators.bootstrap`.
 """
 
@@ -14,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from dpicl_audit.claims import Family
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.estimators.channels import channel_alpha, is_refusal, refusal_test, timing_test
 from dpicl_audit.estimators.trial_budget import needs_from_bootstrap
@@ -58,7 +60,7 @@ def estimate_setting(s: SettingRows) -> SettingResult:
     if not answered and s.rows:
         n1 = sum(1 for r in s.rows if r.world == 1)
         out = SettingResult.of(
-            **dict(s.meta)
+            **s.claims.to_json()
             | {
                 "trials": len(s.rows),
                 "n_with": n1,
@@ -77,8 +79,7 @@ def with_channels(out: SettingResult, s: SettingRows) -> SettingResult:
     channels`) under ``refusals`` and ``timing``; a dependent one makes the setting's figures
     (black-box, else white-box; a figure-less setting gets a black-box one) a VIOLATION
     naming it."""
-    family = s.meta.get("family") if isinstance(s.meta.get("family"), Mapping) else {}
-    alpha = channel_alpha(int((family or {}).get("settings") or 1))
+    alpha = channel_alpha(1 if s.claims.family is None else s.claims.family.settings)
     refusals = refusal_test(s.rows, alpha)
     timing = None if s.bootstrap else timing_test(s.rows, alpha)
     found = {k: v for k, v in (("refusals", refusals), ("timing", timing)) if v is not None}
@@ -136,23 +137,21 @@ def estimate_run(store: TrialStore, run_id: str) -> RunResult:
     # The run's claims are stated for its tests together (estimators.family): the tests
     # each setting states claims from (one figure per threat model, for most designs).
     # One more member: the run's conformance tests together (estimators.conformance).
-    family = {
-        "size": len(plan.mechanism.epsilons) * mech.claims_per_setting(design, threat_models) + 1,
-        "confidence": plan.confidence,
-        "settings": len(plan.mechanism.epsilons),
-    }
+    family = Family(
+        size=len(plan.mechanism.epsilons) * mech.claims_per_setting(design, threat_models) + 1,
+        confidence=plan.confidence,
+        settings=len(plan.mechanism.epsilons),
+    )
     # The design's clean outputs are known exactly only on the rule-following simulator:
     # there the release distribution is predicted in closed form (estimators.conformance).
     server = (run.versions or {}).get("server") or {}
     simulator = bool(server.get("simulator")) or server.get("engine") == "oracle"
     settings = []
     for k, eps in enumerate(plan.mechanism.epsilons):
-        meta = mech.setting_meta(plan, design, eps, contexts) | {
-            "family": family,
-            "simulator": simulator,
-        }
-        rows = clean if bootstrap else store.trials(run_id, meta["setting"])
-        settings.append(estimate_setting(SettingRows(plan, design, k, rows, meta, bootstrap)))
+        claims = mech.setting_claims(plan, design, eps, contexts)
+        claims = claims.with_family(family, simulator=simulator)
+        rows = clean if bootstrap else store.trials(run_id, claims.setting)
+        settings.append(estimate_setting(SettingRows(plan, design, k, rows, claims, bootstrap)))
     if bootstrap:
         # What a real-trial run of the same design needs before its verdicts have power
         # (trial_budget): the planning figure a bootstrap exists to give.
@@ -177,7 +176,7 @@ def estimate_run(store: TrialStore, run_id: str) -> RunResult:
         confidence=plan.confidence,
         delta=plan.mechanism.delta,
         threat_models=threat_models,
-        family=family,
+        family=family.to_json(),
         settings=tuple(settings),
         queries=run.queries,
         llm_calls=run.llm_calls,

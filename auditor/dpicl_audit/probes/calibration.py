@@ -23,6 +23,7 @@ import contextlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from dpicl_audit.claims import SettingClaims
 from dpicl_audit.client import AuditTarget, ContextBody
 from dpicl_audit.errors import TargetError, TargetRejected
 from dpicl_audit.probes.ingredients import Ingredients
@@ -42,13 +43,13 @@ SCAN = (0.1, 16.0, 100.0)
 async def scan_calibration(
     target: AuditTarget,
     body: Callable[[float], ContextBody | None],
-    meta: Callable[[float, Mapping[str, Any]], Mapping[str, Any]],
+    claims: Callable[[float, Mapping[str, Any]], SettingClaims],
     audited: Iterable[float],
 ) -> CalibrationSection:
     """The scan of the module docstring. ``body(epsilon)``: a context body at ``epsilon``
     budgeted for one answer (None where no budget within the server's limit holds one);
-    ``meta(epsilon, info)``: the setting facts :func:`calibration_departure` reads, from the
-    created context's ``info``; ``audited``: the plan's epsilons (checked with its settings)."""
+    ``claims(epsilon, info)``: the setting's claims :func:`calibration_departure` reads, from
+    the created context's ``info``; ``audited``: the plan's epsilons (checked with its settings)."""
     skip = {float(e) for e in audited}
     points: list[CalibrationPoint] = []
     for eps in (e for e in SCAN if e not in skip):
@@ -62,7 +63,7 @@ async def scan_calibration(
             points.append({"epsilon": eps, "status": "refused", "message": exc.message})
             continue
         try:
-            found = meta(eps, info)
+            found = claims(eps, info)
         finally:
             with contextlib.suppress(TargetError):
                 await target.delete_context(str(info["id"]))
@@ -70,8 +71,8 @@ async def scan_calibration(
         point: CalibrationPoint = {
             "epsilon": eps,
             "status": "ok" if weaker is None else "bug",
-            "sigma": found.get("sigma"),
-            "epsilon_exact": found.get("epsilon_exact"),
+            "sigma": found.sigma,
+            "epsilon_exact": found.epsilon_exact,
         }
         if weaker is not None:
             point["message"] = weaker

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dpicl_audit.claims import SettingClaims
 from dpicl_audit.client import ContextBody
 
 __all__ = ["Body", "Claim", "Hold", "Ingredients", "PerToken", "TailContexts"]
@@ -27,10 +28,10 @@ Body = Callable[[int, float, str], ContextBody]
 #: the mechanism's answers are limited (a budget composed as they compose, or a count of
 #: queries); None where no budget within the server's limit holds them.
 Hold = Callable[[ContextBody, float, int], ContextBody | None]
-#: ``(epsilon, info)``: the setting's facts the claim check reads
+#: ``(epsilon, info)``: the setting's claims the claim check reads
 #: (:func:`dpicl_audit.verdicts.claims.calibration_departure`), from a created context's
 #: record.
-Claim = Callable[[float, Mapping[str, Any]], Mapping[str, Any]]
+Claim = Callable[[float, Mapping[str, Any]], SettingClaims]
 #: The per-token bound of a generation mechanism from its contexts' records (None where
 #: they report none).
 PerToken = Callable[[Sequence[Mapping[str, Any]]], float | None]

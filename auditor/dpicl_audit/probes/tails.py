@@ -34,11 +34,11 @@ from collections.abc import Callable
 
 from scipy import special
 
+from dpicl_audit.claims import sigma_of
 from dpicl_audit.client import AuditTarget, ContextBody
 from dpicl_audit.errors import TargetError, TargetRejected
 from dpicl_audit.probes.ingredients import Ingredients
 from dpicl_audit.probes.sections import TailsSection
-from dpicl_audit.verdicts.claims import sigma_of
 
 __all__ = [
     "ALPHA",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from dpicl_audit.mechanisms.base import SettingRows
+from dpicl_audit.mechanisms.registry import get_mechanism
 from dpicl_audit.pipeline.estimation import estimate_setting
 from dpicl_audit.plan.schedule import CLEAN_SETTING
 from dpicl_audit.report.data import THREATS, RunData, num
@@ -44,13 +45,11 @@ def trials_curve(rd: RunData) -> dict[str, dict[str, list[tuple[int, float]]]]:
     the same clean votes (the last point is the run's own result).
     """
     plan, design = rd.plan, rd.design
+    mech = get_mechanism(plan.mechanism.name)
     out: dict[str, dict[str, list[tuple[int, float]]]] = {}
     for k, setting in enumerate(rd.results.settings):
-        s = setting.to_json()  # the setting's facts, as the mechanism's estimate reads them
-        # The setting's facts (ESA: its signal geometry too) without its estimates.
-        meta = {key: v for key, v in s.items() if key not in _ESTIMATES}
-        meta["sigma"] = num(s.get("sigma"))
-        meta["epsilon_exact"] = num(setting.epsilon_exact)
+        # The setting's claims (ESA: its signal geometry too), as its estimate reads them.
+        claims = mech.claims_from_json(setting.to_json())
         curves: dict[str, list[tuple[int, float]]] = {"black-box": [], "white-box": []}
         if rd.kind == "bootstrap":
             clean = rd.trials.get(CLEAN_SETTING, [])
@@ -62,17 +61,14 @@ def trials_curve(rd: RunData) -> dict[str, dict[str, list[tuple[int, float]]]]:
                     p = plan.model_copy(
                         update={"bootstrap": plan.bootstrap.model_copy(update={"n_sample": n})}
                     )
-                    res = _estimate(SettingRows(p, design, k, clean, dict(meta), True))
+                    res = _estimate(SettingRows(p, design, k, clean, claims, True))
                 for threat, v in _shown(res):
                     curves[threat].append((2 * n, v))
         else:
             rows = sorted(rd.trials.get(str(setting.setting), []), key=lambda r: r.trial_index)
             for n in _prefix_sizes(len(rows), min(40, len(rows)), 8):
-                res = _estimate(SettingRows(plan, design, k, rows[:n], dict(meta), False))
+                res = _estimate(SettingRows(plan, design, k, rows[:n], claims, False))
                 for threat, v in _shown(res):
                     curves[threat].append((n, v))
         out[str(setting.setting)] = curves
     return out
-
-
-_ESTIMATES = ("black_box", "white_box", "noise_check", "sigma_simulated")

@@ -25,10 +25,11 @@ it back. A :class:`Status` knows its severity and the CLI's exit code.
 
 Modules::
 
-    model.py   the one verdict type (Verdict, GaussianVerdict), Status, the run's Family, a
-               run's worst status
+    model.py   the one verdict type (Verdict, GaussianVerdict), Status, a run's worst
+               status (the run's Family is :mod:`dpicl_audit.claims`', re-exported)
     claims.py  the claims a bound may state: verdict, gaussian_verdict, rdp_verdict, and
-               for the run's tests together
+               for the run's tests together; each reads a setting's typed claims
+               (:class:`~dpicl_audit.claims.SettingClaims`)
 """
 
 from __future__ import annotations

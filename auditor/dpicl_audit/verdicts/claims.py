@@ -7,18 +7,16 @@ and a VIOLATION or BUG as the run may state it for its tests together
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
-from dpicl_audit.errors import TargetProtocolError
+from dpicl_audit.claims import SettingClaims
 from dpicl_audit.estimators.family import family_wise_figures
 from dpicl_audit.estimators.figure_power import exact_mus, reach_model
 from dpicl_audit.estimators.gdp import gdp_mu
 from dpicl_audit.estimators.power import trials_for_power
-from dpicl_audit.estimators.verdict_rules import VerdictResult, decide_verdict
-from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.estimators.verdict_rules import ClaimKind, VerdictResult, decide_verdict
 from dpicl_audit.verdicts.model import Family, GaussianVerdict, Status, Verdict
 
 if TYPE_CHECKING:
@@ -35,7 +33,6 @@ __all__ = [
     "for_the_family",
     "gaussian_verdict",
     "rdp_verdict",
-    "sigma_of",
     "verdict",
 ]
 
@@ -53,6 +50,27 @@ class Figures(Protocol):
 
 def _figures(est: Figures | Mapping[str, Any]) -> Mapping[str, Any]:
     return est if isinstance(est, Mapping) else est.as_mapping()
+
+
+class _DesignReference(TypedDict, total=False):
+    """The design's own exact epsilon, and its mu, as the BUG rule reads them
+    (:func:`~dpicl_audit.estimators.verdict_rules.decide_verdict`)."""
+
+    epsilon_exact_design: float
+    mu_exact_design: float | None
+
+
+class _Rules(_DesignReference):
+    """What :func:`gaussian_verdict` asks of
+    :func:`~dpicl_audit.estimators.verdict_rules.decide_verdict` beside the bounds."""
+
+    claim: ClaimKind
+    epsilon_theory: float
+    mu_claimed: float
+    epsilon_exact: float | None
+    mu_exact: float | None
+    flip_rate: float | None
+    max_reachable: float | None
 
 
 def verdict(
@@ -106,31 +124,30 @@ _STATUS_OF_WORD = {
 }
 
 
-def gaussian_verdict(est: Figures | Mapping[str, Any], meta: Mapping[str, Any]) -> GaussianVerdict:
+def gaussian_verdict(est: Figures | Mapping[str, Any], claims: SettingClaims) -> GaussianVerdict:
     """Verdict of an audit of a Gaussian claim (voting, ESA) by the rules of
     :func:`~dpicl_audit.estimators.verdict_rules.decide_verdict`: VIOLATION on ``mu_lower >
     mu_claimed`` or the classical bound above epsilon_theory, BUG above the exact values,
     INCONCLUSIVE without power (with the reason and advice), else CONSISTENT.
 
-    ``meta["family"]`` (``{"size": m, "confidence": c}``, set by the run's estimation): a
+    ``claims.family`` (its size m and confidence c, set by the run's estimation): a
     VIOLATION or BUG stands only if it holds for the run's m figures together
     (:mod:`~dpicl_audit.estimators.family`), else the figure is INCONCLUSIVE and says why."""
 
     est = _figures(est)
-    theory, delta = float(meta["epsilon_theory"]), float(meta["delta"])
-    exact = meta.get("epsilon_exact")
-    mu_exact, mu_signal = exact_mus(meta)
-    found = reach_model(est, meta, mu_signal)
+    theory, delta, exact = claims.epsilon_theory, claims.delta, claims.epsilon_exact
+    mu_exact, mu_signal = exact_mus(claims)
+    found = reach_model(est, claims, mu_signal)
     reach = None if found is None else found[0](*found[1])
-    rules: dict[str, Any] = dict(
+    rules = _Rules(
         claim="gaussian",
         epsilon_theory=theory,
         mu_claimed=gdp_mu(theory, delta),
         epsilon_exact=exact,
         mu_exact=None if mu_exact is None else mu_exact * (1 + 1e-6) + 1e-9,
-        flip_rate=meta.get("flip_rate"),
+        flip_rate=claims.flip_rate,
         max_reachable=reach,
-        **_design_reference(meta, delta),
+        **_design_reference(claims),
     )
     res = decide_verdict(
         epsilon_classical=float(est.get("epsilon_lower_classic") or 0.0),
@@ -142,11 +159,11 @@ def gaussian_verdict(est: Figures | Mapping[str, Any], meta: Mapping[str, Any]) 
         res = res.with_trials_needed(
             trials_for_power(model, res.underpowered, n_pos=n_pos, n_neg=n_neg)
         )
-    family = family_of(meta)
+    family = family_of(claims)
     together = None
     if res.verdict in ("VIOLATION", "BUG") and family is not None:
         res, together = _claim_for_the_family(res, est, rules, family, delta)
-    weaker = calibration_departure(meta)
+    weaker = calibration_departure(claims)
     if weaker is not None and res.verdict != "VIOLATION":
         # Deterministic, beside the statistics: no trial can make a weak calibration right.
         kept = res.reasons[:1] if res.verdict == "BUG" else ()
@@ -183,25 +200,27 @@ def gaussian_verdict(est: Figures | Mapping[str, Any], meta: Mapping[str, Any]) 
 CALIBRATION_TOL = 1e-4
 
 
-def calibration_departure(meta: Mapping[str, Any]) -> str | None:
+def calibration_departure(claims: SettingClaims) -> str | None:
     """The deterministic claim check of a Gaussian setting (issue 35, item 4): the exact
     epsilon of the noise the server reports, at the design's sensitivity
-    (``meta["epsilon_exact"]``, the auditor's own computation), and the exact epsilon the
-    server itself reports (``meta["epsilon_exact_server"]``) must not exceed the claimed
+    (``claims.epsilon_exact``, the auditor's own computation), and the exact epsilon the
+    server itself reports (``claims.epsilon_exact_server``) must not exceed the claimed
     epsilon. Either above it is a BUG whatever the trials say: the mechanism as reported is
     weaker than its claim. Returns the reason, or None where the calibration meets the claim
     (or nothing was reported)."""
 
-    theory = float(meta["epsilon_theory"])
+    theory = claims.epsilon_theory
     limit = theory * (1 + CALIBRATION_TOL) + 1e-9
-    sigma, sens = meta.get("sigma"), meta.get("sensitivity")
-    for key, who in (("epsilon_exact", "the auditor's"), ("epsilon_exact_server", "the server's")):
-        found = meta.get(key)
+    sigma, sens = claims.sigma, claims.sensitivity
+    for found, who in (
+        (claims.epsilon_exact, "the auditor's"),
+        (claims.epsilon_exact_server, "the server's"),
+    ):
         if found is None or float(found) <= limit:
             continue
-        noise = "" if sigma is None else f" (sigma {float(sigma):.6g}"
+        noise = "" if sigma is None else f" (sigma {sigma:.6g}"
         if noise and sens is not None:
-            noise += f", reported sensitivity {float(sens):.6g}"
+            noise += f", reported sensitivity {sens:.6g}"
         noise += ")" if noise else ""
         return (
             f"the reported calibration{noise} is weaker than claimed: {who} exact epsilon "
@@ -211,24 +230,23 @@ def calibration_departure(meta: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _design_reference(meta: Mapping[str, Any], delta: float) -> JsonObject:
-    """The design's own exact epsilon (``meta["epsilon_exact_design"]``, below the worst
+def _design_reference(claims: SettingClaims) -> _DesignReference:
+    """The design's own exact epsilon (``claims.epsilon_exact_design``, below the worst
     case; with its mu where it is a Gaussian mechanism's), for the BUG rule."""
 
-    own = meta.get("epsilon_exact_design")
+    own = claims.epsilon_exact_design
     if own is None:
-        return {}
-    mu = gdp_mu(float(own), delta) if meta.get("epsilon_exact_design_gaussian") else None
-    return {
-        "epsilon_exact_design": float(own),
-        "mu_exact_design": None if mu is None else mu * (1 + 1e-6) + 1e-9,
-    }
+        return _DesignReference()
+    mu = gdp_mu(own, claims.delta) if claims.epsilon_exact_design_gaussian else None
+    return _DesignReference(
+        epsilon_exact_design=own, mu_exact_design=None if mu is None else mu * (1 + 1e-6) + 1e-9
+    )
 
 
 def _claim_for_the_family(
     res: VerdictResult,
     est: Mapping[str, Any],
-    rules: Mapping[str, Any],
+    rules: _Rules,
     family: Family,
     delta: float,
 ) -> tuple[VerdictResult, FamilyWise | None]:
@@ -299,29 +317,27 @@ def claim_for_the_family(
     )
 
 
-def family_of(meta: Mapping[str, Any]) -> Family | None:
-    """The run's family (``meta["family"]``, set by estimation.estimate_run) where it has
+def family_of(claims: SettingClaims) -> Family | None:
+    """The run's family (``claims.family``, set by estimation.estimate_run) where it has
     more than one test, else None: a lone test's claim needs no correction."""
-    family = meta.get("family") or {}
-    if int(family.get("size") or 1) <= 1:
-        return None
-    return Family(int(family["size"]), float(family.get("confidence") or 0.95))
+    family = claims.family
+    return None if family is None or family.size <= 1 else family
 
 
 def for_the_family(
     alone: Verdict,
     est: Figures | Mapping[str, Any],
-    meta: Mapping[str, Any],
+    claims: SettingClaims,
     judge: Callable[[FamilyWise], Verdict],
 ) -> Verdict:
     """``alone`` (a :func:`verdict` of the estimate ``est``, from its counts) as the run may
     state it: a VIOLATION or BUG is judged again by ``judge`` on the estimate's figures with
     each test at error ``(1 - c) / size`` (:func:`claim_for_the_family`)."""
 
-    family = family_of(meta)
+    family = family_of(claims)
     if family is None or not alone.flags:
         return alone
-    figures = family_wise_figures(_figures(est), family.size, float(meta["delta"]))
+    figures = family_wise_figures(_figures(est), family.size, claims.delta)
     if figures is None:
         together, shown = None, "its tests' counts are not in the estimate"
     else:
@@ -373,18 +389,3 @@ def rdp_verdict(orders: Any, rdp: Mapping[str, Any]) -> Verdict:
         exceeds_exact=False if exact is not None else None,
         message="the RDP audit stays below the Gaussian theory",
     )
-
-
-def sigma_of(info: Mapping[str, Any]) -> float:
-    """The noise sigma a Gaussian mechanism's context reports (voting, ESA)."""
-    mech = info.get("mechanism")
-    try:
-        sigma = float(mech["sigma"])  # type: ignore[index]
-    except (TypeError, KeyError, ValueError) as exc:
-        raise TargetProtocolError(
-            f"context {info.get('id')} reports no mechanism.sigma; the audit needs the noise "
-            "the server uses"
-        ) from exc
-    if not (sigma > 0 and math.isfinite(sigma)):
-        raise TargetProtocolError(f"context {info.get('id')} reports sigma {sigma}")
-    return sigma

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, ClassVar, Literal, get_args
 
+from dpicl_audit.claims import Family
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.jsontypes import JsonObject
 
@@ -234,15 +235,6 @@ class GaussianVerdict(Verdict):
             "max_reachable": self.max_reachable,
             "trials_needed": None if self.trials_needed is None else list(self.trials_needed),
         }
-
-
-@dataclass(frozen=True)
-class Family:
-    """The run's family of tests (``meta["family"]``, set by estimation.estimate_run): its
-    ``size`` figures hold together at ``confidence``."""
-
-    size: int
-    confidence: float
 
 
 def worst_status(statuses: Iterable[str]) -> Status:

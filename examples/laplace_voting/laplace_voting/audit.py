@@ -31,16 +31,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import dp_accounting
 from dp_accounting.pld import PLDAccountant
 from scipy import stats
 
+from dpicl_audit.claims import SettingClaims, number
 from dpicl_audit.client import ContextBody
 from dpicl_audit.errors import InvalidAuditInput, TargetProtocolError
 from dpicl_audit.estimators.composition import composed_epsilon
+from dpicl_audit.jsontypes import JsonObject, JsonValue
 from dpicl_audit.mechanisms.base import MechanismAudit, SettingRows, TrialAt, exemplar_dicts
 from dpicl_audit.mechanisms.gaussian import check_partition_seed
 from dpicl_audit.mechanisms.trial_estimates import estimate_trials
@@ -83,6 +85,32 @@ def _scale_of(info: Mapping[str, Any], epsilon: float) -> float:
     if got is not None:
         return _check_scale(float(got), epsilon, info.get("id"))
     return laplace_scale(epsilon)
+
+
+@dataclass(frozen=True)
+class LaplaceFacts:
+    """This mechanism's own facts of a setting: T partitions, the Laplace noise's scale and
+    the design's layout."""
+
+    partitions: int
+    scale: float
+    design: str
+
+    def to_json(self) -> JsonObject:
+        return {
+            "partitions": self.partitions,
+            "noise": "laplace",
+            "scale": self.scale,
+            "design": self.design,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, JsonValue]) -> LaplaceFacts:
+        return cls(
+            int(number(data.get("partitions")) or 0),
+            float(number(data.get("scale")) or 0.0),
+            str(data.get("design")),
+        )
 
 
 class LaplaceVotingAudit(VotingAudit):
@@ -163,47 +191,50 @@ class LaplaceVotingAudit(VotingAudit):
         # (probes.ledger); not this mechanism's.
         return replace(super().ingredients(design, plan), gaussian=False)
 
-    def setting_meta(
+    def setting_claims(
         self,
         plan: AuditPlan,
         design: Any,
         epsilon: float,
         contexts: Mapping[tuple[str, int], ContextRecord],
-    ) -> dict[str, Any]:
+    ) -> SettingClaims:
         setting = plan.setting_key(epsilon)
         c1, c0 = contexts.get((setting, 1)), contexts.get((setting, 0))
         scale = laplace_scale(epsilon)
-        return {
-            "setting": setting,
-            "epsilon_theory": epsilon,
-            "delta": plan.mechanism.delta,
-            "partitions": LaplaceVotingSettings.of(plan).partitions,
-            "context_ids": {"C1": c1 and c1.context_id, "C0": c0 and c0.context_id},
-            "noise": "laplace",
-            "scale": scale,
-            "sigma": None,
-            "epsilon_exact": laplace_epsilon_exact(scale, plan.mechanism.delta),
-            "design": design.layout,
-        }
+        return SettingClaims(
+            setting=setting,
+            epsilon_theory=epsilon,
+            delta=plan.mechanism.delta,
+            context_ids={"C1": c1.context_id if c1 else None, "C0": c0.context_id if c0 else None},
+            epsilon_exact=laplace_epsilon_exact(scale, plan.mechanism.delta),
+            facts=LaplaceFacts(LaplaceVotingSettings.of(plan).partitions, scale, design.layout),
+        )
+
+    def claims_from_json(self, data: Mapping[str, JsonValue]) -> SettingClaims:
+        return SettingClaims.from_json(data, LaplaceFacts.from_json)
 
     def estimate(self, s: SettingRows) -> SettingResult:
         if s.bootstrap:
             raise InvalidAuditInput("laplace-voting has no bootstrap audit; use a run")
         calls = self.calls_per_query(s.plan)
-        return estimate_trials(s.plan, s.k, s.rows, s.meta, calls_per_query=calls, finish=_pure_dp)
+        return estimate_trials(
+            s.plan, s.k, s.rows, s.claims, calls_per_query=calls, finish=_pure_dp
+        )
 
 
-def _pure_dp(est: Estimate, meta: Mapping[str, Any]) -> Estimate:
+def _pure_dp(est: Estimate, claims: SettingClaims) -> Estimate:
     """epsilon_emp = the classical lower bound, read against the claim and the exact epsilon;
     a VIOLATION or BUG holds for the run's tests together (verdicts.for_the_family)."""
-    theory, exact = float(meta["epsilon_theory"]), meta.get("epsilon_exact")
+    theory, exact = claims.epsilon_theory, claims.epsilon_exact
 
     def judge(classical: float) -> Verdict:
         return verdict(max(classical, 0.0), theory, exact)
 
     classical = float(est.get("epsilon_lower_classic"))
     est = est.updated(epsilon_emp=max(classical, 0.0), epsilon_emp_basis="classical")
-    found = for_the_family(judge(classical), est, meta, lambda fw: judge(fw.epsilon_lower_classic))
+    found = for_the_family(
+        judge(classical), est, claims, lambda fw: judge(fw.epsilon_lower_classic)
+    )
     return est.updated(verdict=found)
 
 

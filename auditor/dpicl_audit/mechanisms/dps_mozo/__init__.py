@@ -8,6 +8,7 @@ module              what it holds
 ==================  ============================================================
 :mod:`.settings`    the audit settings (the plan's section, its plan checks)
 :mod:`.design`      the neighbour design as data, its builder and decision rule
+:mod:`.facts`       DPS-MOZO's own facts of a setting (MozoFacts: the per-token bound)
 :mod:`.check`       the auditor's own recomputation of a token's bounds
 :mod:`.claim`       the exact epsilon of the reported eps0 against the claim; the
                     per-token bound the positions probe reads (probes.positions)

@@ -60,6 +60,7 @@ from typing import Any
 
 import numpy as np
 
+from dpicl_audit.claims import SettingClaims, number
 from dpicl_audit.client import AuditTarget, ContextBody
 from dpicl_audit.datasets import LabelledDataset
 from dpicl_audit.errors import InvalidAuditInput, TargetProtocolError
@@ -67,7 +68,7 @@ from dpicl_audit.estimators.conformance import ConformanceTest
 from dpicl_audit.estimators.draws import Draw, sampling_tests
 from dpicl_audit.estimators.exchangeable import order_can_inform
 from dpicl_audit.estimators.gdp import gdp_epsilon
-from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.jsontypes import JsonObject, JsonValue
 from dpicl_audit.mechanisms.base import (
     MechanismAudit,
     SettingRows,
@@ -79,6 +80,7 @@ from dpicl_audit.mechanisms.base import (
 from dpicl_audit.mechanisms.dps_mozo.check import token_internals
 from dpicl_audit.mechanisms.dps_mozo.claim import mozo_claim_departure, per_token_bound
 from dpicl_audit.mechanisms.dps_mozo.design import MozoDesign, decide, mozo_design
+from dpicl_audit.mechanisms.dps_mozo.facts import MozoFacts
 from dpicl_audit.mechanisms.dps_mozo.findings import (
     divergence_check,
     ratio_check,
@@ -204,13 +206,16 @@ class MozoAudit(MechanismAudit):
             observation |= token_internals(out, MozoSettings.of(plan).guarantee)
         return at.record(design.query, observation, design.decide_text(text), latency)
 
-    def setting_meta(
+    def claims_from_json(self, data: Mapping[str, JsonValue]) -> SettingClaims:
+        return SettingClaims.from_json(data, MozoFacts.from_json)
+
+    def setting_claims(
         self,
         plan: AuditPlan,
         design: MozoDesign,
         epsilon: float,
         contexts: Mapping[tuple[str, int], ContextRecord],
-    ) -> dict[str, Any]:
+    ) -> SettingClaims:
         setting = plan.setting_key(epsilon)
         mine = [c for (s, _w), c in contexts.items() if s.split("#")[0] == setting]
         c1 = contexts.get((setting, 1)) or (mine[0] if mine else None)
@@ -229,17 +234,26 @@ class MozoAudit(MechanismAudit):
             if proven and eps0 is not None
             else (None, None)
         )
-        # Stored only where the claim breaks: an honest run's JSON stays as it was.
-        departure = (
-            {}
-            if weaker is None
-            else {"epsilon_from_eps0": from_eps0, "calibration_departure": weaker}
+        facts = MozoFacts(
+            contexts_used=len(mine),
+            guarantee=MozoSettings.of(plan).guarantee,
+            alpha=number(alpha),
+            beta=number(beta),
+            max_log_ratio=None if eps0 is None else float(eps0),
+            per_token_epsilon=None if per_token is None else float(per_token),
+            per_token_bound=(
+                (None if per_token is None else float(per_token))
+                if proven
+                else (None if alpha is None or beta is None else 4 * beta * alpha)
+            ),
+            epsilon_from_eps0=from_eps0,
+            calibration_departure=weaker,
         )
-        return departure | {
-            "setting": setting,
-            "epsilon_theory": epsilon,
-            "delta": float(mech.get("delta") or plan.mechanism.delta),
-            "context_ids": {
+        return SettingClaims(
+            setting=setting,
+            epsilon_theory=epsilon,
+            delta=float(mech.get("delta") or plan.mechanism.delta),
+            context_ids={
                 f"C{w}": sorted(
                     c.context_id
                     for (s, ww), c in contexts.items()
@@ -247,24 +261,11 @@ class MozoAudit(MechanismAudit):
                 )
                 for w in (1, 0)
             },
-            "contexts_used": len(mine),
-            "sigma": None,
-            "epsilon_exact": None,
-            "nominal": not proven,
-            "guarantee": MozoSettings.of(plan).guarantee,
-            "alpha": alpha,
-            "beta": beta,
-            "max_log_ratio": None if eps0 is None else float(eps0),
-            "per_token_epsilon": None if per_token is None else float(per_token),
-            "per_token_bound": (
-                (None if per_token is None else float(per_token))
-                if proven
-                else (None if alpha is None or beta is None else 4 * beta * alpha)
-            ),
-        }
+            facts=facts,
+        )
 
     def estimate(self, s: SettingRows) -> SettingResult:
-        plan, k, rows, meta = s.plan, s.k, s.rows, s.meta
+        plan, k, rows, claims = s.plan, s.k, s.rows, s.claims
         if s.bootstrap:
             raise InvalidAuditInput("DPS-MOZO has no bootstrap audit; use a run")
         proven = MozoSettings.of(plan).guarantee == "proven"
@@ -272,7 +273,7 @@ class MozoAudit(MechanismAudit):
             plan,
             k,
             rows,
-            meta,
+            claims,
             calls_per_query=self.calls_per_query(plan),
             finish=_verdict_of(nominal=not proven),
         )
@@ -288,10 +289,11 @@ class MozoAudit(MechanismAudit):
                 (float(v) for v in per_answer if isinstance(v, int | float)), None
             ),
         )
-        seed = zlib.crc32(str(meta.get("setting", k)).encode())
+        seed = zlib.crc32(claims.setting.encode())
         white: list[ConformanceTest] = []
         if plan.threat_model == "white-box":
-            out = out.updated(white_box=(ratio_check if proven else divergence_check)(rows, meta))
+            facts = claims.own(MozoFacts)
+            out = out.updated(white_box=(ratio_check if proven else divergence_check)(rows, facts))
             if proven:
                 # The released first tokens against the distributions reported for them
                 # (estimators.draws): a server that reports the DP distribution but
@@ -300,7 +302,7 @@ class MozoAudit(MechanismAudit):
         answers = released_answers(rows, "text")
         if not white and not any(order_can_inform(a) for a in answers.values()):
             return out  # nothing to test (no conformance block, as before issue 27's test)
-        return finish_conformance(out, meta, [], white, answers=answers, seed=[plan.seed, seed])
+        return finish_conformance(out, claims, [], white, answers=answers, seed=[plan.seed, seed])
 
 
 def first_token_draws(rows: Sequence[TrialRecord]) -> list[Draw]:
@@ -338,8 +340,8 @@ def _verdict_of(*, nominal: bool) -> Finish:
     true claim; paper mode the larger of the GDP and classical figures against the nominal
     one. A VIOLATION holds for the run's tests together (verdicts.for_the_family)."""
 
-    def finish(est: Estimate, meta: Mapping[str, Any]) -> Estimate:
-        theory, delta = float(meta["epsilon_theory"]), float(meta["delta"])
+    def finish(est: Estimate, claims: SettingClaims) -> Estimate:
+        theory, delta = claims.epsilon_theory, claims.delta
 
         def emp(mu: float, classical: float) -> float:
             return max(gdp_epsilon(mu, delta) if nominal else 0.0, classical, 0.0)
@@ -351,8 +353,8 @@ def _verdict_of(*, nominal: bool) -> Finish:
         basis = {} if nominal else {"epsilon_emp_basis": "classical"}
         est = est.updated(epsilon_emp=emp(mu, classical), **basis)
         again = lambda fw: judge(fw.mu_lower, fw.epsilon_lower_classic)  # noqa: E731
-        found = without_signal(for_the_family(judge(mu, classical), est, meta, again), est)
-        weaker = meta.get("calibration_departure")
+        found = without_signal(for_the_family(judge(mu, classical), est, claims, again), est)
+        weaker = claims.own(MozoFacts).calibration_departure
         if weaker and found.status is not Status.VIOLATION:
             # Deterministic, beside the statistics: no trial can make a weak calibration right.
             found = Verdict(status=Status.BUG, message=f"BUG: {weaker}", exceeds_exact=True)

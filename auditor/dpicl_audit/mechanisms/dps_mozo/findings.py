@@ -12,12 +12,13 @@ trials (not epsilon estimates; direct checks of the premises the claimed epsilon
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.mechanisms.dps_mozo.check import exceeds, neighbour_gap
+from dpicl_audit.mechanisms.dps_mozo.facts import MozoFacts
 from dpicl_audit.results import Estimate
 from dpicl_audit.store import TrialRecord
 from dpicl_audit.verdicts import Status, Verdict
@@ -39,12 +40,12 @@ def _max_divergence(rows: Sequence[TrialRecord], key: str) -> float | None:
     return max(values) if values else None
 
 
-def divergence_check(rows: Sequence[TrialRecord], meta: Mapping[str, Any]) -> Estimate:
+def divergence_check(rows: Sequence[TrialRecord], facts: MozoFacts) -> Estimate:
     """The white-box observation's finding: per-token divergences against the claimed
     per-token bound. Not an epsilon estimate; a direct check of Theorem B.3's premise."""
     if not rows or any("tokens" not in r.observation for r in rows):
         return Estimate.of(error=_NO_INTERNALS)
-    bound = meta.get("per_token_bound")
+    bound = facts.per_token_bound
     reached = _max_divergence(rows, "divergences")
     exact = _max_divergence(rows, "exact_divergences")
     out: JsonObject = {
@@ -124,14 +125,16 @@ def _neighbour_pairs(
     return pairs, worst, where
 
 
-def ratio_check(rows: Sequence[TrialRecord], meta: Mapping[str, Any]) -> Estimate:
+def ratio_check(rows: Sequence[TrialRecord], facts: MozoFacts) -> Estimate:
     """The proven mode's white-box finding, token by token: the auditor's own radius within
     max_log_ratio, and the realised worst case (its own and the server's exact_log_ratios)
     within per_token_epsilon. Not an epsilon estimate: a direct check of the claim's premise.
     """
     if not rows or any("tokens" not in r.observation for r in rows):
         return Estimate.of(error=_NO_INTERNALS)
-    eps0, per_token = float(meta["max_log_ratio"]), float(meta["per_token_epsilon"])
+    eps0, per_token = facts.max_log_ratio, facts.per_token_epsilon
+    if eps0 is None or per_token is None:  # setting_claims refuses such a proven context
+        return Estimate.of(error="the contexts report no max_log_ratio/per_token_epsilon")
     radius, radius_at = _worst(rows, "radius")
     exact, exact_at = _worst(rows, "exact")
     exact_srv, exact_srv_at = _worst(rows, "exact_server")

@@ -8,6 +8,7 @@ module              what it holds
 ==================  ============================================================
 :mod:`.settings`    the audit settings (the plan's section, attacks, defaults)
 :mod:`.design`      the neighbour design and signal texts as data (stored as JSON)
+:mod:`.facts`       ESA's own facts of a setting (EsaFacts: sensitivity bound, signal)
 :mod:`.build`       building the designs; the release's closed-form rates
 :mod:`.signals`     the signal embeddings e(y1), e(y0): on the server or locally
 :mod:`.estimates`   exact epsilons, the trials' estimates, the conformance tests

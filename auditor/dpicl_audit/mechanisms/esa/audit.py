@@ -55,18 +55,20 @@ from typing import Any
 
 import numpy as np
 
+from dpicl_audit.claims import SettingClaims
 from dpicl_audit.client import AuditTarget, ContextBody
 from dpicl_audit.datasets import LabelledDataset
 from dpicl_audit.errors import TargetProtocolError
-from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.jsontypes import JsonObject, JsonValue
 from dpicl_audit.mechanisms.base import SettingRows, TrialAt, ask, needs_internal, require_keys
 from dpicl_audit.mechanisms.esa.bootstrap import estimate_esa_bootstrap
 from dpicl_audit.mechanisms.esa.build import build_generation_design
 from dpicl_audit.mechanisms.esa.design import FloatArray, GenerationDesign
-from dpicl_audit.mechanisms.esa.estimates import esa_meta, estimate_esa_trials
+from dpicl_audit.mechanisms.esa.estimates import esa_claims, estimate_esa_trials
+from dpicl_audit.mechanisms.esa.facts import EsaFacts
 from dpicl_audit.mechanisms.esa.settings import EsaSettings
 from dpicl_audit.mechanisms.esa.signals import resolve_signal_embeddings
-from dpicl_audit.mechanisms.gaussian import GaussianMechanismAudit, gaussian_setting_meta
+from dpicl_audit.mechanisms.gaussian import GaussianMechanismAudit, gaussian_setting_claims
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.results import SettingResult
 from dpicl_audit.store import ContextRecord, TrialRecord
@@ -168,15 +170,18 @@ class EsaAudit(GaussianMechanismAudit):
                 raise needs_internal("/v1/debug/generate", "clean_mean")
         return at.record(design.query, observation, design.decide_text(text), latency, score)
 
-    def setting_meta(
+    def claims_from_json(self, data: Mapping[str, JsonValue]) -> SettingClaims:
+        return SettingClaims.from_json(data, EsaFacts.from_json)
+
+    def setting_claims(
         self,
         plan: AuditPlan,
         design: GenerationDesign,
         epsilon: float,
         contexts: Mapping[tuple[str, int], ContextRecord],
-    ) -> dict[str, Any]:
-        meta, _mech = gaussian_setting_meta(plan, epsilon, contexts)
-        return esa_meta(plan, design, meta, meta["sigma"])
+    ) -> SettingClaims:
+        claims = gaussian_setting_claims(plan, epsilon, contexts, design.layout)
+        return esa_claims(plan, design, claims)
 
     def estimate(self, s: SettingRows) -> SettingResult:
         if s.bootstrap:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -77,16 +78,16 @@ def _measured_sigma(
 
 def estimate_esa_bootstrap(s: SettingRows) -> SettingResult:
     """Algorithm 1 for ESA: resample the collected clean means, add noise, attack, bound."""
-    plan, k, clean, meta = s.plan, s.k, s.rows, s.meta
+    plan, k, clean, claims = s.plan, s.k, s.rows, s.claims
     design: GenerationDesign = s.design
 
     with_rows = [r.observation["clean_mean"] for r in clean if r.world == 1]
     without_rows = [r.observation["clean_mean"] for r in clean if r.world == 0]
     n_sample = plan.bootstrap.n_sample
     calls = EsaSettings.of(plan).partitions + EsaSettings.of(plan).candidates
-    # The setting's facts, then the bootstrap's.
+    # The setting's claims, then the bootstrap's.
     out = SettingResult.of(
-        **meta
+        **claims.to_json()
         | {
             "n_llm": len(with_rows),
             "n_sample": n_sample,
@@ -97,13 +98,13 @@ def estimate_esa_bootstrap(s: SettingRows) -> SettingResult:
         }
     )
     emb = design.signal_embeddings()
-    if not with_rows or not without_rows or meta["sigma"] is None or emb is None:
+    if not with_rows or not without_rows or claims.sigma is None or emb is None:
         failed = Estimate.of(
             error="no clean means collected" if emb is not None else "no signal embeddings"
         )
         return out.updated(black_box=failed, white_box=failed)
-    ids = {cid for cid in meta["context_ids"].values() if cid is not None}
-    check = _measured_sigma([r for r in clean if r.context_id in ids], float(meta["sigma"]), 0.999)
+    ids = claims.context_id_set()
+    check = _measured_sigma([r for r in clean if r.context_id in ids], claims.sigma, 0.999)
     sigma_sim = float(check["simulation_sigma"])
     c1, c0 = np.array(with_rows, dtype=np.float64), np.array(without_rows, dtype=np.float64)
     out = out.updated(
@@ -124,22 +125,22 @@ def estimate_esa_bootstrap(s: SettingRows) -> SettingResult:
         fraction=plan.split,
         calls_per_row=calls,
     ).to_dict()
-    power = dict(meta) | _observed_rates(c1, c0, emb[0], emb[1], sigma_sim)
-    ref = signal_reference(power)
+    rates, flips = _observed_rates(c1, c0, emb[0], emb[1], sigma_sim)
+    ref = signal_reference(replace(claims, release_rates=rates, flip_rate=flips))
     out = out.updated(
-        release_rates_observed=power["release_rates"],
-        flip_rate=power["flip_rate"],
+        release_rates_observed=list(rates),
+        flip_rate=flips,
         **{
-            threat: signal_tightness(with_verdict(Estimate.of(**res[threat]), ref), meta)
+            threat: signal_tightness(with_verdict(Estimate.of(**res[threat]), ref), claims)
             for threat in ("black_box", "white_box")
         },
     )
-    return esa_setting_conformance(out, clean, meta, design, plan.seed, bootstrap=True)
+    return esa_setting_conformance(out, clean, claims, design, plan.seed, bootstrap=True)
 
 
 def _observed_rates(
     c1: np.ndarray, c0: np.ndarray, e1: np.ndarray, e0: np.ndarray, sigma: float
-) -> dict[str, Any]:
+) -> tuple[tuple[float, float], float]:
     """The simulated black-box rule's rates averaged over the collected clean means
     (``Phi(<c - (e1 + e0)/2, u> / sigma)``, u the unit vector along e1 - e0: both signal
     texts among the candidates, as simulated; mechanisms.esa.build), and the fraction of
@@ -149,8 +150,8 @@ def _observed_rates(
     diff = e1 - e0
     d = float(np.linalg.norm(diff))
     if d == 0.0:
-        return {"release_rates": [0.5, 0.5], "flip_rate": 0.0}
+        return (0.5, 0.5), 0.0
     u, mid = diff / d, (e1 + e0) / 2.0
-    rates = [float(np.mean(special.ndtr((rows - mid) @ u / sigma))) for rows in (c1, c0)]
+    p1, p0 = (float(np.mean(special.ndtr((rows - mid) @ u / sigma))) for rows in (c1, c0))
     n = min(len(c1), len(c0))
-    return {"release_rates": rates, "flip_rate": flip_rate_from_signals(c1[:n], c0[:n])}
+    return (p1, p0), flip_rate_from_signals(c1[:n], c0[:n])

@@ -32,14 +32,17 @@ with probability ``2^-T_cand`` all are y1 (released in both worlds) and as often
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 from scipy import special
 
+from dpicl_audit.claims import SettingClaims
 from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import DatasetError, InvalidPlan
 from dpicl_audit.estimators.label_release import binary_release_epsilon, pivotal_design
 from dpicl_audit.mechanisms.esa.design import GenerationDesign, signal_pair
+from dpicl_audit.mechanisms.esa.facts import EsaFacts
 from dpicl_audit.mechanisms.esa.settings import EsaSettings
 from dpicl_audit.mechanisms.neighbours import (
     MIN_ORACLE_CHARS,
@@ -195,23 +198,26 @@ def build_esa_pinned_design(
     )
 
 
-def release_epsilon_meta(
-    layout: str, distance: float | None, partitions: int, sigma: float | None, candidates: int,
-    delta: float,
-) -> dict[str, object]:  # fmt: skip
-    """``release_rates`` (fair-coin candidates) and ``epsilon_exact_release`` (the exact
-    epsilon of the released candidate: the black-box classical bound's ceiling)."""
+def release_epsilon_claims(claims: SettingClaims, candidates: int) -> SettingClaims:
+    """The claims with the design's clean gaps, its ``release_rates`` (fair-coin candidates)
+    and ``epsilon_exact_release`` (the exact epsilon of the released candidate: the
+    black-box classical bound's ceiling), where the noise and the signal are known."""
+    facts, sigma = claims.own(EsaFacts), claims.sigma
+    distance, partitions = facts.signal_distance, facts.partitions
     if distance is None or sigma is None or distance <= 0.0:
-        return {}
+        return claims
 
-    gaps = esa_design_gaps(layout, partitions)
+    gaps = esa_design_gaps(facts.design, partitions)
     p1, p0 = esa_release_rates(gaps, distance, partitions, sigma, candidates)
-    eps = binary_release_epsilon(p1, p0, delta)
-    return {
-        "design_gaps": list(gaps),
-        "release_rates": [p1, p0],
-        "epsilon_exact_release": eps if math.isfinite(eps) else None,
-    }
+    eps = binary_release_epsilon(p1, p0, claims.delta)
+    return replace(
+        claims,
+        facts=replace(facts, design_gaps=gaps),
+        release_rates=(p1, p0),
+        epsilon_exact_release=eps if math.isfinite(eps) else None,
+        # Written as null where the release has no finite epsilon (as it always was).
+        nulls=claims.nulls | {"epsilon_exact_release"},
+    )
 
 
 def build_generation_design(plan: AuditPlan, dataset: LabelledDataset) -> GenerationDesign:

@@ -1,6 +1,6 @@
 """ESA's privacy figures, its trials' estimates and its conformance tests.
 
-* :func:`esa_meta`: epsilon_exact for the worst-case shift 2/T (or 1) and
+* :func:`esa_claims`: epsilon_exact for the worst-case shift 2/T (or 1) and
   ``epsilon_exact_signal`` for the shift the canary actually causes, ``||e(y1) - e(y0)|| / T``;
 * :func:`signal_tightness`: how a bound compares with the latter;
 * :func:`esa_conformance`: the noise of the mean embedding ``noisy - clean`` per dimension and
@@ -14,18 +14,21 @@ The bootstrap's estimates are :mod:`.bootstrap`'s.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
+from dpicl_audit.claims import SettingClaims
 from dpicl_audit.estimators.conformance import ConformanceTest, residual_tests
 from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.mechanisms.base import SettingRows
-from dpicl_audit.mechanisms.esa.build import release_epsilon_meta
+from dpicl_audit.mechanisms.esa.build import release_epsilon_claims
 from dpicl_audit.mechanisms.esa.design import GenerationDesign
 from dpicl_audit.mechanisms.esa.exact import esa_epsilon_exact, esa_mean_sensitivity
+from dpicl_audit.mechanisms.esa.facts import EsaFacts
 from dpicl_audit.mechanisms.esa.settings import EsaSettings
+from dpicl_audit.mechanisms.gaussian import GaussianFacts
 from dpicl_audit.mechanisms.trial_estimates import (
     estimate_trials,
     finish_conformance,
@@ -38,8 +41,8 @@ from dpicl_audit.results import Estimate, SettingResult
 from dpicl_audit.store import TrialRecord
 
 __all__ = [
+    "esa_claims",
     "esa_conformance",
-    "esa_meta",
     "esa_setting_conformance",
     "estimate_esa_trials",
     "signal_reference",
@@ -50,34 +53,34 @@ __all__ = [
 _N_RANDOM_DIRECTIONS = 8
 
 
-def esa_meta(
-    plan: AuditPlan, design: GenerationDesign, meta: dict[str, Any], sigma: float | None
-) -> JsonObject:
-    """ESA's epsilon_exact (worst-case shift) and epsilon_exact_signal (the actual shift)."""
+def esa_claims(plan: AuditPlan, design: GenerationDesign, claims: SettingClaims) -> SettingClaims:
+    """ESA's claims from the Gaussian ones: its facts (:class:`~.facts.EsaFacts`),
+    epsilon_exact (worst-case shift) and epsilon_exact_signal (the actual shift)."""
 
-    t = EsaSettings.of(plan).partitions
-    sens = esa_mean_sensitivity(t, original=EsaSettings.of(plan).sensitivity == "original")
-    dist = design.signal_distance()
-    meta |= {
-        "mechanism": "esa",
-        "sensitivity_bound": sens,
-        "signal": design.signal,
-        "signal_distance": dist,
-        "signal_shift": None if dist is None else dist / t,
-        "epsilon_exact_signal": None,
-        "design": design.layout,
-    }
+    settings, delta = EsaSettings.of(plan), claims.delta
+    sens = esa_mean_sensitivity(settings.partitions, original=settings.sensitivity == "original")
+    base = claims.own(GaussianFacts)
+    facts = EsaFacts(
+        base.partitions,
+        base.calibration,
+        design.layout,
+        sensitivity_bound=sens,
+        signal=design.signal,
+        signal_distance=design.signal_distance(),
+    )
+    claims = replace(claims, facts=facts, nulls=claims.nulls | {"epsilon_exact_signal"})
+    sigma, shift = claims.sigma, facts.signal_shift
     if sigma is not None:
-        meta["epsilon_exact"] = esa_epsilon_exact(sigma, sens, plan.mechanism.delta)
-        if dist is not None:
-            meta["epsilon_exact_signal"] = esa_epsilon_exact(sigma, dist / t, plan.mechanism.delta)
+        claims = replace(
+            claims,
+            epsilon_exact=esa_epsilon_exact(sigma, sens, delta),
+            epsilon_exact_signal=None if shift is None else esa_epsilon_exact(sigma, shift, delta),
+        )
     if design.attack == "inquery":
         # The released candidate's closed-form rates at the design's intended clean gaps,
         # fair-coin zero-shot candidates (mechanisms.esa.build): the black-box ceiling.
-        meta |= release_epsilon_meta(
-            design.layout, dist, t, sigma, EsaSettings.of(plan).candidates, plan.mechanism.delta
-        )
-    return meta
+        claims = release_epsilon_claims(claims, settings.candidates)
+    return claims
 
 
 def estimate_esa_trials(s: SettingRows, calls_per_query: int) -> SettingResult:
@@ -92,25 +95,25 @@ def estimate_esa_trials(s: SettingRows, calls_per_query: int) -> SettingResult:
     of the two gets a reachable bound near 0 and an INCONCLUSIVE verdict, never "consistent";
     an oracle that follows the design keeps ``w = 1`` except by chance.
     """
-    plan, k, rows, meta = s.plan, s.k, s.rows, s.meta
+    plan, k, rows, claims = s.plan, s.k, s.rows, s.claims
     design: GenerationDesign = s.design
     from scipy.stats import beta
 
-    power = dict(meta)
+    power = claims
     note: JsonObject = {}
-    rates = meta.get("release_rates")
+    rates = claims.release_rates
     if rows and design.attack == "inquery" and rates is not None:
         n = len(rows)
         sig = [design.signal_text(str(r.observation.get("text", ""))) for r in rows]
         k1, k0 = sig.count(design.y1), sig.count(design.y0)
         n1 = sum(1 for r in rows if r.world == 1)
-        f1 = (n1 * float(rates[0]) + (n - n1) * float(rates[1])) / n
+        f1 = (n1 * rates[0] + (n - n1) * rates[1]) / n
         w = 1.0
         for k_obs, f in ((k1, f1), (k0, 1.0 - f1)):
             upper = 1.0 if k_obs == n else float(beta.ppf(0.975, k_obs + 1, n - k_obs))
             if f > 0.0:
                 w = min(w, upper / f)
-        power["release_rates"] = [w * float(r) for r in rates]
+        power = replace(claims, release_rates=(w * rates[0], w * rates[1]))
         note = {
             "signal_releases": {"y1": k1, "y0": k0, "trials": n},
             "signal_release_weight": w,
@@ -125,14 +128,14 @@ def estimate_esa_trials(s: SettingRows, calls_per_query: int) -> SettingResult:
         finish=lambda est, m: signal_tightness(with_verdict(est, signal_reference(m)), m),
     )
     return esa_setting_conformance(
-        out.updated(**note), rows, meta, design, plan.seed, bootstrap=False
+        out.updated(**note), rows, claims, design, plan.seed, bootstrap=False
     )
 
 
 def esa_setting_conformance(
     out: SettingResult,
     rows: Sequence[TrialRecord],
-    meta: Mapping[str, Any],
+    claims: SettingClaims,
     design: GenerationDesign,
     seed: int,
     *,
@@ -141,50 +144,50 @@ def esa_setting_conformance(
     """The setting's conformance tests (:func:`esa_conformance`), read into its verdicts; a
     bootstrap's rows are the whole clean log, so the setting's own are taken."""
     if bootstrap:
-        ids = {cid for cid in meta["context_ids"].values() if cid is not None}
+        ids = claims.context_id_set()
         rows = [r for r in rows if r.context_id in ids]
     emb = design.signal_embeddings()
     signal = None if emb is None else (emb[0], emb[1])
-    return esa_conformance(out, rows, meta, signal=signal, seed=seed, bootstrap=bootstrap)
+    return esa_conformance(out, rows, claims, signal=signal, seed=seed, bootstrap=bootstrap)
 
 
-def signal_reference(meta: Mapping[str, Any]) -> JsonObject:
-    """The meta a verdict reads: on the simulator, whose canary partition outputs exactly the
+def signal_reference(claims: SettingClaims) -> SettingClaims:
+    """The claims a verdict reads: on the simulator, whose canary partition outputs exactly the
     design's signal texts, the design's own exact epsilon ``epsilon_exact_signal`` (the
     canary's actual shift ``D / T``) is the reference where it is below the worst case, so a
     bound above it is a BUG (issue 27); elsewhere the worst-case epsilon_exact (a real model's
     outputs may move the mean further)."""
-    sig, exact = meta.get("epsilon_exact_signal"), meta.get("epsilon_exact")
-    if not meta.get("simulator") or sig is None or exact is None or float(sig) >= float(exact):
-        return dict(meta)
+    sig, exact = claims.epsilon_exact_signal, claims.epsilon_exact
+    if not claims.simulator or sig is None or exact is None or sig >= exact:
+        return claims
     # The signal's shift is itself a Gaussian mechanism: both figures are read against it;
     # power stays judged against the worst case.
-    return dict(meta) | {"epsilon_exact_design": float(sig), "epsilon_exact_design_gaussian": True}
+    return claims.with_design_reference(sig, gaussian=True)
 
 
-def signal_tightness(est: Estimate, meta: Mapping[str, Any]) -> Estimate:
+def signal_tightness(est: Estimate, claims: SettingClaims) -> Estimate:
     """Add how the bound compares with the exact epsilon of the canary's actual shift."""
-    sig = meta.get("epsilon_exact_signal")
+    sig = claims.epsilon_exact_signal
     if sig is None:
         return est
     low = float(est.get("epsilon_lower"))
     return est.updated(
         ratio_to_exact_signal=low / sig if sig > 0 else None,
-        exceeds_exact_signal=low > float(sig) + 1e-3,
+        exceeds_exact_signal=low > sig + 1e-3,
     )
 
 
 def esa_conformance(
     out: SettingResult,
     rows: Sequence[TrialRecord],
-    meta: Mapping[str, Any],
+    claims: SettingClaims,
     *,
     signal: tuple[np.ndarray, np.ndarray] | None,
     seed: int,
     bootstrap: bool = False,
 ) -> SettingResult:
     """ESA's conformance tests of one setting (module docstring)."""
-    sigma = meta.get("sigma")
+    sigma = claims.sigma
     white: list[ConformanceTest] = []
     if bootstrap:
         check = out.noise_check or {}
@@ -212,8 +215,8 @@ def esa_conformance(
         if signal is not None and float(np.linalg.norm(signal[0] - signal[1])) > 0:
             dirs.insert(0, signal[0] - signal[1])
         white += residual_tests(
-            mat, float(sigma), groups=[r.context_id for r in res], directions=np.array(dirs)
+            mat, sigma, groups=[r.context_id for r in res], directions=np.array(dirs)
         )
     # The released texts' order (a real run's, not a bootstrap's clean rows): model-free.
     answers = None if bootstrap else released_answers(rows, "text")
-    return finish_conformance(out, meta, [], white, answers=answers, seed=[seed, STREAM_ORDER])
+    return finish_conformance(out, claims, [], white, answers=answers, seed=[seed, STREAM_ORDER])

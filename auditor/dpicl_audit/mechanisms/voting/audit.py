@@ -31,19 +31,20 @@ from dataclasses import replace
 from typing import Any, ClassVar
 
 from dpicl_audit.catalog.settings import MechanismSettings
+from dpicl_audit.claims import SettingClaims
 from dpicl_audit.client import AuditTarget, ContextBody
 from dpicl_audit.datasets import LabelledDataset, load_dataset
 from dpicl_audit.errors import TargetProtocolError
 from dpicl_audit.estimators.extra_fields import response_fields
 from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.mechanisms.base import SettingRows, TrialAt, ask, needs_internal, require_keys
-from dpicl_audit.mechanisms.gaussian import GaussianMechanismAudit, gaussian_setting_meta
+from dpicl_audit.mechanisms.gaussian import GaussianMechanismAudit, gaussian_setting_claims
 from dpicl_audit.mechanisms.voting.build import build_design
 from dpicl_audit.mechanisms.voting.design import AuditDesign
 from dpicl_audit.mechanisms.voting.estimates import (
     estimate_sequence,
     estimate_votes,
-    release_meta,
+    release_claims,
 )
 from dpicl_audit.mechanisms.voting.exact import voting_epsilon_exact
 from dpicl_audit.mechanisms.voting.rdp import RDP_ATTACKS, RdpDesign, build_rdp_design
@@ -170,22 +171,21 @@ class VotingAudit(GaussianMechanismAudit):
         _, sample = probe_design(START_EPSILON, PARTITIONS)
         return TailContexts(make, (sample.positive, sample.negative or sample.labels[1]))
 
-    def setting_meta(
+    def setting_claims(
         self,
         plan: AuditPlan,
         design: AuditDesign | RdpDesign,
         epsilon: float,
         contexts: Mapping[tuple[str, int], ContextRecord],
-    ) -> dict[str, Any]:
-        meta, mech = gaussian_setting_meta(plan, epsilon, contexts)
-        sigma: float | None = None
-        if mech is not None:
-            # Both designs' clean vote vectors differ by (+1, -1): the noisy votes are the
-            # Gaussian mechanism at full sensitivity sqrt(2), so this is also the design's.
-            sigma = meta["sigma"]
-            meta["epsilon_exact"] = voting_epsilon_exact(meta["sigma"], plan.mechanism.delta)
-        meta.update(release_meta(design, plan, sigma))
-        return meta
+    ) -> SettingClaims:
+        layout = f"rdp:{design.attack}" if isinstance(design, RdpDesign) else design.layout
+        claims = gaussian_setting_claims(plan, epsilon, contexts, layout)
+        if claims.sigma is None:
+            return claims
+        # Both designs' clean vote vectors differ by (+1, -1): the noisy votes are the
+        # Gaussian mechanism at full sensitivity sqrt(2), so this is also the design's.
+        exact = voting_epsilon_exact(claims.sigma, plan.mechanism.delta)
+        return release_claims(replace(claims, epsilon_exact=exact), design, plan)
 
     def estimate(self, s: SettingRows) -> SettingResult:
         calls = self.calls_per_query(s.plan)

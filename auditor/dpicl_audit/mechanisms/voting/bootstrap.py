@@ -4,12 +4,13 @@ simulation is :func:`.simulation.bootstrap_voting_audit`."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
 from dpicl_audit.catalog.settings import PartitionedSettings
+from dpicl_audit.claims import SettingClaims
 from dpicl_audit.mechanisms.trial_estimates import with_verdict
 from dpicl_audit.mechanisms.voting.design import AuditDesign
 from dpicl_audit.plan import AuditPlan
@@ -25,13 +26,13 @@ def estimate_voting_bootstrap(
     design: AuditDesign,
     k: int,
     clean: Sequence[TrialRecord],
-    meta: Mapping[str, Any],
+    claims: SettingClaims,
 ) -> SettingResult:
     # slow imports: only when needed
     from dpicl_audit.estimators.noise_check import check_noise, residuals_from_observations
     from dpicl_audit.mechanisms.voting.simulation import bootstrap_voting_audit
 
-    out = SettingResult.of(**meta)  # the setting's facts, then the bootstrap's
+    out = SettingResult.of(**claims.to_json())  # the setting's claims, then the bootstrap's
     with_rows = [design.clean_vector(r.observation["clean_votes"]) for r in clean if r.world == 1]
     without_rows = [
         design.clean_vector(r.observation["clean_votes"]) for r in clean if r.world == 0
@@ -44,15 +45,15 @@ def estimate_voting_bootstrap(
         totals[pos] = -np.inf
         neg = int(np.argmax(totals))
     n_sample = plan.bootstrap.n_sample
-    ids = {cid for cid in meta["context_ids"].values() if cid is not None}
-    sigma_sim = meta["sigma"]
-    if meta["sigma"] is not None:
+    ids = claims.context_id_set()
+    sigma_sim = claims.sigma
+    if claims.sigma is not None:
         # The simulation trusts the reported sigma only if the real noise agrees with it.
         check = check_noise(
             residuals_from_observations(
                 (r.observation for r in clean if r.context_id in ids), design.labels
             ),
-            float(meta["sigma"]),
+            claims.sigma,
         )
         out = out.updated(noise_check=check.to_dict())
         sigma_sim = check.simulation_sigma
@@ -65,13 +66,13 @@ def estimate_voting_bootstrap(
         positive=design.positive,
         negative=design.labels[neg],
     )
-    if not with_rows or not without_rows or meta["sigma"] is None:
+    if not with_rows or not without_rows or sigma_sim is None:  # None: no sigma reported
         failed = Estimate.of(error="no clean votes collected")
         return out.updated(black_box=failed, white_box=failed)
     res = bootstrap_voting_audit(
         np.array(with_rows),
         np.array(without_rows),
-        float(sigma_sim),
+        sigma_sim,
         n_sample,
         positive_index=pos,
         negative_index=neg,
@@ -81,20 +82,21 @@ def estimate_voting_bootstrap(
         fraction=plan.split,
         calls_per_row=PartitionedSettings.of(plan).partitions,
     ).to_dict()
-    power_meta = dict(meta) | _observed_signal(
-        np.array(with_rows), np.array(without_rows), pos, neg, float(sigma_sim)
+    flips, rates = _observed_signal(
+        np.array(with_rows), np.array(without_rows), pos, neg, sigma_sim
     )
+    power = replace(claims, flip_rate=flips, release_rates=rates)
     return out.updated(
-        flip_rate=power_meta["flip_rate"],
-        release_rates_observed=power_meta["release_rates"],
-        black_box=with_verdict(Estimate.of(**res["black_box"]), power_meta),
-        white_box=with_verdict(Estimate.of(**res["white_box"]), power_meta),
+        flip_rate=flips,
+        release_rates_observed=list(rates),
+        black_box=with_verdict(Estimate.of(**res["black_box"]), power),
+        white_box=with_verdict(Estimate.of(**res["white_box"]), power),
     )
 
 
 def _observed_signal(
     with_rows: np.ndarray, without_rows: np.ndarray, pos: int, neg: int, sigma: float
-) -> dict[str, Any]:
+) -> tuple[float, tuple[float, float]]:
     """What the clean votes say about the audit's power: the fraction of (row-aligned) pairs
     whose clean votes differ between worlds, and the black-box rule's release rates averaged
     over the collected votes (two-label closed form on the positive/negative counts)."""
@@ -105,8 +107,8 @@ def _observed_signal(
     n = min(len(with_rows), len(without_rows))
     flips = flip_rate_from_signals(with_rows[:n], without_rows[:n])
     scale = sigma * np.sqrt(2.0)
-    rates = [
+    p1, p0 = (
         float(np.mean(special.ndtr((rows[:, pos] - rows[:, neg]) / scale)))
         for rows in (with_rows, without_rows)
-    ]
-    return {"flip_rate": flips, "release_rates": rates}
+    )
+    return flips, (p1, p0)

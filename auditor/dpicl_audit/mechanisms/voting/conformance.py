@@ -1,7 +1,7 @@
 """Private voting's conformance tests of one setting (:mod:`dpicl_audit.estimators.conformance`).
 
 * black-box: on the simulator (clean votes known: the design's), the positive answer's
-  release rate in each world against the closed form ``meta["release_rates"]``; on any
+  release rate in each world against the closed form ``claims.release_rates``; on any
   engine, the order of each world's released labels (model-free:
   :mod:`dpicl_audit.estimators.exchangeable`);
 * white-box: the noise ``noisy - clean`` per label (clean from the ``internal`` debug
@@ -21,11 +21,13 @@ from typing import Any
 
 import numpy as np
 
+from dpicl_audit.claims import SettingClaims
 from dpicl_audit.estimators.conformance import (
     ConformanceTest,
     rate_tests,
     residual_tests,
 )
+from dpicl_audit.mechanisms.gaussian import GaussianFacts
 from dpicl_audit.mechanisms.trial_estimates import finish_conformance, released_answers
 from dpicl_audit.mechanisms.voting.design import AuditDesign, design_votes
 from dpicl_audit.results import SettingResult
@@ -54,7 +56,7 @@ def voting_conformance(
     design: AuditDesign,
     out: SettingResult,
     rows: Sequence[TrialRecord],
-    meta: Mapping[str, Any],
+    claims: SettingClaims,
     *,
     temperature: float,
     bootstrap: bool = False,
@@ -64,11 +66,11 @@ def voting_conformance(
     """Voting's conformance tests of one setting (module docstring). ``known_votes``: the
     simulator's votes are the design's (the membership prompt of the audit template; a
     deployment's classification prompt is answered by the most similar demonstration)."""
-    sigma = meta.get("sigma")
+    sigma = claims.sigma
     black: list[ConformanceTest] = []
     white: list[ConformanceTest] = []
-    simulator = bool(meta.get("simulator")) and float(temperature) == 0.0 and known_votes
-    rates = meta.get("release_rates")
+    simulator = claims.simulator and float(temperature) == 0.0 and known_votes
+    rates = claims.release_rates
     counts = None if out.black_box is None else out.black_box.counts
     if not bootstrap and simulator and design.attack == "inquery" and rates is not None and counts:
         tp, fn, fp, tn = counts
@@ -84,11 +86,12 @@ def voting_conformance(
             )
         except (KeyError, TypeError, ValueError):
             values = None
-        clean = _clean_votes(design, noisy, labels, simulator, int(meta.get("partitions") or 0))
+        partitions = claims.own(GaussianFacts).partitions
+        clean = _clean_votes(design, noisy, labels, simulator, partitions)
         if values is not None and clean is not None:
             white += residual_tests(
                 values - clean,
-                float(sigma),
+                sigma,
                 groups=[r.context_id for r in noisy],
                 names=labels,
             )
@@ -96,7 +99,7 @@ def voting_conformance(
             white += _determinism(values)
     # The released labels' order (a real run's, not a bootstrap's clean rows): model-free.
     answers = None if bootstrap else released_answers(rows, "label")
-    return finish_conformance(out, meta, black, white, answers=answers, seed=seed)
+    return finish_conformance(out, claims, black, white, answers=answers, seed=seed)
 
 
 def _clean_votes(

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from dpicl_audit.claims import SettingClaims
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.estimators.rdp import rdp_to_epsilon
 from dpicl_audit.estimators.rdp_audit import (
@@ -165,19 +166,18 @@ def _for_the_family(
 
 
 def estimate_rdp(
-    plan: AuditPlan, design: RdpDesign, rows: Sequence[TrialRecord], meta: Mapping[str, Any]
+    plan: AuditPlan, design: RdpDesign, rows: Sequence[TrialRecord], claims: SettingClaims
 ) -> RdpAudit:
     """The ``rdp`` block of one epsilon (per query and composed), its epsilons, verdict."""
     orders = np.asarray(DEFAULT_ORDERS)
-    sigma = meta.get("sigma")
-    sigma = float(sigma) if sigma is not None else None
+    sigma = claims.sigma
     multiplicity = Counter(design.queries)
     groups: dict[str, list[TrialRecord]] = {q: [] for q in multiplicity}
     for r in rows:
         groups.setdefault(r.query, []).append(r)
     # Every distinct query's intervals at 1 - (1 - c)/G: the composed bound holds at c.
     conf = 1.0 - (1.0 - plan.confidence) / len(multiplicity)
-    rng = np.random.default_rng([plan.seed, _STREAM_SIM, int(1000 * meta["epsilon_theory"])])
+    rng = np.random.default_rng([plan.seed, _STREAM_SIM, int(1000 * claims.epsilon_theory)])
     per_query = []
     for q, m in multiplicity.items():
         one = _per_query(plan, design, groups[q], sigma, conf, rng)
@@ -199,7 +199,7 @@ def estimate_rdp(
     rdp["epsilons"] = eps
     try:
         found = rdp_verdict(orders, rdp)
-        family = family_of(meta)
+        family = family_of(claims)
         if family is not None and found.flags:
             found = _for_the_family(rdp, found, per_query, design, family)
     except InvalidAuditInput as exc:
