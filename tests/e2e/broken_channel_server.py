@@ -14,6 +14,14 @@ attribute, replacement) triples it installs, for ``monkeypatch``; ``install()`` 
   (a "second opinion" pass): on the pivotal design C0 answers about 20 times slower than C1
   on the oracle engine. Both worlds' answers are honest releases.
 
+* ``REFUSE_LONG_PRIVATE`` (issue 44, item 3): a partition prompt longer than
+  :data:`PROMPT_CHARS` characters is refused, before the charge (free), with a 422 whose
+  message names the partition and its length, as a server that checks each prompt against
+  its model's window would. No query reaches the limit alone (the query limit, 8,000, plus
+  the template and short exemplars stay below it); only a long private exemplar pushes a
+  partition over it, so the refusal and its message tell the worlds apart. The trials' short
+  canary never reaches it: only the limits probe (``dpicl_audit.probes.limits``) sees it.
+
 And one that is not a leak, for the auditor's error path: ``REFUSE_RANDOM`` refuses one query
 in ten at random (422 ``low_confidence``) whatever the votes: the refusals are named, the
 figures read the answered trials, and the run exits 1 (it could not ask what it planned).
@@ -27,8 +35,11 @@ from typing import Any
 
 import numpy as np
 
+import dpicl.mechanisms.esa.pipeline as esa_pipeline
 import dpicl.mechanisms.voting.mechanism as voting_mechanism
-from dpicl.errors import DpiclError
+import dpicl.mechanisms.voting.pipeline as voting_pipeline
+from dpicl.engines.base import PromptSpec
+from dpicl.errors import DpiclError, InvalidRequest
 from tests.e2e.broken_realistic_server import Fault
 
 #: Votes apart (top label against the next) at or below which a histogram is "close".
@@ -36,7 +47,12 @@ CLOSE = 1
 #: The extra seconds of a close vote under ``SLOW_CLOSE``.
 DELAY_S = 0.05
 
+#: The partition prompt's length (characters) above which ``REFUSE_LONG_PRIVATE`` refuses:
+#: twice the default query limit, so that no query alone reaches it.
+PROMPT_CHARS = 16_384
+
 _honest_run_voting = voting_mechanism.run_voting
+_honest_partition_prompts = voting_pipeline.partition_prompts
 
 
 class LowConfidence(DpiclError):
@@ -75,6 +91,20 @@ async def randomly_refusing_run_voting(*args: Any, **kwargs: Any) -> Any:
     return outcome
 
 
+def length_checked_partition_prompts(context: Any, query: str) -> list[PromptSpec]:
+    """The honest prompts, refused (before the charge) where one is over :data:`PROMPT_CHARS`
+    characters, the message naming its partition and length: the leak of issue 44, item 3."""
+    prompts: list[PromptSpec] = _honest_partition_prompts(context, query)
+    for t, p in enumerate(prompts):
+        if len(p.text) > PROMPT_CHARS:
+            raise InvalidRequest(
+                f"the prompt of partition {t} has {len(p.text)} characters; the model "
+                f"accepts {PROMPT_CHARS}",
+                param="query",
+            )
+    return prompts
+
+
 REFUSE_CLOSE = Fault(
     ((voting_mechanism, "run_voting", refusing_run_voting),),
     "a close private vote is refused (422 low_confidence) one time in two",
@@ -83,10 +113,22 @@ SLOW_CLOSE = Fault(
     ((voting_mechanism, "run_voting", slow_run_voting),),
     f"a close private vote takes {DELAY_S * 1e3:g} ms longer",
 )
+REFUSE_LONG_PRIVATE = Fault(
+    (
+        (voting_pipeline, "partition_prompts", length_checked_partition_prompts),
+        (esa_pipeline, "partition_prompts", length_checked_partition_prompts),
+    ),
+    f"a partition prompt over {PROMPT_CHARS} characters refused for free (422 naming its length)",
+)
 
 REFUSE_RANDOM = Fault(
     ((voting_mechanism, "run_voting", randomly_refusing_run_voting),),
     "one query in ten refused (422 low_confidence) whatever the votes (not a leak)",
 )
 
-FAULTS = {"refuse_close": REFUSE_CLOSE, "slow_close": SLOW_CLOSE, "refuse_random": REFUSE_RANDOM}
+FAULTS = {
+    "refuse_close": REFUSE_CLOSE,
+    "slow_close": SLOW_CLOSE,
+    "refuse_long_private": REFUSE_LONG_PRIVATE,
+    "refuse_random": REFUSE_RANDOM,
+}

@@ -1,7 +1,8 @@
 """The shapes of what the probes from outside write into a run's results: the ledger's
 section (:mod:`.ledger`) with its bursts (:mod:`.ledger_burst`), the client parameters'
-sweep (:mod:`.parameters`), the surface's (:mod:`.surface`) with the answers it reads, the
-calibration scan (:mod:`.calibration`) and voting's noise tails
+sweep (:mod:`.parameters`), inputs up to the limits (:mod:`.limits`), the surface's
+(:mod:`.surface`) with the answers it reads, the calibration scan (:mod:`.calibration`)
+and voting's noise tails
 (:mod:`dpicl_audit.probes.tails`).
 The report and the exit code read them back as stored JSON
 (:class:`dpicl_audit.results.RunResult`)."""
@@ -25,6 +26,9 @@ __all__ = [
     "LedgerCheck",
     "LedgerSection",
     "LedgerStatus",
+    "LimitsSection",
+    "LimitsSize",
+    "LimitsWorld",
     "ParameterVariant",
     "ParametersSection",
     "Scalar",
@@ -206,3 +210,41 @@ class CalibrationSection(TypedDict):
     status: Literal["ok", "bug"]
     message: str
     points: list[CalibrationPoint]
+
+
+class LimitsWorld(TypedDict):
+    """What one world answered to one query size of the limits probe (:mod:`.limits`):
+    statuses by count, refusals' codes and (normalised) messages, the three most common, and
+    how many refusals were charged (None where the context reports no count)."""
+
+    answered: int
+    refused: int
+    statuses: dict[str, int]
+    codes: dict[str, int]
+    messages: dict[str, int]
+    charged_refusals: int | None
+
+
+class LimitsSize(TypedDict):
+    """One query size of the limits probe, both worlds."""
+
+    query_chars: int
+    near: str
+    C1: LimitsWorld
+    C0: LimitsWorld
+
+
+class LimitsSection(TypedDict, total=False):
+    """``results["limits"]`` (:mod:`.limits`); ``size`` and ``field`` where a refusal's field
+    depends on the world."""
+
+    status: Required[Literal["ok", "violation", "unchecked"]]
+    message: Required[str]
+    route: str
+    canary_chars: int
+    max_query_chars: int | None
+    per_size: int
+    sizes: list[LimitsSize]
+    p_value: float
+    size: int
+    field: str

@@ -21,6 +21,8 @@ WHAT: dict[str, str] = {
     "parameters": "the release under each parameter a client controls (temperature, top_p, "
     "max_tokens, streaming), on every route",
     "surface": "every field, header and stream chunk of every answering route's response",
+    "limits": "queries and a canary exemplar sized at each documented limit: whether a refusal, "
+    "its message or its charge tells the worlds apart",
     "tails": "how often each label comes back where the claimed noise must sometimes flip it",
 }
 
