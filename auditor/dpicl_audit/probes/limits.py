@@ -47,7 +47,8 @@ import itertools
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from scipy import stats
 
@@ -64,6 +65,7 @@ __all__ = [
     "FIELDS",
     "PER_SIZE",
     "QUERY_CHARS",
+    "Finding",
     "judge",
     "normalise",
     "padded",
@@ -239,20 +241,43 @@ def _field_values(got: Sequence[tuple[int, str, str]], charged: int | None) -> d
     }
 
 
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """The smallest p-value of the probe's tests, Bonferroni-corrected over ``tests``."""
+
+    p_value: float
+    #: the query size it was found at; None: every size pooled
+    size: int | None
+    field: str
+    tests: int
+
+
 def judge(
     sizes: Sequence[tuple[int, Mapping[int, Sequence[tuple[int, str, str]]], Mapping[int, Any]]],
-) -> tuple[float, int, str] | None:
+) -> Finding | None:
     """The test of the module docstring over ``(query chars, outcomes per world, charged
-    refusals per world)`` per size: (corrected p, the size, the field) of the smallest
-    p-value, None where no size was asked."""
-    tests = []
+    refusals per world)`` per size: each field at each size, and each field with every size
+    pooled (a refusal that depends on the world only sometimes, at many sizes: pooling
+    strata with as many requests per world in each keeps Fisher's test conservative, its
+    variance under the null being at least the stratified one's). None where no size was
+    asked."""
+    tests: list[tuple[float, int | None, str]] = []
+    pooled: dict[int, dict[str, list[Any]]] = {
+        1: {f: [] for f in FIELDS},
+        0: {f: [] for f in FIELDS},
+    }
     for chars, outcomes, charged in sizes:
-        one, zero = (_field_values(outcomes[w], charged[w]) for w in (1, 0))
-        tests += [(_fisher(one[f], zero[f]), chars, f) for f in FIELDS]
+        values = {w: _field_values(outcomes[w], charged[w]) for w in (1, 0)}
+        tests += [(_fisher(values[1][f], values[0][f]), chars, f) for f in FIELDS]
+        for w in (1, 0):
+            for f in FIELDS:
+                pooled[w][f] += values[w][f]
     if not tests:
         return None
-    p, chars, field = min(tests)
-    return min(1.0, p * len(tests)), chars, field
+    if len(sizes) > 1:
+        tests += [(_fisher(pooled[1][f], pooled[0][f]), None, f) for f in FIELDS]
+    p, at, field = min(tests, key=lambda t: t[0])
+    return Finding(min(1.0, p * len(tests)), at, field, len(tests))
 
 
 def _label(chars: int, query_chars: int, limit: int) -> str:
@@ -351,18 +376,24 @@ def _conclude(
     if found is None:
         out["message"] = "no size was asked"
         return out
-    p, chars, field = found
+    p, chars = found.p_value, found.size
     out["p_value"] = p
-    where = _label(chars, query_chars, limit)
     if p < ALPHA:
-        row = next(r for r in rows if r["query_chars"] == chars)
-        out["status"], out["size"], out["field"] = "violation", chars, field
+        out["status"], out["field"] = "violation", found.field
+        if chars is None:
+            where = f"every size pooled ({rows[0]['query_chars']} to {rows[-1]['query_chars']})"
+            c1, c0 = _pooled(rows, "C1"), _pooled(rows, "C0")
+        else:
+            row = next(r for r in rows if r["query_chars"] == chars)
+            out["size"] = chars
+            where = f"a query of {chars} characters, {_label(chars, query_chars, limit)}"
+            c1, c0 = _said(row["C1"]), _said(row["C0"])
         out["message"] = (
-            f"VIOLATION: near the limits, the refusals' {field} depends on the world (a query "
-            f"of {chars} characters, {where}, against a canary of {canary_chars}; Fisher's "
-            f"exact test, Bonferroni over {len(FIELDS) * len(rows)} size and field tests, "
-            f"p = {p:.2g} < {ALPHA:g}): C1 {_said(row['C1'])}; C0 {_said(row['C0'])}. A "
-            "limit that only a private exemplar reaches releases it beside the DP answer"
+            f"VIOLATION: near the limits, the refusals' {found.field} depends on the world "
+            f"({where}, against a canary of {canary_chars}; Fisher's exact test, Bonferroni "
+            f"over {found.tests} size and field tests, p = {p:.2g} < {ALPHA:g}): C1 {c1}; "
+            f"C0 {c0}. A limit that only a private exemplar reaches releases it beside the "
+            "DP answer"
         )
     else:
         out["message"] = (
@@ -373,6 +404,12 @@ def _conclude(
             f"charge depends on the world (smallest corrected p = {p:.2g})"
         )
     return out
+
+
+def _pooled(rows: Sequence[LimitsSize], world: Literal["C1", "C0"]) -> str:
+    answered = sum(r[world]["answered"] for r in rows)
+    refused = sum(r[world]["refused"] for r in rows)
+    return f"{answered} answered, {refused} refused"
 
 
 def _said(world: LimitsWorld) -> str:
