@@ -81,6 +81,9 @@ async def _one(
             if (s.get("timing") or {}).get("p_value") is not None
         ]
         print(f"  timing {timing}", flush=True)
+        # The limits probe (issue 44, item 3): its status and corrected p-value.
+        found = res.get("limits") or {}
+        print(f"  limits {found.get('status')} p={found.get('p_value')}", flush=True)
         return results_exit_code([res], strict=strict), left, needs, tails
     finally:
         for module, name, value in undo:
