@@ -14,6 +14,9 @@ attribute, replacement) triples it installs, for ``monkeypatch``; ``install()`` 
   (a "second opinion" pass): on the pivotal design C0 answers about 20 times slower than C1
   on the oracle engine. Both worlds' answers are honest releases.
 
+* ``SLOW_CLOSE_STREAM``: as ``SLOW_CLOSE``, :data:`STREAM_DELAY_S`, but on streamed answers
+  only (the first token comes later), which the trials (never streamed) cannot see; the
+  surface probe's streams time their first token (issue 44).
 * ``REFUSE_LONG_PRIVATE`` (issue 44, item 3): a partition prompt longer than
   :data:`PROMPT_CHARS` characters is refused, before the charge (free), with a 422 whose
   message names the partition and its length, as a server that checks each prompt against
@@ -30,11 +33,13 @@ figures read the answered trials, and the run exits 1 (it could not ask what it 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import secrets
 from typing import Any
 
 import numpy as np
 
+import dpicl.api.openai.streaming as streaming
 import dpicl.mechanisms.esa.pipeline as esa_pipeline
 import dpicl.mechanisms.voting.mechanism as voting_mechanism
 import dpicl.mechanisms.voting.pipeline as voting_pipeline
@@ -51,7 +56,13 @@ DELAY_S = 0.05
 #: twice the default query limit, so that no query alone reaches it.
 PROMPT_CHARS = 16_384
 
+#: The extra seconds of a close vote's first streamed token under ``SLOW_CLOSE_STREAM``.
+STREAM_DELAY_S = 0.25
+
 _honest_run_voting = voting_mechanism.run_voting
+_honest_stream_answer = streaming.answer
+#: Set while a streamed answer is computed (``SLOW_CLOSE_STREAM``).
+_STREAMED: contextvars.ContextVar[bool] = contextvars.ContextVar("streamed", default=False)
 _honest_partition_prompts = voting_pipeline.partition_prompts
 
 
@@ -80,6 +91,21 @@ async def slow_run_voting(*args: Any, **kwargs: Any) -> Any:
     outcome = await _honest_run_voting(*args, **kwargs)
     if _close(outcome):
         await asyncio.sleep(DELAY_S)
+    return outcome
+
+
+async def marked_stream_answer(*args: Any, **kwargs: Any) -> Any:
+    """The streaming route's honest answer, marked as streamed for the voting below (the
+    route computes it in a task of its own, which keeps this context)."""
+    _STREAMED.set(True)
+    return await _honest_stream_answer(*args, **kwargs)
+
+
+async def slow_streamed_run_voting(*args: Any, **kwargs: Any) -> Any:
+    """Honest voting; a close vote of a streamed answer :data:`STREAM_DELAY_S` later."""
+    outcome = await _honest_run_voting(*args, **kwargs)
+    if _STREAMED.get() and _close(outcome):
+        await asyncio.sleep(STREAM_DELAY_S)
     return outcome
 
 
@@ -113,6 +139,13 @@ SLOW_CLOSE = Fault(
     ((voting_mechanism, "run_voting", slow_run_voting),),
     f"a close private vote takes {DELAY_S * 1e3:g} ms longer",
 )
+SLOW_CLOSE_STREAM = Fault(
+    (
+        (streaming, "answer", marked_stream_answer),
+        (voting_mechanism, "run_voting", slow_streamed_run_voting),
+    ),
+    f"a close private vote's streamed first token comes {STREAM_DELAY_S * 1e3:g} ms later",
+)
 REFUSE_LONG_PRIVATE = Fault(
     (
         (voting_pipeline, "partition_prompts", length_checked_partition_prompts),
@@ -129,6 +162,7 @@ REFUSE_RANDOM = Fault(
 FAULTS = {
     "refuse_close": REFUSE_CLOSE,
     "slow_close": SLOW_CLOSE,
+    "slow_close_stream": SLOW_CLOSE_STREAM,
     "refuse_long_private": REFUSE_LONG_PRIVATE,
     "refuse_random": REFUSE_RANDOM,
 }

@@ -9,10 +9,11 @@ The report and the exit code read them back as stored JSON
 
 from __future__ import annotations
 
-from typing import Literal, Required, TypedDict
+from typing import Literal, NotRequired, Required, TypedDict
 
 from pydantic import JsonValue
 
+from dpicl_audit.estimators.channels import TimingTest
 from dpicl_audit.estimators.extra_fields import Dependence
 
 __all__ = [
@@ -132,12 +133,14 @@ Scalar = str | int | float | bool | None
 
 
 class Answer(TypedDict):
-    """One answer read whole (:func:`.answers.read_answer`)."""
+    """One answer read whole (:func:`.answers.read_answer`); ``ttft_s`` a stream's seconds to
+    its first token, where the client timed it."""
 
     answer: str
     fields: dict[str, Scalar]
     public: dict[str, JsonValue]
     tokens: int | None
+    ttft_s: NotRequired[float | None]
 
 
 class AboveLimit(TypedDict, total=False):
@@ -172,6 +175,9 @@ class SurfaceSection(TypedDict, total=False):
     limits: list[str]
     limit: int | None
     field: str | None
+    #: the streamed routes' time to first token against the world, given the answer
+    #: (:func:`dpicl_audit.estimators.channels.times_test`; issue 44)
+    first_token: TimingTest | None
     #: DPS-MOZO: the per-token constraint position by position
     #: (:mod:`dpicl_audit.probes.positions`).
     positions: dict[str, JsonValue]
