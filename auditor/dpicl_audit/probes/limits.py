@@ -159,8 +159,17 @@ async def _create_long(
             chars //= 2
 
 
-def _outcome(got: Any, context_id: str) -> tuple[int, str, str]:
-    """(status, error code, normalised message) of one response; ("", "") for an answer."""
+#: One request's outcome: (status, error code, normalised message); status 0 where the
+#: connection failed, code and message empty for an answer.
+Outcome = tuple[int, str, str]
+
+
+def _refused(outcome: Outcome) -> bool:
+    return outcome[0] >= 400 or outcome[0] == 0
+
+
+def _outcome(got: Any, context_id: str) -> Outcome:
+    """One response's :data:`Outcome`."""
     if got.status_code < 400:
         return got.status_code, "", ""
     code, message = "", got.text[:500]
@@ -172,7 +181,7 @@ def _outcome(got: Any, context_id: str) -> tuple[int, str, str]:
     return got.status_code, code, normalise(message, context_id)
 
 
-async def _ask(target: Any, path: str, body: dict[str, Any], cid: str) -> tuple[int, str, str]:
+async def _ask(target: Any, path: str, body: dict[str, Any], cid: str) -> Outcome:
     try:
         return _outcome(await target.send(path, body), cid)
     except TargetError as exc:  # a dropped connection is an outcome too
@@ -189,20 +198,20 @@ async def _charged(target: AuditTarget, cid: str) -> int | None:
 
 async def _world_at_size(
     target: Any, route: str, task: str, cid: str, query: str
-) -> tuple[list[tuple[int, str, str]], int | None]:
+) -> tuple[list[Outcome], int | None]:
     """:data:`PER_SIZE` requests of one size to one world: their outcomes, and how many of
     its refusals were charged (None where the context reports no count)."""
     path, body = request(route, task, cid, query, None if task == "classification" else 1)
     before = await _charged(target, cid)
     got = list(await asyncio.gather(*(_ask(target, path, body, cid) for _ in range(PER_SIZE))))
     after = await _charged(target, cid)
-    answered = sum(status < 400 and status != 0 for status, _, _ in got)
+    answered = sum(not _refused(g) for g in got)
     charged = None if before is None or after is None else max(0, after - before - answered)
     return got, charged
 
 
-def _world(got: Sequence[tuple[int, str, str]], charged: int | None) -> LimitsWorld:
-    refused = [g for g in got if not (g[0] < 400 and g[0] != 0)]
+def _world(got: Sequence[Outcome], charged: int | None) -> LimitsWorld:
+    refused = [g for g in got if _refused(g)]
     return {
         "answered": len(got) - len(refused),
         "refused": len(refused),
@@ -227,11 +236,11 @@ def _fisher(ones: Sequence[Any], zeros: Sequence[Any]) -> float:
     return float(stats.fisher_exact(table).pvalue)
 
 
-def _field_values(got: Sequence[tuple[int, str, str]], charged: int | None) -> dict[str, list[Any]]:
-    refused = [g for g in got if not (g[0] < 400 and g[0] != 0)]
+def _field_values(got: Sequence[Outcome], charged: int | None) -> dict[str, list[Any]]:
+    refused = [g for g in got if _refused(g)]
     n_charged = 0 if charged is None else min(charged, len(refused))
     return {
-        "refused": [not (g[0] < 400 and g[0] != 0) for g in got],
+        "refused": [_refused(g) for g in got],
         "status": [g[0] for g in refused],
         "code": [g[1] for g in refused],
         "message": [g[2] for g in refused],
@@ -253,7 +262,7 @@ class Finding:
 
 
 def judge(
-    sizes: Sequence[tuple[int, Mapping[int, Sequence[tuple[int, str, str]]], Mapping[int, Any]]],
+    sizes: Sequence[tuple[int, Mapping[int, Sequence[Outcome]], Mapping[int, Any]]],
 ) -> Finding | None:
     """The test of the module docstring over ``(query chars, outcomes per world, charged
     refusals per world)`` per size: each field at each size, and each field with every size
@@ -347,7 +356,7 @@ async def _query_limit(target: AuditTarget) -> int | None:
 
 
 def _conclude(
-    asked: Sequence[tuple[int, Mapping[int, Sequence[tuple[int, str, str]]], Mapping[int, Any]]],
+    asked: Sequence[tuple[int, Mapping[int, Sequence[Outcome]], Mapping[int, Any]]],
     route: str,
     canary_chars: int,
     published: int | None,
