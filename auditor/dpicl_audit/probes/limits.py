@@ -391,7 +391,10 @@ def _conclude(
         out["status"], out["field"] = "violation", found.field
         if chars is None:
             where = f"every size pooled ({rows[0]['query_chars']} to {rows[-1]['query_chars']})"
-            c1, c0 = _pooled(rows, "C1"), _pooled(rows, "C0")
+            # and the size where the worlds' refusals differ most, as an example
+            row = max(rows, key=lambda r: abs(r["C1"]["refused"] - r["C0"]["refused"]))
+            c1 = f"{_pooled(rows, 'C1')} (at {row['query_chars']}: {_said(row['C1'])})"
+            c0 = f"{_pooled(rows, 'C0')} (at {row['query_chars']}: {_said(row['C0'])})"
         else:
             row = next(r for r in rows if r["query_chars"] == chars)
             out["size"] = chars
