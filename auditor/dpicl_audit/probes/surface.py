@@ -205,16 +205,20 @@ async def audit_surface(
             return {"status": "unchecked", "routes": [], "message": fitted}
         per_world = fitted
 
-        async def answers(route: str, world: int) -> list[Answer | str]:
-            asked = (_ask(target, route, task, ids[world], query, probe) for _ in range(per_world))
-            return list(await asyncio.gather(*asked))
+        async def answers(route: str) -> dict[int, list[Answer | str]]:
+            # The worlds alternate (the client's queue is first come, first served), so that
+            # both meet the same load: a stream's first token is timed (issue 44).
+            order = [w for _ in range(per_world) for w in (1, 0)]
+            got = await asyncio.gather(
+                *(_ask(target, route, task, ids[w], query, probe) for w in order)
+            )
+            return {w: [g for o, g in zip(order, got, strict=True) if o == w] for w in (1, 0)}
 
-        # Every route and world at once (the client's concurrency bounds what is in flight):
-        # one route after another left the client idle at each route's last answers.
-        pairs = [(route, world) for route in routes for world in (1, 0)]
-        asked = dict(zip(pairs, await asyncio.gather(*(answers(*p) for p in pairs)), strict=True))
+        # Every route at once (the client's concurrency bounds what is in flight): one route
+        # after another left the client idle at each route's last answers.
+        asked = dict(zip(routes, await asyncio.gather(*(answers(r) for r in routes)), strict=True))
         for route in routes:
-            got = {world: asked[route, world] for world in (1, 0)}
+            got = asked[route]
             if all(g == "no-route" for w in got.values() for g in w):
                 per_route.append({"route": route, "status": "no-route"})
                 continue
