@@ -1,5 +1,6 @@
 """Issue 44: refusals and response times that depend on the private votes are flagged (exit
-5, never 1), honest servers are not, natively and through ``--api openai``; a refusal that
+5, never 1), a streamed first token's time too (by the surface probe: the trials are not
+streamed), honest servers are not, natively and through ``--api openai``; a refusal that
 does not depend on the world ends the run with its results and exit 1.
 
 The real app runs in this process (oracle engine, production configuration,
