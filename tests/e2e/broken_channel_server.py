@@ -13,6 +13,16 @@ attribute, replacement) triples it installs, for ``monkeypatch``; ``install()`` 
 * ``SLOW_CLOSE``: a private vote whose clean histogram is close takes :data:`DELAY_S` longer
   (a "second opinion" pass): on the pivotal design C0 answers about 20 times slower than C1
   on the oracle engine. Both worlds' answers are honest releases.
+* ``SLOW_CLOSE_STREAM``: as ``SLOW_CLOSE``, :data:`STREAM_DELAY_S`, but on streamed answers
+  only (the first token comes later), which the trials (never streamed) cannot see; the
+  surface probe's streams time their first token (issue 44).
+* ``REFUSE_LONG_PRIVATE`` (issue 44, item 3): a partition prompt longer than
+  :data:`PROMPT_CHARS` characters is refused, before the charge (free), with a 422 whose
+  message names the partition and its length, as a server that checks each prompt against
+  its model's window would. No query reaches the limit alone (the query limit, 8,000, plus
+  the template and short exemplars stay below it); only a long private exemplar pushes a
+  partition over it, so the refusal and its message tell the worlds apart. The trials' short
+  canary never reaches it: only the limits probe (``dpicl_audit.probes.limits``) sees it.
 
 Two that answer more than the documented surface (issue 44, item 4):
 
@@ -41,9 +51,12 @@ from fastapi.responses import JSONResponse
 
 import dpicl.api.openai.protocol as protocol_mod
 import dpicl.api.openai.router as router_mod
+import dpicl.api.openai.streaming as streaming
+import dpicl.mechanisms.esa.pipeline as esa_pipeline
 import dpicl.mechanisms.voting.mechanism as voting_mechanism
 import dpicl.mechanisms.voting.pipeline as voting_pipeline
-from dpicl.errors import DpiclError
+from dpicl.engines.base import PromptSpec
+from dpicl.errors import DpiclError, InvalidRequest
 from tests.e2e.broken_realistic_server import Fault
 
 #: Votes apart (top label against the next) at or below which a histogram is "close".
@@ -51,7 +64,18 @@ CLOSE = 1
 #: The extra seconds of a close vote under ``SLOW_CLOSE``.
 DELAY_S = 0.05
 
+#: The partition prompt's length (characters) above which ``REFUSE_LONG_PRIVATE`` refuses:
+#: twice the default query limit, so that no query alone reaches it.
+PROMPT_CHARS = 16_384
+
+#: The extra seconds of a close vote's first streamed token under ``SLOW_CLOSE_STREAM``.
+STREAM_DELAY_S = 0.25
+
 _honest_run_voting = voting_mechanism.run_voting
+_honest_stream_answer = streaming.answer
+#: Set while a streamed answer is computed (``SLOW_CLOSE_STREAM``).
+_STREAMED: contextvars.ContextVar[bool] = contextvars.ContextVar("streamed", default=False)
+_honest_partition_prompts = voting_pipeline.partition_prompts
 
 
 class LowConfidence(DpiclError):
@@ -82,12 +106,41 @@ async def slow_run_voting(*args: Any, **kwargs: Any) -> Any:
     return outcome
 
 
+async def marked_stream_answer(*args: Any, **kwargs: Any) -> Any:
+    """The streaming route's honest answer, marked as streamed for the voting below (the
+    route computes it in a task of its own, which keeps this context)."""
+    _STREAMED.set(True)
+    return await _honest_stream_answer(*args, **kwargs)
+
+
+async def slow_streamed_run_voting(*args: Any, **kwargs: Any) -> Any:
+    """Honest voting; a close vote of a streamed answer :data:`STREAM_DELAY_S` later."""
+    outcome = await _honest_run_voting(*args, **kwargs)
+    if _STREAMED.get() and _close(outcome):
+        await asyncio.sleep(STREAM_DELAY_S)
+    return outcome
+
+
 async def randomly_refusing_run_voting(*args: Any, **kwargs: Any) -> Any:
     """Honest voting; one query in ten refused whatever the votes."""
     outcome = await _honest_run_voting(*args, **kwargs)
     if secrets.randbelow(10) == 0:
         raise LowConfidence("the query could not be answered now; try again")
     return outcome
+
+
+def length_checked_partition_prompts(context: Any, query: str) -> list[PromptSpec]:
+    """The honest prompts, refused (before the charge) where one is over :data:`PROMPT_CHARS`
+    characters, the message naming its partition and length: the leak of issue 44, item 3."""
+    prompts: list[PromptSpec] = _honest_partition_prompts(context, query)
+    for t, p in enumerate(prompts):
+        if len(p.text) > PROMPT_CHARS:
+            raise InvalidRequest(
+                f"the prompt of partition {t} has {len(p.text)} characters; the model "
+                f"accepts {PROMPT_CHARS}",
+                param="query",
+            )
+    return prompts
 
 
 REFUSE_CLOSE = Fault(
@@ -97,6 +150,20 @@ REFUSE_CLOSE = Fault(
 SLOW_CLOSE = Fault(
     ((voting_mechanism, "run_voting", slow_run_voting),),
     f"a close private vote takes {DELAY_S * 1e3:g} ms longer",
+)
+SLOW_CLOSE_STREAM = Fault(
+    (
+        (streaming, "answer", marked_stream_answer),
+        (voting_mechanism, "run_voting", slow_streamed_run_voting),
+    ),
+    f"a close private vote's streamed first token comes {STREAM_DELAY_S * 1e3:g} ms later",
+)
+REFUSE_LONG_PRIVATE = Fault(
+    (
+        (voting_pipeline, "partition_prompts", length_checked_partition_prompts),
+        (esa_pipeline, "partition_prompts", length_checked_partition_prompts),
+    ),
+    f"a partition prompt over {PROMPT_CHARS} characters refused for free (422 naming its length)",
 )
 
 REFUSE_RANDOM = Fault(
@@ -176,6 +243,8 @@ SEED_REACHES_NOISE = Fault(
 FAULTS = {
     "refuse_close": REFUSE_CLOSE,
     "slow_close": SLOW_CLOSE,
+    "slow_close_stream": SLOW_CLOSE_STREAM,
+    "refuse_long_private": REFUSE_LONG_PRIVATE,
     "refuse_random": REFUSE_RANDOM,
     "debug_query_param": DEBUG_QUERY_PARAM,
     "seed_reaches_noise": SEED_REACHES_NOISE,

@@ -30,7 +30,7 @@ from typing import Any
 from dpicl_audit.client import DpiclClient
 from dpicl_audit.client.openai import OpenAIClient
 from dpicl_audit.pipeline.run import run_audit
-from dpicl_audit.results import results_exit_code
+from dpicl_audit.results import RunResult, results_exit_code
 from tests.e2e import broken_channel_server as channels
 from tests.e2e import broken_realistic_server as faults
 from tests.e2e import broken_surface_server as surface
@@ -81,6 +81,15 @@ async def _one(
             if (s.get("timing") or {}).get("p_value") is not None
         ]
         print(f"  timing {timing}", flush=True)
+        # The limits probe (issue 44, item 3): its status and corrected p-value.
+        found = res.get("limits") or {}
+        print(f"  limits {found.get('status')} p={found.get('p_value')}", flush=True)
+        # What flagged the run, if anything (a false alarm of an honest run is diagnosed here).
+        run = RunResult.from_json(res)
+        flagged = [f"{n}: {sec.get('message')}" for n, sec, st in run.probes() if st is not None]
+        flagged += [v.message for v in run.verdicts() if v.status.exit_code in (4, 5)]
+        for why in flagged:
+            print(f"  flagged by {why[:400]}", flush=True)
         return results_exit_code([res], strict=strict), left, needs, tails
     finally:
         for module, name, value in undo:

@@ -1,5 +1,6 @@
 """Issue 44: refusals and response times that depend on the private votes are flagged (exit
-5, never 1), honest servers are not, natively and through ``--api openai``; a refusal that
+5, never 1), a streamed first token's time too (by the surface probe: the trials are not
+streamed), honest servers are not, natively and through ``--api openai``; a refusal that
 does not depend on the world ends the run with its results and exit 1.
 
 The real app runs in this process (oracle engine, production configuration,
@@ -139,3 +140,30 @@ async def test_refused_trials_resume_without_loss_or_duplicate(
     n, distinct = con.execute("SELECT COUNT(*), COUNT(DISTINCT trial_index) FROM trials").fetchone()
     con.close()
     assert n == distinct == SHORT["trials"]
+
+
+@pytest.mark.parametrize("api", ["native", "openai"])
+async def test_streamed_first_token_depending_on_the_votes_is_a_violation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, api: str
+) -> None:
+    """The trials are never streamed: a delay of streamed answers alone is seen by the
+    surface probe, which times each stream's first token (issue 44)."""
+    flags = SHORT | {"probes": ["surface"], "target.api": api}
+    code, res, left = await _audit(tmp_path, "slow_close_stream", monkeypatch, **flags)
+    (s,) = res["settings"]
+    assert s["timing"]["status"] == "ok", s["timing"]  # the trials' own time: not streamed
+    first = res["surface"]["first_token"]
+    assert code == 5, res["surface"]
+    assert res["surface"]["status"] == "violation", res["surface"]
+    assert res["surface"]["field"] == "time to first token"
+    assert first["status"] == "violation" and first["slower"] == "C0", first
+    assert left == 0
+
+
+async def test_honest_streams_first_token_reads_ok(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, res, _ = await _audit(tmp_path, None, monkeypatch, **SHORT | {"probes": ["surface"]})
+    first = res["surface"]["first_token"]
+    assert first["status"] == "ok" and first["strata"] >= 2, first
+    assert code == 0, res["surface"]

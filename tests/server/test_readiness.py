@@ -117,6 +117,7 @@ def test_health_publishes_the_context_limits_a_client_plans_around(tmp_path: Pat
                 "max_partitions": 1000,
                 "max_exemplars": 10_000,
                 "max_labels": 100,
+                "max_query_chars": 8000,
             }, route
         body = {
             "name": "x",

@@ -300,6 +300,42 @@ class DpiclClient:
                 attempts=1,
             ) from exc
 
+    async def send_streamed(
+        self, path: str, body: JSON, started: Callable[[str], bool]
+    ) -> tuple[httpx.Response, float | None]:
+        """:meth:`send` with the body read as it arrives: the response (read whole) and the
+        seconds from sending until ``started(text so far)`` first held (a stream's first
+        token, the caller says how it looks: not its first byte, which a server may send
+        before it answers), None where it never did."""
+        headers = {"Authorization": f"Bearer {self._key}"} if self._key else {}
+        try:
+            async with self._sem:
+                self.requests_sent += 1
+                t0 = asyncio.get_running_loop().time()
+                first: float | None = None
+                parts: list[bytes] = []
+                async with self._http.stream("POST", path, json=body, headers=headers) as got:
+                    async for chunk in got.aiter_bytes():
+                        parts.append(chunk)
+                        if first is None and started(b"".join(parts).decode(errors="replace")):
+                            first = asyncio.get_running_loop().time() - t0
+                # The body as read (decoded: the encoding headers no longer describe it).
+                kept = {
+                    k: v
+                    for k, v in got.headers.multi_items()
+                    if k.lower() not in ("content-encoding", "content-length")
+                }
+                whole = httpx.Response(
+                    got.status_code, headers=kept, content=b"".join(parts), request=got.request
+                )
+                return whole, first
+        except httpx.TransportError as exc:
+            raise TargetUnavailable(
+                f"POST {self.base_url}{path} failed: {type(exc).__name__}: {exc}",
+                status=None,
+                attempts=1,
+            ) from exc
+
     async def spend(self, context_id: str) -> JSON:
         """``GET /v1/contexts/{id}/spend`` (admin): the context's spend rows and totals."""
         return await self._json("GET", f"/v1/contexts/{context_id}/spend", token=self._admin)

@@ -55,6 +55,7 @@ __all__ = [
     "is_refusal",
     "refusal_observation",
     "refusal_test",
+    "times_test",
     "timing_test",
 ]
 
@@ -256,14 +257,27 @@ def timing_test(
 ) -> TimingTest | None:
     """Whether one world's answers take more than ``ratio`` times the other's, given the
     released answer (module docstring); None where no trial logged a time."""
-    timed = [r for r in rows if r.latency_s is not None and math.isfinite(r.latency_s)]
+    return times_test(
+        [(r.world, _answer(r), float(r.latency_s)) for r in rows if r.latency_s is not None],
+        alpha,
+        ratio,
+    )
+
+
+def times_test(
+    samples: Sequence[tuple[int, str, float]], alpha: float, ratio: float = TIME_RATIO
+) -> TimingTest | None:
+    """:func:`timing_test` of ``(world, released answer, seconds)`` samples, whatever timed
+    them (a trial's wall time, a stream's first token: :mod:`dpicl_audit.probes.surface`);
+    None where none has a finite time."""
+    timed = [(w, a, t) for w, a, t in samples if math.isfinite(t)]
     if not timed:
         return None
-    t = {w: np.array([r.latency_s for r in timed if r.world == w]) for w in (1, 0)}
+    t = {w: np.array([s for v, _, s in timed if v == w]) for w in (1, 0)}
     med = [float(np.median(t[w])) if t[w].size else math.nan for w in (1, 0)]
     strata: dict[str, dict[int, list[float]]] = {}
-    for r in timed:
-        strata.setdefault(_answer(r), {1: [], 0: []})[r.world].append(float(r.latency_s))
+    for world, answer, seconds in timed:
+        strata.setdefault(answer, {1: [], 0: []})[world].append(seconds)
     found: dict[int, list[tuple[float, str, float]]] = {1: [], 0: []}
     for answer, side in sorted(strata.items()):
         if len(side[1]) < 2 or len(side[0]) < 2:

@@ -18,7 +18,15 @@ from dpicl_audit.estimators.extra_fields import response_fields
 from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.probes.sections import Answer
 
-__all__ = ["COST_HEADERS", "TRANSPORT", "USAGE_COST", "read_answer", "request", "usage_name"]
+__all__ = [
+    "COST_HEADERS",
+    "TRANSPORT",
+    "USAGE_COST",
+    "read_answer",
+    "request",
+    "stream_started",
+    "usage_name",
+]
 
 #: Headers of the transport itself, not of the answer (ids are random: never a category).
 TRANSPORT = frozenset(
@@ -82,6 +90,18 @@ def _choice_text(choice: Mapping[str, Any]) -> str:
         if isinstance(part, Mapping) and isinstance(part.get("content"), str):
             return str(part["content"])
     return str(choice.get("text") or "")
+
+
+def stream_started(text: str) -> bool:
+    """Whether a stream read so far (server-sent events) has carried a token: an event whose
+    choice has text (the role-only first chunk a server may send before it answers is not
+    one). The surface probe's time to first token ends here."""
+    return any(
+        _choice_text(c)
+        for e in _events(text)
+        for c in (e.get("choices") or [])
+        if isinstance(c, Mapping)
+    )
 
 
 def _without_text(chunk: Mapping[str, Any]) -> JsonObject:

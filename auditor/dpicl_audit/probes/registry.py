@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from dpicl_audit.client import AuditTarget
-from dpicl_audit.probes import calibration, ledger, parameters, surface, switches, tails
+from dpicl_audit.probes import calibration, ledger, limits, parameters, surface, switches, tails
 from dpicl_audit.probes.ingredients import Ingredients
 from dpicl_audit.verdicts.model import Status
 
@@ -85,6 +85,14 @@ _PROBES = (
         switches.probe,
         ("query",),
         {"violation": Status.VIOLATION},
+    ),
+    Probe(
+        "limits",
+        "inputs at each documented limit: refusals, messages and charges alike in both worlds",
+        limits.probe,
+        ("query",),
+        {"violation": Status.VIOLATION},
+        black_box_only=True,
     ),
     Probe(
         "tails",

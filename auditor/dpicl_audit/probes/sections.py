@@ -1,7 +1,7 @@
 """The shapes of what the probes from outside write into a run's results: the ledger's
 section (:mod:`.ledger`) with its bursts (:mod:`.ledger_burst`), the client parameters'
-sweep (:mod:`.parameters`), the surface's (:mod:`.surface`) with the answers it reads, the
-debug switches' (:mod:`.switches`), the
+sweep (:mod:`.parameters`), inputs up to the limits (:mod:`.limits`), the surface's
+(:mod:`.surface`) with the answers it reads, the debug switches' (:mod:`.switches`), the
 calibration scan (:mod:`.calibration`) and voting's noise tails
 (:mod:`dpicl_audit.probes.tails`).
 The report and the exit code read them back as stored JSON
@@ -9,10 +9,11 @@ The report and the exit code read them back as stored JSON
 
 from __future__ import annotations
 
-from typing import Literal, Required, TypedDict
+from typing import Literal, NotRequired, Required, TypedDict
 
 from pydantic import JsonValue
 
+from dpicl_audit.estimators.channels import TimingTest
 from dpicl_audit.estimators.extra_fields import Dependence
 
 __all__ = [
@@ -26,6 +27,9 @@ __all__ = [
     "LedgerCheck",
     "LedgerSection",
     "LedgerStatus",
+    "LimitsSection",
+    "LimitsSize",
+    "LimitsWorld",
     "ParameterVariant",
     "ParametersSection",
     "Scalar",
@@ -135,12 +139,14 @@ Scalar = str | int | float | bool | None
 
 
 class Answer(TypedDict):
-    """One answer read whole (:func:`.answers.read_answer`)."""
+    """One answer read whole (:func:`.answers.read_answer`); ``ttft_s`` a stream's seconds to
+    its first token, where the client timed it."""
 
     answer: str
     fields: dict[str, Scalar]
     public: dict[str, JsonValue]
     tokens: int | None
+    ttft_s: NotRequired[float | None]
 
 
 class AboveLimit(TypedDict, total=False):
@@ -175,6 +181,9 @@ class SurfaceSection(TypedDict, total=False):
     limits: list[str]
     limit: int | None
     field: str | None
+    #: the streamed routes' time to first token against the world, given the answer
+    #: (:func:`dpicl_audit.estimators.channels.times_test`; issue 44)
+    first_token: TimingTest | None
     #: DPS-MOZO: the per-token constraint position by position
     #: (:mod:`dpicl_audit.probes.positions`).
     positions: dict[str, JsonValue]
@@ -236,3 +245,41 @@ class CalibrationSection(TypedDict):
     status: Literal["ok", "bug"]
     message: str
     points: list[CalibrationPoint]
+
+
+class LimitsWorld(TypedDict):
+    """What one world answered to one query size of the limits probe (:mod:`.limits`):
+    statuses by count, refusals' codes and (normalised) messages, the three most common, and
+    how many refusals were charged (None where the context reports no count)."""
+
+    answered: int
+    refused: int
+    statuses: dict[str, int]
+    codes: dict[str, int]
+    messages: dict[str, int]
+    charged_refusals: int | None
+
+
+class LimitsSize(TypedDict):
+    """One query size of the limits probe, both worlds."""
+
+    query_chars: int
+    near: str
+    C1: LimitsWorld
+    C0: LimitsWorld
+
+
+class LimitsSection(TypedDict, total=False):
+    """``results["limits"]`` (:mod:`.limits`); ``size`` and ``field`` where a refusal's field
+    depends on the world."""
+
+    status: Required[Literal["ok", "violation", "unchecked"]]
+    message: Required[str]
+    route: str
+    canary_chars: int
+    max_query_chars: int | None
+    per_size: int
+    sizes: list[LimitsSize]
+    p_value: float
+    size: int
+    field: str

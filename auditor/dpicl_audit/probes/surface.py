@@ -19,6 +19,13 @@ read whole:
   extra_fields.dependence_test`, Bonferroni over every route, field and answer, 1e-4): a
   dependent field is a VIOLATION naming the route and the field. A generation probe asks
   ``max_tokens: 1`` so that answers repeat and can be compared.
+* **Time to first token** (streamed routes): each stream's seconds from the request to its
+  first chunk with text (:meth:`~dpicl_audit.client.DpiclClient.send_streamed`; a role-only
+  first chunk does not count), tested as the trials' times are
+  (:func:`~dpicl_audit.estimators.channels.times_test`: does one world take more than 1.25
+  times the other's, given the route and the released answer; error :data:`FIRST_TOKEN_ALPHA`,
+  1e-4). The trials are never streamed, so a delay of streams alone is seen only here: a
+  VIOLATION naming ``time to first token``.
 * **Public by design** (the cost and the budget): checked against their own prediction. The
   ``X-DPICL-*`` headers must equal the body's cost and budget (``dpicl`` on the OpenAI
   routes), and every answer's cost must be the same in both worlds (the claim's cost, which
@@ -48,8 +55,15 @@ from dpicl_audit.client import AuditTarget
 from dpicl_audit.client.http import ContextBody
 from dpicl_audit.client.openai import OpenAIClient
 from dpicl_audit.errors import TargetError, TargetRejected
+from dpicl_audit.estimators.channels import TimingTest, times_test
 from dpicl_audit.estimators.extra_fields import dependence_test
-from dpicl_audit.probes.answers import COST_HEADERS, read_answer, request, usage_name
+from dpicl_audit.probes.answers import (
+    COST_HEADERS,
+    read_answer,
+    request,
+    stream_started,
+    usage_name,
+)
 from dpicl_audit.probes.ingredients import Ingredients
 from dpicl_audit.probes.positions import audit_positions, with_positions
 from dpicl_audit.probes.sections import (
@@ -69,6 +83,8 @@ PER_WORLD = 20
 PER_WORLD_GENERATION = 20
 #: The answering routes, in the order they are asked.
 ROUTES = ("native", "chat", "completions", "chat-stream", "completions-stream")
+#: Error of the streams' time-to-first-token test (the response-field test's rate).
+FIRST_TOKEN_ALPHA = 1e-4
 #: Fewer answers per world and route than this: the probe is not run (said so).
 MIN_PER_WORLD = 10
 _TOL = 1e-9
@@ -125,8 +141,12 @@ async def _ask(
 ) -> Answer | str:
     """One answer read whole, or why there is none (``refused``, ``no-route``, ...)."""
     path, body = request(route, task, cid, query, max_tokens)
+    ttft: float | None = None
     try:
-        got = await target.send(path, body)
+        if route.endswith("-stream") and hasattr(target, "send_streamed"):
+            got, ttft = await target.send_streamed(path, body, stream_started)
+        else:
+            got = await target.send(path, body)
     except TargetError as exc:
         return f"failed ({exc})"
     if got.status_code in (404, 405) and "context" not in got.text and "model" not in got.text:
@@ -134,9 +154,12 @@ async def _ask(
     if got.status_code >= 400:
         return f"refused {got.status_code}"
     try:
-        return read_answer(route, got)
+        answer = read_answer(route, got)
     except (ValueError, KeyError, TypeError) as exc:
         return f"unreadable ({exc})"
+    if ttft is not None:
+        answer["ttft_s"] = ttft
+    return answer
 
 
 async def audit_surface(
@@ -172,6 +195,7 @@ async def audit_surface(
     probe = 1 if limit is not None else None  # generation: one token, so that answers repeat
     ids: dict[int, str] = {}
     rows: list[tuple[int, str, Mapping[str, Scalar]]] = []
+    first_tokens: list[tuple[int, str, float]] = []
     departures: list[str] = []
     bugs: list[str] = []
     per_route: list[SurfaceRoute] = []
@@ -181,16 +205,20 @@ async def audit_surface(
             return {"status": "unchecked", "routes": [], "message": fitted}
         per_world = fitted
 
-        async def answers(route: str, world: int) -> list[Answer | str]:
-            asked = (_ask(target, route, task, ids[world], query, probe) for _ in range(per_world))
-            return list(await asyncio.gather(*asked))
+        async def answers(route: str) -> dict[int, list[Answer | str]]:
+            # The worlds alternate (the client's queue is first come, first served), so that
+            # both meet the same load: a stream's first token is timed (issue 44).
+            order = [w for _ in range(per_world) for w in (1, 0)]
+            got = await asyncio.gather(
+                *(_ask(target, route, task, ids[w], query, probe) for w in order)
+            )
+            return {w: [g for o, g in zip(order, got, strict=True) if o == w] for w in (1, 0)}
 
-        # Every route and world at once (the client's concurrency bounds what is in flight):
-        # one route after another left the client idle at each route's last answers.
-        pairs = [(route, world) for route in routes for world in (1, 0)]
-        asked = dict(zip(pairs, await asyncio.gather(*(answers(*p) for p in pairs)), strict=True))
+        # Every route at once (the client's concurrency bounds what is in flight): one route
+        # after another left the client idle at each route's last answers.
+        asked = dict(zip(routes, await asyncio.gather(*(answers(r) for r in routes)), strict=True))
         for route in routes:
-            got = {world: asked[route, world] for world in (1, 0)}
+            got = asked[route]
             if all(g == "no-route" for w in got.values() for g in w):
                 per_route.append({"route": route, "status": "no-route"})
                 continue
@@ -199,6 +227,11 @@ async def audit_surface(
             rows += [
                 (w, a["answer"], {f"{route}: {k}": v for k, v in a["fields"].items()})
                 for w, a in answered
+            ]
+            first_tokens += [
+                (w, f"{route}: {a['answer']}", float(t))
+                for w, a in answered
+                if (t := a.get("ttft_s")) is not None
             ]
             departures += public_departures(route, answered)
             if others:  # a refusal before the planned count is a finding (issue 35, item 3)
@@ -225,7 +258,8 @@ async def audit_surface(
         for cid in ids.values():
             with contextlib.suppress(TargetError):
                 await target.delete_context(cid)
-    return _conclude(rows, per_route, per_world, departures, bugs, limit)
+    first_token = times_test(first_tokens, FIRST_TOKEN_ALPHA)
+    return _conclude(rows, per_route, per_world, departures, bugs, limit, first_token)
 
 
 async def _create_pair(
@@ -292,9 +326,11 @@ def _conclude(
     departures: list[str],
     bugs: list[str],
     limit: int | None,
+    first_token: TimingTest | None = None,
 ) -> SurfaceSection:
-    """The section: the dependence test over every route's fields, then the verdict (a BUG
-    before a VIOLATION before a NONCONFORMING departure)."""
+    """The section: the dependence test over every route's fields and the streams' time to
+    first token, then the verdict (a BUG before a VIOLATION before a NONCONFORMING
+    departure)."""
     found = dependence_test(rows)
     out: SurfaceSection = {
         "routes": per_route,
@@ -303,6 +339,7 @@ def _conclude(
         "public": departures,
         "limits": bugs,
         "limit": limit,
+        "first_token": first_token,
     }
     if bugs:
         out["status"] = "bug"
@@ -313,6 +350,9 @@ def _conclude(
     elif found is not None and found["status"] == "violation":
         out["status"], out["message"] = "violation", found["message"]
         out["field"] = found["field"]
+    elif first_token is not None and first_token["status"] == "violation":
+        out["status"], out["field"] = "violation", "time to first token"
+        out["message"] = "streams' time to first token: " + first_token["message"]
     elif departures:
         out["status"] = "nonconforming"
         out["message"] = "NONCONFORMING: public fields depart from their prediction: " + "; ".join(
@@ -328,6 +368,7 @@ def _conclude(
             + ("" if smallest is None else f" (smallest corrected p = {smallest:.2g})")
             + "; the cost headers equal the body's figures"
             + (f"; max_tokens above the limit {limit} refused or within it" if limit else "")
+            + ("" if first_token is None else f"; streams' first token: {first_token['message']}")
         )
     return out
 

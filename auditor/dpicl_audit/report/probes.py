@@ -23,6 +23,8 @@ WHAT: dict[str, str] = {
     "surface": "every field, header and stream chunk of every answering route's response",
     "switches": "every route's answer under undocumented debug switches (query parameters, "
     "headers): no field beyond the documented ones",
+    "limits": "queries and a canary exemplar sized at each documented limit: whether a refusal, "
+    "its message or its charge tells the worlds apart",
     "tails": "how often each label comes back where the claimed noise must sometimes flip it",
 }
 

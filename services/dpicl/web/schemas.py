@@ -163,6 +163,10 @@ class HealthLimits(BaseModel):
         description="The most exemplars a context may hold (DPICL_MAX_EXEMPLARS)."
     )
     max_labels: int = Field(description="The most labels a context may have (DPICL_MAX_LABELS).")
+    max_query_chars: int = Field(
+        description="The most characters of a query (DPICL_MAX_QUERY_CHARS): a client sizes "
+        "its queries within it, and an auditor asks queries at it (issue 44)."
+    )
 
 
 class Health(BaseModel):
