@@ -29,7 +29,7 @@ import shlex
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from dpicl_audit.client.http import JSON, ContextBody
+from dpicl_audit.client.target import JSON, ContextBody
 from dpicl_audit.errors import InvalidPlan, TargetProtocolError
 
 __all__ = ["ContextHook", "context_info", "load_hook"]

@@ -16,11 +16,12 @@ import asyncio
 import random
 from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
-from typing import Any, Protocol, Required, Self, TypedDict, runtime_checkable
+from typing import Self
 from urllib.parse import urlencode
 
 import httpx
 
+from dpicl_audit.client.target import JSON, AuditTarget, ContextBody, GenerationTarget
 from dpicl_audit.errors import (
     TargetBudgetExhausted,
     TargetNotFound,
@@ -38,56 +39,8 @@ __all__ = [
     "error_from_response",
 ]
 
-JSON = dict[str, Any]
-
-
-class ContextBody(TypedDict, total=False):
-    """The body of ``POST /v1/contexts`` (HTTP API v1) as an audit builds it; ``mechanism``
-    holds the settings of the mechanism it names (each mechanism's audit writes its own)."""
-
-    name: Required[str]
-    task: Required[str]
-    exemplars: Required[list[dict[str, str]]]
-    mechanism: Required[dict[str, object]]
-    budget: dict[str, float] | None
-    labels: list[str]
-    template: str
-
-
 #: Contexts per page of GET /v1/contexts (the server's largest page is 200).
 LIST_PAGE_SIZE = 100
-
-
-@runtime_checkable
-class AuditTarget(Protocol):
-    """What the runner needs from a server under audit."""
-
-    async def health(self) -> JSON: ...
-
-    async def create_context(self, body: ContextBody) -> JSON: ...
-
-    async def get_context(self, context_id: str) -> JSON: ...
-
-    async def list_contexts(self) -> list[JSON]: ...
-
-    async def delete_context(self, context_id: str) -> None: ...
-
-    async def classify(self, context_id: str, query: str) -> JSON: ...
-
-    async def debug_classify(self, context_id: str, query: str) -> JSON: ...
-
-
-@runtime_checkable
-class GenerationTarget(AuditTarget, Protocol):
-    """What an ESA (generation) audit needs besides :class:`AuditTarget`."""
-
-    async def generate(
-        self, context_id: str, query: str, max_tokens: int | None = None
-    ) -> JSON: ...
-
-    async def debug_generate(
-        self, context_id: str, query: str, max_tokens: int | None = None
-    ) -> JSON: ...
 
 
 _REJECTIONS: dict[int, type[TargetRejected]] = {

@@ -21,7 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 from dpicl_audit.client.context_hook import ContextHook
-from dpicl_audit.client.http import JSON, ContextBody, DpiclClient
+from dpicl_audit.client.http import DpiclClient
+from dpicl_audit.client.target import JSON, ContextBody
 from dpicl_audit.errors import TargetProtocolError
 
 __all__ = ["OpenAIClient"]

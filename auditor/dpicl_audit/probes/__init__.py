@@ -15,6 +15,8 @@ module                 what it holds
 :mod:`.client_schema`  every parameter of the routes' request schemas (the OpenAI
                        SDK's, the server's OpenAPI) and the values it is sent with
 :mod:`.parameters`     the client parameters varied on every route (every schema's)
+:mod:`.limits`        inputs at each documented limit: refusals, their messages and
+                       charges alike in both worlds (:mod:`.limits_judge`: its test)
 :mod:`.positions`      a generation's per-token bound, prefix length by prefix length
 :mod:`.surface`        every route's whole response (headers, stream chunks, usage) and
                        max_tokens against a generation context's limit

@@ -47,16 +47,14 @@ import itertools
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
-
-from scipy import stats
 
 from dpicl_audit.client import AuditTarget, ContextBody
 from dpicl_audit.client.openai import OpenAIClient
 from dpicl_audit.errors import TargetError, TargetRejected
 from dpicl_audit.probes.answers import request
 from dpicl_audit.probes.ingredients import Ingredients
+from dpicl_audit.probes.limits_judge import FIELDS, Finding, Outcome, is_refusal, judge
 from dpicl_audit.probes.sections import LimitsSection, LimitsSize, LimitsWorld
 
 __all__ = [
@@ -88,7 +86,6 @@ MIN_CANARY_CHARS = 1_000
 #: The most query sizes asked (the ladder's steps narrow with the canary).
 MAX_SIZES = 16
 #: The fields compared between the worlds at each size.
-FIELDS = ("refused", "status", "code", "message", "charged")
 _FILLER = " a"
 _IDS = re.compile(
     r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b|\b[0-9a-f]{16,}\b",
@@ -159,15 +156,6 @@ async def _create_long(
             chars //= 2
 
 
-#: One request's outcome: (status, error code, normalised message); status 0 where the
-#: connection failed, code and message empty for an answer.
-Outcome = tuple[int, str, str]
-
-
-def _refused(outcome: Outcome) -> bool:
-    return outcome[0] >= 400 or outcome[0] == 0
-
-
 def _outcome(got: Any, context_id: str) -> Outcome:
     """One response's :data:`Outcome`."""
     if got.status_code < 400:
@@ -205,13 +193,13 @@ async def _world_at_size(
     before = await _charged(target, cid)
     got = list(await asyncio.gather(*(_ask(target, path, body, cid) for _ in range(PER_SIZE))))
     after = await _charged(target, cid)
-    answered = sum(not _refused(g) for g in got)
+    answered = sum(not is_refusal(g) for g in got)
     charged = None if before is None or after is None else max(0, after - before - answered)
     return got, charged
 
 
 def _world(got: Sequence[Outcome], charged: int | None) -> LimitsWorld:
-    refused = [g for g in got if _refused(g)]
+    refused = [g for g in got if is_refusal(g)]
     return {
         "answered": len(got) - len(refused),
         "refused": len(refused),
@@ -220,73 +208,6 @@ def _world(got: Sequence[Outcome], charged: int | None) -> LimitsWorld:
         "messages": dict(Counter(g[2][:300] for g in refused).most_common(3)),
         "charged_refusals": charged,
     }
-
-
-def _fisher(ones: Sequence[Any], zeros: Sequence[Any]) -> float:
-    """Fisher's exact test (two-sided) of the worlds' shares of the pooled most common value;
-    1 where a world has none or only one value occurs."""
-    if not ones or not zeros:
-        return 1.0
-    pooled = Counter([*ones, *zeros])
-    if len(pooled) < 2:
-        return 1.0
-    top = max(sorted(pooled, key=str), key=lambda v: pooled[v])
-    a, b = sum(v == top for v in ones), sum(v == top for v in zeros)
-    table = [[a, len(ones) - a], [b, len(zeros) - b]]
-    return float(stats.fisher_exact(table).pvalue)
-
-
-def _field_values(got: Sequence[Outcome], charged: int | None) -> dict[str, list[Any]]:
-    refused = [g for g in got if _refused(g)]
-    n_charged = 0 if charged is None else min(charged, len(refused))
-    return {
-        "refused": [_refused(g) for g in got],
-        "status": [g[0] for g in refused],
-        "code": [g[1] for g in refused],
-        "message": [g[2] for g in refused],
-        # which refusals were charged is not observed, only how many: the count is what is
-        # compared (charged ones first; Fisher's test reads only the count)
-        "charged": [] if charged is None else [i < n_charged for i in range(len(refused))],
-    }
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    """The smallest p-value of the probe's tests, Bonferroni-corrected over ``tests``."""
-
-    p_value: float
-    #: the query size it was found at; None: every size pooled
-    size: int | None
-    field: str
-    tests: int
-
-
-def judge(
-    sizes: Sequence[tuple[int, Mapping[int, Sequence[Outcome]], Mapping[int, Any]]],
-) -> Finding | None:
-    """The test of the module docstring over ``(query chars, outcomes per world, charged
-    refusals per world)`` per size: each field at each size, and each field with every size
-    pooled (a refusal that depends on the world only sometimes, at many sizes: pooling
-    strata with as many requests per world in each keeps Fisher's test conservative, its
-    variance under the null being at least the stratified one's). None where no size was
-    asked."""
-    tests: list[tuple[float, int | None, str]] = []
-    pooled: dict[int, dict[str, list[Any]]] = {
-        1: {f: [] for f in FIELDS},
-        0: {f: [] for f in FIELDS},
-    }
-    for chars, outcomes, charged in sizes:
-        values = {w: _field_values(outcomes[w], charged[w]) for w in (1, 0)}
-        tests += [(_fisher(values[1][f], values[0][f]), chars, f) for f in FIELDS]
-        for w in (1, 0):
-            for f in FIELDS:
-                pooled[w][f] += values[w][f]
-    if not tests:
-        return None
-    if len(sizes) > 1:
-        tests += [(_fisher(pooled[1][f], pooled[0][f]), None, f) for f in FIELDS]
-    p, at, field = min(tests, key=lambda t: t[0])
-    return Finding(min(1.0, p * len(tests)), at, field, len(tests))
 
 
 def _label(chars: int, query_chars: int, limit: int) -> str:

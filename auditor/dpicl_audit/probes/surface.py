@@ -51,9 +51,8 @@ from typing import Any
 
 from pydantic import JsonValue
 
-from dpicl_audit.client import AuditTarget
-from dpicl_audit.client.http import ContextBody
 from dpicl_audit.client.openai import OpenAIClient
+from dpicl_audit.client.target import AuditTarget, ContextBody
 from dpicl_audit.errors import TargetError, TargetRejected
 from dpicl_audit.estimators.channels import TimingTest, times_test
 from dpicl_audit.estimators.extra_fields import dependence_test
@@ -66,13 +65,7 @@ from dpicl_audit.probes.answers import (
 )
 from dpicl_audit.probes.ingredients import Ingredients
 from dpicl_audit.probes.positions import audit_positions, with_positions
-from dpicl_audit.probes.sections import (
-    AboveLimit,
-    Answer,
-    Scalar,
-    SurfaceRoute,
-    SurfaceSection,
-)
+from dpicl_audit.probes.sections import AboveLimit, Answer, Scalar, SurfaceRoute, SurfaceSection
 
 __all__ = ["PER_WORLD", "ROUTES", "audit_surface", "probe"]
 
