@@ -40,6 +40,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Sequence
+from typing import get_args
 
 import numpy as np
 import numpy.typing as npt
@@ -48,7 +49,7 @@ from scipy.stats import binomtest
 
 from dpicl.domain import DEFAULT_TEMPLATES
 from dpicl.engines.base import Engine, Exemplar
-from dpicl.engines.factory import build_engine
+from dpicl.engines.factory import EngineName, build_engine
 from dpicl.mechanisms.voting.release import (
     VOTING_SENSITIVITY,
     noisy_argmax,
@@ -168,7 +169,7 @@ async def measure(
 
 
 async def _main(args: argparse.Namespace) -> None:
-    engine = build_engine("transformers")
+    engine = build_engine(args.engine)
     rng = np.random.default_rng(args.seed)
     try:
         for name in [d.strip() for d in args.datasets.split(",") if d.strip()]:
@@ -177,7 +178,7 @@ async def _main(args: argparse.Namespace) -> None:
         await engine.aclose()
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--datasets", default="reviews-mini,news-mini,bbc-news")
     ap.add_argument("--queries", type=int, default=100)
@@ -187,7 +188,10 @@ def main() -> None:
     ap.add_argument("--epsilon", type=float, default=8.0)
     ap.add_argument("--delta", type=float, default=1e-5)
     ap.add_argument("--seed", type=int, default=2026)
-    asyncio.run(_main(ap.parse_args()))
+    ap.add_argument(
+        "--engine", default="transformers", choices=get_args(EngineName), help="oracle: tests"
+    )
+    asyncio.run(_main(ap.parse_args(argv)))
 
 
 if __name__ == "__main__":
