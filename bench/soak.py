@@ -8,8 +8,9 @@ of the run's requests, whichever is more: bounded structures (the SQLite page ca
 each pooled connection, 2 MB by default, filling as the database grows; the oracle's
 token memo; the allocator's arenas) fill over the first minutes and their filling is not
 growth. After it, the growth is the least-squares slope of RSS against requests answered,
-with a standard error that allows for the samples' autocorrelation (Newey-West,
-bench/soak_fit.py), for the server, the engine and both together. The verdict is on both
+with a standard error that allows for the samples' autocorrelation (bench/soak_fit.py),
+for the server, the engine (in a process of its own: ``--engine-process on``, the
+default), the supervisor's standby engine and all together. The verdict is on both
 together: PASS when the 95% interval lies at or under the bar, FAIL when wholly above it,
 INCONCLUSIVE otherwise. Also reported: requests, their rate, answers by status, transport
 errors, the database's size and the engine's restarts. ``--out`` writes it all (with
@@ -311,7 +312,7 @@ def _report(result: dict[str, Any]) -> None:
         print(
             f"[{what:7}] RSS {mb[0]:.1f} -> {mb[1]:.1f} MB over {g['requests']} requests "
             f"after warm-up; growth {g['slope']:+.2f} +- {g['se']:.2f} MB per 10,000 requests "
-            f"(Newey-West s.e.; 95% {low:+.2f} .. {high:+.2f}; {g['n']} samples)"
+            f"(autocorrelation-adjusted s.e.; 95% {low:+.2f} .. {high:+.2f}; {g['n']} samples)"
         )
     print(f"verdict against {result['bar_mb_per_10k']} MB per 10,000 requests: {result['verdict']}")
 
@@ -341,8 +342,9 @@ def main() -> None:
     ap.add_argument(
         "--engine-process",
         choices=("auto", "on", "off"),
-        default="auto",
-        help="DPICL_ENGINE_PROCESS (auto: a process of its own for transformers only)",
+        default="on",
+        help="DPICL_ENGINE_PROCESS (on: the engine's RSS apart from the server's; auto: "
+        "in the server process for the oracle)",
     )
     ap.add_argument("--sample-s", type=float, default=5.0, help="seconds between RSS samples")
     ap.add_argument("--bar", type=float, default=2.0, help="MB per 10,000 requests")
