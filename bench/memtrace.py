@@ -9,9 +9,12 @@ cores), and every ``SIGUSR1`` writes into that folder, after a full collection:
 
 * ``<pid>-<n>.snap``: a tracemalloc snapshot (Python allocations made since tracing began
   and still alive, by allocating line and its callers);
-* ``<pid>-<n>.json``: live objects counted by type (the objgraph way), the asyncio tasks
-  of the running loop, and the C allocator's view (``sys._debugmallocstats`` is too
-  verbose; the interpreter's allocated blocks are enough to tell Python heap from the rest).
+* ``<pid>-<n>.json``: live objects that the collector tracks (containers: not ``str``
+  or ``int``) counted by type (the objgraph way), the asyncio tasks
+  of the running loop, and memory outside Python's objects: SQLite's own allocations
+  (``sqlite3_memory_used``: page caches, statements) and glibc's heap (``mallinfo2``:
+  in use, and freed but kept), so RSS growth can be split into Python objects, SQLite and
+  allocator free space.
 
 :func:`compare` reads two such pairs of one process and returns what grew between them.
 tracemalloc costs time and memory of its own: the RSS of a traced run is not the bar's
@@ -22,6 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ctypes
+import ctypes.util
 import gc
 import itertools
 import json
@@ -44,6 +49,37 @@ def _rss_kib() -> int:
     return -1
 
 
+class _MallInfo2(ctypes.Structure):
+    # glibc's struct mallinfo2 (malloc.h, glibc >= 2.33): every field a size_t.
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd",
+            "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost",
+        )
+    ]  # fmt: skip
+
+
+def _c_heap() -> dict[str, int]:
+    """SQLite's and glibc's bytes (-1 where the library or symbol is missing)."""
+    out = {"sqlite_bytes": -1, "malloc_in_use": -1, "malloc_free": -1}
+    try:
+        sqlite = ctypes.CDLL(ctypes.util.find_library("sqlite3") or "libsqlite3.so.0")
+        sqlite.sqlite3_memory_used.restype = ctypes.c_int64
+        out["sqlite_bytes"] = int(sqlite.sqlite3_memory_used())
+    except (OSError, AttributeError):
+        pass
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallinfo2.restype = _MallInfo2
+        m = libc.mallinfo2()
+        out["malloc_in_use"] = int(m.uordblks + m.hblkhd)
+        out["malloc_free"] = int(m.fordblks)
+    except (OSError, AttributeError):
+        pass
+    return out
+
+
 def _dump(out: Path, seq: int) -> None:
     gc.collect()
     pid = os.getpid()
@@ -63,6 +99,7 @@ def _dump(out: Path, seq: int) -> None:
         "rss_kib": _rss_kib(),
         "allocated_blocks": sys.getallocatedblocks(),
         "asyncio_tasks": tasks,
+        **_c_heap(),
         "types": dict(types.most_common(400)),
     }
     (out / f"{pid}-{seq}.json").write_text(json.dumps(info))
@@ -93,12 +130,19 @@ def compare(before: Path, after: Path, top: int = 12) -> list[str]:
         f"RSS {ja['rss_kib'] / 1024:.1f} -> {jb['rss_kib'] / 1024:.1f} MB; "
         f"traced Python memory {ja['traced_bytes'] / 2**20:.2f} -> "
         f"{jb['traced_bytes'] / 2**20:.2f} MB; allocated blocks {ja['allocated_blocks']} -> "
-        f"{jb['allocated_blocks']}; asyncio tasks {ja['asyncio_tasks']} -> {jb['asyncio_tasks']}"
+        f"{jb['allocated_blocks']}; asyncio tasks {ja['asyncio_tasks']} -> {jb['asyncio_tasks']}",
+        "  outside Python's objects (MB): "
+        + "; ".join(
+            f"{k} {ja[k] / 2**20:.2f} -> {jb[k] / 2**20:.2f}"
+            for k in ("sqlite_bytes", "malloc_in_use", "malloc_free")
+        ),
     ]
     for stat in b.compare_to(a, "traceback")[:top]:
         if stat.size_diff <= 0:
             break
-        where = " <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in stat.traceback)
+        # The allocating line first, then its callers (a Traceback runs oldest first).
+        frames = reversed(stat.traceback)
+        where = " <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in frames)
         lines.append(f"  {stat.size_diff / 1024:+9.1f} KiB {stat.count_diff:+7d} blocks  {where}")
     grown = {t: n - ja["types"].get(t, 0) for t, n in jb["types"].items()}
     ranked = sorted(grown.items(), key=lambda kv: -kv[1])[:top]
