@@ -17,8 +17,9 @@ errors, the database's size and the engine's restarts. ``--out`` writes it all (
 every sample) as JSON.
 
 The load: native and OpenAI-compatible classification, streamed and not; listings with
-cursors; key creation, use and revocation; refusals (404, 422, 402 of an exhausted
-budget, 429 of a rate limit); readiness and metrics. The oracle simulator by default
+cursors; key creation, use and revocation; refusals (404 of a missing context and of
+paths never seen, 422, 402 of an exhausted budget, 429 of a rate limit); readiness with
+request ids never seen; metrics. The oracle simulator by default
 (about a hundred requests a second on two shared cores); ``--engine transformers`` for
 the bundled model.
 
@@ -139,8 +140,10 @@ async def _one(c: httpx.AsyncClient, rng: random.Random, cid: str, poor: str) ->
     elif kind < 0.9:
         await c.get(f"/v1/contexts/ctx_{rng.randrange(16**24):024x}", headers=admin)  # 404
         await c.get("/v1/keys", params={"after": "key_\x00"}, headers=admin)  # 422
+        await c.get(f"/v1/no-such-route/{rng.randrange(10**9)}")  # 404, a path never seen
     else:
-        await c.get("/readyz")
+        # A request id never seen: neither it nor the path above may become a label.
+        await c.get("/readyz", headers={"X-Request-ID": f"soak-{rng.randrange(10**12)}"})
         await c.get("/metrics", headers=admin)
 
 
