@@ -4,24 +4,23 @@ sampled every ``--sample-s`` seconds against the HTTP requests answered, and its
 after warm-up reported per 10,000 requests. The bar: at most 2 MB per 10,000 requests.
 
 The figure. Warm-up is the first ``--warmup`` requests or the first ``--warmup-fraction``
-of the run's requests, whichever is more: bounded structures (the SQLite page cache of
-each pooled connection, 2 MB by default, filling as the database grows; the oracle's
-token memo; the allocator's arenas) fill over the first minutes and their filling is not
-growth. After it, the growth is the least-squares slope of RSS against requests answered,
-with a standard error that allows for the samples' autocorrelation (bench/soak_fit.py),
-for the server, the engine (in a process of its own: ``--engine-process on``, the
-default), the supervisor's standby engine and all together. The verdict is on both
-together: PASS when the 95% interval lies at or under the bar, FAIL when wholly above it,
-INCONCLUSIVE otherwise. Also reported: requests, their rate, answers by status, transport
-errors, the database's size and the engine's restarts. ``--out`` writes it all (with
-every sample) as JSON.
+of the run's requests, whichever is more: memory taken once and then reused (pymalloc's
+and glibc's arenas touched page by page, SQLAlchemy's statement cache, SQLite's page
+caches, bounded memos) fills over the first minutes, and its filling is not growth. After
+it, the growth is the least-squares slope of RSS against requests answered, with a
+standard error that allows for the samples' autocorrelation (bench/soak_fit.py), for the
+server, the engine (in a process of its own: ``--engine-process on``, the default), the
+supervisor's standby engine and all together. The verdict is on all together: PASS when
+the 95% interval lies at or under the bar, FAIL when wholly above it, INCONCLUSIVE
+otherwise. Also reported: requests, their rate, answers by status, transport errors, the
+database's size and the engine's restarts. ``--out`` writes it all (with every sample) as
+JSON.
 
 The load: native and OpenAI-compatible classification, streamed and not; listings with
 cursors; key creation, use and revocation; refusals (404 of a missing context and of
 paths never seen, 422, 402 of an exhausted budget, 429 of a rate limit); readiness with
-request ids never seen; metrics. The oracle simulator by default
-(about a hundred requests a second on two shared cores); ``--engine transformers`` for
-the bundled model.
+request ids never seen; metrics. The oracle simulator by default (about a hundred
+requests a second on two shared cores); ``--engine transformers`` for the bundled model.
 
 ``--trace`` finds what grows: tracemalloc in both processes (bench/memtrace.py), started
 at a quarter of the run, snapshots at half and at the end, and the growth between them
@@ -333,7 +332,9 @@ def _trace_report(trace: Path, pids: list[int]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--duration", type=float, default=3600.0, help="seconds of load")
-    ap.add_argument("--warmup", type=int, default=5000, help="requests before RSS counts (least)")
+    ap.add_argument(
+        "--warmup", type=int, default=5000, help="at least this many requests are warm-up"
+    )
     ap.add_argument(
         "--warmup-fraction",
         type=float,
