@@ -16,7 +16,8 @@ otherwise. Also reported: requests, their rate, answers by status, transport err
 database's size and the engine's restarts. ``--out`` writes it all (with every sample) as
 JSON.
 
-The load: native and OpenAI-compatible classification, streamed and not; listings with
+The load: native and OpenAI-compatible classification, streamed and not, on a context
+replaced (created anew, the old one deleted) whenever its budget is spent; listings with
 cursors; key creation, use and revocation; refusals (404 of a missing context and of
 paths never seen, 422, 402 of an exhausted budget, 429 of a rate limit); readiness with
 request ids never seen; metrics. The oracle simulator by default (about a hundred
@@ -107,13 +108,38 @@ def _context(tenant: str, budget: float) -> dict[str, object]:
     }
 
 
-async def _one(c: httpx.AsyncClient, rng: random.Random, cid: str, poor: str) -> None:
+@dataclass
+class Contexts:
+    """The context answered (replaced by a new one of the same ``budget`` when it is
+    spent) and the one whose budget is always spent (402)."""
+
+    cid: str
+    poor: str
+    budget: float
+    replaced: int = 0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def replace(self, c: httpx.AsyncClient, spent: str) -> None:
+        async with self.lock:
+            if self.cid != spent:
+                return  # another worker replaced it first
+            admin = {"Authorization": f"Bearer {ADMIN}"}
+            r = await c.post("/v1/contexts", json=_context("soak", self.budget), headers=admin)
+            self.cid = r.json()["id"]
+            self.replaced += 1
+            await c.delete(f"/v1/contexts/{spent}", headers=admin)
+
+
+async def _one(c: httpx.AsyncClient, rng: random.Random, ctx: Contexts) -> None:
     admin = {"Authorization": f"Bearer {ADMIN}"}
     user = {"Authorization": f"Bearer {USER}"}
     q = f"Record {rng.randrange(10_000)}: invoice paid"
+    cid, poor = ctx.cid, ctx.poor
     kind = rng.random()
     if kind < 0.35:
-        await c.post("/v1/classify", json={"context_id": cid, "query": q}, headers=user)
+        r = await c.post("/v1/classify", json={"context_id": cid, "query": q}, headers=user)
+        if r.status_code == 402:
+            await ctx.replace(c, cid)
     elif kind < 0.5:
         body = {"model": cid, "messages": [{"role": "user", "content": q}]}
         await c.post("/v1/chat/completions", json=body, headers=user)
@@ -162,11 +188,13 @@ class Sample:
 
 @dataclass
 class Load:
-    """What the load saw: answers by status, transport errors by type, operations run."""
+    """What the load saw: answers by status, transport errors by type, operations run,
+    contexts replaced."""
 
     statuses: collections.Counter[int] = field(default_factory=collections.Counter)
     errors: collections.Counter[str] = field(default_factory=collections.Counter)
     operations: int = 0
+    contexts_replaced: int = 0
 
     @property
     def requests(self) -> int:
@@ -196,8 +224,11 @@ async def _run_load(
     engine_pids: list[int] = []
     hooks = {"response": [load.on_response]}
     async with httpx.AsyncClient(base_url=url, timeout=60, event_hooks=hooks) as c:
-        cid = (await c.post("/v1/contexts", json=_context("soak", 1000.0), headers=admin)).json()
+        cid = (
+            await c.post("/v1/contexts", json=_context("soak", args.budget), headers=admin)
+        ).json()
         poor = (await c.post("/v1/contexts", json=_context("soak", 0.01), headers=admin)).json()
+        ctx = Contexts(cid["id"], poor["id"], args.budget)
         for _ in range(3):
             await c.post("/v1/contexts", json=_context("other", 1.0), headers=admin)
         t0 = time.monotonic()
@@ -206,7 +237,7 @@ async def _run_load(
         async def worker() -> None:
             while time.monotonic() < t_end:
                 try:
-                    await _one(c, rng, cid["id"], poor["id"])
+                    await _one(c, rng, ctx)
                 except (httpx.HTTPError, ValueError, KeyError) as exc:  # counted, not fatal
                     load.errors[type(exc).__name__] += 1
                 load.operations += 1
@@ -238,6 +269,7 @@ async def _run_load(
                 for p in {server_pid, *engine_pids[-1:]}:
                     os.kill(p, signal.SIGUSR1)
         await asyncio.gather(*tasks)
+    load.contexts_replaced = ctx.replaced
     return load, samples, engine_pids
 
 
@@ -259,6 +291,7 @@ def summarise(
         "engine": args.engine,
         "engine_process_setting": args.engine_process,
         "concurrency": args.concurrency,
+        "budget": args.budget,
         "requests": total,
         "operations": load.operations,
         "requests_per_s": total / args.duration,
@@ -267,6 +300,7 @@ def summarise(
             str(k): v for k, v in sorted(load.statuses.items()) if k not in EXPECTED
         },
         "transport_errors": dict(load.errors),
+        "contexts_replaced": load.contexts_replaced,
         "engine_process": bool(engine_pids),
         "engine_restarts": max(len(engine_pids) - 1, 0),
         "warmup_rule": f"max({args.warmup} requests, {args.warmup_fraction:g} of the run)",
@@ -301,7 +335,7 @@ def _report(result: dict[str, Any]) -> None:
         f"{result['duration_s']:.0f} s, {result['requests_per_s']:.1f}/s; by status "
         f"{result['statuses']}; unexpected statuses {result['unexpected_statuses'] or 'none'}; "
         f"transport errors {result['transport_errors'] or 'none'}; engine restarts "
-        f"{result['engine_restarts']}"
+        f"{result['engine_restarts']}; contexts spent and replaced {result['contexts_replaced']}"
     )
     print(f"warm-up: {result['warmup_rule']} = {result['warmup_requests']} requests")
     if not result["engine_process"]:
@@ -342,6 +376,13 @@ def main() -> None:
         help="share of the run's requests that is warm-up (the larger of the two rules wins)",
     )
     ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument(
+        "--budget",
+        type=float,
+        default=100.0,
+        help="epsilon budget of the context answered: spent in a few minutes, so contexts "
+        "are created and deleted all through a run (their caches and metric series go too)",
+    )
     ap.add_argument("--engine", default="oracle")
     ap.add_argument(
         "--engine-process",
