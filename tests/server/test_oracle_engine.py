@@ -18,9 +18,11 @@ from dpicl.engines.oracle.engine import (
     LOSER_LOGPROB,
     ORACLE_EOS_ID,
     ORACLE_VOCAB_SIZE,
+    TOKEN_MEMO_CHARS,
     OracleEngine,
     membership_label_options,
     membership_text_options,
+    token_memo_size,
 )
 from dpicl.errors import InvalidRequest
 
@@ -248,3 +250,25 @@ async def test_decoding_rejects_bad_arguments(oracle: OracleEngine) -> None:
     s = await oracle.open_decoding(prompts, zero_shot_index=0, top_k=5)
     with pytest.raises(InvalidRequest):
         await s.advance(ORACLE_VOCAB_SIZE)
+
+
+async def test_its_memo_keeps_exemplars_not_queries_and_stays_bounded(
+    oracle: OracleEngine,
+) -> None:
+    """Distinct queries add nothing to the memo (it held every query's token set, up to
+    65,536 of them: the soak, issue 47), and distinct exemplars never take it past its
+    limit; answers are the same with the memo full or cleared."""
+    exemplars = [Exemplar("invoice paid on time", "Yes"), Exemplar("invoice never paid", "No")]
+    await oracle.score_labels([spec("warm-up", exemplars)], ["Yes", "No"])
+    before = token_memo_size()
+    queries = [
+        spec(f"query {i}: was invoice {i} paid on time? " * 20, exemplars) for i in range(500)
+    ]
+    scores = await oracle.score_labels(queries, ["Yes", "No"])
+    assert token_memo_size() == before
+    assert (scores[:, 0] == 0.0).all()  # the nearer exemplar by token-set Jaccard
+    for i in range(300):  # 300 contexts of 100 exemplars of ~40 characters: 1.2 M characters
+        many = [Exemplar(f"context {i} exemplar {j} about invoice {j}", "No") for j in range(100)]
+        await oracle.score_labels([spec(f"context {i} exemplar 7", many)], ["Yes", "No"])
+        entries, chars = token_memo_size()
+        assert chars <= TOKEN_MEMO_CHARS, (i, entries, chars)

@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import func, select
 
 from dpicl.store.charges import Charged, Refused
-from dpicl.store.keys import INTERNAL, Principal
+from dpicl.store.keys import INTERNAL, Principal, revoke_key
+from dpicl.store.models import RateEventRow
 from dpicl.store.repository import ContextRepository
 from tests.server.test_group_commit import _context, _key
 
@@ -78,6 +80,31 @@ def test_the_limit_holds_across_the_minute_boundary_and_retry_after_is_exact(url
         # The context's ledger counted only the answers (refusals roll back).
         ctx = asyncio.run(repo.get(cid))
         assert ctx is not None and ctx.queries == 6
+    finally:
+        repo.dispose()
+
+
+def _rate_rows(repo: ContextRepository) -> int:
+    with repo.engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(RateEventRow)).scalar_one())
+
+
+@pytest.mark.postgres
+def test_the_rate_log_stays_bounded_as_keys_come_and_go(url: str) -> None:
+    """The log holds at most ``rate_limit`` entries per live key, however many keys were
+    used and revoked: a revoked key is never charged again, so its entries went only with
+    it (the soak, issue 47, found them left behind: 2 rows per key, for ever)."""
+    limit = 2
+    repo, clock, cid, live = _setup(url, limit=limit)
+    try:
+        for i in range(25):
+            key = asyncio.run(_key(repo, rate_limit=limit))
+            outs = [_ask(repo, cid, key, T0 + 30 * i + j / 1000, clock) for j in range(limit + 1)]
+            assert [type(o) for o in outs] == [Charged] * limit + [Refused]
+            kid = key.key_id
+            assert asyncio.run(repo.run(lambda conn, kid=kid: revoke_key(conn, kid), write=True))
+            _ask(repo, cid, live, T0 + 30 * i + 1, clock)  # the live key: one every 30 s
+            assert _rate_rows(repo) <= limit, i
     finally:
         repo.dispose()
 

@@ -26,12 +26,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, cast
 
-from sqlalchemy import Connection, Table, case, func, insert, select, update
+from sqlalchemy import Connection, Table, case, delete, func, insert, select, update
 
-from dpicl.store.models import KeyRow, SpendRow
+from dpicl.store.models import KeyRow, RateEventRow, SpendRow
 
 KEY_PREFIX = "dpk_"
 _KEYS = cast(Table, KeyRow.__table__)
+_RATE = cast(Table, RateEventRow.__table__)
 _SPEND = cast(Table, SpendRow.__table__)
 
 PrincipalKind = Literal["admin", "static", "key", "internal"]
@@ -210,13 +211,22 @@ def list_keys(
 
 
 def revoke_key(conn: Connection, key_id: str) -> bool:
-    """Revoke ``key_id``; False when there is no such live key."""
+    """Revoke ``key_id`` and delete its rate-limit log; False when there is no such live key.
+
+    The log's entries of a key are otherwise deleted only by that key's next charge
+    (:mod:`dpicl.store.charges`), which a revoked key never has: each revoked key left up
+    to ``rate_limit`` rows behind for ever (found by the soak, issue 47). A charge of this
+    key already past its UPDATE holds the key's row lock, so this waits for it (PostgreSQL)
+    or runs before or after it (SQLite's one writer); either way nothing is logged after."""
     res = conn.execute(
         update(_KEYS)
         .where(_KEYS.c.id == key_id, _KEYS.c.revoked_at.is_(None))
         .values(revoked_at=datetime.now(UTC))
     )
-    return bool(getattr(res, "rowcount", 0))
+    revoked = bool(getattr(res, "rowcount", 0))
+    if revoked:
+        conn.execute(delete(_RATE).where(_RATE.c.key_id == key_id))
+    return revoked
 
 
 @dataclass(frozen=True, slots=True)
