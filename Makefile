@@ -68,14 +68,16 @@ test: install lint typecheck
 test-long: install
 	$(BIN)/pytest -q $(XDIST) -m long
 
-# The quick loop before every commit (under 3 minutes on 2 cores, README "Tests"): lint,
-# format, types (mypy's cache makes a second run incremental) and the tests that start no
-# real model, no server process and no PostgreSQL database (not `slow`, not `postgres`).
+# The quick loop before every commit (README "Tests" says how long it takes): lint, format,
+# types (mypy's cache makes a second run incremental) and the server's and the auditor's
+# tests that load no real model, start no server process and need no PostgreSQL (not
+# `slow`, not `postgres`); tests/e2e (end to end, positive controls) is left to `make test`.
 check: install
 	$(BIN)/ruff check services auditor tests bench examples
 	$(BIN)/ruff format --check services auditor tests bench examples
 	$(BIN)/mypy
-	$(BIN)/pytest -q $(XDIST) -x -m "not slow and not long and not postgres and not gpu"
+	$(BIN)/pytest -q $(XDIST) -x -m "not slow and not long and not postgres and not gpu" \
+	  tests/server tests/auditor
 
 # The vLLM engine on its CPU build: one engine shared by the tests in tests/vllm, and one
 # real `dpicl serve` process with DPICL_ENGINE=vllm.

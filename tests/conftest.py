@@ -33,6 +33,14 @@ def _share_the_cores() -> None:
     server subprocesses set their own thread count (``dpicl.engines.threads``)."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        # An xdist worker starts with COLUMNS=80 and LINES=24 in its environment, which a
+        # serial run does not have; rich fixes a console's width from COLUMNS when the
+        # console is made (at import), so a CLI test's own COLUMNS would then be ignored
+        # (tests/auditor/test_utility_card.py's 100-column table came out at 80).
+        for name, value in (("COLUMNS", "80"), ("LINES", "24")):
+            if os.environ.get(name) == value:
+                del os.environ[name]
     if workers > 1:
         from dpicl.engines.threads import usable_cores
 
