@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install vllm-env test test-long test-vllm lint typecheck unit serve demo openapi bench clean
+.PHONY: install vllm-env test test-long test-vllm check lint typecheck unit serve demo openapi bench clean
 
 install: $(STAMP)
 
@@ -50,15 +50,34 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
+# The suite on TEST_WORKERS processes (pytest-xdist). --dist loadscope keeps each module's
+# tests in one worker, so a module-scoped server or model is started once, not once per
+# worker. Many tests wait on a server subprocess or a model load, so 2 workers keep both
+# cores busy where 1 leaves one idle (README "Tests" has the measured times).
+# TEST_WORKERS=0 runs in this process, serially.
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadscope
+
 test: install lint typecheck
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q $(XDIST)
 	$(MAKE) test-vllm
 
 # The tests marked `long` (over about 25 s each on 2 cores: whole default audits, repeated
 # runs, real-model end-to-end audits), which `make test` leaves out to stay well inside 30
 # minutes. CI runs them after `make test`.
 test-long: install
-	$(BIN)/pytest -q -m long
+	$(BIN)/pytest -q $(XDIST) -m long
+
+# The quick loop before every commit (README "Tests" says how long it takes): lint, format,
+# types (mypy's cache makes a second run incremental) and the server's and the auditor's
+# tests that load no real model, start no server process and need no PostgreSQL (not
+# `slow`, not `postgres`); tests/e2e (end to end, positive controls) is left to `make test`.
+check: install
+	$(BIN)/ruff check services auditor tests bench examples
+	$(BIN)/ruff format --check services auditor tests bench examples
+	$(BIN)/mypy
+	$(BIN)/pytest -q $(XDIST) -x -m "not slow and not long and not postgres and not gpu" \
+	  tests/server tests/auditor
 
 # The vLLM engine on its CPU build: one engine shared by the tests in tests/vllm, and one
 # real `dpicl serve` process with DPICL_ENGINE=vllm.

@@ -19,6 +19,36 @@ __all__ = ["ADMIN", "USER", "ServerProcess", "admin_headers", "free_port", "user
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+
+def _share_the_cores() -> None:
+    """Set this test process's OpenMP threads before torch loads (this file is imported
+    before any test module, so before torch).
+
+    Passive waiting: by default torch's OpenMP threads spin while they wait, taking the
+    cores from the server subprocesses, the other xdist worker and the other users of a
+    shared machine (issue 30 measured 107-114 s spinning vs 5.5-8 s passive for the same
+    generations on 2 loaded cores; ``dpicl serve`` sets the same default). One intra-op
+    thread per worker under ``pytest -n N``: N workers at torch's default (every core) would
+    run N times as many threads as cores. An explicit OMP_WAIT_POLICY / OMP_NUM_THREADS wins;
+    server subprocesses set their own thread count (``dpicl.engines.threads``)."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        # An xdist worker starts with COLUMNS=80 and LINES=24 in its environment, which a
+        # serial run does not have; rich fixes a console's width from COLUMNS when the
+        # console is made (at import), so a CLI test's own COLUMNS would then be ignored
+        # (tests/auditor/test_utility_card.py's 100-column table came out at 80).
+        for name, value in (("COLUMNS", "80"), ("LINES", "24")):
+            if os.environ.get(name) == value:
+                del os.environ[name]
+    if workers > 1:
+        from dpicl.engines.threads import usable_cores
+
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, usable_cores() // workers)))
+
+
+_share_the_cores()
+
 PG_ADMIN_URL = os.environ.get("DPICL_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
 
