@@ -44,8 +44,10 @@ _DEFAULT_OUT = Path("runs")
 LabelCalibrationOpt = Annotated[
     str | None,
     typer.Option(
-        help="Voting: none | content-free (contextual calibration of each partition's label "
-        "scores, Zhao et al. 2021; the baselines too). (default: none)"
+        help="Voting: none | content-free | exemplars (calibration of each partition's label "
+        "scores: by the content-free input 'N/A', Zhao et al. 2021, or by the partition's "
+        "own exemplars, Zhou et al. 2024; the few-shot baseline too, zero-shot under "
+        "content-free only). (default: none)"
     ),
 ]
 

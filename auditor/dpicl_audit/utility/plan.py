@@ -101,11 +101,13 @@ class UtilityPlan(BaseModel):
     contexts: int = Field(default=4, ge=1, le=1000, description="Exemplar draws per cell.")
     delta: float = Field(default=1e-5, gt=0.0, lt=1.0)
     max_tokens: int | None = Field(default=None, ge=1, le=1024)
-    label_calibration: Literal["none", "content-free"] = Field(
+    label_calibration: Literal["none", "content-free", "exemplars"] = Field(
         default="none",
         description="Voting's label_calibration on every context (content-free: contextual "
-        "calibration, Zhao et al. 2021; the zero-shot and few-shot baselines are calibrated "
-        "the same way).",
+        "calibration, Zhao et al. 2021; exemplars: batch calibration by each partition's own "
+        "exemplars, Zhou et al. 2024). The few-shot baseline is calibrated the same way; the "
+        "zero-shot baseline too under content-free, and uncalibrated under exemplars (it has "
+        "none).",
     )
     baselines: bool = True
     seed: int = Field(default=2026, ge=0, lt=2**63)
