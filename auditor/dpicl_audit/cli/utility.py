@@ -47,7 +47,7 @@ LabelCalibrationOpt = Annotated[
         help="Voting: none | content-free | exemplars (calibration of each partition's label "
         "scores: by the content-free input 'N/A', Zhao et al. 2021, or by the partition's "
         "own exemplars, Zhou et al. 2024; the few-shot baseline too, zero-shot under "
-        "content-free only). (default: none)"
+        "content-free only). (default: exemplars)"
     ),
 ]
 
@@ -106,8 +106,8 @@ def utility(
     dataset: Annotated[
         str | None,
         typer.Option(
-            help="bbc-news, a bundled set (news-mini, reviews-mini, dialogsum-mini: "
-            "generation), or a JSONL/CSV file with input/output. (default: bbc-news)"
+            help="A bundled set (reviews-mini, news-mini, dialogsum-mini: generation), "
+            "bbc-news, or a JSONL/CSV file with input/output. (default: reviews-mini)"
         ),
     ] = None,
     epsilons: Annotated[
