@@ -78,7 +78,9 @@ def _new_plan(
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "plan"
         msg = str(first["msg"]).removeprefix("Value error, ")
-        err_console.print(f"[bold red]error:[/bold red] {where}: {msg}")
+        # A choice's message lists the choices, not what was given: name that too.
+        got = f" (got {first['input']!r})" if first["type"] == "literal_error" else ""
+        err_console.print(f"[bold red]error:[/bold red] {where}: {msg}{got}", highlight=False)
         raise typer.Exit(2) from None
     if plan.target.admin_token is None and plan.target.context_hook is None:
         err_console.print(

@@ -90,7 +90,8 @@ class BiasCache:
         return len(self._items)
 
 
-#: T x L floats per context: 4,096 contexts hold well under 100 MB even at T = 256, L = 10.
+#: T x L floats per context (20 KiB at T = 256, L = 10): 4,096 contexts hold at most about
+#: 80 MiB. A deleted context's entry is never read again (ids are not reused) and ages out.
 EXEMPLAR_BIASES = BiasCache(max_entries=4096)
 
 
