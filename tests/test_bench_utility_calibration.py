@@ -1,19 +1,30 @@
-"""bench/utility_calibration.py: its calibration and, on the oracle simulator, its rows.
+"""bench/utility_calibration.py: its calibration and, on the oracle simulator, its rows; the
+server's exemplar calibration against the bench's, on the bundled model.
 
 The real figures on the bundled SmolLM2 are in docs/utility.md. Deterministic: the draws and
 the sampled releases come from the bench's seed."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
 
-from dpicl.pipelines.votes import content_free_calibrated
+from dpicl.domain import DEFAULT_TEMPLATES
+from dpicl.mechanisms.voting.mechanism import VOTING, VotingSettings
+from dpicl.mechanisms.voting.pipeline import paid_scores
+from dpicl.pipelines.partitions import partition_exemplar_prompts
+from dpicl.pipelines.votes import content_free_calibrated, exemplar_bias, exemplar_calibrated
+from dpicl.store.records import StoredContext
+from dpicl_audit.datasets import load_dataset
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "utility_calibration.py"
 
@@ -63,3 +74,84 @@ def test_rows_on_the_oracle(capsys: pytest.CaptureFixture[str]) -> None:
         assert row[f"one partition (2) {cal}"]["n"] == 8
     assert "few-shot exemplars" in row and "zero-shot exemplars" not in row
     assert row["majority"]["label"] in row["labels"]
+
+
+def test_the_servers_exemplar_calibration_is_the_benchs_on_partition_rows() -> None:
+    # The server's exemplar-batch bias is the bench's calibration with the partition's own
+    # exemplar rows as the reference (the bench measured; the server serves).
+    rng = np.random.default_rng(7)
+    scores, reference = rng.normal(size=(1, 3)) * 4, rng.normal(size=(5, 3)) * 4
+    server = exemplar_calibrated(scores, exemplar_bias(reference))
+    assert np.allclose(server, _bench().calibrated(scores, reference))
+
+
+class _Free:
+    """A ledger that charges nothing (the engine is what this test checks)."""
+
+    async def charge(self, context: StoredContext, cost: object) -> SimpleNamespace:
+        return SimpleNamespace(context=context)
+
+    async def settle(self, receipt: object) -> None:
+        return None
+
+    async def refund(self, receipt: object) -> None:
+        return None
+
+
+@pytest.mark.slow
+@pytest.mark.long  # 157 s on 2 loaded cores (the bundled model, 2 x 8 exemplar prompts)
+def test_the_server_path_scores_as_the_bench_on_the_bundled_model() -> None:
+    """The voting pipeline with ``label_calibration="exemplars"`` on the real bundled model
+    gives, partition by partition, the bench's exemplar-calibrated scores for the same
+    exemplars (the bench's prompts, its engine calls): what docs/utility.md measured in the
+    bench is what the server answers with. It also moves the scores (not the raw ones)."""
+    from tests.server.real_model import load_bundled
+
+    data = load_dataset("reviews-mini")
+    shots = tuple((e.input, e.output) for e in data.examples[:8])
+    query = data.examples[40].input
+    cal = VOTING.calibrate(VotingSettings(epsilon=8.0, partitions=2, partition_seed=3), 8)
+    ctx = StoredContext(
+        id="ctx_" + "b" * 24,
+        name=None,
+        task="classification",
+        labels=data.labels,
+        exemplars=shots,
+        template=DEFAULT_TEMPLATES["classification"],
+        mechanism=VOTING.record(cal),
+        budget=None,
+        mu2_spent=0.0,
+        mu2_max=None,
+        queries=0,
+        max_queries=None,
+        created_at=datetime.now(UTC),
+    )
+    engine = load_bundled()
+
+    async def run() -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+        ledger: Any = _Free()
+        cost = VOTING.cost(cal)
+        _, first = await paid_scores(
+            ctx, query, cost, engine=engine, ledger=ledger, label_calibration="exemplars"
+        )
+        _, cached = await paid_scores(
+            ctx, query, cost, engine=engine, ledger=ledger, label_calibration="exemplars"
+        )
+        scorer = _bench()._Scorer(engine, list(data.labels))
+        bench = []
+        for prompts in partition_exemplar_prompts(ctx):
+            shots_t = list(prompts[0].exemplars)
+            bench.append(await scorer.votes(shots_t, [query]))
+        return first, cached, bench
+
+    try:
+        first, cached, bench = asyncio.run(run())
+    finally:
+        asyncio.run(engine.aclose())
+    want = np.concatenate([b["exemplars"] for b in bench], axis=0)
+    raw = np.concatenate([b["none"] for b in bench], axis=0)
+    assert np.allclose(first, want, atol=1e-4), (first, want)
+    assert np.allclose(cached, first, atol=1e-4)
+    # The calibration is not a constant shift of the raw scores: the label margins move.
+    margin = lambda s: s[:, 0] - s[:, 1]  # noqa: E731
+    assert np.all(np.abs(margin(want) - margin(raw)) > 1e-3)

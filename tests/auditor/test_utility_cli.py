@@ -17,6 +17,8 @@ from dpicl_audit.cli import app
         (["--epsilons", "0"], "finite number above 0"),
         (["--partitions", "2.5"], "whole numbers"),
         (["--queries", "0"], "queries"),
+        (["--label-calibration", "batch"], "label_calibration: Input should be"),
+        (["--label-calibration", "batch"], "(got 'batch')"),
     ],
 )
 def test_bad_plans_exit_2_naming_the_value(args: list[str], said: str, tmp_path: Path) -> None:

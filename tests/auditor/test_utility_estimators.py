@@ -8,6 +8,7 @@ from scipy.stats import beta
 
 from dpicl_audit.errors import InvalidPlan
 from dpicl_audit.store import TrialRecord
+from dpicl_audit.utility.contexts import calibration_note
 from dpicl_audit.utility.estimators import (
     accuracy_interval,
     bootstrap_interval,
@@ -96,7 +97,8 @@ def test_draws_are_disjoint_from_the_queries_and_reproducible() -> None:
 
 def test_plan_infers_the_task_and_checks_the_grid() -> None:
     assert UtilityPlan(dataset="dialogsum-mini").mechanism == "esa"
-    assert UtilityPlan().task == "classification" and UtilityPlan().dataset == "bbc-news"
+    assert UtilityPlan().task == "classification" and UtilityPlan().dataset == "reviews-mini"
+    assert UtilityPlan().label_calibration == "exemplars"
     with pytest.raises(ValueError, match="larger than the exemplars"):
         UtilityPlan(partitions=[32], exemplars=16)
     with pytest.raises(ValueError, match="finite number above 0"):
@@ -128,3 +130,26 @@ def test_summary_counts_correct_answers_and_the_ledger_spend() -> None:
     assert cells["zero-shot"]["queries"] == 0 and cells["zero-shot"]["refused"] == "no"
     # Per draw: the private cell's spend only (baselines hold public stand-ins): 1.0.
     assert out["spent_epsilon_per_exemplar"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("mode", "zero", "few"),
+    [
+        ("none", "", ""),
+        ("content-free", "content-free input", "content-free input"),
+        ("exemplars", "uncalibrated (no exemplars", "draw's own exemplars"),
+    ],
+)
+def test_each_baseline_says_how_it_was_calibrated(mode: str, zero: str, few: str) -> None:
+    plan = UtilityPlan(label_calibration=mode)  # type: ignore[arg-type]
+    cells = {c.kind: c for c in plan.cells()}
+    for kind, want in (("zero-shot", zero), ("few-shot", few)):
+        note = calibration_note(plan, cells[kind])
+        assert (want in note) if want else note == ""
+    # A generation task has no label scores to calibrate.
+    assert calibration_note(UtilityPlan(dataset="dialogsum-mini"), cells["few-shot"]) == ""
+
+
+def test_an_unknown_calibration_is_refused_naming_it() -> None:
+    with pytest.raises(ValueError, match="label_calibration"):
+        UtilityPlan(label_calibration="batch")  # type: ignore[arg-type]

@@ -44,8 +44,10 @@ _DEFAULT_OUT = Path("runs")
 LabelCalibrationOpt = Annotated[
     str | None,
     typer.Option(
-        help="Voting: none | content-free (contextual calibration of each partition's label "
-        "scores, Zhao et al. 2021; the baselines too). (default: none)"
+        help="Voting: none | content-free | exemplars (calibration of each partition's label "
+        "scores: by the content-free input 'N/A', Zhao et al. 2021, or by the partition's "
+        "own exemplars, Zhou et al. 2024; the few-shot baseline too, zero-shot under "
+        "content-free only). (default: exemplars)"
     ),
 ]
 
@@ -76,7 +78,9 @@ def _new_plan(
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "plan"
         msg = str(first["msg"]).removeprefix("Value error, ")
-        err_console.print(f"[bold red]error:[/bold red] {where}: {msg}")
+        # A choice's message lists the choices, not what was given: name that too.
+        got = f" (got {first['input']!r})" if first["type"] == "literal_error" else ""
+        err_console.print(f"[bold red]error:[/bold red] {where}: {msg}{got}", highlight=False)
         raise typer.Exit(2) from None
     if plan.target.admin_token is None and plan.target.context_hook is None:
         err_console.print(
@@ -104,8 +108,8 @@ def utility(
     dataset: Annotated[
         str | None,
         typer.Option(
-            help="bbc-news, a bundled set (news-mini, reviews-mini, dialogsum-mini: "
-            "generation), or a JSONL/CSV file with input/output. (default: bbc-news)"
+            help="A bundled set (reviews-mini, news-mini, dialogsum-mini: generation), "
+            "bbc-news, or a JSONL/CSV file with input/output. (default: reviews-mini)"
         ),
     ] = None,
     epsilons: Annotated[

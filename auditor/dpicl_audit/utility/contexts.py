@@ -27,6 +27,20 @@ from dpicl_audit.utility.plan import FEW_SHOT, ZERO_SHOT, Cell, Draws, UtilityPl
 __all__ = ["RunContexts"]
 
 
+def calibration_note(plan: UtilityPlan, cell: Cell) -> str:
+    """How a baseline's label scores were calibrated, in words: the server calibrates the
+    zero-shot answer by the content-free input, and not at all under "exemplars" (it has no
+    exemplar to estimate a bias from)."""
+    mode = plan.label_calibration
+    if plan.task != "classification" or mode == "none":
+        return ""
+    if mode == "content-free":
+        return "; calibrated by the content-free input 'N/A'"
+    if cell.kind == "zero-shot":
+        return "; uncalibrated (no exemplars to calibrate by)"
+    return "; calibrated by the draw's own exemplars (batch calibration)"
+
+
 @dataclass
 class RunContexts:
     """A utility run's contexts: one per (cell, exemplar draw)."""
@@ -123,12 +137,13 @@ class RunContexts:
             return (
                 f"POST {path} on {where}: the clean answer of one partition holding every "
                 "exemplar of the draw (T=1, no noise; DPICL_WHITEBOX=internal)"
+                + calibration_note(self.plan, cell)
             )
         if cell.kind == "zero-shot":
             if self.baseline is not None:
                 return (
                     f"POST /v1/zero-shot on {where}: the context's template and labels with "
-                    "no exemplar (no noise, no privacy charge)"
+                    "no exemplar (no noise, no privacy charge)" + calibration_note(self.plan, cell)
                 )
             return "the target's chat completions on a context without exemplars (its hook)"
         if self.plan.target.api == "openai":

@@ -260,6 +260,10 @@ def _interval(v: Mapping[str, Any] | None) -> str:
     return f"{v['value']:.3f} [{v['low']:.3f}, {v['high']:.3f}]"
 
 
+#: The table title's word for a run's label calibration (voting's ``label_calibration``).
+_CALIBRATED = {"content-free": " (content-free calibrated)", "exemplars": " (exemplar calibrated)"}
+
+
 def print_utility(results: Mapping[str, Any], console: Console) -> None:
     """The per-cell table, baselines first."""
     metric = results["metric"]
@@ -267,11 +271,7 @@ def print_utility(results: Mapping[str, Any], console: Console) -> None:
     title = "accuracy [95% CI]" if metric == "accuracy" else "ROUGE-L [95% CI]"
     table = Table(
         title=f"utility of {results['mechanism']}"
-        + (
-            " (content-free calibrated)"
-            if results.get("label_calibration") == "content-free"
-            else ""
-        )
+        + _CALIBRATED.get(str(results.get("label_calibration")), "")
         + f" on {results['dataset']} ({results.get('run_id', '')})",
         box=box.SIMPLE_HEAVY,
     )

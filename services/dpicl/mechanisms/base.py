@@ -94,7 +94,9 @@ class Sampling:
     temperature: float = 0.0  # 0: argmax
     max_tokens: int | None = None  # a generation's tokens; None: the server's default
     #: "content-free": label scores divided by a content-free input's (contextual
-    #: calibration, Zhao et al. 2021), as the context's partitions score; "none": raw.
+    #: calibration, Zhao et al. 2021), as the context's partitions score; "none": raw;
+    #: "exemplars": the partitions' own exemplars (batch calibration), which the zero-shot
+    #: baseline has none of, so it answers uncalibrated.
     label_calibration: str = "none"
 
 

@@ -156,6 +156,33 @@ def partition_prompts(context: StoredContext, query: str) -> list[PromptSpec]:
     ]
 
 
+def partition_exemplar_prompts(context: StoredContext) -> list[list[PromptSpec]]:
+    """Per partition t, its own exemplars' inputs each asked as a query under partition t's
+    prompt (the batch of batch calibration, Zhou et al. 2024): the same prompts
+    :func:`partition_prompts` makes, with the same zero-shot fallback, so partition t's
+    list depends on partition t's exemplars and the public template only."""
+    plans = _PLANS.get(context)
+    layout = context.record_as(PartitionLayout)
+    groups = _partition_positions(
+        context.exemplars, layout.partitions, layout.partition_seed, layout.partitioning
+    )
+    out: list[list[PromptSpec]] = []
+    for t, (p, group) in enumerate(zip(plans.partitions, groups, strict=True)):
+        inputs = [context.exemplars[i][0] for i in group]
+        out.append(
+            [
+                p.prompt(
+                    x,
+                    cache_scope=context.id,
+                    cache_key=prefix_cache_key(context, t),
+                    fallback=_zero_shot(context, x, plans.zero),
+                )
+                for x in inputs
+            ]
+        )
+    return out
+
+
 def _zero_shot(context: StoredContext, query: str, zero: PromptPlan) -> PromptSpec:
     return zero.prompt(query, cache_scope=context.id, cache_key=prefix_cache_key(context, "zero"))
 

@@ -17,6 +17,8 @@ __all__ = [
     "CONTENT_FREE",
     "argmax_uniform_ties",
     "content_free_calibrated",
+    "exemplar_bias",
+    "exemplar_calibrated",
     "partition_votes",
 ]
 
@@ -80,18 +82,50 @@ def partition_votes(scores: FloatArray, temperature: float, rng: np.random.Gener
 CONTENT_FREE = "N/A"
 
 
+def _log_softmax(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """Row-wise log-softmax; a row with a non-finite score stays non-finite."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        m = np.max(x, axis=1, keepdims=True)
+        out = x - m - np.log(np.sum(np.exp(x - m), axis=1, keepdims=True))
+        return np.asarray(out, dtype=np.float64)
+
+
 def content_free_calibrated(
     scores: npt.NDArray[np.float64], free: npt.NDArray[np.float64]
 ) -> npt.NDArray[np.float64]:
     """Row by row: log-softmax of ``scores`` minus log-softmax of ``free`` (the content-free
     input's scores under the same exemplars). A row with a non-finite score stays
     non-finite, so that its partition abstains as it would uncalibrated."""
-
-    def log_softmax(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-        with np.errstate(invalid="ignore", over="ignore"):
-            m = np.max(x, axis=1, keepdims=True)
-            out = x - m - np.log(np.sum(np.exp(x - m), axis=1, keepdims=True))
-            return np.asarray(out, dtype=np.float64)
-
     with np.errstate(invalid="ignore"):
-        return log_softmax(scores) - log_softmax(free)
+        return _log_softmax(scores) - _log_softmax(free)
+
+
+def exemplar_bias(reference: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """One partition's label bias (1, L) from its own exemplar inputs' scores (k, L), each
+    scored as a query under that partition's prompt: the mean of their log-softmax rows.
+
+    Batch calibration (Zhou et al. 2024, "Batch Calibration", Section 4) estimates the
+    contextual bias as the mean label distribution of a batch of inputs under the prompt; the
+    batch here is the partition's exemplars, so the bias is a function of that partition
+    alone. The mean is taken in log space (the geometric mean of the distributions, as
+    bench/utility_calibration.py measured it); :func:`exemplar_calibrated` subtracts it. No
+    exemplar (k = 0): a zero bias, i.e. the scores stay uncalibrated. An
+    unusable exemplar row makes the bias non-finite, and the partition abstains."""
+    r = np.asarray(reference, dtype=np.float64)
+    if r.ndim != 2:
+        raise ValueError(f"reference must be a (k, L) array, got shape {r.shape}")
+    if r.shape[0] == 0:
+        return np.zeros((1, r.shape[1]), dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        return np.asarray(_log_softmax(r).mean(axis=0, keepdims=True), dtype=np.float64)
+
+
+def exemplar_calibrated(
+    scores: npt.NDArray[np.float64], bias: npt.NDArray[np.float64]
+) -> npt.NDArray[np.float64]:
+    """Row by row: log-softmax of the query's ``scores`` (T, L) minus partition t's
+    :func:`exemplar_bias` (row t of ``bias``): the label probabilities divided by the
+    partition's mean exemplar distribution (Zhou et al. 2024). A non-finite row (score or
+    bias) stays non-finite, so that its partition abstains."""
+    with np.errstate(invalid="ignore"):
+        return np.asarray(_log_softmax(scores) - bias, dtype=np.float64)

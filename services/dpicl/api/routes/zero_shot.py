@@ -56,6 +56,8 @@ async def zero_shot(
             both = np.asarray(await svc.engine.score_labels([prompt, free], ctx.labels))
             scores = content_free_calibrated(both[:1], both[1:])
         else:
+            # "none", and "exemplars" (batch calibration by the partition's exemplars): with
+            # no exemplar there is no batch to estimate a bias from, so the baseline is raw.
             scores = await svc.engine.score_labels([prompt], ctx.labels)
         # One "partition" holding no exemplar votes as a voting partition does (argmax at
         # temperature 0, ties at random; None where the scores were unusable).

@@ -27,13 +27,18 @@ class VotingSettings(PartitionedGaussian):
 
     name: Literal["voting"] = "voting"
     temperature: Float = Field(default=0.0, ge=0.0, le=10.0)
-    label_calibration: Literal["none", "content-free"] = Field(
+    label_calibration: Literal["none", "content-free", "exemplars"] = Field(
         default="none",
         description="content-free: contextual calibration (Zhao et al. 2021) of each "
         "partition's label scores: its label probabilities divided by those of the content-"
-        "free input 'N/A' under the same partition's exemplars, before the partition votes. "
-        "It uses that partition's exemplars only, so the guarantee is unchanged; it doubles "
-        "the prompts of an answer.",
+        "free input 'N/A' under the same partition's exemplars, before the partition votes; "
+        "it doubles the prompts of an answer. exemplars: batch calibration (Zhou et al. "
+        "2024) with the partition's own exemplars as the batch: divided by the mean label "
+        "distribution of the partition's exemplar inputs, each asked under the partition's "
+        "prompt; scored once per context (the first answer asks the k exemplar prompts "
+        "too), then cached. Either uses that partition's exemplars only, so the guarantee "
+        "is unchanged. The zero-shot baseline has no exemplars: under exemplars it is "
+        "uncalibrated.",
     )
 
 

@@ -16,10 +16,20 @@ import numpy.typing as npt
 
 from dpicl.engines.base import Engine
 from dpicl.mechanisms.partitioned import GaussianCalibration, gaussian_cost
+from dpicl.mechanisms.voting.exemplar_calibration import (
+    EXEMPLAR_BIASES,
+    biases_from_scores,
+    exemplar_prompts,
+)
 from dpicl.mechanisms.voting.release import VotingRelease, private_vote
 from dpicl.pipelines.engine_calls import paid_engine_call
 from dpicl.pipelines.partitions import partition_prompts
-from dpicl.pipelines.votes import ABSTAIN, CONTENT_FREE, content_free_calibrated
+from dpicl.pipelines.votes import (
+    ABSTAIN,
+    CONTENT_FREE,
+    content_free_calibrated,
+    exemplar_calibrated,
+)
 from dpicl.privacy.ledger import BudgetStatus, Cost, Ledger
 from dpicl.store.repository import StoredContext
 
@@ -72,18 +82,35 @@ async def paid_scores(
     batch), and its scores become log p(label | query) - log p(label | "N/A"), each
     normalised over the labels: the label probabilities divided by the content-free ones.
     Partition t's calibrated scores depend on partition t's exemplars and public text only,
-    so its vote does too, and the histogram's sensitivity is unchanged."""
+    so its vote does too, and the histogram's sensitivity is unchanged.
+
+    ``label_calibration="exemplars"``: batch calibration (Zhou et al. 2024) with partition
+    t's own exemplar inputs as the batch (:mod:`.exemplar_calibration`): log p(label |
+    query) minus the mean log p(label | exemplar input) under partition t's prompt. The same
+    argument holds (the bias is partition t's alone); the biases are scored once per context,
+    in the first paid batch that needs them, then cached."""
     prompts = partition_prompts(context, query)
-    calibrate = label_calibration == "content-free"
-    if calibrate:
+    t = len(prompts)
+    biases = None
+    sizes: list[int] = []
+    if label_calibration == "content-free":
         prompts = prompts + partition_prompts(context, CONTENT_FREE)
+    elif label_calibration == "exemplars":
+        biases = EXEMPLAR_BIASES.get(context, engine)
+        if biases is None:
+            sizes, extra = exemplar_prompts(context)
+            prompts = prompts + extra
     charged, scores = await paid_engine_call(
         ledger, context, cost, engine.name, engine.score_labels(prompts, context.labels)
     )
     out = np.asarray(scores, dtype=np.float64)
-    if calibrate:
-        t = len(prompts) // 2
-        out = content_free_calibrated(out[:t], out[t:])
+    if label_calibration == "content-free":
+        return charged, content_free_calibrated(out[:t], out[t:])
+    if label_calibration == "exemplars":
+        if biases is None:
+            biases = biases_from_scores(sizes, out[t:])
+            EXEMPLAR_BIASES.put(context, engine, biases)
+        return charged, exemplar_calibrated(out[:t], biases)
     return charged, out
 
 
