@@ -69,6 +69,20 @@ def test_a_model_clearly_above_the_majority_rate_is_not() -> None:
     assert {f["setting"] for f in out["findings"]} == {"zero-shot"}
 
 
+def test_private_cells_no_better_than_the_majority_read_degenerate_under_privacy() -> None:
+    """A model that reads the exemplars (few-shot well above the majority rate) but whose every
+    private cell is the majority label in effect: the run says so, naming both figures."""
+    right = list(LABELS)
+    right[:4] = ["Sport", "Tech", "Sport", "Tech"]  # 36 of 40
+    out = _summary(few=right, private=["Business"] * N)
+    assert out["degenerate"] == (
+        "DEGENERATE on bbc-news under privacy: every private cell is no better than always "
+        "answering 'Business' (0.325), though few-shot (non-private) beats it (0.900)"
+    )
+    # one private cell above the majority rate: no sentence
+    assert _summary(few=right, private=right)["degenerate"] is None
+
+
 def test_the_test_is_the_stated_one_sided_binomial_and_can_go_either_way() -> None:
     # 20/40 correct against a majority rate of 13/40: p = P(X >= 20 | n=40, p=0.325)
     answers = list(LABELS[:20]) + ["Politics" if x != "Politics" else "Tech" for x in LABELS[20:]]

@@ -94,7 +94,8 @@ class UtilityPlan(BaseModel):
         "on dpicl's routes.",
     )
     #: The default where the bundled model is measured above the majority-class rate with
-    #: exemplar calibration (docs/utility.md); bbc-news stays selectable and reads DEGENERATE.
+    #: exemplar calibration (docs/utility.md); bbc-news stays selectable and reads DEGENERATE
+    #: (under privacy with exemplar calibration; outright with ``label_calibration='none'``).
     dataset: str = DEFAULT_DATASET
     task: Literal["classification", "generation"] | None = None
     epsilons: list[float] = Field(default_factory=lambda: [1.0, 2.0, 4.0, 8.0], min_length=1)

@@ -213,23 +213,26 @@ def degenerate_verdict(
 ) -> str | None:
     """One sentence when the model is degenerate on the dataset: its best measured answer
     (the non-private few-shot baseline, else every private cell) is a constant in effect, so
-    the private cells cannot show a privacy-utility trade-off, only noise around it. None
-    when the model beats the majority rate there."""
+    the private cells cannot show a privacy-utility trade-off, only noise around it. Where
+    the few-shot baseline beats the majority rate but every private cell is no better than
+    it, the sentence says so (degenerate under privacy: the loss is the noise's and the
+    partitions', not the model's). None when a private cell beats the majority rate."""
     flagged = {f["setting"] for f in findings}
     few = next((r for r in rows if r["kind"] == "few-shot" and "accuracy" in r), None)
     private = [r for r in rows if r["kind"] == "private" and "accuracy" in r]
-    if few is not None:
-        if few["setting"] not in flagged:
-            return None
-        basis = "few-shot (non-private) is"
-    elif private and all(r["setting"] in flagged for r in private):
-        basis = "every private cell is"
-    else:
-        return None
+    all_private = bool(private) and all(r["setting"] in flagged for r in private)
     major = next(r for r in rows if r["kind"] == MAJORITY)
+    constant = f"always answering {major['label']!r} ({float(major['accuracy']['value']):.3f})"
+    if few is not None and few["setting"] in flagged:
+        return f"DEGENERATE on {dataset}: few-shot (non-private) is no better than {constant}"
+    if not all_private:
+        return None
+    if few is None:
+        return f"DEGENERATE on {dataset}: every private cell is no better than {constant}"
     return (
-        f"DEGENERATE on {dataset}: {basis} no better than always answering "
-        f"{major['label']!r} ({float(major['accuracy']['value']):.3f})"
+        f"DEGENERATE on {dataset} under privacy: every private cell is no better than "
+        f"{constant}, though few-shot (non-private) beats it "
+        f"({float(few['accuracy']['value']):.3f})"
     )
 
 
