@@ -7,7 +7,7 @@ Other engines ignore them: vLLM batches and caches prefixes by itself.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Literal, Protocol
 
 from dpicl.engines.placement import auto_prefix_cache_mib
 
@@ -20,6 +20,7 @@ class _TuningSettings(Protocol):
     kv_workspace_mib: int
     batch_wait_ms: float
     batch_max_prompts: int
+    shared_prefix: Literal["auto", "on", "off"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,10 @@ class EngineTuning:
       a window to rejoin only when this is above 0, see :mod:`dpicl.engines.transformers.batching`).
     * ``batch_max_prompts``: at most this many prompts (rows) per merged batch; 1 turns
       batching across requests off.
+    * ``shared_prefix``: whether warm scoring batches attend to each cached prefix where
+      the cache holds it (``on``) or lay it out once per row first (``off``;
+      :mod:`dpicl.engines.transformers.shared_prefix`). ``auto``: on where measured not
+      slower (:meth:`shares_prefix_attention`).
     """
 
     prefix_cache_mib: int | None = None
@@ -50,6 +55,7 @@ class EngineTuning:
     kv_workspace_mib: int = 128
     batch_wait_ms: float = 0.0
     batch_max_prompts: int = 256
+    shared_prefix: Literal["auto", "on", "off"] = "auto"
 
     def __post_init__(self) -> None:
         if self.prefix_cache_mib is not None and self.prefix_cache_mib < 0:
@@ -62,6 +68,16 @@ class EngineTuning:
             raise ValueError(f"batch_wait_ms must lie in [0, 1000], got {self.batch_wait_ms}")
         if self.batch_max_prompts < 1:
             raise ValueError(f"batch_max_prompts must be >= 1, got {self.batch_max_prompts}")
+        if self.shared_prefix not in ("auto", "on", "off"):
+            raise ValueError(f"shared_prefix must be auto, on or off, got {self.shared_prefix!r}")
+
+    def shares_prefix_attention(self, device_type: str) -> bool:
+        """Whether scoring on ``device_type`` attends to cached prefixes in place. ``auto``:
+        on the CPU, where it was measured (docs/architecture.md, "Shared-prefix
+        attention"); off on other devices until measured there."""
+        if self.shared_prefix == "auto":
+            return device_type == "cpu"
+        return self.shared_prefix == "on"
 
     @property
     def prefix_cache_bytes(self) -> int:
@@ -89,4 +105,5 @@ class EngineTuning:
             kv_workspace_mib=settings.kv_workspace_mib,
             batch_wait_ms=settings.batch_wait_ms,
             batch_max_prompts=settings.batch_max_prompts,
+            shared_prefix=settings.shared_prefix,
         )

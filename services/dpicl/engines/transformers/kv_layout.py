@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from dpicl.engines.transformers.attention import SHARED_KV_SDPA
+from dpicl.engines.transformers.shared_prefix import SHARED_PREFIX_ATTENTION
 
 __all__ = [
     "Batch",
@@ -283,7 +284,7 @@ def attention_mask_for(mask: torch.Tensor, implementation: str, dtype: torch.dty
     """A boolean 4D mask (True: attend) in the form ``implementation`` takes: as it is for
     ``sdpa`` and :data:`~.attention.SHARED_KV_SDPA`; additive (0 where attended,
     the dtype's minimum elsewhere) for ``eager``."""
-    if implementation in ("sdpa", SHARED_KV_SDPA):
+    if implementation in ("sdpa", SHARED_KV_SDPA, SHARED_PREFIX_ATTENTION):
         return mask
     if implementation == "eager":
         out = torch.zeros(mask.shape, dtype=dtype, device=mask.device)

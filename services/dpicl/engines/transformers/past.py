@@ -50,6 +50,7 @@ __all__ = [
     "shared_past",
     "slot_past",
     "slottable",
+    "suffix_past",
 ]
 
 MIN_SHARED_PREFIX = 8
@@ -201,6 +202,21 @@ def slot_past(engine: ModelRunner, found: Sequence[PrefixEntry | None], room: in
     shape = (n_layers, 2, len(found), heads, max(lens) + room, dim)
     slots = slot_prefixes(packs, lens, room, engine.kv_workspace.take(shape, template))
     return Past(SlotCache(slots, max(lens)), prefix_mask(lens, engine.device), lens)
+
+
+def suffix_past(
+    engine: ModelRunner, template: torch.Tensor, lens: Sequence[int], room: int
+) -> Past:
+    """An empty :class:`~.slot_cache.SlotCache` in the engine's workspace with ``room`` slots
+    per row, for a forward whose rows attend to their cached prefixes where the cache holds
+    them (:mod:`.shared_prefix`): only the new tokens' keys and values go in it. Its
+    ``offsets`` are the prefixes' lengths ``lens`` (where each row's positions continue);
+    ``template`` is one of those prefixes (:func:`~.kv_layout.pack_layers`' layout)."""
+    n_layers, _, heads, _, dim = template.shape
+    shape = (n_layers, 2, len(lens), heads, room, dim)
+    slots = engine.kv_workspace.take(shape, template)
+    mask = torch.zeros((len(lens), 0), dtype=torch.long, device=engine.device)
+    return Past(SlotCache(slots, 0), mask, list(lens))
 
 
 def prefill_rows(engine: ModelRunner, rows: Sequence[Row], *, decode_steps: int) -> Prefill:

@@ -15,6 +15,8 @@ the engine's model lock (:meth:`~.runner.ModelRunner.run`).
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import numpy.typing as npt
 import torch
@@ -27,9 +29,16 @@ from dpicl.engines.transformers.kv_layout import (
     prefix_mask,
     to_device,
 )
-from dpicl.engines.transformers.past import found_prefixes, rows_past, slot_past, slottable
+from dpicl.engines.transformers.past import (
+    found_prefixes,
+    rows_past,
+    slot_past,
+    slottable,
+    suffix_past,
+)
 from dpicl.engines.transformers.prefix_cache import prefix_lens
 from dpicl.engines.transformers.runner import ModelRunner, Row
+from dpicl.engines.transformers.shared_prefix import PrefixGroups, group_prefixes, sharing
 
 __all__ = ["ScoreJob", "score_chunk", "score_jobs"]
 
@@ -91,7 +100,26 @@ def score_chunk(
     """Fill ``outs[b][j]`` with the log-probability of label j's tokens after row b: one
     forward over the rows' tokens after their past, with the label branches."""
     found = found_prefixes(engine, rows)
-    if slottable(engine, found):
+    groups: PrefixGroups | None = None
+    packs = [e.packed for e in found if e is not None and e.packed is not None]
+    if engine.shared_prefix_attention and len(packs) == len(rows):
+        # Every row continues from a packed cached prefix: attend to each prefix where the
+        # cache holds it, the rows of one prefix consecutive (.shared_prefix), with only
+        # the new tokens in a slot cache. ``outs`` follow their rows: results land in place.
+        order, groups = group_prefixes(packs)
+        rows, lab_ids, outs = (
+            [rows[i] for i in order],
+            [lab_ids[i] for i in order],
+            [outs[i] for i in order],
+        )
+        found = [found[i] for i in order]
+        lens = prefix_lens(found)
+        rests = [r.ids[n:] for r, n in zip(rows, lens, strict=True)]
+        host = torch.device("cpu")
+        none = torch.zeros((len(rows), 0), dtype=torch.long, device=host)
+        plan = plan_scoring(rests, lab_ids, lens, none, engine.pad_token_id, engine.device)
+        past = suffix_past(engine, packs[0], lens, plan.input_ids.shape[1])
+    elif slottable(engine, found):
         # The plan first (it needs only the prefixes' lengths), so that the slot cache is
         # laid out with exactly the plan's tokens of room.
         lens = prefix_lens(found)
@@ -112,14 +140,15 @@ def score_chunk(
         )
     cache = past.cache
     model = engine.model_obj
-    res = model(
-        input_ids=plan.input_ids,
-        attention_mask=attention_mask_for(plan.mask, engine.attention, model.dtype),
-        position_ids=plan.position_ids,
-        past_key_values=cache,
-        use_cache=cache is not None,
-        **({"logits_to_keep": plan.keep} if _BOOL_LOGITS_TO_KEEP else {}),
-    )
+    with sharing(groups) if groups is not None else contextlib.nullcontext():
+        res = model(
+            input_ids=plan.input_ids,
+            attention_mask=attention_mask_for(plan.mask, engine.attention, model.dtype),
+            position_ids=plan.position_ids,
+            past_key_values=cache,
+            use_cache=cache is not None,
+            **({"logits_to_keep": plan.keep} if _BOOL_LOGITS_TO_KEEP else {}),
+        )
     logits = res.logits
     if logits.dim() == 3:  # a transformers (or model) without boolean logits_to_keep
         logits = logits[plan.keep]
