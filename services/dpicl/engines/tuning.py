@@ -21,6 +21,7 @@ class _TuningSettings(Protocol):
     batch_wait_ms: float
     batch_max_prompts: int
     shared_prefix: Literal["auto", "on", "off"]
+    engine_overlap: Literal["auto", "on", "off"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +49,9 @@ class EngineTuning:
       the cache holds it (``on``) or lay it out once per row first (``off``;
       :mod:`dpicl.engines.transformers.shared_prefix`). ``auto``: on where measured not
       slower (:meth:`shares_prefix_attention`).
+    * ``overlap``: whether the score batcher launches the next batch before reading the last
+      one's results back (:mod:`dpicl.engines.transformers.batching`, "Overlap"). ``auto``:
+      on CUDA only (:meth:`overlaps`).
     """
 
     prefix_cache_mib: int | None = None
@@ -56,6 +60,7 @@ class EngineTuning:
     batch_wait_ms: float = 0.0
     batch_max_prompts: int = 256
     shared_prefix: Literal["auto", "on", "off"] = "auto"
+    overlap: Literal["auto", "on", "off"] = "auto"
 
     def __post_init__(self) -> None:
         if self.prefix_cache_mib is not None and self.prefix_cache_mib < 0:
@@ -70,6 +75,16 @@ class EngineTuning:
             raise ValueError(f"batch_max_prompts must be >= 1, got {self.batch_max_prompts}")
         if self.shared_prefix not in ("auto", "on", "off"):
             raise ValueError(f"shared_prefix must be auto, on or off, got {self.shared_prefix!r}")
+        if self.overlap not in ("auto", "on", "off"):
+            raise ValueError(f"overlap must be auto, on or off, got {self.overlap!r}")
+
+    def overlaps(self, device_type: str) -> bool:
+        """Whether the score batcher overlaps batches on ``device_type``. ``auto``: on CUDA,
+        where a forward runs behind the host's back; on the CPU it has run before the host
+        could lay out anything, so overlap would only delay each batch's answers."""
+        if self.overlap == "auto":
+            return device_type == "cuda"
+        return self.overlap == "on"
 
     def shares_prefix_attention(self, device_type: str) -> bool:
         """Whether scoring on ``device_type`` attends to cached prefixes in place. ``auto``:
@@ -106,4 +121,5 @@ class EngineTuning:
             batch_wait_ms=settings.batch_wait_ms,
             batch_max_prompts=settings.batch_max_prompts,
             shared_prefix=settings.shared_prefix,
+            overlap=settings.engine_overlap,
         )

@@ -170,6 +170,9 @@ class ModelRunner:
         self.shared_prefix_attention = (
             attn == SHARED_PREFIX_ATTENTION and self.tuning.shares_prefix_attention(where.type)
         )
+        #: The score batcher launches the next batch before reading the last one back
+        #: (:mod:`.batching`, "Overlap"; ``DPICL_ENGINE_OVERLAP``).
+        self.overlap = self.tuning.overlaps(where.type)
 
     @staticmethod
     def _collect_eos(model: Any, tokenizer: Any) -> frozenset[int]:
