@@ -96,12 +96,15 @@ class _Layer(torch.nn.Module):
 @pytest.mark.parametrize("layer", [0, 1])
 def test_attention_to_grouped_prefixes_equals_plain_attention_per_row(layer: int) -> None:
     # Three prefixes of 5, 9 and 2 tokens (2 layers, 2 K/V heads of 8 dims) shared by
-    # groups of 2, 1 and 3 rows; 6 query heads (3 per K/V head); 4 new tokens a row under a
-    # random mask that keeps each query's own key.
+    # groups of 2, 1 and 3 rows, and two rows without a prefix; 6 query heads (3 per K/V
+    # head); 4 new tokens a row under a random mask that keeps each query's own key.
     gen = torch.Generator().manual_seed(11)
     kv_heads, heads, dim, s = 2, 6, 8, 4
-    packs = [torch.randn(2, 2, kv_heads, n, dim, generator=gen) for n in (5, 9, 2)]
-    row_pack = [0, 1, 0, 2, 2, 2]
+    packs: list[torch.Tensor | None] = [
+        torch.randn(2, 2, kv_heads, n, dim, generator=gen) for n in (5, 9, 2)
+    ]
+    packs.append(None)
+    row_pack = [0, 3, 1, 0, 2, 2, 3, 2]
     order, groups = group_prefixes([packs[i] for i in row_pack])
     rows = [row_pack[i] for i in order]
     n = len(rows)
@@ -113,7 +116,9 @@ def test_attention_to_grouped_prefixes_equals_plain_attention_per_row(layer: int
         out, _ = attend_shared_prefix(_Layer(layer), q, k, v, keep, scaling=dim**-0.5)
     assert out.shape == (n, s, heads, dim)
     for b, p in enumerate(rows):
-        pk, pv = packs[p][layer, 0], packs[p][layer, 1]
+        pack = packs[p]
+        empty = torch.zeros(kv_heads, 0, dim)
+        pk, pv = (empty, empty) if pack is None else (pack[layer, 0], pack[layer, 1])
         kk = torch.cat([pk, k[b]], dim=1).repeat_interleave(3, dim=0)
         vv = torch.cat([pv, v[b]], dim=1).repeat_interleave(3, dim=0)
         row_keep = torch.cat([torch.ones(1, s, pk.shape[1], dtype=torch.bool), keep[b]], -1)
@@ -143,6 +148,7 @@ def test_the_setting_is_validated_and_auto_is_on_for_the_cpu_only() -> None:
 # --------------------------------------------------------------------- the real model
 
 if True:  # the real-model part: imports that load the server's modules
+    from dpicl.engines.base import PromptSpec
     from dpicl.engines.transformers.engine import TransformersEngine
     from dpicl.pipelines.partitions import partition_prompts
     from dpicl.store.repository import ContextRepository
@@ -190,6 +196,8 @@ async def test_warm_scores_attending_in_place_equal_the_copied_layout(
         for query in QUERIES
         for ctx, labels in ((a, LABELS), (b, ["Sports", "World"]))
     ]
+    # And a prompt without a cache key (no cached prefix) in the same batch.
+    jobs.append(([PromptSpec(text="Headline: rain stopped play. Topic:", query="q")], LABELS))
     for eng in (on, off):  # cold: fills each engine's prefix cache
         await asyncio.gather(*[eng.score_labels(p, labels) for p, labels in jobs])
     calls: list[int] = []
@@ -202,7 +210,8 @@ async def test_warm_scores_attending_in_place_equal_the_copied_layout(
     monkeypatch.setattr(shared_prefix, "_prefix_part", counted)
     got = await asyncio.gather(*[on.score_labels(p, labels) for p, labels in jobs])
     n_layers = model.model_obj.config.num_hidden_layers
-    assert calls == [5] * n_layers  # one warm batch, five prefixes, every layer in place
+    # One warm batch: five prefixes and the prompt without one, every layer in place.
+    assert calls == [6] * n_layers
     ref = await asyncio.gather(*[off.score_labels(p, labels) for p, labels in jobs])
     assert len(calls) == n_layers  # the copied layout never attends in place
     for (prompts, labels), g, r in zip(jobs, got, ref, strict=True):

@@ -253,8 +253,11 @@ def prefix_entries(engine: ModelRunner, rows: Sequence[Row]) -> dict[tuple[str, 
         if n >= 1:
             todo[r.slot] = r.ids[:n]
             scope[r.slot] = r.scope
-    if todo:
-        keys = list(todo)
+    # In batches of at most max_batch_tokens: a scoring chunk sized for rows that attend
+    # to their prefixes in place (.shared_prefix) counts only their new tokens.
+    waiting = list(todo)
+    for cut in engine.chunks([1] * len(waiting), [len(todo[k]) for k in waiting]):
+        keys = [waiting[i] for i in cut]
         pre = prefill(
             engine,
             [todo[k] for k in keys],

@@ -125,9 +125,14 @@ def launch_score_jobs(engine: ModelRunner, jobs: list[ScoreJob]) -> PendingScore
     readbacks: list[_Readback] = []
     if not rows:
         return PendingScores(results, readbacks)
-    # A row's width in the scoring forward: its tokens plus its label branches.
+    # A row's width in the scoring forward: its tokens plus its label branches, less its
+    # cached prefix where the forward attends to that in place (never laid out per row).
+    shared = engine.shared_prefix_attention
     widths = [
-        len(r.ids) + sum(len(x) - 1 for x in labs) for r, labs in zip(rows, lab_ids, strict=True)
+        len(r.ids)
+        - (r.prefix_len if shared and r.slot is not None else 0)
+        + sum(len(x) - 1 for x in labs)
+        for r, labs in zip(rows, lab_ids, strict=True)
     ]
     try:
         for chunk in engine.chunks([1] * len(rows), widths):
@@ -155,11 +160,11 @@ def score_chunk(
     after row b."""
     found = found_prefixes(engine, rows)
     groups: PrefixGroups | None = None
-    packs = [e.packed for e in found if e is not None and e.packed is not None]
-    if engine.shared_prefix_attention and len(packs) == len(rows):
-        # Every row continues from a packed cached prefix: attend to each prefix where the
-        # cache holds it, the rows of one prefix consecutive (.shared_prefix), with only
-        # the new tokens in a slot cache. ``outs`` follow their rows: results land in place.
+    packs = [e.packed if e is not None else None for e in found]
+    if engine.shared_prefix_attention and slottable(engine, found):
+        # Rows continue from packed cached prefixes: attend to each prefix where the cache
+        # holds it, the rows of one prefix consecutive (.shared_prefix), with only the new
+        # tokens in a slot cache. ``outs`` follow their rows: results land in place.
         order, groups = group_prefixes(packs)
         rows, lab_ids, outs = (
             [rows[i] for i in order],
@@ -172,7 +177,8 @@ def score_chunk(
         host = torch.device("cpu")
         none = torch.zeros((len(rows), 0), dtype=torch.long, device=host)
         plan = plan_scoring(rests, lab_ids, lens, none, engine.pad_token_id, engine.device)
-        past = suffix_past(engine, packs[0], lens, plan.input_ids.shape[1])
+        template = next(p for p in packs if p is not None)
+        past = suffix_past(engine, template, lens, plan.input_ids.shape[1])
     elif slottable(engine, found):
         # The plan first (it needs only the prefixes' lengths), so that the slot cache is
         # laid out with exactly the plan's tokens of room.

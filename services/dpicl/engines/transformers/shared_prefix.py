@@ -59,9 +59,10 @@ _ACTIVE: ContextVar[PrefixGroups | None] = ContextVar("dpicl_prefix_groups", def
 @dataclass(slots=True)
 class PrefixGroups:
     """A batch's rows grouped by prefix: rows ``starts[g]`` to ``starts[g + 1]`` continue
-    from ``packed[g]`` (a prefix cache entry's (layers, 2, kv heads, tokens, dim) tensor)."""
+    from ``packed[g]`` (a prefix cache entry's (layers, 2, kv heads, tokens, dim) tensor;
+    None: these rows have no cached prefix)."""
 
-    packed: Sequence[torch.Tensor]
+    packed: Sequence[torch.Tensor | None]
     starts: Sequence[int]
     # The plan's boolean suffix mask as the additive bias the attention kernel takes, made
     # once per forward (every layer gets the same mask tensor).
@@ -77,12 +78,12 @@ class PrefixGroups:
         return bias
 
 
-def group_prefixes(packed: Sequence[torch.Tensor]) -> tuple[list[int], PrefixGroups]:
+def group_prefixes(packed: Sequence[torch.Tensor | None]) -> tuple[list[int], PrefixGroups]:
     """Row indices ordered so that rows of the same prefix (``packed[b]``, the same cache
-    entry's tensor) are consecutive, groups in order of first appearance and rows in their
-    order within a group; and the groups in that order."""
+    entry's tensor; None: no prefix) are consecutive, groups in order of first appearance
+    and rows in their order within a group; and the groups in that order."""
     members: dict[int, list[int]] = {}
-    firsts: dict[int, torch.Tensor] = {}
+    firsts: dict[int, torch.Tensor | None] = {}
     for b, tensor in enumerate(packed):
         members.setdefault(id(tensor), []).append(b)
         firsts.setdefault(id(tensor), tensor)
@@ -158,6 +159,10 @@ def _prefix_part(
     lse = torch.empty((n, heads, s), dtype=torch.float32, device=query.device)
     for g, packed in enumerate(groups.packed):
         start, end = groups.starts[g], groups.starts[g + 1]
+        if packed is None:  # no prefix: a part of weight e^-inf = 0 in the merge
+            out[start:end] = 0
+            lse[start:end] = float("-inf")
+            continue
         kv_heads = packed.shape[2]
         rep, m = heads // kv_heads, end - start
         # Query head h reads K/V head h // rep (transformers' repeat_kv): the group's rows
