@@ -120,7 +120,7 @@ def test_tuning_from_settings_and_validation(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("DPICL_ENGINE_OVERLAP", "on")
     tuning = EngineTuning.from_settings(Settings())
     assert (tuning.shared_prefix, tuning.overlap) == ("off", "on")
-    assert tuning.overlaps("cpu") and not tuning.shares_prefix_attention("cpu")
+    assert tuning.overlaps("cpu") and not tuning.shares_prefix_attention("cpu", 192)
     assert EngineTuning().overlaps("cuda") and not EngineTuning().overlaps("cpu")
     with pytest.raises(ValueError, match="overlap must be auto, on or off, got 'x'"):
         EngineTuning(overlap="x")  # type: ignore[arg-type]

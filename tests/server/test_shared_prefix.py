@@ -136,11 +136,13 @@ def test_outside_a_sharing_block_the_attention_is_the_usual_one() -> None:
     torch.testing.assert_close(out.transpose(1, 2).double(), ref, atol=ATOL, rtol=0)
 
 
-def test_the_setting_is_validated_and_auto_is_on_for_the_cpu_only() -> None:
-    assert EngineTuning().shares_prefix_attention("cpu")
-    assert not EngineTuning().shares_prefix_attention("cuda")
-    assert EngineTuning(shared_prefix="on").shares_prefix_attention("cuda")
-    assert not EngineTuning(shared_prefix="off").shares_prefix_attention("cpu")
+def test_the_setting_is_validated_and_auto_is_on_where_measured() -> None:
+    auto = EngineTuning()
+    assert auto.shares_prefix_attention("cpu", 192)  # SmolLM2-135M: 3 K/V heads of 64
+    assert not auto.shares_prefix_attention("cpu", 64)  # bench/gpu.py --tiny's toy
+    assert not auto.shares_prefix_attention("cuda", 1024)  # not measured there
+    assert EngineTuning(shared_prefix="on").shares_prefix_attention("cuda", 64)
+    assert not EngineTuning(shared_prefix="off").shares_prefix_attention("cpu", 1024)
     with pytest.raises(ValueError, match="shared_prefix must be auto, on or off, got 'yes'"):
         EngineTuning(shared_prefix="yes")  # type: ignore[arg-type]
 

@@ -11,7 +11,13 @@ from typing import Literal, Protocol
 
 from dpicl.engines.placement import auto_prefix_cache_mib
 
-__all__ = ["EngineTuning"]
+__all__ = ["SHARED_PREFIX_MIN_KV_WIDTH", "EngineTuning"]
+
+#: ``auto``'s smallest K/V width for shared-prefix attention on the CPU. Measured (engine
+#: CPU per LLM call, 8 demonstrations a partition, in place vs copied per row): SmolLM2-135M
+#: (3 K/V heads of 64: 192) 5% less in place; the 2-layer toy of bench/gpu.py --tiny (1
+#: head of 64) 15-25% more, its per-group calls costing more than its small copies.
+SHARED_PREFIX_MIN_KV_WIDTH = 192
 
 
 class _TuningSettings(Protocol):
@@ -86,12 +92,14 @@ class EngineTuning:
             return device_type == "cuda"
         return self.overlap == "on"
 
-    def shares_prefix_attention(self, device_type: str) -> bool:
-        """Whether scoring on ``device_type`` attends to cached prefixes in place. ``auto``:
-        on the CPU, where it was measured (docs/architecture.md, "Shared-prefix
-        attention"); off on other devices until measured there."""
+    def shares_prefix_attention(self, device_type: str, kv_width: int) -> bool:
+        """Whether scoring on ``device_type`` attends to cached prefixes in place, for a
+        model of ``kv_width`` K/V channels a token and layer (K/V heads x head size).
+        ``auto``: on the CPU from :data:`SHARED_PREFIX_MIN_KV_WIDTH` up, as measured
+        (docs/architecture.md, "Shared-prefix attention"); off on other devices until
+        measured there."""
         if self.shared_prefix == "auto":
-            return device_type == "cpu"
+            return device_type == "cpu" and kv_width >= SHARED_PREFIX_MIN_KV_WIDTH
         return self.shared_prefix == "on"
 
     @property

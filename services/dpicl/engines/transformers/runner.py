@@ -71,6 +71,14 @@ def _device_of(model: Any) -> torch.device:
     return torch.device("cpu")
 
 
+def _kv_width(config: Any) -> int:
+    """K/V channels a token and layer: K/V heads x head size."""
+    heads = int(getattr(config, "num_attention_heads", 1) or 1)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = getattr(config, "head_dim", None) or int(config.hidden_size) // heads
+    return kv_heads * int(head_dim)
+
+
 def _free_device_bytes(device: torch.device) -> int | None:
     """The memory free on a CUDA device (None on any other)."""
     if device.type != "cuda":
@@ -168,7 +176,8 @@ class ModelRunner:
         #: Warm scoring batches attend to each cached prefix where the cache holds it
         #: instead of copying it per row (:mod:`.shared_prefix`; ``DPICL_SHARED_PREFIX``).
         self.shared_prefix_attention = (
-            attn == SHARED_PREFIX_ATTENTION and self.tuning.shares_prefix_attention(where.type)
+            attn == SHARED_PREFIX_ATTENTION
+            and self.tuning.shares_prefix_attention(where.type, _kv_width(model.config))
         )
         #: The score batcher launches the next batch before reading the last one back
         #: (:mod:`.batching`, "Overlap"; ``DPICL_ENGINE_OVERLAP``).
