@@ -174,9 +174,9 @@ def score_chunk(
         found = [found[i] for i in order]
         lens = prefix_lens(found)
         rests = [r.ids[n:] for r, n in zip(rows, lens, strict=True)]
-        host = torch.device("cpu")
-        none = torch.zeros((len(rows), 0), dtype=torch.long, device=host)
-        plan = plan_scoring(rests, lab_ids, lens, none, engine.pad_token_id, engine.device)
+        # No past in the slot cache: the prefixes are attended where the cache holds them.
+        no_past = torch.zeros((len(rows), 0), dtype=torch.long)
+        plan = plan_scoring(rests, lab_ids, lens, no_past, engine.pad_token_id, engine.device)
         template = next(p for p in packs if p is not None)
         past = suffix_past(engine, template, lens, plan.input_ids.shape[1])
     elif slottable(engine, found):
@@ -210,7 +210,7 @@ def score_chunk(
             **({"logits_to_keep": plan.keep_at} if _INT_LOGITS_TO_KEEP else {}),
         )
     logits = res.logits
-    if logits.shape[1] != plan.keep_at.shape[1]:  # a transformers without it: all positions
+    if not _INT_LOGITS_TO_KEEP:  # every position's logits came back: keep the plan's
         logits = torch.take_along_dim(logits, plan.keep_at[..., None], dim=1)
     logits = logits.flatten(0, 1).float()  # (B x K kept positions, V)
     at_pos, at_tok = plan.read_at[:, 0], plan.read_at[:, 1]
