@@ -17,6 +17,10 @@ the ``SERVERS`` environments and loaded by the same client:
   server's process, a 2 ms batching timer, a 256 MiB prefix cache), set by their settings
   on this checkout.
 
+* ``copied-prefix`` / ``shared-prefix``: ``DPICL_SHARED_PREFIX`` off / on (cached prefixes
+  copied per row, or attended in place; issue 46), and ``overlap`` / ``no-overlap``:
+  ``DPICL_ENGINE_OVERLAP`` on / off (the next scoring batch launched before the last is read
+  back), each the defaults with one switch set.
 * ``before``: the defaults, run from another checkout's ``services`` directory (the
   environment variable ``DPICL_BENCH_BEFORE``, e.g. ``git archive main services | tar -x``):
   the same load on the code before a change, for a side-by-side comparison in one run
@@ -88,6 +92,11 @@ SERVERS: dict[str, dict[str, str]] = {
         "DPICL_PREFIX_CACHE_MIB": "256",
     },
     "before": {},  # PYTHONPATH set from DPICL_BENCH_BEFORE (run_served)
+    # Issue 46's switches, each against the defaults (alternate them for a side by side).
+    "copied-prefix": {"DPICL_SHARED_PREFIX": "off"},
+    "shared-prefix": {"DPICL_SHARED_PREFIX": "on"},
+    "overlap": {"DPICL_ENGINE_OVERLAP": "on"},
+    "no-overlap": {"DPICL_ENGINE_OVERLAP": "off"},
 }
 ROUTES = ("native", "openai")
 

@@ -172,6 +172,12 @@ class Settings(BaseSettings):
     kv_workspace_mib: int = Field(default=128, ge=0, le=1_048_576)
     batch_wait_ms: float = Field(default=0.0, ge=0, le=1000)
     batch_max_prompts: int = Field(default=256, ge=1, le=65_536)
+    # Warm scoring batches attend to cached prefixes in place rather than copying them per
+    # row (engines/transformers/shared_prefix.py); auto: where measured not slower.
+    shared_prefix: Literal["auto", "on", "off"] = "auto"
+    # The score batcher launches the next batch before reading the last one back
+    # (engines/transformers/batching.py, "Overlap"); auto: on CUDA only.
+    engine_overlap: Literal["auto", "on", "off"] = "auto"
     # torch's CPU threads (engines/threads.py). Unset: the cores this process may use (its
     # affinity, capped by a cgroup CPU quota), not torch's default of all the host's CPUs.
     torch_threads: int | None = Field(default=None, ge=1, le=1024)

@@ -176,11 +176,13 @@ async def test_a_cancelled_call_is_dropped_before_its_batch_and_its_chunks_stop(
         await engine.aclose()
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 async def test_the_engine_process_drops_a_cancelled_job_before_its_batch_runs(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, overlap: bool
 ) -> None:
     """Its side of a cancel (engines/process/main.py): a job still queued for the next batch
-    is dropped; the batch running meanwhile finishes and answers."""
+    is dropped; the batch running meanwhile finishes and answers. The same where the
+    batcher launches a batch and reads it back later (issue 46's overlap)."""
     # serve() swaps the engine modules' metrics for relays: put them back afterwards.
     for module, names in _RELAYED.items():
         for name in names:
@@ -193,7 +195,17 @@ async def test_the_engine_process_drops_a_cancelled_job_before_its_batch_runs(
         await release.wait()  # the first batch runs until the test lets it end
         return [j.upper() for j in jobs]
 
-    batcher: MicroBatcher[str, str] = MicroBatcher(run, max_wait_s=0.0, max_size=1)
+    async def launch(jobs: list[str]) -> Any:
+        results = await run(jobs)
+
+        async def collect() -> list[str]:
+            return results
+
+        return collect
+
+    batcher: MicroBatcher[str, str] = MicroBatcher(
+        run, max_wait_s=0.0, max_size=1, launch=launch if overlap else None
+    )
 
     class Engine:
         async def score_labels(self, prompt: str, labels: Any) -> str:

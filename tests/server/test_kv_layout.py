@@ -226,6 +226,32 @@ def test_a_plan_matches_the_layout_definition_on_random_batches() -> None:
                 assert plan.mask[b, 0, i].tolist() == want, (b, i)
 
 
+def test_integer_kept_positions_read_what_the_boolean_ones_read() -> None:
+    # The scorer passes ``keep_at`` (K positions a row, no device read for the count) and
+    # reads ``read_at`` in the (B x K) rows; the boolean ``keep`` with ``reads`` is the
+    # definition. Rows with other labels keep other numbers of positions.
+    gen = torch.Generator().manual_seed(5)
+
+    def draw(lo: int, hi: int) -> int:
+        return int(torch.randint(lo, hi + 1, (1,), generator=gen))
+
+    for _ in range(40):
+        n = draw(1, 5)
+        rests = [[draw(1, 60) for _ in range(draw(1, 6))] for _ in range(n)]
+        labels = [
+            [[draw(1, 60) for _ in range(draw(1, 4))] for _ in range(draw(1, 4))] for _ in range(n)
+        ]
+        lens = [draw(0, 5) for _ in range(n)]
+        plan = plan_scoring(rests, labels, lens, prefix_mask(lens, torch.device("cpu")), 0)
+        logits = torch.randn(n, plan.input_ids.shape[1], 61, generator=gen)
+        by_mask = logits[plan.keep]
+        want = [float(by_mask[i, t]) for row in plan.reads for lab in row for i, t in lab]
+        by_int = torch.take_along_dim(logits, plan.keep_at[..., None], dim=1).flatten(0, 1)
+        got = by_int[plan.read_at[:, 0], plan.read_at[:, 1]]
+        assert got.tolist() == want
+        assert plan.keep_at.shape[1] == int(plan.keep.sum(1).max())
+
+
 def test_attention_mask_forms() -> None:
     mask = torch.tensor([[[[True, False]]]])
     assert attention_mask_for(mask, "sdpa", torch.float32) is mask

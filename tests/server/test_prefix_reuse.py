@@ -309,7 +309,7 @@ async def test_scores_without_boolean_logits_to_keep_are_the_same(
     a = await news_context(repo, partitions=3, seed=3)
     pa = partition_prompts(a, QUERIES[2])
     with_mask = await cached.score_labels(pa, LABELS)
-    monkeypatch.setattr(engine_module, "_BOOL_LOGITS_TO_KEEP", False)
+    monkeypatch.setattr(engine_module, "_INT_LOGITS_TO_KEEP", False)
     without = await cached.score_labels(pa, LABELS)
     np.testing.assert_allclose(without, with_mask, atol=TOL, rtol=0)
     np.testing.assert_allclose(without, whole_prompt_scores(cached, pa, LABELS), atol=TOL)

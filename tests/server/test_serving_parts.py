@@ -5,6 +5,7 @@ Hypothesis runs derandomized, so every test here is deterministic."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 import torch
@@ -115,6 +116,14 @@ def test_tuning_from_settings_and_validation(monkeypatch: pytest.MonkeyPatch) ->
         EngineTuning(prefix_cache_mib=-1)
     with pytest.raises(ValueError, match="kv_workspace_mib must be >= 0, got -2"):
         EngineTuning(kv_workspace_mib=-2)
+    monkeypatch.setenv("DPICL_SHARED_PREFIX", "off")
+    monkeypatch.setenv("DPICL_ENGINE_OVERLAP", "on")
+    tuning = EngineTuning.from_settings(Settings())
+    assert (tuning.shared_prefix, tuning.overlap) == ("off", "on")
+    assert tuning.overlaps("cpu") and not tuning.shares_prefix_attention("cpu", 192)
+    assert EngineTuning().overlaps("cuda") and not EngineTuning().overlaps("cpu")
+    with pytest.raises(ValueError, match="overlap must be auto, on or off, got 'x'"):
+        EngineTuning(overlap="x")  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------- micro-batcher
@@ -187,6 +196,65 @@ async def test_a_cancelled_request_never_reaches_the_engine() -> None:
     doomed.cancel()
     assert await kept == 16
     assert run.batches == [[8]]
+
+
+class Launcher(Recorder):
+    """:class:`Recorder` as a launch: the run starts now, its results are read back later;
+    ``log`` records the order of launches and read-backs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: list[str] = []
+
+    async def launch(self, jobs: list[int]) -> Any:
+        self.log.append(f"launch {jobs}")
+        results = await self(jobs)
+
+        async def collect() -> list[int | BaseException]:
+            self.log.append(f"collect {jobs}")
+            return results
+
+        return collect
+
+
+async def test_overlap_launches_the_next_batch_before_reading_the_last_back() -> None:
+    run = Launcher()
+    batcher: MicroBatcher[int, int] = MicroBatcher(
+        run, max_wait_s=0.0, max_size=100, launch=run.launch
+    )
+    first = asyncio.ensure_future(batcher.submit(0))
+    await asyncio.sleep(0.002)  # the first batch is running now
+    later = [asyncio.ensure_future(batcher.submit(i)) for i in range(1, 4)]
+    results = await asyncio.gather(first, *later, batcher.submit(-5), return_exceptions=True)
+    assert results[:4] == [0, 2, 4, 6]
+    assert isinstance(results[4], InvalidRequest)  # an error still reaches its job only
+    assert run.log == [
+        "launch [0]",
+        "launch [1, 2, 3, -5]",
+        "collect [0]",
+        "collect [1, 2, 3, -5]",
+    ]
+    # Alone, a batch is read back at once.
+    assert await batcher.submit(5) == 10
+    assert run.log[-2:] == ["launch [5]", "collect [5]"]
+
+
+async def test_overlap_keeps_cancellation_and_whole_batch_failures() -> None:
+    run = Launcher()
+    batcher: MicroBatcher[int, int] = MicroBatcher(
+        run, max_wait_s=0.0, max_size=100, launch=run.launch
+    )
+    first = asyncio.ensure_future(batcher.submit(1))
+    await asyncio.sleep(0.002)
+    doomed = asyncio.ensure_future(batcher.submit(7))
+    kept = asyncio.ensure_future(batcher.submit(8))
+    await asyncio.sleep(0)
+    doomed.cancel()  # still waiting behind the running batch: never reaches the engine
+    assert (await first, await kept) == (2, 16)
+    assert run.batches == [[1], [8]]
+    failed = await asyncio.gather(*[batcher.submit(i) for i in (5, 999)], return_exceptions=True)
+    assert all(isinstance(r, RuntimeError) for r in failed)
+    assert await batcher.submit(4) == 8
 
 
 def test_batcher_serves_one_event_loop_after_another() -> None:

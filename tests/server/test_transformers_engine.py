@@ -17,8 +17,10 @@ import pytest
 
 from dpicl.engines.base import DecodingSession, Engine, GenerationParams, PromptSpec
 from dpicl.engines.models import bundled_llm_gguf, publish_dir, resolve_llm
-from dpicl.engines.transformers.attention import SHARED_KV_SDPA
+from dpicl.engines.transformers import shared_prefix
+from dpicl.engines.transformers.attention import sdpa_shared_kv
 from dpicl.engines.transformers.engine import TransformersEngine
+from dpicl.engines.transformers.shared_prefix import SHARED_PREFIX_ATTENTION
 from dpicl.errors import InvalidRequest
 from tests.server.real_model import CACHE_DIR, TEST_DEVICE, cpu_only, load_bundled
 from tests.server.reference_scores import whole_prompt_scores
@@ -161,8 +163,11 @@ def test_labels_are_tokenised_as_they_follow_the_prompt(engine: TransformersEngi
 
 @cpu_only
 def test_a_cpu_engine_shares_grouped_kv_heads(engine: TransformersEngine) -> None:
-    # SmolLM2 has 9 query heads on 3 K/V heads; on CPU the engine stops copying them.
-    assert engine.model_obj.config._attn_implementation == SHARED_KV_SDPA
+    # SmolLM2 has 9 query heads on 3 K/V heads; on CPU the engine stops copying them: its
+    # attention (shared-prefix attention, issue 46) falls back to SHARED_KV_SDPA's outside
+    # the scoring forwards that attend to cached prefixes in place.
+    assert engine.model_obj.config._attn_implementation == SHARED_PREFIX_ATTENTION
+    assert shared_prefix.sdpa_shared_kv is sdpa_shared_kv
     assert engine.model_obj.model.layers[0].self_attn.num_key_value_groups == 3
 
 

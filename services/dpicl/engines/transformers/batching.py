@@ -19,6 +19,15 @@ most that window once.
 
 Cancelling a waiting request drops its job before it reaches the engine; a job already in
 a running batch finishes and its result is discarded.
+
+Overlap (``launch``, issue 46 item 2). On a GPU a batch's forward is queued on the device
+and the host is free until it reads the results back. With ``launch``, the batcher launches
+a batch, and when jobs are waiting (or arrive while the event loop looks once more) takes
+and launches the next one before reading the first back, so the host lays out batch n + 1
+while the device runs batch n and no batch waits for a synchronisation it does not need.
+Results still reach their callers in batch order. Without jobs behind it, a batch is read
+back at once. On the CPU the forward has run when ``launch`` returns, so overlap would
+only hold each batch's answers back until the next batch had run.
 """
 
 from __future__ import annotations
@@ -53,6 +62,16 @@ class _Pending(Generic[J, R]):
 
 
 @dataclass(slots=True)
+class _Launched(Generic[J, R]):
+    """A batch that has run (``results``) or been launched (``collect`` reads it back)."""
+
+    batch: list[_Pending[J, R]]
+    t0: float
+    results: Sequence[R | BaseException] | None = None
+    collect: Callable[[], Awaitable[Sequence[R | BaseException]]] | None = None
+
+
+@dataclass(slots=True)
 class _LoopState(Generic[J, R]):
     queue: deque[_Pending[J, R]] = field(default_factory=deque)
     task: asyncio.Task[None] | None = None
@@ -73,6 +92,8 @@ class MicroBatcher(Generic[J, R]):
         rejoin_fraction: float = 0.1,
         max_rejoin_s: float = 0.5,
         name: str = "engine",
+        launch: Callable[[list[J]], Awaitable[Callable[[], Awaitable[Sequence[R | BaseException]]]]]
+        | None = None,
     ) -> None:
         if max_wait_s < 0 or max_size < 1:
             raise ValueError(
@@ -84,6 +105,9 @@ class MicroBatcher(Generic[J, R]):
                 f"{max_rejoin_s}"
             )
         self._run = run
+        # Overlap (see the module docstring): ``launch`` starts a batch and returns how to
+        # read its results back; None: ``run`` runs each batch to its results.
+        self._launch = launch
         self.max_wait_s = max_wait_s
         self.max_size = max_size
         self.rejoin_fraction = rejoin_fraction
@@ -147,40 +171,81 @@ class MicroBatcher(Generic[J, R]):
                 return
 
     async def _drain(self, state: _LoopState[J, R]) -> None:
-        while state.queue:
-            await self._gather(state)
-            batch = self._take(state)
-            ENGINE_REQUESTS_WAITING.labels(self.name).set(self._jobs(state))
-            if not batch:
-                continue
-            running = ENGINE_REQUESTS_RUNNING.labels(self.name)
-            running.set(len(batch))
-            self.batch_sizes.append(len(batch))
-            t0 = time.monotonic()
-            BATCH_SIZE.labels(self.name).observe(len(batch))
-            waits = QUEUE_WAIT_SECONDS.labels(self.name)
+        held: _Launched[J, R] | None = None
+        try:
+            while state.queue or held is not None:
+                batch: list[_Pending[J, R]] = []
+                if state.queue:
+                    if held is None:
+                        await self._gather(state)
+                    batch = self._take(state)
+                    ENGINE_REQUESTS_WAITING.labels(self.name).set(self._jobs(state))
+                launched = await self._start(batch) if batch else None
+                # With overlap, the batch before is read back only now, after this one was
+                # launched behind it.
+                if held is not None:
+                    await self._finish(state, held)
+                held = launched
+                if held is not None and not await self._more_coming(state):
+                    await self._finish(state, held)
+                    held = None
+        except BaseException:  # cancelled (loop shutting down): nobody is left waiting
+            for item in [*(held.batch if held is not None else []), *state.queue]:
+                item.future.cancel()
+            raise
+
+    async def _more_coming(self, state: _LoopState[J, R]) -> bool:
+        """Whether to launch another batch before reading the last one back: with overlap,
+        when jobs wait or arrive while the loop looks once more (an engine process reads
+        its socket then)."""
+        if self._launch is None:
+            return False
+        if not self._jobs(state):
+            await asyncio.sleep(0)
+        return self._jobs(state) > 0
+
+    async def _start(self, batch: list[_Pending[J, R]]) -> _Launched[J, R]:
+        """Run (or, with overlap, launch) one batch."""
+        self.batch_sizes.append(len(batch))
+        ENGINE_REQUESTS_RUNNING.labels(self.name).set(len(batch))
+        t0 = time.monotonic()
+        BATCH_SIZE.labels(self.name).observe(len(batch))
+        waits = QUEUE_WAIT_SECONDS.labels(self.name)
+        for item in batch:
+            waits.observe(t0 - item.queued_at)
+        jobs = [p.job for p in batch]
+        try:
+            if self._launch is None:
+                return _Launched(batch, t0, results=await self._run(jobs))
+            return _Launched(batch, t0, collect=await self._launch(jobs))
+        except Exception as exc:
+            return _Launched(batch, t0, results=[exc] * len(batch))
+        except BaseException:
             for item in batch:
-                waits.observe(t0 - item.queued_at)
-            try:
-                results: Sequence[R | BaseException] = await self._run([p.job for p in batch])
-                if len(results) != len(batch):
-                    raise RuntimeError(
-                        f"the batch runner returned {len(results)} results for {len(batch)} jobs"
-                    )
-            except Exception as exc:
-                results = [exc] * len(batch)
-            except BaseException:  # cancelled (loop shutting down): nobody is left waiting
-                for item in [*batch, *state.queue]:
-                    item.future.cancel()
-                raise
-            finally:
-                running.set(0)
-            state.last_run_s = time.monotonic() - t0
-            state.callers = len(batch) + self._jobs(state)
-            for item, res in zip(batch, results, strict=True):
-                if item.future.done():
-                    continue
-                if isinstance(res, BaseException):
-                    item.future.set_exception(res)
-                else:
-                    item.future.set_result(res)
+                item.future.cancel()
+            raise
+
+    async def _finish(self, state: _LoopState[J, R], launched: _Launched[J, R]) -> None:
+        """Read a batch's results back and give each job its own."""
+        batch = launched.batch
+        try:
+            results = launched.results
+            if results is None and launched.collect is not None:
+                results = await launched.collect()
+            if results is None or len(results) != len(batch):
+                raise RuntimeError(
+                    f"the batch runner returned {len(results or [])} results for {len(batch)} jobs"
+                )
+        except Exception as exc:
+            results = [exc] * len(batch)
+        finally:
+            ENGINE_REQUESTS_RUNNING.labels(self.name).set(0)
+        state.last_run_s = time.monotonic() - launched.t0
+        state.callers = len(batch) + self._jobs(state)
+        for item, res in zip(batch, results, strict=True):
+            if item.future.done():
+                continue
+            if isinstance(res, BaseException):
+                item.future.set_exception(res)
+            else:
+                item.future.set_result(res)

@@ -62,7 +62,7 @@ import asyncio
 import functools
 import gc
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +76,7 @@ from dpicl.engines.transformers.batching import MicroBatcher
 from dpicl.engines.transformers.decoding import TransformersDecodingSession
 from dpicl.engines.transformers.generation import GenJob, generate_jobs
 from dpicl.engines.transformers.runner import DEFAULT_MAX_BATCH_TOKENS, ModelRunner
-from dpicl.engines.transformers.scoring import ScoreJob, score_jobs
+from dpicl.engines.transformers.scoring import ScoreJob, launch_score_jobs, score_jobs
 from dpicl.engines.tuning import EngineTuning
 from dpicl.errors import EngineError, InvalidRequest
 
@@ -100,6 +100,7 @@ class TransformersEngine(ModelRunner):
             max_wait_s=self.tuning.batch_wait_ms / 1000,
             max_size=self.tuning.batch_max_prompts,
             name="score",
+            launch=self._launch_score_jobs if self.overlap else None,
         )
 
     @functools.cached_property
@@ -224,6 +225,14 @@ class TransformersEngine(ModelRunner):
 
     async def _run_score_jobs(self, jobs: list[ScoreJob]) -> list[FloatArray | BaseException]:
         return await self.run(score_jobs, self, jobs)
+
+    async def _launch_score_jobs(
+        self, jobs: list[ScoreJob]
+    ) -> Callable[[], Awaitable[list[FloatArray | BaseException]]]:
+        """Launch a scoring batch (the micro-batcher's overlap); the returned function
+        reads its results back."""
+        pending = await self.run(launch_score_jobs, self, jobs)
+        return functools.partial(self.run, pending.collect)
 
     # ------------------------------------------------------------------ generation
 

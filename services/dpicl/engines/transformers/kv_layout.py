@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from dpicl.engines.transformers.attention import SHARED_KV_SDPA
+from dpicl.engines.transformers.shared_prefix import SHARED_PREFIX_ATTENTION
 
 __all__ = [
     "Batch",
@@ -183,6 +184,11 @@ class ScoringPlan:
     ``keep`` marks the positions whose logits are computed (row-major order, as the model's
     boolean ``logits_to_keep`` returns them); ``reads[b][j]`` lists ``(flat index, token)``
     pairs whose log-probabilities sum to row b's score of label j.
+
+    ``keep_at`` gives the same positions as K per row (a row with fewer repeats its first),
+    the integer ``logits_to_keep`` that needs no device read to know its output's size (a
+    boolean one does: its count); ``read_at`` is every read of ``reads``, in order, as
+    ``(index into the (B x K) rows of those logits, token)`` on the device.
     """
 
     input_ids: torch.Tensor  # (B, S) long
@@ -190,6 +196,8 @@ class ScoringPlan:
     mask: torch.Tensor  # (B, 1, S, W + S) bool: True where a query may attend a key
     keep: torch.Tensor  # (B, S) bool
     reads: list[list[list[tuple[int, int]]]]
+    keep_at: torch.Tensor  # (B, K) long
+    read_at: torch.Tensor  # (reads, 2) long
 
 
 def plan_scoring(
@@ -219,6 +227,9 @@ def plan_scoring(
     keep = [[False] * s for _ in range(n)]
     reads: list[list[list[tuple[int, int]]]] = []
     kept = 0  # kept positions before this row (the logits' row-major flat index)
+    k_max = 1 + max(sum(len(t) for t in br) for br in branches)
+    keep_at: list[list[int]] = []
+    read_at: list[tuple[int, int]] = []
     for b, (rest, br, labs) in enumerate(zip(rests, branches, labels, strict=True)):
         start, top = r_width - len(rest), offsets[b] + len(rest)
         ids[b][start:r_width] = rest
@@ -242,6 +253,12 @@ def plan_scoring(
                 at += len(lab) - 1
             row.append(got)
         reads.append(row)
+        # The same reads in the (B x K) rows of integer-kept logits: row b's j-th kept
+        # position is row b * K + j there.
+        keep_at.append(
+            list(range(r_width - 1, r_width + width)) + [r_width - 1] * (k_max - 1 - width)
+        )
+        read_at += [(b * k_max + i - kept, t) for got in row for i, t in got]
         kept = at
     segment = torch.tensor(seg, dtype=torch.long)
     real = segment >= 0
@@ -267,6 +284,8 @@ def plan_scoring(
         to_device(mask, dev),
         to_device(torch.tensor(keep, dtype=torch.bool), dev),
         reads,
+        to_device(torch.tensor(keep_at, dtype=torch.long), dev),
+        to_device(torch.tensor(read_at, dtype=torch.long), dev),
     )
 
 
@@ -283,7 +302,7 @@ def attention_mask_for(mask: torch.Tensor, implementation: str, dtype: torch.dty
     """A boolean 4D mask (True: attend) in the form ``implementation`` takes: as it is for
     ``sdpa`` and :data:`~.attention.SHARED_KV_SDPA`; additive (0 where attended,
     the dtype's minimum elsewhere) for ``eager``."""
-    if implementation in ("sdpa", SHARED_KV_SDPA):
+    if implementation in ("sdpa", SHARED_KV_SDPA, SHARED_PREFIX_ATTENTION):
         return mask
     if implementation == "eager":
         out = torch.zeros(mask.shape, dtype=dtype, device=mask.device)

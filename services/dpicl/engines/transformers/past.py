@@ -50,6 +50,7 @@ __all__ = [
     "shared_past",
     "slot_past",
     "slottable",
+    "suffix_past",
 ]
 
 MIN_SHARED_PREFIX = 8
@@ -203,6 +204,21 @@ def slot_past(engine: ModelRunner, found: Sequence[PrefixEntry | None], room: in
     return Past(SlotCache(slots, max(lens)), prefix_mask(lens, engine.device), lens)
 
 
+def suffix_past(
+    engine: ModelRunner, template: torch.Tensor, lens: Sequence[int], room: int
+) -> Past:
+    """An empty :class:`~.slot_cache.SlotCache` in the engine's workspace with ``room`` slots
+    per row, for a forward whose rows attend to their cached prefixes where the cache holds
+    them (:mod:`.shared_prefix`): only the new tokens' keys and values go in it. Its
+    ``offsets`` are the prefixes' lengths ``lens`` (where each row's positions continue);
+    ``template`` is one of those prefixes (:func:`~.kv_layout.pack_layers`' layout)."""
+    n_layers, _, heads, _, dim = template.shape
+    shape = (n_layers, 2, len(lens), heads, room, dim)
+    slots = engine.kv_workspace.take(shape, template)
+    mask = torch.zeros((len(lens), 0), dtype=torch.long, device=engine.device)
+    return Past(SlotCache(slots, 0), mask, list(lens))
+
+
 def prefill_rows(engine: ModelRunner, rows: Sequence[Row], *, decode_steps: int) -> Prefill:
     """:func:`prefill` over encoded rows, on top of their cached prefixes if any, with
     the cache kept for ``decode_steps`` more tokens per row (in the engine's workspace
@@ -237,8 +253,11 @@ def prefix_entries(engine: ModelRunner, rows: Sequence[Row]) -> dict[tuple[str, 
         if n >= 1:
             todo[r.slot] = r.ids[:n]
             scope[r.slot] = r.scope
-    if todo:
-        keys = list(todo)
+    # In batches of at most max_batch_tokens: a scoring chunk sized for rows that attend
+    # to their prefixes in place (.shared_prefix) counts only their new tokens.
+    waiting = list(todo)
+    for cut in engine.chunks([1] * len(waiting), [len(todo[k]) for k in waiting]):
+        keys = [waiting[i] for i in cut]
         pre = prefill(
             engine,
             [todo[k] for k in keys],

@@ -32,6 +32,10 @@ from dpicl.engines.transformers.attention import SHARED_KV_SDPA, use_shared_kv_s
 from dpicl.engines.transformers.kv_layout import Batch, chunks, left_pad
 from dpicl.engines.transformers.lm_head import use_blocked_lm_head
 from dpicl.engines.transformers.prefix_cache import PrefixCache
+from dpicl.engines.transformers.shared_prefix import (
+    SHARED_PREFIX_ATTENTION,
+    use_shared_prefix_attention,
+)
 from dpicl.engines.transformers.slot_cache import KVWorkspace
 from dpicl.engines.tuning import EngineTuning
 from dpicl.errors import EngineError
@@ -42,7 +46,7 @@ T = TypeVar("T")
 
 DEFAULT_MAX_BATCH_TOKENS = 16_384
 #: Attention implementations that take a dense 4D mask (the scoring branches need one).
-_DENSE_MASK_ATTENTION = ("sdpa", SHARED_KV_SDPA, "eager")
+_DENSE_MASK_ATTENTION = ("sdpa", SHARED_KV_SDPA, SHARED_PREFIX_ATTENTION, "eager")
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +69,14 @@ def _device_of(model: Any) -> torch.device:
     for param in model.parameters():
         return torch.device(param.device)
     return torch.device("cpu")
+
+
+def _kv_width(config: Any) -> int:
+    """K/V channels a token and layer: K/V heads x head size."""
+    heads = int(getattr(config, "num_attention_heads", 1) or 1)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = getattr(config, "head_dim", None) or int(config.hidden_size) // heads
+    return kv_heads * int(head_dim)
 
 
 def _free_device_bytes(device: torch.device) -> int | None:
@@ -98,6 +110,10 @@ class ModelRunner:
         attn = getattr(model.config, "_attn_implementation", None) or "eager"
         if attn == "sdpa" and where.type == "cpu":
             attn = use_shared_kv_sdpa(model)  # grouped K/V heads not copied per layer
+        # Attention to cached prefixes without copying them per row (.shared_prefix): the
+        # model falls back to the attention above outside a scoring forward that asks for
+        # it, so switching it is harmless to a sibling engine over the same model.
+        attn = use_shared_prefix_attention(model)
         if where.type == "cpu":
             use_blocked_lm_head(model)  # the vocabulary projection in cache-sized blocks
         if attn not in _DENSE_MASK_ATTENTION:
@@ -157,6 +173,15 @@ class ModelRunner:
         # False: scoring and generation batches stack cached prefixes in a DynamicCache
         # instead of a SlotCache (the path before; bench/voting.py compares the two).
         self.slot_caches = True
+        #: Warm scoring batches attend to each cached prefix where the cache holds it
+        #: instead of copying it per row (:mod:`.shared_prefix`; ``DPICL_SHARED_PREFIX``).
+        self.shared_prefix_attention = (
+            attn == SHARED_PREFIX_ATTENTION
+            and self.tuning.shares_prefix_attention(where.type, _kv_width(model.config))
+        )
+        #: The score batcher launches the next batch before reading the last one back
+        #: (:mod:`.batching`, "Overlap"; ``DPICL_ENGINE_OVERLAP``).
+        self.overlap = self.tuning.overlaps(where.type)
 
     @staticmethod
     def _collect_eos(model: Any, tokenizer: Any) -> frozenset[int]:
