@@ -41,6 +41,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dpicl_audit.client import AuditTarget, ContextBody, GenerationTarget
+from dpicl_audit.context_info import ContextInfo, context_info
 from dpicl_audit.errors import TargetError
 from dpicl_audit.estimators.stats import clopper_pearson_lower, clopper_pearson_upper
 from dpicl_audit.probes.ingredients import PerToken
@@ -118,7 +119,7 @@ async def audit_positions(
         return None
     probed = positions(max_tokens)
     ids: dict[int, str] = {}
-    infos: list[Mapping[str, Any]] = []
+    infos: list[ContextInfo] = []
     texts: dict[int, dict[int, list[str]]] = {t: {1: [], 0: []} for t in probed}
     refused: list[str] = []
     gate = asyncio.Semaphore(CONCURRENCY)
@@ -136,8 +137,8 @@ async def audit_positions(
         for world in (1, 0):
             body = bodies(world, per_world * len(probed)).copy()
             body["name"] = f"{body.get('name')} positions"
-            info = await target.create_context(body)
-            ids[world] = str(info["id"])
+            info = context_info(await target.create_context(body))
+            ids[world] = info["id"]
             infos.append(info)
         for t in probed:
             for world in (1, 0):
