@@ -54,7 +54,7 @@ from dpicl_audit.client import AuditTarget, ContextBody, GenerationTarget
 from dpicl_audit.context_info import ContextInfo
 from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import TargetProtocolError
-from dpicl_audit.jsontypes import JsonObject, JsonValue
+from dpicl_audit.jsontypes import JsonMapping, JsonObject, JsonValue
 from dpicl_audit.mechanisms.trial_estimates import (
     estimate_trials,
     figure_fields,
@@ -190,7 +190,7 @@ class MechanismAudit:
     def build_design(self, plan: AuditPlan, dataset: LabelledDataset) -> Design:
         raise NotImplementedError
 
-    def load_design(self, data: Mapping[str, Any]) -> Design:
+    def load_design(self, data: JsonMapping) -> Design:
         """A design stored with a run."""
         design: Design = self.design_type.from_json(data)
         return design
