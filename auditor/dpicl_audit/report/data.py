@@ -13,7 +13,7 @@ from typing import Any
 
 from dpicl_audit.catalog.mechanisms import default_mechanism_name
 from dpicl_audit.errors import InvalidAuditInput
-from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.jsontypes import JsonMapping, JsonObject
 from dpicl_audit.mechanisms.base import Design
 from dpicl_audit.pipeline.estimation import estimate_run, load_run, run_design, run_plan
 from dpicl_audit.plan import AuditPlan
@@ -90,7 +90,7 @@ class ReportRow:
     wall_time_shared: bool
     status: str
     message: str
-    noise_check: Mapping[str, Any] | None
+    noise_check: JsonMapping | None
     error: str | None = None
     # ESA: the exact epsilon for the canary's actual embedding shift ||e(y1)-e(y0)||/T
     # instead of the worst case 2/T (looseness of the analysis vs weakness of the attack).

@@ -114,9 +114,11 @@ def conformance_html(runs: Sequence[RunData]) -> str:
             conf = s.conformance
             if not conf:
                 continue
+            differs = conf.get("differs")
+            named = ", ".join(str(d) for d in differs) if isinstance(differs, list) else ""
             rows.append(
                 f"<tr><td>{_e(rd.label)}</td><td>{_e(s.setting)}</td>"
-                f"<td>{_e(conf.get('status'))}</td><td>{_e(', '.join(conf.get('differs') or []))}"
+                f"<td>{_e(conf.get('status'))}</td><td>{_e(named)}"
                 f"</td><td>{_e(conf.get('message'))}</td></tr>"
             )
     if not rows:
