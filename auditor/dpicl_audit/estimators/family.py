@@ -30,14 +30,14 @@ from dpicl_audit.jsontypes import JsonObject
 __all__ = [
     "FamilyWise",
     "FigureRecord",
-    "TestRecord",
+    "FigureTest",
     "family_wise_figures",
     "figure_record",
     "figure_tests",
 ]
 
 
-class TestRecord(TypedDict, total=False):
+class FigureTest(TypedDict, total=False):
     """One statistical test behind a figure as an estimate carries it: its decision counts
     and trials per world (None or absent where it has none) and the confidence it was
     evaluated at (estimators.counts, estimators.whitebox)."""
@@ -51,15 +51,15 @@ class TestRecord(TypedDict, total=False):
     confidence: float | None
 
 
-class FigureRecord(TestRecord, total=False):
+class FigureRecord(FigureTest, total=False):
     """An estimate's figure as the family-wise and power rules read it: its own test's keys
     and, for a white-box figure (``chosen`` set), its two tests; the classical figure's own
     tests where it has its own threshold; the bounds the verdict rules compare."""
 
     chosen: str | None
-    black_box: TestRecord | None
-    held_out: TestRecord | None
-    classical_tests: list[TestRecord] | None
+    black_box: FigureTest | None
+    held_out: FigureTest | None
+    classical_tests: list[FigureTest] | None
     mu_lower: float | None
     epsilon_lower_classic: float | None
 
@@ -85,7 +85,7 @@ class FamilyWise:
         return asdict(self)
 
 
-def figure_tests(est: FigureRecord) -> list[TestRecord]:
+def figure_tests(est: FigureRecord) -> list[FigureTest]:
     """The tests behind an estimate's GDP figure: a white-box estimate's black-box and
     held-out tests (it reports the better), else the estimate itself (its counts)."""
     if "chosen" in est:  # WhiteBoxEstimate.to_dict
@@ -93,7 +93,7 @@ def figure_tests(est: FigureRecord) -> list[TestRecord]:
     return [est]
 
 
-def _at(test: TestRecord, size: int, delta: float) -> tuple[float, float] | None:
+def _at(test: FigureTest, size: int, delta: float) -> tuple[float, float] | None:
     tp, fn, fp, tn = test.get("tp"), test.get("fn"), test.get("fp"), test.get("tn")
     conf = test.get("confidence")
     if tp is None or fn is None or fp is None or tn is None or conf is None:
@@ -127,7 +127,7 @@ def family_wise_figures(est: FigureRecord, size: int, delta: float) -> FamilyWis
 
 
 def _all_at(
-    tests: Sequence[TestRecord], size: int, delta: float
+    tests: Sequence[FigureTest], size: int, delta: float
 ) -> list[tuple[float, float]] | None:
     out = [v for v in (_at(t, size, delta) for t in tests) if v is not None]
     return out if out and len(out) == len(tests) else None

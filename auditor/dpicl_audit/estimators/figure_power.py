@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from dpicl_audit.claims import SettingClaims
 from dpicl_audit.errors import InvalidAuditInput
-from dpicl_audit.estimators.family import FigureRecord, TestRecord
+from dpicl_audit.estimators.family import FigureRecord, FigureTest
 from dpicl_audit.estimators.gdp import gdp_mu
 from dpicl_audit.estimators.power import (
     max_reachable_epsilon,
@@ -49,7 +49,7 @@ def reach_model(
         return None
     delta, rates, flip = claims.delta, claims.release_rates, claims.flip_rate
 
-    def test(part: TestRecord, runs: tuple[int, int], *, rule: bool) -> Reach:
+    def test(part: FigureTest, runs: tuple[int, int], *, rule: bool) -> Reach:
         conf = float(part.get("confidence") or 0.95)
         if rule and rates is not None:  # the black-box rule, of known rates
             return lambda n_pos, n_neg: reachable_from_rates(
@@ -73,7 +73,7 @@ def reach_model(
     if "chosen" not in est or not (black or held):
         runs = (int(n_pos), int(n_neg))
         return test(est, runs, rule=True), runs
-    first: TestRecord = black or est
+    first: FigureTest = black or est
     runs = (int(first.get("n_pos") or 0), int(first.get("n_neg") or 0))
     tests = [
         test(part, runs, rule=part is black)
