@@ -11,6 +11,8 @@ inside a function, closes a cycle)::
 
     errors.py          the exception tree (below)
     jsontypes.py       JsonObject: what the auditor writes as JSON, its values checked
+    context_info.py    ContextInfo, MechanismInfo: the record a server keeps of a context
+                       (its answer to POST/GET /v1/contexts), typed, checked where it enters
     claims.py          SettingClaims: what a setting claims (epsilon, sigma, exact
                        epsilons, the run's Family) and its mechanism's own facts, typed
     prompts.py         the audit prompts of paper 000 (Appendix B) and DPS-MOZO's

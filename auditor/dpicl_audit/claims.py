@@ -16,8 +16,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar, Protocol, Self, TypeVar
+from typing import ClassVar, Protocol, Self, TypeVar
 
+from dpicl_audit.context_info import ContextInfo
 from dpicl_audit.errors import InvalidAuditInput, TargetProtocolError
 from dpicl_audit.jsontypes import JsonObject, JsonValue
 
@@ -260,11 +261,10 @@ def _context_ids(stored: JsonValue) -> dict[str, str | list[str] | None]:
     return out
 
 
-def sigma_of(info: Mapping[str, Any]) -> float:
+def sigma_of(info: ContextInfo) -> float:
     """The noise sigma a Gaussian mechanism's context reports (voting, ESA)."""
-    mech = info.get("mechanism")
     try:
-        sigma = float(mech["sigma"])  # type: ignore[index]
+        sigma = float(info["mechanism"]["sigma"])
     except (TypeError, KeyError, ValueError) as exc:
         raise TargetProtocolError(
             f"context {info.get('id')} reports no mechanism.sigma; the audit needs the noise "

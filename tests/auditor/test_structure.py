@@ -37,6 +37,8 @@ MAX_FUNCTION_LINES = 120
 #: prefix listed here.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("dpicl_audit", "errors", "jsontypes"),
+    # The record a server keeps of a context, typed: the store keeps it, everything reads it.
+    ("context_info",),
     # A setting's claims, typed: the estimators, verdicts, mechanisms and report read them.
     ("claims",),
     ("prompts", "datasets", "client", "store", "estimators"),

@@ -7,7 +7,7 @@ import json
 import os
 import shlex
 import sys
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -17,7 +17,7 @@ from rich.console import Console
 
 from dpicl_audit.cli.lazy import LazyGroup
 from dpicl_audit.errors import AuditError
-from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.jsontypes import JsonMapping, JsonObject
 
 if TYPE_CHECKING:
     from dpicl_audit.plan import AuditPlan
@@ -230,7 +230,7 @@ def guard(fn: Callable[[], T]) -> T:
 
 
 def emit(
-    results: Mapping[str, Any],
+    results: JsonMapping,
     as_json: bool,
     path: Path | None = None,
     *,
@@ -261,7 +261,7 @@ _VERDICT_STYLE = {
 }
 
 
-def print_verdict(results: Sequence[Mapping[str, Any]], strict: bool, console: Console) -> None:
+def print_verdict(results: Sequence[JsonMapping], strict: bool, console: Console) -> None:
     """The one line that opens a summary: the runs' overall verdict and exit status."""
     from rich.text import Text
 
@@ -273,7 +273,7 @@ def print_verdict(results: Sequence[Mapping[str, Any]], strict: bool, console: C
 
 
 def exit_on_verdict(
-    results: Sequence[Mapping[str, Any]], strict: bool = False, *, printed: bool = True
+    results: Sequence[JsonMapping], strict: bool = False, *, printed: bool = True
 ) -> None:
     """Exit with the worst verdict's code (verdicts.EXIT_CODES: 4 NONCONFORMING, 5 VIOLATION
     or BUG; 3 INCONCLUSIVE only under ``--strict``), so that a deployment pipeline can fail

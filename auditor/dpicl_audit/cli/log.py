@@ -12,7 +12,7 @@ import math
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Required, TypedDict
 
 import typer
 from rich import box
@@ -39,6 +39,7 @@ from dpicl_audit.cli.common import (
     run_async,
 )
 from dpicl_audit.errors import AuditError
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.store.db import DEFAULT_DB, resolve_db_url, sqlite_file_missing
 
 __all__ = ["list_runs", "report", "resume", "show"]
@@ -77,13 +78,35 @@ def resume(
     exit_on_verdict([results], strict, printed=not as_json)  # a resumed run ends like ``run``
 
 
+class _RunRow(TypedDict, total=False):
+    """A run's row of ``list`` (``--json`` writes the rows as they are)."""
+
+    id: Required[str]
+    name: Required[str | None]
+    mechanism: Required[str]
+    kind: Required[str]
+    status: Required[str]
+    created_at: Required[str]
+    threat_model: Required[str | None]
+    attack: Required[str | None]
+    #: Utility runs: the dataset and the grid's partitions.
+    dataset: str
+    api: Required[str]
+    epsilons: Required[list[float] | None]
+    partitions: list[int]
+    trials_logged: Required[int]
+    trials_planned: Required[int]
+    llm_calls: Required[int]
+    wall_time_s: Required[float]
+
+
 def _expected(run: Any, plan: Mapping[str, Any]) -> int:
     if run.kind == "bootstrap":
         return 2 * int(plan.get("bootstrap", {}).get("n_llm", 0))
     return int(plan.get("trials", 0)) * len(plan.get("mechanism", {}).get("epsilons", []))
 
 
-def _utility_row(run: Any, logged: int) -> dict[str, Any]:
+def _utility_row(run: Any, logged: int) -> _RunRow:
     """A utility run's row of ``list``: its plan is a grid of cells over a dataset, not an
     audit's mechanism, attack and threat model (it was listed as a black-box voting inquery
     audit of no epsilon, with 0 trials planned)."""
@@ -128,10 +151,10 @@ def list_runs(db: DbOpt = DEFAULT_DB, as_json: JsonOpt = False) -> None:
             out_console.print(f"no trial log at {missing} (nothing has been audited there yet)")
         return
 
-    def load() -> list[dict[str, Any]]:
+    def load() -> list[_RunRow]:
         store = TrialStore(db)
         try:
-            rows = []
+            rows: list[_RunRow] = []
             for stored in store.list_runs():
                 run = upgraded_run(stored) or stored
                 plan = run.plan
@@ -283,7 +306,7 @@ def report(
     exit_on_verdict(_reported_results(db, run_ids), strict)
 
 
-def _reported_results(db: str, run_ids: list[str]) -> list[dict[str, Any]]:
+def _reported_results(db: str, run_ids: list[str]) -> list[JsonObject]:
     """The reported runs' results, for the exit code (a run the log cannot give is skipped:
     the report itself has said what it could of it)."""
 

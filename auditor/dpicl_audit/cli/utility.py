@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -35,6 +35,7 @@ from dpicl_audit.store.db import DEFAULT_DB
 
 if TYPE_CHECKING:
     from dpicl_audit.utility.plan import UtilityPlan
+    from dpicl_audit.utility.results import UtilityResults
 
 __all__ = ["utility"]
 
@@ -225,7 +226,7 @@ def utility(
     _write(results, Path(out) / rid / "utility.json", as_json)
 
 
-def _write(results: Mapping[str, Any], path: Path, as_json: bool) -> None:
+def _write(results: UtilityResults, path: Path, as_json: bool) -> None:
     """The results to ``path`` (utility.json), then printed: as JSON or as the table."""
     from dpicl_audit.utility.report import print_utility
 

@@ -8,7 +8,7 @@ import asyncio
 import math
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from dpicl_audit.demo.talk import (
     trials_message,
 )
 from dpicl_audit.estimators.trial_budget import POWER_MARGIN, plan_trials, planned_needs
-from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.jsontypes import JsonMapping, JsonObject
 from dpicl_audit.pipeline.run import bootstrap_audit, run_audit
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.plan.schedule import CLEAN_SETTING, new_run_id
@@ -52,7 +52,7 @@ def _plan(srv: DemoServer, **overrides: Any) -> AuditPlan:
     return AuditPlan.from_sources(None, base | overrides)
 
 
-def _summarise(results: Mapping[str, Any]) -> None:
+def _summarise(results: JsonMapping) -> None:
     for s in RunResult.from_json(results).settings:
         parts = []
         for key in ("black_box", "white_box"):
@@ -128,12 +128,13 @@ async def audit_esa(
         )
     _summarise(res)
     rows = []
-    for s_ in res.get("settings", []):
-        wb = s_.get("white_box") or {}
+    for s_ in RunResult.from_json(res).settings:
+        wb = s_.white_box
         rows.append(
-            f"eps={float(s_['epsilon_theory']):g}: exact(2/T)={float(s_['epsilon_exact']):.3f}, "
+            f"eps={float(s_.epsilon_theory or 0.0):g}: "
+            f"exact(2/T)={float(s_.epsilon_exact or 0.0):.3f}, "
             f"exact(actual shift)={float(s_.get('epsilon_exact_signal') or 0):.3f}, "
-            f"white-box emp={float(wb.get('epsilon_lower') or 0):.3f}"
+            f"white-box emp={float((wb and wb.epsilon_lower) or 0):.3f}"
         )
     note = (
         f"ESA on the {label} engine (T=4, bootstrap n_llm={n_llm} clean partition-mean vectors "
@@ -249,13 +250,14 @@ async def audit_model(
     clean = _logged_rows(db, str(res["run_id"]), CLEAN_SETTING)
     votes_note = _clean_votes_note(clean)
     console.print(f"    {votes_note}")
-    queries = max(1, int(res.get("queries") or 2 * counts.model_n_llm))
+    boot = RunResult.from_json(res)
+    queries = max(1, boot.queries or 2 * counts.model_n_llm)
     # Wall seconds a real trial takes, until the first real run measures it: the
     # bootstrap's median logged query latency over the concurrency both runs use. Its
     # queries include each context's first (cache misses), so this errs long.
     per_trial = _wall_per_trial(clean, boot_s / queries / _MODEL_CONCURRENCY)
     needs = planned_needs(res)
-    design = (res.get("design") or {}).get("design", "?")
+    design = boot.design.get("design", "?")
     note = (
         f"Real model (transformers, CPU), {design} design (docs/auditing.md, 'Designs'): "
         f"bootstrap at epsilon {', '.join(f'{e:g}' for e in MODEL_EPSILONS)} with "
@@ -324,7 +326,7 @@ async def audit_model(
 
 async def _white_box_run(
     srv: DemoServer, db: Path, out: Path, eps: float, trials: int, cap: float
-) -> tuple[str, dict[str, Any] | None]:
+) -> tuple[str, JsonObject | None]:
     """One real white-box run at ``eps``, stopped after ``cap`` seconds: its id, and its
     results (None where it was stopped)."""
     run_id = new_run_id()

@@ -50,7 +50,7 @@ from scipy import integrate, stats
 from dpicl_audit.claims import Family
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.estimators.stats import FloatArray
-from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.jsontypes import JsonObject, JsonValue
 
 __all__ = [
     "CONFORMANCE_ERROR",
@@ -106,9 +106,10 @@ class Conformance:
             return "untested"
         return "nonconforming" if self.failed else "conforming"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         failed = self.failed
-        differs = sorted({t.what for t in failed})
+        # Built as JSON values (a list[str] is not one: list is invariant).
+        differs: list[JsonValue] = [w for w in sorted({t.what for t in failed})]
         if not self.tests:
             message = "nothing in this setting has a predicted distribution to test"
         elif failed:

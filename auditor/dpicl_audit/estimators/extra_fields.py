@@ -33,7 +33,7 @@ from typing import Any, Literal, NotRequired, TypedDict
 import numpy as np
 from scipy import stats
 
-from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.jsontypes import JsonMapping, JsonObject
 
 __all__ = ["ALPHA", "PUBLIC", "Dependence", "dependence_test", "response_fields"]
 
@@ -109,7 +109,7 @@ def _flatten(value: object, prefix: str, out: JsonObject) -> None:
         out[prefix] = value
 
 
-def response_fields(response: Mapping[str, Any]) -> JsonObject:
+def response_fields(response: JsonMapping) -> JsonObject:
     """The fields of a response besides the answer and what is public by design, flattened
     to dotted paths (list indices as numbers); empty for a response that has none."""
     flat: JsonObject = {}

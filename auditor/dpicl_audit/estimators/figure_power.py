@@ -9,11 +9,11 @@ least half of epsilon_exact, and names the count that would do where it is not
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 from dpicl_audit.claims import SettingClaims
 from dpicl_audit.errors import InvalidAuditInput
+from dpicl_audit.estimators.family import FigureRecord, FigureTest
 from dpicl_audit.estimators.gdp import gdp_mu
 from dpicl_audit.estimators.power import (
     max_reachable_epsilon,
@@ -28,7 +28,7 @@ Reach = Callable[[int, int], float]
 
 
 def reach_model(
-    est: Mapping[str, Any], claims: SettingClaims, mu_exact: float | None
+    est: FigureRecord, claims: SettingClaims, mu_exact: float | None
 ) -> tuple[Reach, tuple[int, int]] | None:
     """The largest epsilon this audit's design could reach at given trials per world
     (estimators.power), with the run's trials per world it is read at; None when the
@@ -44,18 +44,19 @@ def reach_model(
     black-box figure of the same trials had.
     """
 
-    if not est.get("n_pos") or not est.get("n_neg"):
+    n_pos, n_neg = est.get("n_pos"), est.get("n_neg")
+    if not n_pos or not n_neg:
         return None
     delta, rates, flip = claims.delta, claims.release_rates, claims.flip_rate
 
-    def test(part: Mapping[str, Any], runs: tuple[int, int], *, rule: bool) -> Reach:
+    def test(part: FigureTest, runs: tuple[int, int], *, rule: bool) -> Reach:
         conf = float(part.get("confidence") or 0.95)
         if rule and rates is not None:  # the black-box rule, of known rates
             return lambda n_pos, n_neg: reachable_from_rates(
                 n_pos, n_neg, float(rates[0]), float(rates[1]), delta=delta, confidence=conf
             )
         # A threshold on scores, on its share of the run's trials.
-        share = (int(part["n_pos"]) / runs[0], int(part["n_neg"]) / runs[1])
+        share = (int(part.get("n_pos") or 0) / runs[0], int(part.get("n_neg") or 0) / runs[1])
         return lambda n_pos, n_neg: (
             max_reachable_epsilon(
                 max(1, round(share[0] * n_pos)),
@@ -70,10 +71,10 @@ def reach_model(
 
     black, held = est.get("black_box"), est.get("held_out")
     if "chosen" not in est or not (black or held):
-        runs = (int(est["n_pos"]), int(est["n_neg"]))
+        runs = (int(n_pos), int(n_neg))
         return test(est, runs, rule=True), runs
-    first = black or est
-    runs = (int(first["n_pos"]), int(first["n_neg"]))
+    first: FigureTest = black or est
+    runs = (int(first.get("n_pos") or 0), int(first.get("n_neg") or 0))
     tests = [
         test(part, runs, rule=part is black)
         for part in (black, held)
@@ -91,7 +92,7 @@ def exact_mus(claims: SettingClaims) -> tuple[float | None, float | None]:
     return mu_exact, (mu_exact if signal is None else gdp_mu(signal, delta))
 
 
-def trials_for_power_of(est: Mapping[str, Any], claims: SettingClaims) -> tuple[int, int] | None:
+def trials_for_power_of(est: FigureRecord, claims: SettingClaims) -> tuple[int, int] | None:
     """About how many trials (with the canary, without, in the proportion of ``est``'s) the
     design of a Gaussian audit's figure ``est`` needs before
     :func:`~dpicl_audit.verdicts.gaussian_verdict` grants

@@ -17,8 +17,6 @@ but 0 for a decision whose one operating point lies above the FPR asked.)
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import numpy.typing as npt
 
@@ -74,11 +72,11 @@ def tpr_at(fpr: np.ndarray, tpr: np.ndarray, x: float) -> float:
     return float(tpr[i] + w * (tpr[i + 1] - tpr[i]))
 
 
-def _summary(fpr: np.ndarray, tpr: np.ndarray) -> dict[str, Any]:
+def _summary(fpr: np.ndarray, tpr: np.ndarray) -> JsonObject:
     """Both figures from the one curve: its area (trapezoids between the points) and its
     height at each low FPR."""
     auroc = float(np.sum(np.diff(fpr) * (tpr[1:] + tpr[:-1]) / 2.0))
-    at = {f"{x:g}": tpr_at(fpr, tpr, x) for x in LOW_FPRS}
+    at: JsonObject = {f"{x:g}": tpr_at(fpr, tpr, x) for x in LOW_FPRS}
     idx = np.unique(np.linspace(0, fpr.size - 1, min(fpr.size, _MAX_POINTS)).astype(int))
     return {
         "auroc": auroc,

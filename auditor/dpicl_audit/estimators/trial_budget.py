@@ -26,6 +26,7 @@ from typing import Any
 
 from dpicl_audit.claims import SettingClaims
 from dpicl_audit.errors import InvalidAuditInput
+from dpicl_audit.estimators.family import FigureRecord
 from dpicl_audit.estimators.figure_power import trials_for_power_of
 from dpicl_audit.estimators.whitebox import figure_test_confidences
 
@@ -75,7 +76,7 @@ def needs_from_bootstrap(
         raise InvalidAuditInput(f"split must lie strictly between 0 and 1, got {split!r}")
     c_black, c_held = figure_test_confidences(confidence)
     held = round(_SCALE * (1.0 - split))
-    figures = (
+    figures: tuple[FigureRecord, ...] = (
         {"n_pos": _SCALE, "n_neg": _SCALE, "confidence": confidence},
         {
             "chosen": "black_box",

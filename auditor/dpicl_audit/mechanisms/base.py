@@ -51,9 +51,10 @@ from typing import Any, ClassVar, Protocol
 from dpicl_audit.catalog.settings import MechanismSettings, PartitionedSettings
 from dpicl_audit.claims import SettingClaims
 from dpicl_audit.client import AuditTarget, ContextBody, GenerationTarget
+from dpicl_audit.context_info import ContextInfo
 from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import TargetProtocolError
-from dpicl_audit.jsontypes import JsonObject, JsonValue
+from dpicl_audit.jsontypes import JsonMapping, JsonObject, JsonValue
 from dpicl_audit.mechanisms.trial_estimates import (
     estimate_trials,
     figure_fields,
@@ -189,7 +190,7 @@ class MechanismAudit:
     def build_design(self, plan: AuditPlan, dataset: LabelledDataset) -> Design:
         raise NotImplementedError
 
-    def load_design(self, data: Mapping[str, Any]) -> Design:
+    def load_design(self, data: JsonMapping) -> Design:
         """A design stored with a run."""
         design: Design = self.design_type.from_json(data)
         return design
@@ -212,7 +213,7 @@ class MechanismAudit:
         """How many queries one context answers (None: any number)."""
         return None
 
-    def check_context(self, info: Mapping[str, Any], design: Any, epsilon: float) -> None:
+    def check_context(self, info: ContextInfo, design: Any, epsilon: float) -> None:
         """Refuse a context whose mechanism record does not match the audit."""
         mech = info.get("mechanism")
         if not isinstance(mech, Mapping):

@@ -13,6 +13,7 @@ from typing import Any
 from dpicl_audit.catalog.settings import GaussianSettings
 from dpicl_audit.claims import SettingClaims, number, sigma_of
 from dpicl_audit.client import ContextBody
+from dpicl_audit.context_info import ContextInfo
 from dpicl_audit.errors import TargetProtocolError
 from dpicl_audit.estimators.composition import answers_in_budget, budget_for
 from dpicl_audit.jsontypes import JsonObject, JsonValue
@@ -30,7 +31,7 @@ __all__ = [
 ]
 
 
-def check_partition_seed(info: Mapping[str, Any], design: Any) -> None:
+def check_partition_seed(info: ContextInfo, design: Any) -> None:
     """Refuse a partitioned context whose seed is not the design's (voting, ESA)."""
     seed = info["mechanism"].get("partition_seed")
     if seed is not None and int(seed) != design.partition_seed:
@@ -110,7 +111,7 @@ class GaussianMechanismAudit(MechanismAudit):
         # embeddings from the first pair: learns_from_contexts).
         return self.context_capacity(plan)
 
-    def check_context(self, info: Mapping[str, Any], design: Any, epsilon: float) -> None:
+    def check_context(self, info: ContextInfo, design: Any, epsilon: float) -> None:
         super().check_context(info, design, epsilon)
         sigma_of(info)
         check_partition_seed(info, design)
@@ -126,9 +127,9 @@ class GaussianMechanismAudit(MechanismAudit):
             budget = self.answers_budget(plan, epsilon, answers)
             return None if budget is None else body | {"budget": budget}
 
-        def claim(epsilon: float, info: Mapping[str, Any]) -> SettingClaims:
+        def claim(epsilon: float, info: ContextInfo) -> SettingClaims:
             setting = plan.setting_key(epsilon)
-            c1 = ContextRecord(setting, 1, epsilon, str(info["id"]), info)
+            c1 = ContextRecord(setting, 1, epsilon, info["id"], info)
             return self.setting_claims(plan, design, epsilon, {(setting, 1): c1})
 
         return replace(

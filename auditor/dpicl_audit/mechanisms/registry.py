@@ -15,13 +15,12 @@ is listed in :class:`~.base.MechanismAudit`'s docstring.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from importlib import import_module
-from typing import Any
 
 from dpicl_audit.catalog.mechanisms import model_name, settings_models
 from dpicl_audit.catalog.settings import MechanismSettings
 from dpicl_audit.errors import InvalidAuditInput
+from dpicl_audit.jsontypes import JsonMapping
 from dpicl_audit.mechanisms.base import Design, MechanismAudit
 from dpicl_audit.store import RunRecord
 
@@ -71,7 +70,7 @@ def get_mechanism(name: str) -> MechanismAudit:
         ) from None
 
 
-def load_design(mechanism: str, data: Mapping[str, Any]) -> Design:
+def load_design(mechanism: str, data: JsonMapping) -> Design:
     """A design stored with a run, read back by its mechanism's audit."""
     return get_mechanism(mechanism).load_design(data)
 

@@ -21,7 +21,7 @@ from dpicl_audit.estimators.conformance import (
 )
 from dpicl_audit.estimators.counts import estimate_from_counts
 from dpicl_audit.estimators.exchangeable import order_can_inform, repeat_test
-from dpicl_audit.estimators.family import figure_tests
+from dpicl_audit.estimators.family import figure_record, figure_tests
 from dpicl_audit.estimators.roc import roc_from_decisions, roc_from_scores
 from dpicl_audit.estimators.whitebox import (
     CLASSICAL_LABEL,
@@ -127,7 +127,7 @@ def figure_fields(figs: AuditFigures) -> dict[str, Any]:
         "epsilon_lower_classic": figs.epsilon_classical,
         "classical_threshold": getattr(classical, "threshold", None),
         # The classical figure's own tests (its own threshold), for family-wise claims.
-        "classical_tests": figure_tests(classical.to_dict()),
+        "classical_tests": figure_tests(figure_record(classical.to_dict())),
         "gdp_label": GAUSSIAN_LABEL,
         "classical_label": CLASSICAL_LABEL,
     }

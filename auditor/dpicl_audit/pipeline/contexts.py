@@ -23,29 +23,30 @@ import asyncio
 import hashlib
 import json
 from collections.abc import Mapping
-from typing import Any
 
 from dpicl_audit.client import ContextBody
+from dpicl_audit.context_info import ContextInfo, context_info
 from dpicl_audit.errors import TargetError, TargetNotFound, TargetProtocolError
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.pipeline.run_context import RunContext
 from dpicl_audit.store import ContextRecord
 
 __all__ = ["ContextBook", "fingerprint", "mismatches"]
 
-_FINGERPRINT_KEY = "audit_fingerprint"
 
-
-def fingerprint(body: Mapping[str, Any]) -> str:
+def fingerprint(body: ContextBody) -> str:
     """A hash of everything that makes two contexts the same mechanism over the same data."""
-    keep = {k: body.get(k) for k in ("task", "labels", "template", "exemplars", "mechanism")}
+    sent: Mapping[str, object] = body
+    keep = {k: sent.get(k) for k in ("task", "labels", "template", "exemplars", "mechanism")}
     text = json.dumps(keep, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def mismatches(info: Mapping[str, Any], body: Mapping[str, Any]) -> list[str]:
+def mismatches(info: ContextInfo, body: ContextBody) -> list[str]:
     """Fields where a server context differs from the body the audit would send."""
     out = []
-    mech, want = info.get("mechanism") or {}, body.get("mechanism") or {}
+    mech: Mapping[str, object] = info.get("mechanism") or {}
+    want = body["mechanism"]
     for key, value in want.items():
         got = mech.get(key)
         if got is not None and key != "name" and _differs(got, value):
@@ -53,15 +54,18 @@ def mismatches(info: Mapping[str, Any], body: Mapping[str, Any]) -> list[str]:
     if mech.get("name") not in (None, want.get("name")):
         out.append(f"mechanism.name {mech.get('name')!r} (audit: {want.get('name')!r})")
     n = info.get("n_exemplars")
-    if n is not None and int(n) != len(body.get("exemplars") or []):
-        out.append(f"n_exemplars {n} (audit: {len(body.get('exemplars') or [])})")
+    if n is not None and int(n) != len(body["exemplars"]):
+        out.append(f"n_exemplars {n} (audit: {len(body['exemplars'])})")
+    # Read by a key named at run time: both records as plain mappings.
+    record: Mapping[str, object] = info
+    sent: Mapping[str, object] = body
     for key in ("task", "labels", "template"):
-        if key in body and info.get(key) is not None and info.get(key) != body[key]:
+        if key in sent and record.get(key) is not None and record.get(key) != sent[key]:
             out.append(f"{key} differs")
     return out
 
 
-def _differs(got: Any, want: Any) -> bool:
+def _differs(got: object, want: object) -> bool:
     if isinstance(want, str) != isinstance(got, str):
         return False  # a derived value (ESA's "tight" reported as the number 2/T)
     if isinstance(want, float | int) and isinstance(got, float | int):
@@ -74,7 +78,7 @@ class ContextBook:
 
     def __init__(self, run: RunContext) -> None:
         self.run_ctx = run
-        self._listing: list[dict[str, Any]] | None = None
+        self._listing: list[JsonObject] | None = None
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._cache: dict[tuple[str, int], ContextRecord] = {}
         #: Every context this book created or adopted, in the log or not (a spent one that
@@ -131,7 +135,7 @@ class ContextBook:
         body = self._body(epsilon, world, setting, slot)
         rec = self.run_ctx.store.contexts(self.run_ctx.run_id).get((self.key(setting, slot), world))
         if rec is not None:
-            stored = rec.info.get(_FINGERPRINT_KEY)
+            stored = rec.info.get("audit_fingerprint")
             if stored is not None and stored != fingerprint(body):
                 raise TargetProtocolError(
                     f"context {rec.context_id} ({setting}, C{world}) was created with other "
@@ -153,16 +157,17 @@ class ContextBook:
                     f"context {info.get('id')} is named {body['name']!r} but differs from the "
                     f"audit's: {'; '.join(bad)}"
                 )
-            return self._save(setting, epsilon, world, slot, info, body, generation=0)
+            return self._save(setting, epsilon, world, slot, info, generation=0)
         return await self._create(setting, epsilon, world, slot, str(body["name"]))
 
-    async def _adoptable(self, name: str) -> dict[str, Any] | None:
+    async def _adoptable(self, name: str) -> ContextInfo | None:
         if self._listing is None:
             try:
                 self._listing = await self.run_ctx.target.list_contexts()
             except TargetError:
                 self._listing = []
-        return next((c for c in self._listing if c.get("name") == name), None)
+        found = next((c for c in self._listing if c.get("name") == name), None)
+        return None if found is None else context_info(found)
 
     def _body(self, epsilon: float, world: int, setting: str, slot: int) -> ContextBody:
         name = self.name(setting, world, slot)
@@ -175,8 +180,8 @@ class ContextBook:
         self, setting: str, epsilon: float, world: int, slot: int, name: str, generation: int = 0
     ) -> ContextRecord:
         body = self._body(epsilon, world, setting, slot) | {"name": name}
-        info = await self.run_ctx.target.create_context(body)
-        return self._save(setting, epsilon, world, slot, info, body, generation=generation)
+        info = context_info(await self.run_ctx.target.create_context(body))
+        return self._save(setting, epsilon, world, slot, info, generation=generation)
 
     def _save(
         self,
@@ -184,16 +189,16 @@ class ContextBook:
         epsilon: float,
         world: int,
         slot: int,
-        info: Mapping[str, Any],
-        body: Mapping[str, Any],
+        info: ContextInfo,
         *,
         generation: int,
     ) -> ContextRecord:
         self._seen.add(str(info.get("id")))
         self.run_ctx.mechanism.check_context(info, self.run_ctx.design, epsilon)
         # The fingerprint ignores the name, so a replacement carries its slot's fingerprint.
-        stored = dict(info) | {
-            _FINGERPRINT_KEY: fingerprint(self._body(epsilon, world, setting, slot)),
+        stored: ContextInfo = {
+            **info,
+            "audit_fingerprint": fingerprint(self._body(epsilon, world, setting, slot)),
             "audit_generation": generation,
         }
         self.run_ctx.store.save_context(

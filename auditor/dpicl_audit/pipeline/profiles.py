@@ -15,11 +15,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Literal
 
 from dpicl_audit.errors import InvalidAuditInput
-from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.jsontypes import JsonMapping, JsonObject
 from dpicl_audit.plan import AuditPlan
 
 __all__ = [
@@ -70,7 +69,7 @@ def tail_run_id(run_id: str) -> str:
     return f"{run_id}-tail"
 
 
-def with_tail_gap(results: Mapping[str, Any], tail: Mapping[str, Any]) -> JsonObject:
+def with_tail_gap(results: JsonMapping, tail: JsonMapping) -> JsonObject:
     """A ``verify`` run's results as one JSON document: the companion's inside the run's
     (stored with the run: what ``run --profile verify --json`` prints, and ``show`` and the
     run's ``results.json`` again)."""

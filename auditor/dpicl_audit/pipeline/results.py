@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from rich.text import Text
 
 from dpicl_audit.catalog.mechanisms import default_mechanism_name
 from dpicl_audit.errors import InvalidAuditInput
+from dpicl_audit.jsontypes import JsonMapping, JsonObject
 from dpicl_audit.pipeline.profiles import with_tail_gap
 from dpicl_audit.results import RunResult, jsonable
 from dpicl_audit.store import TrialStore
@@ -36,21 +36,21 @@ __all__ = [
 ]
 
 
-def describe_run(results: Mapping[str, Any]) -> str:
+def describe_run(results: JsonMapping) -> str:
     """``mechanism · attack · design · kind``, e.g. ``voting · inquery · natural canary,
     audit-template · bootstrap``."""
-    plan = results.get("plan") or {}
-    design = results.get("design") or {}
+    run = RunResult.from_json(results)
+    plan, design = run.get("plan") or {}, run.design
     stored = (plan.get("mechanism") or {}).get("name", default_mechanism_name())
-    mech = results.get("mechanism") or stored
+    mech = run.get("mechanism") or stored  # a legacy log's object too, as stored
     attack = design.get("attack") or plan.get("attack", "?")
     canary = design.get("canary_kind") or plan.get("canary", "?")
     setting = plan.get("setting", "audit-template")
-    kind = "bootstrap" if results.get("kind") == "bootstrap" else "real trials"
+    kind = "bootstrap" if run.kind == "bootstrap" else "real trials"
     return f"{mech} · {attack} · {canary} canary, {setting} · {kind}"
 
 
-def finish_run(store: TrialStore, run_id: str, results: RunResult) -> dict[str, Any]:
+def finish_run(store: TrialStore, run_id: str, results: RunResult) -> JsonObject:
     """Store a run's results as completed, with its final usage; the JSON stored (the edge
     between the typed results and their JSON, issue 28)."""
     store.update_run(run_id, status="completed", results=jsonable(results.to_json()))
@@ -68,8 +68,8 @@ def finish_run(store: TrialStore, run_id: str, results: RunResult) -> dict[str, 
 
 
 def record_tail_gap(
-    db: str, results: Mapping[str, Any], tail: Mapping[str, Any], out_dir: str | Path
-) -> dict[str, Any]:
+    db: str, results: JsonMapping, tail: JsonMapping, out_dir: str | Path
+) -> JsonObject:
     """A ``--profile verify`` run's results with its tail-gap companion's inside
     (profiles.with_tail_gap), stored with the run and written to its ``results.json``: what
     the audit prints is what ``show`` and ``report`` give back."""
@@ -100,7 +100,7 @@ def out_directory(path: str | Path) -> Path:
     return out
 
 
-def write_results(results: Mapping[str, Any], out_dir: str | Path) -> Path:
+def write_results(results: JsonMapping, out_dir: str | Path) -> Path:
     """``<out_dir>/<run_id>/results.json``."""
     path = out_directory(Path(out_dir) / str(results["run_id"])) / "results.json"
     tmp = path.with_suffix(".json.tmp")
@@ -120,11 +120,12 @@ def _fmt(value: Any, digits: int = 3) -> str:
     return f"{v:.{digits}f}"
 
 
-def results_table(results: Mapping[str, Any]) -> Table:
+def results_table(results: JsonMapping) -> Table:
     """One row per (epsilon, threat model); fits an 80-column terminal."""
-    conf = float(results.get("confidence", 0.95))
+    run = RunResult.from_json(results)
+    conf = 0.95 if run.confidence is None else run.confidence
     table = Table(
-        title=f"dpicl audit {results['run_id']}\n{describe_run(results)}",
+        title=f"dpicl audit {run.run_id}\n{describe_run(results)}",
         caption=(
             "ε: as configured; exact: the mechanism's true ε (PLD)\n"
             f"ε emp: GDP figure (assumes a Gaussian trade-off); classic: assumption-free bound "
@@ -155,8 +156,8 @@ def results_table(results: Mapping[str, Any]) -> Table:
             no_wrap=True,
             min_width=12 if col == "verdict" else None,
         )
-    models = results.get("threat_models", ["black-box"])
-    for s in RunResult.from_json(results).settings:
+    models = run.threat_models if "threat_models" in run.extra else ["black-box"]
+    for s in run.settings:
         for model in models:
             est = s.estimate("black_box" if model == "black-box" else "white_box")
             if est is None or not est.keys:
@@ -193,7 +194,7 @@ def results_table(results: Mapping[str, Any]) -> Table:
     return table
 
 
-def print_results(results: Mapping[str, Any], console: Console | None = None) -> None:
+def print_results(results: JsonMapping, console: Console | None = None) -> None:
     console = console or Console()
     console.print(results_table(results))
     run = RunResult.from_json(results)

@@ -25,16 +25,17 @@ index exactly once.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TypedDict, Unpack
+from typing import TypedDict, Unpack
 
 from rich.console import Console
 
 from dpicl_audit.client import AuditTarget, DpiclClient
 from dpicl_audit.datasets import load_dataset
 from dpicl_audit.errors import InvalidAuditInput, InvalidPlan
+from dpicl_audit.jsontypes import JsonMapping, JsonObject
 from dpicl_audit.mechanisms.neighbours import resolve_design
 from dpicl_audit.mechanisms.registry import get_mechanism, upgraded_run
 from dpicl_audit.pipeline.estimation import run_design
@@ -76,7 +77,7 @@ class Where(TypedDict, total=False):
 #: ``record(store)``: the run recorded in the trial log, as its context.
 Record = Callable[[TrialStore], RunContext]
 #: ``begin(client, health, health_error)``: the run made ready before the trial log opens.
-Begin = Callable[[AuditTarget, Mapping[str, Any] | None, str | None], Awaitable[Record]]
+Begin = Callable[[AuditTarget, JsonMapping | None, str | None], Awaitable[Record]]
 
 
 @asynccontextmanager
@@ -90,7 +91,7 @@ async def _client(plan: AuditPlan, target: AuditTarget | None) -> AsyncIterator[
             await client.aclose()
 
 
-async def _life(plan: AuditPlan, begin: Begin, where: Where) -> dict[str, Any]:
+async def _life(plan: AuditPlan, begin: Begin, where: Where) -> JsonObject:
     """The one life of a run (module docstring); returns its results dict."""
     async with _client(plan, where.get("target")) as client:
         health, herr = await server_health(client)
@@ -102,9 +103,7 @@ async def _life(plan: AuditPlan, begin: Begin, where: Where) -> dict[str, Any]:
     return results
 
 
-async def _start(
-    plan: AuditPlan, kind: RunKind, run_id: str | None, where: Where
-) -> dict[str, Any]:
+async def _start(plan: AuditPlan, kind: RunKind, run_id: str | None, where: Where) -> JsonObject:
     if run_id is not None:
         check_run_id(run_id)
     out_directory(where.get("out_dir", "runs"))
@@ -113,9 +112,7 @@ async def _start(
     if kind == "bootstrap" and not mechanism.has_bootstrap:
         raise InvalidPlan(f"{mechanism.name} has no bootstrap audit; use `dpicl-audit run`")
 
-    async def begin(
-        client: AuditTarget, health: Mapping[str, Any] | None, herr: str | None
-    ) -> Record:
+    async def begin(client: AuditTarget, health: JsonMapping | None, herr: str | None) -> Record:
         # ``design = "auto"``: the strongest design for the engine (a real model copies an
         # identical demonstration; the simulator follows Prompt 1); stored resolved.
         simulator = bool(health.get("simulator")) if health is not None else False
@@ -157,14 +154,14 @@ def _console() -> Console:
 
 async def run_audit(
     plan: AuditPlan, *, run_id: str | None = None, **where: Unpack[Where]
-) -> dict[str, Any]:
+) -> JsonObject:
     """Audit with real queries (see :mod:`.runner`); returns the results dict."""
     return await _start(plan, "run", run_id, where)
 
 
 async def bootstrap_audit(
     plan: AuditPlan, *, run_id: str | None = None, **where: Unpack[Where]
-) -> dict[str, Any]:
+) -> JsonObject:
     """Audit with Algorithm 1 of paper 000 (clean votes + simulated noise)."""
     return await _start(plan, "bootstrap", run_id, where)
 
@@ -176,7 +173,7 @@ async def resume_audit(
     api_key: str | None = None,
     base_url: str | None = None,
     **where: Unpack[Where],
-) -> dict[str, Any]:
+) -> JsonObject:
     """Continue a run from its log: only missing trial indices are run.
 
     Tokens are never stored, so they come again from the arguments (CLI flags or the
@@ -201,9 +198,7 @@ async def resume_audit(
     if where.get("target") is None:
         need_context_maker(plan, f"resuming {run_id}")
 
-    async def begin(
-        client: AuditTarget, health: Mapping[str, Any] | None, herr: str | None
-    ) -> Record:
+    async def begin(client: AuditTarget, health: JsonMapping | None, herr: str | None) -> Record:
         def record(st: TrialStore) -> RunContext:
             versions = dict(run.versions)
             resumes = list(versions.get("resumed", []))

@@ -18,9 +18,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping
-from typing import Any
 
 from dpicl_audit.errors import AuditError, TargetRejected, TargetUnavailable
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.pipeline.contexts import ContextBook
 from dpicl_audit.pipeline.estimation import estimate_run
 from dpicl_audit.pipeline.progress import ProgressSink, open_progress
@@ -49,7 +49,7 @@ class AuditRunner:
         self.contexts = ContextBook(run)
         self.trials = TrialExecutor(run)
 
-    async def execute(self) -> dict[str, Any]:
+    async def execute(self) -> JsonObject:
         """Run (or continue) every missing part of this run, then estimate and save."""
         run = self.run_ctx
         run.store.update_run(run.run_id, status="running", error=None)

@@ -9,17 +9,17 @@ import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 import numpy as np
 
 from dpicl_audit import __version__
-from dpicl_audit.client import AuditTarget, DpiclClient
+from dpicl_audit.client import AuditTarget, ContextBody, DpiclClient
 from dpicl_audit.client.context_hook import load_hook
 from dpicl_audit.client.openai import OpenAIClient
 from dpicl_audit.errors import InvalidPlan, TargetError, TargetUnavailable
 from dpicl_audit.estimators.composition import MAX_BUDGET_EPSILON
-from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.jsontypes import JsonMapping, JsonObject, JsonValue
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.plan.budgets import budget_limit, published_budget_limit
 from dpicl_audit.plan.specs import TargetSpec
@@ -36,34 +36,34 @@ __all__ = [
 ]
 
 
-def run_versions(health: Mapping[str, Any] | None, error: str | None = None) -> JsonObject:
+def run_versions(health: JsonMapping | None, error: str | None = None) -> JsonObject:
     import httpx
     import scipy
     import sqlalchemy
 
-    out: dict[str, Any] = {
-        "auditor": __version__,
-        "python": platform.python_version(),
-        "implementation": sys.implementation.name,
-        "platform": platform.platform(),
-        "packages": {
-            "httpx": httpx.__version__,
-            "numpy": np.__version__,
-            "scipy": scipy.__version__,
-            "sqlalchemy": sqlalchemy.__version__,
-        },
-        "server": dict(health) if health is not None else {"error": error},
+    packages: dict[str, JsonValue] = {
+        "httpx": httpx.__version__,
+        "numpy": np.__version__,
+        "scipy": scipy.__version__,
+        "sqlalchemy": sqlalchemy.__version__,
     }
     try:
         from importlib import metadata
 
-        out["packages"]["dp-accounting"] = metadata.version("dp-accounting")
+        packages["dp-accounting"] = metadata.version("dp-accounting")
     except Exception:
         pass
-    return out
+    return {
+        "auditor": __version__,
+        "python": platform.python_version(),
+        "implementation": sys.implementation.name,
+        "platform": platform.platform(),
+        "packages": packages,
+        "server": dict(health) if health is not None else {"error": error},
+    }
 
 
-async def server_health(client: AuditTarget) -> tuple[dict[str, Any] | None, str | None]:
+async def server_health(client: AuditTarget) -> tuple[JsonObject | None, str | None]:
     """The server's /healthz; an unreachable server stops the audit before it starts."""
     try:
         return await client.health(), None
@@ -73,7 +73,7 @@ async def server_health(client: AuditTarget) -> tuple[dict[str, Any] | None, str
         return None, str(exc)
 
 
-def with_budget_limit(target: TargetSpec, health: Mapping[str, Any] | None) -> TargetSpec:
+def with_budget_limit(target: TargetSpec, health: JsonMapping | None) -> TargetSpec:
     """The plan's target with ``max_budget_epsilon`` resolved: the lower of the plan's and
     the one the server publishes (``limits.max_budget_epsilon`` of its /healthz), 1000 where
     neither says (a server older than the field: every dpicl server takes that much)."""
@@ -83,7 +83,7 @@ def with_budget_limit(target: TargetSpec, health: Mapping[str, Any] | None) -> T
 
 
 def refuse_unbudgeted(
-    mechanism: Any, design: Any, plan: AuditPlan, health: Mapping[str, Any] | None
+    mechanism: Any, design: Any, plan: AuditPlan, health: JsonMapping | None
 ) -> None:
     """Refuse, before anything is created, a plan some of whose contexts would go unbudgeted
     (their epsilon's one answer is above the server's largest budget) against a server that
@@ -106,7 +106,7 @@ def refuse_unbudgeted(
         )
 
 
-def _unbudgeted(body: Mapping[str, Any]) -> bool:
+def _unbudgeted(body: ContextBody) -> bool:
     return "budget" in body and body["budget"] is None
 
 
@@ -138,11 +138,21 @@ class ClientPlan(Protocol):
     def retries(self) -> int: ...
 
 
+class _ClientOptions(TypedDict):
+    """What both clients take beside the base URL (client.http.DpiclClient)."""
+
+    admin_token: str | None
+    api_key: str | None
+    concurrency: int
+    timeout: float
+    retries: int
+
+
 def client_for(plan: ClientPlan) -> DpiclClient:
     """The plan's client: dpicl's own routes, or the OpenAI-compatible surface
     (``target.api``), whose contexts a ``target.context_hook`` may create."""
     t = plan.target
-    options: dict[str, Any] = {
+    options: _ClientOptions = {
         "admin_token": t.admin_token.get_secret_value() if t.admin_token else None,
         "api_key": t.api_key.get_secret_value() if t.api_key else None,
         "concurrency": plan.concurrency,

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
 
 from dpicl_audit.errors import TargetProtocolError
 from dpicl_audit.estimators.composition import (
@@ -22,6 +21,7 @@ from dpicl_audit.estimators.composition import (
     answers_within_budget,
     budgeted_answers,
 )
+from dpicl_audit.jsontypes import JsonMapping
 from dpicl_audit.plan.model import AuditPlan
 from dpicl_audit.plan.schedule import trial_worlds
 
@@ -42,7 +42,7 @@ def budget_limit(plan: AuditPlan) -> float:
     return MAX_BUDGET_EPSILON if limit is None else min(float(limit), MAX_BUDGET_EPSILON)
 
 
-def published_budget_limit(health: Mapping[str, Any] | None) -> float | None:
+def published_budget_limit(health: JsonMapping | None) -> float | None:
     """``limits.max_budget_epsilon`` of a server's ``/healthz``; None where it publishes none
     (a server older than the field, or no health at all). A value that is not a number above
     0 is :class:`TargetProtocolError`, naming it."""
@@ -50,8 +50,11 @@ def published_budget_limit(health: Mapping[str, Any] | None) -> float | None:
     if not isinstance(limits, Mapping) or limits.get("max_budget_epsilon") is None:
         return None
     value = limits["max_budget_epsilon"]
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
-    if not ok or not (math.isfinite(float(value)) and float(value) > 0):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not (math.isfinite(value) and value > 0)
+    ):
         raise TargetProtocolError(
             f"the server's /healthz publishes limits.max_budget_epsilon = {value!r}; "
             "expected a number above 0"

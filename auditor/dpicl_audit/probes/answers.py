@@ -9,13 +9,12 @@ import contextlib
 import json
 import math
 from collections.abc import Mapping
-from typing import Any
 
 import httpx
 from pydantic import JsonValue
 
 from dpicl_audit.estimators.extra_fields import response_fields
-from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.jsontypes import JsonMapping, JsonObject
 from dpicl_audit.probes.sections import Answer
 
 __all__ = [
@@ -72,8 +71,8 @@ def request(
     return path, body
 
 
-def _events(text: str) -> list[Mapping[str, Any]]:
-    out: list[Mapping[str, Any]] = []
+def _events(text: str) -> list[JsonMapping]:
+    out: list[JsonMapping] = []
     for line in text.splitlines():
         if not line.startswith("data:") or line[5:].strip() == "[DONE]":
             continue
@@ -84,7 +83,13 @@ def _events(text: str) -> list[Mapping[str, Any]]:
     return out
 
 
-def _choice_text(choice: Mapping[str, Any]) -> str:
+def _choices(event: JsonMapping) -> list[JsonMapping]:
+    """An event's ``choices`` objects (none where it has no list of them)."""
+    found = event.get("choices")
+    return [c for c in found if isinstance(c, Mapping)] if isinstance(found, list) else []
+
+
+def _choice_text(choice: JsonMapping) -> str:
     for key in ("delta", "message"):
         part = choice.get(key)
         if isinstance(part, Mapping) and isinstance(part.get("content"), str):
@@ -96,15 +101,10 @@ def stream_started(text: str) -> bool:
     """Whether a stream read so far (server-sent events) has carried a token: an event whose
     choice has text (the role-only first chunk a server may send before it answers is not
     one). The surface probe's time to first token ends here."""
-    return any(
-        _choice_text(c)
-        for e in _events(text)
-        for c in (e.get("choices") or [])
-        if isinstance(c, Mapping)
-    )
+    return any(_choice_text(c) for e in _events(text) for c in _choices(e))
 
 
-def _without_text(chunk: Mapping[str, Any]) -> JsonObject:
+def _without_text(chunk: JsonMapping) -> JsonObject:
     """A chunk's fields besides its text (and what is public by design)."""
     fields = response_fields(chunk)
     return {k: v for k, v in fields.items() if not k.endswith((".delta.content", ".text"))}
@@ -123,17 +123,12 @@ def read_answer(route: str, response: httpx.Response) -> Answer:
     }
     public: dict[str, JsonValue] = {k: headers[k] for k in COST_HEADERS if k in headers}
     counted: list[int] = []
-    usage: Mapping[str, Any] | None = None
+    usage: JsonMapping | None = None
     if route.endswith("-stream"):
         events = _events(response.text)
         if any(isinstance(e.get("error"), Mapping) for e in events):
             raise ValueError("the stream carried an error event")
-        texts = [
-            _choice_text(c)
-            for e in events
-            for c in e.get("choices") or []
-            if isinstance(c, Mapping)
-        ]
+        texts = [_choice_text(c) for e in events for c in _choices(e)]
         answer = "".join(texts)
         counted.append(sum(1 for t in texts if t))
         fields["stream chunks"] = len(events)
@@ -161,15 +156,18 @@ def read_answer(route: str, response: httpx.Response) -> Answer:
             answer = str(body.get("label", body.get("text", "")))
         fields |= response_fields(body)
     found = body.get("dpicl")
-    ext: Mapping[str, Any] = found if isinstance(found, Mapping) else body
+    ext: JsonMapping = found if isinstance(found, Mapping) else body
     for part in ("cost", "budget"):
-        if isinstance(ext.get(part), Mapping):
-            public |= {f"{part}.{k}": v for k, v in ext[part].items()}
+        figures = ext.get(part)
+        if isinstance(figures, Mapping):
+            public |= {f"{part}.{k}": v for k, v in figures.items()}
     usage_of = (usage or {}).get("usage") if route.endswith("-stream") else body.get("usage")
-    if isinstance(usage_of, Mapping) and isinstance(usage_of.get("completion_tokens"), int):
-        counted.append(int(usage_of["completion_tokens"]))
-    if isinstance(usage_of, Mapping) and isinstance(usage_of.get("dpicl"), Mapping):
-        public |= {f"{USAGE_COST}{k}": v for k, v in usage_of["dpicl"].items()}
+    if isinstance(usage_of, Mapping):
+        tokens, cost = usage_of.get("completion_tokens"), usage_of.get("dpicl")
+        if isinstance(tokens, int):
+            counted.append(int(tokens))
+        if isinstance(cost, Mapping):
+            public |= {f"{USAGE_COST}{k}": v for k, v in cost.items()}
     return {
         "answer": answer,
         "fields": {

@@ -20,11 +20,11 @@ result is ``results["calibration"]``.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable
 
 from dpicl_audit.claims import SettingClaims
 from dpicl_audit.client import AuditTarget, ContextBody
+from dpicl_audit.context_info import ContextInfo, context_info
 from dpicl_audit.errors import TargetError, TargetRejected
 from dpicl_audit.probes.ingredients import Ingredients
 from dpicl_audit.probes.sections import CalibrationPoint, CalibrationSection
@@ -43,7 +43,7 @@ SCAN = (0.1, 16.0, 100.0)
 async def scan_calibration(
     target: AuditTarget,
     body: Callable[[float], ContextBody | None],
-    claims: Callable[[float, Mapping[str, Any]], SettingClaims],
+    claims: Callable[[float, ContextInfo], SettingClaims],
     audited: Iterable[float],
 ) -> CalibrationSection:
     """The scan of the module docstring. ``body(epsilon)``: a context body at ``epsilon``
@@ -58,7 +58,7 @@ async def scan_calibration(
             points.append({"epsilon": eps, "status": "unchecked", "message": "no budget fits"})
             continue
         try:
-            info = await target.create_context(made)
+            info = context_info(await target.create_context(made))
         except TargetRejected as exc:
             points.append({"epsilon": eps, "status": "refused", "message": exc.message})
             continue
@@ -66,7 +66,7 @@ async def scan_calibration(
             found = claims(eps, info)
         finally:
             with contextlib.suppress(TargetError):
-                await target.delete_context(str(info["id"]))
+                await target.delete_context(info["id"])
         weaker = calibration_departure(found)
         point: CalibrationPoint = {
             "epsilon": eps,

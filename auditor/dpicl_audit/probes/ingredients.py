@@ -12,12 +12,12 @@ method of its own per probe.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from dpicl_audit.claims import SettingClaims
 from dpicl_audit.client import ContextBody
+from dpicl_audit.context_info import ContextInfo
 
 __all__ = ["Body", "Claim", "Hold", "Ingredients", "PerToken", "TailContexts"]
 
@@ -31,10 +31,10 @@ Hold = Callable[[ContextBody, float, int], ContextBody | None]
 #: ``(epsilon, info)``: the setting's claims the claim check reads
 #: (:func:`dpicl_audit.verdicts.claims.calibration_departure`), from a created context's
 #: record.
-Claim = Callable[[float, Mapping[str, Any]], SettingClaims]
+Claim = Callable[[float, ContextInfo], SettingClaims]
 #: The per-token bound of a generation mechanism from its contexts' records (None where
 #: they report none).
-PerToken = Callable[[Sequence[Mapping[str, Any]]], float | None]
+PerToken = Callable[[Sequence[ContextInfo]], float | None]
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from dpicl_audit.client import AuditTarget, ContextBody, GenerationTarget
+from dpicl_audit.context_info import ContextInfo, MechanismInfo, context_info
 from dpicl_audit.errors import TargetBudgetExhausted, TargetError, TargetProtocolError
 from dpicl_audit.estimators.composition import MAX_BUDGET_EPSILON, budget_for, composed_epsilon
 from dpicl_audit.estimators.gdp import gdp_mu
@@ -86,11 +87,11 @@ async def audit_ledger(
     probe["name"], probe["budget"] = f"{body['name']} ledger", budget
     out: LedgerSection = {"budget": budget, "checks": [], "status": "unchecked"}
     try:
-        info = await target.create_context(probe)
+        info = context_info(await target.create_context(probe))
     except TargetError as exc:
         out["message"] = f"the probe context could not be created: {exc}"
         return out
-    cid = str(info["id"])
+    cid = info["id"]
     try:
         out = await _probe(target, cid, info, budget, query, ask, out, gdp_mu(*_b(budget)))
     finally:
@@ -155,14 +156,14 @@ def _b(budget: Mapping[str, float]) -> tuple[float, float]:
 async def _probe(
     target: AuditTarget,
     cid: str,
-    info: Mapping[str, Any],
+    info: ContextInfo,
     budget: Mapping[str, float],
     query: str,
     ask: Ask,
     out: LedgerSection,
     mu_max: float,
 ) -> LedgerSection:
-    mech: Mapping[str, Any] = info.get("mechanism") or {}
+    mech: MechanismInfo = info.get("mechanism") or {}
     sigma, sens = mech.get("sigma"), mech.get("sensitivity")
     checks = out["checks"]
     if sigma is None or sens is None:

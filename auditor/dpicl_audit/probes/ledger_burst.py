@@ -34,8 +34,9 @@ from typing import Any
 import httpx
 from pydantic import JsonValue
 
-from dpicl_audit.client import AuditTarget
+from dpicl_audit.client import AuditTarget, ContextBody
 from dpicl_audit.client.openai import OpenAIClient
+from dpicl_audit.context_info import ContextInfo, MechanismInfo, context_info
 from dpicl_audit.errors import TargetError, TargetNotFound
 from dpicl_audit.estimators.gdp import gdp_mu
 from dpicl_audit.jsontypes import JsonObject
@@ -116,10 +117,10 @@ def _outcome(route: str, got: httpx.Response | Exception) -> str:
     return f"HTTP {got.status_code} {code or ''}".strip()
 
 
-def _expected(info: Mapping[str, Any], budget: Mapping[str, float] | None) -> int | str:
+def _expected(info: ContextInfo, budget: Mapping[str, float] | None) -> int | str:
     """The answers the burst context admits: its own query limit where it has one (DPS-MOZO's
     ``queries``), else those its budget holds at the noise it reports; or why not known."""
-    mech = info.get("mechanism") or {}
+    mech: MechanismInfo = info.get("mechanism") or {}
     if budget is None:
         queries = mech.get("queries")
         return int(queries) if isinstance(queries, int) else "no query limit reported"
@@ -134,16 +135,16 @@ def _expected(info: Mapping[str, Any], budget: Mapping[str, float] | None) -> in
 async def _one_route(
     target: Any,
     route: str,
-    body: Mapping[str, Any],
+    body: ContextBody,
     query: str,
     budget: Mapping[str, float] | None,
 ) -> BurstRoute:
-    probe = dict(body) | {"name": f"{body.get('name')} burst {route}"}
+    probe: ContextBody = {**body, "name": f"{body.get('name')} burst {route}"}
     if budget is not None:
         probe["budget"] = dict(budget)
     task = str(body.get("task") or "classification")
-    info = await target.create_context(probe)
-    cid = str(info["id"])
+    info = context_info(await target.create_context(probe))
+    cid = info["id"]
     try:
         expected = _expected(info, budget)
         if isinstance(expected, str):
@@ -204,7 +205,7 @@ async def _one_route(
 
 async def audit_bursts(
     target: AuditTarget,
-    body: Mapping[str, Any],
+    body: ContextBody,
     query: str,
     budget: Mapping[str, float] | None,
     routes: tuple[str, ...] | None = None,

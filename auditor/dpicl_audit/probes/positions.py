@@ -38,13 +38,13 @@ import contextlib
 import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 from dpicl_audit.client import AuditTarget, ContextBody, GenerationTarget
+from dpicl_audit.context_info import ContextInfo, context_info
 from dpicl_audit.errors import TargetError
 from dpicl_audit.estimators.stats import clopper_pearson_lower, clopper_pearson_upper
 from dpicl_audit.probes.ingredients import PerToken
-from dpicl_audit.probes.sections import SurfaceSection
+from dpicl_audit.probes.sections import PositionRow, PositionsSection, SurfaceSection
 
 __all__ = ["ALPHA", "PER_WORLD", "audit_positions", "position_test", "positions", "with_positions"]
 
@@ -67,12 +67,12 @@ def positions(max_tokens: int) -> list[int]:
     return sorted({t for t in (1, 2, max_tokens) if 1 <= t <= max_tokens})
 
 
-def position_test(texts: Mapping[int, Sequence[str]], bound: float, alpha: float) -> dict[str, Any]:
+def position_test(texts: Mapping[int, Sequence[str]], bound: float, alpha: float) -> PositionRow:
     """One position's test of the module docstring: ``texts[w]`` are world ``w``'s released
     texts in request order; ``bound`` the log-ratio no set of them may exceed; ``alpha`` this
     position's share of the family-wise error. Returns the larger direction's figure."""
     conf = 1.0 - alpha / (4 * len(RATIOS))  # directions x events x two intervals
-    best: dict[str, Any] = {"epsilon_lower": 0.0, "direction": None}
+    best: PositionRow = {"epsilon_lower": 0.0, "direction": None}
     for a, b in ((1, 0), (0, 1)):
         chose_a, chose_b = Counter(texts[a][0::2]), Counter(texts[b][0::2])
         n_a, n_b = len(texts[a][0::2]) + 1, len(texts[b][0::2]) + 1
@@ -88,7 +88,7 @@ def position_test(texts: Mapping[int, Sequence[str]], bound: float, alpha: float
             low = clopper_pearson_lower(ka, len(test_a), conf)
             high = clopper_pearson_upper(kb, len(test_b), conf)
             eps = math.log(low / high) if low > 0 and high > 0 else 0.0
-            if best["direction"] is None or eps > best["epsilon_lower"]:
+            if best.get("direction") is None or eps > best.get("epsilon_lower", 0.0):
                 best = {
                     "direction": f"C{a} over C{b}",
                     "epsilon_lower": max(eps, 0.0),
@@ -97,7 +97,7 @@ def position_test(texts: Mapping[int, Sequence[str]], bound: float, alpha: float
                     "counts": [ka, len(test_a), kb, len(test_b)],
                 }
     best["bound"] = bound
-    best["exceeds"] = best["epsilon_lower"] > bound * (1 + _SLACK)
+    best["exceeds"] = best.get("epsilon_lower", 0.0) > bound * (1 + _SLACK)
     return best
 
 
@@ -110,7 +110,7 @@ async def audit_positions(
     per_token: PerToken,
     per_world: int = PER_WORLD,
     alpha: float = ALPHA,
-) -> dict[str, Any] | None:
+) -> PositionsSection | None:
     """The probe of the module docstring; ``bodies(world, answers)`` a context body of that
     world budgeted for ``answers`` answers; ``per_token`` the per-token bound from the
     contexts' records. None where the target cannot generate."""
@@ -118,7 +118,7 @@ async def audit_positions(
         return None
     probed = positions(max_tokens)
     ids: dict[int, str] = {}
-    infos: list[Mapping[str, Any]] = []
+    infos: list[ContextInfo] = []
     texts: dict[int, dict[int, list[str]]] = {t: {1: [], 0: []} for t in probed}
     refused: list[str] = []
     gate = asyncio.Semaphore(CONCURRENCY)
@@ -136,8 +136,8 @@ async def audit_positions(
         for world in (1, 0):
             body = bodies(world, per_world * len(probed)).copy()
             body["name"] = f"{body.get('name')} positions"
-            info = await target.create_context(body)
-            ids[world] = str(info["id"])
+            info = context_info(await target.create_context(body))
+            ids[world] = info["id"]
             infos.append(info)
         for t in probed:
             for world in (1, 0):
@@ -153,17 +153,19 @@ async def audit_positions(
             "status": "unchecked",
             "message": "the probe's contexts report no max_log_ratio (not the proven mode)",
         }
-    found = []
+    found: list[PositionRow] = []
     for t in probed:
         if min(len(texts[t][w]) for w in (1, 0)) < per_world // 2:
             continue  # mostly refused: said below
         row = position_test(texts[t], t * bound, alpha / len(probed))
-        found.append({"position": t} | row)
-    out: dict[str, Any] = {
+        found.append({"position": t, **row})
+    out: PositionsSection = {
         "per_world": per_world,
         "per_token_epsilon": bound,
         "alpha": alpha,
         "positions": found,
+        "status": "ok",
+        "message": "",
     }
     bad = [f for f in found if f["exceeds"]]
     if bad:
@@ -196,7 +198,7 @@ _RANK = {"bug": 3, "violation": 2, "nonconforming": 1}
 
 
 def with_positions(
-    surface: SurfaceSection | None, found: dict[str, Any] | None
+    surface: SurfaceSection | None, found: PositionsSection | None
 ) -> SurfaceSection | None:
     """The surface probe's result with the position probe's under ``positions``; the
     positions' finding decides the status where it is the graver one."""

@@ -168,6 +168,32 @@ class SurfaceRoute(TypedDict, total=False):
     above_limit: list[AboveLimit]
 
 
+class PositionRow(TypedDict, total=False):
+    """One probed prefix length's test (:func:`.positions.position_test`): the larger
+    direction's lower bound, the event it counted, its held-out counts
+    ``[k_a, n_a, k_b, n_b]`` and the bound it is held to."""
+
+    position: int
+    direction: str | None
+    epsilon_lower: float
+    event_texts: int
+    event_ratio: float
+    counts: list[int]
+    bound: float
+    exceeds: bool
+
+
+class PositionsSection(TypedDict, total=False):
+    """``results["surface"]["positions"]`` (:mod:`.positions`)."""
+
+    per_world: int
+    per_token_epsilon: float
+    alpha: float
+    positions: list[PositionRow]
+    status: Required[Literal["ok", "nonconforming", "violation", "unchecked"]]
+    message: Required[str]
+
+
 class SurfaceSection(TypedDict, total=False):
     """``results["surface"]`` (:mod:`.surface`); ``status`` and ``message`` always set by
     :func:`.surface.audit_surface`'s end, ``field`` where a field depends on the world."""
@@ -186,7 +212,7 @@ class SurfaceSection(TypedDict, total=False):
     first_token: TimingTest | None
     #: DPS-MOZO: the per-token constraint position by position
     #: (:mod:`dpicl_audit.probes.positions`).
-    positions: dict[str, JsonValue]
+    positions: PositionsSection
 
 
 class SwitchFinding(TypedDict):

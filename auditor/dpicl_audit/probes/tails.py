@@ -36,6 +36,7 @@ from scipy import special
 
 from dpicl_audit.claims import sigma_of
 from dpicl_audit.client import AuditTarget, ContextBody
+from dpicl_audit.context_info import context_info
 from dpicl_audit.errors import TargetError, TargetRejected
 from dpicl_audit.probes.ingredients import Ingredients
 from dpicl_audit.probes.sections import TailsSection
@@ -112,10 +113,10 @@ async def _context(
         if made is None:
             return f"no budget within the server's limit holds an answer at epsilon {epsilon:g}"
         try:
-            info = await target.create_context(made[0])
+            info = context_info(await target.create_context(made[0]))
         except TargetRejected as exc:  # e.g. an epsilon above the server's limit
             return f"the server refused the probe's context at epsilon {epsilon:g}: {exc.message}"
-        cid = str(info["id"])
+        cid = info["id"]
         sigma = sigma_of(info)
         if tail_sigma(PARTITIONS, sigma):
             return cid, made[1], epsilon, sigma, holds

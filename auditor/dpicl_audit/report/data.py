@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from dpicl_audit.catalog.mechanisms import default_mechanism_name
 from dpicl_audit.errors import InvalidAuditInput
-from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.jsontypes import JsonMapping, JsonObject
 from dpicl_audit.mechanisms.base import Design
 from dpicl_audit.pipeline.estimation import estimate_run, load_run, run_design, run_plan
 from dpicl_audit.plan import AuditPlan
+from dpicl_audit.probes.sections import LedgerSection
 from dpicl_audit.results import RunResult
 from dpicl_audit.store import TrialRecord, TrialStore
 
@@ -51,11 +52,12 @@ class RunData:
         return self.plan.mechanism.name
 
     @property
-    def ledger(self) -> Mapping[str, Any] | None:
+    def ledger(self) -> LedgerSection | None:
         """The ledger's audit from outside (:mod:`dpicl_audit.probes.ledger`), where the run
-        had one."""
+        had one: stored from a :class:`~dpicl_audit.probes.sections.LedgerSection`, read as
+        it was written."""
         led = self.results.ledger
-        return led if isinstance(led, Mapping) else None
+        return cast(LedgerSection, led) if isinstance(led, Mapping) else None
 
     @property
     def probe_statuses(self) -> list[str]:
@@ -90,7 +92,7 @@ class ReportRow:
     wall_time_shared: bool
     status: str
     message: str
-    noise_check: Mapping[str, Any] | None
+    noise_check: JsonMapping | None
     error: str | None = None
     # ESA: the exact epsilon for the canary's actual embedding shift ||e(y1)-e(y0)||/T
     # instead of the worst case 2/T (looseness of the analysis vs weakness of the attack).

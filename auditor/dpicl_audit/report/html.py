@@ -12,6 +12,7 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dpicl_audit.jsontypes import JsonMapping, JsonValue
 from dpicl_audit.report.cards import cards, run_style
 from dpicl_audit.report.data import ReportRow, RunData, num
 from dpicl_audit.report.ledger_section import (
@@ -152,13 +153,20 @@ def _results_table(
     return f"<div class=scroll><table class=results>{head}{''.join(body)}</table></div>"
 
 
-def noise_status(nc: Mapping[str, Any]) -> str:
+def sigma_interval(nc: JsonMapping) -> tuple[JsonValue, JsonValue]:
+    """A noise check's interval on the measured sigma: ``sigma_interval``, or the
+    ``sigma_lower`` and ``sigma_upper`` of logs written before it ((None, None) where it
+    has neither)."""
+    interval = nc.get("sigma_interval") or [nc.get("sigma_lower"), nc.get("sigma_upper")]
+    return (interval[0], interval[1]) if isinstance(interval, list) else (None, None)
+
+
+def noise_status(nc: JsonMapping) -> str:
     """consistent | inconclusive | smaller | larger | unchecked, for voting's check
     (noise_check.py) and ESA's (chi-square on the mean), which name things apart. A
     "consistent" interval wider than the sigma it measured confirms nothing: inconclusive
     (logs written before noise_check.py said so are read the same way)."""
-    interval = nc.get("sigma_interval") or [nc.get("sigma_lower"), nc.get("sigma_upper")]
-    lo, hi = num(interval[0]), num(interval[1])
+    lo, hi = (num(v) for v in sigma_interval(nc))
     hat = num(nc.get("sigma_measured", nc.get("sigma_hat")))
     reported = num(nc.get("sigma_reported", nc.get("claimed_sigma")))
     status = nc.get("status")
@@ -192,8 +200,7 @@ def _noise_table(runs: Sequence[RunData], colors: Mapping[str, str]) -> str:
             nc = s.noise_check
             if not isinstance(nc, Mapping):
                 continue
-            interval = nc.get("sigma_interval") or [nc.get("sigma_lower"), nc.get("sigma_upper")]
-            lo, hi = interval[0], interval[1]
+            lo, hi = sigma_interval(nc)
             measured = nc.get("sigma_measured", nc.get("sigma_hat"))
             reported = nc.get("sigma_reported", nc.get("claimed_sigma"))
             status = noise_status(nc)

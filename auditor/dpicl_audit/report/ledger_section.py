@@ -9,10 +9,11 @@ from __future__ import annotations
 import html
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dpicl_audit.estimators.roc import LOW_FPRS
+from dpicl_audit.probes.sections import LedgerCheck
 from dpicl_audit.report.data import RunData
 
 __all__ = ["STACK_CSS", "conformance_html", "ledger_html", "roc_html", "stacked"]
@@ -114,9 +115,11 @@ def conformance_html(runs: Sequence[RunData]) -> str:
             conf = s.conformance
             if not conf:
                 continue
+            differs = conf.get("differs")
+            named = ", ".join(str(d) for d in differs) if isinstance(differs, list) else ""
             rows.append(
                 f"<tr><td>{_e(rd.label)}</td><td>{_e(s.setting)}</td>"
-                f"<td>{_e(conf.get('status'))}</td><td>{_e(', '.join(conf.get('differs') or []))}"
+                f"<td>{_e(conf.get('status'))}</td><td>{_e(named)}"
                 f"</td><td>{_e(conf.get('message'))}</td></tr>"
             )
     if not rows:
@@ -171,7 +174,7 @@ def roc_html(runs: Sequence[RunData]) -> str:
     )
 
 
-def _tail_cell(at: dict[str, Any], x: float, negatives: int | None) -> str:
+def _tail_cell(at: Mapping[str, float], x: float, negatives: int | None) -> str:
     """A TPR at FPR ``x``, or "-" where fewer than 1/x trials without the canary were
     logged (issue 45: a TPR at FPR 0.001 from 14 trials)."""
     need = math.ceil(1.0 / x - 1e-9)
@@ -187,7 +190,7 @@ def _value(value: object) -> object:
     return "-" if value is None else value
 
 
-def _expected(check: dict[str, Any]) -> str:
+def _expected(check: LedgerCheck) -> str:
     """What makes a check ok: the claim's check asks for at least the answers it implies
     (issue 45: ``ok | reported 3 | expected 2`` read as a mismatch), the others for
     equality."""

@@ -8,6 +8,7 @@ import html
 from collections.abc import Mapping
 from typing import Any
 
+from dpicl_audit.jsontypes import JsonMapping
 from dpicl_audit.report.words import VERDICT_WORDS
 from dpicl_audit.results.overall import Overall
 
@@ -44,7 +45,7 @@ def overall_html(overall: Overall | None) -> str:
     )
 
 
-def health_line(server: Mapping[str, Any]) -> str:
+def health_line(server: JsonMapping) -> str:
     """The server's /healthz as one line of ``key=value`` (nested values inline, empty ones
     left out); its ``status`` is the server's liveness, so it is named so (issue 45: a nested
     table showed an empty row and a second "status")."""

@@ -17,6 +17,7 @@ from typing import Any
 
 from dpicl_audit.report.data import ReportRow, RunData
 from dpicl_audit.report.words import fmt
+from dpicl_audit.utility.results import IntervalJson, UtilityResults, metric_of
 
 __all__ = ["CARD_CSS", "utility_card"]
 
@@ -41,7 +42,7 @@ def _pct(v: float) -> str:
     return f"{min(max(v, 0.0), 1.0) * 100:.1f}%"
 
 
-def _bar(value: Mapping[str, Any] | None, marks: Mapping[str, float]) -> str:
+def _bar(value: IntervalJson | None, marks: Mapping[str, float]) -> str:
     """The interval as a band on [0, 1], the estimate as a tick, the baselines as lines."""
     inner = ""
     if value:
@@ -53,7 +54,7 @@ def _bar(value: Mapping[str, Any] | None, marks: Mapping[str, float]) -> str:
     return f"<div class=acc>{inner}</div>"
 
 
-def _interval(value: Mapping[str, Any] | None) -> str:
+def _interval(value: IntervalJson | None) -> str:
     if not value:
         return "-"
     return f"{value['value']:.3f} [{value['low']:.3f}, {value['high']:.3f}]"
@@ -87,15 +88,15 @@ def _audit_at(
     return fmt(epsilon, 2), fmt(exact, 2), emp, ", ".join(str(t) for t in ts) or "-"
 
 
-def _one(results: Mapping[str, Any], rows: Sequence[ReportRow], runs: Sequence[RunData]) -> str:
+def _one(results: UtilityResults, rows: Sequence[ReportRow], runs: Sequence[RunData]) -> str:
     metric = str(results.get("metric", "accuracy"))
     cells = list(results.get("cells") or [])
     by_name = {c["setting"]: c for c in cells}
-    marks = {
-        cls: float(by_name[name][metric]["value"])
+    baselines = {
+        cls: metric_of(by_name[name], metric) if name in by_name else None
         for cls, name in (("mj", "majority"), ("zs", "zero-shot"), ("fs", "few-shot"))
-        if name in by_name and by_name[name].get(metric)
     }
+    marks = {cls: float(v["value"]) for cls, v in baselines.items() if v}
     # The two figures the card is for come first, so that a phone shows them before its
     # table scrolls sideways.
     head = (
@@ -106,7 +107,7 @@ def _one(results: Mapping[str, Any], rows: Sequence[ReportRow], runs: Sequence[R
     )
     body = []
     for c in cells:
-        value = c.get(metric)
+        value = metric_of(c, metric)
         spent = c.get("spent_epsilon")
         if c["setting"] in _BASELINES:
             # How it was measured: the route and server (the sentence in full on hover), short
@@ -123,9 +124,10 @@ def _one(results: Mapping[str, Any], rows: Sequence[ReportRow], runs: Sequence[R
                 f"<td>{_bar(value, marks)}</td><td>-</td><td>{fmt(spent, 2)}</td></tr>"
             )
             continue
-        theory, exact, emp, audit_t = _audit_at(float(c["epsilon"]), rows, runs)
+        eps = float(c["epsilon"] or 0.0)  # a private cell's, always set (utility.report)
+        theory, exact, emp, audit_t = _audit_at(eps, rows, runs)
         body.append(
-            f"<tr><td class='l nw'>ε={float(c['epsilon']):g}, T={c['partitions']}</td>"
+            f"<tr><td class='l nw'>ε={eps:g}, T={c['partitions']}</td>"
             f"<td class='l nw'>{_interval(value)}</td><td class=nw>{_e(emp)}</td>"
             f"<td>{exact}</td><td>{theory}</td><td>{_bar(value, marks)}</td>"
             f"<td>{_e(audit_t)}</td><td>{fmt(spent, 2)}</td></tr>"
@@ -154,7 +156,7 @@ def _one(results: Mapping[str, Any], rows: Sequence[ReportRow], runs: Sequence[R
 
 
 def utility_card(
-    utility: Sequence[Mapping[str, Any]], rows: Sequence[ReportRow], runs: Sequence[RunData]
+    utility: Sequence[UtilityResults], rows: Sequence[ReportRow], runs: Sequence[RunData]
 ) -> str:
     """The card's HTML section (empty without utility runs)."""
     if not utility:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from dpicl_audit.estimators.family import FigureRecord, figure_record
 from dpicl_audit.results.record import COUNT, NUMBER, TEXT, VERDICT, Codec, Record
 from dpicl_audit.verdicts import Status, Verdict
 
@@ -73,3 +74,9 @@ class Estimate(Record):
         """The epsilon the table shows: epsilon_emp where the mechanism states one, else the
         GDP lower bound."""
         return self.epsilon_emp if "epsilon_emp" in self.keys else self.epsilon_lower
+
+    def figure_record(self) -> FigureRecord:
+        """The figure the family-wise and power rules read (its tests' counts and
+        confidences, a white-box figure's two tests, the bounds): the keys of
+        :class:`~dpicl_audit.estimators.family.FigureRecord` among its stored ones."""
+        return figure_record(self.as_mapping())

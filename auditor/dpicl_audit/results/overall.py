@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from dpicl_audit.jsontypes import JsonMapping, JsonObject
 from dpicl_audit.results.run import RunResult, results_exit_code
 from dpicl_audit.verdicts import Status, worst_status
 
@@ -36,7 +36,7 @@ class Overall:
         """The verdict's word as the line shows it (``consistent``, ``VIOLATION``, ...)."""
         return self.line.split(" · ")[0].removeprefix("verdict: ")
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "status": None if self.status is None else self.status.value,
             "exit_code": self.exit_code,
@@ -46,9 +46,7 @@ class Overall:
         }
 
 
-def overall_verdict(
-    results: Sequence[RunResult | Mapping[str, Any]], *, strict: bool = False
-) -> Overall:
+def overall_verdict(results: Sequence[RunResult | JsonMapping], *, strict: bool = False) -> Overall:
     """The runs' overall verdict: their worst status and the exit status ``run``/``report``
     give for it (``strict``: ``--strict``)."""
     runs = [r if isinstance(r, RunResult) else RunResult.from_json(r) for r in results]

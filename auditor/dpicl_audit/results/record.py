@@ -5,13 +5,14 @@ floats JSON lacks written as strings."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Self, TypeVar
 
 import numpy as np
 
 from dpicl_audit.errors import InvalidAuditInput
+from dpicl_audit.jsontypes import JsonMapping, JsonObject, JsonValue
 from dpicl_audit.verdicts import Verdict
 
 __all__ = [
@@ -66,6 +67,10 @@ def _count(value: Any) -> int | None:
 #: What a codec reads from a value of an older shape: the key stays as stored, in ``extra``.
 _UNTYPED = object()
 
+#: What a record's typed keys hold when merged with ``extra``: JSON (``to_json``) or the
+#: Python values (``as_mapping``).
+V = TypeVar("V")
+
 
 def _text(value: Any) -> Any:
     """A name (an id, a kind): anything else is an older shape (the DPS-MOZO audit before
@@ -77,7 +82,7 @@ def _same(value: Any) -> Any:
     return value
 
 
-def _mapping(value: Any) -> Mapping[str, Any] | None:
+def _mapping(value: Any) -> JsonMapping | None:
     if value is None or isinstance(value, Mapping):
         return value
     raise InvalidAuditInput(f"expected an object, got {value!r}")
@@ -116,7 +121,7 @@ class Record:
         return {k: v for k, v in read_.items() if v is not _UNTYPED}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Self:
+    def from_json(cls, data: JsonMapping) -> Self:
         """Read a stored object (:class:`InvalidAuditInput` naming a value of the wrong
         type)."""
         if not isinstance(data, Mapping):
@@ -135,7 +140,7 @@ class Record:
 
     @classmethod
     def _stored_keys(
-        cls, keys: tuple[str, ...], values: Mapping[str, Any], extra: Mapping[str, Any]
+        cls, keys: tuple[str, ...], values: Iterable[str], extra: Container[str]
     ) -> tuple[str, ...]:
         """``keys`` and, after them, the new keys of ``values`` that are stored under their
         own name (a typed key, or one kept in ``extra``): the order they are written in."""
@@ -163,13 +168,13 @@ class Record:
             return self.extra[key]
         return getattr(self, key, default) if key in self.CODECS else default
 
-    def _written(self) -> dict[str, Any]:
+    def _written(self) -> JsonObject:
         """Every typed field as stored (subclasses write their nested records)."""
         return {k: write(getattr(self, k, None)) for k, (_, write) in self.CODECS.items()}
 
-    def _merged(self, typed: Mapping[str, Any]) -> dict[str, Any]:
+    def _merged(self, typed: Mapping[str, V]) -> dict[str, V | JsonValue]:
         """``typed`` (a value per typed key) and ``extra``, keys in their stored order."""
-        out: dict[str, Any] = {}
+        out: dict[str, V | JsonValue] = {}
         for k in self.keys:
             out[k] = self.extra[k] if k in self.extra else typed[k]
         for k, v in typed.items():
@@ -177,7 +182,7 @@ class Record:
                 out[k] = v
         return out | {k: v for k, v in self.extra.items() if k not in out}
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """The JSON object, as stored (exactly what :meth:`from_json` read)."""
         return self._merged(self._written())
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.jsontypes import JsonMapping, JsonObject
 from dpicl_audit.probes.registry import PROBES
 from dpicl_audit.results.record import COUNT, MAPPING, NUMBER, SAME, TEXT, Codec, Record
 from dpicl_audit.results.setting import SettingResult
@@ -113,7 +113,7 @@ class RunResult(Record):
             st for _, _, st in self.probes() if st is not None
         ]
 
-    def probes(self) -> list[tuple[str, Mapping[str, Any], Status | None]]:
+    def probes(self) -> list[tuple[str, JsonMapping, Status | None]]:
         """The run's audits from outside, in :data:`~dpicl_audit.probes.registry.PROBES`'
         order: each one's name, its section as stored, and the status it adds to the run's
         (None: it adds none)."""
@@ -125,9 +125,7 @@ class RunResult(Record):
         return out
 
 
-def results_exit_code(
-    results: Sequence[RunResult | Mapping[str, Any]], *, strict: bool = False
-) -> int:
+def results_exit_code(results: Sequence[RunResult | JsonMapping], *, strict: bool = False) -> int:
     """The exit status for these runs' results (typed, or as stored): :data:`~dpicl_audit.
     verdicts.EXIT_CODES` of the worst of their :meth:`RunResult.statuses`, else 0 (every
     figure consistent, or no verdict at all).
@@ -146,7 +144,7 @@ def results_exit_code(
     return code
 
 
-def refused_trials(results: Sequence[RunResult | Mapping[str, Any]]) -> list[str]:
+def refused_trials(results: Sequence[RunResult | JsonMapping]) -> list[str]:
     """One line per setting whose trials the server refused, the refusals not depending on
     the world (a dependent one is a VIOLATION of the setting's figures): run, setting and
     the refusals' message (issue 44; :mod:`dpicl_audit.estimators.channels`)."""
@@ -163,7 +161,7 @@ def refused_trials(results: Sequence[RunResult | Mapping[str, Any]]) -> list[str
     return out
 
 
-def underpowered(results: Sequence[RunResult | Mapping[str, Any]]) -> list[str]:
+def underpowered(results: Sequence[RunResult | JsonMapping]) -> list[str]:
     """One line per INCONCLUSIVE figure of these runs: run, setting, threat model and the
     verdict's message (which says how many trials would give it power), for the gate's
     report of what passed without power."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from dpicl_audit.errors import InvalidAuditInput
-from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.jsontypes import JsonMapping, JsonObject
 from dpicl_audit.results.estimate import Estimate
 from dpicl_audit.results.rdp import RdpAudit
 from dpicl_audit.results.record import COUNT, MAPPING, NUMBER, SAME, TEXT, Codec, Record
@@ -41,8 +41,9 @@ class SettingResult(Record):
     black_box: Estimate | None = None
     white_box: Estimate | None = None
     rdp: RdpAudit | None = None
-    conformance: Mapping[str, Any] | None = None
-    noise_check: Mapping[str, Any] | None = None
+    # Stored JSON, read as it was written (older logs' shapes included).
+    conformance: JsonMapping | None = None
+    noise_check: JsonMapping | None = None
 
     CODECS: ClassVar[dict[str, Codec]] = (
         {"setting": TEXT}

@@ -29,7 +29,7 @@ import datetime as dt
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from sqlalchemy import (
     JSON,
@@ -52,7 +52,9 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
+from dpicl_audit.context_info import ContextInfo
 from dpicl_audit.errors import InvalidAuditInput, RunNotFound
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.store.db import (
     DEFAULT_DB,
     open_engine,
@@ -155,7 +157,7 @@ class ContextRecord:
     world: int
     epsilon: float
     context_id: str
-    info: Mapping[str, Any]
+    info: ContextInfo
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,11 +204,11 @@ class TrialStore:
         self,
         run_id: str,
         *,
-        plan: Mapping[str, Any],
-        versions: Mapping[str, Any],
+        plan: JsonObject,
+        versions: JsonObject,
         kind: str = "run",
         name: str | None = None,
-        design: Mapping[str, Any] | None = None,
+        design: JsonObject | None = None,
     ) -> None:
         now = _now()
         try:
@@ -221,11 +223,11 @@ class TrialStore:
         self,
         run_id: str,
         now: dt.datetime,
-        plan: Mapping[str, Any],
-        versions: Mapping[str, Any],
+        plan: JsonObject,
+        versions: JsonObject,
         kind: str,
         name: str | None,
-        design: Mapping[str, Any] | None,
+        design: JsonObject | None,
     ) -> None:
         with self.engine.begin() as conn:
             conn.execute(
@@ -299,7 +301,7 @@ class TrialStore:
         world: int,
         epsilon: float,
         context_id: str,
-        info: Mapping[str, Any],
+        info: ContextInfo,
     ) -> None:
         """Record (or replace) the server context of one (setting, world)."""
         with self.engine.begin() as conn:
@@ -335,7 +337,8 @@ class TrialStore:
                 world=int(r["world"]),
                 epsilon=float(r["epsilon"]),
                 context_id=r["context_id"],
-                info=dict(r["info"]),
+                # Saved from a ContextInfo (save_context), read back as it was written.
+                info=cast(ContextInfo, dict(r["info"])),
             )
             for r in rows
         }
@@ -463,7 +466,24 @@ def _run_record(row: Any) -> RunRecord:
     )
 
 
-def _trial_row(run_id: str, r: TrialRecord) -> dict[str, Any]:
+class _TrialRow(TypedDict):
+    """A row of ``trials`` as :meth:`TrialStore.add_trials` inserts it."""
+
+    run_id: str
+    setting: str
+    epsilon: float | None
+    trial_index: int
+    world: int
+    context_id: str
+    query: str
+    observation: Mapping[str, Any]
+    decision: int | None
+    score: float | None
+    latency_s: float
+    created_at: dt.datetime
+
+
+def _trial_row(run_id: str, r: TrialRecord) -> _TrialRow:
     return {
         "run_id": run_id,
         "setting": r.setting,

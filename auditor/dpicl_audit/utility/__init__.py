@@ -9,6 +9,7 @@ module                 what it holds
 :mod:`.estimators`     accuracy intervals, ROUGE-L and its bootstrap interval (pure)
 :mod:`.contexts`       the contexts of a run: created, adopted after a crash, deleted
 :mod:`.runner`         the run: queries into the trial log, time estimate, resume
+:mod:`.results`        the results, typed: a row per cell, the findings, the whole
 :mod:`.report`         results from the trial log, and their table
 =====================  ===========================================================
 """

@@ -12,11 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any
 
 from rich.console import Console
 
 from dpicl_audit.client import ContextBody, DpiclClient
+from dpicl_audit.context_info import context_info
 from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import TargetError, TargetNotFound
 from dpicl_audit.estimators.composition import budget_for, planned_queries
@@ -56,7 +56,7 @@ class RunContexts:
     refused: dict[str, str] = field(default_factory=dict)
     _locks: dict[tuple[str, int], asyncio.Lock] = field(default_factory=dict)
     _cache: dict[tuple[str, int], ContextRecord] = field(default_factory=dict)
-    _listings: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    _listings: dict[int, list[JsonObject]] = field(default_factory=dict)
 
     # ---------------------------------------------------------------- contexts
 
@@ -166,13 +166,14 @@ class RunContexts:
         info = await self._adoptable(client, str(body["name"]))
         if info is None:
             info = await client.create_context(body)
+        record = context_info(info)
         self.store.save_context(
             self.run_id,
             setting=cell.name,
             world=draw,
             epsilon=cell.epsilon,
-            context_id=str(info["id"]),
-            info=dict(info),
+            context_id=record["id"],
+            info=record,
         )
         return self.store.contexts(self.run_id)[(cell.name, draw)]
 

@@ -22,6 +22,8 @@ import numpy as np
 import numpy.typing as npt
 from scipy.stats import binomtest
 
+from dpicl_audit.utility.results import IntervalJson
+
 __all__ = [
     "CONFIDENCE",
     "Interval",
@@ -48,7 +50,7 @@ class Interval:
     confidence: float = CONFIDENCE
     method: str = "clopper-pearson"
 
-    def to_json(self) -> dict[str, float | int | str]:
+    def to_json(self) -> IntervalJson:
         return {
             "value": self.value,
             "low": self.low,

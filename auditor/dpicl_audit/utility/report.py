@@ -13,8 +13,7 @@ bound): ``spent_epsilon_per_exemplar`` is the largest such sum over the draws.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 from rich import box
@@ -23,9 +22,15 @@ from rich.table import Table
 from scipy.stats import binomtest
 
 from dpicl_audit.errors import RunNotFound
-from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.utility.estimators import accuracy_interval, bootstrap_interval
 from dpicl_audit.utility.plan import FEW_SHOT, MAJORITY, ZERO_SHOT, UtilityPlan
+from dpicl_audit.utility.results import (
+    Finding,
+    IntervalJson,
+    UtilityResults,
+    UtilityRow,
+    metric_of,
+)
 
 if TYPE_CHECKING:
     from dpicl_audit.store import TrialRecord, TrialStore
@@ -68,16 +73,16 @@ def summarise_trials(
     plan: UtilityPlan,
     *,
     refused: dict[str, str] | None = None,
-) -> dict[str, Any]:
+) -> UtilityResults:
     """The results of a utility run from its trials (pure: same trials, same results)."""
     by_cell: dict[str, list[TrialRecord]] = defaultdict(list)
     for r in records:
         by_cell[r.setting].append(r)
-    rows: list[dict[str, Any]] = []
+    rows: list[UtilityRow] = []
     per_draw: dict[int, float] = defaultdict(float)
     for k, cell in enumerate(plan.cells()):
         recs = sorted(by_cell.get(cell.name, []), key=lambda r: r.trial_index)
-        row: dict[str, Any] = {
+        row: UtilityRow = {
             "setting": cell.name,
             "kind": cell.kind,
             "epsilon": cell.epsilon if cell.kind == "private" else None,
@@ -110,7 +115,7 @@ def summarise_trials(
                     per_draw[draw] += eps
         rows.append(row)
     metric = "accuracy" if plan.task == "classification" else "rouge_l"
-    findings: list[dict[str, Any]] = []
+    findings: list[Finding] = []
     degenerate = None
     if plan.task == "classification":
         majority = majority_row(records, plan.queries)
@@ -134,7 +139,7 @@ def summarise_trials(
     }
 
 
-def majority_row(records: list[TrialRecord], planned: int) -> dict[str, Any] | None:
+def majority_row(records: list[TrialRecord], planned: int) -> UtilityRow | None:
     """The majority-class baseline: the share of the most common label among the held-out
     queries, which answering that one label to every query scores. No query is asked for
     it: the labels are in the log (each answer's ``expected``). It is the best any constant
@@ -163,9 +168,7 @@ def majority_row(records: list[TrialRecord], planned: int) -> dict[str, Any] | N
     }
 
 
-def degenerate_findings(
-    rows: list[dict[str, Any]], majority: Mapping[str, Any]
-) -> list[dict[str, Any]]:
+def degenerate_findings(rows: list[UtilityRow], majority: UtilityRow) -> list[Finding]:
     """A finding for each measured cell (baselines and private cells) that answers one label
     to nearly everything (at least :data:`ONE_LABEL_SHARE` of its answers), and for each
     whose accuracy cannot be told from the majority-class rate: the one-sided exact binomial
@@ -173,7 +176,7 @@ def degenerate_findings(
     not reject at level :data:`ALPHA`. The rate is taken as known: it is the constant
     answer's score on the same queries."""
     rate = float(majority["accuracy"]["value"])
-    out: list[dict[str, Any]] = []
+    out: list[Finding] = []
     for row in rows:
         if row["kind"] == MAJORITY or "accuracy" not in row or not row.get("answers"):
             continue
@@ -208,9 +211,7 @@ def degenerate_findings(
     return out
 
 
-def degenerate_verdict(
-    rows: list[dict[str, Any]], findings: list[dict[str, Any]], dataset: str
-) -> str | None:
+def degenerate_verdict(rows: list[UtilityRow], findings: list[Finding], dataset: str) -> str | None:
     """One sentence when the model is degenerate on the dataset: its best measured answer
     (the non-private few-shot baseline, else every private cell) is a constant in effect, so
     the private cells cannot show a privacy-utility trade-off, only noise around it. Where
@@ -246,7 +247,7 @@ DEGENERATE_MEANS = (
 
 def summarise(
     store: TrialStore, run_id: str, plan: UtilityPlan, *, refused: dict[str, str] | None = None
-) -> JsonObject:
+) -> UtilityResults:
     """:func:`summarise_trials` over a run's logged trials; ``refused`` defaults to what the
     stored results said."""
     if refused is None:
@@ -257,7 +258,7 @@ def summarise(
     return out
 
 
-def _interval(v: Mapping[str, Any] | None) -> str:
+def _interval(v: IntervalJson | None) -> str:
     if not v:
         return "-"
     return f"{v['value']:.3f} [{v['low']:.3f}, {v['high']:.3f}]"
@@ -267,7 +268,7 @@ def _interval(v: Mapping[str, Any] | None) -> str:
 _CALIBRATED = {"content-free": " (content-free calibrated)", "exemplars": " (exemplar calibrated)"}
 
 
-def print_utility(results: Mapping[str, Any], console: Console) -> None:
+def print_utility(results: UtilityResults, console: Console) -> None:
     """The per-cell table, baselines first."""
     metric = results["metric"]
     # The interval's kind is said under the table: the column stays narrow enough for 80.
@@ -289,7 +290,7 @@ def print_utility(results: Mapping[str, Any], console: Console) -> None:
     order = [c for b in baselines for c in cells if c["setting"] == b]
     order += [c for c in cells if c["setting"] not in baselines]
     for c in order:
-        shown = _interval(c.get(metric)) if "refused" not in c else "not offered"
+        shown = _interval(metric_of(c, metric)) if "refused" not in c else "not offered"
         spent = c.get("spent_epsilon")
         if c["kind"] == MAJORITY:
             spent = None
@@ -324,10 +325,10 @@ def print_utility(results: Mapping[str, Any], console: Console) -> None:
         )
 
 
-def utility_results(store: TrialStore, run_ids: list[str]) -> dict[str, dict[str, Any]]:
+def utility_results(store: TrialStore, run_ids: list[str]) -> dict[str, UtilityResults]:
     """The results of those of ``run_ids`` that are utility runs: as stored when the run
     completed, else recomputed from its log (a run still going, or stopped)."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, UtilityResults] = {}
     for rid in run_ids:
         try:
             run = store.get_run(rid)
@@ -335,14 +336,16 @@ def utility_results(store: TrialStore, run_ids: list[str]) -> dict[str, dict[str
             continue  # the audit's loader says so
         if run.kind != "utility":
             continue
-        if run.results is not None and "findings" in run.results:
-            out[rid] = dict(run.results)
-        elif run.results is not None:
+        # Stored from a UtilityResults (runner.run_utility), read back as written.
+        stored = None if run.results is None else cast(UtilityResults, dict(run.results))
+        if stored is not None and "findings" in stored:
+            out[rid] = stored
+        elif stored is not None:
             # Stored before the majority baseline and its findings (issue 45): recomputed
             # from the log, with what the run stored of its refusals and contexts.
             plan = UtilityPlan.model_validate({**run.plan, "target": {}})
-            refused = dict(run.results.get("refused") or {})
-            out[rid] = dict(run.results) | summarise(store, rid, plan, refused=refused)
+            refused = dict(stored.get("refused") or {})
+            out[rid] = stored | summarise(store, rid, plan, refused=refused)
         else:
             plan = UtilityPlan.model_validate({**run.plan, "target": {}})
             out[rid] = summarise(store, rid, plan, refused={})

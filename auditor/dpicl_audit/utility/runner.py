@@ -47,6 +47,7 @@ from dpicl_audit.utility.contexts import RunContexts
 from dpicl_audit.utility.estimators import rouge_l
 from dpicl_audit.utility.plan import Cell, UtilityPlan, draw_split
 from dpicl_audit.utility.report import summarise
+from dpicl_audit.utility.results import UtilityResults
 
 __all__ = ["KIND", "UtilityRun", "estimate_seconds", "run_utility"]
 
@@ -210,7 +211,7 @@ async def run_utility(
     progress: bool = True,
     resume: bool = False,
     overrides: Mapping[str, Any] | None = None,
-) -> JsonObject:
+) -> UtilityResults:
     """Run (or, with ``resume``, continue) a utility audit; return its results."""
     if resume:
         stored = store.get_run(run_id)
@@ -269,7 +270,7 @@ async def run_utility(
         await target.aclose()
 
 
-async def _execute(run: UtilityRun, progress: bool) -> JsonObject:
+async def _execute(run: UtilityRun, progress: bool) -> UtilityResults:
     plan, console = run.plan, run.console
     cells = plan.cells()
     if plan.baselines and run.baseline is None:

@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from dpicl_audit.claims import SettingClaims
-from dpicl_audit.estimators.family import family_wise_figures
+from dpicl_audit.estimators.family import FigureRecord, family_wise_figures, figure_record
 from dpicl_audit.estimators.figure_power import exact_mus, reach_model
 from dpicl_audit.estimators.gdp import gdp_mu
 from dpicl_audit.estimators.power import trials_for_power
@@ -45,11 +45,11 @@ class Figures(Protocol):
     """An estimate as the claims read it (:class:`dpicl_audit.results.Estimate`, which the
     mechanisms build; its package lies above this one): its stored keys and values."""
 
-    def as_mapping(self) -> Mapping[str, Any]: ...
+    def figure_record(self) -> FigureRecord: ...
 
 
-def _figures(est: Figures | Mapping[str, Any]) -> Mapping[str, Any]:
-    return est if isinstance(est, Mapping) else est.as_mapping()
+def _figures(est: Figures | FigureRecord) -> FigureRecord:
+    return figure_record(est) if isinstance(est, Mapping) else est.figure_record()
 
 
 class _DesignReference(TypedDict, total=False):
@@ -124,7 +124,7 @@ _STATUS_OF_WORD = {
 }
 
 
-def gaussian_verdict(est: Figures | Mapping[str, Any], claims: SettingClaims) -> GaussianVerdict:
+def gaussian_verdict(est: Figures | FigureRecord, claims: SettingClaims) -> GaussianVerdict:
     """Verdict of an audit of a Gaussian claim (voting, ESA) by the rules of
     :func:`~dpicl_audit.estimators.verdict_rules.decide_verdict`: VIOLATION on ``mu_lower >
     mu_claimed`` or the classical bound above epsilon_theory, BUG above the exact values,
@@ -245,7 +245,7 @@ def _design_reference(claims: SettingClaims) -> _DesignReference:
 
 def _claim_for_the_family(
     res: VerdictResult,
-    est: Mapping[str, Any],
+    est: FigureRecord,
     rules: _Rules,
     family: Family,
     delta: float,
@@ -326,7 +326,7 @@ def family_of(claims: SettingClaims) -> Family | None:
 
 def for_the_family(
     alone: Verdict,
-    est: Figures | Mapping[str, Any],
+    est: Figures | FigureRecord,
     claims: SettingClaims,
     judge: Callable[[FamilyWise], Verdict],
 ) -> Verdict:

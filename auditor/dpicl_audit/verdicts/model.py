@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Literal, get_args
 
 from dpicl_audit.claims import Family
 from dpicl_audit.errors import InvalidAuditInput
-from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.jsontypes import JsonMapping, JsonObject
 
 __all__ = [
     "EXIT_CODES",
@@ -114,7 +114,7 @@ class Verdict:
     family_wise: Mapping[str, Any] | None = None
     together: bool = False
     nonconforming: tuple[str, ...] | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    extra: JsonMapping = field(default_factory=dict)
 
     #: The JSON keys this type reads (the rest go to ``extra``).
     KEYS: ClassVar[tuple[str, ...]] = (
@@ -187,13 +187,14 @@ class Verdict:
             trials_needed=None if needed is None else (int(needed[0]), int(needed[1])),
         )
 
-    def read_with(self, conformance: Mapping[str, Any] | None) -> Verdict:
+    def read_with(self, conformance: JsonMapping | None) -> Verdict:
         """This verdict read with a setting's ``conformance`` (estimators.conformance): a
         NONCONFORMING finding replaces CONSISTENT and INCONCLUSIVE (a VIOLATION or BUG
         stays, naming it too)."""
         if not conformance or conformance.get("status") != "nonconforming":
             return self
-        differs = [str(d) for d in conformance.get("differs") or []]
+        found = conformance.get("differs")
+        differs = [str(d) for d in found] if isinstance(found, list | tuple) else []
         note = f"NONCONFORMING ({', '.join(differs)}): {conformance.get('message')}"
         if self.flags:
             return replace(self, message=f"{self.message}; also {note}")

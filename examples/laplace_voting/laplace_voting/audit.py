@@ -40,6 +40,7 @@ from scipy import stats
 
 from dpicl_audit.claims import SettingClaims, number
 from dpicl_audit.client import ContextBody
+from dpicl_audit.context_info import ContextInfo
 from dpicl_audit.errors import InvalidAuditInput, TargetProtocolError
 from dpicl_audit.estimators.composition import composed_epsilon
 from dpicl_audit.jsontypes import JsonObject, JsonValue
@@ -77,11 +78,12 @@ def _check_scale(got: float, epsilon: float, where: object) -> float:
     return want
 
 
-def _scale_of(info: Mapping[str, Any], epsilon: float) -> float:
+def _scale_of(info: ContextInfo, epsilon: float) -> float:
     """The scale the context reports (``mechanism.scale``), which must be ``2 / epsilon``;
     ``2 / epsilon`` where it reports none."""
-    mech = info.get("mechanism") or {}
-    got = mech.get("scale") if isinstance(mech, Mapping) else None
+    # This mechanism's own key, beyond the ones the auditor's MechanismInfo names.
+    mech: Mapping[str, object] = info.get("mechanism") or {}
+    got = number(mech.get("scale"))
     if got is not None:
         return _check_scale(float(got), epsilon, info.get("id"))
     return laplace_scale(epsilon)
@@ -120,7 +122,7 @@ class LaplaceVotingAudit(VotingAudit):
     settings = LaplaceVotingSettings
     has_bootstrap = False
 
-    def check_context(self, info: Mapping[str, Any], design: Any, epsilon: float) -> None:
+    def check_context(self, info: ContextInfo, design: Any, epsilon: float) -> None:
         # Voting's checks without the Gaussian one (a reported sigma): the Laplace scale.
         MechanismAudit.check_context(self, info, design, epsilon)
         _scale_of(info, epsilon)

@@ -62,6 +62,7 @@ import numpy as np
 
 from dpicl_audit.claims import SettingClaims, number
 from dpicl_audit.client import AuditTarget, ContextBody
+from dpicl_audit.context_info import MechanismInfo
 from dpicl_audit.datasets import LabelledDataset
 from dpicl_audit.errors import InvalidAuditInput, TargetProtocolError
 from dpicl_audit.estimators.conformance import ConformanceTest
@@ -219,7 +220,7 @@ class MozoAudit(MechanismAudit):
         setting = plan.setting_key(epsilon)
         mine = [c for (s, _w), c in contexts.items() if s.split("#")[0] == setting]
         c1 = contexts.get((setting, 1)) or (mine[0] if mine else None)
-        mech: Mapping[str, Any] = c1.info.get("mechanism", {}) if c1 is not None else {}
+        mech: MechanismInfo = c1.info.get("mechanism", {}) if c1 is not None else {}
         alpha, beta = mech.get("alpha"), mech.get("beta")
         proven = MozoSettings.of(plan).guarantee == "proven"
         eps0, per_token = mech.get("max_log_ratio"), mech.get("per_token_epsilon")

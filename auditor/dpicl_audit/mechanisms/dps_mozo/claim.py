@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from scipy.special import expit
 from scipy.stats import binom
+
+from dpicl_audit.context_info import ContextInfo, MechanismInfo
 
 __all__ = ["CLAIM_TOL", "mozo_claim_departure", "mozo_exact_epsilon", "per_token_bound"]
 
@@ -69,7 +70,7 @@ def mozo_exact_epsilon(
 
 
 def mozo_claim_departure(
-    mech: Mapping[str, Any], claim: float, exemplars: int
+    mech: MechanismInfo, claim: float, exemplars: int
 ) -> tuple[float | None, str | None]:
     """``(exact epsilon from the reported eps0, the reason it breaks the claim or None)``
     for a proven-mode context's ``mechanism`` record; ``(None, None)`` where it reports no
@@ -100,7 +101,7 @@ def mozo_claim_departure(
     return exact, None
 
 
-def per_token_bound(infos: Sequence[Mapping[str, Any]]) -> float | None:
+def per_token_bound(infos: Sequence[ContextInfo]) -> float | None:
     """The per-token bound from the contexts' reported eps0 (the larger one): ``4 eps0``,
     ``2 eps0`` with one shot; None where one reports no eps0 (not the proven mode)."""
     found = []

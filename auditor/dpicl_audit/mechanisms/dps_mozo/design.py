@@ -4,15 +4,13 @@ replacement ``(x_r, s0)`` at one seeded position, the query ``x_c``, and the dec
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import DatasetError
-from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.jsontypes import JsonMapping, JsonObject
 from dpicl_audit.mechanisms.dps_mozo.settings import MozoSettings
 from dpicl_audit.mechanisms.neighbours import NeighbourPair, pair_from_json, pair_to_json
 from dpicl_audit.plan import AuditPlan
@@ -51,7 +49,7 @@ class MozoDesign(NeighbourPair):
         return pair_to_json(self) | {"design_kind": "dps-mozo"}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> MozoDesign:
+    def from_json(cls, data: JsonMapping) -> MozoDesign:
         d = pair_from_json(data)
         d["signals"] = tuple(d["signals"])
         return cls(**d)

@@ -6,16 +6,14 @@ once :mod:`.signals` has learnt them. Built in :mod:`.build`; read by :mod:`.aud
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from dpicl_audit.datasets import Example
 from dpicl_audit.errors import InvalidAuditInput
-from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.jsontypes import JsonMapping, JsonObject
 from dpicl_audit.mechanisms.neighbours import NeighbourPair, pair_from_json, pair_to_json
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.prompts import SIGNAL_PAIRS
@@ -121,7 +119,7 @@ class GenerationDesign(NeighbourPair):
         return pair_to_json(self) | {"design_kind": "generation"}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> GenerationDesign:
+    def from_json(cls, data: JsonMapping) -> GenerationDesign:
         d = pair_from_json(data)
         for key in ("e1", "e0"):
             if d.get(key) is not None:

@@ -19,7 +19,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from dpicl_audit.claims import SettingClaims
+from dpicl_audit.claims import SettingClaims, number
 from dpicl_audit.estimators.conformance import ConformanceTest, residual_tests
 from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.mechanisms.base import SettingRows
@@ -191,14 +191,15 @@ def esa_conformance(
     white: list[ConformanceTest] = []
     if bootstrap:
         check = out.noise_check or {}
+        interval, df = check.get("sigma_interval"), check.get("df")
         if check.get("status") == "smaller":
             white += [
                 ConformanceTest(
                     "noise scale",
                     "noise_check",
                     0.0,
-                    float((check.get("sigma_interval") or [0.0, 0.0])[1]),
-                    int(check.get("df") or 0),
+                    (number(interval[1]) or 0.0) if isinstance(interval, list) else 0.0,
+                    int(df) if isinstance(df, int | float) else 0,
                     str(check.get("message")),
                 )
             ]

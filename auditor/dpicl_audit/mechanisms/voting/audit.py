@@ -36,7 +36,7 @@ from dpicl_audit.client import AuditTarget, ContextBody
 from dpicl_audit.datasets import LabelledDataset, load_dataset
 from dpicl_audit.errors import TargetProtocolError
 from dpicl_audit.estimators.extra_fields import response_fields
-from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.jsontypes import JsonMapping, JsonObject
 from dpicl_audit.mechanisms.base import SettingRows, TrialAt, ask, needs_internal, require_keys
 from dpicl_audit.mechanisms.gaussian import GaussianMechanismAudit, gaussian_setting_claims
 from dpicl_audit.mechanisms.voting.build import build_design
@@ -73,7 +73,7 @@ class VotingAudit(GaussianMechanismAudit):
             return build_rdp_design(plan, dataset)
         return build_design(plan, dataset)
 
-    def load_design(self, data: Mapping[str, Any]) -> AuditDesign | RdpDesign:
+    def load_design(self, data: JsonMapping) -> AuditDesign | RdpDesign:
         if data.get("design_kind") == "rdp":
             return RdpDesign.from_json(data)
         return AuditDesign.from_json(data)

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from dpicl_audit.catalog.attacks import Attack
 from dpicl_audit.datasets import Example
 from dpicl_audit.estimators.label_release import pivotal_design
-from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.jsontypes import JsonMapping, JsonObject
 from dpicl_audit.mechanisms.neighbours import NeighbourPair, pair_from_json, pair_to_json
 from dpicl_audit.plan import CanaryKind
 
@@ -78,7 +77,7 @@ class AuditDesign(NeighbourPair):
         return pair_to_json(self)
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> AuditDesign:
+    def from_json(cls, data: JsonMapping) -> AuditDesign:
         d = pair_from_json(data)
         d["labels"] = tuple(d["labels"])
         return cls(**d)

@@ -40,7 +40,7 @@ from dpicl_audit.catalog.attacks import RdpAttack
 from dpicl_audit.catalog.settings import PartitionedSettings
 from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import DatasetError
-from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.jsontypes import JsonMapping, JsonObject
 from dpicl_audit.mechanisms.neighbours import (
     STREAM_DESIGN,
     NeighbourPair,
@@ -97,7 +97,7 @@ class RdpDesign(NeighbourPair):
         return pair_to_json(self) | {"design_kind": "rdp"}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> RdpDesign:
+    def from_json(cls, data: JsonMapping) -> RdpDesign:
         d = pair_from_json(data)
         d["labels"] = tuple(d["labels"])
         d["queries"] = tuple(d["queries"])
