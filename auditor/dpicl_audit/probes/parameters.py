@@ -203,19 +203,30 @@ async def sweep_parameters(
         said: ParameterVariant = {"variant": name, "refused": True, "route": route, "sent": sent}
         try:
             first = await _ask(target, route, cid, query, sent)
-            rest = await asyncio.gather(
-                *(_ask(target, route, cid, query, sent) for _ in range(n - 1))
-            )
         except (TargetNotFound, _NoRoute):
             if route == "chat" and not sent:
                 return None
             return said | {"message": "no such route"}
         except (TargetRejected, _Refused) as exc:
             return said | {"message": str(exc)}
+        # A variant answered once and refused later was refused for a reason of the server's
+        # own (a rate limit, a quality gate; probes.refusals): its refusals are counted, its
+        # answers compared.
+        rest = await asyncio.gather(*(_label(route, sent) for _ in range(n - 1)))
         counts: dict[str, int] = {}
-        for lab in (first, *rest):
+        for lab in (first, *(r for r in rest if r is not None)):
             counts[lab] = counts.get(lab, 0) + 1
-        return said | {"refused": False, "labels": counts}
+        out = said | {"refused": False, "labels": counts}
+        if None in rest:
+            out["refusals"] = rest.count(None)
+        return out
+
+    async def _label(route: str, sent: dict[str, JsonValue]) -> str | None:
+        """One label, or None where the server refused the request."""
+        try:
+            return await _ask(target, route, cid, query, sent)
+        except (TargetRejected, _Refused):
+            return None
 
     try:
         # Every variant at once (the client's concurrency bounds what is in flight).
@@ -343,4 +354,7 @@ def _judge(variants: list[ParameterVariant]) -> ParametersSection:
         else f"the client's parameters do not change the release (p = {p:.2g} over "
         f"{len(groups)} variants and pools; share of {top!r}: {rates})"
     )
+    later = sum(v.get("refusals", 0) for v in answered)
+    if later:
+        out["message"] += f"; {later} requests refused after their variant's first answer"
     return out
