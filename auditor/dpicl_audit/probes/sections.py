@@ -118,6 +118,9 @@ class ParameterVariant(TypedDict, total=False):
     labels: dict[str, int]
     #: requests refused after the variant's first answer (a reason of the server's own)
     refusals: int
+    #: a schema variant's screening answers (probes.parameters.SCREEN), never tested; a
+    #: variant screened out has no ``labels``
+    screening: dict[str, int]
     route: str
     sent: dict[str, JsonValue]
 
