@@ -6,7 +6,8 @@ process (oracle engine, production configuration: budgets required) is started f
 tree, ``dpicl-audit run --epsilons 4`` (the default plan otherwise: 1,000 trials, every probe)
 runs against it from the same tree, and the server is stopped. Printed: per tree the median
 of the audit command's whole wall time (start-up included, what a user waits for) and of the
-run's own ``wall_time_s`` (trials, estimates and probes), and the ratios A/B of both medians.
+run's own ``wall_time_s`` (trials, estimates and probes), and the ratios A/B of both medians,
+then each probe's median seconds per tree (``probe_wall_time_s``: where the difference is).
 
     python bench/one_epsilon_audit.py --baseline /path/to/other/checkout [--pairs 5]
 
@@ -50,8 +51,9 @@ def _wait(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> Non
     raise RuntimeError(f"{url} did not answer within {timeout} s")
 
 
-def one_audit(tree: Path) -> tuple[float, float]:
-    """(the audit command's wall seconds, the run's own wall_time_s) against a fresh server."""
+def one_audit(tree: Path) -> tuple[float, float, dict[str, float]]:
+    """(the audit command's wall seconds, the run's own wall_time_s, each probe's seconds)
+    against a fresh server."""
     env = os.environ | {
         "PYTHONPATH": f"{tree}/services:{tree}/auditor",
         "HF_HUB_OFFLINE": "1",
@@ -83,7 +85,8 @@ def one_audit(tree: Path) -> tuple[float, float]:
             if done.returncode != 0:
                 raise RuntimeError(f"the audit of {tree} exited {done.returncode}")
             results = json.loads(done.stdout)
-            return wall, float(results["wall_time_s"])
+            probes = {str(k): float(v) for k, v in (results.get("probe_wall_time_s") or {}).items()}
+            return wall, float(results["wall_time_s"]), probes
         finally:
             server.terminate()
             server.wait(timeout=30)
@@ -95,18 +98,22 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=5)
     args = ap.parse_args()
     trees = {"A (this checkout)": HERE, f"B ({args.baseline})": args.baseline.resolve()}
-    got: dict[str, list[tuple[float, float]]] = {k: [] for k in trees}
+    got: dict[str, list[tuple[float, float, dict[str, float]]]] = {k: [] for k in trees}
     for _ in range(args.pairs):
         for name, tree in trees.items():
             got[name].append(one_audit(tree))
     medians = {}
     for name, runs in got.items():
-        whole = statistics.median(w for w, _ in runs)
-        own = statistics.median(r for _, r in runs)
+        whole = statistics.median(w for w, _, _ in runs)
+        own = statistics.median(r for _, r, _ in runs)
         medians[name] = (whole, own)
         print(f"{name}: audit command {whole:.1f} s, the run's wall_time_s {own:.1f} s (median)")
     (a_whole, a_own), (b_whole, b_own) = medians.values()
     print(f"A/B: audit command {a_whole / b_whole:.2f}, run wall_time_s {a_own / b_own:.2f}")
+    for name, runs in got.items():
+        names = sorted({p for _, _, probes in runs for p in probes})
+        each = {p: statistics.median(probes.get(p, 0.0) for _, _, probes in runs) for p in names}
+        print(f"{name} probes (median s): " + ", ".join(f"{p} {t:.1f}" for p, t in each.items()))
 
 
 if __name__ == "__main__":

@@ -20,9 +20,10 @@ generators are seeded, so each run of these tests draws the same sweeps.
 
 Every sweep also holds the schema's other parameters (issue 44, item 4) that dpicl answers
 (those it ignores: the penalties, ``user``, ``metadata``, ...; :data:`ANSWERED`) at
-``PER_SCHEMA`` answers each, as a run against dpicl reads them: they add tests to the
-Bonferroni correction and answers to the pools. A client ``seed`` that seeds the noise (each
-seed value one label on every route) is caught in at least 295 of 300 sweeps.
+``SCREEN`` answers each first and ``PER_SCHEMA`` more where those are one label (about one
+in 16), as a run against dpicl reads them: those add tests to the Bonferroni correction and
+answers to the pools. A client ``seed`` that seeds the noise (each seed value one label on
+every route, so that it always passes the screen) is caught in at least 295 of 300 sweeps.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import pytest
 
 import dpicl_audit.probes.parameters as parameters
 from dpicl.api.openai.protocol import IGNORED
-from dpicl_audit.probes.parameters import PER_SCHEMA, VARIANTS, _judge, schema_variants
+from dpicl_audit.probes.parameters import PER_SCHEMA, SCREEN, VARIANTS, _judge, schema_variants
 from dpicl_audit.probes.sections import ParameterVariant
 
 SHARE = 0.52
@@ -59,16 +60,19 @@ def _sweep(
         hits = N if leak and extra.get("temperature") == 0 else int(rng.binomial(N, SHARE))
         out.append({"variant": name, "refused": False, "labels": {"Yes": hits, "No": N - hits}})
     for name, route, extra in ANSWERED if schema else ():
-        hits = int(rng.binomial(PER_SCHEMA, SHARE))
-        out.append(
-            {
-                "variant": name,
-                "refused": False,
-                "labels": {"Yes": hits, "No": PER_SCHEMA - hits},
-                "route": route,
-                "sent": extra,
-            }
-        )
+        # screened first (parameters.SCREEN answers): tested only where they are one label
+        seen = int(rng.binomial(SCREEN, SHARE))
+        said: ParameterVariant = {
+            "variant": name,
+            "refused": False,
+            "screening": {"Yes": seen, "No": SCREEN - seen},
+            "route": route,
+            "sent": extra,
+        }
+        if seen in (0, SCREEN):
+            hits = int(rng.binomial(PER_SCHEMA, SHARE))
+            said["labels"] = {"Yes": hits, "No": PER_SCHEMA - hits}
+        out.append(said)
     if seeded:  # one label per seed value, the same on chat and completions
         for seed in (7, 8):
             hits = PER_SCHEMA * int(rng.random() < SHARE)

@@ -90,9 +90,8 @@ async def test_honest_server_channels_read_ok(
 async def test_refusal_independent_of_the_votes_ends_with_results_and_an_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # No probe: the fault refuses after the answer is charged, which the ledger's bursts
-    # read as NONCONFORMING (exit 4) when one of their 64 requests draws a refusal; this
-    # test is about the trials' refusals alone.
+    # No probe: this test is about the trials' refusals alone (each probe's, with the
+    # same fault: tests/e2e/test_probe_refusals.py).
     code, res, left = await _audit(
         tmp_path, "refuse_random", monkeypatch, **{**SHORT, "probes": []}
     )

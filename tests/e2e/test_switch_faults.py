@@ -72,5 +72,10 @@ async def test_honest_server_passes_the_whole_client_surface(
     for name in ("chat, seed 7", "chat, logprobs true", "completions, echo true", "chat, n 2"):
         assert by[name]["refused"], by[name]
     for name in ("chat, frequency_penalty 2", 'completions, user "dpicl-audit"'):
-        assert not by[name]["refused"] and sum(by[name]["labels"].values()) == 15, by[name]
+        # answered: screened first (5 answers), 15 more only where those are one label
+        v = by[name]
+        assert not v["refused"] and sum(v["screening"].values()) == 5, v
+        tested = "labels" in v
+        assert tested == (len(v["screening"]) == 1), v
+        assert not tested or sum(v["labels"].values()) == 15, v
     assert left == 0

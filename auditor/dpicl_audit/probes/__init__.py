@@ -8,6 +8,8 @@ module                 what it holds
 :mod:`.ingredients`    what a mechanism supplies the probes (a context body, a way
                        to make one hold answers, the query, a capacity, its claim)
 :mod:`.answers`        one raw request on any route, and its answer read whole
+:mod:`.refusals`       a probe's refusals for a reason of the server's own, as
+                       observations (tested against the world where both are asked)
 :mod:`.ledger_burst`   the ledger under concurrency: N + k requests in flight per route
 :mod:`.ledger`         the server's ledger: a probe context asked until refused
 :mod:`.calibration`    the reported sigma against the claim at the epsilons the plan

@@ -146,6 +146,11 @@ def with_bursts(out: LedgerSection, found: BurstsSection) -> LedgerSection:
             out["message"] = out.get("message", "") + "; under concurrency: " + bad
         else:
             out["status"], out["message"] = "nonconforming", "under concurrency: " + bad
+    elif found["status"] == "refused" and out["status"] in ("ok", "unchecked"):
+        # refusals for a reason of the server's own (probes.refusals): no finding, but the
+        # probe could not ask what it planned (the run exits 1 unless a finding is 4 or 5)
+        out["status"] = "refused"
+        out["message"] = out.get("message", "") + "; under concurrency: " + found["message"]
     return out
 
 

@@ -13,7 +13,9 @@ Then:
 * exactly ``N`` are (fewer: a refusal before the planned count, a finding: the ledger refused
   answers its budget holds, or charged some twice);
 * every other request is refused as over budget (403, or 429 on the OpenAI surface), none
-  fails otherwise;
+  fails otherwise (a refusal for a reason of the server's own, a 4xx but an exhausted
+  budget, is an observation, :mod:`.refusals`: the route's counts are not read then, and
+  the bursts read ``refused``);
 * the context's record counts the answers, and its spend rows (``GET /v1/contexts/{id}/spend``,
   where the server has it) hold one ``answered`` row per answer.
 
@@ -159,6 +161,19 @@ async def _one_route(
         answered = outcomes.count("answered")
         refused = outcomes.count("refused")
         other = sorted({o for o in outcomes if o not in ("answered", "refused")})
+        # A refusal for a reason of the server's own (a rate limit, a quality gate: a 4xx
+        # but an exhausted budget) is an observation, not a departure of the ledger
+        # (probes.refusals): the burst's counts cannot be read against its budget then.
+        own = [o for o in outcomes if o.startswith("HTTP 4") or o.startswith("stream error")]
+        if own:
+            return {
+                "route": route,
+                "ok": None,
+                "refused": len(own),
+                "message": f"{route}: {len(own)} of {sent} in flight refused for a reason of "
+                f"the server's own ({', '.join(sorted(set(own)))}): the burst's counts "
+                "were not read against its budget",
+            }
         after = await target.get_context(cid)
         charged = (after.get("spent") or {}).get("queries")
         rows: int | None = None
@@ -227,8 +242,9 @@ async def audit_bursts(
         except TargetNotFound as exc:
             found.append({"route": route, "ok": None, "message": str(exc)})
     failed = [r for r in found if r.get("ok") is False]
+    own = [r for r in found if r.get("ok") is None and r.get("refused")]
     return {
-        "status": "nonconforming" if failed else "ok",
+        "status": "nonconforming" if failed else "refused" if own else "ok",
         "routes": found,
         "message": "; ".join(r["message"] for r in found),
     }

@@ -64,6 +64,7 @@ __all__ = [
     "ALPHA",
     "PER_SCHEMA",
     "PER_VARIANT",
+    "SCREEN",
     "SWEEP_EPSILON",
     "VARIANTS",
     "Variant",
@@ -83,6 +84,15 @@ PER_VARIANT = 30
 #: power. A seed that fixes the noise makes one value's 30 answers on chat and completions
 #: one label: p about 0.52^30 = 3e-9 before Bonferroni, where the honest share is 0.52.
 PER_SCHEMA = 15
+#: Answers that screen a schema variant first (issue 44's cost: a default one-epsilon audit
+#: within 1.5 times the one before the schema's parameters). Only a variant whose screening
+#: answers are all one label is asked its :data:`PER_SCHEMA` answers, and only those are
+#: tested: a parameter that fixes the release (a seed that seeds the noise) passes the screen
+#: every time, an honest variant one time in 16 (2 x 0.52^5 at the honest share 0.52). The
+#: screening answers stay out of the test: the answers tested are independent of the choice
+#: of the variants tested under the null (its answers are i.i.d.), so Fisher's test stays
+#: exact (a test of the screening answers too would be biased by the choice).
+SCREEN = 5
 #: The sweep's epsilon: the noisier the release, the further a parameter that removes the
 #: noise moves it. Temperature-scaled noise on the chat path makes two variants (chat and
 #: chat streamed, temperature 0) answer the majority 30 times in 30, which also raises the
@@ -187,7 +197,7 @@ async def sweep_parameters(
     core = _variants(target)
     routes = tuple(r for r in ROUTE_PATHS if any(v[1] == r for v in core))
     extra = schema_variants(routes, await fetch_openapi(target))
-    body = hold(planned_queries(PER_VARIANT * len(core) + PER_SCHEMA * len(extra)))
+    body = hold(planned_queries(PER_VARIANT * len(core) + (SCREEN + PER_SCHEMA) * len(extra)))
     if body is None:
         return {"status": "unchecked", "message": "no budget within the server's limit holds it"}
     probe = body.copy()
@@ -196,32 +206,53 @@ async def sweep_parameters(
     cid = str(info["id"])
 
     async def variant(
-        name: str, route: str, sent: dict[str, JsonValue], n: int
+        name: str, route: str, sent: dict[str, JsonValue], n: int, screen: int = 0
     ) -> ParameterVariant | None:
         """One variant's labels, or its refusal; None: the chat route is missing. The first
-        answer alone, so that a refused variant costs one request, not ``n``."""
+        answer alone, so that a refused variant costs one request, not ``n``. With
+        ``screen``, that many answers first (:data:`SCREEN`): the ``n`` tested answers only
+        where they are all one label."""
         said: ParameterVariant = {"variant": name, "refused": True, "route": route, "sent": sent}
         try:
             first = await _ask(target, route, cid, query, sent)
-            rest = await asyncio.gather(
-                *(_ask(target, route, cid, query, sent) for _ in range(n - 1))
-            )
         except (TargetNotFound, _NoRoute):
             if route == "chat" and not sent:
                 return None
             return said | {"message": "no such route"}
         except (TargetRejected, _Refused) as exc:
             return said | {"message": str(exc)}
-        counts: dict[str, int] = {}
-        for lab in (first, *rest):
-            counts[lab] = counts.get(lab, 0) + 1
-        return said | {"refused": False, "labels": counts}
+        # A variant answered once and refused later was refused for a reason of the server's
+        # own (a rate limit, a quality gate; probes.refusals): its refusals are counted, its
+        # answers compared.
+        out = said | {"refused": False}
+        if screen:
+            seen = await asyncio.gather(*(_label(route, sent) for _ in range(screen - 1)))
+            labels = [first, *seen]
+            out["screening"] = _counts(labels)
+            if len({lab for lab in labels if lab is not None}) > 1:
+                out["refusals"] = labels.count(None)
+                return out  # screened out: not tested
+            rest = list(await asyncio.gather(*(_label(route, sent) for _ in range(n))))
+            rest += [None] * labels.count(None)  # the screen's refusals counted too
+        else:
+            rest = [first, *await asyncio.gather(*(_label(route, sent) for _ in range(n - 1)))]
+        out["labels"] = _counts(rest)
+        if None in rest:
+            out["refusals"] = rest.count(None)
+        return out
+
+    async def _label(route: str, sent: dict[str, JsonValue]) -> str | None:
+        """One label, or None where the server refused the request."""
+        try:
+            return await _ask(target, route, cid, query, sent)
+        except (TargetRejected, _Refused):
+            return None
 
     try:
         # Every variant at once (the client's concurrency bounds what is in flight).
         found = await asyncio.gather(
             *(variant(*v, PER_VARIANT) for v in core),
-            *(variant(*v, PER_SCHEMA) for v in extra),
+            *(variant(*v, PER_SCHEMA, SCREEN) for v in extra),
         )
     finally:
         with contextlib.suppress(TargetError):
@@ -242,6 +273,15 @@ async def probe(target: AuditTarget, kit: Ingredients) -> ParametersSection | No
     return await sweep_parameters(
         target, lambda answers: kit.held(1, eps, answers, "sweep"), kit.query
     )
+
+
+def _counts(labels: list[str | None]) -> dict[str, int]:
+    """Each label's count (None, a refused request, left out)."""
+    out: dict[str, int] = {}
+    for lab in labels:
+        if lab is not None:
+            out[lab] = out.get(lab, 0) + 1
+    return out
 
 
 def _groups(answered: list[ParameterVariant]) -> list[tuple[str, list[int]]]:
@@ -295,7 +335,8 @@ def _judge(variants: list[ParameterVariant]) -> ParametersSection:
     most :data:`ALPHA`, exactly, with no large-sample approximation. Power: a leak that makes
     the four temperature-0 variants answer 30/30 against 13-20/30 elsewhere is flagged in
     every one of 2,000 simulated sweeps (tests/auditor/test_parameter_sweep_power.py)."""
-    answered = [v for v in variants if not v["refused"]]
+    # the variants tested: answered, and not screened out (SCREEN)
+    answered = [v for v in variants if not v["refused"] and v.get("labels")]
     pooled: dict[str, int] = {}
     for v in answered:
         for lab, n in v.get("labels", {}).items():
@@ -343,4 +384,10 @@ def _judge(variants: list[ParameterVariant]) -> ParametersSection:
         else f"the client's parameters do not change the release (p = {p:.2g} over "
         f"{len(groups)} variants and pools; share of {top!r}: {rates})"
     )
+    later = sum(v.get("refusals", 0) for v in variants)
+    if later:
+        out["message"] += f"; {later} requests refused after their variant's first answer"
+    screened = sum(1 for v in variants if "screening" in v and "labels" not in v)
+    if screened:
+        out["message"] += f"; {screened} schema variants screened out ({SCREEN} answers, mixed)"
     return out

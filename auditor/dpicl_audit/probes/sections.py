@@ -13,7 +13,7 @@ from typing import Literal, NotRequired, Required, TypedDict
 
 from pydantic import JsonValue
 
-from dpicl_audit.estimators.channels import TimingTest
+from dpicl_audit.estimators.channels import RefusalTest, TimingTest
 from dpicl_audit.estimators.extra_fields import Dependence
 
 __all__ = [
@@ -70,7 +70,7 @@ class BurstRoute(TypedDict, total=False):
 class BurstsSection(TypedDict):
     """``results["ledger"]["bursts"]``."""
 
-    status: Literal["ok", "nonconforming", "unchecked"]
+    status: Literal["ok", "nonconforming", "unchecked", "refused"]
     routes: list[BurstRoute]
     message: str
 
@@ -89,7 +89,7 @@ class LedgerCheck(TypedDict, total=False):
 
 #: A run's ledger verdict: ``bug`` where the reported noise admits fewer answers than the
 #: claim implies.
-LedgerStatus = Literal["ok", "nonconforming", "bug", "unchecked"]
+LedgerStatus = Literal["ok", "nonconforming", "bug", "unchecked", "refused"]
 
 
 class LedgerSection(TypedDict, total=False):
@@ -116,6 +116,11 @@ class ParameterVariant(TypedDict, total=False):
     refused: Required[bool]
     message: str
     labels: dict[str, int]
+    #: requests refused after the variant's first answer (a reason of the server's own)
+    refusals: int
+    #: a schema variant's screening answers (probes.parameters.SCREEN), never tested; a
+    #: variant screened out has no ``labels``
+    screening: dict[str, int]
     route: str
     sent: dict[str, JsonValue]
 
@@ -164,6 +169,8 @@ class SurfaceRoute(TypedDict, total=False):
     status: Literal["no-route"]
     answered: int
     other: list[str]
+    #: requests refused for a reason of the server's own (:mod:`.refusals`)
+    refused: int
     fields: list[str]
     above_limit: list[AboveLimit]
 
@@ -198,7 +205,7 @@ class SurfaceSection(TypedDict, total=False):
     """``results["surface"]`` (:mod:`.surface`); ``status`` and ``message`` always set by
     :func:`.surface.audit_surface`'s end, ``field`` where a field depends on the world."""
 
-    status: Literal["ok", "nonconforming", "violation", "bug", "unchecked"]
+    status: Literal["ok", "nonconforming", "violation", "bug", "unchecked", "refused"]
     message: str
     routes: Required[list[SurfaceRoute]]
     per_world: int
@@ -210,6 +217,9 @@ class SurfaceSection(TypedDict, total=False):
     #: the streamed routes' time to first token against the world, given the answer
     #: (:func:`dpicl_audit.estimators.channels.times_test`; issue 44)
     first_token: TimingTest | None
+    #: the requests refused for a reason of the server's own, against the world (issue 44;
+    #: :func:`dpicl_audit.probes.refusals.world_refusals`); None where none was
+    refusals: RefusalTest | None
     #: DPS-MOZO: the per-token constraint position by position
     #: (:mod:`dpicl_audit.probes.positions`).
     positions: PositionsSection

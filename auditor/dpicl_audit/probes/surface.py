@@ -30,15 +30,20 @@ read whole:
   ``X-DPICL-*`` headers must equal the body's cost and budget (``dpicl`` on the OpenAI
   routes), and every answer's cost must be the same in both worlds (the claim's cost, which
   the ledger probe composes); a departure is NONCONFORMING naming the field, as is a request
-  within the probe's budget that is not answered (a refusal before the planned count).
+  within the probe's budget that is not answered (its budget exhausted before the planned
+  count, a dropped connection, an unreadable answer).
+* **Refusals** (a 4xx but an exhausted budget: a rate limit, a quality gate): observations
+  (:mod:`.refusals`), tested for dependence on the world over every route (Fisher's exact
+  test, as the trials' refusals; 1e-4): dependent, a VIOLATION naming them; not dependent,
+  the section reads ``refused`` where nothing else is found (the run exits 1).
 * **Limits** (generation): each route is also asked with ``max_tokens`` one above the
   context's limit and at four times it. A refusal (4xx) is right; an answer is right only with
   at most the limit's tokens (counted from ``usage.completion_tokens`` and, streamed, the
   chunks that carry text: DPS-MOZO streams one token per chunk). More tokens than the limit,
   or than a request's own ``max_tokens``, is a BUG: the calibration assumed the limit.
 
-The result is ``results["surface"]`` (status ``ok``, ``nonconforming``, ``violation`` or
-``bug``); the probe's contexts are deleted afterwards.
+The result is ``results["surface"]`` (status ``ok``, ``nonconforming``, ``violation``,
+``bug`` or ``refused``); the probe's contexts are deleted afterwards.
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ from pydantic import JsonValue
 from dpicl_audit.client.openai import OpenAIClient
 from dpicl_audit.client.target import AuditTarget, ContextBody
 from dpicl_audit.errors import TargetError, TargetRejected
-from dpicl_audit.estimators.channels import TimingTest, times_test
+from dpicl_audit.estimators.channels import RefusalTest, TimingTest, times_test
 from dpicl_audit.estimators.extra_fields import dependence_test
 from dpicl_audit.probes.answers import (
     COST_HEADERS,
@@ -65,6 +70,7 @@ from dpicl_audit.probes.answers import (
 )
 from dpicl_audit.probes.ingredients import Ingredients
 from dpicl_audit.probes.positions import audit_positions, with_positions
+from dpicl_audit.probes.refusals import Refused, refused, world_refusals
 from dpicl_audit.probes.sections import AboveLimit, Answer, Scalar, SurfaceRoute, SurfaceSection
 
 __all__ = ["PER_WORLD", "ROUTES", "audit_surface", "probe"]
@@ -131,8 +137,9 @@ def public_departures(route: str, answers: list[tuple[int, Answer]]) -> list[str
 
 async def _ask(
     target: Any, route: str, task: str, cid: str, query: str, max_tokens: int | None
-) -> Answer | str:
-    """One answer read whole, or why there is none (``refused``, ``no-route``, ...)."""
+) -> Answer | Refused | str:
+    """One answer read whole, its refusal (:mod:`.refusals`: an observation), or why there
+    is none (``refused <status> budget_exhausted``, ``no-route``, ...)."""
     path, body = request(route, task, cid, query, max_tokens)
     ttft: float | None = None
     try:
@@ -145,7 +152,7 @@ async def _ask(
     if got.status_code in (404, 405) and "context" not in got.text and "model" not in got.text:
         return "no-route"
     if got.status_code >= 400:
-        return f"refused {got.status_code}"
+        return refused(got, path)
     try:
         answer = read_answer(route, got)
     except (ValueError, KeyError, TypeError) as exc:
@@ -189,6 +196,8 @@ async def audit_surface(
     ids: dict[int, str] = {}
     rows: list[tuple[int, str, Mapping[str, Scalar]]] = []
     first_tokens: list[tuple[int, str, float]] = []
+    # every answered or refused request with its world, for the refusals' test (.refusals)
+    observed: list[tuple[int, Refused | None]] = []
     departures: list[str] = []
     bugs: list[str] = []
     per_route: list[SurfaceRoute] = []
@@ -198,7 +207,7 @@ async def audit_surface(
             return {"status": "unchecked", "routes": [], "message": fitted}
         per_world = fitted
 
-        async def answers(route: str) -> dict[int, list[Answer | str]]:
+        async def answers(route: str) -> dict[int, list[Answer | Refused | str]]:
             # The worlds alternate (the client's queue is first come, first served), so that
             # both meet the same load: a stream's first token is timed (issue 44).
             order = [w for _ in range(per_world) for w in (1, 0)]
@@ -216,7 +225,11 @@ async def audit_surface(
                 per_route.append({"route": route, "status": "no-route"})
                 continue
             answered = [(w, a) for w in (1, 0) for a in got[w] if isinstance(a, dict)]
-            others = sorted({a for w in (1, 0) for a in got[w] if isinstance(a, str)})
+            refusals = [a for w in (1, 0) for a in got[w] if isinstance(a, Refused)]
+            observed += [(w, None) for w, _ in answered]
+            observed += [(w, a) for w in (1, 0) for a in got[w] if isinstance(a, Refused)]
+            failed = [a for w in (1, 0) for a in got[w] if isinstance(a, str)]
+            others = sorted(set(failed))
             rows += [
                 (w, a["answer"], {f"{route}: {k}": v for k, v in a["fields"].items()})
                 for w, a in answered
@@ -229,7 +242,7 @@ async def audit_surface(
             departures += public_departures(route, answered)
             if others:  # a refusal before the planned count is a finding (issue 35, item 3)
                 departures.append(
-                    f"{route}: {2 * per_world - len(answered)} of {2 * per_world} requests "
+                    f"{route}: {len(failed)} of {2 * per_world} requests "
                     f"within the probe's budget not answered ({', '.join(others)})"
                 )
             if probe is not None:
@@ -240,6 +253,7 @@ async def audit_surface(
                 "route": route,
                 "answered": len(answered),
                 "other": others,
+                "refused": len(refusals),
                 "fields": sorted({k for _, a in answered for k in a["fields"]}),
             }
             if limit is not None:
@@ -252,7 +266,9 @@ async def audit_surface(
             with contextlib.suppress(TargetError):
                 await target.delete_context(cid)
     first_token = times_test(first_tokens, FIRST_TOKEN_ALPHA)
-    return _conclude(rows, per_route, per_world, departures, bugs, limit, first_token)
+    return _conclude(
+        rows, per_route, per_world, departures, bugs, limit, first_token, world_refusals(observed)
+    )
 
 
 async def _create_pair(
@@ -300,8 +316,8 @@ async def _above_limit(
     above: list[AboveLimit] = []
     for asked in (limit + 1, 4 * limit):
         one = await _ask(target, route, task, cid, query, asked)
-        if isinstance(one, str):
-            above.append({"max_tokens": asked, "outcome": one})
+        if not isinstance(one, dict):
+            above.append({"max_tokens": asked, "outcome": str(one)})
             continue
         above.append({"max_tokens": asked, "outcome": "answered", "tokens": one["tokens"]})
         if (one["tokens"] or 0) > limit:
@@ -320,10 +336,12 @@ def _conclude(
     bugs: list[str],
     limit: int | None,
     first_token: TimingTest | None = None,
+    refusals: RefusalTest | None = None,
 ) -> SurfaceSection:
-    """The section: the dependence test over every route's fields and the streams' time to
-    first token, then the verdict (a BUG before a VIOLATION before a NONCONFORMING
-    departure)."""
+    """The section: the dependence test over every route's fields, the streams' time to
+    first token and the refusals (:mod:`.refusals`), then the verdict (a BUG before a
+    VIOLATION before a NONCONFORMING departure; refusals that do not depend on the world,
+    where nothing else is found, read ``refused``)."""
     found = dependence_test(rows)
     out: SurfaceSection = {
         "routes": per_route,
@@ -333,6 +351,7 @@ def _conclude(
         "limits": bugs,
         "limit": limit,
         "first_token": first_token,
+        "refusals": refusals,
     }
     if bugs:
         out["status"] = "bug"
@@ -346,11 +365,16 @@ def _conclude(
     elif first_token is not None and first_token["status"] == "violation":
         out["status"], out["field"] = "violation", "time to first token"
         out["message"] = "streams' time to first token: " + first_token["message"]
+    elif refusals is not None and refusals["status"] == "violation":
+        out["status"], out["field"] = "violation", "refusals"
+        out["message"] = refusals["message"]
     elif departures:
         out["status"] = "nonconforming"
         out["message"] = "NONCONFORMING: public fields depart from their prediction: " + "; ".join(
             departures
         )
+    elif refusals is not None:
+        out["status"], out["message"] = "refused", refusals["message"]
     else:
         out["status"] = "ok"
         n_fields = len(found["fields"]) if found else 0
