@@ -20,6 +20,7 @@ module                 what it holds
 :mod:`.limits`        inputs at each documented limit: refusals, their messages and
                        charges alike in both worlds (:mod:`.limits_judge`: its test)
 :mod:`.positions`      a generation's per-token bound, prefix length by prefix length
+:mod:`.costs`          an answer's cost and budget against their prediction
 :mod:`.surface`        every route's whole response (headers, stream chunks, usage) and
                        max_tokens against a generation context's limit
 :mod:`.switches`       undocumented debug switches (query parameters, headers) on

@@ -50,11 +50,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
-
-from pydantic import JsonValue
 
 from dpicl_audit.client.openai import OpenAIClient
 from dpicl_audit.client.target import AuditTarget, ContextBody
@@ -62,12 +59,11 @@ from dpicl_audit.errors import TargetError, TargetRejected
 from dpicl_audit.estimators.channels import RefusalTest, TimingTest, times_test
 from dpicl_audit.estimators.extra_fields import dependence_test
 from dpicl_audit.probes.answers import (
-    COST_HEADERS,
     read_answer,
     request,
     stream_started,
-    usage_name,
 )
+from dpicl_audit.probes.costs import public_departures
 from dpicl_audit.probes.ingredients import Ingredients
 from dpicl_audit.probes.positions import audit_positions, with_positions
 from dpicl_audit.probes.refusals import Refused, refused, world_refusals
@@ -86,53 +82,6 @@ ROUTES = ("native", "chat", "completions", "chat-stream", "completions-stream")
 FIRST_TOKEN_ALPHA = 1e-4
 #: Fewer answers per world and route than this: the probe is not run (said so).
 MIN_PER_WORLD = 10
-_TOL = 1e-9
-
-
-def _close(a: Any, b: Any) -> bool:
-    try:
-        x, y = float(a), float(b)
-    except (TypeError, ValueError):
-        return bool(a == b)
-    if math.isnan(x) or math.isnan(y):
-        return False
-    return abs(x - y) <= _TOL * max(1.0, abs(x), abs(y))
-
-
-def public_departures(route: str, answers: list[tuple[int, Answer]]) -> list[str]:
-    """Each public field that departs from its prediction on ``route``: a cost header unlike
-    the body's figure, or a cost unlike the route's first answer's (module docstring)."""
-    out: list[str] = []
-    first: dict[str, JsonValue] | None = None
-    for world, a in answers:
-        pub = a["public"]
-        for header, (part, key) in COST_HEADERS.items():
-            for name, shown in ((header, f"header {header}"), (usage_name(header), None)):
-                if (
-                    name in pub
-                    and f"{part}.{key}" in pub
-                    and not _close(pub[name], pub[f"{part}.{key}"])
-                ):
-                    out.append(
-                        f"{route}: {shown or name} {pub[name]!r} is not the body's "
-                        f"{part}.{key} {pub[f'{part}.{key}']!r} (world C{world})"
-                    )
-        cost = {
-            k: v
-            for k, v in pub.items()
-            if k.startswith("cost.") or k.endswith(("-spent", "_spent"))
-        }
-        cost.pop("x-dpicl-context-epsilon-spent", None)
-        cost.pop(usage_name("x-dpicl-context-epsilon-spent"), None)
-        if first is None:
-            first = cost
-        for k in sorted(set(cost) | set(first)):
-            if not _close(cost.get(k), first.get(k)):
-                out.append(
-                    f"{route}: the cost {k} {cost.get(k)!r} (world C{world}) is not the "
-                    f"{first.get(k)!r} of the route's other answers"
-                )
-    return sorted(set(out))[:8]
 
 
 async def _ask(
