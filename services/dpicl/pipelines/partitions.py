@@ -92,16 +92,7 @@ class _PlanCache:
         self._lock = threading.Lock()
 
     def get(self, context: StoredContext) -> _ContextPlans:
-        layout = context.record_as(PartitionLayout)
-        source = (
-            context.template,
-            context.task,
-            context.labels,
-            context.exemplars,
-            layout.partitions,
-            layout.partition_seed,
-            layout.partitioning,
-        )
+        source = partition_source(context)
         with self._lock:
             hit = self._items.get(context.id)
             if hit is not None and hit.source == source:
@@ -191,4 +182,19 @@ def zero_shot_prompt(context: StoredContext, query: str) -> PromptSpec:
     """The query in the context's template with no exemplars (public: costs no privacy)."""
     return _zero_shot(
         context, query, plan(context.template, [], task=context.task, labels=context.labels)
+    )
+
+
+def partition_source(context: StoredContext) -> tuple[object, ...]:
+    """What a context's partition prompts are made of: a cache keyed by it is stale exactly
+    when one of these changes."""
+    layout = context.record_as(PartitionLayout)
+    return (
+        context.template,
+        context.task,
+        context.labels,
+        context.exemplars,
+        layout.partitions,
+        layout.partition_seed,
+        layout.partitioning,
     )

@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dpicl.engines.base import Engine, PromptSpec
-from dpicl.pipelines.partitions import PartitionLayout, partition_exemplar_prompts
+from dpicl.pipelines.partitions import partition_exemplar_prompts, partition_source
 from dpicl.pipelines.votes import exemplar_bias
 from dpicl.store.repository import StoredContext
 
@@ -35,18 +35,7 @@ __all__ = ["EXEMPLAR_BIASES", "BiasCache", "biases_from_scores", "exemplar_promp
 
 
 def _source(context: StoredContext, engine: Engine) -> tuple[object, ...]:
-    layout = context.record_as(PartitionLayout)
-    return (
-        id(engine),
-        engine.name,
-        context.template,
-        context.task,
-        context.labels,
-        context.exemplars,
-        layout.partitions,
-        layout.partition_seed,
-        layout.partitioning,
-    )
+    return (id(engine), engine.name, *partition_source(context))
 
 
 def biases_from_scores(sizes: list[int], scores: FloatArray) -> FloatArray:
