@@ -56,10 +56,10 @@ typecheck: install
 # cores busy where 1 leaves one idle (README "Tests" has the measured times).
 # TEST_WORKERS=0 runs in this process, serially.
 TEST_WORKERS ?= 2
-# The long tests serially by default: the chaos run's recovery bounds (tests/e2e/test_chaos.py)
-# failed with another long audit beside it on 2 cores under load (session 20); serial, as CI
-# passed them before.
-LONG_WORKERS ?= 0
+# The long tests on LONG_WORKERS processes too, except those marked `alone`: the chaos run's
+# recovery bounds (tests/e2e/test_chaos.py) failed with another long audit beside it on 2
+# cores under load (session 20), so they run afterwards with nothing beside them.
+LONG_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadscope
 
 test: install lint typecheck
@@ -70,7 +70,8 @@ test: install lint typecheck
 # runs, real-model end-to-end audits), which `make test` leaves out to stay well inside 30
 # minutes. CI runs them after `make test`.
 test-long: install
-	$(BIN)/pytest -q -n $(LONG_WORKERS) -m long
+	$(BIN)/pytest -q -n $(LONG_WORKERS) --dist loadscope -m "long and not alone"
+	$(BIN)/pytest -q -m "long and alone"
 
 # The quick loop before every commit (README "Tests" says how long it takes): lint, format,
 # types (mypy's cache makes a second run incremental) and the server's and the auditor's

@@ -36,7 +36,7 @@ from tests.server.api_helpers import voting_context
 from tests.server.test_db_freeze import FreezableProxy
 from tests.server.test_keys_processes import spend_adds_up
 
-pytestmark = [pytest.mark.long, pytest.mark.postgres, pytest.mark.slow]
+pytestmark = [pytest.mark.long, pytest.mark.alone, pytest.mark.postgres, pytest.mark.slow]
 
 #: Service must be back within these many seconds of each fault's end.
 ENGINE_BACK_S = 30.0
