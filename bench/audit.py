@@ -3,7 +3,7 @@
 Run: ``python bench/audit.py`` (about 1.5 min on 2 cores). Sections:
 
 * ``bench_bootstrap``: Algorithm 1 of paper 000 at 400,000 trials per world, the
-  vectorised :func:`dpicl_audit.estimators.bootstrap.bootstrap_voting_audit` against a
+  vectorised :func:`dpicl_audit.mechanisms.voting.bootstrap.bootstrap_voting_audit` against a
   straightforward per-trial Python loop feeding the same estimators.
 * ``bench_http``: HTTP trials per second that the audit runner sustains against a real
   ``dpicl serve`` process (oracle engine) with its SQL trial log on, against the same runner,
@@ -29,8 +29,8 @@ import httpx
 import numpy as np
 
 from dpicl_audit.estimators import classic_sigma, estimate_from_counts, split_threshold_estimate
+from dpicl_audit.mechanisms.voting.bootstrap import bootstrap_voting_audit
 from dpicl_audit.mechanisms.voting.exact import voting_epsilon_exact
-from dpicl_audit.mechanisms.voting.simulation import bootstrap_voting_audit
 
 N_SAMPLE = 400_000
 DELTA = 1e-5

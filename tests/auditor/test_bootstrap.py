@@ -20,9 +20,9 @@ from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.estimators import classic_sigma, estimate_from_counts
 from dpicl_audit.mechanisms.esa.exact import esa_epsilon_exact
 from dpicl_audit.mechanisms.esa.simulation import bootstrap_esa_audit, simulate_esa
-from dpicl_audit.mechanisms.voting import simulation as voting_simulation
+from dpicl_audit.mechanisms.voting import bootstrap as voting_bootstrap
+from dpicl_audit.mechanisms.voting.bootstrap import bootstrap_voting_audit, simulate_voting
 from dpicl_audit.mechanisms.voting.exact import voting_epsilon_exact
-from dpicl_audit.mechanisms.voting.simulation import bootstrap_voting_audit, simulate_voting
 
 DELTA = 1e-5
 T = 10
@@ -99,7 +99,7 @@ def _argmax_probability(counts: list[int], sigma: float, c: int) -> float:
 def test_chunking_keeps_results_exact(monkeypatch: pytest.MonkeyPatch) -> None:
     # Small chunks (many loop iterations) and many labels: shapes, and a frequency check.
     # Binomial test at 1e-4: false-failure rate <= 1e-4.
-    monkeypatch.setattr(voting_simulation, "CHUNK_ELEMENTS", 1000)
+    monkeypatch.setattr(voting_bootstrap, "CHUNK_ELEMENTS", 1000)
     rng = np.random.default_rng(4)
     labels = 40
     row = np.zeros((1, labels))
@@ -308,7 +308,7 @@ def test_bootstrap_esa_audit_bounds_and_tightness() -> None:
 def test_auditor_math_never_imports_the_server() -> None:
     code = (
         "import sys, dpicl_audit.estimators.bootstrap, dpicl_audit.estimators, "
-        "dpicl_audit.mechanisms.voting.simulation, dpicl_audit.mechanisms.esa.simulation; "
+        "dpicl_audit.mechanisms.voting.bootstrap, dpicl_audit.mechanisms.esa.simulation; "
         "print(any(m == 'dpicl' or m.startswith('dpicl.') for m in sys.modules))"
     )
     out = subprocess.run(

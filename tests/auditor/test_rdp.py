@@ -16,7 +16,7 @@ from dpicl_audit.estimators import (
     rdp_two_cut_lower,
     renyi_noisy_argmax_exact,
 )
-from dpicl_audit.mechanisms.voting.simulation import simulate_voting
+from dpicl_audit.mechanisms.voting.bootstrap import simulate_voting
 
 ORDERS = np.array([1.5, 2.0, 4.0, 8.0, 16.0, 32.0])
 

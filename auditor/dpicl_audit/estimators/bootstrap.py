@@ -3,7 +3,7 @@
 An internal auditor collects ``n_llm`` clean (pre-noise) outputs of the mechanism in each
 world and simulates ``n_sample`` noisy releases per world by resampling those rows with
 replacement and adding the server's noise. The simulation is the mechanism's own
-(:mod:`dpicl_audit.mechanisms.voting.simulation`, :mod:`dpicl_audit.mechanisms.esa.simulation`);
+(:mod:`dpicl_audit.mechanisms.voting.bootstrap`, :mod:`dpicl_audit.mechanisms.esa.simulation`);
 this module holds the checks of its inputs and :func:`estimate_simulated`, which turns the
 simulated decisions and scores into bounds (counts and a held-out threshold), knowing
 nothing of the mechanism."""
