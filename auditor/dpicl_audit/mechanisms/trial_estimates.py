@@ -66,10 +66,13 @@ def estimate_trials(
     calls_per_query: int,
     positive_when: Literal["above", "below"] = "above",
     finish: Finish = with_verdict,
+    black_box_claims: SettingClaims | None = None,
 ) -> SettingResult:
     """Per-epsilon estimates of a real-query run: black-box from the logged decisions,
     white-box from the logged scores (positive above the threshold, or below it), the
-    threshold chosen on a seeded held-out split (DESIGN.md section 5)."""
+    threshold chosen on a seeded held-out split (DESIGN.md section 5). ``black_box_claims``:
+    what the black-box figure's verdict reads where it is not the setting's claims (e.g.
+    voting's release reference on the simulator)."""
 
     worlds = np.array([r.world for r in rows], dtype=np.int64)
     decisions = np.array([r.decision or 0 for r in rows], dtype=np.int64)
@@ -88,7 +91,7 @@ def estimate_trials(
         ).to_dict()
         labels = {"gdp_label": GAUSSIAN_LABEL, "classical_label": CLASSICAL_LABEL}
         roc = {"roc": roc_from_decisions(tp, n1 - tp, fp, n0 - fp)}
-        bb = finish(Estimate.of(**(counts | labels | roc)), claims)
+        bb = finish(Estimate.of(**(counts | labels | roc)), black_box_claims or claims)
     except InvalidAuditInput as exc:
         bb = Estimate.of(error=str(exc))
     wb: Estimate | None = None

@@ -9,13 +9,12 @@ module              what it holds
 :mod:`.design`      the neighbour design as data (stored with a run as JSON)
 :mod:`.build`       building the ``paper``, ``pivotal`` and ``identical`` designs
 :mod:`.rdp`         paper 003's adversaries: the query-sequence design, built
-:mod:`.conformance` the setting's conformance tests (noise, release rates)
 :mod:`.exact`       the exact epsilon (dp-accounting PLD), independent of the server
-:mod:`.simulation`  Algorithm 1's simulated releases, vectorised (estimators take the
-                    decisions and scores)
-:mod:`.bootstrap`   Algorithm 1: clean votes resampled with the server's noise
+:mod:`.bootstrap`   Algorithm 1: clean votes resampled with the server's noise, the
+                    simulated releases vectorised (estimators take the decisions and scores)
 :mod:`.rdp_estimates`  paper 003's RDP audit of a sequence's votes
-:mod:`.estimates`   one setting's estimates and the exact epsilons beside them
+:mod:`.estimates`   one setting's estimates, the exact epsilons beside them, and its
+                    conformance tests (noise, release rates) read into its verdicts
 :mod:`.audit`       :class:`~.audit.VotingAudit`: context bodies, trials, estimates
 ==================  ============================================================
 """
