@@ -374,16 +374,17 @@ def audit_figures(
         "fraction": fraction,
         "positive_when": positive_when,
     }
-    # One split for both: the same selection trials, drawn once.
     state = rng.bit_generator.state
-    gdp = whitebox_estimate(scores_pos, scores_neg, rng=rng, objective="mu", **kw)
-    rng.bit_generator.state = state
-    classical = whitebox_estimate(
-        scores_pos, scores_neg, rng=rng, objective="epsilon_classic", **kw
-    )
+    figures: list[WhiteBoxEstimate] = []
+    for objective in ("mu", "epsilon_classic"):
+        rng.bit_generator.state = state  # one split for both: the same selection trials
+        figures.append(
+            whitebox_estimate(scores_pos, scores_neg, rng=rng, objective=objective, **kw)
+        )
+    gdp, classical = figures
     return AuditFigures(
         confidence=c,
-        delta=check_delta(delta),
+        delta=gdp.estimate.delta,  # checked by the estimate's counts
         mu_lower=gdp.mu_lower,
         epsilon_gdp=gdp.epsilon_lower,
         epsilon_classical=classical.epsilon_lower_classic,
