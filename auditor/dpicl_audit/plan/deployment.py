@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dpicl_audit.client import AuditTarget
+from dpicl_audit.context_info import ContextInfo
 from dpicl_audit.errors import InvalidPlan, TargetError, TargetProtocolError
 from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.plan.model import AuditPlan
@@ -39,16 +40,21 @@ async def deployment_settings(target: AuditTarget, ident: str) -> JsonObject:
     the deployment does not report one); raises TargetProtocolError where it reports no
     epsilon."""
     found: JsonObject = {}
+    info: ContextInfo | None
     try:
         info = await target.get_context(ident)
     except TargetError:
-        info = {}
-    mech = info.get("mechanism")
-    model = info.get("model")
+        info = None
+    mech = info.get("mechanism") if info is not None else None
+    model = info.get("model") if info is not None else None
+    ext = model.get("dpicl") if isinstance(model, Mapping) else None
     if isinstance(mech, Mapping):
-        found = {k: mech.get(k) for k in ("epsilon", "delta", "partitions")}
-    elif isinstance(model, Mapping) and isinstance(model.get("dpicl"), Mapping):
-        ext = model["dpicl"]
+        found = {
+            "epsilon": mech.get("epsilon"),
+            "delta": mech.get("delta"),
+            "partitions": mech.get("partitions"),
+        }
+    elif isinstance(ext, Mapping):
         found = {"epsilon": ext.get("epsilon"), "delta": ext.get("delta")}
     get_model = getattr(target, "get_model", None)
     if _number(found.get("epsilon")) is None and get_model is not None:

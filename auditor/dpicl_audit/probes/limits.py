@@ -270,8 +270,8 @@ async def audit_limits(target: AuditTarget, kit: Ingredients, query: str) -> Lim
 async def _query_limit(target: AuditTarget) -> int | None:
     """``limits.max_query_chars`` of the server's ``/healthz`` (None where it publishes none)."""
     with contextlib.suppress(TargetError, AttributeError, TypeError, ValueError):
-        limits = (await target.health()).get("limits") or {}
-        value = limits.get("max_query_chars")
+        limits = (await target.health()).get("limits")
+        value = limits.get("max_query_chars") if isinstance(limits, Mapping) else None
         return int(value) if isinstance(value, int) and value > 0 else None
     return None
 

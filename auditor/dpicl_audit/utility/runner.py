@@ -108,7 +108,7 @@ class UtilityRun(RunContexts):
                 # T = 1: the one partition's clean vote (None where it abstained); the
                 # list is absent where the server's white-box level is only "noisy".
                 votes = out.get("partition_votes")
-                label = votes[0] if votes else None
+                label = votes[0] if isinstance(votes, list) and votes else None
                 obs = {"label": label, "released": out.get("label"), "clean": bool(votes)}
             else:
                 out = await client.classify(rec.context_id, example.input)
@@ -125,7 +125,7 @@ class UtilityRun(RunContexts):
                     rec.context_id, example.input, self.plan.max_tokens
                 )
                 texts = out.get("partition_texts")
-                text = str(texts[0] or "") if texts else ""
+                text = str(texts[0] or "") if isinstance(texts, list) and texts else ""
                 obs_extra = {"clean": bool(texts)}
             else:
                 out = await client.generate(rec.context_id, example.input, self.plan.max_tokens)

@@ -134,7 +134,7 @@ class MozoAudit(MechanismAudit):
         self, design: MozoDesign, plan: AuditPlan, epsilon: float, world: int, *, name: str
     ) -> ContextBody:
         m = MozoSettings.of(plan)
-        mechanism: dict[str, object] = {
+        mechanism: JsonObject = {
             "name": self.name,
             "guarantee": m.guarantee,
             "epsilon": float(epsilon),
