@@ -52,6 +52,7 @@ from typing import Any, Literal
 from dpicl_audit.client import AuditTarget, ContextBody
 from dpicl_audit.client.openai import OpenAIClient
 from dpicl_audit.errors import TargetError, TargetRejected
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.probes.answers import request
 from dpicl_audit.probes.ingredients import Ingredients
 from dpicl_audit.probes.limits_judge import FIELDS, Finding, Outcome, is_refusal, judge
@@ -169,7 +170,7 @@ def _outcome(got: Any, context_id: str) -> Outcome:
     return got.status_code, code, normalise(message, context_id)
 
 
-async def _ask(target: Any, path: str, body: dict[str, Any], cid: str) -> Outcome:
+async def _ask(target: Any, path: str, body: JsonObject, cid: str) -> Outcome:
     try:
         return _outcome(await target.send(path, body), cid)
     except TargetError as exc:  # a dropped connection is an outcome too

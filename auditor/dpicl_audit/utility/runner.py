@@ -20,7 +20,6 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from rich.console import Console
 
@@ -33,7 +32,7 @@ from dpicl_audit.errors import (
     TargetRejected,
 )
 from dpicl_audit.estimators.composition import answers_in_budget, planned_queries
-from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.jsontypes import JsonMapping, JsonObject
 from dpicl_audit.pipeline.progress import open_progress
 from dpicl_audit.pipeline.session import (
     client_for,
@@ -90,7 +89,7 @@ class UtilityRun(RunContexts):
         example = self.data.examples[int(self.draws.queries[index])]
         client = self.client(cell)
         start = time.perf_counter()
-        obs: dict[str, Any]
+        obs: JsonObject
         zero_route = cell.kind == "zero-shot" and self.baseline is not None
         if zero_route:
             # dpicl's zero-shot route: the context's template with no exemplar, no charge.
@@ -210,7 +209,7 @@ async def run_utility(
     console: Console,
     progress: bool = True,
     resume: bool = False,
-    overrides: Mapping[str, Any] | None = None,
+    overrides: JsonMapping | None = None,
 ) -> UtilityResults:
     """Run (or, with ``resume``, continue) a utility audit; return its results."""
     if resume:
@@ -386,13 +385,13 @@ def _has_clean_answer(record: TrialRecord) -> bool:
     return bool(record.observation.get("clean", False))
 
 
-def _with_overrides(stored: TargetSpec, overrides: Mapping[str, Any]) -> TargetSpec:
+def _with_overrides(stored: TargetSpec, overrides: JsonMapping) -> TargetSpec:
     """The stored target with what the caller gives again (tokens are never stored; a server
     may have moved)."""
     update = {k: v for k, v in overrides.items() if v is not None}
     return TargetSpec.model_validate(stored.model_dump() | update)
 
 
-def _unmasked(target: Mapping[str, Any]) -> JsonObject:
+def _unmasked(target: JsonMapping) -> JsonObject:
     """A stored target without its masked tokens."""
     return {k: v for k, v in target.items() if k not in ("admin_token", "api_key")}
