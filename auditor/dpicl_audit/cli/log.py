@@ -39,7 +39,7 @@ from dpicl_audit.cli.common import (
     run_async,
 )
 from dpicl_audit.errors import AuditError
-from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.jsontypes import JsonObject, JsonValue, json_object
 from dpicl_audit.store.db import DEFAULT_DB, resolve_db_url, sqlite_file_missing
 
 __all__ = ["list_runs", "report", "resume", "show"]
@@ -106,6 +106,15 @@ def _expected(run: Any, plan: Mapping[str, Any]) -> int:
     return int(plan.get("trials", 0)) * len(plan.get("mechanism", {}).get("epsilons", []))
 
 
+def _text(value: JsonValue) -> str | None:
+    return None if value is None else str(value)
+
+
+def _numbers(value: JsonValue) -> list[float] | None:
+    """A stored list of epsilons, its numbers as stored (None where there is no list)."""
+    return [v for v in value if isinstance(v, int | float)] if isinstance(value, list) else None
+
+
 def _utility_row(run: Any, logged: int) -> _RunRow:
     """A utility run's row of ``list``: its plan is a grid of cells over a dataset, not an
     audit's mechanism, attack and threat model (it was listed as a black-box voting inquery
@@ -158,6 +167,7 @@ def list_runs(db: DbOpt = DEFAULT_DB, as_json: JsonOpt = False) -> None:
             for stored in store.list_runs():
                 run = upgraded_run(stored) or stored
                 plan = run.plan
+                mech = json_object(plan.get("mechanism"))
                 if run.kind == "utility":
                     rows.append(_utility_row(run, sum(store.trial_counts(run.id).values())))
                     continue
@@ -165,16 +175,14 @@ def list_runs(db: DbOpt = DEFAULT_DB, as_json: JsonOpt = False) -> None:
                     {
                         "id": run.id,
                         "name": run.name,
-                        "mechanism": plan.get("mechanism", {}).get(
-                            "name", default_mechanism_name()
-                        ),
+                        "mechanism": str(mech.get("name", default_mechanism_name())),
                         "kind": run.kind,
                         "status": run.status,
                         "created_at": run.created_at.isoformat(),
-                        "threat_model": plan.get("threat_model", "black-box"),
-                        "attack": plan.get("attack", "inquery"),
-                        "api": (plan.get("target") or {}).get("api", "native"),
-                        "epsilons": plan.get("mechanism", {}).get("epsilons"),
+                        "threat_model": _text(plan.get("threat_model", "black-box")),
+                        "attack": _text(plan.get("attack", "inquery")),
+                        "api": str(json_object(plan.get("target")).get("api", "native")),
+                        "epsilons": _numbers(mech.get("epsilons")),
                         "trials_logged": sum(store.trial_counts(run.id).values()),
                         "trials_planned": _expected(run, plan),
                         "llm_calls": run.llm_calls,

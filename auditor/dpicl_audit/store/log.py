@@ -54,7 +54,7 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from dpicl_audit.context_info import ContextInfo
 from dpicl_audit.errors import InvalidAuditInput, RunNotFound
-from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.jsontypes import JsonMapping, JsonObject
 from dpicl_audit.store.db import (
     DEFAULT_DB,
     open_engine,
@@ -141,10 +141,10 @@ class RunRecord:
     created_at: dt.datetime
     updated_at: dt.datetime
     status: str
-    plan: Mapping[str, Any]
-    design: Mapping[str, Any] | None
-    versions: Mapping[str, Any]
-    results: Mapping[str, Any] | None
+    plan: JsonMapping
+    design: JsonMapping | None
+    versions: JsonMapping
+    results: JsonMapping | None
     wall_time_s: float
     llm_calls: int
     queries: int

@@ -22,6 +22,7 @@ from rich.table import Table
 from scipy.stats import binomtest
 
 from dpicl_audit.errors import RunNotFound
+from dpicl_audit.jsontypes import JsonMapping, json_object
 from dpicl_audit.utility.estimators import accuracy_interval, bootstrap_interval
 from dpicl_audit.utility.plan import FEW_SHOT, MAJORITY, ZERO_SHOT, UtilityPlan
 from dpicl_audit.utility.results import (
@@ -43,6 +44,7 @@ __all__ = [
     "degenerate_verdict",
     "majority_row",
     "print_utility",
+    "stored_refusals",
     "summarise",
     "summarise_trials",
     "utility_results",
@@ -251,11 +253,16 @@ def summarise(
     """:func:`summarise_trials` over a run's logged trials; ``refused`` defaults to what the
     stored results said."""
     if refused is None:
-        stored = store.get_run(run_id).results or {}
-        refused = dict(stored.get("refused") or {})
+        refused = stored_refusals(store.get_run(run_id).results)
     out = summarise_trials(store.trials(run_id), plan, refused=refused)
     out["run_id"] = run_id
     return out
+
+
+def stored_refusals(results: JsonMapping | None) -> dict[str, str]:
+    """The cells a run's stored results say were refused, each with why."""
+    refused = json_object((results or {}).get("refused"))
+    return {cell: str(why) for cell, why in refused.items()}
 
 
 def _interval(v: IntervalJson | None) -> str:

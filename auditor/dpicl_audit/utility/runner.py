@@ -32,7 +32,7 @@ from dpicl_audit.errors import (
     TargetRejected,
 )
 from dpicl_audit.estimators.composition import answers_in_budget, planned_queries
-from dpicl_audit.jsontypes import JsonMapping, JsonObject
+from dpicl_audit.jsontypes import JsonMapping, JsonObject, json_object
 from dpicl_audit.pipeline.progress import open_progress
 from dpicl_audit.pipeline.session import (
     client_for,
@@ -45,7 +45,7 @@ from dpicl_audit.store import TrialRecord, TrialStore
 from dpicl_audit.utility.contexts import RunContexts
 from dpicl_audit.utility.estimators import rouge_l
 from dpicl_audit.utility.plan import Cell, UtilityPlan, draw_split
-from dpicl_audit.utility.report import summarise
+from dpicl_audit.utility.report import stored_refusals, summarise
 from dpicl_audit.utility.results import UtilityResults
 
 __all__ = ["KIND", "UtilityRun", "estimate_seconds", "run_utility"]
@@ -218,7 +218,8 @@ async def run_utility(
             raise InvalidPlan(f"run {run_id!r} is a {stored.kind} run; `dpicl-audit resume` it")
         base = UtilityPlan.model_validate({**stored.plan, "target": {}})
         spec = _with_overrides(
-            TargetSpec.model_validate(_unmasked(stored.plan.get("target", {}))), overrides or {}
+            TargetSpec.model_validate(_unmasked(json_object(stored.plan.get("target")))),
+            overrides or {},
         )
         plan = base.model_copy(update={"target": spec})
     if plan is None:
@@ -247,8 +248,7 @@ async def run_utility(
         draws = draw_split(len(data), plan)
         run = UtilityRun(run_id, plan, store, target, baseline, data, draws, console)
         # A completed run resumed asks nothing, so its refusals are the stored ones.
-        previous = store.get_run(run_id).results or {}
-        run.refused.update(previous.get("refused") or {})
+        run.refused.update(stored_refusals(store.get_run(run_id).results))
         try:
             results = await _execute(run, progress)
         except (asyncio.CancelledError, KeyboardInterrupt):
