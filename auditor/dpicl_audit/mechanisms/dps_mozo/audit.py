@@ -69,7 +69,7 @@ from dpicl_audit.estimators.conformance import ConformanceTest
 from dpicl_audit.estimators.draws import Draw, sampling_tests
 from dpicl_audit.estimators.exchangeable import order_can_inform
 from dpicl_audit.estimators.gdp import gdp_epsilon
-from dpicl_audit.jsontypes import JsonObject, JsonValue
+from dpicl_audit.jsontypes import JsonObject, JsonValue, json_object
 from dpicl_audit.mechanisms.base import (
     MechanismAudit,
     SettingRows,
@@ -197,11 +197,11 @@ class MozoAudit(MechanismAudit):
             target, at, design.query, max_tokens=MozoSettings.of(plan).max_tokens
         )
         text = str(out["text"])
-        cost = out.get("cost") if isinstance(out.get("cost"), Mapping) else {}
+        cost = json_object(out.get("cost"))
         observation: JsonObject = {
             "text": text,
             "starts_with": _starts_with(text, design.signals),
-            "cost_epsilon": (cost or {}).get("epsilon"),
+            "cost_epsilon": cost.get("epsilon"),
         }
         if at.white:
             observation |= token_internals(out, MozoSettings.of(plan).guarantee)
