@@ -26,7 +26,7 @@ must be None.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict, cast
@@ -167,7 +167,7 @@ class TrialRecord:
     world: int
     context_id: str
     query: str
-    observation: Mapping[str, Any]
+    observation: JsonMapping
     decision: int | None
     latency_s: float
     epsilon: float | None = None
@@ -476,7 +476,7 @@ class _TrialRow(TypedDict):
     world: int
     context_id: str
     query: str
-    observation: Mapping[str, Any]
+    observation: JsonMapping
     decision: int | None
     score: float | None
     latency_s: float

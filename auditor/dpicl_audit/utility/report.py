@@ -64,9 +64,9 @@ def _spent(records: list[TrialRecord]) -> dict[int, float]:
     """Each draw's context spend (the largest spent_epsilon its answers reported)."""
     out: dict[int, float] = defaultdict(float)
     for r in records:
-        budget = r.observation.get("budget")
-        if isinstance(budget, dict) and isinstance(budget.get("spent_epsilon"), int | float):
-            out[r.world] = max(out[r.world], float(budget["spent_epsilon"]))
+        spent = json_object(r.observation.get("budget")).get("spent_epsilon")
+        if isinstance(spent, int | float):
+            out[r.world] = max(out[r.world], float(spent))
     return dict(out)
 
 
@@ -94,7 +94,7 @@ def summarise_trials(
         }
         how = next((r.observation.get("route") for r in recs if r.observation.get("route")), None)
         if how:
-            row["measured_by"] = how
+            row["measured_by"] = str(how)
         if refused and cell.name in refused:
             row["refused"] = refused[cell.name]
         if recs:

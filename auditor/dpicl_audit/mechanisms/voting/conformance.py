@@ -27,6 +27,7 @@ from dpicl_audit.estimators.conformance import (
     rate_tests,
     residual_tests,
 )
+from dpicl_audit.jsontypes import json_float, json_object
 from dpicl_audit.mechanisms.gaussian import GaussianFacts
 from dpicl_audit.mechanisms.trial_estimates import finish_conformance, released_answers
 from dpicl_audit.mechanisms.voting.design import AuditDesign, design_votes
@@ -82,7 +83,10 @@ def voting_conformance(
         labels = list(design.labels)
         try:
             values = np.array(
-                [[float(r.observation["noisy_votes"][lab]) for lab in labels] for r in noisy]
+                [
+                    [json_float(json_object(r.observation["noisy_votes"])[lab]) for lab in labels]
+                    for r in noisy
+                ]
             )
         except (KeyError, TypeError, ValueError):
             values = None

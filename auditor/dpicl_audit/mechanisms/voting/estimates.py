@@ -12,6 +12,7 @@ from dpicl_audit.claims import SettingClaims
 from dpicl_audit.errors import InvalidPlan
 from dpicl_audit.estimators.extra_fields import dependence_test
 from dpicl_audit.estimators.label_release import label_release_epsilon, label_release_probabilities
+from dpicl_audit.jsontypes import json_object
 from dpicl_audit.mechanisms.base import SettingRows
 from dpicl_audit.mechanisms.trial_estimates import estimate_trials, with_verdict
 from dpicl_audit.mechanisms.voting.bootstrap import estimate_voting_bootstrap
@@ -105,7 +106,7 @@ def with_response_fields(out: SettingResult, rows: Sequence[TrialRecord]) -> Set
     VIOLATION that names it."""
     found = dependence_test(
         [
-            (r.world, str(r.observation.get("label")), r.observation.get("fields") or {})
+            (r.world, str(r.observation.get("label")), json_object(r.observation.get("fields")))
             for r in rows
         ]
     )
