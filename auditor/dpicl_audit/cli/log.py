@@ -10,7 +10,6 @@ import importlib
 import json
 import math
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Required, TypedDict
 
@@ -39,7 +38,14 @@ from dpicl_audit.cli.common import (
     run_async,
 )
 from dpicl_audit.errors import AuditError
-from dpicl_audit.jsontypes import JsonObject, JsonValue, json_object
+from dpicl_audit.jsontypes import (
+    JsonMapping,
+    JsonObject,
+    JsonValue,
+    json_int,
+    json_list,
+    json_object,
+)
 from dpicl_audit.store.db import DEFAULT_DB, resolve_db_url, sqlite_file_missing
 
 __all__ = ["list_runs", "report", "resume", "show"]
@@ -100,10 +106,11 @@ class _RunRow(TypedDict, total=False):
     wall_time_s: Required[float]
 
 
-def _expected(run: Any, plan: Mapping[str, Any]) -> int:
+def _expected(run: Any, plan: JsonMapping) -> int:
     if run.kind == "bootstrap":
-        return 2 * int(plan.get("bootstrap", {}).get("n_llm", 0))
-    return int(plan.get("trials", 0)) * len(plan.get("mechanism", {}).get("epsilons", []))
+        return 2 * json_int(json_object(plan.get("bootstrap")).get("n_llm", 0))
+    epsilons = json_list(json_object(plan.get("mechanism")).get("epsilons"))
+    return json_int(plan.get("trials", 0)) * len(epsilons)
 
 
 def _text(value: JsonValue) -> str | None:

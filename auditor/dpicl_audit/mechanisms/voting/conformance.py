@@ -17,7 +17,6 @@ with it (:func:`~dpicl_audit.mechanisms.trial_estimates.finish_conformance`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
 
@@ -27,7 +26,7 @@ from dpicl_audit.estimators.conformance import (
     rate_tests,
     residual_tests,
 )
-from dpicl_audit.jsontypes import json_float, json_object
+from dpicl_audit.jsontypes import JsonMapping, json_float, json_int, json_object
 from dpicl_audit.mechanisms.gaussian import GaussianFacts
 from dpicl_audit.mechanisms.trial_estimates import finish_conformance, released_answers
 from dpicl_audit.mechanisms.voting.design import AuditDesign, design_votes
@@ -37,7 +36,7 @@ from dpicl_audit.store import TrialRecord
 __all__ = ["voting_conformance"]
 
 
-def _noise_check_test(check: Mapping[str, Any] | None) -> list[ConformanceTest]:
+def _noise_check_test(check: JsonMapping | None) -> list[ConformanceTest]:
     """A noise check that found less noise than claimed, as a (decided) conformance test."""
     if not check or check.get("status") != "smaller":
         return []
@@ -46,8 +45,8 @@ def _noise_check_test(check: Mapping[str, Any] | None) -> list[ConformanceTest]:
             "noise scale",
             "noise_check",
             0.0,
-            float(check.get("sigma_upper") or 0.0),
-            int(check.get("n_residuals") or check.get("df") or 0),
+            json_float(check.get("sigma_upper") or 0.0),
+            json_int(check.get("n_residuals") or check.get("df") or 0),
             str(check.get("message")),
         )
     ]
