@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from typing import Required, TypedDict, cast
 
 from dpicl_audit.errors import TargetProtocolError
-from dpicl_audit.jsontypes import JsonValue
+from dpicl_audit.jsontypes import JsonObject
 
-__all__ = ["ContextInfo", "MechanismInfo", "context_info"]
+__all__ = ["ContextInfo", "MechanismInfo", "SpentInfo", "context_info"]
 
 
 class MechanismInfo(TypedDict, total=False):
@@ -49,6 +49,17 @@ class MechanismInfo(TypedDict, total=False):
     per_token_epsilon: float | None
 
 
+class SpentInfo(TypedDict, total=False):
+    """A context's ledger as the server reports it (``BudgetInfo`` in the OpenAPI document;
+    an OpenAI-compatible deployment's ``dpicl`` extension, where it sends one)."""
+
+    queries: int
+    spent_epsilon: float
+    delta: float
+    remaining_epsilon: float | None
+    remaining_queries: int | None
+
+
 class ContextInfo(TypedDict, total=False):
     """A context as the server reports it (HTTP API v1) and the trial log stores it."""
 
@@ -60,12 +71,16 @@ class ContextInfo(TypedDict, total=False):
     n_exemplars: int
     mechanism: MechanismInfo
     budget: dict[str, float] | None
+    spent: SpentInfo
+    # A context a hook made on an OpenAI-compatible deployment: its model as
+    # ``GET /v1/models/{id}`` answers it (client.openai).
+    model: JsonObject
     # Added by the audit when it stores the record (pipeline.contexts).
     audit_fingerprint: str
     audit_generation: int
 
 
-def context_info(raw: Mapping[str, JsonValue]) -> ContextInfo:
+def context_info(raw: Mapping[str, object]) -> ContextInfo:
     """``raw`` (a server's answer, a hook's, a stored row) as a context record, after
     checking what the audit relies on: a string ``id`` and, where present, a ``mechanism``
     object (:class:`TargetProtocolError` naming the bad value otherwise)."""

@@ -25,9 +25,9 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from dpicl_audit.errors import DatasetError
+from dpicl_audit.jsontypes import JsonMapping
 
 __all__ = ["BBC_NEWS", "BUNDLED", "Example", "LabelledDataset", "bbc_news_dir", "load_dataset"]
 
@@ -169,7 +169,7 @@ def _load_bbc_news() -> LabelledDataset:
     return LabelledDataset.of(BBC_NEWS, examples)
 
 
-def _pick(row: Mapping[str, Any], keys: Sequence[str], what: str, where: str) -> str:
+def _pick(row: JsonMapping, keys: Sequence[str], what: str, where: str) -> str:
     for key in keys:
         if key in row and row[key] is not None:
             return str(row[key])

@@ -10,7 +10,6 @@ import importlib
 import json
 import math
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Required, TypedDict
 
@@ -39,7 +38,14 @@ from dpicl_audit.cli.common import (
     run_async,
 )
 from dpicl_audit.errors import AuditError
-from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.jsontypes import (
+    JsonMapping,
+    JsonObject,
+    JsonValue,
+    json_int,
+    json_list,
+    json_object,
+)
 from dpicl_audit.store.db import DEFAULT_DB, resolve_db_url, sqlite_file_missing
 
 __all__ = ["list_runs", "report", "resume", "show"]
@@ -100,10 +106,20 @@ class _RunRow(TypedDict, total=False):
     wall_time_s: Required[float]
 
 
-def _expected(run: Any, plan: Mapping[str, Any]) -> int:
+def _expected(run: Any, plan: JsonMapping) -> int:
     if run.kind == "bootstrap":
-        return 2 * int(plan.get("bootstrap", {}).get("n_llm", 0))
-    return int(plan.get("trials", 0)) * len(plan.get("mechanism", {}).get("epsilons", []))
+        return 2 * json_int(json_object(plan.get("bootstrap")).get("n_llm", 0))
+    epsilons = json_list(json_object(plan.get("mechanism")).get("epsilons"))
+    return json_int(plan.get("trials", 0)) * len(epsilons)
+
+
+def _text(value: JsonValue) -> str | None:
+    return None if value is None else str(value)
+
+
+def _numbers(value: JsonValue) -> list[float] | None:
+    """A stored list of epsilons, its numbers as stored (None where there is no list)."""
+    return [v for v in value if isinstance(v, int | float)] if isinstance(value, list) else None
 
 
 def _utility_row(run: Any, logged: int) -> _RunRow:
@@ -158,6 +174,7 @@ def list_runs(db: DbOpt = DEFAULT_DB, as_json: JsonOpt = False) -> None:
             for stored in store.list_runs():
                 run = upgraded_run(stored) or stored
                 plan = run.plan
+                mech = json_object(plan.get("mechanism"))
                 if run.kind == "utility":
                     rows.append(_utility_row(run, sum(store.trial_counts(run.id).values())))
                     continue
@@ -165,16 +182,14 @@ def list_runs(db: DbOpt = DEFAULT_DB, as_json: JsonOpt = False) -> None:
                     {
                         "id": run.id,
                         "name": run.name,
-                        "mechanism": plan.get("mechanism", {}).get(
-                            "name", default_mechanism_name()
-                        ),
+                        "mechanism": str(mech.get("name", default_mechanism_name())),
                         "kind": run.kind,
                         "status": run.status,
                         "created_at": run.created_at.isoformat(),
-                        "threat_model": plan.get("threat_model", "black-box"),
-                        "attack": plan.get("attack", "inquery"),
-                        "api": (plan.get("target") or {}).get("api", "native"),
-                        "epsilons": plan.get("mechanism", {}).get("epsilons"),
+                        "threat_model": _text(plan.get("threat_model", "black-box")),
+                        "attack": _text(plan.get("attack", "inquery")),
+                        "api": str(json_object(plan.get("target")).get("api", "native")),
+                        "epsilons": _numbers(mech.get("epsilons")),
                         "trials_logged": sum(store.trial_counts(run.id).values()),
                         "trials_planned": _expected(run, plan),
                         "llm_calls": run.llm_calls,

@@ -17,10 +17,9 @@ AuditTarget``); the modules of this package import :mod:`.target` and :mod:`.htt
 from __future__ import annotations
 
 from dpicl_audit.client.http import DpiclClient, error_from_response
-from dpicl_audit.client.target import JSON, AuditTarget, ContextBody, GenerationTarget
+from dpicl_audit.client.target import AuditTarget, ContextBody, GenerationTarget
 
 __all__ = [
-    "JSON",
     "AuditTarget",
     "ContextBody",
     "DpiclClient",

@@ -29,18 +29,19 @@ import shlex
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from dpicl_audit.client.target import JSON, ContextBody
+from dpicl_audit.client.target import ContextBody
 from dpicl_audit.errors import InvalidPlan, TargetProtocolError
+from dpicl_audit.jsontypes import JsonObject, JsonValue
 
 __all__ = ["ContextHook", "context_info", "load_hook"]
 
-ContextHook = Callable[[ContextBody], Awaitable[JSON]]
+ContextHook = Callable[[ContextBody], Awaitable[JsonObject]]
 """Takes a context body; returns the context's description, with at least its ``id``."""
 
 _ENTRY_POINT = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
-def context_info(body: Mapping[str, Any], answer: Any, hook: str) -> JSON:
+def context_info(body: ContextBody, answer: object, hook: str) -> JsonObject:
     """The context as the audit records it: the body's description, the hook's fields over
     it (its ``mechanism`` merged over the body's), ``id`` the model to query."""
     if isinstance(answer, str):
@@ -53,8 +54,15 @@ def context_info(body: Mapping[str, Any], answer: Any, hook: str) -> JSON:
     model = answer["id"].strip()
     if not model:
         raise TargetProtocolError(f"context hook {hook!r} returned an empty model id")
-    info: JSON = {k: body.get(k) for k in ("name", "task", "labels", "template")}
-    info["n_exemplars"] = len(body.get("exemplars") or [])
+    labels = body.get("labels")
+    info: JsonObject = {
+        "name": body.get("name"),
+        "task": body.get("task"),
+        "labels": None if labels is None else list(labels),
+        "template": body.get("template"),
+        "n_exemplars": len(body.get("exemplars") or []),
+    }
+    # The answer is JSON (a command's stdout) or what a Python hook returned: kept as given.
     info |= {k: v for k, v in answer.items() if k != "mechanism"}
     info["mechanism"] = dict(body.get("mechanism") or {}) | dict(answer.get("mechanism") or {})
     info["id"] = model
@@ -83,7 +91,7 @@ def load_hook(spec: str, *, timeout: float) -> ContextHook:
 
 
 def _python_hook(spec: str, fn: Callable[..., Any]) -> ContextHook:
-    async def call(body: ContextBody) -> JSON:
+    async def call(body: ContextBody) -> JsonObject:
         if inspect.iscoroutinefunction(fn):
             out = await fn(dict(body))
         else:
@@ -95,7 +103,7 @@ def _python_hook(spec: str, fn: Callable[..., Any]) -> ContextHook:
 
 
 def _command_hook(spec: str, argv: list[str], timeout: float) -> ContextHook:
-    async def call(body: ContextBody) -> JSON:
+    async def call(body: ContextBody) -> JsonObject:
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
@@ -121,7 +129,7 @@ def _command_hook(spec: str, argv: list[str], timeout: float) -> ContextHook:
                 f"context hook {spec!r} exited with status {proc.returncode}: {tail}"
             )
         text = out.decode(errors="replace").strip()
-        answer: Any
+        answer: JsonValue
         try:
             answer = json.loads(text)
         except ValueError:

@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Self
 from urllib.parse import urlencode
 
 import httpx
 
-from dpicl_audit.client.target import JSON, AuditTarget, ContextBody, GenerationTarget
+from dpicl_audit.client.target import AuditTarget, ContextBody, GenerationTarget
+from dpicl_audit.context_info import ContextInfo, context_info
 from dpicl_audit.errors import (
     TargetBudgetExhausted,
     TargetNotFound,
@@ -30,6 +31,7 @@ from dpicl_audit.errors import (
     TargetUnauthorized,
     TargetUnavailable,
 )
+from dpicl_audit.jsontypes import JsonMapping, JsonObject
 
 __all__ = [
     "AuditTarget",
@@ -183,7 +185,7 @@ class DpiclClient:
 
     async def _json(
         self, method: str, path: str, *, token: str | None, json: Mapping[str, object] | None = None
-    ) -> JSON:
+    ) -> JsonObject:
         response = await self.request(method, path, token=token, json=json)
         try:
             payload = response.json()
@@ -197,27 +199,29 @@ class DpiclClient:
 
     # ----------------------------------------------------------------- API v1
 
-    async def health(self) -> JSON:
+    async def health(self) -> JsonObject:
         return await self._json("GET", "/healthz", token=None)
 
-    async def create_context(self, body: ContextBody) -> JSON:
+    async def create_context(self, body: ContextBody) -> ContextInfo:
         info = await self._json("POST", "/v1/contexts", token=self._admin, json=body)
         _require(info, ("id", "mechanism"), "POST /v1/contexts")
-        return info
+        return context_info(info)
 
-    async def get_context(self, context_id: str) -> JSON:
+    async def get_context(self, context_id: str) -> ContextInfo:
         info = await self._json("GET", f"/v1/contexts/{context_id}", token=self._admin)
         _require(info, ("id", "mechanism"), "GET /v1/contexts/{id}")
-        return info
+        return context_info(info)
 
-    async def burst(self, path: str, bodies: list[JSON]) -> list[httpx.Response | Exception]:
+    async def burst(
+        self, path: str, bodies: Sequence[JsonMapping]
+    ) -> list[httpx.Response | Exception]:
         """``POST path`` once per body, all at once with the user key: no retries (a retry
         would send a request twice) and not held back by the client's concurrency, so that
         every request is in flight together (the ledger audited under concurrency,
         :mod:`dpicl_audit.probes.ledger_burst`). Each response, or the transport error."""
         headers = {"Authorization": f"Bearer {self._key}"} if self._key else {}
 
-        async def one(body: JSON) -> httpx.Response:
+        async def one(body: JsonMapping) -> httpx.Response:
             self.requests_sent += 1
             return await self._http.request("POST", path, json=body, headers=headers)
 
@@ -227,7 +231,7 @@ class DpiclClient:
     async def send(
         self,
         path: str,
-        body: JSON | None,
+        body: JsonMapping | None,
         *,
         params: Mapping[str, str] | None = None,
         headers: Mapping[str, str] | None = None,
@@ -254,7 +258,7 @@ class DpiclClient:
             ) from exc
 
     async def send_streamed(
-        self, path: str, body: JSON, started: Callable[[str], bool]
+        self, path: str, body: JsonMapping, started: Callable[[str], bool]
     ) -> tuple[httpx.Response, float | None]:
         """:meth:`send` with the body read as it arrives: the response (read whole) and the
         seconds from sending until ``started(text so far)`` first held (a stream's first
@@ -289,24 +293,24 @@ class DpiclClient:
                 attempts=1,
             ) from exc
 
-    async def spend(self, context_id: str) -> JSON:
+    async def spend(self, context_id: str) -> JsonObject:
         """``GET /v1/contexts/{id}/spend`` (admin): the context's spend rows and totals."""
         return await self._json("GET", f"/v1/contexts/{context_id}/spend", token=self._admin)
 
-    async def post(self, path: str, body: JSON) -> JSON:
+    async def post(self, path: str, body: JsonMapping) -> JsonObject:
         """``POST path`` with the user key (a route the client has no method for, e.g. a chat
         completion with client parameters: :mod:`dpicl_audit.probes.parameters`)."""
         return await self._json("POST", path, token=self._key, json=body)
 
-    async def get_model(self, model_id: str) -> JSON:
+    async def get_model(self, model_id: str) -> JsonObject:
         """``GET /v1/models/{id}`` (the OpenAI surface's model: dpicl's extension carries the
         deployment's epsilon and delta), with the user key."""
         return await self._json("GET", f"/v1/models/{model_id}", token=self._key)
 
-    async def list_contexts(self) -> list[JSON]:
+    async def list_contexts(self) -> list[JsonObject]:
         """Every context, following the listing's ``next`` cursor page after page (a server
         answers at most one page per request)."""
-        out: list[JSON] = []
+        out: list[JsonObject] = []
         seen: set[str] = set()
         path = f"/v1/contexts?limit={LIST_PAGE_SIZE}"
         while True:
@@ -329,13 +333,13 @@ class DpiclClient:
     async def delete_context(self, context_id: str) -> None:
         await self.request("DELETE", f"/v1/contexts/{context_id}", token=self._admin)
 
-    async def classify(self, context_id: str, query: str) -> JSON:
+    async def classify(self, context_id: str, query: str) -> JsonObject:
         body = {"context_id": context_id, "query": query}
         out = await self._json("POST", "/v1/classify", token=self._key, json=body)
         _require(out, ("label",), "POST /v1/classify")
         return out
 
-    async def debug_classify(self, context_id: str, query: str) -> JSON:
+    async def debug_classify(self, context_id: str, query: str) -> JsonObject:
         body = {"context_id": context_id, "query": query}
         out = await self._json("POST", "/v1/debug/classify", token=self._admin, json=body)
         # The answer only: what else a mechanism's debug view holds (voting's noisy votes,
@@ -343,8 +347,10 @@ class DpiclClient:
         _require(out, ("label",), "POST /v1/debug/classify")
         return out
 
-    async def generate(self, context_id: str, query: str, max_tokens: int | None = None) -> JSON:
-        body: JSON = {"context_id": context_id, "query": query}
+    async def generate(
+        self, context_id: str, query: str, max_tokens: int | None = None
+    ) -> JsonObject:
+        body: JsonObject = {"context_id": context_id, "query": query}
         if max_tokens is not None:
             body["max_tokens"] = max_tokens
         out = await self._json("POST", "/v1/generate", token=self._key, json=body)
@@ -353,18 +359,20 @@ class DpiclClient:
 
     async def debug_generate(
         self, context_id: str, query: str, max_tokens: int | None = None
-    ) -> JSON:
-        body: JSON = {"context_id": context_id, "query": query}
+    ) -> JsonObject:
+        body: JsonObject = {"context_id": context_id, "query": query}
         if max_tokens is not None:
             body["max_tokens"] = max_tokens
         out = await self._json("POST", "/v1/debug/generate", token=self._admin, json=body)
         _require(out, ("text",), "POST /v1/debug/generate")
         return out
 
-    async def zero_shot(self, context_id: str, query: str, max_tokens: int | None = None) -> JSON:
+    async def zero_shot(
+        self, context_id: str, query: str, max_tokens: int | None = None
+    ) -> JsonObject:
         """The context's template answered with no exemplar (``POST /v1/zero-shot``, admin):
         the zero-shot baseline of a utility audit; it costs no privacy."""
-        body: JSON = {"context_id": context_id, "query": query}
+        body: JsonObject = {"context_id": context_id, "query": query}
         if max_tokens is not None:
             body["max_tokens"] = max_tokens
         out = await self._json("POST", "/v1/zero-shot", token=self._admin, json=body)
@@ -372,7 +380,7 @@ class DpiclClient:
         return out
 
 
-def _require(payload: JSON, keys: tuple[str, ...], what: str) -> None:
+def _require(payload: JsonMapping, keys: tuple[str, ...], what: str) -> None:
     missing = [k for k in keys if k not in payload]
     if missing:
         raise TargetProtocolError(f"{what} answered without {', '.join(missing)}")

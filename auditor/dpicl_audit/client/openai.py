@@ -22,8 +22,10 @@ from typing import Any
 
 from dpicl_audit.client.context_hook import ContextHook
 from dpicl_audit.client.http import DpiclClient
-from dpicl_audit.client.target import JSON, ContextBody
+from dpicl_audit.client.target import ContextBody
+from dpicl_audit.context_info import ContextInfo, context_info
 from dpicl_audit.errors import TargetProtocolError
+from dpicl_audit.jsontypes import JsonObject
 
 __all__ = ["OpenAIClient"]
 
@@ -43,21 +45,22 @@ class OpenAIClient(DpiclClient):
 
     # --------------------------------------------------------------- contexts
 
-    async def create_context(self, body: ContextBody) -> JSON:
+    async def create_context(self, body: ContextBody) -> ContextInfo:
         if self._hook is None:
             return await super().create_context(body)
-        return await self._hook(body)
+        return context_info(await self._hook(body))
 
-    async def get_context(self, context_id: str) -> JSON:
+    async def get_context(self, context_id: str) -> ContextInfo:
         if self._hook is None:
             return await super().get_context(context_id)
         model = await self._json("GET", f"/v1/models/{context_id}", token=self._key)
         # dpicl's extension carries the ledger as the native route reports it ("spent").
         ext = model.get("dpicl") if isinstance(model, dict) else None
         spent = ext.get("spent") if isinstance(ext, dict) else None
-        return {"id": context_id, "model": model} | ({"spent": spent} if spent else {})
+        found: JsonObject = {"id": context_id, "model": model}
+        return context_info(found | ({"spent": spent} if spent else {}))
 
-    async def list_contexts(self) -> list[JSON]:
+    async def list_contexts(self) -> list[JsonObject]:
         if self._hook is None:
             return await super().list_contexts()
         return []  # a hook's models carry no audit names to adopt
@@ -68,21 +71,25 @@ class OpenAIClient(DpiclClient):
 
     # --------------------------------------------------------------- queries
 
-    async def _chat(self, context_id: str, query: str, max_tokens: int | None) -> tuple[str, JSON]:
-        body: JSON = {"model": context_id, "messages": [{"role": "user", "content": query}]}
+    async def _chat(
+        self, context_id: str, query: str, max_tokens: int | None
+    ) -> tuple[str, JsonObject]:
+        body: JsonObject = {"model": context_id, "messages": [{"role": "user", "content": query}]}
         if max_tokens is not None:
             body["max_tokens"] = max_tokens
         out = await self._json("POST", CHAT_PATH, token=self._key, json=body)
-        try:
-            content = out["choices"][0]["message"]["content"]
-        except (KeyError, IndexError, TypeError):
+        choices = out.get("choices")
+        first = choices[0] if isinstance(choices, list) and choices else None
+        message = first.get("message") if isinstance(first, dict) else None
+        if not isinstance(message, dict) or "content" not in message:
             raise TargetProtocolError(
                 f"POST {CHAT_PATH} answered without choices[0].message.content"
-            ) from None
+            )
+        content = message["content"]
         if not isinstance(content, str):
             raise TargetProtocolError(f"POST {CHAT_PATH} answered a non-text message content")
         ext = out.get("dpicl")
-        extra = (
+        extra: JsonObject = (
             {k: ext[k] for k in ("cost", "budget", "engine") if k in ext}
             if isinstance(ext, dict)
             else {}
@@ -91,20 +98,22 @@ class OpenAIClient(DpiclClient):
         # (dpicl_audit.estimators.extra_fields).
         return content, extra | {"context_id": context_id, "response": out}
 
-    async def classify(self, context_id: str, query: str) -> JSON:
+    async def classify(self, context_id: str, query: str) -> JsonObject:
         label, extra = await self._chat(context_id, query, None)
         return {"label": label} | extra
 
-    async def generate(self, context_id: str, query: str, max_tokens: int | None = None) -> JSON:
+    async def generate(
+        self, context_id: str, query: str, max_tokens: int | None = None
+    ) -> JsonObject:
         text, extra = await self._chat(context_id, query, max_tokens)
         return {"text": text} | extra
 
-    async def debug_classify(self, context_id: str, query: str) -> JSON:
+    async def debug_classify(self, context_id: str, query: str) -> JsonObject:
         raise _no_whitebox()
 
     async def debug_generate(
         self, context_id: str, query: str, max_tokens: int | None = None
-    ) -> JSON:
+    ) -> JsonObject:
         raise _no_whitebox()
 
 

@@ -5,11 +5,13 @@ dpicl's own implementation; tests hand the runner any other."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Required, TypedDict, runtime_checkable
+from collections.abc import Sequence
+from typing import Protocol, Required, TypedDict, runtime_checkable
 
-__all__ = ["JSON", "AuditTarget", "ContextBody", "GenerationTarget"]
+from dpicl_audit.context_info import ContextInfo
+from dpicl_audit.jsontypes import JsonMapping, JsonObject
 
-JSON = dict[str, Any]
+__all__ = ["AuditTarget", "ContextBody", "GenerationTarget"]
 
 
 class ContextBody(TypedDict, total=False):
@@ -19,7 +21,7 @@ class ContextBody(TypedDict, total=False):
     name: Required[str]
     task: Required[str]
     exemplars: Required[list[dict[str, str]]]
-    mechanism: Required[dict[str, object]]
+    mechanism: Required[JsonObject]
     budget: dict[str, float] | None
     labels: list[str]
     template: str
@@ -29,19 +31,19 @@ class ContextBody(TypedDict, total=False):
 class AuditTarget(Protocol):
     """What the runner needs from a server under audit."""
 
-    async def health(self) -> JSON: ...
+    async def health(self) -> JsonMapping: ...
 
-    async def create_context(self, body: ContextBody) -> JSON: ...
+    async def create_context(self, body: ContextBody) -> ContextInfo: ...
 
-    async def get_context(self, context_id: str) -> JSON: ...
+    async def get_context(self, context_id: str) -> ContextInfo: ...
 
-    async def list_contexts(self) -> list[JSON]: ...
+    async def list_contexts(self) -> Sequence[JsonMapping]: ...
 
     async def delete_context(self, context_id: str) -> None: ...
 
-    async def classify(self, context_id: str, query: str) -> JSON: ...
+    async def classify(self, context_id: str, query: str) -> JsonMapping: ...
 
-    async def debug_classify(self, context_id: str, query: str) -> JSON: ...
+    async def debug_classify(self, context_id: str, query: str) -> JsonMapping: ...
 
 
 @runtime_checkable
@@ -50,8 +52,8 @@ class GenerationTarget(AuditTarget, Protocol):
 
     async def generate(
         self, context_id: str, query: str, max_tokens: int | None = None
-    ) -> JSON: ...
+    ) -> JsonMapping: ...
 
     async def debug_generate(
         self, context_id: str, query: str, max_tokens: int | None = None
-    ) -> JSON: ...
+    ) -> JsonMapping: ...

@@ -23,7 +23,7 @@ from dpicl_audit.demo.talk import (
     trials_message,
 )
 from dpicl_audit.estimators.trial_budget import POWER_MARGIN, plan_trials, planned_needs
-from dpicl_audit.jsontypes import JsonMapping, JsonObject
+from dpicl_audit.jsontypes import JsonMapping, JsonObject, json_float, json_object
 from dpicl_audit.pipeline.run import bootstrap_audit, run_audit
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.plan.schedule import CLEAN_SETTING, new_run_id
@@ -378,8 +378,8 @@ def _clean_votes_note(rows: Sequence[TrialRecord]) -> str:
     """What the collected clean votes look like in each world (the leakage there is)."""
     seen: dict[int, Counter[str]] = {0: Counter(), 1: Counter()}
     for r in rows:
-        votes = r.observation.get("clean_votes") or {}
-        key = ", ".join(f"{k}={float(v):g}" for k, v in sorted(votes.items()))
+        votes = json_object(r.observation.get("clean_votes"))
+        key = ", ".join(f"{k}={json_float(v):g}" for k, v in sorted(votes.items()))
         seen[r.world][key] += 1
     desc = "; ".join(
         f"C{w}: " + ", ".join(f"[{k}] x{n}" for k, n in seen[w].most_common(3)) for w in (1, 0)

@@ -43,7 +43,7 @@ from scipy import stats
 
 from dpicl_audit.errors import TargetRejected
 from dpicl_audit.estimators.extra_fields import dependence_test
-from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.jsontypes import JsonMapping, JsonObject, json_object
 
 __all__ = [
     "ALPHA",
@@ -85,7 +85,7 @@ class TrialRecord(Protocol):
     def world(self) -> int: ...
 
     @property
-    def observation(self) -> Mapping[str, Any]: ...
+    def observation(self) -> JsonMapping: ...
 
     @property
     def decision(self) -> int | None: ...
@@ -117,6 +117,11 @@ def refusal_observation(exc: TargetRejected) -> JsonObject:
 def is_refusal(row: TrialRecord) -> bool:
     """Whether the trial was refused (its observation is a refusal)."""
     return isinstance(row.observation.get(REFUSAL), Mapping)
+
+
+def _refusal(row: TrialRecord) -> JsonMapping:
+    """A refused trial's refusal (:func:`refusal_observation`)."""
+    return json_object(row.observation[REFUSAL])
 
 
 def _answer(row: TrialRecord) -> str:
@@ -169,7 +174,7 @@ def refusal_test(rows: Sequence[TrialRecord], alpha: float) -> RefusalTest | Non
                 r.world,
                 "refused",
                 {
-                    f"refusal.{f}": r.observation[REFUSAL].get(f)
+                    f"refusal.{f}": _refusal(r).get(f)
                     for f in ("status", "code", "message", "param")
                 },
             )
@@ -181,11 +186,11 @@ def refusal_test(rows: Sequence[TrialRecord], alpha: float) -> RefusalTest | Non
     p = min(1.0, 2.0 * min(p_occ, float(p_body)))
     codes: dict[str, int] = {}
     for r in refused:
-        ref = r.observation[REFUSAL]
+        ref = _refusal(r)
         key = f"{ref.get('status')} {ref.get('code')}"
         codes[key] = codes.get(key, 0) + 1
-    expected = sum(1 for r in refused if r.observation[REFUSAL].get("expected"))
-    first = refused[0].observation[REFUSAL]
+    expected = sum(1 for r in refused if _refusal(r).get("expected"))
+    first = _refusal(refused[0])
     example = f"{first.get('status')} {first.get('code')}: {first.get('message')!s:.200}"
     rates = f"C1 {k[0]}/{n[0]}, C0 {k[1]}/{n[1]}"
     if p < alpha:

@@ -143,7 +143,7 @@ def _p_value(a: Sequence[Any], b: Sequence[Any]) -> float | None:
 
 
 def dependence_test(
-    rows: Sequence[tuple[int, str, Mapping[str, Any]]], alpha: float = ALPHA
+    rows: Sequence[tuple[int, str, JsonMapping]], alpha: float = ALPHA
 ) -> Dependence | None:
     """Test each field of ``rows`` (``(world, answer, fields)`` per trial) for dependence on
     the world given the answer (module docstring). None where no trial carried a field;

@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -90,7 +90,7 @@ class NoiseCheck:
 
 
 def residuals_from_observations(
-    observations: Iterable[Mapping[str, Any]], labels: Sequence[str]
+    observations: Iterable[Mapping[str, object]], labels: Sequence[str]
 ) -> npt.NDArray[np.float64]:
     """``noisy_votes[l] - clean_votes[l]`` for every label of every observation that has both.
 

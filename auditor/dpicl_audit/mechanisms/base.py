@@ -110,7 +110,7 @@ class TrialAt:
     def record(
         self,
         query: str,
-        observation: Mapping[str, Any],
+        observation: JsonMapping,
         decision: int,
         latency: float,
         score: float | None = None,
@@ -132,7 +132,7 @@ class TrialAt:
 
 async def ask(
     target: AuditTarget, at: TrialAt, query: str, *, max_tokens: int | None = None
-) -> tuple[Mapping[str, Any], float]:
+) -> tuple[JsonMapping, float]:
     """Send the audit query (the debug endpoint for white-box trials): (answer, latency).
 
     ``max_tokens`` given: a generation context (``/v1/generate``), else classification.
@@ -305,7 +305,7 @@ class MechanismAudit:
 # ==================================================================== shared helpers
 
 
-def require_keys(out: Mapping[str, Any], keys: Sequence[str], endpoint: str) -> None:
+def require_keys(out: JsonMapping, keys: Sequence[str], endpoint: str) -> None:
     """Refuse a debug answer without the fields this mechanism's white-box trial reads."""
     missing = [k for k in keys if k not in out]
     if missing:

@@ -8,7 +8,7 @@ the typed results (:class:`~dpicl_audit.results.Estimate`,
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 
@@ -121,7 +121,7 @@ def estimate_trials(
     return SettingResult.of(**(head | {"black_box": bb, "white_box": wb}))
 
 
-def figure_fields(figs: AuditFigures) -> dict[str, Any]:
+def figure_fields(figs: AuditFigures) -> dict[str, object]:
     """Both figures' headline fields of an :class:`~dpicl_audit.estimators.whitebox.
     AuditFigures`: the classical bound with its own threshold and tests, and the labels."""
 

@@ -22,12 +22,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from dpicl_audit.client import ContextBody
 from dpicl_audit.context_info import ContextInfo, context_info
 from dpicl_audit.errors import TargetError, TargetNotFound, TargetProtocolError
-from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.jsontypes import JsonMapping
 from dpicl_audit.pipeline.run_context import RunContext
 from dpicl_audit.store import ContextRecord
 
@@ -78,7 +78,7 @@ class ContextBook:
 
     def __init__(self, run: RunContext) -> None:
         self.run_ctx = run
-        self._listing: list[JsonObject] | None = None
+        self._listing: Sequence[JsonMapping] | None = None
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._cache: dict[tuple[str, int], ContextRecord] = {}
         #: Every context this book created or adopted, in the log or not (a spent one that

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
 
 from dpicl_audit.claims import Family
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.estimators.channels import channel_alpha, is_refusal, refusal_test, timing_test
 from dpicl_audit.estimators.trial_budget import needs_from_bootstrap
+from dpicl_audit.jsontypes import JsonMapping, json_object
 from dpicl_audit.mechanisms.base import Design, SettingRows
 from dpicl_audit.mechanisms.registry import get_mechanism, upgraded_run
 from dpicl_audit.plan import AuditPlan
@@ -101,7 +101,7 @@ def with_channels(out: SettingResult, s: SettingRows) -> SettingResult:
 
 
 def _mechanism_estimate(s: SettingRows) -> SettingResult:
-    found: SettingResult | Mapping[str, Any] = get_mechanism(s.plan.mechanism.name).estimate(s)
+    found: SettingResult | JsonMapping = get_mechanism(s.plan.mechanism.name).estimate(s)
     if isinstance(found, SettingResult):
         return found
     if isinstance(found, Mapping):
@@ -144,7 +144,7 @@ def estimate_run(store: TrialStore, run_id: str) -> RunResult:
     )
     # The design's clean outputs are known exactly only on the rule-following simulator:
     # there the release distribution is predicted in closed form (estimators.conformance).
-    server = (run.versions or {}).get("server") or {}
+    server = json_object(run.versions.get("server"))
     simulator = bool(server.get("simulator")) or server.get("engine") == "oracle"
     settings = []
     for k, eps in enumerate(plan.mechanism.epsilons):

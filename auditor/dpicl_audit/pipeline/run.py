@@ -35,7 +35,7 @@ from rich.console import Console
 from dpicl_audit.client import AuditTarget, DpiclClient
 from dpicl_audit.datasets import load_dataset
 from dpicl_audit.errors import InvalidAuditInput, InvalidPlan
-from dpicl_audit.jsontypes import JsonMapping, JsonObject
+from dpicl_audit.jsontypes import JsonMapping, JsonObject, JsonValue, json_object
 from dpicl_audit.mechanisms.neighbours import resolve_design
 from dpicl_audit.mechanisms.registry import get_mechanism, upgraded_run
 from dpicl_audit.pipeline.estimation import run_design
@@ -184,8 +184,9 @@ async def resume_audit(
     with opened_store(where.get("store"), where.get("db"), where.get("schema")) as st:
         old = upgraded_run(st.get_run(run_id))
         if old is not None:
+            mechanism = json_object(old.plan.get("mechanism")).get("name")
             raise InvalidAuditInput(
-                f"run {run_id} was logged by an older audit of {old.plan['mechanism']['name']}, "
+                f"run {run_id} was logged by an older audit of {mechanism}, "
                 "which ran to the end or not at all; it has nothing to resume (show or report it)"
             )
         run = st.get_run(run_id)
@@ -201,9 +202,13 @@ async def resume_audit(
     async def begin(client: AuditTarget, health: JsonMapping | None, herr: str | None) -> Record:
         def record(st: TrialStore) -> RunContext:
             versions = dict(run.versions)
-            resumes = list(versions.get("resumed", []))
+            resumed = versions.get("resumed")
+            resumes: list[JsonValue] = list(resumed) if isinstance(resumed, list) else []
             resumes.append(
-                {"at": dt.datetime.now(dt.UTC).isoformat(), "server": health or {"error": herr}}
+                {
+                    "at": dt.datetime.now(dt.UTC).isoformat(),
+                    "server": dict(health or {"error": herr}),
+                }
             )
             versions["resumed"] = resumes
             st.update_run(run_id, versions=versions)

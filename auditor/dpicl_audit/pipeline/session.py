@@ -63,7 +63,7 @@ def run_versions(health: JsonMapping | None, error: str | None = None) -> JsonOb
     }
 
 
-async def server_health(client: AuditTarget) -> tuple[JsonObject | None, str | None]:
+async def server_health(client: AuditTarget) -> tuple[JsonMapping | None, str | None]:
     """The server's /healthz; an unreachable server stops the audit before it starts."""
     try:
         return await client.health(), None

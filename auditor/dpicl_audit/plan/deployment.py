@@ -19,8 +19,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from dpicl_audit.client import AuditTarget
+from dpicl_audit.context_info import ContextInfo
 from dpicl_audit.errors import InvalidPlan, TargetError, TargetProtocolError
-from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.jsontypes import JsonMapping, JsonObject, json_float, json_int
 from dpicl_audit.plan.model import AuditPlan
 
 __all__ = ["adopt_deployment", "deployment_settings"]
@@ -39,16 +40,21 @@ async def deployment_settings(target: AuditTarget, ident: str) -> JsonObject:
     the deployment does not report one); raises TargetProtocolError where it reports no
     epsilon."""
     found: JsonObject = {}
+    info: ContextInfo | None
     try:
         info = await target.get_context(ident)
     except TargetError:
-        info = {}
-    mech = info.get("mechanism")
-    model = info.get("model")
+        info = None
+    mech = info.get("mechanism") if info is not None else None
+    model = info.get("model") if info is not None else None
+    ext = model.get("dpicl") if isinstance(model, Mapping) else None
     if isinstance(mech, Mapping):
-        found = {k: mech.get(k) for k in ("epsilon", "delta", "partitions")}
-    elif isinstance(model, Mapping) and isinstance(model.get("dpicl"), Mapping):
-        ext = model["dpicl"]
+        found = {
+            "epsilon": mech.get("epsilon"),
+            "delta": mech.get("delta"),
+            "partitions": mech.get("partitions"),
+        }
+    elif isinstance(ext, Mapping):
         found = {"epsilon": ext.get("epsilon"), "delta": ext.get("delta")}
     get_model = getattr(target, "get_model", None)
     if _number(found.get("epsilon")) is None and get_model is not None:
@@ -69,19 +75,19 @@ async def deployment_settings(target: AuditTarget, ident: str) -> JsonObject:
     }
 
 
-def adopt_deployment(plan: AuditPlan, found: Mapping[str, Any]) -> AuditPlan:
+def adopt_deployment(plan: AuditPlan, found: JsonMapping) -> AuditPlan:
     """``plan`` with the deployment's settings where the plan does not set its own (module
     docstring); validated again as a whole."""
     mech = plan.mechanism
     given = mech.model_fields_set
-    update: dict[str, Any] = {}
-    eps = float(found["epsilon"])
+    update: dict[str, object] = {}
+    eps = json_float(found["epsilon"])
     if "epsilons" not in given and not any(math.isclose(eps, e) for e in mech.epsilons):
         update["epsilons"] = sorted({*mech.epsilons, eps})
     if "partitions" not in given and found.get("partitions") is not None:
-        update["partitions"] = int(found["partitions"])
+        update["partitions"] = json_int(found["partitions"])
     if "delta" not in given and found.get("delta") is not None:
-        update["delta"] = float(found["delta"])
+        update["delta"] = json_float(found["delta"])
     if not update:
         return plan
     data = plan.model_dump()

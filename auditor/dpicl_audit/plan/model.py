@@ -148,7 +148,7 @@ class AuditPlan(BaseModel):
     # ----------------------------------------------------------------- construction
 
     @classmethod
-    def from_mapping(cls, data: Mapping[str, Any]) -> AuditPlan:
+    def from_mapping(cls, data: Mapping[str, object]) -> AuditPlan:
         """Validate a nested mapping; raise :class:`InvalidPlan` naming every bad field."""
         try:
             return cls.model_validate(dict(data))
@@ -162,7 +162,7 @@ class AuditPlan(BaseModel):
 
     @classmethod
     def from_sources(
-        cls, path: str | Path | None, overrides: Mapping[str, Any] | None = None
+        cls, path: str | Path | None, overrides: Mapping[str, object] | None = None
     ) -> AuditPlan:
         """A TOML file (optional) with dotted-key ``overrides`` (CLI flags) applied on top.
 
@@ -185,7 +185,7 @@ class AuditPlan(BaseModel):
     @classmethod
     def from_public(
         cls,
-        data: Mapping[str, Any],
+        data: Mapping[str, object],
         *,
         admin_token: str | None = None,
         api_key: str | None = None,
@@ -200,7 +200,7 @@ class AuditPlan(BaseModel):
         self, *, admin_token: str | None = None, api_key: str | None = None
     ) -> AuditPlan:
         """A copy with credentials filled in where given."""
-        update: dict[str, Any] = {}
+        update: dict[str, object] = {}
         if admin_token is not None:
             update["admin_token"] = SecretStr(admin_token)
         if api_key is not None:

@@ -52,6 +52,7 @@ from typing import Any, Literal
 from dpicl_audit.client import AuditTarget, ContextBody
 from dpicl_audit.client.openai import OpenAIClient
 from dpicl_audit.errors import TargetError, TargetRejected
+from dpicl_audit.jsontypes import JsonObject
 from dpicl_audit.probes.answers import request
 from dpicl_audit.probes.ingredients import Ingredients
 from dpicl_audit.probes.limits_judge import FIELDS, Finding, Outcome, is_refusal, judge
@@ -169,7 +170,7 @@ def _outcome(got: Any, context_id: str) -> Outcome:
     return got.status_code, code, normalise(message, context_id)
 
 
-async def _ask(target: Any, path: str, body: dict[str, Any], cid: str) -> Outcome:
+async def _ask(target: Any, path: str, body: JsonObject, cid: str) -> Outcome:
     try:
         return _outcome(await target.send(path, body), cid)
     except TargetError as exc:  # a dropped connection is an outcome too
@@ -270,8 +271,8 @@ async def audit_limits(target: AuditTarget, kit: Ingredients, query: str) -> Lim
 async def _query_limit(target: AuditTarget) -> int | None:
     """``limits.max_query_chars`` of the server's ``/healthz`` (None where it publishes none)."""
     with contextlib.suppress(TargetError, AttributeError, TypeError, ValueError):
-        limits = (await target.health()).get("limits") or {}
-        value = limits.get("max_query_chars")
+        limits = (await target.health()).get("limits")
+        value = limits.get("max_query_chars") if isinstance(limits, Mapping) else None
         return int(value) if isinstance(value, int) and value > 0 else None
     return None
 

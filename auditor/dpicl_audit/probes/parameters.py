@@ -47,6 +47,7 @@ from dpicl_audit.client import AuditTarget, ContextBody
 from dpicl_audit.client.openai import OpenAIClient
 from dpicl_audit.errors import TargetError, TargetNotFound, TargetRejected
 from dpicl_audit.estimators.composition import planned_queries
+from dpicl_audit.jsontypes import JsonMapping
 from dpicl_audit.probes.answers import read_answer
 from dpicl_audit.probes.answers import request as surface_request
 from dpicl_audit.probes.client_schema import (
@@ -166,9 +167,7 @@ def shown(value: JsonValue) -> str:
     return json.dumps(value, separators=(",", ":"))[:60]
 
 
-def schema_variants(
-    routes: tuple[str, ...], openapi: Mapping[str, Any] | None
-) -> tuple[Variant, ...]:
+def schema_variants(routes: tuple[str, ...], openapi: JsonMapping | None) -> tuple[Variant, ...]:
     """Every parameter of ``routes``' schemas (:mod:`.client_schema`) with each of its values,
     one variant a value and route, but those of :data:`VARIANTS` and the fields every request
     sends."""

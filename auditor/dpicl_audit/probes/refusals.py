@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import httpx
 
@@ -29,7 +28,7 @@ from dpicl_audit.estimators.channels import (
     refusal_observation,
     refusal_test,
 )
-from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.jsontypes import JsonMapping, JsonObject
 
 __all__ = ["REFUSAL_ALPHA", "Refused", "refused", "world_refusals"]
 
@@ -70,7 +69,7 @@ class _Asked:
     trial (its ``TrialRecord`` protocol)."""
 
     world: int
-    observation: Mapping[str, Any] = field(default_factory=dict)
+    observation: JsonMapping = field(default_factory=dict)
     decision: int | None = None
     latency_s: float = 0.0
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Literal, TypeAlias
 
 from dpicl_audit.client import AuditTarget
 from dpicl_audit.probes import calibration, ledger, limits, parameters, surface, switches, tails
@@ -24,7 +24,7 @@ from dpicl_audit.verdicts.model import Status
 __all__ = ["ALL_PROBES", "PROBES", "Probe", "ProbeName"]
 
 #: Makes one probe for a run: its results section, or None where it does not apply.
-Run = Callable[[AuditTarget, Ingredients], Awaitable[Mapping[str, Any] | None]]
+Run = Callable[[AuditTarget, Ingredients], Awaitable[Mapping[str, object] | None]]
 
 
 @dataclass(frozen=True, slots=True)

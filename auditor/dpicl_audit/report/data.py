@@ -136,7 +136,7 @@ def load_run_results(store: TrialStore, run_id: str) -> RunResult:
             "llm_calls": run.llm_calls,
             "wall_time_s": run.wall_time_s,
         }
-    results.setdefault("versions", run.versions)
+    results.setdefault("versions", dict(run.versions))
     results["status"] = run.status
     return RunResult.from_json(results)
 

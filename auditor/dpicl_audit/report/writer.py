@@ -37,7 +37,7 @@ __all__ = ["write_combined_report", "write_report"]
 
 def _payload(
     title: str, runs: Sequence[RunData], rows: Sequence[ReportRow], notes: Sequence[str]
-) -> dict[str, Any]:
+) -> dict[str, object]:
     return {
         "title": title,
         "generated_at": dt.datetime.now(dt.UTC).isoformat(),

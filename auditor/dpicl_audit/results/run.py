@@ -70,14 +70,14 @@ class RunResult(Record):
         return list(self.extra.get("threat_models") or [])
 
     @property
-    def design(self) -> Mapping[str, Any]:
+    def design(self) -> JsonMapping:
         """The mechanism's summary of the run's design (:meth:`~dpicl_audit.mechanisms.base.
         MechanismAudit.summary`); empty where none was stored."""
         found = self.extra.get("design")
         return found if isinstance(found, Mapping) else {}
 
     @property
-    def server(self) -> Mapping[str, Any]:
+    def server(self) -> JsonMapping:
         """The server's /healthz as the run recorded it (``versions.server``)."""
         versions = self.extra.get("versions")
         found = versions.get("server") if isinstance(versions, Mapping) else None

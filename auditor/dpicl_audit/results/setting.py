@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from dpicl_audit.errors import InvalidAuditInput
 from dpicl_audit.jsontypes import JsonMapping, JsonObject
@@ -55,7 +55,7 @@ class SettingResult(Record):
     )
 
     @classmethod
-    def _typed(cls, data: Mapping[str, Any]) -> dict[str, Any]:
+    def _typed(cls, data: JsonMapping) -> JsonObject:
         out = super()._typed(data)
         for k, record in _NESTED.items():
             v = data.get(k)

@@ -26,7 +26,7 @@ must be None.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict, cast
@@ -54,7 +54,7 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from dpicl_audit.context_info import ContextInfo
 from dpicl_audit.errors import InvalidAuditInput, RunNotFound
-from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.jsontypes import JsonMapping, JsonObject
 from dpicl_audit.store.db import (
     DEFAULT_DB,
     open_engine,
@@ -141,10 +141,10 @@ class RunRecord:
     created_at: dt.datetime
     updated_at: dt.datetime
     status: str
-    plan: Mapping[str, Any]
-    design: Mapping[str, Any] | None
-    versions: Mapping[str, Any]
-    results: Mapping[str, Any] | None
+    plan: JsonMapping
+    design: JsonMapping | None
+    versions: JsonMapping
+    results: JsonMapping | None
     wall_time_s: float
     llm_calls: int
     queries: int
@@ -167,7 +167,7 @@ class TrialRecord:
     world: int
     context_id: str
     query: str
-    observation: Mapping[str, Any]
+    observation: JsonMapping
     decision: int | None
     latency_s: float
     epsilon: float | None = None
@@ -476,7 +476,7 @@ class _TrialRow(TypedDict):
     world: int
     context_id: str
     query: str
-    observation: Mapping[str, Any]
+    observation: JsonMapping
     decision: int | None
     score: float | None
     latency_s: float

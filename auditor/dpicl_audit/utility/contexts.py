@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from rich.console import Console
@@ -75,7 +76,7 @@ class RunContexts:
         # no dpicl server beside it is asked for a context without exemplars instead.
         empty = cell.kind == "zero-shot" and self.baseline is None
         exemplars = [] if empty else [_ex(e) for e in examples]
-        mech: dict[str, object] = {
+        mech: JsonObject = {
             "name": plan.mechanism,
             "epsilon": cell.epsilon,
             "delta": plan.delta,
@@ -163,7 +164,7 @@ class RunContexts:
                     "creating it again[/yellow]"
                 )
         body = self.body(cell, draw)
-        info = await self._adoptable(client, str(body["name"]))
+        info: Mapping[str, object] | None = await self._adoptable(client, str(body["name"]))
         if info is None:
             info = await client.create_context(body)
         record = context_info(info)

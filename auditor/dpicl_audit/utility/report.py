@@ -22,6 +22,7 @@ from rich.table import Table
 from scipy.stats import binomtest
 
 from dpicl_audit.errors import RunNotFound
+from dpicl_audit.jsontypes import JsonMapping, json_object
 from dpicl_audit.utility.estimators import accuracy_interval, bootstrap_interval
 from dpicl_audit.utility.plan import FEW_SHOT, MAJORITY, ZERO_SHOT, UtilityPlan
 from dpicl_audit.utility.results import (
@@ -43,6 +44,7 @@ __all__ = [
     "degenerate_verdict",
     "majority_row",
     "print_utility",
+    "stored_refusals",
     "summarise",
     "summarise_trials",
     "utility_results",
@@ -62,9 +64,9 @@ def _spent(records: list[TrialRecord]) -> dict[int, float]:
     """Each draw's context spend (the largest spent_epsilon its answers reported)."""
     out: dict[int, float] = defaultdict(float)
     for r in records:
-        budget = r.observation.get("budget")
-        if isinstance(budget, dict) and isinstance(budget.get("spent_epsilon"), int | float):
-            out[r.world] = max(out[r.world], float(budget["spent_epsilon"]))
+        spent = json_object(r.observation.get("budget")).get("spent_epsilon")
+        if isinstance(spent, int | float):
+            out[r.world] = max(out[r.world], float(spent))
     return dict(out)
 
 
@@ -92,7 +94,7 @@ def summarise_trials(
         }
         how = next((r.observation.get("route") for r in recs if r.observation.get("route")), None)
         if how:
-            row["measured_by"] = how
+            row["measured_by"] = str(how)
         if refused and cell.name in refused:
             row["refused"] = refused[cell.name]
         if recs:
@@ -251,11 +253,16 @@ def summarise(
     """:func:`summarise_trials` over a run's logged trials; ``refused`` defaults to what the
     stored results said."""
     if refused is None:
-        stored = store.get_run(run_id).results or {}
-        refused = dict(stored.get("refused") or {})
+        refused = stored_refusals(store.get_run(run_id).results)
     out = summarise_trials(store.trials(run_id), plan, refused=refused)
     out["run_id"] = run_id
     return out
+
+
+def stored_refusals(results: JsonMapping | None) -> dict[str, str]:
+    """The cells a run's stored results say were refused, each with why."""
+    refused = json_object((results or {}).get("refused"))
+    return {cell: str(why) for cell, why in refused.items()}
 
 
 def _interval(v: IntervalJson | None) -> str:

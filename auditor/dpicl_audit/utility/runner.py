@@ -20,7 +20,6 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from rich.console import Console
 
@@ -33,7 +32,7 @@ from dpicl_audit.errors import (
     TargetRejected,
 )
 from dpicl_audit.estimators.composition import answers_in_budget, planned_queries
-from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.jsontypes import JsonMapping, JsonObject, json_object
 from dpicl_audit.pipeline.progress import open_progress
 from dpicl_audit.pipeline.session import (
     client_for,
@@ -46,7 +45,7 @@ from dpicl_audit.store import TrialRecord, TrialStore
 from dpicl_audit.utility.contexts import RunContexts
 from dpicl_audit.utility.estimators import rouge_l
 from dpicl_audit.utility.plan import Cell, UtilityPlan, draw_split
-from dpicl_audit.utility.report import summarise
+from dpicl_audit.utility.report import stored_refusals, summarise
 from dpicl_audit.utility.results import UtilityResults
 
 __all__ = ["KIND", "UtilityRun", "estimate_seconds", "run_utility"]
@@ -90,7 +89,7 @@ class UtilityRun(RunContexts):
         example = self.data.examples[int(self.draws.queries[index])]
         client = self.client(cell)
         start = time.perf_counter()
-        obs: dict[str, Any]
+        obs: JsonObject
         zero_route = cell.kind == "zero-shot" and self.baseline is not None
         if zero_route:
             # dpicl's zero-shot route: the context's template with no exemplar, no charge.
@@ -108,7 +107,7 @@ class UtilityRun(RunContexts):
                 # T = 1: the one partition's clean vote (None where it abstained); the
                 # list is absent where the server's white-box level is only "noisy".
                 votes = out.get("partition_votes")
-                label = votes[0] if votes else None
+                label = votes[0] if isinstance(votes, list) and votes else None
                 obs = {"label": label, "released": out.get("label"), "clean": bool(votes)}
             else:
                 out = await client.classify(rec.context_id, example.input)
@@ -125,7 +124,7 @@ class UtilityRun(RunContexts):
                     rec.context_id, example.input, self.plan.max_tokens
                 )
                 texts = out.get("partition_texts")
-                text = str(texts[0] or "") if texts else ""
+                text = str(texts[0] or "") if isinstance(texts, list) and texts else ""
                 obs_extra = {"clean": bool(texts)}
             else:
                 out = await client.generate(rec.context_id, example.input, self.plan.max_tokens)
@@ -210,7 +209,7 @@ async def run_utility(
     console: Console,
     progress: bool = True,
     resume: bool = False,
-    overrides: Mapping[str, Any] | None = None,
+    overrides: JsonMapping | None = None,
 ) -> UtilityResults:
     """Run (or, with ``resume``, continue) a utility audit; return its results."""
     if resume:
@@ -219,7 +218,8 @@ async def run_utility(
             raise InvalidPlan(f"run {run_id!r} is a {stored.kind} run; `dpicl-audit resume` it")
         base = UtilityPlan.model_validate({**stored.plan, "target": {}})
         spec = _with_overrides(
-            TargetSpec.model_validate(_unmasked(stored.plan.get("target", {}))), overrides or {}
+            TargetSpec.model_validate(_unmasked(json_object(stored.plan.get("target")))),
+            overrides or {},
         )
         plan = base.model_copy(update={"target": spec})
     if plan is None:
@@ -248,8 +248,7 @@ async def run_utility(
         draws = draw_split(len(data), plan)
         run = UtilityRun(run_id, plan, store, target, baseline, data, draws, console)
         # A completed run resumed asks nothing, so its refusals are the stored ones.
-        previous = store.get_run(run_id).results or {}
-        run.refused.update(previous.get("refused") or {})
+        run.refused.update(stored_refusals(store.get_run(run_id).results))
         try:
             results = await _execute(run, progress)
         except (asyncio.CancelledError, KeyboardInterrupt):
@@ -386,13 +385,13 @@ def _has_clean_answer(record: TrialRecord) -> bool:
     return bool(record.observation.get("clean", False))
 
 
-def _with_overrides(stored: TargetSpec, overrides: Mapping[str, Any]) -> TargetSpec:
+def _with_overrides(stored: TargetSpec, overrides: JsonMapping) -> TargetSpec:
     """The stored target with what the caller gives again (tokens are never stored; a server
     may have moved)."""
     update = {k: v for k, v in overrides.items() if v is not None}
     return TargetSpec.model_validate(stored.model_dump() | update)
 
 
-def _unmasked(target: Mapping[str, Any]) -> JsonObject:
+def _unmasked(target: JsonMapping) -> JsonObject:
     """A stored target without its masked tokens."""
     return {k: v for k, v in target.items() if k not in ("admin_token", "api_key")}

@@ -69,7 +69,14 @@ from dpicl_audit.estimators.conformance import ConformanceTest
 from dpicl_audit.estimators.draws import Draw, sampling_tests
 from dpicl_audit.estimators.exchangeable import order_can_inform
 from dpicl_audit.estimators.gdp import gdp_epsilon
-from dpicl_audit.jsontypes import JsonObject, JsonValue
+from dpicl_audit.jsontypes import (
+    JsonObject,
+    JsonValue,
+    json_float,
+    json_int,
+    json_list,
+    json_object,
+)
 from dpicl_audit.mechanisms.base import (
     MechanismAudit,
     SettingRows,
@@ -134,7 +141,7 @@ class MozoAudit(MechanismAudit):
         self, design: MozoDesign, plan: AuditPlan, epsilon: float, world: int, *, name: str
     ) -> ContextBody:
         m = MozoSettings.of(plan)
-        mechanism: dict[str, object] = {
+        mechanism: JsonObject = {
             "name": self.name,
             "guarantee": m.guarantee,
             "epsilon": float(epsilon),
@@ -197,11 +204,11 @@ class MozoAudit(MechanismAudit):
             target, at, design.query, max_tokens=MozoSettings.of(plan).max_tokens
         )
         text = str(out["text"])
-        cost = out.get("cost") if isinstance(out.get("cost"), Mapping) else {}
+        cost = json_object(out.get("cost"))
         observation: JsonObject = {
             "text": text,
             "starts_with": _starts_with(text, design.signals),
-            "cost_epsilon": (cost or {}).get("epsilon"),
+            "cost_epsilon": cost.get("epsilon"),
         }
         if at.white:
             observation |= token_internals(out, MozoSettings.of(plan).guarantee)
@@ -311,16 +318,16 @@ def first_token_draws(rows: Sequence[TrialRecord]) -> list[Draw]:
     (its ``first_token``: the top-k ids and ``product_probs``; logged at ``internal``)."""
     draws = []
     for r in rows:
-        first, tokens = r.observation.get("first_token"), r.observation.get("tokens")
+        first, tokens = r.observation.get("first_token"), json_list(r.observation.get("tokens"))
         if not isinstance(first, Mapping) or not tokens or not first.get("top_ids"):
             continue
-        token = tokens[0].get("token_id") if isinstance(tokens[0], Mapping) else None
+        token = json_object(tokens[0]).get("token_id")
         if token is None:
             continue
-        ids = tuple(int(i) for i in first["top_ids"])
-        probs = tuple(float(p) for p in first["product_probs"])
+        ids = tuple(json_int(i) for i in json_list(first["top_ids"]))
+        probs = tuple(json_float(p) for p in json_list(first["product_probs"]))
         if len(ids) == len(probs):
-            draws.append(Draw(int(token), ids, probs))
+            draws.append(Draw(json_int(token), ids, probs))
     return draws
 
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.jsontypes import JsonObject, json_float, json_list, json_object
 from dpicl_audit.mechanisms.dps_mozo.check import exceeds, neighbour_gap
 from dpicl_audit.mechanisms.dps_mozo.facts import MozoFacts
 from dpicl_audit.results import Estimate
@@ -31,11 +31,11 @@ _NO_INTERNALS = "no per-token internals logged (white-box needs /v1/debug/genera
 
 def _max_divergence(rows: Sequence[TrialRecord], key: str) -> float | None:
     values = [
-        float(v)
+        json_float(v)
         for r in rows
-        for tok in r.observation.get("tokens") or []
-        for pair in tok.get(key) or []
-        for v in pair
+        for tok in json_list(r.observation.get("tokens"))
+        for pair in json_list(json_object(tok).get(key))
+        for v in json_list(pair)
     ]
     return max(values) if values else None
 
@@ -51,7 +51,7 @@ def divergence_check(rows: Sequence[TrialRecord], facts: MozoFacts) -> Estimate:
     out: JsonObject = {
         "kind": "divergence",
         "trials": len(rows),
-        "tokens": sum(len(r.observation.get("tokens") or []) for r in rows),
+        "tokens": sum(len(json_list(r.observation.get("tokens"))) for r in rows),
         "max_divergence_reached": reached,
         "max_exact_divergence": exact,
         "per_token_bound": bound,
@@ -89,10 +89,10 @@ def _worst(
     """The largest per-token figure ``key`` over the rows, with (trial, world, token)."""
     best: tuple[float | None, tuple[int, int, int] | None] = (None, None)
     for r in rows:
-        for t, tok in enumerate(r.observation.get("tokens") or []):
-            v = tok.get(key)
-            if v is not None and (best[0] is None or float(v) > best[0]):
-                best = (float(v), (r.trial_index, r.world, t))
+        for t, tok in enumerate(json_list(r.observation.get("tokens"))):
+            v = json_object(tok).get(key)
+            if v is not None and (best[0] is None or json_float(v) > best[0]):
+                best = (json_float(v), (r.trial_index, r.world, t))
     return best
 
 
@@ -107,22 +107,25 @@ def _neighbour_pairs(
     ``max_y |log P_C1 - log P_C0|`` over them, with the two trials compared."""
     first: dict[tuple[Any, ...], dict[int, TrialRecord]] = {}
     for r in rows:
-        f = r.observation.get("first_token")
+        f = json_object(r.observation.get("first_token"))
         if f:
-            key = (tuple(f["shots"]), tuple(f.get("top_ids") or ()))
+            key = (tuple(json_list(f["shots"])), tuple(json_list(f.get("top_ids"))))
             first.setdefault(key, {}).setdefault(r.world, r)
     pairs, worst, where = 0, None, None
     for by_world in first.values():
         if 1 in by_world and 0 in by_world:
             r1, r0 = by_world[1], by_world[0]
-            gap = neighbour_gap(
-                r1.observation["first_token"]["product_probs"],
-                r0.observation["first_token"]["product_probs"],
-            )
+            gap = neighbour_gap(_first_probs(r1), _first_probs(r0))
             pairs += 1
             if worst is None or gap > worst:
                 worst, where = gap, (r1.trial_index, r0.trial_index)
     return pairs, worst, where
+
+
+def _first_probs(r: TrialRecord) -> list[float]:
+    """The trial's first-token ``product_probs`` (logged at ``internal``)."""
+    first = json_object(r.observation["first_token"])
+    return [json_float(p) for p in json_list(first["product_probs"])]
 
 
 def ratio_check(rows: Sequence[TrialRecord], facts: MozoFacts) -> Estimate:
@@ -143,7 +146,7 @@ def ratio_check(rows: Sequence[TrialRecord], facts: MozoFacts) -> Estimate:
     out: JsonObject = {
         "kind": "max-log-ratio",
         "trials": len(rows),
-        "tokens": sum(len(r.observation.get("tokens") or []) for r in rows),
+        "tokens": sum(len(json_list(r.observation.get("tokens"))) for r in rows),
         "max_log_ratio": eps0,
         "per_token_epsilon": per_token,
         "max_radius": radius,
@@ -156,7 +159,9 @@ def ratio_check(rows: Sequence[TrialRecord], facts: MozoFacts) -> Estimate:
         "per_token_bound": per_token,
     }
     unchecked = sum(
-        tok.get("radius") is None for r in rows for tok in r.observation.get("tokens") or []
+        json_object(tok).get("radius") is None
+        for r in rows
+        for tok in json_list(r.observation.get("tokens"))
     )
     broken = []
     if exceeds(radius, eps0):

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dpicl_audit.datasets import load_dataset
-from dpicl_audit.jsontypes import JsonObject
+from dpicl_audit.jsontypes import JsonObject, JsonValue, json_object
 from dpicl_audit.mechanisms.dps_mozo.design import mozo_design
 from dpicl_audit.plan import AuditPlan
 from dpicl_audit.store import RunRecord
@@ -68,9 +68,9 @@ def _design(plan: Mapping[str, Any], old: Mapping[str, Any]) -> JsonObject:
 
 def _results(run: RunRecord, plan: Mapping[str, Any], design: Mapping[str, Any]) -> JsonObject:
     old = dict(run.results or {})
-    bb = dict(old.get("black_box") or {})
+    bb = dict(json_object(old.get("black_box")))
     eps = float(plan["mechanism"]["epsilons"][0])
-    n = sum(int(bb.get(k, 0)) for k in ("tp", "fn", "fp", "tn"))
+    n = sum(_count(bb.get(k, 0)) for k in ("tp", "fn", "fp", "tn"))
     setting = {
         "setting": f"mozo:eps={eps:g}",
         "epsilon_theory": eps,
@@ -117,6 +117,13 @@ def _results(run: RunRecord, plan: Mapping[str, Any], design: Mapping[str, Any])
         "llm_calls": run.llm_calls,
         "wall_time_s": run.wall_time_s,
     }
+
+
+def _count(value: JsonValue) -> int:
+    """A legacy run's confusion count (``int`` as it was read before the results were typed)."""
+    if isinstance(value, int | float | str):
+        return int(value)
+    raise TypeError(f"a legacy black-box count must be a number, got {value!r}")
 
 
 def upgrade_run(run: RunRecord) -> RunRecord | None:

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from dpicl_audit.estimators.power import flip_rate_from_signals
+from dpicl_audit.jsontypes import json_float, json_int
 from dpicl_audit.mechanisms.base import SettingRows
 from dpicl_audit.mechanisms.esa.design import GenerationDesign
 from dpicl_audit.mechanisms.esa.estimates import (
@@ -36,8 +37,8 @@ def _measured_sigma(
     sigma: a chi-square interval on sigma from the residual sum of squares."""
     from scipy.stats import chi2
 
-    ss = sum(float(r.observation.get("residual_ss", 0.0)) for r in rows)
-    df = sum(int(r.observation.get("dim", 0)) for r in rows)
+    ss = sum(json_float(r.observation.get("residual_ss", 0.0)) for r in rows)
+    df = sum(json_int(r.observation.get("dim", 0)) for r in rows)
     if df == 0:
         return {
             "df": 0,

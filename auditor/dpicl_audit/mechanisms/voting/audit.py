@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from dpicl_audit.catalog.settings import MechanismSettings
 from dpicl_audit.claims import SettingClaims
@@ -36,7 +36,7 @@ from dpicl_audit.client import AuditTarget, ContextBody
 from dpicl_audit.datasets import LabelledDataset, load_dataset
 from dpicl_audit.errors import TargetProtocolError
 from dpicl_audit.estimators.extra_fields import response_fields
-from dpicl_audit.jsontypes import JsonMapping, JsonObject
+from dpicl_audit.jsontypes import JsonMapping, JsonObject, JsonValue, json_float
 from dpicl_audit.mechanisms.base import SettingRows, TrialAt, ask, needs_internal, require_keys
 from dpicl_audit.mechanisms.gaussian import GaussianMechanismAudit, gaussian_setting_claims
 from dpicl_audit.mechanisms.voting.build import build_design
@@ -105,13 +105,13 @@ class VotingAudit(GaussianMechanismAudit):
             query = design.query_of(at.index)
             out, latency = await ask(target, at, query)
             label = str(out["label"])
-            seq_obs: dict[str, Any] = {"label": label, "q": at.index % len(design.queries)}
+            seq_obs: JsonObject = {"label": label, "q": at.index % len(design.queries)}
             if at.white:
                 seq_obs |= self.white_box_observation(out, at)
             return at.record(query, seq_obs, int(label == design.poison_label), latency)
         out, latency = await ask(target, at, design.query)
         label = str(out["label"])
-        observation: dict[str, Any] = {"label": label}
+        observation: JsonObject = {"label": label}
         score: float | None = None
         if not at.white:
             # Every field besides the answer (issue 35): logged where a response has any
@@ -128,7 +128,7 @@ class VotingAudit(GaussianMechanismAudit):
                 raise TargetProtocolError(f"/v1/debug/classify: {exc.args[0]}") from exc
         return at.record(design.query, observation, design.decide_label(label), latency, score)
 
-    def white_box_observation(self, out: Mapping[str, Any], at: TrialAt) -> JsonObject:
+    def white_box_observation(self, out: JsonMapping, at: TrialAt) -> JsonObject:
         """What a white-box trial logs of ``/v1/debug/classify`` (:func:`white_box_votes`;
         a variant with other noise logs its own parameters)."""
         return white_box_votes(out, at)
@@ -203,20 +203,21 @@ class VotingAudit(GaussianMechanismAudit):
         return len(threat_models)
 
 
-def _votes(value: Any, name: str) -> dict[str, float]:
+def _votes(value: JsonValue, name: str) -> JsonObject:
+    """The votes an answer holds under ``name``, each a number."""
     if not isinstance(value, Mapping):
         raise TargetProtocolError(f"/v1/debug/classify returned no {name} mapping")
     try:
-        return {str(k): float(v) for k, v in value.items()}
+        return {str(k): json_float(v) for k, v in value.items()}
     except (TypeError, ValueError) as exc:
         raise TargetProtocolError(f"/v1/debug/classify: {name} holds non-numbers") from exc
 
 
-def white_box_votes(out: Mapping[str, Any], at: TrialAt) -> JsonObject:
+def white_box_votes(out: JsonMapping, at: TrialAt) -> JsonObject:
     """What a white-box voting trial logs of ``/v1/debug/classify``: the noisy votes, sigma,
     and the clean votes (required when ``at.need_clean``: bootstrap needs them)."""
     require_keys(out, ("noisy_votes", "sigma"), "POST /v1/debug/classify")
-    observation: dict[str, Any] = {
+    observation: JsonObject = {
         "noisy_votes": _votes(out.get("noisy_votes"), "noisy_votes"),
         "sigma": out.get("sigma"),
     }

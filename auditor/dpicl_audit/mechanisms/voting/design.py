@@ -9,13 +9,12 @@ that read a design live in :mod:`.audit` and :mod:`.estimates`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dpicl_audit.catalog.attacks import Attack
 from dpicl_audit.datasets import Example
 from dpicl_audit.estimators.label_release import pivotal_design
-from dpicl_audit.jsontypes import JsonMapping, JsonObject
+from dpicl_audit.jsontypes import JsonMapping, JsonObject, JsonValue, json_float, json_object
 from dpicl_audit.mechanisms.neighbours import NeighbourPair, pair_from_json, pair_to_json
 from dpicl_audit.plan import CanaryKind
 
@@ -45,23 +44,25 @@ class AuditDesign(NeighbourPair):
         """Black-box rule: 1 ("present") when the released label is the positive answer."""
         return int(label == self.positive)
 
-    def score(self, noisy_votes: Mapping[str, float]) -> float:
+    def score(self, noisy_votes: JsonValue) -> float:
         """White-box statistic: noisy[pos] - noisy[neg] (Section 3.2 of paper 000).
 
         For Brainwash (no single negative answer) the margin over the best other label.
         """
+        votes = json_object(noisy_votes)  # as a trial logged them
         try:
-            pos = float(noisy_votes[self.positive])
+            pos = json_float(votes[self.positive])
             if self.negative is not None:
-                return pos - float(noisy_votes[self.negative])
-            others = [float(v) for k, v in noisy_votes.items() if k != self.positive]
+                return pos - json_float(votes[self.negative])
+            others = [json_float(v) for k, v in votes.items() if k != self.positive]
         except KeyError as exc:
             raise KeyError(f"noisy votes lack the label {exc.args[0]!r}") from exc
         return pos - max(others) if others else pos
 
-    def clean_vector(self, votes: Mapping[str, float]) -> list[float]:
+    def clean_vector(self, votes: JsonValue) -> list[float]:
         """A vote histogram in the order of :attr:`labels`."""
-        return [float(votes.get(lab, 0.0)) for lab in self.labels]
+        logged = json_object(votes)  # a trial's clean votes as logged
+        return [json_float(logged.get(lab, 0.0)) for lab in self.labels]
 
     def summary_fields(self) -> JsonObject:
         """What a run's summary shows of this design beyond the neighbours."""

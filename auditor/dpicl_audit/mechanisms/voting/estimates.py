@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
 
 import numpy as np
 
@@ -30,6 +29,7 @@ from dpicl_audit.errors import InvalidPlan
 from dpicl_audit.estimators.conformance import ConformanceTest, rate_tests, residual_tests
 from dpicl_audit.estimators.extra_fields import Dependence, dependence_test
 from dpicl_audit.estimators.label_release import label_release_epsilon, label_release_probabilities
+from dpicl_audit.jsontypes import JsonMapping, json_float, json_int, json_object
 from dpicl_audit.mechanisms.base import SettingRows
 from dpicl_audit.mechanisms.gaussian import GaussianFacts
 from dpicl_audit.mechanisms.trial_estimates import (
@@ -171,7 +171,7 @@ def _response_fields(rows: Sequence[TrialRecord]) -> Dependence | None:
     """The dependence test of the fields the trials logged beside their labels."""
     return dependence_test(
         [
-            (r.world, str(r.observation.get("label")), r.observation.get("fields") or {})
+            (r.world, str(r.observation.get("label")), json_object(r.observation.get("fields")))
             for r in rows
         ]
     )
@@ -192,7 +192,10 @@ def _noise_tests(
     labels = list(design.labels)
     try:
         values = np.array(
-            [[float(r.observation["noisy_votes"][lab]) for lab in labels] for r in noisy]
+            [
+                [json_float(json_object(r.observation["noisy_votes"])[lab]) for lab in labels]
+                for r in noisy
+            ]
         )
     except (KeyError, TypeError, ValueError):
         return []
@@ -202,7 +205,7 @@ def _noise_tests(
     return residual_tests(values - clean, sigma, groups=[r.context_id for r in noisy], names=labels)
 
 
-def _noise_check_test(check: Mapping[str, Any] | None) -> list[ConformanceTest]:
+def _noise_check_test(check: JsonMapping | None) -> list[ConformanceTest]:
     """A noise check that found less noise than claimed, as a (decided) conformance test."""
     if not check or check.get("status") != "smaller":
         return []
@@ -211,8 +214,8 @@ def _noise_check_test(check: Mapping[str, Any] | None) -> list[ConformanceTest]:
             "noise scale",
             "noise_check",
             0.0,
-            float(check.get("sigma_upper") or 0.0),
-            int(check.get("n_residuals") or check.get("df") or 0),
+            json_float(check.get("sigma_upper") or 0.0),
+            json_int(check.get("n_residuals") or check.get("df") or 0),
             str(check.get("message")),
         )
     ]

@@ -30,7 +30,7 @@ split between worlds by the generic pipeline (the trial is :mod:`.audit`'s).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, get_args
 
@@ -40,7 +40,7 @@ from dpicl_audit.catalog.attacks import RdpAttack
 from dpicl_audit.catalog.settings import PartitionedSettings
 from dpicl_audit.datasets import Example, LabelledDataset
 from dpicl_audit.errors import DatasetError
-from dpicl_audit.jsontypes import JsonMapping, JsonObject
+from dpicl_audit.jsontypes import JsonMapping, JsonObject, JsonValue, json_float, json_object
 from dpicl_audit.mechanisms.neighbours import (
     STREAM_DESIGN,
     NeighbourPair,
@@ -81,8 +81,9 @@ class RdpDesign(NeighbourPair):
     def query_of(self, index: int) -> str:
         return self.queries[index % len(self.queries)]
 
-    def clean_vector(self, votes: Mapping[str, float]) -> list[float]:
-        return [float(votes.get(lab, 0.0)) for lab in self.labels]
+    def clean_vector(self, votes: JsonValue) -> list[float]:
+        logged = json_object(votes)  # a trial's clean votes as logged
+        return [json_float(logged.get(lab, 0.0)) for lab in self.labels]
 
     def summary_fields(self) -> JsonObject:
         """What a run's summary shows of this design beyond the neighbours."""
