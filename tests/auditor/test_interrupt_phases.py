@@ -2,10 +2,12 @@
 contexts being made, a trial's query, the estimates, each probe from outside while its
 first request is in flight) must end ``run_async`` with exit status 130 and the one line
 saying how to resume, the run marked interrupted with every trial done so far kept, and
-nothing left running ("Task exception was never retrieved"); a bootstrap's clean rows and a
-resumed run alike. A second SIGINT during that clean-up stops it too. The signal is the real one (``signal.raise_signal``), handled by
-asyncio's own handler as a terminal's Ctrl-C is; the server is real (uvicorn in a thread),
-so a cancelled request is cancelled on a socket, not inside the server's code."""
+nothing left running ("Task exception was never retrieved"); a bootstrap's clean rows and
+a resumed run alike. A second SIGINT during that clean-up stops it too; one before the run
+is in the log names nothing to resume. The signal is the real one
+(``signal.raise_signal``), handled by asyncio's own handler as a terminal's Ctrl-C is; the
+server is real (uvicorn in a thread), so a cancelled request is cancelled on a socket, not
+inside the server's code."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import httpx
 import pytest
 import typer
 
-from dpicl_audit.cli.common import run_async
+from dpicl_audit.cli.common import once_logged, run_async
 from dpicl_audit.pipeline import runner as runner_module
 from dpicl_audit.pipeline.estimation import estimate_run
 from dpicl_audit.pipeline.run import bootstrap_audit, resume_audit, run_audit
@@ -119,22 +121,28 @@ def _during_probe(monkeypatch: pytest.MonkeyPatch, name: str) -> Callable[[httpx
     return lambda request: inside[0]
 
 
+RESUME = f"interrupted; the trials done so far are in the log; resume with: {HINT}"
+
+
 def _interrupt(
     start: Coroutine[Any, Any, Any],
     tmp_path: Path,
     trigger: Trigger,
     capsys: pytest.CaptureFixture[str],
     caplog: pytest.LogCaptureFixture,
+    *,
+    hint: Callable[[], str | None],
+    line: str = RESUME,
 ) -> None:
     """Run ``start`` (an audit) to its interruption; check the exit and the one line."""
     caplog.set_level(logging.ERROR, logger="asyncio")
     with pytest.raises(typer.Exit) as stopped:
-        run_async(start, resume_hint=HINT)
+        run_async(start, resume_hint=hint)
     gc.collect()  # a task dropped with its exception unread says so when it is collected
     assert trigger.fired, "the interruption's moment never came"
     assert stopped.value.exit_code == 130
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert err == [f"interrupted; the trials done so far are in the log; resume with: {HINT}"]
+    assert err == [line]
     assert not caplog.records, [r.getMessage() for r in caplog.records]
     assert not list((tmp_path / "runs").glob("*/results.json"))
 
@@ -193,7 +201,7 @@ def test_ctrl_c_at_each_step_stops_the_run(
         trigger = Trigger(_during_probe(monkeypatch, moment))
     _arm(monkeypatch, trigger)
     start = run_audit(plan, db=db, run_id=run_id, out_dir=tmp_path / "runs", progress=False)
-    _interrupt(start, tmp_path, trigger, capsys, caplog)
+    _interrupt(start, tmp_path, trigger, capsys, caplog, hint=once_logged(db, run_id, HINT))
     logged = _logged(db, run_id)
     if moment == "first context":
         assert logged == 0
@@ -220,7 +228,7 @@ def test_ctrl_c_stops_a_bootstrap_and_a_resume(
     _arm(monkeypatch, trigger)
     out = tmp_path / "runs"
     start = bootstrap_audit(plan, db=db, run_id=run_id, out_dir=out, progress=False)
-    _interrupt(start, tmp_path, trigger, capsys, caplog)
+    _interrupt(start, tmp_path, trigger, capsys, caplog, hint=once_logged(db, run_id, HINT))
     first = _logged(db, run_id)
     assert 0 < first < 2 * 40
 
@@ -229,7 +237,7 @@ def test_ctrl_c_stops_a_bootstrap_and_a_resume(
     resumed = resume_audit(
         run_id, admin_token=ADMIN, api_key=USER, db=db, out_dir=out, progress=False
     )
-    _interrupt(resumed, tmp_path, trigger, capsys, caplog)
+    _interrupt(resumed, tmp_path, trigger, capsys, caplog, hint=once_logged(db, run_id, HINT))
     assert first < _logged(db, run_id) < 2 * 40
 
 
@@ -257,6 +265,27 @@ def test_a_second_ctrl_c_during_the_clean_up_stops_it_too(
 
     monkeypatch.setattr(TrialExecutor, "flush", flushing)
     start = run_audit(plan, db=db, run_id=run_id, out_dir=tmp_path / "runs", progress=False)
-    _interrupt(start, tmp_path, trigger, capsys, caplog)
+    _interrupt(start, tmp_path, trigger, capsys, caplog, hint=once_logged(db, run_id, HINT))
     assert again[0] == 1
     assert _logged(db, run_id) > 0
+
+
+@pytest.mark.usefixtures("ctrl_c_delivered")
+def test_ctrl_c_before_the_run_began_has_nothing_to_resume(
+    server: ThreadServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Interrupted while the server's health is read (before the run is in the log): no
+    command to resume a run that is not there (`resume` would answer "no run")."""
+    run_id, db, plan = _new_run(server, tmp_path)
+    trigger = Trigger(lambda request: request.url.path == "/healthz")
+    _arm(monkeypatch, trigger)
+    start = run_audit(plan, db=db, run_id=run_id, out_dir=tmp_path / "runs", progress=False)
+    nothing = "interrupted before the run began: nothing was logged, nothing to resume"
+    _interrupt(
+        start, tmp_path, trigger, capsys, caplog, hint=once_logged(db, run_id, HINT), line=nothing
+    )
+    assert not (tmp_path / "audit.db").exists()
