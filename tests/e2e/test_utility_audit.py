@@ -32,6 +32,7 @@ from typer.testing import CliRunner
 
 from dpicl_audit.cli import app
 from tests.servers import ADMIN, ROOT, USER, oracle_server_env
+from tests.signals import ctrl_c_reaches
 
 pytestmark = pytest.mark.slow
 
@@ -124,10 +125,14 @@ def test_utility_interrupted_killed_resumed_and_checked(start_server: Any, tmp_p
             stderr=subprocess.STDOUT,
             text=True,
             cwd=ROOT,
+            # Its Ctrl-C reaches it even where this process ignores SIGINT (tests.signals):
+            # a run that never saw it finished and exited 0 in CI once.
+            preexec_fn=ctrl_c_reaches,
         )
 
-    # One in flight: a loaded machine must not finish the run before the test's Ctrl-C (at
-    # two in flight it did once in CI, exit 0).
+    # One in flight, so that the run is still asking when the Ctrl-C comes. (Its exit 0 once
+    # in CI, at two in flight, was the Ctrl-C ignored, not the run's speed: _stop_when fails
+    # on a run that ends before its signal.)
     first = spawn(*GRID, "--queries", str(QUERIES), "--run-id", run_id, "--concurrency", "1")
     out = _stop_when(first, lambda: _logged(db_file, run_id) >= 40, signal.SIGINT)
     assert first.returncode == 130, out

@@ -16,6 +16,7 @@ from dpicl_audit.cli.common import (
     err_console,
     exit_on_verdict,
     guard,
+    once_logged,
     out_console,
     print_verdict,
     resume_command,
@@ -72,7 +73,7 @@ def _audit(kind: str, values: Mapping[str, Any]) -> None:
     rid = values["run_id"] or new_run_id()
     results = run_async(
         fn(audit_plan, db=db, run_id=rid, out_dir=out, progress=progress, console=err_console),
-        resume_hint=resume_command(rid, db),
+        resume_hint=once_logged(db, rid, resume_command(rid, db)),
     )
     runs = [results]
     companion = guard(lambda: companion_plan(values["profile"], kind, audit_plan))

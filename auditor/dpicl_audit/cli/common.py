@@ -40,6 +40,7 @@ __all__ = [
     "exit_on_verdict",
     "guard",
     "load_results",
+    "once_logged",
     "out_console",
     "print_verdict",
     "require_log",
@@ -205,7 +206,39 @@ def resume_command(run_id: str, db: str) -> str:
     )
 
 
-def run_async(coro: Coroutine[Any, Any, T], resume_hint: str | None = None) -> T:
+#: How to continue a command's run: the command line, or a function of the moment that gives
+#: it (:func:`once_logged`), or None where there is none.
+ResumeHint = str | Callable[[], str | None] | None
+
+
+def once_logged(db: str, run_id: str, hint: str) -> Callable[[], str | None]:
+    """``hint`` where the trial log at ``db`` has the run ``run_id``, else None: a Ctrl-C
+    before the run began (its server's health read, its design built, a dataset downloaded)
+    left nothing to resume. Where the log cannot be read, ``hint``."""
+
+    def hint_now() -> str | None:
+        from dpicl_audit.errors import RunNotFound
+        from dpicl_audit.store import TrialStore
+        from dpicl_audit.store.db import sqlite_file_missing
+
+        try:
+            if sqlite_file_missing(db) is not None:
+                return None
+            store = TrialStore(db)
+            try:
+                store.get_run(run_id)
+            finally:
+                store.dispose()
+        except RunNotFound:
+            return None
+        except Exception:  # an unreadable log: the hint, as the one way on
+            return hint
+        return hint
+
+    return hint_now
+
+
+def run_async(coro: Coroutine[Any, Any, T], resume_hint: ResumeHint = None) -> T:
     """Run the command's coroutine. Ctrl-C ends it with one line (how to resume, when there
     is something to resume) and exit status 130, not a traceback."""
     try:
@@ -214,11 +247,20 @@ def run_async(coro: Coroutine[Any, Any, T], resume_hint: str | None = None) -> T
         err_console.print(f"[bold red]error:[/bold red] {exc}")
         raise typer.Exit(1) from exc
     except KeyboardInterrupt:
-        line = "interrupted; the trials done so far are in the log"
-        if resume_hint:
-            line += f"; resume with: {resume_hint}"
-        err_console.print(line, soft_wrap=True, highlight=False)
+        err_console.print(_interrupted(resume_hint), soft_wrap=True, highlight=False)
         raise typer.Exit(130) from None
+
+
+def _interrupted(resume_hint: ResumeHint) -> str:
+    """The one line a Ctrl-C prints."""
+    if callable(resume_hint):
+        resume_hint = resume_hint()
+        if resume_hint is None:
+            return "interrupted before the run began: nothing was logged, nothing to resume"
+    line = "interrupted; the trials done so far are in the log"
+    if resume_hint:
+        line += f"; resume with: {resume_hint}"
+    return line
 
 
 def guard(fn: Callable[[], T]) -> T:

@@ -26,6 +26,7 @@ from dpicl_audit.cli.common import (
     app,
     err_console,
     guard,
+    once_logged,
     out_console,
     run_async,
 )
@@ -218,8 +219,8 @@ def utility(
         results = run_async(
             run_utility(plan, store=store, run_id=rid, console=err_console, progress=progress,
                         resume=resume is not None, overrides=credentials),
-            resume_hint=f"dpicl-audit utility --resume {rid}"
-            + ("" if db == DEFAULT_DB else f" --db {db}"),
+            resume_hint=once_logged(db, rid, f"dpicl-audit utility --resume {rid}"
+                                    + ("" if db == DEFAULT_DB else f" --db {db}")),
         )  # fmt: skip
     finally:
         store.dispose()
