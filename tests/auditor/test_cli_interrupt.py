@@ -33,10 +33,15 @@ PROBES_BEGUN = "POST /v1/chat/completions"
 
 
 @pytest.mark.skipif(_server_missing() is not None, reason=str(_server_missing()))
-@pytest.mark.parametrize("moment", ["trials", "probes"])
+@pytest.mark.parametrize(
+    ("moment", "sig"),
+    [("trials", signal.SIGINT), ("probes", signal.SIGINT), ("trials", signal.SIGTERM)],
+    ids=["ctrl-c-trials", "ctrl-c-probes", "sigterm-trials"],
+)
 def test_ctrl_c_stops_cleanly_and_says_how_to_resume(
-    start_server: Callable[..., object], tmp_path: Path, moment: str
+    start_server: Callable[..., object], tmp_path: Path, moment: str, sig: signal.Signals
 ) -> None:
+    """SIGTERM (a CI job's timeout, ``docker stop``) stops a run as Ctrl-C does, exit 143."""
     requests = tmp_path / "requests.log"
     srv = start_server(
         {
@@ -77,13 +82,13 @@ def test_ctrl_c_stops_cleanly_and_says_how_to_resume(
         assert proc.poll() is None, ("finished before its Ctrl-C", *proc.communicate())
         assert time.monotonic() < deadline, f"the {moment} did not begin in 120 s"
         time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, (out, err)
+    assert proc.returncode == 128 + sig, (out, err)
     assert "Traceback" not in err and "never retrieved" not in err, err
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1, err
-    assert lines[0].startswith("interrupted")
+    assert lines[0].startswith("interrupted" if sig == signal.SIGINT else "terminated")
     assert f"resume with: dpicl-audit resume ctrl-c --db {db}" in lines[0]
     assert not (tmp_path / "runs" / "ctrl-c" / "results.json").exists()
     logged = _count(db_file, "ctrl-c")[1]

@@ -6,8 +6,10 @@ import asyncio
 import json
 import os
 import shlex
+import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -240,15 +242,40 @@ def once_logged(db: str, run_id: str, hint: str) -> Callable[[], str | None]:
 
 def run_async(coro: Coroutine[Any, Any, T], resume_hint: ResumeHint = None) -> T:
     """Run the command's coroutine. Ctrl-C ends it with one line (how to resume, when there
-    is something to resume) and exit status 130, not a traceback."""
+    is something to resume) and exit status 130, not a traceback; SIGTERM (a CI job's timeout,
+    ``docker stop``, ``kill``) stops it the same way, the trials done kept, with exit 143."""
+    terminated = False
+
+    async def main() -> T:
+        # asyncio turns only SIGINT into a clean cancellation of the command; SIGTERM's
+        # default would kill the process with the batch of trials in flight unlogged and the
+        # run left "running".
+        task = asyncio.current_task()
+        assert task is not None
+
+        def on_sigterm() -> None:
+            nonlocal terminated
+            terminated = True
+            task.cancel()
+
+        with suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, on_sigterm)
+        return await coro
+
     try:
-        return asyncio.run(coro)
+        return asyncio.run(main())
     except AuditError as exc:
         err_console.print(f"[bold red]error:[/bold red] {exc}")
         raise typer.Exit(1) from exc
     except KeyboardInterrupt:
         err_console.print(_interrupted(resume_hint), soft_wrap=True, highlight=False)
         raise typer.Exit(130) from None
+    except asyncio.CancelledError:
+        if not terminated:
+            raise
+        line = _interrupted(resume_hint).replace("interrupted", "terminated", 1)
+        err_console.print(line, soft_wrap=True, highlight=False)
+        raise typer.Exit(128 + signal.SIGTERM) from None
 
 
 def _interrupted(resume_hint: ResumeHint) -> str:
