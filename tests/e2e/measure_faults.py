@@ -111,7 +111,8 @@ def main() -> None:
     flags = json.loads(args.flags)
     for name in args.faults.split(","):
         fault = None if name == "honest" else name
-        got, walls = [], []
+        got: list[tuple[int, int, list[str], Any]] = []
+        walls: list[float] = []
         for i in range(args.reps):
             t0 = time.monotonic()
             got.append(asyncio.run(_one(fault, args.whitebox, flags, 1000 + i, args.strict)))
