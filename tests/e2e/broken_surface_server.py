@@ -357,9 +357,11 @@ CONTEXT_VERSION = Fault(
 )
 
 
-def unlimited_max_tokens(context: Any, max_tokens: int | None) -> int:
-    """The client's max_tokens as asked; the context's T_max only where none is sent."""
-    return int(context.mechanism["max_tokens"]) if max_tokens is None else max_tokens
+def unlimited_max_tokens(cal: Any, max_tokens: int | None) -> int:
+    """The client's max_tokens as asked; the context's T_max only where none is sent.
+    ``cal`` is the context's ``MozoCalibration``, as the honest ``_max_tokens`` takes it
+    (given the stored context instead, a request without max_tokens crashed with a 500)."""
+    return int(cal.max_tokens) if max_tokens is None else max_tokens
 
 
 MOZO_NO_TOKEN_LIMIT = Fault(

@@ -6,8 +6,9 @@ contexts refused) with the fault of ``tests/e2e/broken_realistic_server.py`` pat
 counts a run as flagged when its exit status would be 4 or 5 (NONCONFORMING, VIOLATION, BUG).
 The exit codes printed are the default gate's (INCONCLUSIVE passes as 0; ``--strict`` prints
 ``--strict``'s 3 instead); ``left`` counts the contexts the audits left on the server, and
-``needs`` the trials each figure without power asks for, ``tail probe answers`` what the
-voting noise's tail probe asked (``mechanisms/voting/tails.py``). Faults of
+``needs`` the trials each figure without power asks for, ``run i`` each audit's exit code
+and wall seconds as it ends (the summary their mean and median), ``tail probe answers``
+what the voting noise's tail probe asked (``mechanisms/voting/tails.py``). Faults of
 ``tests/e2e/broken_surface_server.py`` are known too, those that sit in front of the app
 (``leaky_field``, ``temperature_noise`` on the chat route, ``context_version``) with their
 ASGI wrapper (:data:`WRAPPERS`). The DPS-MOZO ones (``mozo_one_token``, ``mozo_no_token_limit``,
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -109,16 +111,20 @@ def main() -> None:
     flags = json.loads(args.flags)
     for name in args.faults.split(","):
         fault = None if name == "honest" else name
-        t0 = time.monotonic()
-        got = [
-            asyncio.run(_one(fault, args.whitebox, flags, 1000 + i, args.strict))
-            for i in range(args.reps)
-        ]
+        got: list[tuple[int, int, list[str], Any]] = []
+        walls: list[float] = []
+        for i in range(args.reps):
+            t0 = time.monotonic()
+            got.append(asyncio.run(_one(fault, args.whitebox, flags, 1000 + i, args.strict)))
+            walls.append(time.monotonic() - t0)
+            # Each run's exit code and wall time as it ends: a long series cut short still
+            # says what it measured.
+            print(f"  run {i}: exit {got[-1][0]}, {walls[-1]:.1f} s", flush=True)
         codes = [c for c, _, _, _ in got]
         flagged = sum(c in (4, 5) for c in codes)
         print(
             f"{name}: flagged {flagged}/{args.reps} (exit codes {codes}), "
-            f"{(time.monotonic() - t0) / args.reps:.1f} s per audit, "
+            f"{sum(walls) / args.reps:.1f} s per audit (median {statistics.median(walls):.1f} s), "
             f"left {[n for _, n, _, _ in got]}, needs {[w for _, _, w, _ in got]}, "
             f"tail probe answers {[t for _, _, _, t in got]}",
             flush=True,
