@@ -152,7 +152,7 @@ def test_the_default_audit_against_production_spreads_pure_dp_answers_over_slots
 ) -> None:
     """``dpicl-audit run --mechanism laplace-voting`` and nothing else, against a server in
     production configuration (white-box off, unbudgeted contexts refused). One budget of at
-    most 1000 holds about 38 pure 8-DP answers as the plug-in composes them (mu-GDP of
+    most 1000 holds 35 pure 8-DP answers as the plug-in composes them (mu-GDP of
     pure DP, Dong, Roth and Su 2022, Cor. 2.13), not the ~500 trials a world has: each
     world's trials are spread over identical budgeted contexts (before issue 44's fix the run
     refused to start, exit 1). The honest plug-in exits 0; its twin (Lap(b/4)) a VIOLATION:
