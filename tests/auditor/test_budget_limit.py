@@ -26,8 +26,11 @@ from dpicl_audit.estimators.composition import (
     answers_in_budget,
     answers_within_budget,
     budget_for,
+    most_that_fit,
+    planned_queries,
+    trials_held,
 )
-from dpicl_audit.mechanisms.voting.audit import VOTING
+from dpicl_audit.mechanisms.voting.audit import VOTING, VotingAudit
 from dpicl_audit.pipeline.run import bootstrap_audit, resume_audit, run_audit
 from dpicl_audit.pipeline.session import with_budget_limit
 from dpicl_audit.plan import AuditPlan
@@ -148,6 +151,61 @@ def test_capacity_counts_a_bootstraps_clean_rows() -> None:
     assert VOTING.context_budget(low, 8.0, 1) is not None
     two = _plan(**{"bootstrap.n_llm": 31})
     assert [clean_rows(two, k) for k in (0, 1)] == [16, 15]
+
+
+def test_most_that_fit_finds_the_boundary_in_few_calls() -> None:
+    for n in (0, 1, 2, 3, 7, 8, 1000, 596, 81829, 2**40 + 5):
+        asked: list[int] = []
+
+        def fits(m: int, n: int = n, asked: list[int] = asked) -> bool:
+            asked.append(m)
+            return m <= n
+
+        assert most_that_fit(fits) == min(n, 2**40), n
+        assert len(asked) <= 2 * max(n, 1).bit_length() + 2, (n, len(asked))
+
+
+def test_the_gaussian_capacity_is_the_mu_gdp_count_as_before() -> None:
+    """The generic search over a mechanism's own budgets (answers_held) gives the Gaussian
+    mechanisms exactly the closed form's count, so their slots and budgets are unchanged."""
+    for limit in (None, LIMIT, 5.0):
+        plan = _at(_plan(), limit)
+        for eps in (0.5, 1.0, 4.0, 8.0, 16.0):
+            got = VOTING.answers_held(plan, eps)
+            assert got == answers_in_budget(eps, 1e-5, budget_limit(plan)), (limit, eps)
+
+
+class _PureBasic(VotingAudit):
+    """A mechanism from outside whose answers compose as pure epsilon-DP answers add up
+    (answers x epsilon): it overrides only answers_budget, nothing of the budgets code."""
+
+    def answers_budget(
+        self, plan: AuditPlan, epsilon: float, answers: int
+    ) -> dict[str, float] | None:
+        total = answers * epsilon
+        return None if total > budget_limit(plan) else {"epsilon": total, "delta": 1e-5}
+
+
+def test_a_mechanism_with_its_own_composition_gets_slots_and_a_retry_margin() -> None:
+    """At the server's default limit (1000) a world's 500 trials at epsilon 8 fit one
+    Gaussian budget but not 8 x 500 of basic composition: the mechanism's own count (125
+    answers) sizes its contexts, every one budgeted within the limit with the retry margin,
+    and the world's trials are spread over several slots."""
+    pure = _PureBasic()
+    plan = _plan(trials=1000)
+    assert VOTING.queries_per_context(plan) is None  # mu-GDP: one pair per epsilon
+    assert pure.answers_held(plan, 8.0) == 125 and pure.answers_held(plan, 4.0) == 250
+    cap = pure.queries_per_context(plan)
+    assert cap == trials_held(125) and planned_queries(cap) <= 125
+    for k, eps in enumerate(plan.mechanism.epsilons):
+        worlds = trial_worlds(plan.seed, k, plan.trials)
+        slots = context_slots(worlds, cap)
+        for world in (1, 0):
+            answers = pure.planned_answers(plan, eps, world)
+            assert answers == planned_queries(cap), (eps, world)
+            budget = pure.context_budget(plan, eps, world)
+            assert budget is not None and answers * eps <= budget["epsilon"] <= 1000.0
+            assert len({s for s, w in zip(slots, worlds, strict=True) if w == world}) >= 4
 
 
 # ------------------------------------------------------------------ against a deployed server

@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 
+from dpicl_audit.store import TrialStore
 from tests.conftest import ADMIN, USER
 from tests.servers import ROOT
 
@@ -60,7 +61,11 @@ def _env(site: Path) -> dict[str, str]:
     return {"PYTHONPATH": f"{site}{os.pathsep}{path}" if path else str(site)}
 
 
-def _audit(srv_url: str, site: Path, tmp_path: Path, name: str) -> tuple[int, dict[str, Any]]:
+def _audit(
+    srv_url: str, site: Path, tmp_path: Path, name: str, args: list[str] | None = None
+) -> tuple[int, dict[str, Any]]:
+    """``dpicl-audit run`` of the plug-in: ``args`` (default: white-box at epsilon 0.5 and 1,
+    1,000 trials, the paper's design) after ``--mechanism laplace-voting``."""
     env = (
         os.environ
         | _env(site)
@@ -71,9 +76,13 @@ def _audit(srv_url: str, site: Path, tmp_path: Path, name: str) -> tuple[int, di
             "COLUMNS": "200",
         }
     )
+    if args is None:
+        # The paper's design, where the figures of the module docstring were measured (the
+        # default on a simulator is pivotal since the plug-in declares the pinned designs).
+        args = ["--threat-model", "white-box", "--epsilons", "0.5,1", "--trials", "1000"]
+        args += ["--design", "paper"]
     args = [
-        "run", "--mechanism", "laplace-voting", "--threat-model", "white-box",
-        "--epsilons", "0.5,1", "--trials", "1000", "--url", srv_url,
+        "run", "--mechanism", "laplace-voting", *args, "--url", srv_url,
         "--out", str(tmp_path / f"runs-{name}"), "--no-progress", "--json",
     ]  # fmt: skip
     proc = subprocess.run(
@@ -83,10 +92,12 @@ def _audit(srv_url: str, site: Path, tmp_path: Path, name: str) -> tuple[int, di
     return proc.returncode, json.loads(proc.stdout)
 
 
-def _server_env(site: Path, tmp_path: Path, name: str) -> dict[str, str]:
+def _server_env(
+    site: Path, tmp_path: Path, name: str, whitebox: str = "internal"
+) -> dict[str, str]:
     return _env(site) | {
         "DPICL_ENGINE": "oracle",
-        "DPICL_WHITEBOX": "internal",
+        "DPICL_WHITEBOX": whitebox,
         "DPICL_ALLOW_UNBUDGETED": "false",
         "DPICL_DATABASE_URL": f"sqlite:///{tmp_path}/server-{name}.db",
     }
@@ -132,3 +143,35 @@ def test_the_broken_twin_is_flagged(start_server: Any, plugin_site: Path, tmp_pa
     print(summary)
     assert code == 5, f"exit {code}: {summary}"
     assert "violation" in {status for *_, status in summary}, summary
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("fault", [None, "tests.e2e.broken_laplace_server"])
+def test_the_default_audit_against_production_spreads_pure_dp_answers_over_slots(
+    start_server: Any, plugin_site: Path, tmp_path: Path, fault: str | None
+) -> None:
+    """``dpicl-audit run --mechanism laplace-voting`` and nothing else, against a server in
+    production configuration (white-box off, unbudgeted contexts refused). One budget of at
+    most 1000 holds 35 pure 8-DP answers as the plug-in composes them (mu-GDP of
+    pure DP, Dong, Roth and Su 2022, Cor. 2.13), not the ~500 trials a world has: each
+    world's trials are spread over identical budgeted contexts (before issue 44's fix the run
+    refused to start, exit 1). The honest plug-in exits 0; its twin (Lap(b/4)) a VIOLATION:
+    its pivotal black-box bounds were 2.2 at epsilon 1 and 4.2 at epsilon 2 (claims 1, 2),
+    the honest server's 0.38 and 1.08 (one run each here; 27 s an audit on 2 cores)."""
+    name = "broken" if fault else "honest"
+    srv = start_server(_server_env(plugin_site, tmp_path, name, whitebox="off"), fault=fault)
+    code, results = _audit(srv.url, plugin_site, tmp_path, name, args=[])
+    statuses = [s["black_box"]["verdict"]["status"] for s in results["settings"]]
+    print(code, statuses)
+    assert results["plan"]["mechanism"]["epsilons"] == [1.0, 2.0, 4.0, 8.0]
+    assert code in ((4, 5) if fault else (0,)), f"exit {code}: {statuses}"
+    store = TrialStore(f"sqlite:///{tmp_path}/audit-{name}.db")
+    try:
+        keys = set(store.contexts(results["run_id"]))
+    finally:
+        store.dispose()
+    for eps in results["plan"]["mechanism"]["epsilons"]:
+        setting = f"eps={eps:g}"
+        for world in (1, 0):
+            slots = {s for s, w in keys if w == world and s.split("#")[0] == setting}
+            assert len(slots) >= 5, (setting, world, sorted(slots))

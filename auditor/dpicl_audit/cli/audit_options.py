@@ -127,7 +127,7 @@ def audit_flags() -> list[Flag]:
             "design",
             VotingDesign | None,
             "design",
-            "Voting or ESA inquery design (auto: "
+            "Inquery design of voting, ESA or a mechanism that declares them (auto: "
             "pivotal on a simulator, identical on a real engine).",
         ),
     ]

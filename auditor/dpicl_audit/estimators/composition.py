@@ -9,23 +9,32 @@ server: a Gaussian mechanism whose exact curve meets its claim (epsilon, delta) 
 (Dong, Roth and Su 2019, Cor. 3.3), so the budget ``(gdp_epsilon(sqrt(q) mu_claim, delta),
 delta)`` holds ``q`` answers whatever calibration the server uses (:func:`budget_for`). The
 planned ``q`` has a margin for retried queries.
+
+How many trials one context is planned for (:func:`trials_held`) and how many answers it is
+budgeted for (:func:`answers_for_trials`) depend only on how many answers one budget holds;
+for a mechanism that composes its answers otherwise (a pure-DP mechanism from outside), that
+number is found by :func:`most_that_fit` over its own budgets.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from dpicl_audit.estimators.gdp import gdp_epsilon, gdp_mu
 
 __all__ = [
     "MAX_BUDGET_EPSILON",
     "RETRY_MARGIN",
+    "answers_for_trials",
     "answers_in_budget",
     "answers_within_budget",
     "budget_for",
     "budgeted_answers",
     "composed_epsilon",
+    "most_that_fit",
     "planned_queries",
+    "trials_held",
 ]
 
 #: The largest budget epsilon any dpicl server takes (DPICL_MAX_BUDGET_EPSILON is at most
@@ -38,6 +47,9 @@ MAX_BUDGET_EPSILON = 1000.0
 #: Planned queries are multiplied by this and given a few more: retries after lost answers.
 RETRY_MARGIN = 1.05
 _RETRY_EXTRA = 8
+#: :func:`most_that_fit` stops counting here: a budget that holds this many answers holds
+#: more than any plan asks of one context.
+_MOST_COUNTED = 2**40
 
 
 def composed_epsilon(mu: float, answers: int, delta: float) -> float:
@@ -85,15 +97,32 @@ def answers_in_budget(epsilon: float, delta: float, limit: float = MAX_BUDGET_EP
     return fit
 
 
-def answers_within_budget(epsilon: float, delta: float, limit: float = MAX_BUDGET_EPSILON) -> int:
-    """The most trials one context can be planned for (retry margin included) with a budget
-    of at most ``limit``, at (epsilon, delta) per answer.
+def most_that_fit(fits: Callable[[int], bool]) -> int:
+    """The largest ``n >= 0`` with ``fits(n)`` (0: not even one), for ``fits`` true up to
+    some ``n`` and false beyond (a budget that holds ``n`` answers holds fewer), counted up
+    to :data:`_MOST_COUNTED`. Doubling, then bisection: about 2 log2(n) calls."""
 
-    Where the budget holds fewer answers than one trial's margin (a server whose limit is low
-    for this epsilon), half of what it holds (at least 1): such a context is budgeted for all
-    it holds (:func:`budgeted_answers`), the other half for retries."""
+    if not fits(1):
+        return 0
+    low, high = 1, 2  # fits(low); high is tried next
+    while high <= _MOST_COUNTED and fits(high):
+        low, high = high, 2 * high
+    if high > _MOST_COUNTED:
+        return _MOST_COUNTED
+    while high - low > 1:  # fits(low), not fits(high)
+        mid = (low + high) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid)
+    return low
 
-    fit = answers_in_budget(epsilon, delta, limit)
+
+def trials_held(fit: int) -> int:
+    """The most trials one context can be planned for (retry margin included) where one
+    budget holds ``fit`` answers.
+
+    Where that is fewer answers than one trial's margin (a server whose limit is low for
+    this epsilon), half of what it holds (at least 1): such a context is budgeted for all it
+    holds (:func:`answers_for_trials`), the other half for retries."""
+
     n = max(1, math.floor((fit - _RETRY_EXTRA) / RETRY_MARGIN) - 1)
     while n > 1 and planned_queries(n) > fit:
         n -= 1
@@ -102,13 +131,26 @@ def answers_within_budget(epsilon: float, delta: float, limit: float = MAX_BUDGE
     return n
 
 
+def answers_for_trials(trials: int, fit: int) -> int:
+    """The answers a context planned for ``trials`` trials is budgeted for, where one budget
+    holds ``fit`` answers: the trials with the retry margin (:func:`planned_queries`), or
+    ``fit`` where the whole margin does not fit but the trials do."""
+
+    answers = planned_queries(trials)
+    return fit if trials <= fit < answers else answers
+
+
+def answers_within_budget(epsilon: float, delta: float, limit: float = MAX_BUDGET_EPSILON) -> int:
+    """:func:`trials_held` for answers at (epsilon, delta) composed as mu-GDP within a budget
+    of at most ``limit``."""
+
+    return trials_held(answers_in_budget(epsilon, delta, limit))
+
+
 def budgeted_answers(
     epsilon: float, delta: float, trials: int, limit: float = MAX_BUDGET_EPSILON
 ) -> int:
-    """The answers a context planned for ``trials`` trials is budgeted for: the trials with
-    the retry margin (:func:`planned_queries`), or as many as a budget within ``limit``
-    holds where the whole margin does not fit but the trials do."""
+    """:func:`answers_for_trials` for answers at (epsilon, delta) composed as mu-GDP within a
+    budget of at most ``limit``."""
 
-    answers = planned_queries(trials)
-    fit = answers_in_budget(epsilon, delta, limit)
-    return fit if trials <= fit < answers else answers
+    return answers_for_trials(trials, answers_in_budget(epsilon, delta, limit))

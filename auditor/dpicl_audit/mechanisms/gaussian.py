@@ -6,7 +6,7 @@ setting's claims (epsilon_theory, sigma, the server's exact epsilon) and facts
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -15,7 +15,7 @@ from dpicl_audit.claims import SettingClaims, number, sigma_of
 from dpicl_audit.client import ContextBody
 from dpicl_audit.context_info import ContextInfo
 from dpicl_audit.errors import TargetProtocolError
-from dpicl_audit.estimators.composition import answers_in_budget, budget_for
+from dpicl_audit.estimators.composition import budget_for, most_that_fit
 from dpicl_audit.jsontypes import JsonObject, JsonValue
 from dpicl_audit.mechanisms.base import MechanismAudit, exemplar_dicts
 from dpicl_audit.plan import AuditPlan
@@ -117,11 +117,11 @@ class GaussianMechanismAudit(MechanismAudit):
         check_partition_seed(info, design)
 
     def ingredients(self, design: Any, plan: AuditPlan) -> Ingredients:
-        """Contexts held by budgets composed as mu-GDP answers (:meth:`answers_budget`), the
-        claim read as a setting's own claim check reads it (the calibration scan), and the
-        design's query (the ledger's and the parameters' probes ask the membership one)."""
+        """Contexts held by budgets composed as its answers compose (:meth:`answers_budget`,
+        :meth:`answers_held`: mu-GDP for the Gaussian mechanism), the claim read as a
+        setting's own claim check reads it (the calibration scan), and the design's query
+        (the ledger's and the parameters' probes ask the membership one)."""
         kit = super().ingredients(design, plan)
-        delta, limit = plan.mechanism.delta, kit.limit
 
         def hold(body: ContextBody, epsilon: float, answers: int) -> ContextBody | None:
             budget = self.answers_budget(plan, epsilon, answers)
@@ -136,7 +136,7 @@ class GaussianMechanismAudit(MechanismAudit):
             kit,
             hold=hold,
             claim=claim,
-            capacity=lambda epsilon: answers_in_budget(epsilon, delta, limit),
+            capacity=lambda epsilon: self.answers_held(plan, epsilon),
             query=getattr(design, "query", None),
             membership=getattr(design, "attack", None) == "inquery",
             gaussian=True,
@@ -148,8 +148,16 @@ class GaussianMechanismAudit(MechanismAudit):
     ) -> dict[str, float] | None:
         """A budget that holds ``answers`` answers at ``epsilon`` as this mechanism's
         answers compose (mu-GDP for the Gaussian mechanism); None beyond the server's
-        published limit. A mechanism that composes otherwise overrides it."""
+        published limit. A mechanism that composes otherwise overrides it, and how many
+        answers one context holds (:meth:`answers_held`), so how its trials are spread over
+        contexts and the retry margin, follow."""
         return budget_for(epsilon, plan.mechanism.delta, answers, budget_limit(plan))
+
+    def answers_held(self, plan: AuditPlan, epsilon: float) -> int:
+        """The most answers at ``epsilon`` one context's budget holds: the largest count
+        :meth:`answers_budget` gives a budget for (for the Gaussian composition, exactly
+        composition.answers_in_budget)."""
+        return most_that_fit(lambda n: self.answers_budget(plan, epsilon, n) is not None)
 
     def check_pair(self, setting: str, c1: ContextRecord, c0: ContextRecord) -> None:
         s1, s0 = sigma_of(c1.info), sigma_of(c0.info)
@@ -186,23 +194,26 @@ class GaussianMechanismAudit(MechanismAudit):
     def context_budget(
         self, plan: AuditPlan, epsilon: float, world: int
     ) -> dict[str, float] | None:
-        """The ``budget`` of a context: the planned answers composed as mu-GDP answers (the
-        Gaussian mechanism's own composition); None (unbudgeted) past the largest budget the
-        server takes (budgets.budget_limit)."""
+        """The ``budget`` of a context: the planned answers composed as this mechanism's
+        answers compose (:meth:`answers_budget`); None (unbudgeted) past the largest budget
+        the server takes (budgets.budget_limit)."""
         answers = self.planned_answers(plan, epsilon, world)
-        return budget_for(epsilon, plan.mechanism.delta, answers, budget_limit(plan))
+        return self.answers_budget(plan, epsilon, answers)
 
     def planned_answers(self, plan: AuditPlan, epsilon: float, world: int) -> int:
         """The answers one context of ``world`` at ``epsilon`` is budgeted for."""
 
-        return planned_answers(plan, epsilon, world, self.queries_per_context(plan))
+        per_context = self.queries_per_context(plan)
+        return planned_answers(plan, epsilon, world, per_context, self._held(plan))
 
-    @staticmethod
-    def context_capacity(plan: AuditPlan) -> int | None:
+    def context_capacity(self, plan: AuditPlan) -> int | None:
         """Trials per context where a world's need more than one budget (within the server's
-        limit) holds."""
+        limit, as this mechanism's answers compose) holds."""
 
-        return context_capacity(plan)
+        return context_capacity(plan, self._held(plan))
+
+    def _held(self, plan: AuditPlan) -> Callable[[float], int]:
+        return lambda epsilon: self.answers_held(plan, epsilon)
 
     @staticmethod
     def neighbour_summary(design: Any) -> JsonObject:

@@ -152,10 +152,12 @@ def pair_from_json(data: Mapping[str, Any]) -> dict[str, Any]:
 def resolve_design(plan: AuditPlan, *, simulator: bool | None) -> VotingDesign:
     """The design ``auto`` stands for: pivotal on a simulator, identical-text on a real
     engine (``simulator`` False or unknown), paper's for attacks and settings the pinned
-    designs do not cover (voting and ESA alike; ESA's in :mod:`.esa.build`)."""
+    designs do not cover (for every mechanism whose settings declare them,
+    ``inquery_designs``: voting, ESA, or one registered from outside; ESA's in
+    :mod:`.esa.build`)."""
     if plan.design != "auto":
         return plan.design
-    if plan.mechanism.name not in ("voting", "esa") or plan.attack != "inquery":
+    if not plan.mechanism.inquery_designs or plan.attack != "inquery":
         return "paper"
     if plan.setting != "audit-template":
         return "paper"

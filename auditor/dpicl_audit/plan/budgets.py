@@ -8,27 +8,37 @@ when it starts and stores it resolved in its plan (``target.max_budget_epsilon``
 = "auto"`` is stored resolved), so a resumed run plans the same contexts whatever the server
 says then; :func:`budget_limit` reads it back, 1000 for a plan without one (a run of an older
 auditor, or a server that publishes none).
+
+**The mechanism's composition.** How many answers one budget holds is the mechanism's own
+(``held``: answers at an epsilon within the limit, as its budgets compose them); the default
+is the Gaussian claim's mu-GDP composition (:func:`~dpicl_audit.estimators.composition.
+answers_in_budget`). A mechanism that composes otherwise (the Laplace voting of
+``examples/laplace_voting``, pure DP) passes its own, and its trials are spread over slots by
+the same rules.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from dpicl_audit.errors import TargetProtocolError
 from dpicl_audit.estimators.composition import (
     MAX_BUDGET_EPSILON,
-    answers_within_budget,
-    budgeted_answers,
+    answers_for_trials,
+    answers_in_budget,
+    trials_held,
 )
 from dpicl_audit.jsontypes import JsonMapping
 from dpicl_audit.plan.model import AuditPlan
 from dpicl_audit.plan.schedule import trial_worlds
 
 __all__ = [
+    "Held",
     "budget_limit",
     "clean_rows",
     "context_capacity",
+    "gaussian_held",
     "planned_answers",
     "published_budget_limit",
 ]
@@ -75,28 +85,45 @@ def _most_per_world(plan: AuditPlan, k: int) -> int:
     return max(int((w == 1).sum()), int((w == 0).sum()), clean_rows(plan, k))
 
 
-def planned_answers(plan: AuditPlan, epsilon: float, world: int, cap: int | None) -> int:
+#: The answers one budget within the plan's limit holds at an epsilon, as a mechanism's
+#: answers compose (module docstring).
+Held = Callable[[float], int]
+
+
+def gaussian_held(plan: AuditPlan) -> Held:
+    """Answers at an epsilon one budget within :func:`budget_limit` holds, composed as the
+    mu-GDP answers of a Gaussian claim at the plan's delta."""
+    delta, limit = plan.mechanism.delta, budget_limit(plan)
+    return lambda epsilon: answers_in_budget(epsilon, delta, limit)
+
+
+def planned_answers(
+    plan: AuditPlan, epsilon: float, world: int, cap: int | None, held: Held | None = None
+) -> int:
     """The answers one context of ``world`` at ``epsilon`` is budgeted for: its trials (or
     its bootstrap collection), capped by ``cap`` (the mechanism's queries per context, e.g.
     :func:`context_capacity`), with a retry margin (:func:`~dpicl_audit.estimators.
-    composition.budgeted_answers`: less of it where the server's limit holds no more)."""
+    composition.answers_for_trials`: less of it where one budget, ``held`` answers at
+    ``epsilon`` (default :func:`gaussian_held`), holds no more)."""
 
     eps = [float(e) for e in plan.mechanism.epsilons]
     k = eps.index(float(epsilon)) if float(epsilon) in eps else 0
     n = max(int((trial_worlds(plan.seed, k, plan.trials) == world).sum()), 1)
     need = max(n, clean_rows(plan, k))
     m = need if cap is None else min(need, cap)
-    return budgeted_answers(epsilon, plan.mechanism.delta, m, budget_limit(plan))
+    return answers_for_trials(m, (held or gaussian_held(plan))(epsilon))
 
 
-def context_capacity(plan: AuditPlan) -> int | None:
+def context_capacity(plan: AuditPlan, held: Held | None = None) -> int | None:
     """The trials (or clean rows) one context may be budgeted for within the largest budget
-    the server takes (:func:`budget_limit`, composition.answers_within_budget) at the plan's
-    largest epsilon, where some world's trials or a bootstrap's clean rows need more (None:
-    one context per world holds them all)."""
+    the server takes (:func:`budget_limit`; composition.trials_held of what one budget holds,
+    ``held``, default :func:`gaussian_held`) at the plan's most demanding epsilon, where
+    some world's trials or a bootstrap's clean rows need more (None: one context per world
+    holds them all)."""
 
-    cap = answers_within_budget(
-        max(plan.mechanism.epsilons), plan.mechanism.delta, budget_limit(plan)
-    )
+    count = held or gaussian_held(plan)
+    # The Gaussian composition holds fewest answers at the largest epsilon; a mechanism's
+    # own need not, so every epsilon is asked.
+    cap = trials_held(min(count(float(e)) for e in plan.mechanism.epsilons))
     most = max(_most_per_world(plan, k) for k in range(len(plan.mechanism.epsilons)))
     return None if most <= cap else cap

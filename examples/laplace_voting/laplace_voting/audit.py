@@ -169,11 +169,6 @@ class LaplaceVotingAudit(VotingAudit):
         observation["scale"] = scale
         return observation
 
-    def context_budget(
-        self, plan: AuditPlan, epsilon: float, world: int
-    ) -> dict[str, float] | None:
-        return self.answers_budget(plan, epsilon, self.planned_answers(plan, epsilon, world))
-
     def answers_budget(
         self, plan: AuditPlan, epsilon: float, answers: int
     ) -> dict[str, float] | None:
@@ -182,6 +177,8 @@ class LaplaceVotingAudit(VotingAudit):
         # (1 + e^eps)) (Dong, Roth and Su 2022, Corollary 2.13: epsilon-DP implies that
         # mu-GDP, exactly for randomized response), which is the looser of the two for few
         # answers. The budget is the larger, so neither accounting refuses a planned answer.
+        # How many answers one context holds, so how a world's trials are spread over
+        # identical contexts (slots), follows from this (GaussianMechanismAudit.answers_held).
         delta = plan.mechanism.delta
         mu = 2.0 * float(stats.norm.ppf(math.exp(epsilon) / (1.0 + math.exp(epsilon))))
         total = max(answers * epsilon, composed_epsilon(mu, answers, delta)) * (1.0 + 1e-6)

@@ -31,6 +31,9 @@ class LaplaceVotingSettings(PartitionedSettings):
 
     audit: ClassVar[str] = "laplace_voting.audit:LAPLACE_VOTING"
     attacks: ClassVar[tuple[str, ...]] = ("inquery", "brainwash")
+    #: Voting's pinned designs (the canary's partition decides): its audit builds and reads
+    #: them as voting's, and the default (``design = "auto"``) takes them.
+    inquery_designs: ClassVar[bool] = True
 
     name: Literal["laplace-voting"] = "laplace-voting"
 
