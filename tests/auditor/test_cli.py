@@ -351,7 +351,8 @@ def test_verify_prints_and_stores_its_tail_gap_run(
 def test_resume_hint_names_the_token_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     """The command printed after Ctrl-C works as printed (issue 39, item 13): tokens are never
     logged, so it names the variable resume reads the admin token from, never the token."""
-    from dpicl_audit.cli.common import ADMIN_TOKEN_VAR, resume_command
+    from dpicl_audit.cli.common import ADMIN_TOKEN_VAR
+    from dpicl_audit.cli.stopping import resume_command
 
     monkeypatch.delenv(ADMIN_TOKEN_VAR, raising=False)
     hint = resume_command("r 1", "sqlite:///a.db")

@@ -25,7 +25,7 @@ import httpx
 import pytest
 import typer
 
-from dpicl_audit.cli.common import once_logged, run_async
+from dpicl_audit.cli.stopping import once_logged, run_async
 from dpicl_audit.pipeline import runner as runner_module
 from dpicl_audit.pipeline.estimation import estimate_run
 from dpicl_audit.pipeline.run import bootstrap_audit, resume_audit, run_audit

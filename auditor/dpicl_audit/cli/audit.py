@@ -16,13 +16,11 @@ from dpicl_audit.cli.common import (
     err_console,
     exit_on_verdict,
     guard,
-    once_logged,
     out_console,
     print_verdict,
-    resume_command,
-    run_async,
     trials_from_option,
 )
+from dpicl_audit.cli.stopping import once_logged, resume_command, run_async
 from dpicl_audit.plan import AuditPlan
 
 # The mechanisms' modules (DPS-MOZO's, ESA's, dp-accounting under them) are imported by the

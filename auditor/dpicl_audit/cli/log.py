@@ -34,9 +34,8 @@ from dpicl_audit.cli.common import (
     load_results,
     out_console,
     require_log,
-    resume_command,
-    run_async,
 )
+from dpicl_audit.cli.stopping import resume_command, run_async
 from dpicl_audit.errors import AuditError
 from dpicl_audit.jsontypes import (
     JsonMapping,

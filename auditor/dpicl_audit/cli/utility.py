@@ -26,12 +26,11 @@ from dpicl_audit.cli.common import (
     app,
     err_console,
     guard,
-    once_logged,
     out_console,
-    run_async,
 )
 from dpicl_audit.cli.common import JsonOpt as _JsonOpt
 from dpicl_audit.cli.flags import parse_floats
+from dpicl_audit.cli.stopping import once_logged, run_async
 from dpicl_audit.store.db import DEFAULT_DB
 
 if TYPE_CHECKING:
