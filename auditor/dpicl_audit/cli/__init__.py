@@ -19,8 +19,9 @@ environment (``DPICL_AUDIT_ADMIN_TOKEN``, ``DPICL_AUDIT_API_KEY``) and are never
 Exit status: 0 on success, 1 when the audit fails (the message says why), 2 on bad usage.
 
 :mod:`.common` holds the app and shared options, :mod:`.stopping` a command's run to its
-end or its Ctrl-C or SIGTERM (the exit status, the resume line), :mod:`.flags` the ``run``/``bootstrap``
-flags (an option and the plan path it sets), help texts and parsers, :mod:`.audit_options`
+end or its Ctrl-C or SIGTERM (the exit status, the resume line), :mod:`.flags` the
+``run``/``bootstrap`` flags (an option and the plan path it sets), help texts and parsers,
+:mod:`.audit_options`
 those commands' options in the panels ``--help`` shows, :mod:`.audit` those commands,
 :mod:`.log` the commands over the trial log, :mod:`.rdp` ``divergence``, :mod:`.lazy` the
 command list (each command's module is imported only when it runs).
