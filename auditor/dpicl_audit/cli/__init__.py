@@ -21,10 +21,9 @@ Exit status: 0 on success, 1 when the audit fails (the message says why), 2 on b
 :mod:`.common` holds the app and shared options, :mod:`.stopping` a command's run to its
 end or its Ctrl-C or SIGTERM (the exit status, the resume line), :mod:`.flags` the
 ``run``/``bootstrap`` flags (an option and the plan path it sets), help texts and parsers,
-:mod:`.audit_options`
-those commands' options in the panels ``--help`` shows, :mod:`.audit` those commands,
-:mod:`.log` the commands over the trial log, :mod:`.rdp` ``divergence``, :mod:`.lazy` the
-command list (each command's module is imported only when it runs).
+:mod:`.audit_options` those commands' options in the panels ``--help`` shows, :mod:`.audit`
+those commands, :mod:`.log` the commands over the trial log, :mod:`.rdp` ``divergence``,
+:mod:`.lazy` the command list (each command's module is imported only when it runs).
 """
 
 from __future__ import annotations
