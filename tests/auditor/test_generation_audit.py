@@ -61,6 +61,7 @@ def test_plan_and_design() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 async def test_white_box_bootstrap_is_tight(tmp_path: Path) -> None:
     """Against the oracle, bootstrap epsilon_emp reaches 0.9x the exact epsilon of the
     canary's actual shift ||e(y1) - e(y0)||/T and never exceeds it."""
@@ -176,6 +177,7 @@ async def test_baselines(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 async def test_broken_server_without_1_over_t_is_flagged(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

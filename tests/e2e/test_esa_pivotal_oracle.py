@@ -116,6 +116,7 @@ def test_real_query_black_box_audit_is_tight_at_epsilon_8(
     assert bb["verdict"]["status"] == "ok", bb["verdict"]
 
 
+@pytest.mark.long
 def test_paper_design_stays_selectable_and_says_it_is_weak(
     start_server: Any, tmp_path: Path
 ) -> None:

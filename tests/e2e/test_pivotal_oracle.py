@@ -43,6 +43,7 @@ pytestmark = pytest.mark.slow
 EPSILONS = [1.0, 2.0, 4.0, 8.0]
 
 
+@pytest.mark.long
 def test_black_box_bootstrap_is_tight_with_the_pivotal_canary(
     start_server: Any, tmp_path: Path
 ) -> None:

@@ -146,7 +146,7 @@ async def test_production_server_is_audited_with_its_ledger(
         ("tail_bounded", "noisy", VOTING_WB, "tails"),
         ("deterministic", "noisy", VOTING_WB, "determinism"),
         ("correlated", "noisy", VOTING_WB, "correlation"),
-        ("esa_partial", "internal", ESA_WB, "noise scale"),
+        pytest.param("esa_partial", "internal", ESA_WB, "noise scale", marks=pytest.mark.long),
         ("batch_seeded_voting", "off", VOTING_BB, "independence"),
         pytest.param("batch_seeded_mozo", "off", MOZO_BB, "independence", marks=pytest.mark.long),
     ],
@@ -177,6 +177,7 @@ async def test_honest_dps_mozo_black_box_conforms(
     assert conf["status"] == "conforming" and len(conf["black_box"]["tests"]) == 2, conf
 
 
+@pytest.mark.long
 async def test_honest_white_box_conforms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for name, flags, wb in (("voting", VOTING_WB, "noisy"), ("esa", ESA_WB, "internal")):
         res = await _audit(tmp_path / name, None, monkeypatch, wb, **flags)
