@@ -57,6 +57,7 @@ __all__ = [
     "Conformance",
     "ConformanceTest",
     "conformance_alpha",
+    "determinism_test",
     "rate_tests",
     "residual_tests",
     "summarise",
@@ -222,7 +223,7 @@ def residual_tests(
         return []
     # Determinism: a continuous noise never repeats an answer exactly.
     distinct, first = np.unique(r, axis=0, return_index=True)
-    out = _determinism(n, int(distinct.shape[0]))
+    out = _repeats(n, int(distinct.shape[0]))
     # The distinct answers only: repeats are one draw (their true degrees of freedom).
     kept = np.sort(first)
     u = r[kept] / s
@@ -238,7 +239,14 @@ def residual_tests(
     return out
 
 
-def _determinism(n: int, n_distinct: int) -> list[ConformanceTest]:
+def determinism_test(values: npt.ArrayLike) -> list[ConformanceTest]:
+    """A finding where some of the n noisy answers (rows of ``values``) repeat one exactly:
+    continuous noise never does. Empty where all are distinct."""
+    v = np.asarray(values)
+    return _repeats(v.shape[0], int(np.unique(v, axis=0).shape[0]))
+
+
+def _repeats(n: int, n_distinct: int) -> list[ConformanceTest]:
     if n_distinct == n:
         return []
     return [

@@ -26,7 +26,12 @@ import numpy as np
 from dpicl_audit.catalog.settings import PartitionedSettings
 from dpicl_audit.claims import SettingClaims
 from dpicl_audit.errors import InvalidPlan
-from dpicl_audit.estimators.conformance import ConformanceTest, rate_tests, residual_tests
+from dpicl_audit.estimators.conformance import (
+    ConformanceTest,
+    determinism_test,
+    rate_tests,
+    residual_tests,
+)
 from dpicl_audit.estimators.extra_fields import Dependence, dependence_test
 from dpicl_audit.estimators.label_release import label_release_epsilon, label_release_probabilities
 from dpicl_audit.jsontypes import JsonMapping, json_float, json_int, json_object
@@ -201,7 +206,7 @@ def _noise_tests(
         return []
     clean = _clean_votes(design, noisy, labels, simulator, claims.own(GaussianFacts).partitions)
     if clean is None:
-        return _determinism(values)
+        return determinism_test(values)
     return residual_tests(values - clean, sigma, groups=[r.context_id for r in noisy], names=labels)
 
 
@@ -235,24 +240,6 @@ def _clean_votes(
         return None
     with_v, without_v = design_votes(design, partitions)
     return np.array([with_v if r.world == 1 else without_v for r in rows], dtype=np.float64)
-
-
-def _determinism(values: np.ndarray) -> list[ConformanceTest]:
-    n = values.shape[0]
-    distinct = int(np.unique(values, axis=0).shape[0])
-    if distinct == n:
-        return []
-    return [
-        ConformanceTest(
-            "determinism",
-            "repeated_answers",
-            0.0,
-            float(n - distinct),
-            n,
-            f"{n - distinct} of {n} noisy answers repeat an earlier one exactly (continuous "
-            "noise never does)",
-        )
-    ]
 
 
 def estimate_sequence(s: SettingRows, calls_per_query: int) -> SettingResult:
