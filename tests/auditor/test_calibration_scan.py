@@ -59,6 +59,21 @@ async def test_an_honest_sigma_passes_and_refusals_are_listed() -> None:
     assert by_eps[0.1]["status"] == "unchecked"
     assert by_eps[100.0]["status"] == "refused" and "100" in by_eps[100.0]["message"]
     assert found["status"] == "ok", found
+    assert found["message"] == "the reported sigma meets the claim at epsilon 16", found
+    assert server.live == set()
+
+
+async def test_a_mechanism_without_a_sigma_is_not_said_to_report_one() -> None:
+    """A Laplace mechanism (examples/laplace_voting) reports a scale, no sigma: the scan's
+    line names the noise, not a sigma it never saw."""
+    server = Server(c=1.0)
+
+    def laplace(eps: float, info: Mapping[str, Any]) -> SettingClaims:
+        return SettingClaims(f"eps={eps}", eps, DELTA, sigma=None, epsilon_exact=eps)
+
+    found = await scan_calibration(server, _body, laplace, audited=[])
+    assert found["status"] == "ok", found
+    assert found["message"] == "the reported noise meets the claim at epsilon 16, 100", found
     assert server.live == set()
 
 

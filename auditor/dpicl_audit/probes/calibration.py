@@ -82,8 +82,10 @@ async def scan_calibration(
     if bugs:
         message = f"BUG at epsilon {bugs[0]['epsilon']:g}: {bugs[0]['message']}"
     else:
+        # A mechanism with other noise than the Gaussian (a Laplace scale) reports no sigma.
+        noise = "sigma" if any(p.get("sigma") is not None for p in points) else "noise"
         message = (
-            f"the reported sigma meets the claim at epsilon "
+            f"the reported {noise} meets the claim at epsilon "
             f"{', '.join(f'{e:g}' for e in checked) or 'none checked'}"
         )
     return {"status": "bug" if bugs else "ok", "message": message, "points": points}
