@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
+from scipy import special
 
 from dpicl_audit.catalog.settings import PartitionedSettings
 from dpicl_audit.claims import SettingClaims
@@ -29,6 +30,8 @@ from dpicl_audit.estimators.bootstrap import (
     clean_rows,
     estimate_simulated,
 )
+from dpicl_audit.estimators.noise_check import check_noise, residuals_from_observations
+from dpicl_audit.estimators.power import flip_rate_from_signals
 from dpicl_audit.estimators.stats import BoolArray, ConfidenceSplit, FloatArray
 from dpicl_audit.mechanisms.trial_estimates import with_verdict
 from dpicl_audit.mechanisms.voting.design import AuditDesign
@@ -54,9 +57,6 @@ def estimate_voting_bootstrap(
 ) -> SettingResult:
     """One setting's bootstrap: its clean votes (``clean``, the debug rows of the clean log)
     resampled with noise of the sigma the noise check trusts, and both figures' verdicts."""
-    # slow import: only when needed
-    from dpicl_audit.estimators.noise_check import check_noise, residuals_from_observations
-
     out = SettingResult.of(**claims.to_json())  # the setting's claims, then the bootstrap's
     with_rows = [design.clean_vector(r.observation["clean_votes"]) for r in clean if r.world == 1]
     without_rows = [
@@ -125,10 +125,6 @@ def _observed_signal(
     """What the clean votes say about the audit's power: the fraction of (row-aligned) pairs
     whose clean votes differ between worlds, and the black-box rule's release rates averaged
     over the collected votes (two-label closed form on the positive/negative counts)."""
-    from scipy import special
-
-    from dpicl_audit.estimators.power import flip_rate_from_signals
-
     n = min(len(with_rows), len(without_rows))
     flips = flip_rate_from_signals(with_rows[:n], without_rows[:n])
     scale = sigma * np.sqrt(2.0)
