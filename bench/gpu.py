@@ -272,7 +272,8 @@ def transformers_engine(
 
 
 def vllm_engine(model_dir: Path, random_weights: bool, eager: bool) -> Engine:
-    from dpicl.engines.vllm.engine import VllmEngine, VllmOptions
+    from dpicl.engines.vllm.engine import VllmEngine
+    from dpicl.engines.vllm.options import VllmOptions
 
     return VllmEngine.load(
         model_dir,

@@ -105,7 +105,8 @@ async def scoring(engine: Engine, reps: int) -> tuple[float, float]:
 
 async def run(args: argparse.Namespace) -> None:
     from dpicl.engines.transformers.engine import TransformersEngine
-    from dpicl.engines.vllm.engine import VllmEngine, VllmOptions
+    from dpicl.engines.vllm.engine import VllmEngine
+    from dpicl.engines.vllm.options import VllmOptions
 
     path = resolve_llm(None, Path(os.environ.get("DPICL_CACHE_DIR", str(DEFAULT_CACHE_DIR))))
     hf = TransformersEngine.load(path, model_name="SmolLM2")

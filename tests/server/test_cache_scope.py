@@ -69,7 +69,7 @@ def test_vllm_options_from_settings() -> None:
     import pytest
 
     from dpicl.config import Settings
-    from dpicl.engines.vllm.engine import VllmOptions, cache_salt
+    from dpicl.engines.vllm.options import VllmOptions, cache_salt
     from dpicl.errors import EngineError
 
     opts = VllmOptions.from_settings(
@@ -87,7 +87,7 @@ def test_vllm_options_from_settings() -> None:
 
 def test_vllm_parallelism_settings_reach_the_engine_args() -> None:
     from dpicl.config import Settings
-    from dpicl.engines.vllm.engine import VllmOptions, engine_args
+    from dpicl.engines.vllm.options import VllmOptions, engine_args
 
     opts = VllmOptions.from_settings(
         Settings(vllm_tensor_parallel_size=4, vllm_data_parallel_size=2)

@@ -360,7 +360,7 @@ async def test_the_bundled_model_scores_alike_in_its_process_and_here() -> None:
 
 
 def test_vllm_takes_the_dtype_and_load_format_settings() -> None:
-    from dpicl.engines.vllm.engine import VllmOptions
+    from dpicl.engines.vllm.options import VllmOptions
 
     auto = VllmOptions.from_settings(Settings(engine="vllm"))
     assert (auto.dtype, auto.load_format) == (None, "auto")  # vLLM's own choice

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from dpicl.engines.vllm.engine import VllmEngine, VllmOptions
+from dpicl.engines.vllm.engine import VllmEngine
+from dpicl.engines.vllm.options import VllmOptions
 from dpicl.errors import DpiclError, EngineError, InvalidRequest
 
 SECRET = "Private record 7: customer paid invoice 1007"

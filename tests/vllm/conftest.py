@@ -43,7 +43,8 @@ for key, value in CPU_ENV.items():
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def vllm_engine() -> AsyncIterator[object]:
     from dpicl.engines.models import resolve_llm
-    from dpicl.engines.vllm.engine import VllmEngine, VllmOptions
+    from dpicl.engines.vllm.engine import VllmEngine
+    from dpicl.engines.vllm.options import VllmOptions
 
     engine = VllmEngine.load(
         resolve_llm(None, CACHE_DIR),

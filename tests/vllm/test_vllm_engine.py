@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dpicl.engines.base import DecodingSession, Engine, GenerationParams, PromptSpec
-from dpicl.engines.vllm.engine import cache_salt
+from dpicl.engines.vllm.options import cache_salt
 from dpicl.errors import InvalidRequest
 from tests.vllm.conftest import needs_vllm
 

@@ -19,7 +19,7 @@ from dpicl.engines.process.supervisor import RestartPolicy, SupervisedEngine
 from dpicl.engines.process.wire import EngineSpec
 from dpicl.engines.threads import ThreadPlan, apply_torch_threads, choose_threads, usable_cores
 from dpicl.engines.tuning import EngineTuning
-from dpicl.engines.vllm.engine import VllmOptions
+from dpicl.engines.vllm.options import VllmOptions
 from dpicl.errors import EngineError
 
 if TYPE_CHECKING:

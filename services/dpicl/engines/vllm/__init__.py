@@ -1,1 +1,2 @@
-"""The vLLM engine (:mod:`.engine`): one ``AsyncLLM`` behind the Engine protocol."""
+"""The vLLM engine (:mod:`.engine`): one ``AsyncLLM`` behind the Engine protocol; its
+settings, engine arguments and per-context cache salt (:mod:`.options`)."""
