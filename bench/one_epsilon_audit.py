@@ -83,7 +83,9 @@ def one_audit(tree: Path) -> tuple[float, float, dict[str, float]]:
             )
             wall = time.monotonic() - t0
             if done.returncode != 0:
-                raise RuntimeError(f"the audit of {tree} exited {done.returncode}")
+                # What flagged: the console's findings, so that a failure in CI says why.
+                said = done.stderr.decode(errors="replace")[-4000:]
+                raise RuntimeError(f"the audit of {tree} exited {done.returncode}:\n{said}")
             results = json.loads(done.stdout)
             probes = {str(k): float(v) for k, v in (results.get("probe_wall_time_s") or {}).items()}
             return wall, float(results["wall_time_s"]), probes

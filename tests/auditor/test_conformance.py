@@ -35,10 +35,11 @@ def _conf(tests: list) -> Conformance:  # type: ignore[type-arg]
 
 
 def test_alpha_is_the_conformance_share_of_the_family() -> None:
-    # min(0.05 / 5, 1e-3) = 1e-3, over 4 settings and 5 tests
-    assert conformance_alpha(META, 5) == pytest.approx(CONFORMANCE_ERROR / 4 / 5)
-    small = Family(size=100, confidence=0.95, settings=1)
-    assert conformance_alpha(small, 1) == pytest.approx(0.05 / 100)
+    # min(0.05 / 5, 1e-4) = 1e-4, over 4 settings and 5 tests
+    assert CONFORMANCE_ERROR == 1e-4
+    assert conformance_alpha(META, 5) == pytest.approx(1e-4 / 4 / 5)
+    small = Family(size=1000, confidence=0.95, settings=1)
+    assert conformance_alpha(small, 1) == pytest.approx(0.05 / 1000)
 
 
 def test_release_rates_against_the_closed_form() -> None:

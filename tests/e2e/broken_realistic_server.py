@@ -52,7 +52,11 @@ from dpicl.pipelines.votes import partition_votes
 _honest_positions = partitions_mod._partition_positions
 _honest_remaining = ledger_mod.remaining_queries
 _honest_run_mozo = mozo_mechanism.run_mozo
-_requests = itertools.count()
+# One counter per fault: a shared one carried the voting fault's 400 requests into the
+# DPS-MOZO fault's seeds when both ran in one process (seeds 50-75 all released the model's
+# dominant answer there: every answer identical, nothing for the order test to see).
+_vote_requests = itertools.count()
+_mozo_requests = itertools.count()
 _honest_private_vote = voting_pipeline.private_vote
 
 
@@ -60,13 +64,13 @@ def batch_seeded_vote(
     scores: np.ndarray, sigma: float, temperature: float, rng: np.random.Generator
 ) -> VotingRelease:
     """Honest private voting on a generator seeded once per 8 consecutive requests."""
-    shared = np.random.default_rng(next(_requests) // 8)
+    shared = np.random.default_rng(next(_vote_requests) // 8)
     return _honest_private_vote(scores, sigma, temperature, shared)
 
 
 async def batch_seeded_mozo(*args: Any, rng: np.random.Generator, **kwargs: Any) -> Any:
     """DPS-MOZO with one generator seed per 8 consecutive requests instead of OS entropy."""
-    seed = next(_requests) // 8
+    seed = next(_mozo_requests) // 8
     return await _honest_run_mozo(*args, rng=np.random.default_rng(seed), **kwargs)
 
 

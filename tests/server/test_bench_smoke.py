@@ -28,7 +28,7 @@ def run_bench(*args: str) -> str:
         timeout=840,
         check=False,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, proc.stderr[-6000:]
     return proc.stdout
 
 
