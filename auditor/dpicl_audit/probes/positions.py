@@ -22,10 +22,11 @@ one-sided Clopper-Pearson bounds give ``epsilon_lower = log(lower(P_a(A)) / uppe
 Above ``t * per_token`` (relative slack 1e-9) is a VIOLATION naming the position.
 Family-wise error :data:`ALPHA` (Bonferroni over positions, directions, events and the two
 intervals): an honest server is flagged in at most 1 run in 1,000, and far less in practice
-(the intervals are conservative, and an honest ratio sits below its bound). The probe context's calibration covers all its answers, so its ``eps0`` is small and
-the bound is tight: an unmixed token stands out even where the run's own epsilons are large.
-``eps0`` is the context's reported ``max_log_ratio``, which the claim check
-(DPS-MOZO's ``claim``) ties to the claimed epsilon.
+(the intervals are conservative, and an honest ratio sits below its bound). The probe
+context's calibration covers all its answers, so its ``eps0`` is small and the bound is
+tight: an unmixed token stands out even where the run's own epsilons are large. ``eps0`` is
+the context's reported ``max_log_ratio``, which the claim check (DPS-MOZO's ``claim``) ties
+to the claimed epsilon.
 
 The result is ``results["surface"]["positions"]``; a VIOLATION makes the surface's status
 ``violation`` (exit 5) unless it already reads ``bug``.
