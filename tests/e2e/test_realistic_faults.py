@@ -32,6 +32,7 @@ from dpicl_audit.report import write_report
 from dpicl_audit.results import results_exit_code
 from tests.conftest import ADMIN, USER
 from tests.e2e import broken_realistic_server as faults
+from tests.findings import findings
 from tests.servers import target_plan
 
 FLAGGED = ("violation", "bug", "nonconforming")
@@ -126,7 +127,7 @@ async def test_production_server_is_audited_with_its_ledger(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     res = await _audit(tmp_path, None, monkeypatch, "off", **VOTING_BB)
-    assert not set(_statuses(res)) & set(FLAGGED), res["settings"]
+    assert not set(_statuses(res)) & set(FLAGGED), findings(res)
     (s,) = res["settings"]
     assert s["conformance"]["status"] == "conforming", s["conformance"]
     led = res["ledger"]
@@ -172,7 +173,7 @@ async def test_honest_dps_mozo_black_box_conforms(
 ) -> None:
     """The model-free test (answers to one query in a random order) on an honest server."""
     res = await _audit(tmp_path, None, monkeypatch, "off", **MOZO_BB)
-    assert not set(_statuses(res)) & set(FLAGGED), res["settings"]
+    assert not set(_statuses(res)) & set(FLAGGED), findings(res)
     conf = res["settings"][0]["conformance"]
     assert conf["status"] == "conforming" and len(conf["black_box"]["tests"]) == 2, conf
 
@@ -236,7 +237,7 @@ async def test_bounded_noise_is_flagged_black_box_by_the_tail_probe(
     assert tails["partitions"] == 3 and tails["epsilon"] == 8.0, tails  # sigma 0.86 suits
     if fault is None:
         assert tails["status"] == "ok" and tails["answers"] < tails["answers_needed"], tails
-        assert results_exit_code([res]) == 0
+        assert results_exit_code([res]) == 0, findings(res)
     else:
         assert tails["status"] == "nonconforming" and tails["labels"]["Yes"] == 0, tails
         assert tails["answers"] == tails["answers_needed"]

@@ -32,6 +32,7 @@ from tests.conftest import ADMIN, USER
 from tests.e2e import broken_realistic_server as realistic
 from tests.e2e import broken_surface_server as surface
 from tests.e2e.test_realistic_faults import production_client
+from tests.findings import findings
 from tests.servers import target_plan
 
 
@@ -80,7 +81,7 @@ async def test_honest_server_at_16_passes_the_gate(
     (s,) = res["settings"]
     assert s["epsilon_exact"] <= 16.0 * (1 + 1e-6)
     assert res["ledger"]["status"] == "ok", res["ledger"]
-    assert results_exit_code([res]) == 0, res["settings"]
+    assert results_exit_code([res]) == 0, findings(res)
     assert left == []
 
 
@@ -102,7 +103,7 @@ async def test_the_calibration_scan_sees_a_weak_calibration_the_plan_does_not_au
     assert left == []
     if fault is None:
         assert scan["status"] == "ok" and {p["status"] for p in scan["points"]} == {"ok"}, scan
-        assert results_exit_code([res]) == 0
+        assert results_exit_code([res]) == 0, findings(res)
         return
     bad = [p for p in scan["points"] if p["status"] == "bug"]
     assert bad and bad[0]["epsilon"] == 16.0, scan
@@ -255,7 +256,7 @@ async def test_the_honest_ledger_holds_under_concurrency_on_every_route(
         assert r["ok"] is True, r
         assert r["answered"] == r["answers_expected"] == r["spend_rows_answered"] == r["charged"]
         assert r["refused"] == r["in_flight"] - r["answered"]
-    assert results_exit_code([res]) == 0
+    assert results_exit_code([res]) == 0, findings(res)
     assert left == []
 
 
@@ -329,7 +330,7 @@ async def test_the_openai_surface_at_the_gate(
     assert [r["route"] for r in bursts["routes"]] == ["chat", "completions", "chat-stream"]
     assert left == []
     if fault is None:
-        assert bursts["status"] == "ok" and results_exit_code([res]) == 0, res["ledger"]
+        assert bursts["status"] == "ok" and results_exit_code([res]) == 0, findings(res)
         # the OpenAI answer's own fields were logged and found independent of the world
         assert res["settings"][0]["response_fields"]["status"] == "ok"
     else:
@@ -366,7 +367,7 @@ async def test_a_client_parameter_that_reaches_the_noise_is_flagged(
     assert native["refused"], native  # the native route names no temperature: 422
     if fault is None:
         assert swept["status"] == "ok", swept
-        assert results_exit_code([res]) == 0
+        assert results_exit_code([res]) == 0, findings(res)
     else:
         route = "chat" if path == "/v1/chat/completions" else "completions"
         assert swept["status"] == "nonconforming", swept

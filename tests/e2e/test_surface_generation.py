@@ -17,6 +17,7 @@ import pytest
 from dpicl_audit.mechanisms.dps_mozo.claim import mozo_claim_departure
 from dpicl_audit.results import results_exit_code
 from tests.e2e.test_surface_faults import _audit
+from tests.findings import findings
 
 #: DPS-MOZO at the auditor's defaults (max_tokens 2, |D| 4, one answer per context).
 MOZO = {"mechanism.name": "dps-mozo", "mechanism.epsilons": [4.0], "trials": 40, "seed": 5}
@@ -35,7 +36,7 @@ async def test_mozo_claim_against_the_reported_eps0(
     assert left == []
     if fault is None:
         assert "calibration_departure" not in s  # (stored only where the claim breaks)
-        assert results_exit_code([res]) == 0, s["black_box"]["verdict"]
+        assert results_exit_code([res]) == 0, findings(res)
     else:
         assert s["epsilon_from_eps0"] > 4.0 * 1.5
         verdict = s["black_box"]["verdict"]
@@ -75,7 +76,7 @@ async def test_mozo_query_limit_under_bursts(
         assert led["status"] == "ok", led["message"]
         for r in routes.values():
             assert r["answered"] == r["answers_expected"] == 2 == r["charged"], r
-        assert results_exit_code([res]) == 0
+        assert results_exit_code([res]) == 0, findings(res)
     else:
         assert led["status"] == "nonconforming" and "under concurrency" in led["message"]
         assert all(r["answered"] > 2 for r in routes.values()), routes

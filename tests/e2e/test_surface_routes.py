@@ -23,6 +23,7 @@ from dpicl_audit.probes.surface import public_departures
 from dpicl_audit.results import results_exit_code
 from tests.e2e import broken_surface_server as surface
 from tests.e2e.test_surface_faults import _audit, _audit_behind
+from tests.findings import findings
 
 ONE = {"mechanism.epsilons": [4.0], "trials": 100, "seed": 12}
 
@@ -51,7 +52,7 @@ async def test_a_field_of_any_route_that_tells_the_worlds_apart_is_a_violation(
     ]  # fmt: skip
     if fault is None:
         assert found["status"] == "ok" and found["public"] == [], found["message"]
-        assert results_exit_code([res]) == 0
+        assert results_exit_code([res]) == 0, findings(res)
     else:
         assert found["status"] == "violation", found["message"]
         assert found["field"].endswith(field), found["field"]
@@ -114,7 +115,7 @@ async def test_mozo_max_tokens_above_the_limit(
         assert found["status"] == "ok", found["message"]
         for r in found["routes"]:
             assert [a["outcome"][:7] for a in r["above_limit"]] == ["refused"] * 2, r
-        assert results_exit_code([res]) == 0
+        assert results_exit_code([res]) == 0, findings(res)
     else:
         assert found["status"] == "bug", found
         assert "above the context's limit 2 answered with 8 tokens" in found["message"]
