@@ -131,13 +131,14 @@ def _interrupt(
     capsys: pytest.CaptureFixture[str],
     caplog: pytest.LogCaptureFixture,
     *,
-    hint: Callable[[], str | None],
+    run: tuple[str, str],
     line: str = RESUME,
 ) -> None:
-    """Run ``start`` (an audit) to its interruption; check the exit and the one line."""
+    """Run ``start`` (an audit of ``run``: log URL, run id) to its interruption, with the
+    resume hint the command line gives it; check the exit and the one line."""
     caplog.set_level(logging.ERROR, logger="asyncio")
     with pytest.raises(typer.Exit) as stopped:
-        run_async(start, resume_hint=hint)
+        run_async(start, resume_hint=once_logged(*run, HINT))
     gc.collect()  # a task dropped with its exception unread says so when it is collected
     assert trigger.fired, "the interruption's moment never came"
     assert stopped.value.exit_code == 130
@@ -201,7 +202,7 @@ def test_ctrl_c_at_each_step_stops_the_run(
         trigger = Trigger(_during_probe(monkeypatch, moment))
     _arm(monkeypatch, trigger)
     start = run_audit(plan, db=db, run_id=run_id, out_dir=tmp_path / "runs", progress=False)
-    _interrupt(start, tmp_path, trigger, capsys, caplog, hint=once_logged(db, run_id, HINT))
+    _interrupt(start, tmp_path, trigger, capsys, caplog, run=(db, run_id))
     logged = _logged(db, run_id)
     if moment == "first context":
         assert logged == 0
@@ -228,7 +229,7 @@ def test_ctrl_c_stops_a_bootstrap_and_a_resume(
     _arm(monkeypatch, trigger)
     out = tmp_path / "runs"
     start = bootstrap_audit(plan, db=db, run_id=run_id, out_dir=out, progress=False)
-    _interrupt(start, tmp_path, trigger, capsys, caplog, hint=once_logged(db, run_id, HINT))
+    _interrupt(start, tmp_path, trigger, capsys, caplog, run=(db, run_id))
     first = _logged(db, run_id)
     assert 0 < first < 2 * 40
 
@@ -237,7 +238,7 @@ def test_ctrl_c_stops_a_bootstrap_and_a_resume(
     resumed = resume_audit(
         run_id, admin_token=ADMIN, api_key=USER, db=db, out_dir=out, progress=False
     )
-    _interrupt(resumed, tmp_path, trigger, capsys, caplog, hint=once_logged(db, run_id, HINT))
+    _interrupt(resumed, tmp_path, trigger, capsys, caplog, run=(db, run_id))
     assert first < _logged(db, run_id) < 2 * 40
 
 
@@ -265,7 +266,7 @@ def test_a_second_ctrl_c_during_the_clean_up_stops_it_too(
 
     monkeypatch.setattr(TrialExecutor, "flush", flushing)
     start = run_audit(plan, db=db, run_id=run_id, out_dir=tmp_path / "runs", progress=False)
-    _interrupt(start, tmp_path, trigger, capsys, caplog, hint=once_logged(db, run_id, HINT))
+    _interrupt(start, tmp_path, trigger, capsys, caplog, run=(db, run_id))
     assert again[0] == 1
     assert _logged(db, run_id) > 0
 
@@ -285,7 +286,5 @@ def test_ctrl_c_before_the_run_began_has_nothing_to_resume(
     _arm(monkeypatch, trigger)
     start = run_audit(plan, db=db, run_id=run_id, out_dir=tmp_path / "runs", progress=False)
     nothing = "interrupted before the run began: nothing was logged, nothing to resume"
-    _interrupt(
-        start, tmp_path, trigger, capsys, caplog, hint=once_logged(db, run_id, HINT), line=nothing
-    )
+    _interrupt(start, tmp_path, trigger, capsys, caplog, run=(db, run_id), line=nothing)
     assert not (tmp_path / "audit.db").exists()

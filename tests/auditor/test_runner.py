@@ -291,7 +291,7 @@ async def test_orphan_context_is_adopted_on_resume(tmp_path: Path) -> None:
         store = TrialStore(db)
         rec = store.contexts("o")[("eps=4", 1)]
         # forget it locally, as if the process died between create and record
-        from dpicl_audit.store.log import run_contexts
+        from dpicl_audit.store.tables import run_contexts
 
         with store.engine.begin() as conn:
             conn.execute(run_contexts.delete())

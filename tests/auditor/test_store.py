@@ -68,7 +68,8 @@ def exercise(store: TrialStore) -> None:
     assert run.wall_time_s == pytest.approx(1.5)
 
     # the UNIQUE constraint itself holds even without the pre-check
-    from dpicl_audit.store.log import _trial_row, trials
+    from dpicl_audit.store.log import _trial_row
+    from dpicl_audit.store.tables import trials
 
     with store.engine.begin() as conn:
         with pytest.raises(sa.exc.IntegrityError):

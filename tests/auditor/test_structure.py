@@ -26,7 +26,7 @@ from tests.import_graph import cycles, graph
 PACKAGE = Path(dpicl_audit.__file__).parent
 #: Modules allowed past ~400 lines because they are one idea each.
 ONE_IDEA = {
-    "store/log.py": "the SQL trial log",
+    "store/log.py": "the SQL trial log: its records and the store over store/tables.py",
 }
 MAX_LINES = 400
 #: The longest function the auditor may have (issue 38, item 6: one screen, with margin).

@@ -162,7 +162,6 @@ def test_the_default_audit_against_production_spreads_pure_dp_answers_over_slots
     srv = start_server(_server_env(plugin_site, tmp_path, name, whitebox="off"), fault=fault)
     code, results = _audit(srv.url, plugin_site, tmp_path, name, args=[])
     statuses = [s["black_box"]["verdict"]["status"] for s in results["settings"]]
-    print(code, statuses)
     assert results["plan"]["mechanism"]["epsilons"] == [1.0, 2.0, 4.0, 8.0]
     assert code in ((4, 5) if fault else (0,)), f"exit {code}: {statuses}"
     store = TrialStore(f"sqlite:///{tmp_path}/audit-{name}.db")

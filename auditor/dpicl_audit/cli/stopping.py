@@ -15,11 +15,18 @@ from typing import Any, TypeVar
 import typer
 
 from dpicl_audit.cli.common import ADMIN_TOKEN_VAR, err_console
-from dpicl_audit.errors import AuditError
+from dpicl_audit.errors import AuditError, RunNotFound
+from dpicl_audit.store import TrialStore
+from dpicl_audit.store.db import DEFAULT_DB, sqlite_file_missing
 
-__all__ = ["ResumeHint", "once_logged", "resume_command", "run_async"]
+__all__ = ["ResumeHint", "db_option", "once_logged", "resume_command", "run_async"]
 
 T = TypeVar("T")
+
+
+def db_option(db: str) -> str:
+    """`` --db DB`` (quoted for a shell) where ``db`` is not the default log, else ``""``."""
+    return "" if db == DEFAULT_DB else f" --db {shlex.quote(db)}"
 
 
 def resume_command(run_id: str, db: str) -> str:
@@ -27,10 +34,7 @@ def resume_command(run_id: str, db: str) -> str:
     the admin token it needs: tokens are never logged, so a run started with
     ``--admin-token`` must be given it again, and the hint names the variable to set
     (never the token)."""
-    from dpicl_audit.store.db import DEFAULT_DB
-
-    where = "" if db == DEFAULT_DB else f" --db {shlex.quote(db)}"
-    command = f"dpicl-audit resume {shlex.quote(run_id)}{where}"
+    command = f"dpicl-audit resume {shlex.quote(run_id)}{db_option(db)}"
     if os.environ.get(ADMIN_TOKEN_VAR):
         return f"{command} (it reads the admin token from {ADMIN_TOKEN_VAR}, set here)"
     return (
@@ -50,10 +54,6 @@ def once_logged(db: str, run_id: str, hint: str) -> Callable[[], str | None]:
     left nothing to resume. Where the log cannot be read, ``hint``."""
 
     def hint_now() -> str | None:
-        from dpicl_audit.errors import RunNotFound
-        from dpicl_audit.store import TrialStore
-        from dpicl_audit.store.db import sqlite_file_missing
-
         try:
             if sqlite_file_missing(db) is not None:
                 return None

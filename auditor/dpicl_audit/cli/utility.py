@@ -30,7 +30,7 @@ from dpicl_audit.cli.common import (
 )
 from dpicl_audit.cli.common import JsonOpt as _JsonOpt
 from dpicl_audit.cli.flags import parse_floats
-from dpicl_audit.cli.stopping import once_logged, run_async
+from dpicl_audit.cli.stopping import db_option, once_logged, run_async
 from dpicl_audit.store.db import DEFAULT_DB
 
 if TYPE_CHECKING:
@@ -218,8 +218,7 @@ def utility(
         results = run_async(
             run_utility(plan, store=store, run_id=rid, console=err_console, progress=progress,
                         resume=resume is not None, overrides=credentials),
-            resume_hint=once_logged(db, rid, f"dpicl-audit utility --resume {rid}"
-                                    + ("" if db == DEFAULT_DB else f" --db {db}")),
+            resume_hint=once_logged(db, rid, f"dpicl-audit utility --resume {rid}{db_option(db)}"),
         )  # fmt: skip
     finally:
         store.dispose()

@@ -4,7 +4,8 @@
 module             what it holds
 =================  ================================================================
 :mod:`.db`         where the log lives (``--db``: a SQLAlchemy URL) and its engine
-:mod:`.log`        the tables, the records, and :class:`~.log.TrialStore`
+:mod:`.tables`     the tables: runs, the contexts they created, trials
+:mod:`.log`        the records, and :class:`~.log.TrialStore` over the tables
 =================  ================================================================
 
 Logs of older versions are upgraded by the mechanism whose older audit wrote them

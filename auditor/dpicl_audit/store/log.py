@@ -1,17 +1,8 @@
 """The SQL trial log (SQLAlchemy 2.0): runs, the contexts they created, and every trial.
 
 SQLite file by default (``./runs/audit.db``), PostgreSQL by URL
-(``postgresql+psycopg://user@host/db``). Tables:
-
-``runs``          one row per audit: plan (tokens masked), design (the neighbour pair and
-                  query), versions (auditor, server ``/healthz``, Python), status, results,
-                  accumulated wall time and LLM calls
-``run_contexts``  the server contexts a run created, one per (setting, world), so a resumed
-                  run reuses them; UNIQUE(run_id, setting, world)
-``trials``        one row per audit query: setting (``eps=1``), epsilon, trial index, world
-                  (1 = C1 with the canary, 0 = C0), context id, query, observation (the
-                  released label, or the noisy/clean votes), decision, white-box score,
-                  latency and time; UNIQUE(run_id, setting, trial_index)
+(``postgresql+psycopg://user@host/db``). The tables (``runs``, ``run_contexts``, ``trials``)
+are :mod:`.tables`; this module holds the records a run reads and :class:`TrialStore`.
 
 Trials are written in batches, one transaction each, and inserts are idempotent (existing
 indices are skipped and the insert itself does ON CONFLICT DO NOTHING), so a run killed at
@@ -32,17 +23,6 @@ from pathlib import Path
 from typing import Any, TypedDict, cast
 
 from sqlalchemy import (
-    JSON,
-    Column,
-    DateTime,
-    Float,
-    Index,
-    Integer,
-    MetaData,
-    String,
-    Table,
-    Text,
-    UniqueConstraint,
     func,
     insert,
     select,
@@ -62,6 +42,7 @@ from dpicl_audit.store.db import (
     shown_url,
     sqlite_file_missing,
 )
+from dpicl_audit.store.tables import metadata, run_contexts, runs, trials
 
 __all__ = [
     "DEFAULT_DB",
@@ -72,61 +53,6 @@ __all__ = [
     "resolve_db_url",
     "sqlite_file_missing",
 ]
-
-metadata = MetaData()
-
-runs = Table(
-    "runs",
-    metadata,
-    Column("id", String(80), primary_key=True),
-    Column("name", String(200), nullable=True),
-    Column("kind", String(20), nullable=False),  # "run" | "bootstrap"
-    Column("created_at", DateTime(timezone=True), nullable=False),
-    Column("updated_at", DateTime(timezone=True), nullable=False),
-    Column("status", String(20), nullable=False),  # running | completed | failed
-    Column("plan", JSON, nullable=False),
-    Column("design", JSON, nullable=True),
-    Column("versions", JSON, nullable=False),
-    Column("results", JSON, nullable=True),
-    Column("wall_time_s", Float, nullable=False, default=0.0),
-    Column("llm_calls", Integer, nullable=False, default=0),
-    Column("queries", Integer, nullable=False, default=0),
-    Column("error", Text, nullable=True),
-)
-
-run_contexts = Table(
-    "run_contexts",
-    metadata,
-    Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("run_id", String(80), nullable=False),
-    Column("setting", String(80), nullable=False),
-    Column("world", Integer, nullable=False),
-    Column("epsilon", Float, nullable=False),
-    Column("context_id", String(128), nullable=False),
-    Column("info", JSON, nullable=False),
-    Column("created_at", DateTime(timezone=True), nullable=False),
-    UniqueConstraint("run_id", "setting", "world", name="uq_run_contexts_setting_world"),
-)
-
-trials = Table(
-    "trials",
-    metadata,
-    Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("run_id", String(80), nullable=False),
-    Column("setting", String(80), nullable=False),
-    Column("epsilon", Float, nullable=True),
-    Column("trial_index", Integer, nullable=False),
-    Column("world", Integer, nullable=False),
-    Column("context_id", String(128), nullable=False),
-    Column("query", Text, nullable=False),
-    Column("observation", JSON, nullable=False),
-    Column("decision", Integer, nullable=True),
-    Column("score", Float, nullable=True),
-    Column("latency_s", Float, nullable=False),
-    Column("created_at", DateTime(timezone=True), nullable=False),
-    UniqueConstraint("run_id", "setting", "trial_index", name="uq_trials_setting_index"),
-)
-Index("ix_trials_run_setting", trials.c.run_id, trials.c.setting)
 
 
 def _now() -> dt.datetime:
